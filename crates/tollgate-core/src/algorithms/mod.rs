@@ -1,0 +1,200 @@
+//! The algorithms, each a pure function of (policy, state, now, cost).
+//!
+//! All arithmetic is on integers: times in microseconds since the Unix epoch,
+//! fractions kept as exact numerators. [`check`] never reads a clock and never
+//! does I/O; the memory store and the Redis scripts implement the same
+//! function, and tests hold them equal.
+
+use std::collections::VecDeque;
+
+use crate::{Algorithm, Decision, LeakyMode, Policy};
+
+mod fixed_window;
+mod gcra;
+mod leaky_bucket;
+mod sliding_log;
+mod sliding_window;
+mod token_bucket;
+
+pub use gcra::{throttle, ThrottleError, ThrottleReply};
+
+/// GCRA state: the theoretical arrival time `tat_us + tat_rem / limit`
+/// microseconds since the epoch, with `0 <= tat_rem < limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GcraState {
+    /// Whole microseconds of the theoretical arrival time.
+    pub tat_us: u64,
+    /// Fraction of a microsecond, in units of `1 / limit`.
+    pub tat_rem: u64,
+}
+
+/// Token-bucket state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TokenBucketState {
+    /// Tokens in the bucket, in units of `1 / period_us` of a token.
+    pub level: u64,
+    /// When `level` was computed, in microseconds since the epoch.
+    pub last_us: u64,
+}
+
+/// Leaky-bucket (meter) state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeakyMeterState {
+    /// Water in the bucket, in units of `1 / period_us` of a permit.
+    pub level: u64,
+    /// When `level` was computed, in microseconds since the epoch.
+    pub last_us: u64,
+}
+
+/// Leaky-bucket (queue) state: when the queue will be empty,
+/// `free_us + free_rem / limit` microseconds since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeakyQueueState {
+    /// Whole microseconds.
+    pub free_us: u64,
+    /// Fraction of a microsecond, in units of `1 / limit`.
+    pub free_rem: u64,
+}
+
+/// Fixed-window state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FixedWindowState {
+    /// Start of the window the count belongs to (a multiple of the period).
+    pub window_start_us: u64,
+    /// Permits admitted in that window.
+    pub count: u64,
+}
+
+/// Sliding-window-counter state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SlidingWindowState {
+    /// Start of the current window (a multiple of the period).
+    pub window_start_us: u64,
+    /// Permits admitted in the window before it.
+    pub previous: u64,
+    /// Permits admitted in the current window.
+    pub current: u64,
+}
+
+/// Sliding-log state: one timestamp per admitted permit, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct SlidingLogState {
+    /// Admission times in microseconds since the epoch, ascending; equal
+    /// times repeat (each entry is one permit).
+    pub entries: VecDeque<u64>,
+}
+
+/// The state one policy keeps for one subject.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum State {
+    /// See [`GcraState`].
+    Gcra(GcraState),
+    /// See [`TokenBucketState`].
+    TokenBucket(TokenBucketState),
+    /// See [`LeakyMeterState`].
+    LeakyMeter(LeakyMeterState),
+    /// See [`LeakyQueueState`].
+    LeakyQueue(LeakyQueueState),
+    /// See [`FixedWindowState`].
+    FixedWindow(FixedWindowState),
+    /// See [`SlidingWindowState`].
+    SlidingWindow(SlidingWindowState),
+    /// See [`SlidingLogState`].
+    SlidingLog(SlidingLogState),
+}
+
+/// What [`check`] decided and what the state becomes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Step {
+    /// The decision.
+    pub decision: Decision,
+    /// The new state, or `None` when nothing changes (denials and peeks of
+    /// most algorithms write nothing).
+    pub new_state: Option<State>,
+    /// When the state (new or unchanged) is back to full capacity, in
+    /// microseconds since the epoch; from then on it may be forgotten. Redis
+    /// uses it as the key's expiry time.
+    pub expires_at_us: u64,
+}
+
+/// Applies `policy` to `state` at `now_us` for `cost` permits.
+///
+/// `state` is `None` for a subject never seen (or forgotten). A state of
+/// another algorithm than the policy's (the policy changed under the same
+/// name) is treated as `None`. A cost of 0 is a peek: the decision says
+/// whether a cost-1 request would be admitted now and how many remain, and
+/// `new_state` is `None`.
+///
+/// The caller must have checked `cost <= policy.capacity()`
+/// ([`validate_check`](crate::validate_check)); a larger cost is denied with
+/// no `retry_after` that could ever succeed, never a panic.
+///
+/// ```
+/// use tollgate_core::{algorithms, Policy};
+///
+/// let policy = Policy::per_second(2).build()?;
+/// let now = 1_700_000_000_000_000;
+/// let first = algorithms::check(&policy, None, now, 1);
+/// assert!(first.decision.is_allowed());
+/// assert_eq!(first.decision.remaining(), 1);
+/// let second = algorithms::check(&policy, first.new_state.as_ref(), now, 1);
+/// let third = algorithms::check(&policy, second.new_state.as_ref(), now, 1);
+/// assert!(!third.decision.is_allowed());
+/// # Ok::<(), tollgate_core::PolicyError>(())
+/// ```
+#[must_use]
+pub fn check(policy: &Policy, state: Option<&State>, now_us: u64, cost: u64) -> Step {
+    match policy.algorithm() {
+        Algorithm::Gcra => {
+            let state = match state {
+                Some(State::Gcra(s)) => Some(s),
+                _ => None,
+            };
+            gcra::check(policy, state, now_us, cost)
+        }
+        Algorithm::TokenBucket => {
+            let state = match state {
+                Some(State::TokenBucket(s)) => Some(s),
+                _ => None,
+            };
+            token_bucket::check(policy, state, now_us, cost)
+        }
+        Algorithm::LeakyBucket(LeakyMode::Meter) => {
+            let state = match state {
+                Some(State::LeakyMeter(s)) => Some(s),
+                _ => None,
+            };
+            leaky_bucket::check_meter(policy, state, now_us, cost)
+        }
+        Algorithm::LeakyBucket(LeakyMode::Queue) => {
+            let state = match state {
+                Some(State::LeakyQueue(s)) => Some(s),
+                _ => None,
+            };
+            leaky_bucket::check_queue(policy, state, now_us, cost)
+        }
+        Algorithm::FixedWindow => {
+            let state = match state {
+                Some(State::FixedWindow(s)) => Some(s),
+                _ => None,
+            };
+            fixed_window::check(policy, state, now_us, cost)
+        }
+        Algorithm::SlidingWindow => {
+            let state = match state {
+                Some(State::SlidingWindow(s)) => Some(s),
+                _ => None,
+            };
+            sliding_window::check(policy, state, now_us, cost)
+        }
+        Algorithm::SlidingLog => {
+            let state = match state {
+                Some(State::SlidingLog(s)) => Some(s),
+                _ => None,
+            };
+            sliding_log::check(policy, state, now_us, cost)
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! Turning caller-supplied subjects into safe storage keys.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+
+use sha2::{Digest, Sha256};
+
+/// Longest subject stored as it is; longer subjects are hashed.
+pub const MAX_PLAIN_SUBJECT_LEN: usize = 128;
+
+/// Prefix of a hashed subject. `#` never appears in a plain subject, so a
+/// hashed subject cannot collide with a plain one.
+pub const HASHED_SUBJECT_PREFIX: &str = "#";
+
+/// Maps a subject to the key stores use for it.
+///
+/// A subject of 1 to [`MAX_PLAIN_SUBJECT_LEN`] bytes made only of ASCII
+/// letters, digits and `. _ - : / @ + = ,` stays as it is (so IPv4 and IPv6
+/// addresses, user ids and e-mail addresses stay readable in `redis-cli`).
+/// Anything else, including empty, long, non-ASCII subjects and subjects with
+/// braces, spaces, `#` or control characters, becomes `#` followed by the
+/// hex SHA-256 of its bytes: bounded in length, safe inside a Redis Cluster
+/// hash tag, and never equal to another subject's key. Pass `hash_always` for
+/// secrets such as API tokens.
+///
+/// ```
+/// use tollgate_core::encode_subject;
+///
+/// assert_eq!(encode_subject("2001:db8::1", false), "2001:db8::1");
+/// let hashed = encode_subject("evil}{key with spaces", false);
+/// assert!(hashed.starts_with('#') && hashed.len() == 65);
+/// assert_ne!(encode_subject("user-1", true), "user-1");
+/// ```
+#[must_use]
+pub fn encode_subject(subject: &str, hash_always: bool) -> Cow<'_, str> {
+    if !hash_always && is_plain(subject) {
+        Cow::Borrowed(subject)
+    } else {
+        Cow::Owned(hash_subject(subject.as_bytes()))
+    }
+}
+
+/// Whether [`encode_subject`] keeps `subject` as it is.
+#[must_use]
+pub fn is_plain(subject: &str) -> bool {
+    !subject.is_empty()
+        && subject.len() <= MAX_PLAIN_SUBJECT_LEN
+        && subject.bytes().all(|b| {
+            b.is_ascii_alphanumeric()
+                || matches!(b, b'.' | b'_' | b'-' | b':' | b'/' | b'@' | b'+' | b'=' | b',')
+        })
+}
+
+/// `#` followed by the lowercase hex SHA-256 of `bytes`.
+#[must_use]
+pub fn hash_subject(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    let mut out = String::with_capacity(HASHED_SUBJECT_PREFIX.len() + 64);
+    out.push_str(HASHED_SUBJECT_PREFIX);
+    for byte in digest {
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{byte:02x}");
+    }
+    out
+}
