@@ -1,1 +1,35 @@
-//! Placeholder.
+//! # tollgate
+//!
+//! Exact rate limiting for Rust services: one set of algorithms that behaves
+//! the same in process memory and in Redis (standalone or Cluster), and a
+//! tower `RateLimitLayer` for Axum, Tonic and Hyper.
+//!
+//! ```
+//! use tollgate::{MemoryStore, Policy, Store};
+//!
+//! # futures::executor::block_on(async {
+//! let store = MemoryStore::new();
+//! let policy = Policy::per_second(10).name("api").build()?;
+//! let verdict = store.check("user:42", std::slice::from_ref(&policy), 1).await?;
+//! assert!(verdict.is_allowed());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+//!
+//! Features: `tower` (default) re-exports [`tower`] (the layer), `axum` and
+//! `tonic` add framework integration, `redis` re-exports [`redis`] (the
+//! Redis store), `metrics` counts decisions through the `metrics` crate.
+
+pub use tollgate_core::*;
+
+/// The Redis / Redis Cluster store (feature `redis`).
+#[cfg(feature = "redis")]
+pub mod redis {
+    pub use tollgate_redis::*;
+}
+
+/// The tower layer (feature `tower`, on by default).
+#[cfg(feature = "tower")]
+pub mod tower {
+    pub use tollgate_tower::*;
+}

@@ -1,0 +1,1 @@
+//! Support code for the cross-crate tests in `tests/tests/`.
