@@ -1,1 +1,141 @@
 //! Support code for the cross-crate tests in `tests/tests/`.
+//!
+//! Redis tests run against real `redis-server` processes that
+//! `cargo xtask test` starts on free ports and announces through environment
+//! variables. When a variable is missing the tests fail loudly: they never
+//! skip.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// URL of the standalone server (`TOLLGATE_REDIS_URL`), e.g. `redis://127.0.0.1:6390`.
+///
+/// # Panics
+///
+/// When the variable is not set: run the tests with `cargo xtask test`.
+#[must_use]
+pub fn redis_url() -> String {
+    required_env("TOLLGATE_REDIS_URL")
+}
+
+/// URLs of the Cluster's masters (`TOLLGATE_REDIS_CLUSTER_URLS`, comma separated).
+///
+/// # Panics
+///
+/// When the variable is not set: run the tests with `cargo xtask test`.
+#[must_use]
+pub fn cluster_urls() -> Vec<String> {
+    required_env("TOLLGATE_REDIS_CLUSTER_URLS")
+        .split(',')
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Path of the `redis-server` binary (`TOLLGATE_REDIS_SERVER`, else `redis-server` on PATH).
+#[must_use]
+pub fn redis_server_bin() -> PathBuf {
+    std::env::var_os("TOLLGATE_REDIS_SERVER").map_or_else(|| PathBuf::from("redis-server"), PathBuf::from)
+}
+
+fn required_env(name: &str) -> String {
+    match std::env::var(name) {
+        Ok(value) if !value.is_empty() => value,
+        _ => panic!(
+            "{name} is not set: Redis tests need the servers that `cargo xtask test` starts \
+             (it runs `redis-server` from PATH on free ports); run `cargo xtask test`, \
+             or `cargo xtask redis` in another terminal and export the variables it prints"
+        ),
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
+///
+/// # Panics
+///
+/// When the OS has no free port.
+#[must_use]
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("the OS should hand out a free port on 127.0.0.1")
+}
+
+/// A private `redis-server` a test may kill and restart (for fault tests).
+/// Killed when dropped.
+#[derive(Debug)]
+pub struct OwnedRedis {
+    port: u16,
+    child: Option<Child>,
+    extra_args: Vec<String>,
+}
+
+impl OwnedRedis {
+    /// Starts `redis-server` on a free port with persistence off.
+    ///
+    /// # Panics
+    ///
+    /// When `redis-server` cannot be started or does not accept connections
+    /// within 10 seconds.
+    #[must_use]
+    pub fn start(extra_args: &[&str]) -> Self {
+        let mut server = Self {
+            port: free_port(),
+            child: None,
+            extra_args: extra_args.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        server.restart();
+        server
+    }
+
+    /// The server's URL.
+    #[must_use]
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's port.
+    #[must_use]
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (killing it first if running).
+    ///
+    /// # Panics
+    ///
+    /// As [`OwnedRedis::start`].
+    pub fn restart(&mut self) {
+        self.kill();
+        let bin = redis_server_bin();
+        let child = Command::new(&bin)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(&self.extra_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("could not start {}: {e}; install redis-server (apt-get install redis-server)", bin.display()));
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server on port {} did not start within 10 s", self.port);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for OwnedRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
