@@ -1,30 +1,817 @@
-//! STUB: to be implemented.
-use std::future::Ready;
+//! The concurrent in-memory store.
+//!
+//! # Layout
+//!
+//! State lives in a fixed number of shards, each a [`parking_lot::Mutex`]
+//! around a [`hashbrown::HashTable`] of entries. An entry is one subject: its
+//! key and one slot (policy name, algorithm state, expiry) per policy that
+//! has charged it. The subject's hash picks the shard, so every policy of one
+//! subject sits behind one lock and a multi-policy check is one critical
+//! section: every policy's [`algorithms::check`] is computed first and the
+//! new states are written only if all admit.
+//!
+//! The subject is hashed once per call; the same hash picks the shard (from
+//! high bits) and the bucket (hashbrown uses the low bits and the top seven),
+//! so nothing is hashed twice. A lookup borrows the caller's `&str` and
+//! allocates nothing; only a new subject allocates (its key and one name per
+//! policy).
+//!
+//! # Expiry and sweeping
+//!
+//! Every slot records when its state is back to full capacity
+//! ([`Step::expires_at_us`]); the entry records the latest of its slots. A
+//! state past its expiry is the same as no state, so expired slots and
+//! entries are treated as absent on lookup and reused in place. Memory is
+//! reclaimed without a background thread, by work proportional to the
+//! operations a shard serves:
+//!
+//! - **Incremental sweep.** Every [`SWEEP_EVERY`] operations on a shard scan
+//!   the next [`SWEEP_CHUNK`] buckets of its table (a cursor walks the table
+//!   round and round) and drop expired entries. While a chunk yields at least
+//!   a quarter of its buckets as expired entries, up to [`SWEEP_MAX_CHUNKS`]
+//!   chunks are scanned in a row (the work is then paid for by the entries
+//!   freed, which were each inserted once). When the cursor completes a pass
+//!   over a table that is more than three quarters empty, the table shrinks.
+//! - **Sweep before growth.** When inserting a subject would make a shard's
+//!   table grow, the whole shard is swept first; if that frees less than an
+//!   eighth of it, the table grows at once, so the next such sweep is at
+//!   least an eighth of a table's worth of inserts away.
+//! - **`max_keys`.** When the store is full, a new subject first sweeps its
+//!   own shard, then (outside that lock) every shard that may hold expired
+//!   entries, and retries once. Each shard remembers a lower bound of its
+//!   entries' expiry times, so shards with nothing expired are skipped
+//!   without a scan.
+//!
+//! Each of these costs O(1) amortized per operation. A shard that stops
+//! receiving operations keeps its expired entries until it is used again or
+//! [`MemoryStore::purge_expired`] is called (from a timer of the
+//! application's own, if it wants one).
 
-use crate::{Policy, Store, StoreError, Verdict};
+use std::fmt;
+use std::future::{ready, Ready};
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
-/// In-memory store.
-#[derive(Debug, Default)]
-pub struct MemoryStore {}
+use hashbrown::HashTable;
+use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
+use smallvec::SmallVec;
 
-/// Builder.
-#[derive(Debug, Default)]
-pub struct MemoryStoreBuilder {}
+use crate::algorithms::{self, State, Step};
+use crate::{is_plain, validate_check, Clock, Policy, Store, StoreError, SystemClock, Verdict};
+
+/// Operations on a shard between two incremental sweeps.
+const SWEEP_EVERY: u32 = 64;
+/// Buckets scanned per chunk of an incremental sweep.
+const SWEEP_CHUNK: usize = 128;
+/// Most chunks one incremental sweep scans.
+const SWEEP_MAX_CHUNKS: usize = 16;
+/// A table with fewer buckets is never shrunk.
+const MIN_SHRINK_BUCKETS: usize = 256;
+/// Most shards a store may have.
+const MAX_SHARDS: usize = 4096;
+
+/// A concurrent, in-process [`Store`].
+///
+/// Checks answer synchronously (the future is [`std::future::Ready`]) and
+/// lock only the shard the subject hashes to, so unrelated subjects proceed
+/// in parallel. Every policy of one subject lives in one shard: a
+/// multi-policy check is all or nothing.
+///
+/// Cloning is cheap and **shares state**: clones see and charge the same
+/// counters (an [`Arc`] inside), which is how one store serves several
+/// services or tasks.
+///
+/// Memory stays bounded without a background thread: a subject's state is
+/// forgotten once it is back to full capacity, and shards sweep such
+/// subjects away as they serve operations (see [`MemoryStore::len`] and
+/// [`MemoryStore::purge_expired`]). [`MemoryStoreBuilder::max_keys`] caps
+/// the number of subjects.
+///
+/// Subjects that are long, empty or contain characters outside
+/// [`encode_subject`](crate::encode_subject)'s plain set are stored by their
+/// SHA-256 digest, so a hostile subject costs a bounded amount of memory.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_core::{ManualClock, MemoryStore, Policy, Store};
+///
+/// # futures::executor::block_on(async {
+/// let clock = ManualClock::new(1_700_000_000_000_000);
+/// let store = MemoryStore::builder().clock(clock.clone()).max_keys(100_000).build();
+/// let policies = [Policy::per_second(1).name("api").build()?];
+///
+/// assert!(store.check("alice", &policies, 1).await?.is_allowed());
+/// let denied = store.check("alice", &policies, 1).await?;
+/// assert_eq!(denied.retry_after(), Some(Duration::from_secs(1)));
+///
+/// // A clone shares the state.
+/// let clone = store.clone();
+/// assert!(!clone.check("alice", &policies, 1).await?.is_allowed());
+///
+/// clock.advance(Duration::from_secs(1));
+/// assert!(clone.check("alice", &policies, 1).await?.is_allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    /// `shards.len() - 1`; the length is a power of two.
+    shard_mask: usize,
+    hasher: foldhash::fast::RandomState,
+    clock: StoreClock,
+    max_keys: Option<usize>,
+    /// Entries held over all shards (live or expired but not yet swept).
+    len: AtomicUsize,
+}
+
+/// The clock, with the system clock dispatched statically (it is read on
+/// every check).
+#[derive(Debug, Clone)]
+enum StoreClock {
+    System,
+    Custom(Arc<dyn Clock>),
+}
+
+impl StoreClock {
+    #[inline]
+    fn now_micros(&self) -> u64 {
+        match self {
+            Self::System => SystemClock.now_micros(),
+            Self::Custom(clock) => clock.now_micros(),
+        }
+    }
+}
+
+/// Builder for a [`MemoryStore`]; finish with [`MemoryStoreBuilder::build`].
+///
+/// ```
+/// use tollgate_core::{ManualClock, MemoryStore};
+///
+/// let store = MemoryStore::builder()
+///     .clock(ManualClock::new(0))
+///     .shards(16)
+///     .max_keys(1_000_000)
+///     .build();
+/// assert!(store.is_empty());
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a MemoryStoreBuilder does nothing until .build() is called"]
+pub struct MemoryStoreBuilder {
+    clock: StoreClock,
+    shards: Option<usize>,
+    max_keys: Option<usize>,
+}
+
+impl Default for MemoryStoreBuilder {
+    fn default() -> Self {
+        Self {
+            clock: StoreClock::System,
+            shards: None,
+            max_keys: None,
+        }
+    }
+}
+
+impl MemoryStoreBuilder {
+    /// Reads time from `clock` instead of the [`SystemClock`]. Pass a clone
+    /// of a [`ManualClock`](crate::ManualClock) to drive time in tests.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = StoreClock::Custom(Arc::new(clock));
+        self
+    }
+
+    /// Sets the number of shards (independent locks), rounded up to a power
+    /// of two between 1 and 4096. Defaults to four per available CPU.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// Caps the number of subjects held.
+    ///
+    /// When the store is full, a check that would add a new subject first
+    /// sweeps expired subjects; if none can be freed it fails with
+    /// [`StoreError::Full`] (a backend error, so the tower layer's failure
+    /// policy applies) and charges nothing. Subjects already held keep
+    /// working, and peeks and denials never need room. Without a cap the
+    /// store holds at most the subjects active within their policies'
+    /// periods, plus expired ones not yet swept.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = Some(max_keys);
+        self
+    }
+
+    /// Builds the store.
+    #[must_use]
+    pub fn build(self) -> MemoryStore {
+        let shards = self
+            .shards
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(4, std::num::NonZeroUsize::get) * 4
+            })
+            .clamp(1, MAX_SHARDS)
+            .next_power_of_two();
+        MemoryStore {
+            inner: Arc::new(Inner {
+                shards: (0..shards).map(|_| Mutex::new(Shard::new())).collect(),
+                shard_mask: shards - 1,
+                hasher: foldhash::fast::RandomState::default(),
+                clock: self.clock,
+                max_keys: self.max_keys,
+                len: AtomicUsize::new(0),
+            }),
+        }
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("len", &self.len())
+            .field("shards", &self.inner.shards.len())
+            .field("max_keys", &self.inner.max_keys)
+            .field("clock", &self.inner.clock)
+            .finish_non_exhaustive()
+    }
+}
 
 impl MemoryStore {
-    /// New store.
+    /// A store on the [`SystemClock`] with default sharding and no cap on
+    /// the number of subjects.
+    ///
+    /// ```
+    /// let store = tollgate_core::MemoryStore::new();
+    /// assert_eq!(store.len(), 0);
+    /// ```
     #[must_use]
     pub fn new() -> Self {
-        Self {}
+        Self::builder().build()
+    }
+
+    /// A store reading time from `clock`, otherwise as [`MemoryStore::new`].
+    ///
+    /// ```
+    /// use tollgate_core::{ManualClock, MemoryStore};
+    ///
+    /// let clock = ManualClock::new(1_700_000_000_000_000);
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// assert!(store.is_empty());
+    /// ```
+    #[must_use]
+    pub fn with_clock(clock: impl Clock) -> Self {
+        Self::builder().clock(clock).build()
+    }
+
+    /// A builder for a store with a custom clock, shard count or subject cap.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder::default()
+    }
+
+    /// The number of subjects held.
+    ///
+    /// This counts every subject whose entry is still in memory, which
+    /// includes subjects whose state has expired but that no sweep has
+    /// removed yet: it is the figure that memory use follows. Call
+    /// [`MemoryStore::purge_expired`] first for the number of live subjects.
+    ///
+    /// ```
+    /// use tollgate_core::{MemoryStore, Policy, Store};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let store = MemoryStore::new();
+    /// let policies = [Policy::per_minute(5).build()?];
+    /// store.check("alice", &policies, 1).await?;
+    /// store.check("bob", &policies, 1).await?;
+    /// store.peek("carol", &policies).await?; // a peek stores nothing
+    /// assert_eq!(store.len(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.inner.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether no subject is held (see [`MemoryStore::len`]).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Removes every subject whose state has expired, in every shard, now,
+    /// and returns how many were removed.
+    ///
+    /// Never needed for correctness or for bounded memory (shards sweep as
+    /// they serve operations); useful from an application's own timer to
+    /// return memory after a burst of traffic that then stopped, or before
+    /// reading an exact [`MemoryStore::len`]. Locks one shard at a time.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::{ManualClock, MemoryStore, Policy, Store};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let clock = ManualClock::new(1_700_000_000_000_000);
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let policies = [Policy::per_second(10).build()?];
+    /// store.check("alice", &policies, 1).await?;
+    /// clock.advance(Duration::from_secs(1));
+    /// assert_eq!(store.purge_expired(), 1);
+    /// assert!(store.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn purge_expired(&self) -> usize {
+        let now = self.inner.clock.now_micros();
+        let mut removed = 0;
+        for shard in &*self.inner.shards {
+            let mut shard = shard.lock();
+            let freed = shard.purge(now);
+            self.inner.forget(freed);
+            removed += freed;
+        }
+        removed
+    }
+
+    fn check_now(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Result<Verdict, StoreError> {
+        validate_check(policies, cost)?;
+        let key = Key::new(subject);
+        let key = key.as_bytes();
+        let inner = &*self.inner;
+        let hash = inner.hash_key(key);
+        let shard = inner.shard(hash);
+        // Read before locking to keep the critical section short. Two
+        // concurrent checks may then apply their times out of order; every
+        // algorithm handles a time earlier than its state's (it never admits
+        // more than it would have at the later time).
+        let now = inner.clock.now_micros();
+        let first = shard.lock().check(inner, hash, key, policies, now, cost);
+        match first {
+            Err(CheckError::NeedRoom) => {
+                // Free room in the other shards, one lock at a time, then
+                // retry once.
+                let freed: usize = inner
+                    .shards
+                    .iter()
+                    .map(|shard| {
+                        let mut shard = shard.lock();
+                        let freed = if shard.min_expires_at_us <= now {
+                            shard.purge(now)
+                        } else {
+                            0
+                        };
+                        inner.forget(freed);
+                        freed
+                    })
+                    .sum();
+                let retry = if freed > 0 {
+                    shard.lock().check(inner, hash, key, policies, now, cost)
+                } else {
+                    Err(CheckError::NeedRoom)
+                };
+                retry.map_err(|CheckError::NeedRoom| StoreError::Full {
+                    // NeedRoom is only returned when a cap is set.
+                    max_keys: inner.max_keys.unwrap_or(usize::MAX),
+                })
+            }
+            Ok(verdict) => Ok(verdict),
+        }
+    }
+
+    fn reset_now(&self, subject: &str, policies: &[Policy]) {
+        let key = Key::new(subject);
+        let key = key.as_bytes();
+        let inner = &*self.inner;
+        let hash = inner.hash_key(key);
+        let mut shard = inner.shard(hash).lock();
+        let Ok(mut entry) = shard.table.find_entry(hash, |e| *e.key == *key) else {
+            return;
+        };
+        let slots = &mut entry.get_mut().slots;
+        slots.retain(|slot| !policies.iter().any(|p| p.name() == &*slot.policy));
+        if slots.is_empty() {
+            entry.remove();
+            inner.forget(1);
+        } else {
+            let expires_at_us = slots.iter().map(|s| s.expires_at_us).max().unwrap_or(0);
+            entry.get_mut().expires_at_us = expires_at_us;
+        }
     }
 }
 
 impl Store for MemoryStore {
     type CheckFuture = Ready<Result<Verdict, StoreError>>;
-    fn check(&self, _subject: &str, _policies: &[Policy], _cost: u64) -> Self::CheckFuture {
-        todo!()
+
+    fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
+        ready(self.check_now(subject, policies, cost))
     }
-    fn reset(&self, _subject: &str, _policies: &[Policy]) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static {
-        std::future::ready(Ok(()))
+
+    fn reset(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static {
+        self.reset_now(subject, policies);
+        ready(Ok(()))
+    }
+}
+
+impl Inner {
+    #[inline]
+    fn hash_key(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    #[inline]
+    fn shard(&self, hash: u64) -> &Mutex<Shard> {
+        // Bits 40.. pick the shard; hashbrown uses the low bits for the
+        // bucket and the top seven as a tag, so the two stay independent.
+        &self.shards[(hash >> 40) as usize & self.shard_mask]
+    }
+
+    fn rehash(&self) -> impl Fn(&Entry) -> u64 + '_ {
+        move |entry| self.hash_key(&entry.key)
+    }
+
+    /// Records that `removed` entries left the store.
+    #[inline]
+    fn forget(&self, removed: usize) {
+        if removed > 0 {
+            self.len.fetch_sub(removed, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a new entry in, or refuses when the cap is reached.
+    fn admit_new(&self) -> bool {
+        match self.max_keys {
+            None => {
+                self.len.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Some(max) => self
+                .len
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |len| {
+                    (len < max).then_some(len + 1)
+                })
+                .is_ok(),
+        }
+    }
+}
+
+/// A subject as stored: its plain bytes, or `#` and its SHA-256 digest
+/// (raw, not hex: a plain subject never contains `#`, so the two never
+/// collide). Built on the stack: looking a subject up allocates nothing.
+enum Key<'a> {
+    Plain(&'a [u8]),
+    Hashed([u8; 33]),
+}
+
+impl<'a> Key<'a> {
+    #[inline]
+    fn new(subject: &'a str) -> Self {
+        if is_plain(subject) {
+            Self::Plain(subject.as_bytes())
+        } else {
+            let mut key = [0; 33];
+            key[0] = b'#';
+            key[1..].copy_from_slice(&Sha256::digest(subject.as_bytes()));
+            Self::Hashed(key)
+        }
+    }
+
+    #[inline]
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Self::Plain(key) => key,
+            Self::Hashed(key) => key,
+        }
+    }
+}
+
+/// One subject.
+struct Entry {
+    key: Box<[u8]>,
+    /// The latest expiry of the slots: from then on the entry is absent.
+    expires_at_us: u64,
+    slots: SmallVec<[Slot; 1]>,
+}
+
+/// One policy's state for one subject.
+struct Slot {
+    policy: Box<str>,
+    state: State,
+    expires_at_us: u64,
+}
+
+impl Entry {
+    /// The state `policy` left, unless it expired.
+    #[inline]
+    fn live_state(&self, policy: &str, now: u64) -> Option<&State> {
+        self.slots
+            .iter()
+            .find(|slot| &*slot.policy == policy)
+            .filter(|slot| slot.expires_at_us > now)
+            .map(|slot| &slot.state)
+    }
+
+    /// Writes the new states of an admitted check.
+    fn apply(&mut self, policies: &[Policy], steps: SmallVec<[Step; 2]>, now: u64) {
+        let mut stale = false;
+        for (policy, step) in policies.iter().zip(steps) {
+            let Some(state) = step.new_state else {
+                continue;
+            };
+            match self
+                .slots
+                .iter_mut()
+                .find(|slot| &*slot.policy == policy.name())
+            {
+                Some(slot) => {
+                    slot.state = state;
+                    slot.expires_at_us = step.expires_at_us;
+                }
+                None => {
+                    stale |= self.expires_at_us <= now;
+                    self.slots.push(Slot {
+                        policy: policy.name().into(),
+                        state,
+                        expires_at_us: step.expires_at_us,
+                    });
+                }
+            }
+        }
+        if stale || self.slots.len() > policies.len() {
+            // Drop the slots of policies no longer used once they expire.
+            self.slots.retain(|slot| slot.expires_at_us > now);
+        }
+        self.expires_at_us = self
+            .slots
+            .iter()
+            .map(|s| s.expires_at_us)
+            .max()
+            .unwrap_or(0);
+    }
+}
+
+/// Why a shard could not finish a check by itself.
+enum CheckError {
+    /// A new subject needs room and the store is full.
+    NeedRoom,
+}
+
+struct Shard {
+    table: HashTable<Entry>,
+    /// Operations since the last incremental sweep.
+    ops: u32,
+    /// Next bucket the incremental sweep looks at.
+    cursor: usize,
+    /// No entry expires before this (a lower bound).
+    min_expires_at_us: u64,
+}
+
+impl Shard {
+    fn new() -> Self {
+        Self {
+            table: HashTable::new(),
+            ops: 0,
+            cursor: 0,
+            min_expires_at_us: u64::MAX,
+        }
+    }
+
+    fn check(
+        &mut self,
+        inner: &Inner,
+        hash: u64,
+        key: &[u8],
+        policies: &[Policy],
+        now: u64,
+        cost: u64,
+    ) -> Result<Verdict, CheckError> {
+        let index = self.table.find_bucket_index(hash, |e| *e.key == *key);
+        let entry = index
+            .and_then(|index| self.table.get_bucket(index))
+            .filter(|entry| entry.expires_at_us > now);
+        let steps: SmallVec<[Step; 2]> = policies
+            .iter()
+            .map(|policy| {
+                let state = entry.and_then(|entry| entry.live_state(policy.name(), now));
+                algorithms::check(policy, state, now, cost)
+            })
+            .collect();
+        let verdict: Verdict = steps.iter().map(|step| step.decision).collect();
+        let write =
+            cost > 0 && verdict.is_allowed() && steps.iter().any(|step| step.new_state.is_some());
+        if write {
+            let expires_at_us = match index.and_then(|index| self.table.get_bucket_mut(index)) {
+                Some(entry) => {
+                    entry.apply(policies, steps, now);
+                    entry.expires_at_us
+                }
+                None => {
+                    let mut entry = Entry {
+                        key: key.into(),
+                        expires_at_us: 0,
+                        slots: SmallVec::new(),
+                    };
+                    entry.apply(policies, steps, now);
+                    let expires_at_us = entry.expires_at_us;
+                    self.insert(inner, hash, entry, now)?;
+                    expires_at_us
+                }
+            };
+            self.min_expires_at_us = self.min_expires_at_us.min(expires_at_us);
+        }
+        self.ops += 1;
+        if self.ops >= SWEEP_EVERY {
+            self.ops = 0;
+            let freed = self.sweep_some(inner, now);
+            inner.forget(freed);
+        }
+        Ok(verdict)
+    }
+
+    fn insert(
+        &mut self,
+        inner: &Inner,
+        hash: u64,
+        entry: Entry,
+        now: u64,
+    ) -> Result<(), CheckError> {
+        if !inner.admit_new() {
+            if self.min_expires_at_us <= now {
+                let freed = self.purge(now);
+                inner.forget(freed);
+            }
+            if !inner.admit_new() {
+                return Err(CheckError::NeedRoom);
+            }
+        }
+        if self.table.len() == self.table.capacity() {
+            // The insert would grow the table: sweep first. If that frees
+            // little, grow now so the next full sweep is far away.
+            let freed = self.purge(now);
+            inner.forget(freed);
+            let len = self.table.len();
+            if len > 0 && len >= self.table.capacity() / 8 * 7 {
+                self.table.reserve(len, inner.rehash());
+                self.cursor = 0;
+            }
+        }
+        self.table.insert_unique(hash, entry, inner.rehash());
+        Ok(())
+    }
+
+    /// Removes every expired entry; returns how many.
+    fn purge(&mut self, now: u64) -> usize {
+        let before = self.table.len();
+        let mut min = u64::MAX;
+        self.table.retain(|entry| {
+            let live = entry.expires_at_us > now;
+            if live {
+                min = min.min(entry.expires_at_us);
+            }
+            live
+        });
+        self.min_expires_at_us = min;
+        before - self.table.len()
+    }
+
+    /// One incremental sweep step; returns how many entries it removed.
+    fn sweep_some(&mut self, inner: &Inner, now: u64) -> usize {
+        if self.min_expires_at_us > now {
+            return 0;
+        }
+        let buckets = self.table.num_buckets();
+        let mut removed = 0;
+        for _ in 0..SWEEP_MAX_CHUNKS {
+            let start = self.cursor.min(buckets);
+            let end = (start + SWEEP_CHUNK).min(buckets);
+            let mut chunk_removed = 0;
+            for index in start..end {
+                if let Ok(entry) = self.table.get_bucket_entry(index) {
+                    if entry.get().expires_at_us <= now {
+                        drop(entry.remove());
+                        chunk_removed += 1;
+                    }
+                }
+            }
+            removed += chunk_removed;
+            if end >= buckets {
+                self.cursor = 0;
+                let len = self.table.len();
+                if buckets >= MIN_SHRINK_BUCKETS && len < buckets / 4 {
+                    self.table.shrink_to(len * 2, inner.rehash());
+                }
+                break;
+            }
+            self.cursor = end;
+            if chunk_removed * 4 < SWEEP_CHUNK {
+                break;
+            }
+        }
+        removed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ManualClock;
+    use std::time::Duration;
+
+    const T0: u64 = 1_700_000_000_000_000;
+
+    fn check(store: &MemoryStore, subject: &str, policies: &[Policy], cost: u64) -> Verdict {
+        store
+            .check_now(subject, policies, cost)
+            .expect("a valid check")
+    }
+
+    #[test]
+    fn hashed_subjects_are_distinct_from_plain_ones_and_each_other() {
+        let store = MemoryStore::with_clock(ManualClock::new(T0));
+        let policies = [Policy::per_minute(1).build().unwrap()];
+        let long = "x".repeat(500);
+        let other_long = "y".repeat(500);
+        for subject in ["plain", "with space", "", &long, &other_long, "#plain"] {
+            assert!(
+                check(&store, subject, &policies, 1).is_allowed(),
+                "{subject:?}"
+            );
+            assert!(
+                !check(&store, subject, &policies, 1).is_allowed(),
+                "{subject:?}"
+            );
+        }
+        assert_eq!(store.len(), 6);
+        assert!(matches!(Key::new(&long), Key::Hashed(_)));
+        assert!(matches!(Key::new("a:b"), Key::Plain(b"a:b")));
+    }
+
+    #[test]
+    fn shard_count_is_a_power_of_two_within_bounds() {
+        for (asked, got) in [(0, 1), (1, 1), (3, 4), (16, 16), (1 << 20, MAX_SHARDS)] {
+            let store = MemoryStore::builder().shards(asked).build();
+            assert_eq!(store.inner.shards.len(), got, "asked for {asked}");
+        }
+    }
+
+    #[test]
+    fn incremental_sweep_drains_and_shrinks_an_idle_table() {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .shards(1)
+            .build();
+        let policies = [Policy::per_second(1).build().unwrap()];
+        for i in 0..10_000 {
+            check(&store, &format!("k{i}"), &policies, 1);
+        }
+        let buckets_before = store.inner.shards[0].lock().table.num_buckets();
+        clock.advance(Duration::from_secs(1));
+        // Peeks at one subject: nothing is written, but the shard sweeps.
+        for _ in 0..buckets_before {
+            check(&store, "other", &policies, 0);
+        }
+        assert_eq!(store.len(), 0);
+        let shard = store.inner.shards[0].lock();
+        assert!(shard.table.num_buckets() < buckets_before / 4);
+    }
+
+    #[test]
+    fn slots_of_unused_policies_are_dropped_once_expired() {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::with_clock(clock.clone());
+        let old = [Policy::per_second(5).name("old").build().unwrap()];
+        let new = [Policy::per_minute(5).name("new").build().unwrap()];
+        check(&store, "alice", &old, 1);
+        check(&store, "alice", &new, 1);
+        clock.advance(Duration::from_secs(2));
+        check(&store, "alice", &new, 1);
+        let key = Key::new("alice");
+        let hash = store.inner.hash_key(key.as_bytes());
+        let shard = store.inner.shard(hash).lock();
+        let entry = shard.table.find(hash, |e| *e.key == *b"alice").unwrap();
+        assert_eq!(entry.slots.len(), 1);
+        assert_eq!(&*entry.slots[0].policy, "new");
     }
 }
