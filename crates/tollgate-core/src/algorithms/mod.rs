@@ -198,3 +198,33 @@ pub fn check(policy: &Policy, state: Option<&State>, now_us: u64, cost: u64) -> 
         }
     }
 }
+
+// Arithmetic shared by the algorithm files. Everything is computed in `u128`:
+// policy validation keeps `limit × period` and `burst × period` at most 2^52,
+// so no product of a `u64` time and one of those can overflow `u128`.
+
+/// `ceil(a / b)`. Every divisor passed is a policy's limit or period, which
+/// policy validation keeps at least 1.
+fn ceil_div(a: u128, b: u128) -> u128 {
+    a.div_ceil(b)
+}
+
+/// `x` as a `u64`, saturating.
+fn saturate(x: u128) -> u64 {
+    u64::try_from(x).unwrap_or(u64::MAX)
+}
+
+/// `us` microseconds as a duration, saturating at `u64::MAX` microseconds.
+fn micros(us: u128) -> std::time::Duration {
+    std::time::Duration::from_micros(saturate(us))
+}
+
+/// Builds a step whose `expires_at_us` is `now + reset_after` (saturating).
+fn step(decision: Decision, new_state: Option<State>, now_us: u64) -> Step {
+    let expires_at_us = now_us.saturating_add(saturate(decision.reset_after().as_micros()));
+    Step {
+        decision,
+        new_state,
+        expires_at_us,
+    }
+}
