@@ -1,1 +1,454 @@
-fn main() {}
+//! `cargo xtask`: the project's task runner (see `cargo xtask help`).
+//!
+//! - `cargo xtask test` (alias `ci`) is the one test command of the README
+//!   and CI: formatting, clippy, then `cargo test --workspace` against real
+//!   `redis-server` processes (a standalone server and a Redis Cluster)
+//!   started on free ports and announced through `TOLLGATE_REDIS_*`
+//!   environment variables.
+//! - `cargo xtask redis` starts the same servers for a local shell.
+//! - `cargo xtask bench <core|redis|http|all>` runs the criterion benches.
+//!
+//! The server management lives in [`redis`] so that later commands can
+//! reuse it. xtask is std-only, so it compiles in seconds.
+
+mod args;
+mod redis;
+mod resp;
+
+use std::ffi::OsString;
+use std::fmt;
+use std::io::{self, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use args::{BenchTarget, Invocation, RedisOptions, TestOptions, USAGE};
+use redis::{Cluster, Standalone, Tools};
+
+/// Masters of the Cluster that `test` and `redis` start.
+const CLUSTER_MASTERS: usize = 3;
+
+/// A failure of an xtask command: a message saying what went wrong and
+/// what to do.
+#[derive(Debug)]
+pub(crate) struct Error {
+    /// The message, printed as `error: <message>`.
+    message: String,
+}
+
+impl Error {
+    /// An error with `message`.
+    pub(crate) fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// The result type of xtask's fallible functions.
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let invocation = match args::parse(&args) {
+        Ok(invocation) => invocation,
+        Err(error) => {
+            eprintln!("error: {error}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match invocation {
+        Invocation::Help => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        Invocation::Test(options) => test(&options),
+        Invocation::Redis(options) => serve_redis(options),
+        Invocation::Bench { target, bench_args } => bench(target, &bench_args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("\nerror: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root (the parent of xtask's own directory).
+pub(crate) fn workspace_root() -> PathBuf {
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .parent()
+        .map_or_else(|| manifest_dir.to_path_buf(), Path::to_path_buf)
+}
+
+/// `cargo xtask test` / `ci`.
+fn test(options: &TestOptions) -> Result<()> {
+    let tools = Tools::discover()?;
+    println!(
+        "xtask: using {} ({})",
+        tools.server.display(),
+        tools.server_version()
+    );
+    let mut stages = Stages::new(if options.lint { 5 } else { 3 });
+    let result = run_test_stages(options, &tools, &mut stages);
+    stages.print_summary();
+    result
+}
+
+/// The stages of `test`, in order; servers are stopped when this returns,
+/// whether a stage failed or not (and on panic: they are dropped while
+/// unwinding).
+fn run_test_stages(options: &TestOptions, tools: &Tools, stages: &mut Stages) -> Result<()> {
+    if options.lint {
+        stages.run("cargo fmt --all -- --check", || {
+            run_cargo(
+                &["fmt", "--all", "--", "--check"],
+                &[],
+                "formatting differs: run `cargo fmt --all` and commit the result",
+            )
+        })?;
+        stages.run(
+            "cargo clippy --workspace --all-targets -- -D warnings",
+            || {
+                run_cargo(
+                    &[
+                        "clippy",
+                        "--workspace",
+                        "--all-targets",
+                        "--",
+                        "-D",
+                        "warnings",
+                    ],
+                    &[],
+                    "clippy found problems (see above): fix them, then rerun `cargo xtask test`",
+                )
+            },
+        )?;
+    }
+    let servers = stages.run("start Redis (standalone + 3-master Cluster)", || {
+        Servers::start(tools, CLUSTER_MASTERS, 0)
+    })?;
+    let mut env = servers.env();
+    env.extend(tools.env());
+    for (name, value) in &env {
+        println!("    {name}={value}");
+    }
+    let test_args = options.cargo_test_args();
+    let shown = format!("cargo {}", test_args.join(" "));
+    let test_result = stages.run(&shown, || {
+        let args: Vec<&str> = test_args.iter().map(String::as_str).collect();
+        run_cargo(
+            &args,
+            &env,
+            "tests failed (see above); rerun one crate quickly with \
+             `cargo xtask test --no-lint -- -p <crate>`",
+        )
+    });
+    stages.run("stop Redis", || {
+        servers.stop();
+        Ok(())
+    })?;
+    test_result
+}
+
+/// The servers `test` and `redis` start; dropping them stops them.
+#[derive(Debug)]
+struct Servers {
+    /// The standalone server.
+    standalone: Option<Standalone>,
+    /// The Cluster.
+    cluster: Option<Cluster>,
+}
+
+impl Servers {
+    /// Starts a standalone server and a Cluster.
+    fn start(tools: &Tools, masters: usize, replicas_per_master: usize) -> Result<Self> {
+        let standalone = Standalone::start(tools)?;
+        eprintln!("    standalone server: {}", standalone.url());
+        let cluster = Cluster::start(tools, masters, replicas_per_master)?;
+        eprintln!("    Cluster masters:   {}", cluster.urls().join(" "));
+        if replicas_per_master > 0 {
+            eprintln!("    Cluster nodes:     {}", cluster.node_urls().join(" "));
+        }
+        Ok(Self {
+            standalone: Some(standalone),
+            cluster: Some(cluster),
+        })
+    }
+
+    /// `TOLLGATE_REDIS_URL` and `TOLLGATE_REDIS_CLUSTER_URLS`.
+    fn env(&self) -> Vec<(&'static str, String)> {
+        let mut env = Vec::new();
+        if let Some(standalone) = &self.standalone {
+            env.extend(standalone.env());
+        }
+        if let Some(cluster) = &self.cluster {
+            env.extend(cluster.env());
+        }
+        env
+    }
+
+    /// Stops every server (the same as dropping, said out loud).
+    fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        if self.standalone.is_some() || self.cluster.is_some() {
+            eprintln!("xtask: stopping the Redis servers");
+        }
+        drop(self.standalone.take());
+        drop(self.cluster.take());
+    }
+}
+
+/// `cargo xtask redis`: start servers, print exports, wait.
+fn serve_redis(options: RedisOptions) -> Result<()> {
+    let tools = Tools::discover()?;
+    eprintln!(
+        "xtask: starting {} ({})",
+        tools.server.display(),
+        tools.server_version()
+    );
+    let servers = Servers::start(&tools, options.masters, options.replicas_per_master)?;
+    let mut env = servers.env();
+    env.extend(tools.env());
+    redis::write_exports(&mut io::stdout().lock(), &env)
+        .map_err(|e| Error::new(format!("could not write to stdout: {e}")))?;
+    if options.watch_stdin {
+        eprintln!(
+            "xtask: Redis is running; paste the export lines above into your shell. \
+             Stop with Ctrl-C or Ctrl-D (end of stdin)."
+        );
+        // Discard input until EOF; a read error also ends the wait.
+        let _ = io::copy(&mut io::stdin().lock(), &mut io::sink());
+    } else {
+        eprintln!("xtask: Redis is running; stop with Ctrl-C or by killing this process.");
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+    }
+    servers.stop();
+    eprintln!("xtask: stopped");
+    Ok(())
+}
+
+/// One criterion bench `cargo xtask bench` knows.
+#[derive(Debug, Clone, Copy)]
+struct Bench {
+    /// The package.
+    package: &'static str,
+    /// The package's directory, relative to the workspace root.
+    dir: &'static str,
+    /// The bench target name (`benches/<name>.rs`).
+    name: &'static str,
+    /// Whether it needs a Redis server.
+    needs_redis: bool,
+}
+
+impl Bench {
+    /// The bench for a single target.
+    fn of(target: BenchTarget) -> Self {
+        match target {
+            // `All` never reaches here (`BenchTarget::expand` splits it).
+            BenchTarget::Core | BenchTarget::All => Self {
+                package: "tollgate-core",
+                dir: "crates/tollgate-core",
+                name: "memory_vs_governor",
+                needs_redis: false,
+            },
+            BenchTarget::Redis => Self {
+                package: "tollgate-redis",
+                dir: "crates/tollgate-redis",
+                name: "redis_throughput",
+                needs_redis: true,
+            },
+            BenchTarget::Http => Self {
+                package: "tollgate-tower",
+                dir: "crates/tollgate-tower",
+                name: "http_throughput",
+                needs_redis: true,
+            },
+        }
+    }
+
+    /// The bench's source file, relative to the workspace root.
+    fn source(self) -> String {
+        format!("{}/benches/{}.rs", self.dir, self.name)
+    }
+}
+
+/// `cargo xtask bench <target>`.
+fn bench(target: BenchTarget, bench_args: &[String]) -> Result<()> {
+    let benches: Vec<Bench> = target.expand().iter().map(|t| Bench::of(*t)).collect();
+    // Check every file first: `all` should not run for minutes, then fail.
+    for bench in &benches {
+        if !workspace_root().join(bench.source()).is_file() {
+            return Err(Error::new(format!(
+                "the bench {} does not exist yet: add it (with a `[[bench]] name = \"{}\" \
+                 harness = false` entry in {}/Cargo.toml), or pick another target",
+                bench.source(),
+                bench.name,
+                bench.dir
+            )));
+        }
+    }
+    let tools = if benches.iter().any(|b| b.needs_redis) {
+        Some(Tools::discover()?)
+    } else {
+        None
+    };
+    let mut stages = Stages::new(benches.len());
+    let result = benches.iter().try_for_each(|bench| {
+        let mut args = vec!["bench", "-p", bench.package, "--bench", bench.name];
+        if !bench_args.is_empty() {
+            args.push("--");
+            args.extend(bench_args.iter().map(String::as_str));
+        }
+        let shown = format!("cargo {}", args.join(" "));
+        stages.run(&shown, || {
+            // A fresh server per bench, so one bench's keys never affect another.
+            let server = match (&tools, bench.needs_redis) {
+                (Some(tools), true) => Some(Standalone::start(tools)?),
+                _ => None,
+            };
+            let mut env = Vec::new();
+            if let (Some(tools), Some(server)) = (&tools, &server) {
+                println!("    redis-server: {}", server.url());
+                env.extend(server.env());
+                env.extend(tools.env());
+            }
+            run_cargo(&args, &env, "the bench failed (see above)")
+        })
+    });
+    stages.print_summary();
+    result
+}
+
+/// Runs `cargo <args>` in the workspace root with `env` added, failing with
+/// `hint` when cargo does not succeed.
+fn run_cargo(args: &[&str], env: &[(&str, String)], hint: &str) -> Result<()> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
+    let shown = format!("cargo {}", args.join(" "));
+    println!("$ {shown}");
+    let _ = io::stdout().flush();
+    let status = Command::new(&cargo)
+        .args(args)
+        .envs(env.iter().map(|(name, value)| (name, value)))
+        .current_dir(workspace_root())
+        .status()
+        .map_err(|e| {
+            Error::new(format!(
+                "could not run `{shown}` ({}): {e}",
+                cargo.to_string_lossy()
+            ))
+        })?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(Error::new(format!("`{shown}` failed ({status}): {hint}")))
+    }
+}
+
+/// Numbered stages with a header, the elapsed time of each, and a summary.
+#[derive(Debug)]
+struct Stages {
+    /// How many stages the command has.
+    total: usize,
+    /// Finished stages: title, elapsed time, whether it succeeded.
+    finished: Vec<(String, Duration, bool)>,
+}
+
+impl Stages {
+    /// A command with `total` stages.
+    fn new(total: usize) -> Self {
+        Self {
+            total,
+            finished: Vec::new(),
+        }
+    }
+
+    /// Runs one stage: prints its header, runs `body`, prints the outcome
+    /// and elapsed time.
+    fn run<T>(&mut self, title: &str, body: impl FnOnce() -> Result<T>) -> Result<T> {
+        let number = self.finished.len() + 1;
+        println!("\n==> [{number}/{}] {title}", self.total);
+        let _ = io::stdout().flush();
+        let started = Instant::now();
+        let result = body();
+        let elapsed = started.elapsed();
+        let outcome = if result.is_ok() { "ok" } else { "FAILED" };
+        println!(
+            "<== [{number}/{}] {title}: {outcome} in {}",
+            self.total,
+            seconds(elapsed)
+        );
+        self.finished
+            .push((title.to_owned(), elapsed, result.is_ok()));
+        result
+    }
+
+    /// Prints every finished stage with its time, and the total.
+    fn print_summary(&self) {
+        println!("\nxtask summary:");
+        for (title, elapsed, ok) in &self.finished {
+            let outcome = if *ok { "ok    " } else { "FAILED" };
+            println!("  {outcome} {:>8}  {title}", seconds(*elapsed));
+        }
+        let total: Duration = self.finished.iter().map(|(_, elapsed, _)| *elapsed).sum();
+        println!("  total  {:>8}", seconds(total));
+        let _ = io::stdout().flush();
+    }
+}
+
+/// A duration as `12.3s`.
+fn seconds(duration: Duration) -> String {
+    format!("{:.1}s", duration.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stages_record_outcomes_and_pass_results_through() {
+        let mut stages = Stages::new(2);
+        assert_eq!(stages.run("one", || Ok(7)).unwrap(), 7);
+        let failed: Result<()> = stages.run("two", || Err(Error::new("boom")));
+        assert_eq!(failed.unwrap_err().to_string(), "boom");
+        let outcomes: Vec<(&str, bool)> = stages
+            .finished
+            .iter()
+            .map(|(title, _, ok)| (title.as_str(), *ok))
+            .collect();
+        assert_eq!(outcomes, [("one", true), ("two", false)]);
+    }
+
+    #[test]
+    fn bench_sources_point_into_their_crates() {
+        assert_eq!(
+            Bench::of(BenchTarget::Redis).source(),
+            "crates/tollgate-redis/benches/redis_throughput.rs"
+        );
+        assert!(!Bench::of(BenchTarget::Core).needs_redis);
+        assert!(Bench::of(BenchTarget::Http).needs_redis);
+    }
+
+    #[test]
+    fn workspace_root_holds_the_workspace_manifest() {
+        assert!(workspace_root().join("Cargo.toml").is_file());
+        assert!(workspace_root().join("xtask").is_dir());
+    }
+}

@@ -1,0 +1,329 @@
+//! Command-line parsing for `cargo xtask`.
+
+use std::fmt;
+
+/// The usage text printed by `cargo xtask help` and on bad arguments.
+pub(crate) const USAGE: &str = "\
+Usage: cargo xtask <command> [options]
+
+Commands:
+  test [--no-lint] [-- <cargo test args>]
+        The project's test command (README and CI), in order:
+        cargo fmt --check; cargo clippy -D warnings; start Redis (a standalone
+        server and a 3-master Cluster on free ports); cargo test --workspace
+        with TOLLGATE_REDIS_* set; stop Redis.
+        --no-lint     skip fmt and clippy (quick local runs)
+        -- <args>     passed to cargo test, e.g. `-- -p tollgate-redis`
+                      or `-- -p tollgate-redis --test store -- --nocapture`
+  ci    Same as test.
+  redis [--masters N] [--replicas N] [--no-stdin]
+        Start a standalone server and a Cluster (3 masters, 0 replicas by
+        default), print the `export TOLLGATE_REDIS_...` lines for your shell,
+        and keep them running until Ctrl-C or until stdin closes (Ctrl-D).
+        --masters N   Cluster masters (default 3)
+        --replicas N  replicas per master (default 0)
+        --no-stdin    ignore stdin: run until interrupted or killed
+  bench <core|redis|http|all> [-- <criterion args>]
+        Run the criterion benches (redis and http against a fresh local
+        redis-server): core = tollgate-core memory_vs_governor,
+        redis = tollgate-redis redis_throughput,
+        http = tollgate-tower http_throughput.
+  help  Print this text.
+
+Needs redis-server on PATH (apt-get install redis-server) for test, ci,
+redis and the redis/http benches.
+";
+
+/// A parsed `cargo xtask` invocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Invocation {
+    /// `test` / `ci`.
+    Test(TestOptions),
+    /// `redis`.
+    Redis(RedisOptions),
+    /// `bench`.
+    Bench {
+        /// Which benches.
+        target: BenchTarget,
+        /// Arguments after `--`, passed to the bench binaries.
+        bench_args: Vec<String>,
+    },
+    /// `help`, `--help`, `-h`.
+    Help,
+}
+
+/// Options of `cargo xtask test`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TestOptions {
+    /// Run `cargo fmt --check` and `cargo clippy` before the tests.
+    pub(crate) lint: bool,
+    /// Arguments after `--`, appended to `cargo test`.
+    pub(crate) cargo_args: Vec<String>,
+}
+
+impl TestOptions {
+    /// The full `cargo test` argument list: `test --workspace` plus the
+    /// pass-through arguments; `--workspace` is dropped when those select
+    /// packages themselves (`-p` / `--package`).
+    pub(crate) fn cargo_test_args(&self) -> Vec<String> {
+        let before_separator = self.cargo_args.iter().take_while(|arg| *arg != "--");
+        let selects_packages = before_separator.clone().any(|arg| {
+            arg == "-p"
+                || arg == "--package"
+                || arg.starts_with("--package=")
+                || (arg.starts_with("-p") && arg.len() > 2)
+        });
+        let mut args = vec!["test".to_owned()];
+        if !selects_packages {
+            args.push("--workspace".to_owned());
+        }
+        args.extend(self.cargo_args.iter().cloned());
+        args
+    }
+}
+
+/// Options of `cargo xtask redis`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RedisOptions {
+    /// Masters of the Cluster.
+    pub(crate) masters: usize,
+    /// Replicas per master.
+    pub(crate) replicas_per_master: usize,
+    /// Stop when stdin closes (the default), or only when killed.
+    pub(crate) watch_stdin: bool,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            masters: 3,
+            replicas_per_master: 0,
+            watch_stdin: true,
+        }
+    }
+}
+
+/// What `cargo xtask bench` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BenchTarget {
+    /// `tollgate-core`'s `memory_vs_governor`.
+    Core,
+    /// `tollgate-redis`'s `redis_throughput` (needs a server).
+    Redis,
+    /// `tollgate-tower`'s `http_throughput` (needs a server).
+    Http,
+    /// All of the above, in that order.
+    All,
+}
+
+impl BenchTarget {
+    /// The single targets this one stands for.
+    pub(crate) fn expand(self) -> &'static [BenchTarget] {
+        match self {
+            BenchTarget::Core => &[BenchTarget::Core],
+            BenchTarget::Redis => &[BenchTarget::Redis],
+            BenchTarget::Http => &[BenchTarget::Http],
+            BenchTarget::All => &[BenchTarget::Core, BenchTarget::Redis, BenchTarget::Http],
+        }
+    }
+}
+
+/// A command line `cargo xtask` does not understand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct UsageError(pub(crate) String);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Parses the arguments after `cargo xtask`.
+pub(crate) fn parse(args: &[String]) -> Result<Invocation, UsageError> {
+    let Some((command, rest)) = args.split_first() else {
+        return Err(UsageError("missing command".to_owned()));
+    };
+    let (options, passthrough) = match rest.iter().position(|arg| arg == "--") {
+        Some(index) => (&rest[..index], Some(rest[index + 1..].to_vec())),
+        None => (rest, None),
+    };
+    match command.as_str() {
+        "test" | "ci" => {
+            let mut lint = true;
+            for option in options {
+                match option.as_str() {
+                    "--no-lint" => lint = false,
+                    other => {
+                        return Err(unknown(command, other, "--no-lint, -- <cargo test args>"))
+                    }
+                }
+            }
+            Ok(Invocation::Test(TestOptions {
+                lint,
+                cargo_args: passthrough.unwrap_or_default(),
+            }))
+        }
+        "redis" => {
+            if passthrough.is_some() {
+                return Err(UsageError("`redis` takes no `--` arguments".to_owned()));
+            }
+            let mut redis = RedisOptions::default();
+            let mut options = options.iter();
+            while let Some(option) = options.next() {
+                match option.as_str() {
+                    "--no-stdin" => redis.watch_stdin = false,
+                    "--masters" => redis.masters = count(option, options.next(), 1)?,
+                    "--replicas" => redis.replicas_per_master = count(option, options.next(), 0)?,
+                    other => {
+                        return Err(unknown(
+                            command,
+                            other,
+                            "--masters N, --replicas N, --no-stdin",
+                        ))
+                    }
+                }
+            }
+            Ok(Invocation::Redis(redis))
+        }
+        "bench" => {
+            let target = match options {
+                [] => {
+                    return Err(UsageError(
+                        "`bench` needs a target: core, redis, http or all".to_owned(),
+                    ))
+                }
+                [target] => match target.as_str() {
+                    "core" => BenchTarget::Core,
+                    "redis" => BenchTarget::Redis,
+                    "http" => BenchTarget::Http,
+                    "all" => BenchTarget::All,
+                    other => {
+                        return Err(UsageError(format!(
+                            "unknown bench target `{other}`: use core, redis, http or all"
+                        )))
+                    }
+                },
+                [_, extra, ..] => {
+                    return Err(unknown(command, extra, "one target, -- <criterion args>"))
+                }
+            };
+            Ok(Invocation::Bench {
+                target,
+                bench_args: passthrough.unwrap_or_default(),
+            })
+        }
+        "help" | "--help" | "-h" => Ok(Invocation::Help),
+        other => Err(UsageError(format!("unknown command `{other}`"))),
+    }
+}
+
+/// The value of a count option (`--masters 3`): a number from `min` to 100.
+fn count(option: &str, value: Option<&String>, min: usize) -> Result<usize, UsageError> {
+    value
+        .and_then(|value| value.parse::<usize>().ok())
+        .filter(|n| (min..=100).contains(n))
+        .ok_or_else(|| UsageError(format!("`{option}` needs a number from {min} to 100")))
+}
+
+/// The error for an option `command` does not take.
+fn unknown(command: &str, option: &str, accepted: &str) -> UsageError {
+    UsageError(format!(
+        "`{command}` does not take `{option}` (accepted: {accepted})"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_str(line: &str) -> Result<Invocation, UsageError> {
+        let args: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
+        parse(&args)
+    }
+
+    fn test_options(line: &str) -> TestOptions {
+        match parse_str(line) {
+            Ok(Invocation::Test(options)) => options,
+            other => panic!("{line}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn test_and_ci_parse_lint_and_passthrough() {
+        let plain = test_options("test");
+        assert!(plain.lint);
+        assert!(plain.cargo_args.is_empty());
+        assert_eq!(test_options("ci"), plain);
+
+        let quick = test_options("test --no-lint -- -p tollgate-redis -- --nocapture");
+        assert!(!quick.lint);
+        assert_eq!(
+            quick.cargo_args,
+            ["-p", "tollgate-redis", "--", "--nocapture"]
+        );
+    }
+
+    #[test]
+    fn cargo_test_args_keep_workspace_unless_packages_are_selected() {
+        let args = |line: &str| test_options(line).cargo_test_args().join(" ");
+        assert_eq!(args("test"), "test --workspace");
+        assert_eq!(args("test -- --lib"), "test --workspace --lib");
+        assert_eq!(args("test -- -p tollgate-core"), "test -p tollgate-core");
+        assert_eq!(args("test -- -ptollgate-core"), "test -ptollgate-core");
+        assert_eq!(
+            args("test -- --package=tollgate-core"),
+            "test --package=tollgate-core"
+        );
+        // `-p` after the test binaries' `--` is not a package selection.
+        assert_eq!(args("test -- -- -p"), "test --workspace -- -p");
+    }
+
+    #[test]
+    fn redis_and_bench_parse() {
+        assert_eq!(
+            parse_str("redis"),
+            Ok(Invocation::Redis(RedisOptions {
+                masters: 3,
+                replicas_per_master: 0,
+                watch_stdin: true
+            }))
+        );
+        assert_eq!(
+            parse_str("redis --no-stdin --replicas 1 --masters 4"),
+            Ok(Invocation::Redis(RedisOptions {
+                masters: 4,
+                replicas_per_master: 1,
+                watch_stdin: false
+            }))
+        );
+        assert_eq!(
+            parse_str("bench all -- --quick"),
+            Ok(Invocation::Bench {
+                target: BenchTarget::All,
+                bench_args: vec!["--quick".to_owned()]
+            })
+        );
+        assert_eq!(BenchTarget::All.expand().len(), 3);
+        assert_eq!(parse_str("--help"), Ok(Invocation::Help));
+    }
+
+    #[test]
+    fn bad_command_lines_are_usage_errors() {
+        for line in [
+            "",
+            "tset",
+            "test --lint",
+            "redis --bogus",
+            "redis -- x",
+            "redis --masters",
+            "redis --masters 0",
+            "redis --replicas x",
+            "redis --replicas 101",
+            "bench",
+            "bench gpu",
+            "bench core redis",
+        ] {
+            assert!(parse_str(line).is_err(), "{line:?} should be rejected");
+        }
+    }
+}
