@@ -36,15 +36,17 @@ pub(super) fn check(
     let now = u128::from(now_us);
     let empty = SlidingLogState::default();
     let entries = &state.unwrap_or(&empty).entries;
-    // Entries are ascending; those with `t + period <= now` have left the
-    // window.
-    let expired = entries
-        .iter()
-        .take_while(|&&t| u128::from(t) + period <= now)
-        .count();
-    let live = || entries.iter().skip(expired);
-    let count = saturate((entries.len() - expired) as u128);
-    let newest = entries.back().copied().filter(|_| count > 0);
+    // Entries with `t + period <= now` have left the window. (The log is
+    // ascending, so they are the oldest; filtering rather than cutting the
+    // front keeps a corrupted, unsorted log from counting stale entries.)
+    let live = || {
+        entries
+            .iter()
+            .copied()
+            .filter(move |&t| u128::from(t) + period > now)
+    };
+    let count = u64::try_from(live().count()).unwrap_or(u64::MAX);
+    let newest = live().max();
     let remaining_old = limit.saturating_sub(count);
     let reset_old = newest.map_or(Duration::ZERO, |t| {
         micros((u128::from(t) + period).saturating_sub(now))
@@ -64,7 +66,6 @@ pub(super) fn check(
         let oldest_to_leave = usize::try_from(index)
             .ok()
             .and_then(|i| live().nth(i))
-            .copied()
             .unwrap_or(now_us);
         let retry_after = micros((u128::from(oldest_to_leave) + period).saturating_sub(now));
         let denied = Decision::denied(limit, remaining_old, retry_after, reset_old);
@@ -79,7 +80,7 @@ pub(super) fn check(
     }
     // Keep the log ascending even when the clock went back.
     let at = newest.map_or(now_us, |t| t.max(now_us));
-    let mut kept: std::collections::VecDeque<u64> = live().copied().collect();
+    let mut kept: std::collections::VecDeque<u64> = live().collect();
     // `cost <= limit <= SLIDING_LOG_MAX_LIMIT`, checked above and by the policy.
     kept.extend(std::iter::repeat_n(at, usize::try_from(cost).unwrap_or(0)));
     let count = count + cost;
