@@ -1,0 +1,380 @@
+//! Connections: a bb8 pool of multiplexed connections (standalone) or of
+//! Cluster connections, and one call with a deadline and honest error
+//! mapping.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError,
+    ServerErrorKind, Value,
+};
+use tokio::time::{timeout_at, Instant};
+use tollgate_core::StoreError;
+
+use crate::scripts::LuaScript;
+
+/// How many times a call refused with an error that proves it did not run
+/// (`NOSCRIPT`, `MOVED`, `TRYAGAIN`) is sent again, within the same deadline.
+const NOT_RUN_RETRIES: usize = 3;
+
+/// A standalone connection as the pool keeps it: a multiplexed connection
+/// and a flag its driver task sets when the socket closes, so the pool
+/// replaces dead connections without a round trip.
+pub(crate) struct StandaloneConnection {
+    connection: MultiplexedConnection,
+    closed: Arc<AtomicBool>,
+}
+
+/// Opens standalone connections for bb8.
+///
+/// Not `bb8_redis::RedisConnectionManager`: that manager can only find a
+/// dead multiplexed connection with a `PING` per checkout (one more round
+/// trip per check) and otherwise keeps handing it out after a server
+/// restart. This one spawns the connection's driver itself and marks the
+/// connection broken the moment the driver ends.
+pub(crate) struct StandaloneManager {
+    info: ConnectionInfo,
+    connect_timeout: Duration,
+}
+
+impl StandaloneManager {
+    pub(crate) fn new(info: ConnectionInfo, connect_timeout: Duration) -> Self {
+        Self {
+            info,
+            connect_timeout,
+        }
+    }
+
+    async fn open(&self) -> Result<StandaloneConnection, RedisError> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(None)
+            .set_response_timeout(None);
+        let closed = Arc::new(AtomicBool::new(false));
+        let connection = match self.info.addr() {
+            ConnectionAddr::Tcp(host, port) => {
+                let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+                stream.set_nodelay(true)?;
+                let (connection, driver) = MultiplexedConnection::new_with_config(
+                    self.info.redis_settings(),
+                    stream,
+                    config,
+                )
+                .await?;
+                spawn_driver(driver, Arc::clone(&closed));
+                connection
+            }
+            #[cfg(unix)]
+            ConnectionAddr::Unix(path) => {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                let (connection, driver) = MultiplexedConnection::new_with_config(
+                    self.info.redis_settings(),
+                    stream,
+                    config,
+                )
+                .await?;
+                spawn_driver(driver, Arc::clone(&closed));
+                connection
+            }
+            other => {
+                return Err(RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "unsupported address",
+                    format!(
+                        "{other}: tollgate-redis connects over TCP (redis://) or Unix sockets (redis+unix://)"
+                    ),
+                )))
+            }
+        };
+        Ok(StandaloneConnection { connection, closed })
+    }
+}
+
+fn spawn_driver(driver: impl std::future::Future<Output = ()> + Send + 'static, closed: Arc<AtomicBool>) {
+    tokio::spawn(async move {
+        driver.await;
+        closed.store(true, Ordering::Release);
+    });
+}
+
+impl bb8::ManageConnection for StandaloneManager {
+    type Connection = StandaloneConnection;
+    type Error = RedisError;
+
+    async fn connect(&self) -> Result<Self::Connection, Self::Error> {
+        match tokio::time::timeout(self.connect_timeout, self.open()).await {
+            Ok(result) => result,
+            Err(_) => Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("connecting took longer than {:?}", self.connect_timeout),
+            ))),
+        }
+    }
+
+    async fn is_valid(&self, connection: &mut Self::Connection) -> Result<(), Self::Error> {
+        if connection.closed.load(Ordering::Acquire) {
+            Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                "the connection was closed",
+            )))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn has_broken(&self, connection: &mut Self::Connection) -> bool {
+        connection.closed.load(Ordering::Acquire)
+    }
+}
+
+/// Opens Cluster connections for bb8. A `ClusterConnection` is itself
+/// multiplexed over one connection per node and reconnects to nodes on its
+/// own; the pool spreads load over a few of them and keeps the same
+/// checkout path as standalone.
+pub(crate) struct ClusterManager {
+    client: ClusterClient,
+}
+
+impl ClusterManager {
+    pub(crate) fn new(client: ClusterClient) -> Self {
+        Self { client }
+    }
+}
+
+impl bb8::ManageConnection for ClusterManager {
+    type Connection = ClusterConnection;
+    type Error = RedisError;
+
+    async fn connect(&self) -> Result<Self::Connection, Self::Error> {
+        self.client.get_async_connection().await
+    }
+
+    async fn is_valid(&self, _connection: &mut Self::Connection) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
+    fn has_broken(&self, _connection: &mut Self::Connection) -> bool {
+        false
+    }
+}
+
+/// The pool, standalone or Cluster.
+#[derive(Clone)]
+pub(crate) enum Pool {
+    Standalone(bb8::Pool<StandaloneManager>),
+    Cluster(bb8::Pool<ClusterManager>),
+}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (kind, state) = match self {
+            Self::Standalone(pool) => ("standalone", pool.state()),
+            Self::Cluster(pool) => ("cluster", pool.state()),
+        };
+        f.debug_struct("Pool")
+            .field("kind", &kind)
+            .field("connections", &state.connections)
+            .field("idle", &state.idle_connections)
+            .finish()
+    }
+}
+
+/// A connection taken from the pool. The pooled connection goes back at
+/// once: connections are multiplexed, so many calls share one.
+pub(crate) enum Connection {
+    Standalone {
+        connection: MultiplexedConnection,
+        closed: Arc<AtomicBool>,
+    },
+    Cluster(ClusterConnection),
+}
+
+impl Pool {
+    async fn checkout(&self) -> Result<Connection, StoreError> {
+        match self {
+            Self::Standalone(pool) => {
+                let pooled = pool.get().await.map_err(pool_error)?;
+                Ok(Connection::Standalone {
+                    connection: pooled.connection.clone(),
+                    closed: Arc::clone(&pooled.closed),
+                })
+            }
+            Self::Cluster(pool) => {
+                let pooled = pool.get().await.map_err(pool_error)?;
+                Ok(Connection::Cluster(pooled.clone()))
+            }
+        }
+    }
+}
+
+fn pool_error(error: bb8::RunError<RedisError>) -> StoreError {
+    match error {
+        bb8::RunError::User(error) => StoreError::unavailable(error),
+        bb8::RunError::TimedOut => {
+            StoreError::unavailable("timed out waiting for a connection from the pool")
+        }
+    }
+}
+
+impl Connection {
+    async fn query(&mut self, cmd: &Cmd) -> Result<Value, RedisError> {
+        match self {
+            Self::Standalone { connection, .. } => cmd.query_async(connection).await,
+            Self::Cluster(connection) => cmd.query_async(connection).await,
+        }
+    }
+
+    /// Marks a standalone connection broken after an I/O error so the pool
+    /// replaces it.
+    fn mark_broken(&self) {
+        if let Self::Standalone { closed, .. } = self {
+            closed.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// What one attempt's error means.
+enum Failure {
+    /// The server proves it did not run the command: safe to send again.
+    NotRun { noscript: bool, error: RedisError },
+    /// Give up with this error.
+    Fail(StoreError),
+}
+
+/// Classifies an error returned by a command that was handed to the
+/// connection.
+fn classify(error: RedisError, connection: &Connection) -> Failure {
+    match error.kind() {
+        ErrorKind::Server(ServerErrorKind::NoScript) => Failure::NotRun {
+            noscript: true,
+            error,
+        },
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::TryAgain) => {
+            Failure::NotRun {
+                noscript: false,
+                error,
+            }
+        }
+        // Refused before running: nothing was charged.
+        ErrorKind::Server(
+            ServerErrorKind::Ask
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::BusyLoading
+            | ServerErrorKind::ReadOnly
+            | ServerErrorKind::NoPerm
+            | ServerErrorKind::CrossSlot,
+        )
+        | ErrorKind::ClusterConnectionNotFound
+        | ErrorKind::AuthenticationFailed
+        | ErrorKind::InvalidClientConfig => Failure::Fail(StoreError::unavailable(error)),
+        // BUSY (another script runs too long) and OOM (refused at the first
+        // write, so nothing was written) are refusals too.
+        ErrorKind::Extension if matches!(error.code(), Some("BUSY" | "OOM" | "NOREPLICAS")) => {
+            Failure::Fail(StoreError::unavailable(error))
+        }
+        ErrorKind::Io if error.is_connection_refusal() => {
+            connection.mark_broken();
+            Failure::Fail(StoreError::unavailable(error))
+        }
+        ErrorKind::Io => {
+            connection.mark_broken();
+            Failure::Fail(StoreError::outcome_unknown(error))
+        }
+        _ => Failure::Fail(StoreError::Protocol {
+            detail: error.to_string(),
+        }),
+    }
+}
+
+/// Runs `evalsha` (an `EVALSHA` of `script`), and after `NOSCRIPT` a
+/// `SCRIPT LOAD` and the `EVALSHA` again. Nothing that may have run is sent
+/// twice. Everything, pool checkout included, shares one deadline of
+/// `timeout`.
+pub(crate) async fn eval(
+    pool: &Pool,
+    timeout: Duration,
+    script: &LuaScript,
+    evalsha: &Cmd,
+) -> Result<Value, StoreError> {
+    let deadline = Instant::now() + timeout;
+    let mut connection = match timeout_at(deadline, pool.checkout()).await {
+        Ok(result) => result?,
+        Err(_) => {
+            return Err(StoreError::unavailable(format!(
+                "no connection within {timeout:?}; nothing was sent"
+            )))
+        }
+    };
+    let mut attempts = 0;
+    loop {
+        let error = match timeout_at(deadline, connection.query(evalsha)).await {
+            Err(_) => return Err(StoreError::Timeout { after: timeout }),
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(error)) => error,
+        };
+        let (noscript, error) = match classify(error, &connection) {
+            Failure::Fail(error) => return Err(error),
+            Failure::NotRun { noscript, error } => (noscript, error),
+        };
+        attempts += 1;
+        if attempts > NOT_RUN_RETRIES {
+            return Err(StoreError::unavailable(error));
+        }
+        if noscript {
+            tracing::debug!(sha = script.sha(), "NOSCRIPT: loading the script");
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(script.source());
+            match timeout_at(deadline, connection.query(&load)).await {
+                // The check itself has not run yet: nothing was charged.
+                Err(_) => {
+                    return Err(StoreError::unavailable(format!(
+                        "loading the script took longer than {timeout:?}; the check was not run"
+                    )))
+                }
+                Ok(Err(error)) => {
+                    if error.is_io_error() {
+                        connection.mark_broken();
+                    }
+                    return Err(StoreError::unavailable(error));
+                }
+                Ok(Ok(_)) => {}
+            }
+        } else {
+            // MOVED / TRYAGAIN: the Cluster connection refreshes its slot
+            // map in the background; give it a moment.
+            let pause = Duration::from_millis(5 * attempts as u64);
+            if Instant::now() + pause >= deadline {
+                return Err(StoreError::unavailable(error));
+            }
+            tokio::time::sleep(pause).await;
+        }
+    }
+}
+
+/// Runs a plain command under the deadline (no retries). Used for `DEL`,
+/// `PING` and the rate limiter's configuration.
+pub(crate) async fn query(pool: &Pool, timeout: Duration, cmd: &Cmd) -> Result<Value, StoreError> {
+    let deadline = Instant::now() + timeout;
+    let mut connection = match timeout_at(deadline, pool.checkout()).await {
+        Ok(result) => result?,
+        Err(_) => {
+            return Err(StoreError::unavailable(format!(
+                "no connection within {timeout:?}; nothing was sent"
+            )))
+        }
+    };
+    match timeout_at(deadline, connection.query(cmd)).await {
+        Err(_) => Err(StoreError::Timeout { after: timeout }),
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => match classify(error, &connection) {
+            Failure::Fail(error) => Err(error),
+            Failure::NotRun { error, .. } => Err(StoreError::unavailable(error)),
+        },
+    }
+}

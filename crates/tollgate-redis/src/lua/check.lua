@@ -1,0 +1,58 @@
+-- The composed check: PLAN (generated before this chunk) holds one
+-- algorithm function per key. Every decision is computed first; state is
+-- written only when all admit and the cost is not 0 (a peek).
+--
+-- KEYS[i]: the state key of policy i.
+-- ARGV[1]: now in microseconds since the epoch, or '' to read Redis TIME.
+-- ARGV[2]: the cost. ARGV[3i], ARGV[3i+1], ARGV[3i+2]: limit, period in
+-- microseconds and capacity of policy i.
+-- Reply: five integers per policy: allowed (1/0), remaining, retry_after_us
+-- (-1 for none), reset_after_us, delay_us.
+local n = #KEYS
+if n ~= #PLAN or #ARGV ~= 2 + 3 * n then
+  return redis.error_reply('ERR tollgate: script called with ' .. n .. ' keys and ' .. #ARGV .. ' arguments for ' .. #PLAN .. ' policies')
+end
+local now
+if ARGV[1] == '' then
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+else
+  now = tonumber(ARGV[1])
+end
+local cost = tonumber(ARGV[2])
+local decisions = {}
+local all = true
+for i = 1, n do
+  local j = 3 * i
+  local d = PLAN[i](KEYS[i], tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), now, cost)
+  decisions[i] = d
+  if not d[1] then
+    all = false
+  end
+end
+if all and cost > 0 then
+  for i = 1, n do
+    local d = decisions[i]
+    if d[9] ~= nil then
+      d[9]()
+    elseif d[6] ~= nil then
+      redis.call('SET', d[6], d[7])
+      redis.call('PEXPIREAT', d[6], fmt(ceil_div(d[8], 1000)))
+    end
+  end
+end
+local reply = {}
+for i = 1, n do
+  local d = decisions[i]
+  local b = 5 * (i - 1)
+  if d[1] then
+    reply[b + 1] = 1
+  else
+    reply[b + 1] = 0
+  end
+  reply[b + 2] = d[2]
+  reply[b + 3] = d[3]
+  reply[b + 4] = d[4]
+  reply[b + 5] = d[5]
+end
+return reply

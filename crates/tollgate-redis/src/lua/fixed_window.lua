@@ -1,0 +1,42 @@
+-- Fixed window aligned to multiples of P since the epoch.
+-- State: the string "fixed_window:<window_start_us>:<count>"; it expires at
+-- the window's end.
+ALG.fixed_window = function(key, L, P, B, now, c)
+  local ws = now - now % P
+  local count = 0
+  local value = read_string(key)
+  if value ~= nil then
+    local a, b = string.match(value, '^fixed_window:(%d+):(%d+)$')
+    if a ~= nil then
+      local s_ws, s_count = tonumber(a), tonumber(b)
+      if s_ws == ws then
+        count = s_count
+      elseif s_ws > ws then
+        ws, count = s_ws, s_count
+      end
+    end
+  end
+  local window_end = ws + P
+  local cost = c
+  if c == 0 then
+    cost = 1
+  end
+  if count + cost <= L then
+    if c == 0 then
+      local reset = 0
+      if count > 0 then
+        reset = window_end - now
+      end
+      return { true, L - count, -1, reset, 0 }
+    end
+    local new_count = count + c
+    local reset = window_end - now
+    return { true, L - new_count, -1, reset, 0, key,
+      'fixed_window:' .. fmt(ws) .. ':' .. fmt(new_count), now + reset }
+  end
+  local reset = 0
+  if count > 0 then
+    reset = window_end - now
+  end
+  return { false, max0(L - count), window_end - now, reset, 0 }
+end

@@ -1,0 +1,662 @@
+//! `RedisStore`: the `Store` trait on Redis and Redis Cluster.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::cluster::ClusterClientBuilder;
+use redis::{IntoConnectionInfo, RedisError, Value};
+use smallvec::SmallVec;
+use tollgate_core::{
+    encode_subject, validate_check, Clock, Decision, Policy, Store, StoreError, Verdict,
+};
+
+use crate::connection::{self, ClusterManager, Pool, StandaloneManager};
+use crate::scripts::{self, LuaScript, ScriptCache};
+
+/// Default per-call timeout: [`RedisStoreBuilder::timeout`].
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+/// Default time to open a connection: [`RedisStoreBuilder::connect_timeout`].
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default number of pooled connections: [`RedisStoreBuilder::pool_size`].
+pub const DEFAULT_POOL_SIZE: u32 = 4;
+/// Default key prefix: [`RedisStoreBuilder::prefix`].
+pub const DEFAULT_PREFIX: &str = "tollgate";
+/// Longest key prefix accepted by [`RedisStoreBuilder::prefix`].
+pub const MAX_PREFIX_LEN: usize = 64;
+
+/// Where a [`RedisStore`] reads the time.
+///
+/// ```
+/// use std::sync::Arc;
+/// use tollgate_core::ManualClock;
+/// use tollgate_redis::ClockMode;
+///
+/// let production = ClockMode::Redis; // the default
+/// let tests = ClockMode::Client(Arc::new(ManualClock::new(1_700_000_000_000_000)));
+/// assert!(matches!(production, ClockMode::Redis));
+/// assert!(matches!(tests, ClockMode::Client(_)));
+/// ```
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub enum ClockMode {
+    /// The script reads Redis' `TIME` (the default): every app instance sees
+    /// one clock, whatever its own clock says. Scripts that read `TIME` and
+    /// then write need effect replication, the default since Redis 5, so the
+    /// store needs Redis 5 or later.
+    #[default]
+    Redis,
+    /// The time comes from this clock, read by the client at each call. For
+    /// tests (with a [`ManualClock`](tollgate_core::ManualClock)) and for
+    /// setups whose clocks are known to agree.
+    ///
+    /// Keys still expire on Redis' clock, at the client's `expires_at`
+    /// (`PEXPIREAT`): a client clock that lags Redis' makes keys expire
+    /// early (the limiter then forgets and admits more), one that runs ahead
+    /// only keeps them longer than needed.
+    Client(Arc<dyn Clock>),
+}
+
+impl fmt::Debug for ClockMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Redis => f.write_str("Redis"),
+            Self::Client(clock) => f.debug_tuple("Client").field(clock).finish(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Target {
+    Standalone(String),
+    Cluster(Vec<String>),
+}
+
+/// Builder for a [`RedisStore`]; start with [`RedisStore::builder`].
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tollgate_redis::RedisStore;
+///
+/// # async fn run() -> Result<(), tollgate_redis::BuildError> {
+/// let store = RedisStore::builder()
+///     .url("redis://127.0.0.1:6379")
+///     .prefix("myapp-limits")
+///     .pool_size(4)
+///     .timeout(Duration::from_millis(50))
+///     .hash_subjects(true) // subjects are API tokens: never store them
+///     .build()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a RedisStoreBuilder does nothing until .build() is awaited"]
+pub struct RedisStoreBuilder {
+    target: Option<Target>,
+    pool_size: u32,
+    prefix: String,
+    timeout: Duration,
+    connect_timeout: Duration,
+    clock: ClockMode,
+    hash_subjects: bool,
+}
+
+impl Default for RedisStoreBuilder {
+    fn default() -> Self {
+        Self {
+            target: None,
+            pool_size: DEFAULT_POOL_SIZE,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            clock: ClockMode::Redis,
+            hash_subjects: false,
+        }
+    }
+}
+
+impl RedisStoreBuilder {
+    /// A standalone server (or a proxy such as Envoy or twemproxy that
+    /// forwards `EVALSHA`): `redis://[user:password@]host[:port][/db]` or
+    /// `redis+unix:///path/to/socket`. Replaces an earlier
+    /// [`cluster`](Self::cluster).
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.target = Some(Target::Standalone(url.into()));
+        self
+    }
+
+    /// A Redis Cluster, given the URLs of some of its nodes (the rest are
+    /// discovered). Replaces an earlier [`url`](Self::url).
+    pub fn cluster<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.target = Some(Target::Cluster(urls.into_iter().map(Into::into).collect()));
+        self
+    }
+
+    /// How many connections the pool keeps open (default
+    /// [`DEFAULT_POOL_SIZE`]). Connections are multiplexed: every call
+    /// pipelines on a shared connection, so a few are enough for tens of
+    /// thousands of checks per second.
+    pub fn pool_size(mut self, pool_size: u32) -> Self {
+        self.pool_size = pool_size;
+        self
+    }
+
+    /// The first part of every key (default `tollgate`): keys are
+    /// `<prefix>:{<subject>}:<policy>`. 1 to [`MAX_PREFIX_LEN`] printable
+    /// ASCII characters without `{`, `}` or spaces.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The most one call may take, pool checkout and any `NOSCRIPT` reload
+    /// included (default [`DEFAULT_TIMEOUT`], 100 ms: a rate limit sits in
+    /// front of every request). A call that times out returns
+    /// [`StoreError::Timeout`] and is not retried.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The most opening one connection may take, in the background (default
+    /// [`DEFAULT_CONNECT_TIMEOUT`]). A call never waits longer than
+    /// [`timeout`](Self::timeout) for it.
+    pub fn connect_timeout(mut self, connect_timeout: Duration) -> Self {
+        self.connect_timeout = connect_timeout;
+        self
+    }
+
+    /// Where the time comes from (default [`ClockMode::Redis`]).
+    pub fn clock(mut self, clock: ClockMode) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Hash every subject before it reaches Redis (default `false`): turn
+    /// this on when subjects are secrets such as API tokens. Subjects that
+    /// are long or have characters outside `A-Z a-z 0-9 . _ - : / @ + = ,`
+    /// are always hashed (see [`encode_subject`]).
+    pub fn hash_subjects(mut self, hash_subjects: bool) -> Self {
+        self.hash_subjects = hash_subjects;
+        self
+    }
+
+    /// Validates the configuration and creates the store. No connection is
+    /// awaited: connections open in the background, and calls fail with
+    /// [`StoreError::Unavailable`] while the server cannot be reached. Use
+    /// [`RedisStore::ping`] to check the server at startup.
+    ///
+    /// Must run inside a Tokio runtime (it spawns the pool's tasks).
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError`] for a missing or invalid URL, prefix, pool size or
+    /// timeout.
+    pub async fn build(self) -> Result<RedisStore, BuildError> {
+        let Self {
+            target,
+            pool_size,
+            prefix,
+            timeout,
+            connect_timeout,
+            clock,
+            hash_subjects,
+        } = self;
+        validate_prefix(&prefix)?;
+        if pool_size == 0 {
+            return Err(BuildError::ZeroPoolSize);
+        }
+        if timeout.is_zero() {
+            return Err(BuildError::ZeroTimeout { field: "timeout" });
+        }
+        if connect_timeout.is_zero() {
+            return Err(BuildError::ZeroTimeout {
+                field: "connect_timeout",
+            });
+        }
+        fn pool_builder<M: bb8::ManageConnection>(
+            pool_size: u32,
+            timeout: Duration,
+        ) -> bb8::Builder<M> {
+            bb8::Pool::builder()
+                .max_size(pool_size)
+                .min_idle(pool_size)
+                // A dead connection is found without I/O (see
+                // StandaloneManager), so testing on checkout is free.
+                .test_on_check_out(true)
+                .retry_connection(false)
+                .connection_timeout(timeout)
+        }
+        let pool = match target {
+            None => return Err(BuildError::NoServer),
+            Some(Target::Standalone(url)) => {
+                let info = url
+                    .as_str()
+                    .into_connection_info()
+                    .map_err(|source| BuildError::InvalidUrl {
+                        url: url.clone(),
+                        source,
+                    })?;
+                Pool::Standalone(
+                    pool_builder(pool_size, timeout).build_unchecked(StandaloneManager::new(info, connect_timeout)),
+                )
+            }
+            Some(Target::Cluster(urls)) => {
+                if urls.is_empty() {
+                    return Err(BuildError::NoServer);
+                }
+                for url in &urls {
+                    url.as_str()
+                        .into_connection_info()
+                        .map_err(|source| BuildError::InvalidUrl {
+                            url: url.clone(),
+                            source,
+                        })?;
+                }
+                let client = ClusterClientBuilder::new(urls.clone())
+                    // Never resend a command that may have run: the store
+                    // itself resends only what the server proves did not
+                    // run (NOSCRIPT, MOVED, TRYAGAIN).
+                    .retries(0)
+                    .connection_timeout(connect_timeout)
+                    .response_timeout(timeout)
+                    .build()
+                    .map_err(|source| BuildError::InvalidUrl {
+                        url: urls.join(","),
+                        source,
+                    })?;
+                Pool::Cluster(pool_builder(pool_size, timeout).build_unchecked(ClusterManager::new(client)))
+            }
+        };
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                pool,
+                prefix: prefix.into(),
+                timeout,
+                clock,
+                hash_subjects,
+                scripts: ScriptCache::new(),
+                limiter_script: scripts::limiter(),
+            }),
+        })
+    }
+}
+
+fn validate_prefix(prefix: &str) -> Result<(), BuildError> {
+    let valid = !prefix.is_empty()
+        && prefix.len() <= MAX_PREFIX_LEN
+        && prefix
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}');
+    if valid {
+        Ok(())
+    } else {
+        Err(BuildError::InvalidPrefix {
+            prefix: prefix.chars().take(80).collect(),
+        })
+    }
+}
+
+/// Why a [`RedisStore`] could not be built. Each message says what to
+/// change.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// Neither [`RedisStoreBuilder::url`] nor
+    /// [`RedisStoreBuilder::cluster`] was given (or the Cluster list was
+    /// empty).
+    NoServer,
+    /// A URL could not be parsed.
+    InvalidUrl {
+        /// The URL (or the comma-separated Cluster URLs).
+        url: String,
+        /// The parser's error.
+        source: RedisError,
+    },
+    /// The key prefix was empty, too long, or had braces, spaces or control
+    /// characters.
+    InvalidPrefix {
+        /// The prefix given (at most 80 characters of it).
+        prefix: String,
+    },
+    /// The pool size was 0.
+    ZeroPoolSize,
+    /// A timeout was zero.
+    ZeroTimeout {
+        /// `timeout` or `connect_timeout`.
+        field: &'static str,
+    },
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoServer => f.write_str("no Redis server given: call .url(\"redis://host:6379\") or .cluster([...]) on the builder"),
+            Self::InvalidUrl { url, source } => write!(f, "invalid Redis URL {url:?} ({source}): use redis://[user:password@]host[:port][/db] or redis+unix:///path"),
+            Self::InvalidPrefix { prefix } => write!(f, "invalid key prefix {prefix:?}: use 1 to {MAX_PREFIX_LEN} printable ASCII characters without braces or spaces"),
+            Self::ZeroPoolSize => f.write_str("pool size is 0: give at least 1 connection"),
+            Self::ZeroTimeout { field } => write!(f, "{field} is zero: give a positive duration"),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::InvalidUrl { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) pool: Pool,
+    pub(crate) prefix: Arc<str>,
+    pub(crate) timeout: Duration,
+    pub(crate) clock: ClockMode,
+    pub(crate) hash_subjects: bool,
+    scripts: ScriptCache,
+    pub(crate) limiter_script: LuaScript,
+}
+
+/// A rate-limit [`Store`] in Redis or Redis Cluster: every check is one
+/// atomic Lua script call, with the same decisions as
+/// [`MemoryStore`](tollgate_core::MemoryStore).
+///
+/// Cheap to clone; clones share the pool. See the [crate docs](crate) for
+/// the key layout, clock modes and failure semantics.
+///
+/// ```no_run
+/// use tollgate_core::{Policy, Store};
+/// use tollgate_redis::RedisStore;
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedisStore::builder().url("redis://127.0.0.1:6379").build().await?;
+/// let policies = [
+///     Policy::per_second(10).name("burst").build()?,
+///     Policy::per_day(1_000).name("daily").build()?,
+/// ];
+/// let verdict = store.check("user:42", &policies, 1).await?;
+/// if !verdict.is_allowed() {
+///     println!("retry in {:?}", verdict.retry_after());
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("pool", &self.inner.pool)
+            .field("prefix", &&*self.inner.prefix)
+            .field("timeout", &self.inner.timeout)
+            .field("clock", &self.inner.clock)
+            .field("hash_subjects", &self.inner.hash_subjects)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The future returned by [`RedisStore::check`].
+pub type CheckFuture = Pin<Box<dyn Future<Output = Result<Verdict, StoreError>> + Send + 'static>>;
+
+impl RedisStore {
+    /// A builder; give it [`url`](RedisStoreBuilder::url) or
+    /// [`cluster`](RedisStoreBuilder::cluster).
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder::default()
+    }
+
+    /// The Redis key holding `policy`'s state for `subject`:
+    /// `<prefix>:{<encoded subject>}:<policy name>`. For inspecting with
+    /// `redis-cli`.
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// // Building connects lazily, so this runs without a server.
+    /// let store = tollgate_redis::RedisStore::builder().url("redis://127.0.0.1").build().await?;
+    /// assert_eq!(store.key_for("user:42", "api"), "tollgate:{user:42}:api");
+    /// assert!(store.key_for("evil}{subject", "api").starts_with("tollgate:{#"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn key_for(&self, subject: &str, policy_name: &str) -> String {
+        self.key(&self.subject(subject), policy_name)
+    }
+
+    pub(crate) fn subject<'a>(&self, subject: &'a str) -> Cow<'a, str> {
+        encode_subject(subject, self.inner.hash_subjects)
+    }
+
+    fn key(&self, encoded_subject: &str, policy_name: &str) -> String {
+        let prefix = &*self.inner.prefix;
+        let mut key =
+            String::with_capacity(prefix.len() + encoded_subject.len() + policy_name.len() + 4);
+        key.push_str(prefix);
+        key.push_str(":{");
+        key.push_str(encoded_subject);
+        key.push_str("}:");
+        key.push_str(policy_name);
+        key
+    }
+
+    /// The key prefix.
+    #[must_use]
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The time argument for a script: empty for Redis `TIME`.
+    pub(crate) fn now_arg(&self) -> Option<u64> {
+        match &self.inner.clock {
+            ClockMode::Redis => None,
+            ClockMode::Client(clock) => Some(clock.now_micros()),
+        }
+    }
+
+    /// Sends `PING` and waits for the answer: checks at startup that the
+    /// server (or every Cluster node the ping reaches) is up.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] or [`StoreError::Timeout`] when the
+    /// server does not answer within the store's timeout.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let value = connection::query(&self.inner.pool, self.inner.timeout, &redis::cmd("PING"))
+            .await?;
+        match value {
+            Value::SimpleString(s) if s == "PONG" => Ok(()),
+            Value::BulkString(s) if s == b"PONG" => Ok(()),
+            other => Err(StoreError::Protocol {
+                detail: format!("PING answered {other:?}"),
+            }),
+        }
+    }
+
+    fn check_future(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Result<CheckFuture, StoreError> {
+        validate_check(policies, cost)?;
+        let script = self
+            .inner
+            .scripts
+            .get(policies.iter().map(Policy::algorithm))?;
+        let subject = self.subject(subject);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.sha()).arg(policies.len());
+        for policy in policies {
+            cmd.arg(self.key(&subject, policy.name()));
+        }
+        match self.now_arg() {
+            Some(now) => cmd.arg(now),
+            None => cmd.arg(""),
+        };
+        cmd.arg(cost);
+        for policy in policies {
+            cmd.arg(policy.limit())
+                .arg(policy.period_micros())
+                .arg(policy.capacity());
+        }
+        let capacities: SmallVec<[u64; 2]> = policies.iter().map(Policy::capacity).collect();
+        let inner = Arc::clone(&self.inner);
+        Ok(Box::pin(async move {
+            let value = connection::eval(&inner.pool, inner.timeout, &script, &cmd).await?;
+            parse_verdict(value, &capacities)
+        }))
+    }
+}
+
+impl Store for RedisStore {
+    type CheckFuture = CheckFuture;
+
+    fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
+        match self.check_future(subject, policies, cost) {
+            Ok(future) => future,
+            Err(error) => Box::pin(std::future::ready(Err(error))),
+        }
+    }
+
+    fn reset(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        let subject = self.subject(subject);
+        let mut cmd = redis::cmd("DEL");
+        for policy in policies {
+            cmd.arg(self.key(&subject, policy.name()));
+        }
+        let inner = Arc::clone(&self.inner);
+        let empty = policies.is_empty();
+        async move {
+            if empty {
+                return Ok(());
+            }
+            connection::query(&inner.pool, inner.timeout, &cmd).await?;
+            Ok(())
+        }
+    }
+}
+
+/// Parses the check script's reply: five integers per policy.
+fn parse_verdict(value: Value, capacities: &[u64]) -> Result<Verdict, StoreError> {
+    let items = match value {
+        Value::Array(items) => items,
+        other => return Err(protocol(format!("expected an array, got {other:?}"))),
+    };
+    if items.len() != 5 * capacities.len() {
+        return Err(protocol(format!(
+            "expected {} integers for {} policies, got {}",
+            5 * capacities.len(),
+            capacities.len(),
+            items.len()
+        )));
+    }
+    items
+        .chunks_exact(5)
+        .zip(capacities)
+        .map(|(chunk, &capacity)| {
+            let mut numbers = [0_i64; 5];
+            for (number, item) in numbers.iter_mut().zip(chunk) {
+                *number = match item {
+                    Value::Int(n) => *n,
+                    other => return Err(protocol(format!("expected an integer, got {other:?}"))),
+                };
+            }
+            decision(numbers, capacity)
+        })
+        .collect()
+}
+
+pub(crate) fn decision(numbers: [i64; 5], capacity: u64) -> Result<Decision, StoreError> {
+    let [allowed, remaining, retry_after, reset_after, delay] = numbers;
+    let non_negative = |n: i64, what: &str| {
+        u64::try_from(n).map_err(|_| protocol(format!("{what} is negative ({n})")))
+    };
+    let remaining = non_negative(remaining, "remaining")?;
+    let reset_after = Duration::from_micros(non_negative(reset_after, "reset_after")?);
+    let delay = Duration::from_micros(non_negative(delay, "delay")?);
+    match (allowed, retry_after) {
+        (1, -1) => Ok(Decision::allowed(capacity, remaining, reset_after).with_delay(delay)),
+        (0, retry_after) => {
+            let retry_after = Duration::from_micros(non_negative(retry_after, "retry_after")?);
+            Ok(Decision::denied(capacity, remaining, retry_after, reset_after).with_delay(delay))
+        }
+        (allowed, retry_after) => Err(protocol(format!(
+            "allowed = {allowed} with retry_after = {retry_after}"
+        ))),
+    }
+}
+
+pub(crate) fn protocol(detail: String) -> StoreError {
+    StoreError::Protocol { detail }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_of_the_wrong_shape_are_protocol_errors() {
+        let ok = Value::Array(vec![
+            Value::Int(1),
+            Value::Int(4),
+            Value::Int(-1),
+            Value::Int(100),
+            Value::Int(0),
+        ]);
+        let verdict = parse_verdict(ok, &[5]).unwrap();
+        assert!(verdict.is_allowed());
+        assert_eq!(verdict.decisions()[0].remaining(), 4);
+        assert_eq!(verdict.decisions()[0].limit(), 5);
+
+        let short = Value::Array(vec![Value::Int(1)]);
+        assert!(matches!(parse_verdict(short, &[5]), Err(StoreError::Protocol { .. })));
+        let text = Value::Array(vec![Value::SimpleString("1".into()); 5]);
+        assert!(matches!(parse_verdict(text, &[5]), Err(StoreError::Protocol { .. })));
+        let nil = Value::Nil;
+        assert!(matches!(parse_verdict(nil, &[5]), Err(StoreError::Protocol { .. })));
+        let negative = Value::Array(vec![
+            Value::Int(0),
+            Value::Int(-3),
+            Value::Int(5),
+            Value::Int(1),
+            Value::Int(0),
+        ]);
+        assert!(matches!(parse_verdict(negative, &[5]), Err(StoreError::Protocol { .. })));
+        let allowed_with_retry = Value::Array(vec![
+            Value::Int(1),
+            Value::Int(3),
+            Value::Int(5),
+            Value::Int(1),
+            Value::Int(0),
+        ]);
+        assert!(matches!(
+            parse_verdict(allowed_with_retry, &[5]),
+            Err(StoreError::Protocol { .. })
+        ));
+    }
+
+    #[test]
+    fn prefixes_are_validated() {
+        assert!(validate_prefix("tollgate").is_ok());
+        assert!(validate_prefix("a:b-c").is_ok());
+        assert!(validate_prefix("").is_err());
+        assert!(validate_prefix("has{brace").is_err());
+        assert!(validate_prefix("has space").is_err());
+        assert!(validate_prefix(&"x".repeat(65)).is_err());
+    }
+}
