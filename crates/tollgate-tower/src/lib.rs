@@ -1,1 +1,76 @@
-//! Placeholder.
+//! A tower [`RateLimitLayer`] for Axum, Tonic and Hyper, backed by any
+//! tollgate [`Store`](tollgate_core::Store): the in-process
+//! [`MemoryStore`](tollgate_core::MemoryStore) or Redis.
+//!
+//! ```
+//! use std::net::SocketAddr;
+//! use axum::{routing::get, Router};
+//! use tollgate_core::{MemoryStore, Policy};
+//! use tollgate_tower::RateLimitLayer;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! // 10 requests per second per client IP, bursts of up to 20.
+//! let policy = Policy::per_second(10).burst(20).name("api").build()?;
+//! let app = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::new(MemoryStore::new(), policy));
+//!
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Limited requests get `429 Too Many Requests` with `Retry-After` and the
+//! IETF `RateLimit-Policy` / `RateLimit` fields (gRPC requests get status 8
+//! `RESOURCE_EXHAUSTED`); admitted responses carry `RateLimit` too.
+//!
+//! # What to configure
+//!
+//! | need | use |
+//! |---|---|
+//! | who is limited | [`RateLimitLayerBuilder::key`]: [`PeerIp`], [`ClientIp`] behind proxies, [`BearerToken`], [`ApiKey`], [`Header`], [`User`], `MatchedRoute` (feature `axum`), [`Method`], [`Global`], a closure, a tuple, [`KeyExtractor::or`] |
+//! | several limits at once | [`RateLimitLayerBuilder::policy`] several times (checked atomically) |
+//! | plans / tiers | [`RateLimitLayerBuilder::tier`] and [`RateLimitLayerBuilder::tier_by`] |
+//! | expensive requests | [`RateLimitLayerBuilder::cost`] |
+//! | try before enforcing, or delay instead of reject | [`Mode`] |
+//! | the store is down | [`FailurePolicy`], [`RateLimitLayerBuilder::check_timeout`], [`RateLimitLayerBuilder::circuit_breaker`] |
+//! | requests without a key | [`MissingKey`] |
+//! | headers and bodies | [`HeaderMode`], [`RateLimitLayerBuilder::legacy_headers`], [`RateLimitLayerBuilder::problem_json`], [`RateLimitLayerBuilder::on_limited`] |
+//!
+//! The layer needs a Tokio runtime with timers (for the check timeout and
+//! for waits). Features: `axum` (`ConnectInfo` peer addresses and
+//! `MatchedRoute`), `tonic` (Tonic's `TcpConnectInfo` peer addresses),
+//! `metrics` (counters and a latency histogram per policy through the
+//! `metrics` crate: `tollgate_allowed_total`, `tollgate_denied_total`,
+//! `tollgate_dry_run_denied_total`, `tollgate_store_errors_total`,
+//! `tollgate_store_latency_seconds`, each labelled `policy`).
+
+mod body;
+mod breaker;
+mod config;
+mod deny_cache;
+mod future;
+mod headers;
+mod info;
+mod key;
+mod layer;
+mod limiter;
+mod observe;
+mod response;
+mod service;
+
+pub use body::RateLimitBody;
+pub use config::{ConfigError, FailurePolicy, HeaderMode, MissingKey, Mode};
+pub use future::ResponseFuture;
+pub use info::RateLimitInfo;
+#[cfg(feature = "axum")]
+pub use key::MatchedRoute;
+pub use key::{
+    ApiKey, BearerToken, ClientIp, Global, Header, KeyExtractor, Method, Or, PeerIp, ProxyHeader,
+    User,
+};
+pub use layer::{
+    RateLimitLayer, RateLimitLayerBuilder, DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD,
+    DEFAULT_CHECK_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY,
+};
+pub use service::RateLimit;

@@ -1,0 +1,267 @@
+//! The response future of `RateLimit`: check, maybe wait, then call the
+//! inner service or answer.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+use tollgate_core::{MemoryStore, Store};
+use tower_service::Service;
+
+use crate::headers::RateLimitHeaders;
+use crate::key::KeyExtractor;
+use crate::layer::Shared;
+use crate::limiter::{Next, Then, Ticket};
+use crate::RateLimitBody;
+
+type FallbackCheck = <MemoryStore as Store>::CheckFuture;
+
+pin_project! {
+    /// The response future of [`RateLimit`](crate::RateLimit).
+    pub struct ResponseFuture<S, St, K, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+        St: Store,
+    {
+        #[pin]
+        state: State<S::Future, St::CheckFuture>,
+        pending: Option<Pending<S, St, K, ReqBody>>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, C> {
+        Check {
+            #[pin]
+            check: C,
+            // Started at the first `Pending`, so a store that answers at once
+            // never touches the timer.
+            #[pin]
+            timer: Option<Sleep>,
+        },
+        Fallback {
+            #[pin]
+            check: FallbackCheck,
+        },
+        Wait {
+            until: Instant,
+            #[pin]
+            sleep: Option<Sleep>,
+            then: Option<Then>,
+        },
+        Inner {
+            #[pin]
+            future: F,
+            headers: Option<RateLimitHeaders>,
+        },
+        Done {
+            response: Option<Response<Bytes>>,
+        },
+    }
+}
+
+/// What a request that is still being checked holds on to.
+struct Pending<S, St, K, ReqBody> {
+    shared: Arc<Shared<St, K>>,
+    inner: S,
+    request: Request<ReqBody>,
+    ticket: Ticket,
+}
+
+impl<S, St, K, ReqBody> fmt::Debug for ResponseFuture<S, St, K, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+    St: Store,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Check { .. } => "checking",
+            State::Fallback { .. } => "checking the fallback store",
+            State::Wait { .. } => "waiting",
+            State::Inner { .. } => "calling the inner service",
+            State::Done { .. } => "answered",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<S, St, K, ReqBody> ResponseFuture<S, St, K, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+    St: Store,
+    K: KeyExtractor,
+{
+    pub(crate) fn forward(future: S::Future, headers: Option<RateLimitHeaders>) -> Self {
+        Self {
+            state: State::Inner { future, headers },
+            pending: None,
+        }
+    }
+
+    pub(crate) fn respond(response: Response<Bytes>) -> Self {
+        Self {
+            state: State::Done {
+                response: Some(response),
+            },
+            pending: None,
+        }
+    }
+
+    pub(crate) fn pending(
+        next: Next<St>,
+        shared: Arc<Shared<St, K>>,
+        inner: S,
+        request: Request<ReqBody>,
+        ticket: Ticket,
+    ) -> Self {
+        let mut pending = Some(Pending {
+            shared,
+            inner,
+            request,
+            ticket,
+        });
+        Self {
+            state: enter(next, &mut pending),
+            pending,
+        }
+    }
+}
+
+/// The state for `next`. Calling the inner service consumes `pending`.
+fn enter<S, St, K, ReqBody>(
+    next: Next<St>,
+    pending: &mut Option<Pending<S, St, K, ReqBody>>,
+) -> State<S::Future, St::CheckFuture>
+where
+    S: Service<Request<ReqBody>>,
+    St: Store,
+{
+    match next {
+        Next::Check(check) => State::Check { check, timer: None },
+        Next::Fallback(check) => State::Fallback { check },
+        Next::Wait(until, then) => State::Wait {
+            until,
+            sleep: None,
+            then: Some(then),
+        },
+        Next::Respond(response) => {
+            *pending = None;
+            State::Done {
+                response: Some(response),
+            }
+        }
+        Next::Forward(headers) => match pending.take() {
+            Some(Pending {
+                mut inner, request, ..
+            }) => State::Inner {
+                future: inner.call(request),
+                headers,
+            },
+            None => State::Done {
+                response: Some(missing_request()),
+            },
+        },
+    }
+}
+
+/// Unreachable: every waiting state keeps its request until it is forwarded.
+fn missing_request() -> Response<Bytes> {
+    tracing::error!("rate limiter lost its request; answering 500");
+    let mut response = Response::new(Bytes::from_static(b"internal error in the rate limiter\n"));
+    *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+    response
+}
+
+impl<S, St, K, ReqBody, ResBody> Future for ResponseFuture<S, St, K, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    St: Store,
+    K: KeyExtractor,
+{
+    type Output = Result<Response<RateLimitBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let next = match this.state.as_mut().project() {
+                StateProj::Inner { future, headers } => {
+                    let mut response = ready!(future.poll(cx))?;
+                    if let Some(headers) = headers.take() {
+                        headers.apply(response.headers_mut());
+                    }
+                    return Poll::Ready(Ok(response.map(RateLimitBody::inner)));
+                }
+                StateProj::Done { response } => {
+                    let response = response.take().unwrap_or_else(missing_request);
+                    return Poll::Ready(Ok(response.map(RateLimitBody::own)));
+                }
+                StateProj::Check { check, mut timer } => {
+                    let Some(pending) = this.pending.as_mut() else {
+                        return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
+                    };
+                    match check.poll(cx) {
+                        Poll::Ready(result) => pending.shared.on_result(
+                            &mut pending.ticket,
+                            pending.request.extensions_mut(),
+                            result,
+                        ),
+                        Poll::Pending => {
+                            if timer.is_none() {
+                                timer.set(Some(tokio::time::sleep(pending.shared.timeout)));
+                            }
+                            if let Some(timer) = timer.as_pin_mut() {
+                                ready!(timer.poll(cx));
+                            }
+                            pending
+                                .shared
+                                .on_timeout(&mut pending.ticket, pending.request.extensions_mut())
+                        }
+                    }
+                }
+                StateProj::Fallback { check } => {
+                    let result = ready!(check.poll(cx));
+                    let Some(pending) = this.pending.as_mut() else {
+                        return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
+                    };
+                    pending.shared.on_result(
+                        &mut pending.ticket,
+                        pending.request.extensions_mut(),
+                        result,
+                    )
+                }
+                StateProj::Wait {
+                    until,
+                    mut sleep,
+                    then,
+                } => {
+                    if sleep.is_none() {
+                        sleep.set(Some(tokio::time::sleep_until(*until)));
+                    }
+                    if let Some(sleep) = sleep.as_pin_mut() {
+                        ready!(sleep.poll(cx));
+                    }
+                    let Some(pending) = this.pending.as_mut() else {
+                        return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
+                    };
+                    let then = then.take().unwrap_or(Then::Forward(None));
+                    pending.shared.after_wait(
+                        &mut pending.ticket,
+                        pending.request.extensions_mut(),
+                        then,
+                    )
+                }
+            };
+            let state = enter(next, this.pending);
+            this.state.set(state);
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! Header values: `Retry-After`, the IETF `RateLimit` / `RateLimit-Policy`
+//! structured fields, and the legacy `X-RateLimit-*` headers.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use tollgate_core::{Decision, Policy, Verdict};
+
+pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub(crate) static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Whole seconds, rounded up.
+pub(crate) fn ceil_secs(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
+}
+
+/// The index of the decision that matters most (see
+/// [`Verdict::binding`]), or `None` for an empty verdict.
+pub(crate) fn binding_index(verdict: &Verdict) -> Option<usize> {
+    let decisions = verdict.decisions();
+    let denied = decisions
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| !d.is_allowed())
+        .max_by_key(|(_, d)| d.retry_after());
+    denied
+        .or_else(|| {
+            decisions
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, d)| d.remaining())
+        })
+        .map(|(i, _)| i)
+}
+
+/// `RateLimit-Policy: "burst";q=10;w=1, "daily";q=1000;w=86400`.
+///
+/// Policy names are ASCII letters, digits, `_`, `-` and `.` (the core
+/// refuses others), so they need no escaping inside a string item.
+pub(crate) fn policy_value(policies: &[Policy]) -> Option<HeaderValue> {
+    let mut out = String::new();
+    for policy in policies {
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        let _ = write!(
+            out,
+            "\"{}\";q={};w={}",
+            policy.name(),
+            policy.limit(),
+            ceil_secs(policy.period()).max(1)
+        );
+    }
+    HeaderValue::from_str(&out).ok()
+}
+
+/// The `t` of a decision: its retry-after when denied, else the time until
+/// the quota is back to full.
+fn reset_secs(decision: &Decision) -> u64 {
+    ceil_secs(decision.retry_after().unwrap_or(decision.reset_after()))
+}
+
+/// `RateLimit: "burst";r=0;t=1, "daily";r=998;t=86400`.
+pub(crate) fn ratelimit_value(policies: &[Policy], verdict: &Verdict) -> Option<HeaderValue> {
+    let mut out = String::new();
+    for (policy, decision) in policies.iter().zip(verdict.decisions()) {
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        let _ = write!(
+            out,
+            "\"{}\";r={};t={}",
+            policy.name(),
+            decision.remaining(),
+            reset_secs(decision)
+        );
+    }
+    HeaderValue::from_str(&out).ok()
+}
+
+/// The headers a response gets, computed once per request.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RateLimitHeaders {
+    pub(crate) policy: Option<HeaderValue>,
+    pub(crate) ratelimit: Option<HeaderValue>,
+    pub(crate) legacy: Option<Box<[HeaderValue; 3]>>,
+    pub(crate) retry_after: Option<HeaderValue>,
+}
+
+impl RateLimitHeaders {
+    /// `policy_header` is the tier's precomputed `RateLimit-Policy` value.
+    pub(crate) fn new(
+        policies: &[Policy],
+        policy_header: Option<&HeaderValue>,
+        verdict: &Verdict,
+        legacy: bool,
+    ) -> Self {
+        let legacy = legacy
+            .then(|| binding_index(verdict))
+            .flatten()
+            .map(|i| &verdict.decisions()[i])
+            .map(|binding| {
+                Box::new([
+                    HeaderValue::from(binding.limit()),
+                    HeaderValue::from(binding.remaining()),
+                    HeaderValue::from(reset_secs(binding)),
+                ])
+            });
+        Self {
+            policy: policy_header.cloned(),
+            ratelimit: ratelimit_value(policies, verdict),
+            legacy,
+            retry_after: verdict
+                .retry_after()
+                .map(|d| HeaderValue::from(ceil_secs(d))),
+        }
+    }
+
+    /// Adds the headers a response does not already have.
+    pub(crate) fn apply(self, headers: &mut HeaderMap) {
+        let mut set = |name: &HeaderName, value: HeaderValue| {
+            if !headers.contains_key(name) {
+                headers.insert(name.clone(), value);
+            }
+        };
+        if let Some(value) = self.policy {
+            set(&RATELIMIT_POLICY, value);
+        }
+        if let Some(value) = self.ratelimit {
+            set(&RATELIMIT, value);
+        }
+        if let Some(legacy) = self.legacy {
+            let [limit, remaining, reset] = *legacy;
+            set(&X_RATELIMIT_LIMIT, limit);
+            set(&X_RATELIMIT_REMAINING, remaining);
+            set(&X_RATELIMIT_RESET, reset);
+        }
+        if let Some(value) = self.retry_after {
+            set(&RETRY_AFTER, value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policies() -> Vec<Policy> {
+        vec![
+            Policy::per_second(10).name("burst").build().unwrap(),
+            Policy::per(5, Duration::from_millis(1500))
+                .name("odd.window")
+                .build()
+                .unwrap(),
+        ]
+    }
+
+    #[test]
+    fn rounding_is_upward() {
+        assert_eq!(ceil_secs(Duration::ZERO), 0);
+        assert_eq!(ceil_secs(Duration::from_nanos(1)), 1);
+        assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
+        assert_eq!(ceil_secs(Duration::from_millis(2001)), 3);
+    }
+
+    #[test]
+    fn values_are_structured_field_lists() {
+        let verdict = Verdict::from_iter([
+            Decision::allowed(10, 0, Duration::from_millis(900)),
+            Decision::denied(
+                5,
+                0,
+                Duration::from_millis(1200),
+                Duration::from_millis(1500),
+            ),
+        ]);
+        let policy = policy_value(&policies()).unwrap();
+        assert_eq!(policy, "\"burst\";q=10;w=1, \"odd.window\";q=5;w=2");
+        let rate = ratelimit_value(&policies(), &verdict).unwrap();
+        assert_eq!(rate, "\"burst\";r=0;t=1, \"odd.window\";r=0;t=2");
+        for value in [policy, rate] {
+            let list = sfv::Parser::new(value.to_str().unwrap())
+                .parse::<sfv::List>()
+                .unwrap();
+            assert_eq!(list.len(), 2);
+        }
+        let headers = RateLimitHeaders::new(&policies(), None, &verdict, true);
+        assert_eq!(headers.retry_after.unwrap(), "2");
+        let [limit, remaining, reset] = *headers.legacy.unwrap();
+        assert_eq!(
+            (limit, remaining, reset),
+            (
+                HeaderValue::from(5),
+                HeaderValue::from(0),
+                HeaderValue::from(2)
+            )
+        );
+    }
+
+    #[test]
+    fn apply_keeps_existing_headers() {
+        let verdict = Verdict::from_iter([Decision::allowed(10, 3, Duration::from_millis(700))]);
+        let mut map = HeaderMap::new();
+        map.insert(&RATELIMIT, HeaderValue::from_static("custom"));
+        RateLimitHeaders::new(
+            &policies()[..1],
+            policy_value(&policies()[..1]).as_ref(),
+            &verdict,
+            false,
+        )
+        .apply(&mut map);
+        assert_eq!(map[&RATELIMIT], "custom");
+        assert_eq!(map[&RATELIMIT_POLICY], "\"burst\";q=10;w=1");
+        assert!(!map.contains_key(RETRY_AFTER));
+        assert!(!map.contains_key(&X_RATELIMIT_LIMIT));
+    }
+}

@@ -1,0 +1,205 @@
+//! Key extractors: who a request is counted against.
+
+mod header;
+mod ip;
+mod misc;
+
+use std::fmt;
+
+use http::request::Parts;
+use tollgate_core::{hash_subject, is_plain};
+
+pub use header::{ApiKey, BearerToken, Header};
+pub use ip::{ClientIp, PeerIp, ProxyHeader};
+#[cfg(feature = "axum")]
+pub use misc::MatchedRoute;
+pub use misc::{Global, Method, User};
+
+/// Derives the rate-limit key (the subject a store counts against) from a
+/// request.
+///
+/// Returning `None` means the request carries no key; what happens then is
+/// chosen with [`RateLimitLayerBuilder::on_missing_key`]
+/// (skip, reject, or a shared fallback key).
+///
+/// Any `Fn(&http::request::Parts) -> Option<String>` closure is a key
+/// extractor, and extractors combine: a tuple keys on all of its parts, and
+/// [`KeyExtractor::or`] falls back when the first yields nothing.
+///
+/// [`RateLimitLayerBuilder::on_missing_key`]: crate::RateLimitLayerBuilder::on_missing_key
+///
+/// ```
+/// use http::{request::Parts, Request};
+/// use tollgate_tower::{BearerToken, KeyExtractor, Method, PeerIp};
+///
+/// // A closure: the tenant from a header, lower-cased.
+/// let tenant = |parts: &Parts| {
+///     let value = parts.headers.get("x-tenant")?.to_str().ok()?;
+///     Some(value.to_ascii_lowercase())
+/// };
+///
+/// // The token if there is one, else the client's IP address.
+/// let token_or_ip = BearerToken::new().or(PeerIp::new());
+///
+/// // One bucket per tenant and method.
+/// let per_tenant_and_method = (tenant, Method);
+///
+/// let (parts, ()) = Request::post("/").header("x-tenant", "ACME").body(()).unwrap().into_parts();
+/// assert_eq!(per_tenant_and_method.extract(&parts).as_deref(), Some("acme,POST"));
+/// assert_eq!(token_or_ip.extract(&parts), None); // no token, no peer address
+/// ```
+pub trait KeyExtractor: Send + Sync + 'static {
+    /// The key for this request, or `None` when it carries none.
+    fn extract(&self, request: &Parts) -> Option<String>;
+
+    /// Uses `fallback` when `self` yields no key.
+    fn or<F>(self, fallback: F) -> Or<Self, F>
+    where
+        Self: Sized,
+        F: KeyExtractor,
+    {
+        Or {
+            first: self,
+            fallback,
+        }
+    }
+}
+
+impl<F> KeyExtractor for F
+where
+    F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+{
+    fn extract(&self, request: &Parts) -> Option<String> {
+        self(request)
+    }
+}
+
+/// Tries one extractor, then another when the first yields no key. Built
+/// with [`KeyExtractor::or`].
+#[derive(Clone, Copy)]
+pub struct Or<A, B> {
+    first: A,
+    fallback: B,
+}
+
+impl<A, B> fmt::Debug for Or<A, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Or").finish_non_exhaustive()
+    }
+}
+
+impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
+    fn extract(&self, request: &Parts) -> Option<String> {
+        self.first
+            .extract(request)
+            .or_else(|| self.fallback.extract(request))
+    }
+}
+
+/// Appends one component of a combined key, separated by `,`.
+///
+/// A component that is a plain subject without `,` is kept as it is;
+/// anything else is replaced by its hash, which starts with `#` and so can
+/// never equal a plain component. The joined key is therefore unambiguous:
+/// two different tuples of components never produce the same key.
+fn push_component(out: &mut String, component: &str) {
+    if !out.is_empty() {
+        out.push(',');
+    }
+    if is_plain(component) && !component.contains(',') {
+        out.push_str(component);
+    } else {
+        out.push_str(&hash_subject(component.as_bytes()));
+    }
+}
+
+macro_rules! tuple_extractor {
+    ($($name:ident),+) => {
+        /// Keys on every part; yields no key when any part yields none.
+        #[allow(non_snake_case)]
+        impl<$($name: KeyExtractor),+> KeyExtractor for ($($name,)+) {
+            fn extract(&self, request: &Parts) -> Option<String> {
+                let ($($name,)+) = self;
+                let mut key = String::new();
+                $(
+                    let component = $name.extract(request)?;
+                    push_component(&mut key, &component);
+                )+
+                Some(key)
+            }
+        }
+    };
+}
+
+tuple_extractor!(A, B);
+tuple_extractor!(A, B, C);
+tuple_extractor!(A, B, C, D);
+tuple_extractor!(A, B, C, D, E);
+tuple_extractor!(A, B, C, D, E, F);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Request;
+
+    fn parts() -> Parts {
+        Request::get("/").body(()).unwrap().into_parts().0
+    }
+
+    fn fixed(value: &'static str) -> impl KeyExtractor {
+        move |_: &Parts| Some(value.to_owned())
+    }
+
+    fn none() -> impl KeyExtractor {
+        |_: &Parts| None
+    }
+
+    #[test]
+    fn tuples_join_plain_components_and_hash_the_rest() {
+        let parts = parts();
+        assert_eq!(
+            (fixed("a"), fixed("b")).extract(&parts).as_deref(),
+            Some("a,b")
+        );
+        let key = (fixed("a,b"), fixed("c")).extract(&parts).unwrap();
+        let other = (fixed("a"), fixed("b,c")).extract(&parts).unwrap();
+        assert_ne!(key, other);
+        assert!(key.starts_with('#') && key.ends_with(",c"));
+        assert_eq!((fixed("a"), none()).extract(&parts), None);
+        assert_eq!(
+            (
+                fixed("a"),
+                fixed("b"),
+                fixed("c"),
+                fixed("d"),
+                fixed("e"),
+                fixed("f")
+            )
+                .extract(&parts)
+                .as_deref(),
+            Some("a,b,c,d,e,f")
+        );
+    }
+
+    #[test]
+    fn or_falls_back_only_when_the_first_has_no_key() {
+        let parts = parts();
+        assert_eq!(
+            fixed("a").or(fixed("b")).extract(&parts).as_deref(),
+            Some("a")
+        );
+        assert_eq!(none().or(fixed("b")).extract(&parts).as_deref(), Some("b"));
+        assert_eq!(none().or(none()).extract(&parts), None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn tuple_keys_are_injective(a in ".{0,8}", b in ".{0,8}", c in ".{0,8}", d in ".{0,8}") {
+            let parts = parts();
+            let (a2, b2, c2, d2) = (a.clone(), b.clone(), c.clone(), d.clone());
+            let left = (move |_: &Parts| Some(a2.clone()), move |_: &Parts| Some(b2.clone())).extract(&parts);
+            let right = (move |_: &Parts| Some(c2.clone()), move |_: &Parts| Some(d2.clone())).extract(&parts);
+            proptest::prop_assert_eq!(left == right, (a, b) == (c, d));
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! The decisions of the layer, independent of how the future is driven:
+//! what to do with a new request, a store verdict, a store error, the end
+//! of a wait.
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Extensions, HeaderValue, Response, StatusCode};
+use tokio::time::Instant;
+use tollgate_core::{Decision, MemoryStore, Store, StoreError, Verdict};
+
+use crate::config::{FailurePolicy, HeaderMode, MissingKey, Mode};
+use crate::headers::RateLimitHeaders;
+use crate::key::KeyExtractor;
+use crate::layer::{Shared, Tier};
+use crate::response::{self, grpc_content_type};
+use crate::{observe, RateLimitInfo};
+
+/// One request on its way through the limiter.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    pub(crate) key: String,
+    pub(crate) tier: usize,
+    pub(crate) cost: u64,
+    /// When the current check was sent.
+    pub(crate) sent: Instant,
+    /// In shape mode, the latest time the request may be forwarded.
+    pub(crate) deadline: Option<Instant>,
+    /// The request's content type if it is a gRPC request.
+    pub(crate) grpc: Option<HeaderValue>,
+    /// Whether the current check goes to the fallback store.
+    pub(crate) fallback: bool,
+}
+
+/// What to do after a wait.
+#[derive(Debug)]
+pub(crate) enum Then {
+    /// Ask the store again.
+    Recheck,
+    /// Forward the request, adding these headers to the response.
+    Forward(Option<RateLimitHeaders>),
+}
+
+/// The next step of a request.
+pub(crate) enum Next<St: Store> {
+    /// Call the inner service; add these headers to its response.
+    Forward(Option<RateLimitHeaders>),
+    /// Answer with this response.
+    Respond(Response<Bytes>),
+    /// Wait for this check of the store.
+    Check(St::CheckFuture),
+    /// Wait for this check of the fallback store.
+    Fallback(<MemoryStore as Store>::CheckFuture),
+    /// Wait until then, then do that.
+    Wait(Instant, Then),
+}
+
+impl<St: Store, K: KeyExtractor> Shared<St, K> {
+    fn tier(&self, ticket: &Ticket) -> &Tier {
+        // Tickets only carry indices from `tier_index`, which are in range;
+        // fall back to the default tier rather than panic.
+        self.tiers.get(ticket.tier).unwrap_or(&self.tiers[0])
+    }
+
+    /// The first step for a new request, and its ticket when it needs one.
+    pub(crate) fn start(&self, parts: &mut Parts) -> (Next<St>, Option<Ticket>) {
+        let key = match self.key.extract(parts) {
+            Some(key) => key,
+            None => match &self.missing_key {
+                MissingKey::Skip => {
+                    tracing::trace!("no rate-limit key; not limited");
+                    return (Next::Forward(None), None);
+                }
+                MissingKey::Reject { status, message } => {
+                    tracing::debug!(%status, "no rate-limit key; rejected");
+                    let grpc = grpc_content_type(&parts.headers);
+                    return (Next::Respond(response::plain(grpc, *status, message)), None);
+                }
+                MissingKey::Fallback(key) => key.to_string(),
+            },
+        };
+        let cost = self.cost(parts);
+        if cost == 0 {
+            return (Next::Forward(None), None);
+        }
+        let now = Instant::now();
+        let mut ticket = Ticket {
+            key,
+            tier: self.tier_index(parts),
+            cost,
+            sent: now,
+            deadline: match self.mode {
+                Mode::Shape { max_wait } => Some(now + max_wait),
+                _ => None,
+            },
+            grpc: grpc_content_type(&parts.headers),
+            fallback: false,
+        };
+        if let Some(cache) = &self.deny_cache {
+            if let Some(verdict) = cache.get(ticket.tier, &ticket.key, cost, now) {
+                tracing::trace!(key = %ticket.key, "denied by the local deny cache");
+                let next = self.on_verdict(&mut ticket, &mut parts.extensions, verdict);
+                return (next, Some(ticket));
+            }
+        }
+        let next = self.ask_store(&mut ticket, &mut parts.extensions);
+        (next, Some(ticket))
+    }
+
+    /// Checks the store, unless the circuit breaker is open.
+    fn ask_store(&self, ticket: &mut Ticket, extensions: &mut Extensions) -> Next<St> {
+        if !self.breaker.allow() {
+            tracing::debug!("store skipped: circuit breaker open");
+            return self.on_failure(ticket, extensions);
+        }
+        ticket.sent = Instant::now();
+        ticket.fallback = false;
+        let tier = self.tier(ticket);
+        Next::Check(self.store.check(&ticket.key, &tier.policies, ticket.cost))
+    }
+
+    /// The check timed out.
+    pub(crate) fn on_timeout(&self, ticket: &mut Ticket, extensions: &mut Extensions) -> Next<St> {
+        let error = StoreError::Timeout {
+            after: self.timeout,
+        };
+        self.on_result(ticket, extensions, Err(error))
+    }
+
+    /// The store (or the fallback store) answered.
+    pub(crate) fn on_result(
+        &self,
+        ticket: &mut Ticket,
+        extensions: &mut Extensions,
+        result: Result<Verdict, StoreError>,
+    ) -> Next<St> {
+        let tier = self.tier(ticket);
+        if ticket.fallback {
+            return match result {
+                Ok(verdict) => self.on_verdict(ticket, extensions, verdict),
+                Err(error) => {
+                    tracing::error!(%error, "the fallback store failed too; request let through");
+                    Next::Forward(None)
+                }
+            };
+        }
+        observe::store_latency(tier, ticket.sent.elapsed());
+        match result {
+            Ok(verdict) => {
+                self.breaker.success();
+                if !verdict.is_allowed() {
+                    if let Some(cache) = &self.deny_cache {
+                        cache.insert(ticket.tier, &ticket.key, ticket.cost, &verdict, ticket.sent);
+                    }
+                }
+                self.on_verdict(ticket, extensions, verdict)
+            }
+            Err(error) if error.is_backend() => {
+                observe::store_error(tier);
+                if self.breaker.failure() {
+                    tracing::error!(%error, "rate-limit store failing; circuit breaker opened");
+                } else {
+                    tracing::warn!(%error, "rate-limit store failed");
+                }
+                self.on_failure(ticket, extensions)
+            }
+            Err(error) => {
+                tracing::error!(%error, key = %ticket.key, "rate-limit check refused");
+                let message = format!("{error}\n");
+                Next::Respond(response::plain(
+                    ticket.grpc.take(),
+                    StatusCode::TOO_MANY_REQUESTS,
+                    &message,
+                ))
+            }
+        }
+    }
+
+    /// The store failed or is skipped: apply the failure policy.
+    fn on_failure(&self, ticket: &mut Ticket, _extensions: &mut Extensions) -> Next<St> {
+        match &self.failure {
+            FailurePolicy::FailOpen => Next::Forward(None),
+            FailurePolicy::FailClosed => Next::Respond(response::plain(
+                ticket.grpc.take(),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the rate limiter is unavailable; retry later\n",
+            )),
+            FailurePolicy::Fallback(store) => {
+                ticket.fallback = true;
+                ticket.sent = Instant::now();
+                let tier = self.tier(ticket);
+                Next::Fallback(store.check(&ticket.key, &tier.policies, ticket.cost))
+            }
+        }
+    }
+
+    fn headers(&self, tier: &Tier, verdict: &Verdict, limited: bool) -> RateLimitHeaders {
+        let fields = match self.header_mode {
+            HeaderMode::All => true,
+            HeaderMode::LimitedOnly => limited,
+            HeaderMode::None => false,
+        };
+        let mut headers = if fields {
+            RateLimitHeaders::new(
+                &tier.policies,
+                tier.policy_header.as_ref(),
+                verdict,
+                self.legacy_headers,
+            )
+        } else {
+            RateLimitHeaders::default()
+        };
+        if limited {
+            headers.retry_after = verdict
+                .retry_after()
+                .map(|d| HeaderValue::from(crate::headers::ceil_secs(d)));
+        }
+        headers
+    }
+
+    fn info(&self, ticket: &mut Ticket, verdict: Verdict) -> RateLimitInfo {
+        let tier = self.tier(ticket);
+        RateLimitInfo::new(
+            std::mem::take(&mut ticket.key),
+            std::sync::Arc::clone(&tier.name),
+            std::sync::Arc::clone(&tier.policies),
+            verdict,
+            self.mode == Mode::DryRun,
+        )
+    }
+
+    fn limited(&self, ticket: &mut Ticket, verdict: Verdict) -> Next<St> {
+        let tier = self.tier(ticket);
+        observe::denied(tier, &verdict);
+        let headers = self.headers(tier, &verdict, true);
+        let grpc = ticket.grpc.take();
+        let info = self.info(ticket, verdict);
+        tracing::debug!(key = %info.key(), policy = info.binding_policy(), retry_after = ?info.retry_after(), "rate limited");
+        Next::Respond(response::limited(&self.body, grpc, &info, headers))
+    }
+
+    /// A verdict from the store, the fallback store or the deny cache.
+    pub(crate) fn on_verdict(
+        &self,
+        ticket: &mut Ticket,
+        extensions: &mut Extensions,
+        verdict: Verdict,
+    ) -> Next<St> {
+        let tier = self.tier(ticket);
+        let now = Instant::now();
+        if verdict.is_allowed() {
+            observe::allowed(tier);
+            let delay = verdict.delay();
+            if self.mode == Mode::DryRun {
+                extensions.insert(self.info(ticket, verdict));
+                return Next::Forward(None);
+            }
+            if !delay.is_zero()
+                && ticket
+                    .deadline
+                    .is_some_and(|deadline| now + delay > deadline)
+            {
+                tracing::debug!(
+                    ?delay,
+                    "queue delay longer than the shaping limit; rejected"
+                );
+                return self.limited(ticket, delayed_as_denied(&verdict));
+            }
+            let headers = self.headers(tier, &verdict, false);
+            extensions.insert(self.info(ticket, verdict));
+            if delay.is_zero() {
+                Next::Forward(Some(headers))
+            } else {
+                tracing::trace!(?delay, "queued");
+                Next::Wait(now + delay, Then::Forward(Some(headers)))
+            }
+        } else {
+            match self.mode {
+                Mode::DryRun => {
+                    observe::dry_run_denied(tier, &verdict);
+                    let info = self.info(ticket, verdict);
+                    tracing::info!(key = %info.key(), policy = info.binding_policy(), retry_after = ?info.retry_after(), "dry run: would have been rate limited");
+                    extensions.insert(info);
+                    Next::Forward(None)
+                }
+                Mode::Shape { .. } => {
+                    let retry = verdict.retry_after().unwrap_or_default();
+                    match ticket.deadline {
+                        Some(deadline) if now + retry <= deadline => {
+                            tracing::trace!(?retry, "shaping: waiting to retry");
+                            Next::Wait(now + retry, Then::Recheck)
+                        }
+                        _ => self.limited(ticket, verdict),
+                    }
+                }
+                Mode::Enforce => self.limited(ticket, verdict),
+            }
+        }
+    }
+
+    /// A wait ended.
+    pub(crate) fn after_wait(
+        &self,
+        ticket: &mut Ticket,
+        extensions: &mut Extensions,
+        then: Then,
+    ) -> Next<St> {
+        match then {
+            Then::Recheck => self.ask_store(ticket, extensions),
+            Then::Forward(headers) => Next::Forward(headers),
+        }
+    }
+}
+
+/// An admitted verdict whose queue delay is too long, as a denial whose
+/// retry-after is that delay.
+fn delayed_as_denied(verdict: &Verdict) -> Verdict {
+    verdict
+        .decisions()
+        .iter()
+        .map(|d| {
+            if d.delay().is_zero() {
+                *d
+            } else {
+                Decision::denied(d.limit(), d.remaining(), d.delay(), d.reset_after())
+            }
+        })
+        .collect()
+}
