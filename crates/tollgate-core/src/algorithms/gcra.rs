@@ -79,6 +79,14 @@ impl ThrottleReply {
 
 /// Why [`throttle`] refused its arguments. redis-cell refuses the same
 /// arguments with an error reply.
+///
+/// ```
+/// use tollgate_core::algorithms::{throttle, ThrottleError};
+///
+/// let err = throttle(None, 0, 15, 0, 60, 1).unwrap_err();
+/// assert_eq!(err, ThrottleError::ZeroCount);
+/// assert!(err.to_string().contains("at least 1"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ThrottleError {
