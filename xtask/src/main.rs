@@ -83,12 +83,16 @@ fn main() -> ExitCode {
     }
 }
 
-/// The workspace root (the parent of xtask's own directory).
+/// The workspace root: the parent of xtask's own directory, taken from
+/// `CARGO_MANIFEST_DIR` as `cargo run` sets it at run time (so a binary
+/// built from another checkout sharing the target directory still works on
+/// this one), else as it was at compile time.
 pub(crate) fn workspace_root() -> PathBuf {
-    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
     manifest_dir
         .parent()
-        .map_or_else(|| manifest_dir.to_path_buf(), Path::to_path_buf)
+        .map_or_else(|| manifest_dir.clone(), Path::to_path_buf)
 }
 
 /// `cargo xtask test` / `ci`.

@@ -789,6 +789,90 @@ mod tests {
         assert_eq!(tail("", 5), "");
     }
 
+    /// Connects to `port` on 127.0.0.1.
+    fn connect(port: u16) -> Connection {
+        Connection::open(port, IO_TIMEOUT).unwrap()
+    }
+
+    #[test]
+    fn standalone_server_serves_and_is_gone_after_drop() {
+        let tools = Tools::discover().unwrap();
+        let server = Standalone::start(&tools).unwrap();
+        let port = server.port();
+        assert_eq!(server.url(), format!("redis://127.0.0.1:{port}"));
+        let dir = xtask_dir().join(format!("redis-{port}"));
+        assert!(dir.join("redis.log").is_file());
+        let mut conn = connect(port);
+        assert_eq!(conn.text(&["SET", "k", "v"]).unwrap(), "OK");
+        assert_eq!(conn.text(&["GET", "k"]).unwrap(), "v");
+        let save = conn.command(&["CONFIG", "GET", "save"]).unwrap();
+        assert_eq!(save.to_string(), "[save, ]", "persistence must be off");
+        drop(conn);
+        drop(server);
+        assert!(!dir.exists(), "{} should be removed", dir.display());
+        assert!(
+            Connection::open(port, IO_TIMEOUT).is_err(),
+            "server still up"
+        );
+    }
+
+    #[test]
+    fn three_master_cluster_serves_every_slot() {
+        let tools = Tools::discover().unwrap();
+        let cluster = Cluster::start(&tools, 3, 0).unwrap();
+        let ports = cluster.master_ports.clone();
+        assert_eq!(ports.len(), 3);
+        assert_eq!(cluster.urls().len(), 3);
+        assert_eq!(cluster.url(), cluster.urls()[0]);
+        for &port in &ports {
+            let info = cluster_info(port).unwrap();
+            assert_eq!(info_field(&info, "cluster_state"), Some("ok"));
+            assert_eq!(info_field(&info, "cluster_slots_assigned"), Some("16384"));
+        }
+        // Exactly one master owns the key; the others redirect to it.
+        let replies: Vec<Reply> = ports
+            .iter()
+            .map(|&port| connect(port).command(&["SET", "foo", "bar"]).unwrap())
+            .collect();
+        let owner: Vec<u16> = ports
+            .iter()
+            .zip(&replies)
+            .filter(|(_, reply)| **reply == Reply::Status("OK".to_owned()))
+            .map(|(port, _)| *port)
+            .collect();
+        assert_eq!(owner.len(), 1, "{replies:?}");
+        let moved = format!("MOVED 12182 127.0.0.1:{}", owner[0]);
+        let redirects = replies
+            .iter()
+            .filter(|r| **r == Reply::Error(moved.clone()));
+        assert_eq!(redirects.count(), 2, "{replies:?}");
+        drop(cluster);
+        for port in ports {
+            assert!(
+                Connection::open(port, IO_TIMEOUT).is_err(),
+                "{port} still up"
+            );
+        }
+    }
+
+    #[test]
+    fn cluster_built_by_hand_has_synced_replicas() {
+        // One master: redis-cli refuses fewer than three, so this is the
+        // hand-built path (ADDSLOTS / MEET / REPLICATE).
+        let tools = Tools::discover().unwrap();
+        let cluster = Cluster::start(&tools, 1, 2).unwrap();
+        assert_eq!(cluster.node_urls().len(), 3);
+        assert_eq!(cluster.urls(), [cluster.url()]);
+        let master = cluster.master_ports[0];
+        assert_eq!(connect(master).text(&["SET", "foo", "bar"]).unwrap(), "OK");
+        for node in cluster.nodes.iter().filter(|node| node.port != master) {
+            let info = connect(node.port).text(&["INFO", "replication"]).unwrap();
+            assert_eq!(info_field(&info, "role"), Some("slave"));
+            assert_eq!(info_field(&info, "master_port"), Some(&*master.to_string()));
+            assert_eq!(info_field(&info, "master_link_status"), Some("up"));
+        }
+    }
+
     #[test]
     fn find_on_path_finds_sh_but_not_nonsense() {
         let sh = find_on_path("sh").expect("sh is on PATH on every Unix");
