@@ -13,7 +13,9 @@ ALG.sliding_window = function(key, L, P, B, now, c)
         prev, curr = s_prev, s_curr
       elseif s_ws + P == ws then
         prev, curr = s_curr, 0
-      elseif s_ws > ws then
+      elseif s_ws > now then
+        -- The clock went back. (A start between ws and now can only be
+        -- left by a policy whose period changed: no state, below.)
         lag, ws, t = s_ws - now, s_ws, s_ws
         prev, curr = s_prev, s_curr
       end

@@ -1,0 +1,114 @@
+//! Helpers shared by the `redis_*` tests (a module, not a test target).
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tollgate_core::{Algorithm, Clock, LeakyMode, ManualClock, SystemClock};
+use tollgate_redis::{ClockMode, RedisStore};
+
+/// Every key the Redis tests write starts with this (the TTL test scans it).
+pub const TEST_PREFIX: &str = "tg-test";
+
+/// Generous per-call timeout: tests share two cores with builds and other
+/// tests, and a timeout would make counts uncertain.
+pub const TEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// All seven algorithms (leaky bucket in both modes).
+pub const ALGORITHMS: [Algorithm; 7] = [
+    Algorithm::Gcra,
+    Algorithm::TokenBucket,
+    Algorithm::LeakyBucket(LeakyMode::Meter),
+    Algorithm::LeakyBucket(LeakyMode::Queue),
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindow,
+    Algorithm::SlidingLog,
+];
+
+/// A key prefix unique to this process and call: `tg-test-<what>-<pid>-<n>`.
+pub fn unique_prefix(what: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() % 1_000_000_000_000);
+    format!(
+        "{TEST_PREFIX}-{what}-{}-{nanos}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A manual clock one day ahead of the wall clock: keys written on it
+/// expire (PEXPIREAT on its times) no earlier than Redis' clock says they
+/// may, so a test never sees Redis forget state the memory store keeps.
+pub fn manual_clock() -> ManualClock {
+    ManualClock::new(SystemClock.now_micros() + 86_400_000_000)
+}
+
+/// A store on the standalone test server.
+pub async fn standalone(prefix: &str, clock: ClockMode) -> RedisStore {
+    RedisStore::builder()
+        .url(tollgate_tests::redis_url())
+        .prefix(prefix)
+        .timeout(TEST_TIMEOUT)
+        .clock(clock)
+        .build()
+        .await
+        .expect("the store should build")
+}
+
+/// A store on the test Cluster.
+pub async fn cluster(prefix: &str, clock: ClockMode) -> RedisStore {
+    RedisStore::builder()
+        .cluster(tollgate_tests::cluster_urls())
+        .prefix(prefix)
+        .timeout(TEST_TIMEOUT)
+        .clock(clock)
+        .build()
+        .await
+        .expect("the store should build")
+}
+
+/// A client clock mode on `clock`.
+pub fn client(clock: &ManualClock) -> ClockMode {
+    ClockMode::Client(Arc::new(clock.clone()))
+}
+
+/// A plain synchronous connection to `url`, for inspecting keys.
+pub fn raw(url: &str) -> redis::Connection {
+    redis::Client::open(url)
+        .and_then(|client| client.get_connection())
+        .unwrap_or_else(|e| panic!("could not connect to {url}: {e}"))
+}
+
+/// Every key matching `pattern` on the server at `url`, with its PTTL.
+pub fn scan_ttls(url: &str, pattern: &str) -> Vec<(String, i64)> {
+    let mut connection = raw(url);
+    let mut cursor: u64 = 0;
+    let mut keys = Vec::new();
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query(&mut connection)
+            .expect("SCAN should work");
+        keys.extend(batch);
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    keys.into_iter()
+        .map(|key| {
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query(&mut connection)
+                .expect("PTTL should work");
+            (key, ttl)
+        })
+        .collect()
+}

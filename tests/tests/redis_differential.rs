@@ -1,0 +1,273 @@
+//! Differential tests: `RedisStore` (client-clock mode, manual clock) and
+//! `MemoryStore` give identical verdicts for random sequences of time steps
+//! (forward, zero, backward), costs (peeks and costs above capacity
+//! included), resets and policy combinations, for every algorithm, on a
+//! standalone server and on the Cluster.
+
+mod redis_common;
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use redis_common::{client, manual_clock, unique_prefix, ALGORITHMS};
+use tollgate_core::{Algorithm, Clock, ManualClock, MemoryStore, Policy, Store};
+use tollgate_redis::RedisStore;
+
+/// Periods in µs: tiny (windows roll often), not a multiple of the limit
+/// (fractional emission intervals), and long.
+const PERIODS: [u64; 6] = [1_000, 999_983, 1_000_000, 7_000_013, 60_000_000, 3_600_000_000];
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    /// Move the clock (µs, negative = back), then check with this cost.
+    Check { step: i64, cost: u64 },
+    /// Move the clock, then reset the subject.
+    Reset { step: i64 },
+}
+
+fn policy(algorithm: Algorithm, name: String) -> impl Strategy<Value = Policy> {
+    (
+        1_u64..=8,
+        prop::sample::select(PERIODS.to_vec()),
+        prop::option::weighted(0.5, 1_u64..=10),
+    )
+        .prop_map(move |(limit, period, burst)| {
+            let builder = Policy::per(limit, Duration::from_micros(period))
+                .algorithm(algorithm)
+                .name(name.clone());
+            let builder = match burst {
+                Some(burst) if algorithm.has_burst() => builder.burst(burst),
+                _ => builder,
+            };
+            builder.build().expect("the generated policy is valid")
+        })
+}
+
+/// `first` followed by 0 to 2 policies of random algorithms.
+fn policies(first: Algorithm) -> impl Strategy<Value = Vec<Policy>> {
+    let others = prop::collection::vec(prop::sample::select(ALGORITHMS.to_vec()), 0..=2);
+    others.prop_flat_map(move |others| {
+        let mut all = vec![policy(first, "p0".to_owned()).boxed()];
+        for (i, algorithm) in others.into_iter().enumerate() {
+            all.push(policy(algorithm, format!("p{}", i + 1)).boxed());
+        }
+        all
+    })
+}
+
+/// Any algorithms, 1 to 3 policies.
+fn any_policies() -> impl Strategy<Value = Vec<Policy>> {
+    prop::sample::select(ALGORITHMS.to_vec()).prop_flat_map(policies)
+}
+
+fn ops(max_period: u64) -> impl Strategy<Value = Vec<Op>> {
+    let max = i64::try_from(2 * max_period).unwrap_or(i64::MAX);
+    let step = prop_oneof![
+        3 => Just(0_i64),
+        3 => 1_i64..=1_000,
+        4 => 0_i64..=max / 4,
+        2 => 0_i64..=max,
+        1 => -(max / 2)..=0_i64,
+    ];
+    let cost = prop_oneof![6 => Just(1_u64), 2 => Just(0_u64), 3 => 0_u64..=12];
+    let op = prop_oneof![
+        30 => (step.clone(), cost).prop_map(|(step, cost)| Op::Check { step, cost }),
+        1 => step.prop_map(|step| Op::Reset { step }),
+    ];
+    prop::collection::vec(op, 40)
+}
+
+fn case() -> impl Strategy<Value = (Vec<Policy>, Vec<Op>)> {
+    any_policies().prop_flat_map(|policies| {
+        let max_period = policies.iter().map(Policy::period_micros).max().unwrap_or(1);
+        (Just(policies), ops(max_period))
+    })
+}
+
+fn case_with(first: Algorithm) -> impl Strategy<Value = (Vec<Policy>, Vec<Op>)> {
+    policies(first).prop_flat_map(|policies| {
+        let max_period = policies.iter().map(Policy::period_micros).max().unwrap_or(1);
+        (Just(policies), ops(max_period))
+    })
+}
+
+/// Runs one case: a fresh subject and memory store, the clock restarted a
+/// day ahead of the wall clock, then every op on both stores.
+fn run_case(
+    runtime: &tokio::runtime::Runtime,
+    redis: &RedisStore,
+    clock: &ManualClock,
+    subject: &str,
+    policies: &[Policy],
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
+    let start = manual_clock().now_micros();
+    clock.set(start);
+    // A fresh store per case: 40 operations never trigger its sweeps, so it
+    // keeps expired state exactly as long as Redis does (keys written on a
+    // clock a day ahead do not expire during the test).
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    for (i, op) in ops.iter().enumerate() {
+        let step = match op {
+            Op::Check { step, .. } | Op::Reset { step } => *step,
+        };
+        let now = clock.now_micros().saturating_add_signed(step).max(start);
+        clock.set(now);
+        match *op {
+            Op::Reset { .. } => {
+                runtime
+                    .block_on(redis.reset(subject, policies))
+                    .map_err(|e| TestCaseError::fail(format!("op {i}: Redis reset failed: {e}")))?;
+                runtime
+                    .block_on(memory.reset(subject, policies))
+                    .map_err(|e| TestCaseError::fail(format!("op {i}: memory reset failed: {e}")))?;
+            }
+            Op::Check { cost, .. } => {
+                let from_redis = runtime.block_on(redis.check(subject, policies, cost));
+                let from_memory = runtime.block_on(memory.check(subject, policies, cost));
+                let context = format!("op {i} ({op:?}) at t = start + {} µs", now - start);
+                match (from_redis, from_memory) {
+                    (Ok(a), Ok(b)) => prop_assert_eq!(a, b, "{}", context),
+                    (Err(a), Err(b)) => {
+                        prop_assert!(!a.is_backend(), "{}: Redis failed: {}", context, a);
+                        prop_assert_eq!(format!("{a:?}"), format!("{b:?}"), "{}", context);
+                    }
+                    (a, b) => {
+                        return Err(TestCaseError::fail(format!(
+                            "{context}: Redis {a:?} but memory {b:?}"
+                        )))
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn differential(
+    cluster: bool,
+    cases: u32,
+    strategy: impl Strategy<Value = (Vec<Policy>, Vec<Op>)>,
+) {
+    let runtime = tokio::runtime::Runtime::new().expect("a Tokio runtime");
+    let clock = manual_clock();
+    let prefix = unique_prefix("diff");
+    let redis = runtime.block_on(async {
+        if cluster {
+            redis_common::cluster(&prefix, client(&clock)).await
+        } else {
+            redis_common::standalone(&prefix, client(&clock)).await
+        }
+    });
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let case_number = std::sync::atomic::AtomicU64::new(0);
+    let result = runner.run(&strategy, |(policies, ops)| {
+        let n = case_number.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let subject = format!("subject-{n}");
+        run_case(&runtime, &redis, &clock, &subject, &policies, &ops)
+    });
+    if let Err(error) = result {
+        panic!("RedisStore and MemoryStore disagree: {error}");
+    }
+}
+
+#[test]
+fn gcra_matches_memory() {
+    differential(false, 32, case_with(Algorithm::Gcra));
+}
+
+#[test]
+fn token_bucket_matches_memory() {
+    differential(false, 32, case_with(Algorithm::TokenBucket));
+}
+
+#[test]
+fn leaky_meter_matches_memory() {
+    differential(false, 32, case_with(ALGORITHMS[2]));
+}
+
+#[test]
+fn leaky_queue_matches_memory() {
+    differential(false, 32, case_with(ALGORITHMS[3]));
+}
+
+#[test]
+fn fixed_window_matches_memory() {
+    differential(false, 32, case_with(Algorithm::FixedWindow));
+}
+
+#[test]
+fn sliding_window_matches_memory() {
+    differential(false, 32, case_with(Algorithm::SlidingWindow));
+}
+
+#[test]
+fn sliding_log_matches_memory() {
+    differential(false, 32, case_with(Algorithm::SlidingLog));
+}
+
+#[test]
+fn any_combination_matches_memory() {
+    differential(false, 32, case());
+}
+
+#[test]
+fn cluster_matches_memory() {
+    differential(true, 16, case());
+}
+
+/// Runs policies that share one name in turn (a deployment changing a
+/// policy), three checks each, on both stores.
+fn changed_policies_match_memory(shapes: &[(u64, u64)]) {
+    let runtime = tokio::runtime::Runtime::new().expect("a Tokio runtime");
+    let clock = manual_clock();
+    let prefix = unique_prefix("diff-change");
+    let redis = runtime.block_on(redis_common::standalone(&prefix, client(&clock)));
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let mut versions = Vec::new();
+    for algorithm in ALGORITHMS {
+        for &(limit, period_us) in shapes {
+            versions.push(
+                Policy::per(limit, Duration::from_micros(period_us))
+                    .algorithm(algorithm)
+                    .name("same-name")
+                    .build()
+                    .expect("valid policy"),
+            );
+        }
+    }
+    for round in 0..3 {
+        for (i, policy) in versions.iter().enumerate() {
+            for _ in 0..3 {
+                clock.advance(Duration::from_micros(12_345 * (round + 1)));
+                let policies = std::slice::from_ref(policy);
+                let a = runtime.block_on(redis.check("subject", policies, 1));
+                let b = runtime.block_on(memory.check("subject", policies, 1));
+                match (a, b) {
+                    (Ok(a), Ok(b)) => assert_eq!(a, b, "round {round}, version {i}: {policy:?}"),
+                    (a, b) => panic!("round {round}, version {i}: Redis {a:?}, memory {b:?}"),
+                }
+            }
+        }
+    }
+}
+
+/// A policy whose limit or algorithm changed under the same name: the old
+/// state is read as the spec says (another algorithm's state is no state; a
+/// GCRA remainder above the new limit is carried), identically in both.
+#[test]
+fn changed_limits_and_algorithms_match_memory() {
+    changed_policies_match_memory(&[(7, 1_000_003), (3, 1_000_003), (5, 1_000_003)]);
+}
+
+/// The same with periods changing too.
+#[test]
+#[ignore = "ALGORITHMS.md does not define a sliding-window state whose window start lies between the current window's start and now (only a policy whose period changed leaves one); tollgate-core overflows there"]
+fn changed_periods_match_memory() {
+    changed_policies_match_memory(&[(7, 1_000_003), (3, 1_000_003), (5, 60_000_000)]);
+}
