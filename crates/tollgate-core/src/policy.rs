@@ -276,7 +276,7 @@ impl PolicyBuilder {
         if period.is_zero() {
             return Err(PolicyError::ZeroPeriod);
         }
-        if period.subsec_nanos() % 1_000 != 0 {
+        if !period.subsec_nanos().is_multiple_of(1_000) {
             return Err(PolicyError::SubMicrosecondPeriod { period });
         }
         let period_us = u64::try_from(period.as_micros())
@@ -343,15 +343,15 @@ fn validate_name(name: &str) -> Result<(), PolicyError> {
 }
 
 fn default_name(algorithm: Algorithm, limit: u64, period_us: u64) -> String {
-    let period = if period_us % 86_400_000_000 == 0 {
+    let period = if period_us.is_multiple_of(86_400_000_000) {
         format!("{}d", period_us / 86_400_000_000)
-    } else if period_us % 3_600_000_000 == 0 {
+    } else if period_us.is_multiple_of(3_600_000_000) {
         format!("{}h", period_us / 3_600_000_000)
-    } else if period_us % 60_000_000 == 0 {
+    } else if period_us.is_multiple_of(60_000_000) {
         format!("{}m", period_us / 60_000_000)
-    } else if period_us % 1_000_000 == 0 {
+    } else if period_us.is_multiple_of(1_000_000) {
         format!("{}s", period_us / 1_000_000)
-    } else if period_us % 1_000 == 0 {
+    } else if period_us.is_multiple_of(1_000) {
         format!("{}ms", period_us / 1_000)
     } else {
         format!("{period_us}us")
