@@ -1,0 +1,101 @@
+//! End to end: a real Tonic gRPC server (the standard health service) with
+//! the rate-limit layer, called by a real Tonic client, with the memory
+//! store and with Redis. Limited calls fail with `RESOURCE_EXHAUSTED`.
+
+use std::net::SocketAddr;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tollgate::redis::RedisStore;
+use tollgate::tower::{PeerIp, RateLimitLayer};
+use tollgate::{MemoryStore, Policy, Store};
+use tollgate_tests::redis_url;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::Server;
+use tonic::Code;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+async fn serve<St: Store>(store: St) -> SocketAddr {
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let layer = RateLimitLayer::builder(store)
+        .policy(Policy::per_minute(2).name("grpc").build().unwrap())
+        .key(PeerIp::new())
+        .build()
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        Server::builder()
+            .layer(layer)
+            .add_service(health)
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .unwrap();
+    });
+    addr
+}
+
+async fn limited_calls_fail_with_resource_exhausted<St: Store>(store: St) {
+    let addr = serve(store).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let request = || HealthCheckRequest {
+        service: String::new(),
+    };
+    for remaining in ["1", "0"] {
+        let response = client.check(request()).await.unwrap();
+        // Serving = 1; the peer address was found (else INVALID_ARGUMENT).
+        assert_eq!(response.get_ref().status, 1);
+        let rate = response
+            .metadata()
+            .get("ratelimit")
+            .unwrap()
+            .to_str()
+            .unwrap();
+        assert!(
+            rate.starts_with(&format!("\"grpc\";r={remaining};t=")),
+            "{rate}"
+        );
+    }
+    let status = client.check(request()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("rate limit \"grpc\" exceeded"),
+        "{}",
+        status.message()
+    );
+    let retry_after: u64 = status
+        .metadata()
+        .get("retry-after")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=30).contains(&retry_after), "{retry_after}");
+    assert!(status.metadata().get("grpc-retry-pushback-ms").is_some());
+}
+
+#[tokio::test]
+async fn memory_limited_calls_fail_with_resource_exhausted() {
+    limited_calls_fail_with_resource_exhausted(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn redis_limited_calls_fail_with_resource_exhausted() {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let store = RedisStore::builder()
+        .url(redis_url())
+        .prefix(format!("e2e-grpc-{}-{nanos}", std::process::id()))
+        .build()
+        .await
+        .unwrap();
+    limited_calls_fail_with_resource_exhausted(store).await;
+}
