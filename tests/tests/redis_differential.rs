@@ -16,7 +16,14 @@ use tollgate_redis::RedisStore;
 
 /// Periods in µs: tiny (windows roll often), not a multiple of the limit
 /// (fractional emission intervals), and long.
-const PERIODS: [u64; 6] = [1_000, 999_983, 1_000_000, 7_000_013, 60_000_000, 3_600_000_000];
+const PERIODS: [u64; 6] = [
+    1_000,
+    999_983,
+    1_000_000,
+    7_000_013,
+    60_000_000,
+    3_600_000_000,
+];
 
 #[derive(Debug, Clone, Copy)]
 enum Op {
@@ -80,14 +87,22 @@ fn ops(max_period: u64) -> impl Strategy<Value = Vec<Op>> {
 
 fn case() -> impl Strategy<Value = (Vec<Policy>, Vec<Op>)> {
     any_policies().prop_flat_map(|policies| {
-        let max_period = policies.iter().map(Policy::period_micros).max().unwrap_or(1);
+        let max_period = policies
+            .iter()
+            .map(Policy::period_micros)
+            .max()
+            .unwrap_or(1);
         (Just(policies), ops(max_period))
     })
 }
 
 fn case_with(first: Algorithm) -> impl Strategy<Value = (Vec<Policy>, Vec<Op>)> {
     policies(first).prop_flat_map(|policies| {
-        let max_period = policies.iter().map(Policy::period_micros).max().unwrap_or(1);
+        let max_period = policies
+            .iter()
+            .map(Policy::period_micros)
+            .max()
+            .unwrap_or(1);
         (Just(policies), ops(max_period))
     })
 }
@@ -121,7 +136,9 @@ fn run_case(
                     .map_err(|e| TestCaseError::fail(format!("op {i}: Redis reset failed: {e}")))?;
                 runtime
                     .block_on(memory.reset(subject, policies))
-                    .map_err(|e| TestCaseError::fail(format!("op {i}: memory reset failed: {e}")))?;
+                    .map_err(|e| {
+                        TestCaseError::fail(format!("op {i}: memory reset failed: {e}"))
+                    })?;
             }
             Op::Check { cost, .. } => {
                 let from_redis = runtime.block_on(redis.check(subject, policies, cost));

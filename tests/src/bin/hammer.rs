@@ -4,11 +4,13 @@
 //! ```text
 //! hammer --url redis://127.0.0.1:6390 | --cluster redis://a,redis://b
 //!        --prefix P --subject S --algorithm gcra --limit N --period-secs S
-//!        --tasks T --attempts A [--timeout-ms MS]
+//!        --tasks T --attempts A [--timeout-ms MS] [--start-at-ms UNIX_MS]
 //! ```
 //!
 //! Prints one line: `admitted=<n> denied=<n> errors=<n>` (and each error's
-//! text on stderr). Exits 2 on bad arguments.
+//! text on stderr). With `--start-at-ms`, the tasks start at that wall-clock
+//! time (milliseconds since the epoch), so several processes race. Exits 2
+//! on bad arguments.
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -108,6 +110,17 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
+        // Open the connections before the start signal.
+        if let Err(error) = store.ping().await {
+            eprintln!("hammer: {error}");
+        }
+        if let Some(start_at) = number("start-at-ms") {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
+            let wait = u128::from(start_at).saturating_sub(now);
+            tokio::time::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(0))).await;
+        }
         let handles: Vec<_> = (0..tasks)
             .map(|_| {
                 let store = store.clone();

@@ -9,14 +9,14 @@ use tollgate_core::{Algorithm, Clock, LeakyMode, ManualClock, SystemClock};
 use tollgate_redis::{ClockMode, RedisStore};
 
 /// Every key the Redis tests write starts with this (the TTL test scans it).
-pub const TEST_PREFIX: &str = "tg-test";
+pub(crate) const TEST_PREFIX: &str = "tg-test";
 
 /// Generous per-call timeout: tests share two cores with builds and other
 /// tests, and a timeout would make counts uncertain.
-pub const TEST_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const TEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// All seven algorithms (leaky bucket in both modes).
-pub const ALGORITHMS: [Algorithm; 7] = [
+pub(crate) const ALGORITHMS: [Algorithm; 7] = [
     Algorithm::Gcra,
     Algorithm::TokenBucket,
     Algorithm::LeakyBucket(LeakyMode::Meter),
@@ -27,7 +27,7 @@ pub const ALGORITHMS: [Algorithm; 7] = [
 ];
 
 /// A key prefix unique to this process and call: `tg-test-<what>-<pid>-<n>`.
-pub fn unique_prefix(what: &str) -> String {
+pub(crate) fn unique_prefix(what: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -42,12 +42,12 @@ pub fn unique_prefix(what: &str) -> String {
 /// A manual clock one day ahead of the wall clock: keys written on it
 /// expire (PEXPIREAT on its times) no earlier than Redis' clock says they
 /// may, so a test never sees Redis forget state the memory store keeps.
-pub fn manual_clock() -> ManualClock {
+pub(crate) fn manual_clock() -> ManualClock {
     ManualClock::new(SystemClock.now_micros() + 86_400_000_000)
 }
 
 /// A store on the standalone test server.
-pub async fn standalone(prefix: &str, clock: ClockMode) -> RedisStore {
+pub(crate) async fn standalone(prefix: &str, clock: ClockMode) -> RedisStore {
     RedisStore::builder()
         .url(tollgate_tests::redis_url())
         .prefix(prefix)
@@ -59,7 +59,7 @@ pub async fn standalone(prefix: &str, clock: ClockMode) -> RedisStore {
 }
 
 /// A store on the test Cluster.
-pub async fn cluster(prefix: &str, clock: ClockMode) -> RedisStore {
+pub(crate) async fn cluster(prefix: &str, clock: ClockMode) -> RedisStore {
     RedisStore::builder()
         .cluster(tollgate_tests::cluster_urls())
         .prefix(prefix)
@@ -71,19 +71,19 @@ pub async fn cluster(prefix: &str, clock: ClockMode) -> RedisStore {
 }
 
 /// A client clock mode on `clock`.
-pub fn client(clock: &ManualClock) -> ClockMode {
+pub(crate) fn client(clock: &ManualClock) -> ClockMode {
     ClockMode::Client(Arc::new(clock.clone()))
 }
 
 /// A plain synchronous connection to `url`, for inspecting keys.
-pub fn raw(url: &str) -> redis::Connection {
+pub(crate) fn raw(url: &str) -> redis::Connection {
     redis::Client::open(url)
         .and_then(|client| client.get_connection())
         .unwrap_or_else(|e| panic!("could not connect to {url}: {e}"))
 }
 
 /// Every key matching `pattern` on the server at `url`, with its PTTL.
-pub fn scan_ttls(url: &str, pattern: &str) -> Vec<(String, i64)> {
+pub(crate) fn scan_ttls(url: &str, pattern: &str) -> Vec<(String, i64)> {
     let mut connection = raw(url);
     let mut cursor: u64 = 0;
     let mut keys = Vec::new();
