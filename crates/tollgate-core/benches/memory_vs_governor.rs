@@ -1,1 +1,310 @@
-fn main() {}
+//! `MemoryStore` GCRA checks against governor's keyed rate limiter.
+//!
+//! Run with `cargo bench -p tollgate-core --bench memory_vs_governor` (or
+//! `cargo xtask bench core`). Add `-- --quick` for a faster, rougher run.
+//!
+//! Both sides get the same pre-generated, shuffled key strings, the same
+//! GCRA quota (10 per second with a burst so large nothing is ever denied,
+//! so every state stays live and no run measures expiry or denials), their
+//! default system clocks, and the same loop. Every key is checked once
+//! before timing starts, so the runs measure checks of known keys.
+//! Governor is measured twice: as `RateLimiter::keyed` builds it (a DashMap
+//! with std's SipHash) and with the foldhash hasher tollgate uses, so the
+//! comparison does not come down to the hash function.
+//!
+//! Two-thread runs time the wall clock from a barrier until both threads
+//! finished their half of the checks, and report wall time per check.
+//!
+//! At the end a table prints ns per check as criterion estimated them (read
+//! from its `estimates.json`), falling back to this program's own timing.
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tollgate_core::{MemoryStore, Policy, Store};
+
+const SIZES: [usize; 3] = [1, 10_000, 1_000_000];
+const THREADS: [usize; 2] = [1, 2];
+/// Time between two permits: 100 ms. With a burst of 4·10^10 (tollgate) or
+/// 2^32 − 1 (governor), a key can take billions of checks without a denial,
+/// and a key checked at least every 100 ms never falls back to full (and so
+/// is never forgotten).
+const PERIOD: Duration = Duration::from_millis(100);
+const TOLLGATE_BURST: u64 = 40_000_000_000;
+
+type FoldGovernor = RateLimiter<
+    String,
+    governor::state::keyed::DashMapStateStore<String, foldhash::fast::RandomState>,
+    governor::clock::DefaultClock,
+>;
+
+/// What a limiter under test must do: one cost-1 check, allowed or not.
+trait Limiter: Sync {
+    fn allow(&self, key: &str, owned: &String) -> bool;
+}
+
+struct Tollgate {
+    store: MemoryStore,
+    policies: [Policy; 1],
+}
+
+impl Limiter for Tollgate {
+    #[inline]
+    fn allow(&self, key: &str, _: &String) -> bool {
+        match self.store.check(key, &self.policies, 1).into_inner() {
+            Ok(verdict) => verdict.is_allowed(),
+            Err(err) => panic!("check failed: {err}"),
+        }
+    }
+}
+
+impl Limiter for DefaultKeyedRateLimiter<String> {
+    #[inline]
+    fn allow(&self, _: &str, owned: &String) -> bool {
+        self.check_key(owned).is_ok()
+    }
+}
+
+impl Limiter for FoldGovernor {
+    #[inline]
+    fn allow(&self, _: &str, owned: &String) -> bool {
+        self.check_key(owned).is_ok()
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+struct Tally {
+    checks: u64,
+    denied: u64,
+    wall: Duration,
+}
+
+/// Our own measurements, keyed by (size, threads, implementation).
+static TALLY: Mutex<BTreeMap<(usize, usize, &'static str), Tally>> = Mutex::new(BTreeMap::new());
+
+/// The same keys for every implementation: `user:<n>`, shuffled so that
+/// consecutive checks hit unrelated keys (and unrelated allocations).
+fn keys(size: usize) -> Vec<String> {
+    let mut keys: Vec<String> = (0..size).map(|i| format!("user:{i}")).collect();
+    let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
+    for i in (1..keys.len()).rev() {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let j = usize::try_from((seed >> 33) % (i as u64 + 1)).unwrap();
+        keys.swap(i, j);
+    }
+    keys
+}
+
+/// Runs `checks` checks starting at key `start`, walking the keys in order.
+#[inline(never)]
+fn run(limiter: &dyn Limiter, keys: &[String], start: usize, checks: u64) -> u64 {
+    let mut index = start % keys.len();
+    let mut denied = 0;
+    for _ in 0..checks {
+        let key = &keys[index];
+        denied += u64::from(!black_box(limiter.allow(key, key)));
+        index += 1;
+        if index == keys.len() {
+            index = 0;
+        }
+    }
+    denied
+}
+
+fn timed(limiter: &dyn Limiter, keys: &[String], threads: usize, iters: u64) -> (Duration, u64) {
+    if threads == 1 {
+        let start = Instant::now();
+        let denied = run(limiter, keys, 0, iters);
+        return (start.elapsed(), denied);
+    }
+    let barrier = Barrier::new(threads + 1);
+    let per_thread = iters.div_ceil(threads as u64);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|thread| {
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    barrier.wait();
+                    let denied = run(limiter, keys, thread * keys.len() / threads, per_thread);
+                    (Instant::now(), denied)
+                })
+            })
+            .collect();
+        barrier.wait();
+        let start = Instant::now();
+        let mut end = start;
+        let mut denied = 0;
+        for worker in workers {
+            let (finished, worker_denied) = worker.join().expect("the worker finished");
+            end = end.max(finished);
+            denied += worker_denied;
+        }
+        (end - start, denied)
+    })
+}
+
+fn bench_one(
+    c: &mut Criterion,
+    size: usize,
+    threads: usize,
+    name: &'static str,
+    limiter: &dyn Limiter,
+    keys: &[String],
+) {
+    // Every key once, before timing: the runs measure known keys.
+    assert_eq!(
+        run(limiter, keys, 0, keys.len() as u64),
+        0,
+        "{name} denied a first check"
+    );
+    let mut group = c.benchmark_group(format!("keys_{size}_threads_{threads}"));
+    group.bench_function(BenchmarkId::from_parameter(name), |b| {
+        b.iter_custom(|iters| {
+            let (wall, denied) = timed(limiter, keys, threads, iters);
+            let mut tally = TALLY.lock().unwrap();
+            let entry = tally.entry((size, threads, name)).or_default();
+            entry.checks += iters;
+            entry.denied += denied;
+            entry.wall += wall;
+            wall
+        });
+    });
+    group.finish();
+}
+
+fn benches(c: &mut Criterion) {
+    let tollgate_policy = Policy::per(1, PERIOD)
+        .burst(TOLLGATE_BURST)
+        .name("bench")
+        .build()
+        .expect("a valid policy");
+    let quota = Quota::with_period(PERIOD)
+        .expect("a non-zero period")
+        .allow_burst(NonZeroU32::MAX);
+    for size in SIZES {
+        let keys = keys(size);
+        for threads in THREADS {
+            let tollgate = Tollgate {
+                store: MemoryStore::new(),
+                policies: [tollgate_policy.clone()],
+            };
+            bench_one(c, size, threads, "tollgate", &tollgate, &keys);
+            drop(tollgate);
+            let governor: DefaultKeyedRateLimiter<String> = RateLimiter::keyed(quota);
+            bench_one(c, size, threads, "governor", &governor, &keys);
+            drop(governor);
+            let governor_fold: FoldGovernor =
+                RateLimiter::dashmap_with_hasher(quota, foldhash::fast::RandomState::default());
+            bench_one(c, size, threads, "governor_foldhash", &governor_fold, &keys);
+        }
+    }
+}
+
+/// Where criterion writes its results, found as criterion finds it.
+fn criterion_home() -> PathBuf {
+    if let Some(home) = std::env::var_os("CRITERION_HOME") {
+        return home.into();
+    }
+    if let Some(target) = std::env::var_os("CARGO_TARGET_DIR") {
+        return PathBuf::from(target).join("criterion");
+    }
+    let metadata = std::env::var_os("CARGO").and_then(|cargo| {
+        let output = std::process::Command::new(cargo)
+            .args(["metadata", "--format-version", "1", "--no-deps"])
+            .output()
+            .ok()?;
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+        Some(PathBuf::from(json["target_directory"].as_str()?).join("criterion"))
+    });
+    metadata.unwrap_or_else(|| PathBuf::from("target/criterion"))
+}
+
+/// Criterion's estimate in ns per check: the slope when it has one, else
+/// the mean.
+fn criterion_estimate(
+    home: &std::path::Path,
+    size: usize,
+    threads: usize,
+    name: &str,
+) -> Option<f64> {
+    let path = home
+        .join(format!("keys_{size}_threads_{threads}"))
+        .join(name)
+        .join("new/estimates.json");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    json["slope"]["point_estimate"]
+        .as_f64()
+        .or_else(|| json["mean"]["point_estimate"].as_f64())
+}
+
+fn print_table() {
+    let tally = TALLY.lock().unwrap().clone();
+    if tally.is_empty() {
+        return;
+    }
+    let home = criterion_home();
+    let mut used_fallback = false;
+    let mut estimate = |size: usize, threads: usize, name: &str| -> Option<f64> {
+        let own = tally
+            .get(&(size, threads, name))
+            .map(|t| t.wall.as_nanos() as f64 / t.checks as f64)?;
+        Some(
+            criterion_estimate(&home, size, threads, name).unwrap_or_else(|| {
+                used_fallback = true;
+                own
+            }),
+        )
+    };
+    println!();
+    println!(
+        "tollgate MemoryStore vs governor keyed limiter, GCRA, ns per check (wall time / checks)"
+    );
+    println!(
+        "{:>9} {:>7} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8}",
+        "keys", "threads", "tollgate", "governor", "gov+fold", "ratio", "ratio fold", "denied"
+    );
+    for size in SIZES {
+        for threads in THREADS {
+            let (Some(ours), Some(theirs), Some(fold)) = (
+                estimate(size, threads, "tollgate"),
+                estimate(size, threads, "governor"),
+                estimate(size, threads, "governor_foldhash"),
+            ) else {
+                continue;
+            };
+            let denied: u64 = tally
+                .iter()
+                .filter(|((s, t, _), _)| *s == size && *t == threads)
+                .map(|(_, tally)| tally.denied)
+                .sum();
+            println!(
+                "{size:>9} {threads:>7} {ours:>10.1} {theirs:>10.1} {fold:>10.1} {:>8.2} {:>10.2} {denied:>8}",
+                ours / theirs,
+                ours / fold
+            );
+        }
+    }
+    println!("ratio = tollgate / governor (RateLimiter::keyed, SipHash); ratio fold = tollgate / governor with foldhash");
+    if used_fallback {
+        println!("(some figures are this program's own timing: criterion's estimates.json was not found under {})", home.display());
+    }
+}
+
+fn main() {
+    let mut criterion = Criterion::default()
+        .warm_up_time(Duration::from_millis(800))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(20)
+        .configure_from_args();
+    benches(&mut criterion);
+    criterion.final_summary();
+    print_table();
+}

@@ -13,8 +13,9 @@
 //! The subject is hashed once per call; the same hash picks the shard (from
 //! high bits) and the bucket (hashbrown uses the low bits and the top seven),
 //! so nothing is hashed twice. A lookup borrows the caller's `&str` and
-//! allocates nothing; only a new subject allocates (its key and one name per
-//! policy).
+//! allocates nothing; only a new subject may allocate (its key when longer
+//! than 24 bytes, and its list of slots when it has more than one policy;
+//! policy names are shared).
 //!
 //! # Expiry and sweeping
 //!
@@ -71,6 +72,8 @@ const SWEEP_MAX_CHUNKS: usize = 16;
 const MIN_SHRINK_BUCKETS: usize = 256;
 /// Most shards a store may have.
 const MAX_SHARDS: usize = 4096;
+/// Most policy names a shard shares between its subjects.
+const MAX_INTERNED_NAMES: usize = 32;
 
 /// A concurrent, in-process [`Store`].
 ///
@@ -402,7 +405,7 @@ impl MemoryStore {
         let inner = &*self.inner;
         let hash = inner.hash_key(key);
         let mut shard = inner.shard(hash).lock();
-        let Ok(mut entry) = shard.table.find_entry(hash, |e| *e.key == *key) else {
+        let Ok(mut entry) = shard.table.find_entry(hash, |e| e.key.as_slice() == key) else {
             return;
         };
         let slots = &mut entry.get_mut().slots;
@@ -445,10 +448,6 @@ impl Inner {
         // Bits 40.. pick the shard; hashbrown uses the low bits for the
         // bucket and the top seven as a tag, so the two stay independent.
         &self.shards[(hash >> 40) as usize & self.shard_mask]
-    }
-
-    fn rehash(&self) -> impl Fn(&Entry) -> u64 + '_ {
-        move |entry| self.hash_key(&entry.key)
     }
 
     /// Records that `removed` entries left the store.
@@ -508,7 +507,12 @@ impl<'a> Key<'a> {
 
 /// One subject.
 struct Entry {
-    key: Box<[u8]>,
+    /// The key's hash, kept so that growing or shrinking the table never
+    /// hashes a key again.
+    hash: u64,
+    /// Inline up to 24 bytes (most user ids, IP addresses, e-mail
+    /// addresses): a lookup compares it without leaving the entry.
+    key: SmallVec<[u8; 24]>,
     /// The latest expiry of the slots: from then on the entry is absent.
     expires_at_us: u64,
     slots: SmallVec<[Slot; 1]>,
@@ -516,7 +520,8 @@ struct Entry {
 
 /// One policy's state for one subject.
 struct Slot {
-    policy: Box<str>,
+    /// Shared with the shard's other slots of the same policy.
+    policy: Arc<str>,
     state: State,
     expires_at_us: u64,
 }
@@ -533,7 +538,13 @@ impl Entry {
     }
 
     /// Writes the new states of an admitted check.
-    fn apply(&mut self, policies: &[Policy], steps: SmallVec<[Step; 2]>, now: u64) {
+    fn apply(
+        &mut self,
+        names: &mut Vec<Arc<str>>,
+        policies: &[Policy],
+        steps: SmallVec<[Step; 2]>,
+        now: u64,
+    ) {
         let mut stale = false;
         for (policy, step) in policies.iter().zip(steps) {
             let Some(state) = step.new_state else {
@@ -551,7 +562,7 @@ impl Entry {
                 None => {
                     stale |= self.expires_at_us <= now;
                     self.slots.push(Slot {
-                        policy: policy.name().into(),
+                        policy: intern(names, policy.name()),
                         state,
                         expires_at_us: step.expires_at_us,
                     });
@@ -585,6 +596,29 @@ struct Shard {
     cursor: usize,
     /// No entry expires before this (a lower bound).
     min_expires_at_us: u64,
+    /// Policy names in use, shared by the slots: a new subject allocates
+    /// its key, not its policies' names.
+    names: Vec<Arc<str>>,
+}
+
+/// The shared copy of a policy name, interning up to [`MAX_INTERNED_NAMES`]
+/// names per shard (applications use a handful; past that, each slot gets
+/// its own copy).
+fn intern(names: &mut Vec<Arc<str>>, name: &str) -> Arc<str> {
+    if let Some(interned) = names.iter().find(|interned| ***interned == *name) {
+        return Arc::clone(interned);
+    }
+    let name: Arc<str> = name.into();
+    if names.len() < MAX_INTERNED_NAMES {
+        names.push(Arc::clone(&name));
+    }
+    name
+}
+
+/// The hasher hashbrown needs when it moves entries.
+#[inline]
+fn rehash(entry: &Entry) -> u64 {
+    entry.hash
 }
 
 impl Shard {
@@ -594,6 +628,7 @@ impl Shard {
             ops: 0,
             cursor: 0,
             min_expires_at_us: u64::MAX,
+            names: Vec::new(),
         }
     }
 
@@ -606,7 +641,7 @@ impl Shard {
         now: u64,
         cost: u64,
     ) -> Result<Verdict, CheckError> {
-        let index = self.table.find_bucket_index(hash, |e| *e.key == *key);
+        let index = self.table.find_bucket_index(hash, |e| e.key.as_slice() == key);
         let entry = index
             .and_then(|index| self.table.get_bucket(index))
             .filter(|entry| entry.expires_at_us > now);
@@ -623,16 +658,17 @@ impl Shard {
         if write {
             let expires_at_us = match index.and_then(|index| self.table.get_bucket_mut(index)) {
                 Some(entry) => {
-                    entry.apply(policies, steps, now);
+                    entry.apply(&mut self.names, policies, steps, now);
                     entry.expires_at_us
                 }
                 None => {
                     let mut entry = Entry {
-                        key: key.into(),
+                        hash,
+                        key: SmallVec::from_slice(key),
                         expires_at_us: 0,
                         slots: SmallVec::new(),
                     };
-                    entry.apply(policies, steps, now);
+                    entry.apply(&mut self.names, policies, steps, now);
                     let expires_at_us = entry.expires_at_us;
                     self.insert(inner, hash, entry, now)?;
                     expires_at_us
@@ -643,7 +679,7 @@ impl Shard {
         self.ops += 1;
         if self.ops >= SWEEP_EVERY {
             self.ops = 0;
-            let freed = self.sweep_some(inner, now);
+            let freed = self.sweep_some(now);
             inner.forget(freed);
         }
         Ok(verdict)
@@ -672,11 +708,11 @@ impl Shard {
             inner.forget(freed);
             let len = self.table.len();
             if len > 0 && len >= self.table.capacity() / 8 * 7 {
-                self.table.reserve(len, inner.rehash());
+                self.table.reserve(len, rehash);
                 self.cursor = 0;
             }
         }
-        self.table.insert_unique(hash, entry, inner.rehash());
+        self.table.insert_unique(hash, entry, rehash);
         Ok(())
     }
 
@@ -696,7 +732,7 @@ impl Shard {
     }
 
     /// One incremental sweep step; returns how many entries it removed.
-    fn sweep_some(&mut self, inner: &Inner, now: u64) -> usize {
+    fn sweep_some(&mut self, now: u64) -> usize {
         if self.min_expires_at_us > now {
             return 0;
         }
@@ -719,7 +755,7 @@ impl Shard {
                 self.cursor = 0;
                 let len = self.table.len();
                 if buckets >= MIN_SHRINK_BUCKETS && len < buckets / 4 {
-                    self.table.shrink_to(len * 2, inner.rehash());
+                    self.table.shrink_to(len * 2, rehash);
                 }
                 break;
             }
@@ -810,7 +846,7 @@ mod tests {
         let key = Key::new("alice");
         let hash = store.inner.hash_key(key.as_bytes());
         let shard = store.inner.shard(hash).lock();
-        let entry = shard.table.find(hash, |e| *e.key == *b"alice").unwrap();
+        let entry = shard.table.find(hash, |e| e.key.as_slice() == b"alice").unwrap();
         assert_eq!(entry.slots.len(), 1);
         assert_eq!(&*entry.slots[0].policy, "new");
     }
