@@ -1,0 +1,86 @@
+// Run with: cargo run -p grpc-service
+//! A Tonic gRPC server with the rate-limit layer, per peer IP.
+//!
+//! The service is the standard gRPC health service (`grpc.health.v1.Health`,
+//! from `tonic-health`), so the example needs no `.proto` compiler. At start
+//! a client in the same process calls it four times against a limit of
+//! three per minute; the fourth call fails with `RESOURCE_EXHAUSTED`. The
+//! server keeps running on 127.0.0.1:50051 (or `PORT`) for your own client:
+//!
+//! ```text
+//! grpcurl -plaintext 127.0.0.1:50051 grpc.health.v1.Health/Check
+//! ```
+
+use std::error::Error;
+use std::net::SocketAddr;
+
+use tollgate::tower::{PeerIp, RateLimitLayer};
+use tollgate::{MemoryStore, Policy};
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Endpoint, Server};
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn Error>> {
+    let policy = Policy::per_minute(3).name("grpc").build()?;
+    let layer = RateLimitLayer::builder(MemoryStore::new())
+        .policy(policy)
+        .key(PeerIp::new())
+        .build()?;
+    let (_reporter, health) = tonic_health::server::health_reporter();
+
+    let port: u16 = std::env::var("PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(50051);
+    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port))).await?;
+    let addr = listener.local_addr()?;
+    println!("gRPC health service listening on http://{addr} (policy \"grpc\": 3 per minute per peer IP)");
+    let server = tokio::spawn(
+        Server::builder()
+            .layer(layer)
+            .add_service(health)
+            .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
+                let _ = tokio::signal::ctrl_c().await;
+            }),
+    );
+
+    let channel = Endpoint::from_shared(format!("http://{addr}"))?
+        .connect()
+        .await?;
+    let mut client = HealthClient::new(channel);
+    for call in 1..=4 {
+        let request = HealthCheckRequest {
+            service: String::new(),
+        };
+        match client.check(request).await {
+            Ok(response) => {
+                let rate = response
+                    .metadata()
+                    .get("ratelimit")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                println!(
+                    "call {call}: OK, status {:?}, ratelimit: {rate}",
+                    response.get_ref().status()
+                );
+            }
+            Err(status) => {
+                let retry = status
+                    .metadata()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("?");
+                println!(
+                    "call {call}: {:?}: {} (retry after {retry} s)",
+                    status.code(),
+                    status.message()
+                );
+            }
+        }
+    }
+    println!("serving until Ctrl-C");
+    server.await??;
+    Ok(())
+}
