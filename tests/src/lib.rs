@@ -139,3 +139,5 @@ impl Drop for OwnedRedis {
         self.kill();
     }
 }
+
+pub mod reliability;
