@@ -266,9 +266,10 @@ impl ClusterAdmin {
     }
 }
 
-/// A private Redis Cluster a test may break: `masters` masters, each with
-/// `replicas` replicas, on free ports of 127.0.0.1, node timeout 1 s.
-/// Every node is killed (and its directory removed) when dropped.
+/// A private Redis Cluster a test may break: `masters` masters and
+/// `replicas` replicas (given to the masters in turn: the first master gets
+/// the first replica), on free ports of 127.0.0.1, node timeout 1 s. Every
+/// node is killed (and its directory removed) when dropped.
 #[derive(Debug)]
 pub struct OwnedCluster {
     nodes: Vec<OwnedRedis>,
@@ -285,7 +286,7 @@ impl OwnedCluster {
     /// When a node does not start or the Cluster does not form within
     /// 30 seconds.
     pub async fn start(masters: usize, replicas: usize) -> Self {
-        let total = masters * (1 + replicas);
+        let total = masters + replicas;
         let mut nodes = Vec::with_capacity(total);
         let mut dirs = Vec::with_capacity(total);
         let mut buses = Vec::with_capacity(total);
@@ -522,21 +523,44 @@ fn tally(
     calls: &[StoreCall],
     from: Instant,
     affected: impl Fn(&str) -> bool,
+    row: &mut Row,
 ) -> (BTreeMap<FailureKind, u64>, u64, u64) {
     let mut failures = BTreeMap::new();
     let mut elsewhere = 0;
     let mut hung = 0;
+    type Sample = (u64, Option<String>, Duration, Duration);
+    let mut samples: BTreeMap<(&str, FailureKind), Sample> = BTreeMap::new();
     for call in calls.iter().filter(|c| c.sent >= from) {
         match call.outcome {
             Some(Outcome::Failed(kind)) => {
                 *failures.entry(kind).or_default() += 1;
-                if !affected(&call.subject) {
+                let place = if affected(&call.subject) {
+                    "affected subject"
+                } else {
                     elsewhere += 1;
+                    "subject elsewhere"
+                };
+                let at = call.sent - from;
+                let sample = samples.entry((place, kind)).or_insert((0, None, at, at));
+                sample.0 += 1;
+                if sample.1.is_none() {
+                    sample.1.clone_from(&call.error);
                 }
+                sample.2 = sample.2.min(at);
+                sample.3 = sample.3.max(at);
             }
             None => hung += 1,
             _ => {}
         }
+    }
+    for ((place, kind), (n, message, first, last)) in samples {
+        row.note(format!(
+            "{n} × {} for a {place}, sent from +{} to +{} after the fault started; first: {}",
+            kind.as_str(),
+            ms(first),
+            ms(last),
+            message.unwrap_or_default()
+        ));
     }
     (failures, elsewhere, hung)
 }
@@ -639,7 +663,8 @@ pub async fn cluster_failover(
     let calls = running.stop().await;
     let elapsed = started.elapsed();
 
-    let (failures, failures_elsewhere, hung) = tally(&calls, fault_at, affected);
+    let mut details = Row::default();
+    let (failures, failures_elsewhere, hung) = tally(&calls, fault_at, affected, &mut details);
     let allowance = super::gcra_allowance(config.limit, Duration::from_secs(86_400), elapsed);
     let admission = judge_calls(&calls, config.limit, allowance);
     let affected_decisions_after = calls
@@ -679,9 +704,7 @@ pub async fn cluster_failover(
         failures_elsewhere,
         affected_decisions_after
     ));
-    for (kind, sample) in stats.samples() {
-        row.note(format!("first {} error: {sample}", kind.as_str()));
-    }
+    row.notes.append(&mut details.notes);
     ClusterReport {
         row,
         tried: calls.len() as u64,
@@ -803,7 +826,9 @@ pub async fn slot_migration(cluster: &ClusterAdmin, config: &SlotMigration) -> C
     let calls = running.stop().await;
     let elapsed = started.elapsed();
 
-    let (failures, failures_elsewhere, hung) = tally(&calls, migration_started, affected);
+    let mut details = Row::default();
+    let (failures, failures_elsewhere, hung) =
+        tally(&calls, migration_started, affected, &mut details);
     let allowance = super::gcra_allowance(config.limit, Duration::from_secs(86_400), elapsed);
     let admission = judge_calls(&calls, config.limit, allowance);
     let affected_decisions_after = calls
@@ -840,9 +865,7 @@ pub async fn slot_migration(cluster: &ClusterAdmin, config: &SlotMigration) -> C
         failures_elsewhere,
         affected_decisions_after
     ));
-    for (kind, sample) in stats.samples() {
-        row.note(format!("first {} error: {sample}", kind.as_str()));
-    }
+    row.notes.append(&mut details.notes);
     ClusterReport {
         row,
         tried: calls.len() as u64,

@@ -261,6 +261,8 @@ pub struct StoreCall {
     pub sent: Instant,
     /// `None` when it hung (no answer within the hang bound).
     pub outcome: Option<Outcome>,
+    /// The error message of a failed call.
+    pub error: Option<String>,
 }
 
 /// Starts `load` straight at `store` (no layer), checking `policies` with
@@ -295,19 +297,22 @@ where
                     };
                     n += 1;
                     let sent = Instant::now();
-                    let outcome =
-                        match tokio::time::timeout(load.hang, store.check(&subject, &policies, 1))
-                            .await
-                        {
-                            Err(_) => None,
-                            Ok(Ok(verdict)) if verdict.is_allowed() => Some(Outcome::Allowed),
-                            Ok(Ok(_)) => Some(Outcome::Denied),
-                            Ok(Err(error)) => Some(Outcome::Failed(super::FailureKind::of(&error))),
-                        };
+                    let result =
+                        tokio::time::timeout(load.hang, store.check(&subject, &policies, 1)).await;
+                    let (outcome, error) = match result {
+                        Err(_) => (None, None),
+                        Ok(Ok(verdict)) if verdict.is_allowed() => (Some(Outcome::Allowed), None),
+                        Ok(Ok(_)) => (Some(Outcome::Denied), None),
+                        Ok(Err(error)) => (
+                            Some(Outcome::Failed(super::FailureKind::of(&error))),
+                            Some(error.to_string()),
+                        ),
+                    };
                     records.push(StoreCall {
                         subject,
                         sent,
                         outcome,
+                        error,
                     });
                     tokio::time::sleep(load.pace).await;
                 }
