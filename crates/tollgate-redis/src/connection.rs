@@ -95,7 +95,10 @@ impl StandaloneManager {
     }
 }
 
-fn spawn_driver(driver: impl std::future::Future<Output = ()> + Send + 'static, closed: Arc<AtomicBool>) {
+fn spawn_driver(
+    driver: impl std::future::Future<Output = ()> + Send + 'static,
+    closed: Arc<AtomicBool>,
+) {
     tokio::spawn(async move {
         driver.await;
         closed.store(true, Ordering::Release);
@@ -254,12 +257,10 @@ fn classify(error: RedisError, connection: &Connection) -> Failure {
             noscript: true,
             error,
         },
-        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::TryAgain) => {
-            Failure::NotRun {
-                noscript: false,
-                error,
-            }
-        }
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::TryAgain) => Failure::NotRun {
+            noscript: false,
+            error,
+        },
         // Refused before running: nothing was charged.
         ErrorKind::Server(
             ServerErrorKind::Ask

@@ -160,9 +160,7 @@ mod scripts;
 mod store;
 
 pub use cell::{ThrottleCallError, THROTTLE_POLICY_NAME};
-pub use limiter::{
-    RateLimiter, RateLimiterConfig, RateLimiterError, RateType, DEFAULT_KEEP_ALIVE,
-};
+pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError, RateType, DEFAULT_KEEP_ALIVE};
 pub use store::{
     BuildError, CheckFuture, ClockMode, RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_POOL_SIZE, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_PREFIX_LEN,

@@ -360,7 +360,11 @@ impl RateLimiter {
             Value::SimpleString(s) => Some(s.clone()),
             _ => None,
         };
-        let malformed = || protocol(format!("the limiter's configuration is malformed: {fields:?}"));
+        let malformed = || {
+            protocol(format!(
+                "the limiter's configuration is malformed: {fields:?}"
+            ))
+        };
         let rate = text(&fields[0])
             .and_then(|s| s.parse::<u64>().ok())
             .ok_or_else(malformed)?;

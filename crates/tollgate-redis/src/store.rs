@@ -237,15 +237,15 @@ impl RedisStoreBuilder {
         let pool = match target {
             None => return Err(BuildError::NoServer),
             Some(Target::Standalone(url)) => {
-                let info = url
-                    .as_str()
-                    .into_connection_info()
-                    .map_err(|source| BuildError::InvalidUrl {
+                let info = url.as_str().into_connection_info().map_err(|source| {
+                    BuildError::InvalidUrl {
                         url: url.clone(),
                         source,
-                    })?;
+                    }
+                })?;
                 Pool::Standalone(
-                    pool_builder(pool_size, timeout).build_unchecked(StandaloneManager::new(info, connect_timeout)),
+                    pool_builder(pool_size, timeout)
+                        .build_unchecked(StandaloneManager::new(info, connect_timeout)),
                 )
             }
             Some(Target::Cluster(urls)) => {
@@ -253,12 +253,12 @@ impl RedisStoreBuilder {
                     return Err(BuildError::NoServer);
                 }
                 for url in &urls {
-                    url.as_str()
-                        .into_connection_info()
-                        .map_err(|source| BuildError::InvalidUrl {
+                    url.as_str().into_connection_info().map_err(|source| {
+                        BuildError::InvalidUrl {
                             url: url.clone(),
                             source,
-                        })?;
+                        }
+                    })?;
                 }
                 let client = ClusterClientBuilder::new(urls.clone())
                     // Never resend a command that may have run: the store
@@ -272,7 +272,9 @@ impl RedisStoreBuilder {
                         url: urls.join(","),
                         source,
                     })?;
-                Pool::Cluster(pool_builder(pool_size, timeout).build_unchecked(ClusterManager::new(client)))
+                Pool::Cluster(
+                    pool_builder(pool_size, timeout).build_unchecked(ClusterManager::new(client)),
+                )
             }
         };
         Ok(RedisStore {
@@ -472,8 +474,8 @@ impl RedisStore {
     /// [`StoreError::Unavailable`] or [`StoreError::Timeout`] when the
     /// server does not answer within the store's timeout.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let value = connection::query(&self.inner.pool, self.inner.timeout, &redis::cmd("PING"))
-            .await?;
+        let value =
+            connection::query(&self.inner.pool, self.inner.timeout, &redis::cmd("PING")).await?;
         match value {
             Value::SimpleString(s) if s == "PONG" => Ok(()),
             Value::BulkString(s) if s == b"PONG" => Ok(()),
@@ -481,6 +483,34 @@ impl RedisStore {
                 detail: format!("PING answered {other:?}"),
             }),
         }
+    }
+
+    /// The SHA-1 of the script that checks `policies` (in this order):
+    /// what `EVALSHA` calls it, and what `SLOWLOG` and `redis-benchmark`
+    /// show.
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// use tollgate_core::Policy;
+    ///
+    /// let store = tollgate_redis::RedisStore::builder().url("redis://127.0.0.1").build().await?;
+    /// let sha = store.script_sha(&[Policy::per_second(10).build()?])?;
+    /// assert_eq!(sha.len(), 40);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Protocol`] for an algorithm this version has no
+    /// script for.
+    pub fn script_sha(&self, policies: &[Policy]) -> Result<String, StoreError> {
+        Ok(self
+            .inner
+            .scripts
+            .get(policies.iter().map(Policy::algorithm))?
+            .sha()
+            .to_owned())
     }
 
     fn check_future(
@@ -624,11 +654,20 @@ mod tests {
         assert_eq!(verdict.decisions()[0].limit(), 5);
 
         let short = Value::Array(vec![Value::Int(1)]);
-        assert!(matches!(parse_verdict(short, &[5]), Err(StoreError::Protocol { .. })));
+        assert!(matches!(
+            parse_verdict(short, &[5]),
+            Err(StoreError::Protocol { .. })
+        ));
         let text = Value::Array(vec![Value::SimpleString("1".into()); 5]);
-        assert!(matches!(parse_verdict(text, &[5]), Err(StoreError::Protocol { .. })));
+        assert!(matches!(
+            parse_verdict(text, &[5]),
+            Err(StoreError::Protocol { .. })
+        ));
         let nil = Value::Nil;
-        assert!(matches!(parse_verdict(nil, &[5]), Err(StoreError::Protocol { .. })));
+        assert!(matches!(
+            parse_verdict(nil, &[5]),
+            Err(StoreError::Protocol { .. })
+        ));
         let negative = Value::Array(vec![
             Value::Int(0),
             Value::Int(-3),
@@ -636,7 +675,10 @@ mod tests {
             Value::Int(1),
             Value::Int(0),
         ]);
-        assert!(matches!(parse_verdict(negative, &[5]), Err(StoreError::Protocol { .. })));
+        assert!(matches!(
+            parse_verdict(negative, &[5]),
+            Err(StoreError::Protocol { .. })
+        ));
         let allowed_with_retry = Value::Array(vec![
             Value::Int(1),
             Value::Int(3),
