@@ -121,3 +121,29 @@ async fn killed_and_restarted_server_is_survived() {
     }
     assert!(total_ok > 0, "the workers made progress");
 }
+
+/// On the Cluster, `NOSCRIPT` comes from the master serving the key's slot;
+/// the script is loaded there and the check goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn script_flush_on_the_cluster_is_survived() {
+    let store = redis_common::cluster(
+        &unique_prefix("restart-cluster"),
+        tollgate_redis::ClockMode::Redis,
+    )
+    .await;
+    let policies = policies();
+    let subjects = ["a", "b", "c", "d", "e", "f"];
+    for round in 0..3_u64 {
+        for url in tollgate_tests::cluster_urls() {
+            let mut raw = redis_common::raw(&url);
+            let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut raw).unwrap();
+        }
+        for subject in subjects {
+            let verdict = store
+                .check(subject, &policies, 1)
+                .await
+                .unwrap_or_else(|e| panic!("{subject} after SCRIPT FLUSH failed: {e}"));
+            assert_eq!(verdict.decisions()[0].remaining(), 1_000 - (round + 1));
+        }
+    }
+}

@@ -80,7 +80,7 @@ where
         .map(|task| {
             let call = Arc::clone(&call);
             tokio::spawn(async move {
-                let mut rng = XorShift(0x9E37_79B9_7F4A_7C15 ^ (task as u64 + 1) * 0x2545_F491);
+                let mut rng = XorShift(0x9E37_79B9_7F4A_7C15 ^ ((task as u64 + 1) * 0x2545_F491));
                 let mut latencies = Vec::with_capacity(64 * 1024);
                 let mut failures = 0_u64;
                 loop {
@@ -344,8 +344,6 @@ fn main() {
         .configure_from_args();
     let mut group = criterion.benchmark_group("sequential_gcra_check");
     {
-        let store = store.clone();
-        let policy = policy.clone();
         group.bench_function("RedisStore::check", |b| {
             b.to_async(&runtime).iter(|| {
                 let future = store.check("sequential", std::slice::from_ref(&policy), 1);

@@ -12,6 +12,18 @@ use crate::RedisStore;
 pub const THROTTLE_POLICY_NAME: &str = "throttle";
 
 /// Why [`RedisStore::throttle`] failed.
+///
+/// ```
+/// use tollgate_redis::{RedisStore, ThrottleCallError};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let store = RedisStore::builder().url("redis://127.0.0.1").build().await?;
+/// // A count of 0 is refused before anything is sent, as CL.THROTTLE does.
+/// let error = store.throttle("user123", 15, 0, 60, 1).await.unwrap_err();
+/// assert!(matches!(error, ThrottleCallError::Arguments(_)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ThrottleCallError {

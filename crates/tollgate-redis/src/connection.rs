@@ -10,6 +10,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{
     AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError,
     ServerErrorKind, Value,
@@ -232,6 +233,26 @@ impl Connection {
         }
     }
 
+    /// Loads `script`. On a Cluster, on the master serving `key`'s slot:
+    /// the node that answered `NOSCRIPT` (a fan-out to every master would
+    /// fail whenever any other master is down).
+    async fn load(&mut self, script: &LuaScript, key: &str) -> Result<Value, RedisError> {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(script.source());
+        match self {
+            Self::Standalone { connection, .. } => load.query_async(connection).await,
+            Self::Cluster(connection) => {
+                let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
+                connection
+                    .route_command(
+                        load,
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                    )
+                    .await
+            }
+        }
+    }
+
     /// Marks a standalone connection broken after an I/O error so the pool
     /// replaces it.
     fn mark_broken(&self) {
@@ -251,7 +272,7 @@ enum Failure {
 
 /// Classifies an error returned by a command that was handed to the
 /// connection.
-fn classify(error: RedisError, connection: &Connection) -> Failure {
+fn classify(error: RedisError, connection: &Connection, timeout: Duration) -> Failure {
     match error.kind() {
         ErrorKind::Server(ServerErrorKind::NoScript) => Failure::NotRun {
             noscript: true,
@@ -279,6 +300,9 @@ fn classify(error: RedisError, connection: &Connection) -> Failure {
         ErrorKind::Extension if matches!(error.code(), Some("BUSY" | "OOM" | "NOREPLICAS")) => {
             Failure::Fail(StoreError::unavailable(error))
         }
+        ErrorKind::Io if error.is_timeout() => {
+            Failure::Fail(StoreError::Timeout { after: timeout })
+        }
         ErrorKind::Io if error.is_connection_refusal() => {
             connection.mark_broken();
             Failure::Fail(StoreError::unavailable(error))
@@ -293,15 +317,16 @@ fn classify(error: RedisError, connection: &Connection) -> Failure {
     }
 }
 
-/// Runs `evalsha` (an `EVALSHA` of `script`), and after `NOSCRIPT` a
-/// `SCRIPT LOAD` and the `EVALSHA` again. Nothing that may have run is sent
-/// twice. Everything, pool checkout included, shares one deadline of
-/// `timeout`.
+/// Runs `evalsha` (an `EVALSHA` of `script` whose first key is
+/// `first_key`), and after `NOSCRIPT` a `SCRIPT LOAD` and the `EVALSHA`
+/// again. Nothing that may have run is sent twice. Everything, pool
+/// checkout included, shares one deadline of `timeout`.
 pub(crate) async fn eval(
     pool: &Pool,
     timeout: Duration,
     script: &LuaScript,
     evalsha: &Cmd,
+    first_key: &str,
 ) -> Result<Value, StoreError> {
     let deadline = Instant::now() + timeout;
     let mut connection = match timeout_at(deadline, pool.checkout()).await {
@@ -319,7 +344,7 @@ pub(crate) async fn eval(
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(error)) => error,
         };
-        let (noscript, error) = match classify(error, &connection) {
+        let (noscript, error) = match classify(error, &connection, timeout) {
             Failure::Fail(error) => return Err(error),
             Failure::NotRun { noscript, error } => (noscript, error),
         };
@@ -329,9 +354,7 @@ pub(crate) async fn eval(
         }
         if noscript {
             tracing::debug!(sha = script.sha(), "NOSCRIPT: loading the script");
-            let mut load = redis::cmd("SCRIPT");
-            load.arg("LOAD").arg(script.source());
-            match timeout_at(deadline, connection.query(&load)).await {
+            match timeout_at(deadline, connection.load(script, first_key)).await {
                 // The check itself has not run yet: nothing was charged.
                 Err(_) => {
                     return Err(StoreError::unavailable(format!(
@@ -373,7 +396,7 @@ pub(crate) async fn query(pool: &Pool, timeout: Duration, cmd: &Cmd) -> Result<V
     match timeout_at(deadline, connection.query(cmd)).await {
         Err(_) => Err(StoreError::Timeout { after: timeout }),
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) => match classify(error, &connection) {
+        Ok(Err(error)) => match classify(error, &connection, timeout) {
             Failure::Fail(error) => Err(error),
             Failure::NotRun { error, .. } => Err(StoreError::unavailable(error)),
         },

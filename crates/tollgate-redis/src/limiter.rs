@@ -20,6 +20,14 @@ use crate::RedisStore;
 pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Who shares a [`RateLimiter`]'s permits (Redisson's `RateType`).
+///
+/// ```
+/// use tollgate_redis::RateType;
+///
+/// let shared = RateType::Overall; // one limit for every client
+/// let own = RateType::PerClient; // one limit per RateLimiter handle
+/// assert_ne!(shared, own);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RateType {
@@ -40,7 +48,19 @@ impl RateType {
 }
 
 /// A limiter's configuration: `rate` permits per `interval`, for
-/// `rate_type`.
+/// `rate_type`, as [`RateLimiter::config`] reads it.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_redis::{RateLimiterConfig, RateType};
+///
+/// let config = RateLimiterConfig {
+///     rate_type: RateType::Overall,
+///     rate: 100,
+///     interval: Duration::from_secs(60),
+/// };
+/// assert_eq!(config.interval / config.rate as u32, Duration::from_millis(600));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RateLimiterConfig {
     /// Who shares the permits.
@@ -52,6 +72,19 @@ pub struct RateLimiterConfig {
 }
 
 /// Why a [`RateLimiter`] call failed. Each message says what to do.
+///
+/// ```
+/// use tollgate_redis::{RateLimiterError, RedisStore};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let store = RedisStore::builder().url("redis://127.0.0.1").build().await?;
+/// let limiter = store.rate_limiter("exports");
+/// // Zero permits are refused before anything is sent.
+/// let error = limiter.try_acquire(0).await.unwrap_err();
+/// assert!(matches!(error, RateLimiterError::ZeroPermits));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum RateLimiterError {
@@ -287,7 +320,8 @@ impl RateLimiter {
             .arg(policy.period_micros())
             .arg(rate_type.as_str())
             .arg(millis_ceil(self.keep_alive).to_string());
-        let value = connection::eval(&inner.pool, inner.timeout, script, &cmd).await?;
+        let value =
+            connection::eval(&inner.pool, inner.timeout, script, &cmd, &self.config_key).await?;
         match value {
             Value::Int(1) => {
                 self.remember(Some(RateLimiterConfig {
@@ -406,7 +440,8 @@ impl RateLimiter {
                 .arg(u64::try_from(config.interval.as_micros()).unwrap_or(u64::MAX))
                 .arg(config.rate_type.as_str());
         }
-        let value = connection::eval(&inner.pool, inner.timeout, script, &cmd).await?;
+        let value =
+            connection::eval(&inner.pool, inner.timeout, script, &cmd, &self.config_key).await?;
         let numbers = match value {
             Value::Array(items) if items.len() == 7 => items
                 .iter()

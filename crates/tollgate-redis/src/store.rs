@@ -77,11 +77,12 @@ enum Target {
 
 /// Builder for a [`RedisStore`]; start with [`RedisStore::builder`].
 ///
-/// ```no_run
+/// ```
 /// use std::time::Duration;
 /// use tollgate_redis::RedisStore;
 ///
-/// # async fn run() -> Result<(), tollgate_redis::BuildError> {
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// // Building validates the settings; connections open in the background.
 /// let store = RedisStore::builder()
 ///     .url("redis://127.0.0.1:6379")
 ///     .prefix("myapp-limits")
@@ -90,7 +91,9 @@ enum Target {
 ///     .hash_subjects(true) // subjects are API tokens: never store them
 ///     .build()
 ///     .await?;
-/// # Ok(()) }
+/// assert_eq!(store.prefix(), "myapp-limits");
+/// # Ok::<(), tollgate_redis::BuildError>(())
+/// # }).unwrap();
 /// ```
 #[derive(Debug, Clone)]
 #[must_use = "a RedisStoreBuilder does nothing until .build() is awaited"]
@@ -308,6 +311,23 @@ fn validate_prefix(prefix: &str) -> Result<(), BuildError> {
 
 /// Why a [`RedisStore`] could not be built. Each message says what to
 /// change.
+///
+/// ```
+/// use tollgate_redis::{BuildError, RedisStore};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let error = RedisStore::builder().build().await.unwrap_err();
+/// assert!(matches!(error, BuildError::NoServer));
+///
+/// let error = RedisStore::builder()
+///     .url("redis://127.0.0.1")
+///     .prefix("has{brace")
+///     .build()
+///     .await
+///     .unwrap_err();
+/// assert!(error.to_string().contains("prefix"));
+/// # });
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum BuildError {
@@ -525,11 +545,12 @@ impl RedisStore {
             .scripts
             .get(policies.iter().map(Policy::algorithm))?;
         let subject = self.subject(subject);
+        let keys: SmallVec<[String; 2]> = policies
+            .iter()
+            .map(|policy| self.key(&subject, policy.name()))
+            .collect();
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.sha()).arg(policies.len());
-        for policy in policies {
-            cmd.arg(self.key(&subject, policy.name()));
-        }
+        cmd.arg(script.sha()).arg(keys.len()).arg(&keys[..]);
         match self.now_arg() {
             Some(now) => cmd.arg(now),
             None => cmd.arg(""),
@@ -543,7 +564,10 @@ impl RedisStore {
         let capacities: SmallVec<[u64; 2]> = policies.iter().map(Policy::capacity).collect();
         let inner = Arc::clone(&self.inner);
         Ok(Box::pin(async move {
-            let value = connection::eval(&inner.pool, inner.timeout, &script, &cmd).await?;
+            // validate_check refused an empty list, so there is a first key.
+            let first_key = keys.first().map_or("", String::as_str);
+            let value =
+                connection::eval(&inner.pool, inner.timeout, &script, &cmd, first_key).await?;
             parse_verdict(value, &capacities)
         }))
     }
