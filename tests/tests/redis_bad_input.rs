@@ -183,31 +183,17 @@ async fn foreign_values_under_a_key_count_as_no_state() {
         let key = store.key_for(&subject, "p");
         // A hash, a string that is not a state, and a sorted set of junk.
         for setup in 0..3 {
-            let _: i64 = redis::cmd("DEL").arg(&key).query(&mut raw).unwrap();
-            let _: () = match setup {
-                0 => redis::cmd("HSET")
-                    .arg(&key)
-                    .arg("f")
-                    .arg("v")
-                    .query(&mut raw)
-                    .unwrap(),
-                1 => redis::cmd("SET")
-                    .arg(&key)
-                    .arg("gcra:not:numbers")
-                    .query(&mut raw)
-                    .unwrap(),
-                _ => redis::cmd("ZADD")
-                    .arg(&key)
-                    .arg(1)
-                    .arg("junk")
-                    .query(&mut raw)
-                    .unwrap(),
+            // Written with its TTL in one transaction: no key of the tests
+            // is ever without one (the TTL test scans for that).
+            let mut setup_pipe = redis::pipe();
+            setup_pipe.atomic().del(&key).ignore();
+            match setup {
+                0 => setup_pipe.hset(&key, "f", "v").ignore(),
+                1 => setup_pipe.set(&key, "gcra:not:numbers").ignore(),
+                _ => setup_pipe.zadd(&key, "junk", 1).ignore(),
             };
-            let _: i64 = redis::cmd("PEXPIRE")
-                .arg(&key)
-                .arg(60_000)
-                .query(&mut raw)
-                .unwrap();
+            setup_pipe.pexpire(&key, 60_000).ignore();
+            let () = setup_pipe.query(&mut raw).unwrap();
             let verdict = store.check(&subject, &policies, 2).await;
             let verdict = verdict.unwrap_or_else(|e| panic!("{algorithm} over setup {setup}: {e}"));
             // A sorted set of junk scored 1 µs after the epoch is outside
