@@ -130,13 +130,27 @@ pub struct Verdict {
 
 impl FromIterator<Decision> for Verdict {
     fn from_iter<I: IntoIterator<Item = Decision>>(iter: I) -> Self {
-        Self {
-            decisions: iter.into_iter().collect(),
+        // Pushing one by one: `SmallVec`'s own `collect` costs several times
+        // more for the one or two decisions a verdict holds, and stores
+        // build a verdict on every check.
+        let mut decisions = SmallVec::new();
+        for decision in iter {
+            decisions.push(decision);
         }
+        Self { decisions }
     }
 }
 
 impl Verdict {
+    /// A verdict of one decision, built without an iterator (the memory
+    /// store's hot path).
+    #[inline]
+    pub(crate) fn from_one(decision: Decision) -> Self {
+        let mut decisions = SmallVec::new();
+        decisions.push(decision);
+        Self { decisions }
+    }
+
     /// Whether every policy admitted the request (and so all were charged).
     #[must_use]
     pub fn is_allowed(&self) -> bool {
