@@ -59,8 +59,11 @@ use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use smallvec::SmallVec;
 
-use crate::algorithms::{self, State, Step};
-use crate::{is_plain, validate_check, Clock, Policy, Store, StoreError, SystemClock, Verdict};
+use crate::algorithms::{self, GcraState, State, Step};
+use crate::{
+    validate_check, Algorithm, Clock, Decision, Policy, Store, StoreError, SystemClock, Verdict,
+    MAX_PLAIN_SUBJECT_LEN,
+};
 
 /// Operations on a shard between two incremental sweeps.
 const SWEEP_EVERY: u32 = 64;
@@ -349,13 +352,14 @@ impl MemoryStore {
         removed
     }
 
-    fn check_now(
+    /// Runs `check` on the subject's shard. When the store is full, frees
+    /// room in the other shards (one lock at a time) and runs it once more.
+    #[inline(always)]
+    fn on_shard<T>(
         &self,
         subject: &str,
-        policies: &[Policy],
-        cost: u64,
-    ) -> Result<Verdict, StoreError> {
-        validate_check(policies, cost)?;
+        check: impl Fn(&mut Shard, &Inner, u64, &[u8], u64) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let key = Key::new(subject);
         let key = key.as_bytes();
         let inner = &*self.inner;
@@ -366,36 +370,37 @@ impl MemoryStore {
         // algorithm handles a time earlier than its state's (it never admits
         // more than it would have at the later time).
         let now = inner.clock.now_micros();
-        let first = shard.lock().check(inner, hash, key, policies, now, cost);
-        match first {
-            Err(CheckError::NeedRoom) => {
-                // Free room in the other shards, one lock at a time, then
-                // retry once.
-                let freed: usize = inner
-                    .shards
-                    .iter()
-                    .map(|shard| {
-                        let mut shard = shard.lock();
-                        let freed = if shard.min_expires_at_us <= now {
-                            shard.purge(now)
-                        } else {
-                            0
-                        };
-                        inner.forget(freed);
-                        freed
-                    })
-                    .sum();
-                let retry = if freed > 0 {
-                    shard.lock().check(inner, hash, key, policies, now, cost)
-                } else {
-                    Err(CheckError::NeedRoom)
-                };
-                retry.map_err(|CheckError::NeedRoom| StoreError::Full {
-                    // NeedRoom is only returned when a cap is set.
-                    max_keys: inner.max_keys.unwrap_or(usize::MAX),
-                })
+        let first = check(&mut shard.lock(), inner, hash, key, now);
+        if !matches!(first, Err(StoreError::Full { .. })) {
+            return first;
+        }
+        self.make_room(now, first, || {
+            check(&mut shard.lock(), inner, hash, key, now)
+        })
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn make_room<T>(
+        &self,
+        now: u64,
+        first: Result<T, StoreError>,
+        retry: impl FnOnce() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let inner = &*self.inner;
+        let mut freed = 0;
+        for shard in &*inner.shards {
+            let mut shard = shard.lock();
+            if shard.min_expires_at_us <= now {
+                let purged = shard.purge(now);
+                inner.forget(purged);
+                freed += purged;
             }
-            Ok(verdict) => Ok(verdict),
+        }
+        if freed == 0 {
+            first
+        } else {
+            retry()
         }
     }
 
@@ -416,6 +421,7 @@ impl MemoryStore {
         } else {
             let expires_at_us = slots.iter().map(|s| s.expires_at_us).max().unwrap_or(0);
             entry.get_mut().expires_at_us = expires_at_us;
+            shard.note_expiry(expires_at_us);
         }
     }
 }
@@ -424,7 +430,23 @@ impl Store for MemoryStore {
     type CheckFuture = Ready<Result<Verdict, StoreError>>;
 
     fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
-        ready(self.check_now(subject, policies, cost))
+        if let Err(err) = validate_check(policies, cost) {
+            return ready(Err(err));
+        }
+        // One policy, the common case, carries a `Decision` until the very
+        // end rather than a `Verdict` (twice its size).
+        if let [policy] = policies {
+            let decision = self.on_shard(subject, |shard, inner, hash, key, now| {
+                shard.check_one(inner, hash, key, policy, now, cost)
+            });
+            return ready(match decision {
+                Ok(decision) => Ok(Verdict::from_one(decision)),
+                Err(err) => Err(err),
+            });
+        }
+        ready(self.on_shard(subject, |shard, inner, hash, key, now| {
+            shard.check_many(inner, hash, key, policies, now, cost)
+        }))
     }
 
     fn reset(
@@ -505,6 +527,121 @@ impl<'a> Key<'a> {
     }
 }
 
+/// Bytes [`crate::is_plain`] keeps, as a table.
+const PLAIN_BYTES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let b = byte as u8;
+        table[byte] = b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'.' | b'_' | b'-' | b':' | b'/' | b'@' | b'+' | b'=' | b','
+            );
+        byte += 1;
+    }
+    table
+};
+
+/// [`crate::is_plain`], by table lookup (it runs on every check).
+#[inline]
+fn is_plain(subject: &str) -> bool {
+    !subject.is_empty()
+        && subject.len() <= MAX_PLAIN_SUBJECT_LEN
+        && subject.bytes().all(|b| PLAIN_BYTES[usize::from(b)])
+}
+
+/// [`algorithms::check`], with GCRA (the default algorithm) on a fast path.
+#[inline(always)]
+fn check_policy(policy: &Policy, state: Option<&State>, now_us: u64, cost: u64) -> Step {
+    if policy.algorithm() == Algorithm::Gcra {
+        let tat = match state {
+            Some(State::Gcra(tat)) => Some(*tat),
+            _ => None,
+        };
+        if let Some(step) = gcra_u64(policy, tat, now_us, cost) {
+            return step;
+        }
+    }
+    algorithms::check(policy, state, now_us, cost)
+}
+
+/// GCRA exactly as [`algorithms::check`] computes it (`ALGORITHMS.md`,
+/// "GCRA"), in `u64` rather than `u128` and computing the figures only a
+/// denial reports only on denial: two divisions for an admitted request
+/// instead of six 128-bit ones.
+///
+/// Spans are kept relative to `now` (`span = (time − now)·L`), which policy
+/// validation bounds by `2^53` for every state this policy writes. Anything
+/// else (a cost above the capacity, a state left by a policy with another
+/// limit or period, a time past `u64::MAX`) returns `None`, and the caller
+/// uses the reference implementation.
+#[inline(always)]
+fn gcra_u64(policy: &Policy, tat: Option<GcraState>, now_us: u64, cost: u64) -> Option<Step> {
+    let capacity = policy.capacity();
+    let limit = policy.limit();
+    let period = policy.period_micros();
+    if cost > capacity {
+        return None;
+    }
+    let full = capacity.checked_mul(period)?;
+    let span_old = match tat {
+        // A fraction of a whole microsecond or more: carried by the
+        // reference only.
+        Some(GcraState { tat_rem, .. }) if tat_rem >= limit => return None,
+        // `tat_us + tat_rem / L >= now` exactly when `tat_us >= now`.
+        Some(GcraState { tat_us, tat_rem }) if tat_us >= now_us => {
+            (tat_us - now_us).checked_mul(limit)?.checked_add(tat_rem)?
+        }
+        _ => 0,
+    };
+    let span_new = span_old.checked_add(cost.max(1).checked_mul(period)?)?;
+    let micros = std::time::Duration::from_micros;
+    if span_new > full {
+        let retry_after = (span_new - full).div_ceil(limit);
+        let remaining = full.saturating_sub(span_old) / period;
+        let reset_after = span_old.div_ceil(limit);
+        let denied = Decision::denied(
+            capacity,
+            remaining,
+            micros(retry_after),
+            micros(reset_after),
+        );
+        return Some(gcra_step(denied, None, now_us, reset_after));
+    }
+    if cost == 0 {
+        let remaining = (full - span_old) / period;
+        let reset_after = span_old.div_ceil(limit);
+        let peek = Decision::allowed(capacity, remaining, micros(reset_after));
+        return Some(gcra_step(peek, None, now_us, reset_after));
+    }
+    // The new TAT is `now + span_new / L`.
+    let (whole, rem) = (span_new / limit, span_new % limit);
+    let tat_us = now_us.checked_add(whole)?;
+    let remaining = (full - span_new) / period;
+    let reset_after = whole + u64::from(rem > 0);
+    let allowed = Decision::allowed(capacity, remaining, micros(reset_after));
+    let state = State::Gcra(GcraState {
+        tat_us,
+        tat_rem: rem,
+    });
+    Some(gcra_step(allowed, Some(state), now_us, reset_after))
+}
+
+#[inline]
+fn gcra_step(
+    decision: Decision,
+    new_state: Option<State>,
+    now_us: u64,
+    reset_after_us: u64,
+) -> Step {
+    Step {
+        decision,
+        new_state,
+        expires_at_us: now_us.saturating_add(reset_after_us),
+    }
+}
+
 /// One subject.
 struct Entry {
     /// The key's hash, kept so that growing or shrinking the table never
@@ -527,65 +664,68 @@ struct Slot {
 }
 
 impl Entry {
+    /// A new subject's entry, without slots yet.
+    fn new(hash: u64, key: &[u8]) -> Self {
+        Self {
+            hash,
+            key: SmallVec::from_slice(key),
+            expires_at_us: 0,
+            slots: SmallVec::new(),
+        }
+    }
+
+    /// The position of `policy`'s slot.
+    #[inline]
+    fn slot(&self, policy: &str) -> Option<usize> {
+        self.slots.iter().position(|slot| &*slot.policy == policy)
+    }
+
     /// The state `policy` left, unless it expired.
     #[inline]
     fn live_state(&self, policy: &str, now: u64) -> Option<&State> {
-        self.slots
-            .iter()
-            .find(|slot| &*slot.policy == policy)
-            .filter(|slot| slot.expires_at_us > now)
-            .map(|slot| &slot.state)
+        let slot = &self.slots[self.slot(policy)?];
+        (slot.expires_at_us > now).then_some(&slot.state)
     }
 
-    /// Writes the new states of an admitted check.
-    fn apply(
+    /// Stores `state` as `policy`'s, in the slot at `position` if known.
+    #[inline]
+    fn write(
         &mut self,
         names: &mut Vec<Arc<str>>,
-        policies: &[Policy],
-        steps: SmallVec<[Step; 2]>,
-        now: u64,
+        position: Option<usize>,
+        policy: &str,
+        state: State,
+        expires_at_us: u64,
     ) {
-        let mut stale = false;
-        for (policy, step) in policies.iter().zip(steps) {
-            let Some(state) = step.new_state else {
-                continue;
-            };
-            match self
-                .slots
-                .iter_mut()
-                .find(|slot| &*slot.policy == policy.name())
-            {
-                Some(slot) => {
-                    slot.state = state;
-                    slot.expires_at_us = step.expires_at_us;
-                }
-                None => {
-                    stale |= self.expires_at_us <= now;
-                    self.slots.push(Slot {
-                        policy: intern(names, policy.name()),
-                        state,
-                        expires_at_us: step.expires_at_us,
-                    });
-                }
+        match position.and_then(|position| self.slots.get_mut(position)) {
+            Some(slot) => {
+                slot.state = state;
+                slot.expires_at_us = expires_at_us;
             }
+            None => self.slots.push(Slot {
+                policy: intern(names, policy),
+                state,
+                expires_at_us,
+            }),
         }
-        if stale || self.slots.len() > policies.len() {
-            // Drop the slots of policies no longer used once they expire.
-            self.slots.retain(|slot| slot.expires_at_us > now);
+    }
+
+    /// After writes: drops the slots that expired (policies no longer used
+    /// with this subject) and recomputes the entry's expiry.
+    #[inline]
+    fn refresh(&mut self, now: u64) {
+        if let [slot] = &*self.slots {
+            self.expires_at_us = slot.expires_at_us;
+            return;
         }
+        self.slots.retain(|slot| slot.expires_at_us > now);
         self.expires_at_us = self
             .slots
             .iter()
-            .map(|s| s.expires_at_us)
+            .map(|slot| slot.expires_at_us)
             .max()
             .unwrap_or(0);
     }
-}
-
-/// Why a shard could not finish a check by itself.
-enum CheckError {
-    /// A new subject needs room and the store is full.
-    NeedRoom,
 }
 
 struct Shard {
@@ -594,8 +734,12 @@ struct Shard {
     ops: u32,
     /// Next bucket the incremental sweep looks at.
     cursor: usize,
-    /// No entry expires before this (a lower bound).
+    /// No entry expires before this (a lower bound, made exact by full
+    /// sweeps and at the end of each incremental pass).
     min_expires_at_us: u64,
+    /// The least expiry seen by the current incremental pass (entries it
+    /// scanned and kept, and every write since it began).
+    pass_min_us: u64,
     /// Policy names in use, shared by the slots: a new subject allocates
     /// its key, not its policies' names.
     names: Vec<Arc<str>>,
@@ -628,11 +772,74 @@ impl Shard {
             ops: 0,
             cursor: 0,
             min_expires_at_us: u64::MAX,
+            pass_min_us: u64::MAX,
             names: Vec::new(),
         }
     }
 
-    fn check(
+    /// Counts an operation; every [`SWEEP_EVERY`] runs an incremental
+    /// sweep.
+    #[inline(always)]
+    fn tick(&mut self, inner: &Inner, now: u64) {
+        self.ops += 1;
+        if self.ops >= SWEEP_EVERY {
+            self.ops = 0;
+            let freed = self.sweep_some(now);
+            inner.forget(freed);
+        }
+    }
+
+    #[inline(always)]
+    fn find(&self, hash: u64, key: &[u8]) -> Option<usize> {
+        self.table
+            .find_bucket_index(hash, |entry| entry.key.as_slice() == key)
+    }
+
+    /// The common case, one policy: no intermediate list of steps, and the
+    /// state is written in place.
+    #[inline(always)]
+    fn check_one(
+        &mut self,
+        inner: &Inner,
+        hash: u64,
+        key: &[u8],
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        let name = policy.name();
+        let index = self.find(hash, key);
+        let Some(entry) = index.and_then(|index| self.table.get_bucket_mut(index)) else {
+            let step = check_policy(policy, None, now, cost);
+            if let (true, Some(state)) = (cost > 0 && step.decision.is_allowed(), step.new_state) {
+                let mut entry = Entry::new(hash, key);
+                entry.write(&mut self.names, None, name, state, step.expires_at_us);
+                entry.refresh(now);
+                self.insert(inner, hash, entry, now)?;
+            }
+            self.tick(inner, now);
+            return Ok(step.decision);
+        };
+        let position = entry.slot(name);
+        let state = position
+            .map(|position| &entry.slots[position])
+            .filter(|slot| slot.expires_at_us > now)
+            .map(|slot| &slot.state);
+        let step = check_policy(policy, state, now, cost);
+        if let (true, Some(state)) = (cost > 0 && step.decision.is_allowed(), step.new_state) {
+            entry.write(&mut self.names, position, name, state, step.expires_at_us);
+            entry.refresh(now);
+            let expires_at_us = entry.expires_at_us;
+            self.note_expiry(expires_at_us);
+        }
+        self.tick(inner, now);
+        Ok(step.decision)
+    }
+
+    /// Several policies: every one is computed first, and the new states
+    /// are written only if all admit.
+    #[inline(never)]
+    fn check_many(
         &mut self,
         inner: &Inner,
         hash: u64,
@@ -640,65 +847,66 @@ impl Shard {
         policies: &[Policy],
         now: u64,
         cost: u64,
-    ) -> Result<Verdict, CheckError> {
-        let index = self.table.find_bucket_index(hash, |e| e.key.as_slice() == key);
-        let entry = index
-            .and_then(|index| self.table.get_bucket(index))
-            .filter(|entry| entry.expires_at_us > now);
+    ) -> Result<Verdict, StoreError> {
+        let index = self.find(hash, key);
+        let entry = index.and_then(|index| self.table.get_bucket(index));
         let steps: SmallVec<[Step; 2]> = policies
             .iter()
             .map(|policy| {
                 let state = entry.and_then(|entry| entry.live_state(policy.name(), now));
-                algorithms::check(policy, state, now, cost)
+                check_policy(policy, state, now, cost)
             })
             .collect();
         let verdict: Verdict = steps.iter().map(|step| step.decision).collect();
         let write =
             cost > 0 && verdict.is_allowed() && steps.iter().any(|step| step.new_state.is_some());
-        if write {
-            let expires_at_us = match index.and_then(|index| self.table.get_bucket_mut(index)) {
-                Some(entry) => {
-                    entry.apply(&mut self.names, policies, steps, now);
-                    entry.expires_at_us
-                }
-                None => {
-                    let mut entry = Entry {
-                        hash,
-                        key: SmallVec::from_slice(key),
-                        expires_at_us: 0,
-                        slots: SmallVec::new(),
-                    };
-                    entry.apply(&mut self.names, policies, steps, now);
-                    let expires_at_us = entry.expires_at_us;
-                    self.insert(inner, hash, entry, now)?;
-                    expires_at_us
-                }
-            };
-            self.min_expires_at_us = self.min_expires_at_us.min(expires_at_us);
+        if !write {
+            self.tick(inner, now);
+            return Ok(verdict);
         }
-        self.ops += 1;
-        if self.ops >= SWEEP_EVERY {
-            self.ops = 0;
-            let freed = self.sweep_some(now);
-            inner.forget(freed);
+        let apply = |entry: &mut Entry, names: &mut Vec<Arc<str>>| {
+            for (policy, step) in policies.iter().zip(steps) {
+                if let Some(state) = step.new_state {
+                    let position = entry.slot(policy.name());
+                    entry.write(names, position, policy.name(), state, step.expires_at_us);
+                }
+            }
+            entry.refresh(now);
+        };
+        match index.and_then(|index| self.table.get_bucket_mut(index)) {
+            Some(entry) => {
+                apply(entry, &mut self.names);
+                let expires_at_us = entry.expires_at_us;
+                self.note_expiry(expires_at_us);
+            }
+            None => {
+                let mut entry = Entry::new(hash, key);
+                apply(&mut entry, &mut self.names);
+                self.insert(inner, hash, entry, now)?;
+            }
         }
+        self.tick(inner, now);
         Ok(verdict)
     }
 
+    #[inline(never)]
     fn insert(
         &mut self,
         inner: &Inner,
         hash: u64,
         entry: Entry,
         now: u64,
-    ) -> Result<(), CheckError> {
+    ) -> Result<(), StoreError> {
         if !inner.admit_new() {
             if self.min_expires_at_us <= now {
                 let freed = self.purge(now);
                 inner.forget(freed);
             }
             if !inner.admit_new() {
-                return Err(CheckError::NeedRoom);
+                return Err(StoreError::Full {
+                    // `admit_new` refuses only when a cap is set.
+                    max_keys: inner.max_keys.unwrap_or(usize::MAX),
+                });
             }
         }
         if self.table.len() == self.table.capacity() {
@@ -712,6 +920,7 @@ impl Shard {
                 self.cursor = 0;
             }
         }
+        self.note_expiry(entry.expires_at_us);
         self.table.insert_unique(hash, entry, rehash);
         Ok(())
     }
@@ -728,10 +937,19 @@ impl Shard {
             live
         });
         self.min_expires_at_us = min;
+        self.pass_min_us = min;
         before - self.table.len()
     }
 
+    /// Records that an entry now expires at `at`.
+    #[inline(always)]
+    fn note_expiry(&mut self, at: u64) {
+        self.min_expires_at_us = self.min_expires_at_us.min(at);
+        self.pass_min_us = self.pass_min_us.min(at);
+    }
+
     /// One incremental sweep step; returns how many entries it removed.
+    #[inline(never)]
     fn sweep_some(&mut self, now: u64) -> usize {
         if self.min_expires_at_us > now {
             return 0;
@@ -744,14 +962,22 @@ impl Shard {
             let mut chunk_removed = 0;
             for index in start..end {
                 if let Ok(entry) = self.table.get_bucket_entry(index) {
-                    if entry.get().expires_at_us <= now {
+                    let expires_at_us = entry.get().expires_at_us;
+                    if expires_at_us <= now {
                         drop(entry.remove());
                         chunk_removed += 1;
+                    } else {
+                        self.pass_min_us = self.pass_min_us.min(expires_at_us);
                     }
                 }
             }
             removed += chunk_removed;
             if end >= buckets {
+                // A full pass: every entry was scanned or written since it
+                // began, so the least expiry seen is exact enough to skip
+                // sweeps until then.
+                self.min_expires_at_us = self.pass_min_us;
+                self.pass_min_us = u64::MAX;
                 self.cursor = 0;
                 let len = self.table.len();
                 if buckets >= MIN_SHRINK_BUCKETS && len < buckets / 4 {
@@ -777,8 +1003,8 @@ mod tests {
     const T0: u64 = 1_700_000_000_000_000;
 
     fn check(store: &MemoryStore, subject: &str, policies: &[Policy], cost: u64) -> Verdict {
-        store
-            .check_now(subject, policies, cost)
+        Store::check(store, subject, policies, cost)
+            .into_inner()
             .expect("a valid check")
     }
 
@@ -801,6 +1027,62 @@ mod tests {
         assert_eq!(store.len(), 6);
         assert!(matches!(Key::new(&long), Key::Hashed(_)));
         assert!(matches!(Key::new("a:b"), Key::Plain(b"a:b")));
+    }
+
+    #[test]
+    fn plain_table_agrees_with_is_plain() {
+        for c in (0..=0x7f_u8)
+            .map(char::from)
+            .chain(['é', '€', '🦀', '\u{0}'])
+        {
+            let one = c.to_string();
+            assert_eq!(is_plain(&one), crate::is_plain(&one), "{c:?}");
+            let many = format!("a{c}b");
+            assert_eq!(is_plain(&many), crate::is_plain(&many), "{c:?}");
+        }
+        for len in [0, 1, 127, 128, 129, 1000] {
+            let subject = "x".repeat(len);
+            assert_eq!(is_plain(&subject), crate::is_plain(&subject), "{len}");
+        }
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(20_000))]
+
+        /// The fast GCRA is the reference GCRA, including the fall-backs.
+        #[test]
+        fn fast_gcra_is_the_reference(
+            limit in prop_oneof![1..10u64, 1..1_000_000u64],
+            period in prop_oneof![1..10u64, 1..1_000_000u64, 1..4_000_000_000u64],
+            extra_burst in prop_oneof![Just(0u64), 0..100u64],
+            now in prop_oneof![0..1_000u64, T0..T0 + 1, u64::MAX - 1_000..=u64::MAX],
+            tat_offset in prop_oneof![
+                Just(None),
+                (-5_000_000_000i64..5_000_000_000).prop_map(Some),
+                (i64::MIN..i64::MAX).prop_map(Some),
+            ],
+            rem_seed: u64,
+            rem_overflow in prop::bool::weighted(0.05),
+            cost_seed: u64,
+        ) {
+            let Ok(policy) = Policy::per(limit, Duration::from_micros(period))
+                .burst(limit.saturating_add(extra_burst))
+                .build()
+            else {
+                return Ok(());
+            };
+            let tat = tat_offset.map(|offset| GcraState {
+                tat_us: now.saturating_add_signed(offset),
+                tat_rem: if rem_overflow { rem_seed % (limit * 3) } else { rem_seed % limit },
+            });
+            let cost = cost_seed % (policy.capacity() + 2);
+            let state = tat.map(State::Gcra);
+            let fast = check_policy(&policy, state.as_ref(), now, cost);
+            let reference = algorithms::check(&policy, state.as_ref(), now, cost);
+            prop_assert_eq!(fast, reference);
+        }
     }
 
     #[test]
@@ -846,7 +1128,10 @@ mod tests {
         let key = Key::new("alice");
         let hash = store.inner.hash_key(key.as_bytes());
         let shard = store.inner.shard(hash).lock();
-        let entry = shard.table.find(hash, |e| e.key.as_slice() == b"alice").unwrap();
+        let entry = shard
+            .table
+            .find(hash, |e| e.key.as_slice() == b"alice")
+            .unwrap();
         assert_eq!(entry.slots.len(), 1);
         assert_eq!(&*entry.slots[0].policy, "new");
     }

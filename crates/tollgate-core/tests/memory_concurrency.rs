@@ -186,7 +186,7 @@ fn concurrent_checks_on_a_moving_clock_never_exceed_the_rate() {
         for _ in 0..THREADS {
             scope.spawn(|| {
                 for _ in 0..2_000 {
-                    if ticks.fetch_add(1, Ordering::Relaxed) % 10 == 0 {
+                    if ticks.fetch_add(1, Ordering::Relaxed).is_multiple_of(10) {
                         clock.advance(Duration::from_millis(1));
                     }
                     let verdict = store.check("shared", &policies, 1).into_inner().unwrap();

@@ -129,12 +129,12 @@ fn reset_forgets_the_named_policies_only() {
     let store = MemoryStore::with_clock(ManualClock::new(T0));
     let fast = Policy::per_second(2).name("fast").build().unwrap();
     let slow = Policy::per_hour(2).name("slow").build().unwrap();
-    let both = [fast.clone(), slow.clone()];
+    let both = [fast.clone(), slow];
     check(&store, "alice", &both, 2);
     check(&store, "bob", &both, 2);
     assert!(!check(&store, "alice", &both, 1).is_allowed());
 
-    block_on(store.reset("alice", &[fast.clone()])).unwrap();
+    block_on(store.reset("alice", std::slice::from_ref(&fast))).unwrap();
     let verdict = peek(&store, "alice", &both);
     assert_eq!(verdict.decisions()[0].remaining(), 2);
     assert_eq!(verdict.decisions()[1].remaining(), 0);
@@ -201,7 +201,7 @@ fn request_errors_match_validate_check_and_store_nothing() {
         "{err:?}"
     );
 
-    let err = block_on(store.check("alice", &[b.clone(), a.clone()], 6)).unwrap_err();
+    let err = block_on(store.check("alice", &[b.clone(), a], 6)).unwrap_err();
     assert!(
         matches!(err, StoreError::CostTooHigh { ref policy, cost: 6, capacity: 5 } if policy == "a"),
         "{err:?}"
