@@ -545,7 +545,10 @@ impl RateLimiter {
     }
 
     /// Takes `permits`, waiting as long as it takes (sleeping for each
-    /// retry-after, no polling).
+    /// retry-after, no polling). With [`ClockMode::Client`](crate::ClockMode)
+    /// the client's clock must move on while it sleeps (a manual clock that
+    /// stands still never grants the permits; use
+    /// [`try_acquire_within`](Self::try_acquire_within) in tests).
     ///
     /// # Errors
     ///
