@@ -10,7 +10,10 @@
 //! before timing starts, so the runs measure checks of known keys.
 //! Governor is measured twice: as `RateLimiter::keyed` builds it (a DashMap
 //! with std's SipHash) and with the foldhash hasher tollgate uses, so the
-//! comparison does not come down to the hash function.
+//! comparison does not come down to the hash function. Tollgate is measured
+//! twice too: as `MemoryStore::new()` builds it (reading `SystemTime` on every
+//! check) and with a clock read from the CPU's timestamp counter the way
+//! governor's default clock (quanta) reads it, to show what the clock costs.
 //!
 //! Two-thread runs time the wall clock from a barrier until both threads
 //! finished their half of the checks, and report wall time per check.
@@ -27,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use tollgate_core::{MemoryStore, Policy, Store};
+use tollgate_core::{Clock, MemoryStore, Policy, Store};
 
 const SIZES: [usize; 3] = [1, 10_000, 1_000_000];
 const THREADS: [usize; 2] = [1, 2];
@@ -56,6 +59,37 @@ trait Limiter: Sync {
 struct Tollgate {
     store: MemoryStore,
     policies: [Policy; 1],
+}
+
+/// Wall-clock time read from the CPU's timestamp counter, as governor's
+/// default clock (quanta) reads it: the system clock once at creation plus
+/// the TSC's progress since. Not a clock for production (it is never
+/// re-synchronised); it shows how much of the difference is the system
+/// clock read (`SystemTime::now`), which `MemoryStore` uses by default.
+#[derive(Debug)]
+struct TscClock {
+    clock: quanta::Clock,
+    anchor_raw: u64,
+    anchor_us: u64,
+}
+
+impl TscClock {
+    fn new() -> Self {
+        let clock = quanta::Clock::new();
+        let anchor_raw = clock.raw();
+        Self {
+            anchor_us: tollgate_core::SystemClock.now_micros(),
+            anchor_raw,
+            clock,
+        }
+    }
+}
+
+impl Clock for TscClock {
+    fn now_micros(&self) -> u64 {
+        let elapsed = self.clock.delta_as_nanos(self.anchor_raw, self.clock.raw());
+        self.anchor_us + elapsed / 1_000
+    }
 }
 
 impl Limiter for Tollgate {
@@ -204,6 +238,12 @@ fn benches(c: &mut Criterion) {
             };
             bench_one(c, size, threads, "tollgate", &tollgate, &keys);
             drop(tollgate);
+            let tollgate_tsc = Tollgate {
+                store: MemoryStore::with_clock(TscClock::new()),
+                policies: [tollgate_policy.clone()],
+            };
+            bench_one(c, size, threads, "tollgate_tsc", &tollgate_tsc, &keys);
+            drop(tollgate_tsc);
             let governor: DefaultKeyedRateLimiter<String> = RateLimiter::keyed(quota);
             bench_one(c, size, threads, "governor", &governor, &keys);
             drop(governor);
@@ -269,45 +309,68 @@ fn print_table() {
             }),
         )
     };
+    let show = |value: Option<f64>, precision: usize| {
+        value.map_or_else(|| "-".to_owned(), |v| format!("{v:.precision$}"))
+    };
     println!();
     println!(
         "tollgate MemoryStore vs governor keyed limiter, GCRA, ns per check (wall time / checks)"
     );
     println!(
-        "{:>9} {:>7} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8}",
-        "keys", "threads", "tollgate", "governor", "gov+fold", "ratio", "ratio fold", "denied"
+        "{:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7}",
+        "keys",
+        "threads",
+        "tollgate",
+        "+tsc",
+        "governor",
+        "gov+fold",
+        "ratio",
+        "r fold",
+        "r tsc",
+        "denied"
     );
     for size in SIZES {
         for threads in THREADS {
-            let (Some(ours), Some(theirs), Some(fold)) = (
-                estimate(size, threads, "tollgate"),
-                estimate(size, threads, "governor"),
-                estimate(size, threads, "governor_foldhash"),
-            ) else {
+            let ours = estimate(size, threads, "tollgate");
+            let tsc = estimate(size, threads, "tollgate_tsc");
+            let theirs = estimate(size, threads, "governor");
+            let fold = estimate(size, threads, "governor_foldhash");
+            if [ours, tsc, theirs, fold].iter().all(Option::is_none) {
                 continue;
-            };
+            }
+            let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b?);
             let denied: u64 = tally
                 .iter()
                 .filter(|((s, t, _), _)| *s == size && *t == threads)
                 .map(|(_, tally)| tally.denied)
                 .sum();
             println!(
-                "{size:>9} {threads:>7} {ours:>10.1} {theirs:>10.1} {fold:>10.1} {:>8.2} {:>10.2} {denied:>8}",
-                ours / theirs,
-                ours / fold
+                "{size:>9} {threads:>7} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {denied:>7}",
+                show(ours, 1),
+                show(tsc, 1),
+                show(theirs, 1),
+                show(fold, 1),
+                show(ratio(ours, theirs), 2),
+                show(ratio(ours, fold), 2),
+                show(ratio(tsc, theirs), 2),
             );
         }
     }
-    println!("ratio = tollgate / governor (RateLimiter::keyed, SipHash); ratio fold = tollgate / governor with foldhash");
+    println!("ratio = tollgate / governor (RateLimiter::keyed: DashMap with std's SipHash)");
+    println!("r fold = tollgate / governor with foldhash (the hasher tollgate uses)");
+    println!("r tsc = tollgate reading a TSC clock like governor's (quanta) / governor; tollgate's default reads SystemTime");
     if used_fallback {
-        println!("(some figures are this program's own timing: criterion's estimates.json was not found under {})", home.display());
+        println!(
+            "(some figures are this program's own timing: criterion's estimates.json was not found under {})",
+            home.display()
+        );
     }
 }
 
 fn main() {
     let mut criterion = Criterion::default()
         .warm_up_time(Duration::from_millis(800))
-        .measurement_time(Duration::from_secs(3))
+        .measurement_time(Duration::from_millis(2500))
         .sample_size(20)
         .configure_from_args();
     benches(&mut criterion);

@@ -430,8 +430,13 @@ impl Store for MemoryStore {
     type CheckFuture = Ready<Result<Verdict, StoreError>>;
 
     fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
-        if let Err(err) = validate_check(policies, cost) {
-            return ready(Err(err));
+        // A single policy with a cost it can admit is valid; anything else
+        // goes through the shared validation (same errors as every store).
+        let valid = matches!(policies, [policy] if cost <= policy.capacity());
+        if !valid {
+            if let Err(err) = validate_check(policies, cost) {
+                return ready(Err(err));
+            }
         }
         // One policy, the common case, carries a `Decision` until the very
         // end rather than a `Verdict` (twice its size).
@@ -506,19 +511,25 @@ enum Key<'a> {
 }
 
 impl<'a> Key<'a> {
-    #[inline]
+    #[inline(always)]
     fn new(subject: &'a str) -> Self {
         if is_plain(subject) {
             Self::Plain(subject.as_bytes())
         } else {
-            let mut key = [0; 33];
-            key[0] = b'#';
-            key[1..].copy_from_slice(&Sha256::digest(subject.as_bytes()));
-            Self::Hashed(key)
+            Self::Hashed(Self::hashed(subject))
         }
     }
 
-    #[inline]
+    #[cold]
+    #[inline(never)]
+    fn hashed(subject: &str) -> [u8; 33] {
+        let mut key = [0; 33];
+        key[0] = b'#';
+        key[1..].copy_from_slice(&Sha256::digest(subject.as_bytes()));
+        key
+    }
+
+    #[inline(always)]
     fn as_bytes(&self) -> &[u8] {
         match self {
             Self::Plain(key) => key,
@@ -544,7 +555,7 @@ const PLAIN_BYTES: [bool; 256] = {
 };
 
 /// [`crate::is_plain`], by table lookup (it runs on every check).
-#[inline]
+#[inline(always)]
 fn is_plain(subject: &str) -> bool {
     !subject.is_empty()
         && subject.len() <= MAX_PLAIN_SUBJECT_LEN
@@ -688,7 +699,7 @@ impl Entry {
     }
 
     /// Stores `state` as `policy`'s, in the slot at `position` if known.
-    #[inline]
+    #[inline(always)]
     fn write(
         &mut self,
         names: &mut Vec<Arc<str>>,
@@ -702,12 +713,23 @@ impl Entry {
                 slot.state = state;
                 slot.expires_at_us = expires_at_us;
             }
-            None => self.slots.push(Slot {
-                policy: intern(names, policy),
-                state,
-                expires_at_us,
-            }),
+            None => self.add_slot(names, policy, state, expires_at_us),
         }
+    }
+
+    #[inline(never)]
+    fn add_slot(
+        &mut self,
+        names: &mut Vec<Arc<str>>,
+        policy: &str,
+        state: State,
+        expires_at_us: u64,
+    ) {
+        self.slots.push(Slot {
+            policy: intern(names, policy),
+            state,
+            expires_at_us,
+        });
     }
 
     /// After writes: drops the slots that expired (policies no longer used
