@@ -238,6 +238,82 @@ fn cluster_matches_memory() {
     differential(true, 16, case());
 }
 
+/// A policy with magnitudes up to the cap (`limit × period` and
+/// `burst × period` up to 2^52 µs): limits from 1 to 2^32, periods from
+/// 1 µs to a year, huge bursts.
+fn extreme_policy(algorithm: Algorithm) -> impl Strategy<Value = Policy> {
+    let limit = prop_oneof![
+        Just(1_u64),
+        1_u64..=1_000,
+        Just(u64::from(u32::MAX)),
+        1_u64..=1 << 32
+    ];
+    let period = prop_oneof![
+        Just(1_u64),
+        Just(1_000_000_u64),
+        Just(365 * 86_400 * 1_000_000_u64),
+        1_u64..=1 << 45,
+    ];
+    let burst = prop_oneof![
+        Just(None),
+        Just(Some(1_u64)),
+        (1_u64..=1 << 32).prop_map(Some),
+        Just(Some(u64::from(u32::MAX))),
+    ];
+    (limit, period, burst).prop_filter_map(
+        "within the policy caps",
+        move |(limit, period, burst)| {
+            let limit = if algorithm == Algorithm::SlidingLog {
+                limit.min(tollgate_core::SLIDING_LOG_MAX_LIMIT)
+            } else {
+                limit
+            };
+            let builder = Policy::per(limit, Duration::from_micros(period))
+                .algorithm(algorithm)
+                .name("extreme");
+            let builder = match burst {
+                Some(burst) if algorithm.has_burst() => builder.burst(burst),
+                _ => builder,
+            };
+            builder.build().ok()
+        },
+    )
+}
+
+fn extreme_case() -> impl Strategy<Value = (Vec<Policy>, Vec<Op>)> {
+    prop::sample::select(ALGORITHMS.to_vec())
+        .prop_flat_map(extreme_policy)
+        .prop_flat_map(|policy| {
+            let period = policy.period_micros();
+            let capacity = policy.capacity();
+            let max = i64::try_from(2 * period).unwrap_or(i64::MAX);
+            let step = prop_oneof![
+                2 => Just(0_i64),
+                2 => 1_i64..=1_000,
+                2 => 0_i64..=max,
+                1 => -(max / 2)..=0_i64,
+            ];
+            let cost = prop_oneof![
+                2 => Just(1_u64),
+                1 => Just(0_u64),
+                2 => Just(capacity),
+                1 => Just(capacity + 1),
+                2 => 0..=capacity,
+            ];
+            let ops = prop::collection::vec(
+                (step, cost).prop_map(|(step, cost)| Op::Check { step, cost }),
+                20,
+            );
+            (Just(vec![policy]), ops)
+        })
+}
+
+/// Magnitudes near the cap: every product must stay exact in Lua.
+#[test]
+fn extreme_magnitudes_match_memory() {
+    differential(false, 64, extreme_case());
+}
+
 /// Runs policies that share one name in turn (a deployment changing a
 /// policy), three checks each, on both stores.
 fn changed_policies_match_memory(shapes: &[(u64, u64)]) {

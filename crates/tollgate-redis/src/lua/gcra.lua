@@ -21,31 +21,32 @@ end
 
 -- One GCRA step. Returns allowed, remaining, retry_after, reset_after,
 -- delay, new_us, new_rem (new_* nil when nothing is to be written).
+--
+-- Everything is computed relative to now, in units of 1/L microsecond
+-- (span = (time - now) x L): spans stay within 2 x B x P <= 2^53, while an
+-- absolute time plus a span could pass 2^53 for bursts near the policy cap.
+-- The absolute time is formed only for a state to write, which lies at most
+-- B x P / L after now.
 local function pair_step(us, rem, L, P, B, now, c)
   local peek = c == 0
   local cost = c
   if peek then
     cost = 1
   end
-  local base_us, base_rem = now, 0
+  -- span_old = (max(time, now) - now) x L
+  local span_old = 0
   if us ~= nil and us >= now then
-    base_us, base_rem = us, rem
-  end
-  local inc = cost * P
-  local q = div(inc, L)
-  local new_us, new_rem = base_us + q, base_rem + (inc - q * L)
-  if new_rem >= L then
-    new_us, new_rem = new_us + 1, new_rem - L
+    span_old = (us - now) * L + rem
   end
   local cap = B * P
-  local span_new = (new_us - now) * L + new_rem
-  local span_old = (base_us - now) * L + base_rem
+  local span_new = span_old + cost * P
   if span_new <= cap then
     local delay = ceil_div(span_old, L)
     if peek then
-      return true, div(max0(cap - span_old), P), -1, ceil_div(span_old, L), delay, nil, nil
+      return true, div(cap - span_old, P), -1, delay, delay, nil, nil
     end
-    return true, div(cap - span_new, P), -1, ceil_div(span_new, L), delay, new_us, new_rem
+    local whole = div(span_new, L)
+    return true, div(cap - span_new, P), -1, ceil_div(span_new, L), delay, now + whole, span_new - whole * L
   end
   return false, div(max0(cap - span_old), P), ceil_div(span_new - cap, L), ceil_div(span_old, L), 0, nil, nil
 end
