@@ -21,8 +21,9 @@ use tollgate_core::StoreError;
 use crate::scripts::LuaScript;
 
 /// How many times a call refused with an error that proves it did not run
-/// (`NOSCRIPT`, `MOVED`, `TRYAGAIN`) is sent again, within the same deadline.
-const NOT_RUN_RETRIES: usize = 3;
+/// (`NOSCRIPT`, `MOVED`, `ASK`, `TRYAGAIN`) is sent again, within the same
+/// deadline.
+const NOT_RUN_RETRIES: usize = 6;
 
 /// A standalone connection as the pool keeps it: a multiplexed connection
 /// and a flag its driver task sets when the socket closes, so the pool
@@ -233,22 +234,68 @@ impl Connection {
         }
     }
 
-    /// Loads `script`. On a Cluster, on the master serving `key`'s slot:
-    /// the node that answered `NOSCRIPT` (a fan-out to every master would
-    /// fail whenever any other master is down).
-    async fn load(&mut self, script: &LuaScript, key: &str) -> Result<Value, RedisError> {
+    /// Sends `cmd` to the Cluster node named by a redirection, after
+    /// `ASKING` for `ASK` (one pipeline, so nothing comes between them on
+    /// the multiplexed connection).
+    async fn query_at(&mut self, cmd: &Cmd, to: &Redirect) -> Result<Value, RedisError> {
+        let Self::Cluster(connection) = self else {
+            // Standalone servers never redirect; nothing to follow.
+            return self.query(cmd).await;
+        };
+        let route = SingleNodeRoutingInfo::ByAddress {
+            host: to.host.clone(),
+            port: to.port,
+        };
+        if !to.asking {
+            // route_command hands server errors back as values.
+            return connection
+                .route_command(cmd.clone(), RoutingInfo::SingleNode(route))
+                .await
+                .and_then(Value::extract_error);
+        }
+        let mut pipeline = redis::pipe();
+        pipeline.cmd("ASKING").ignore();
+        pipeline.add_command(cmd.clone());
+        let mut values = connection.route_pipeline(pipeline, 1, 1, route).await?;
+        match values.pop() {
+            Some(value) if values.is_empty() => value.extract_error(),
+            _ => Err(RedisError::from((
+                ErrorKind::UnexpectedReturnType,
+                "ASKING pipeline",
+                format!("expected one reply, got {}", values.len() + 1),
+            ))),
+        }
+    }
+
+    /// Loads `script`. On a Cluster, on the node that answered `NOSCRIPT`:
+    /// the redirection's target if any, else the master serving `key`'s
+    /// slot (a fan-out to every master would fail whenever any other master
+    /// is down).
+    async fn load(
+        &mut self,
+        script: &LuaScript,
+        key: &str,
+        to: Option<&Redirect>,
+    ) -> Result<Value, RedisError> {
         let mut load = redis::cmd("SCRIPT");
         load.arg("LOAD").arg(script.source());
         match self {
             Self::Standalone { connection, .. } => load.query_async(connection).await,
             Self::Cluster(connection) => {
-                let route = Route::with_slot(Slot::for_key(key), SlotAddr::Master);
+                let route = match to {
+                    Some(to) => SingleNodeRoutingInfo::ByAddress {
+                        host: to.host.clone(),
+                        port: to.port,
+                    },
+                    None => SingleNodeRoutingInfo::SpecificNode(Route::with_slot(
+                        Slot::for_key(key),
+                        SlotAddr::Master,
+                    )),
+                };
                 connection
-                    .route_command(
-                        load,
-                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-                    )
+                    .route_command(load, RoutingInfo::SingleNode(route))
                     .await
+                    .and_then(Value::extract_error)
             }
         }
     }
@@ -262,12 +309,44 @@ impl Connection {
     }
 }
 
+/// Why the server did not run a command (so sending it again is safe).
+enum NotRun {
+    /// `NOSCRIPT`: load the script, then send it again.
+    NoScript,
+    /// `TRYAGAIN` (a multi-key command during a slot migration): send it
+    /// again after a moment.
+    Later,
+    /// `MOVED` or `ASK`: send it to the node named (after `ASKING` for
+    /// `ASK`: the slot is migrating and the keys are already there). The
+    /// Cluster connection refreshes its slot map after `MOVED` on its own.
+    Redirect(Redirect),
+}
+
+/// Where to send a command again.
+#[derive(Debug, Clone)]
+struct Redirect {
+    host: String,
+    port: u16,
+    asking: bool,
+}
+
 /// What one attempt's error means.
 enum Failure {
-    /// The server proves it did not run the command: safe to send again.
-    NotRun { noscript: bool, error: RedisError },
+    /// The server proves it did not run the command.
+    NotRun { why: NotRun, error: RedisError },
     /// Give up with this error.
     Fail(StoreError),
+}
+
+/// The node of a `MOVED` or `ASK` error.
+fn redirect(error: &RedisError, asking: bool) -> Option<Redirect> {
+    let (address, _slot) = error.redirect_node()?;
+    let (host, port) = address.rsplit_once(':')?;
+    Some(Redirect {
+        host: host.to_owned(),
+        port: port.parse().ok()?,
+        asking,
+    })
 }
 
 /// Classifies an error returned by a command that was handed to the
@@ -275,16 +354,28 @@ enum Failure {
 fn classify(error: RedisError, connection: &Connection, timeout: Duration) -> Failure {
     match error.kind() {
         ErrorKind::Server(ServerErrorKind::NoScript) => Failure::NotRun {
-            noscript: true,
+            why: NotRun::NoScript,
             error,
         },
-        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::TryAgain) => Failure::NotRun {
-            noscript: false,
+        ErrorKind::Server(ServerErrorKind::TryAgain) => Failure::NotRun {
+            why: NotRun::Later,
             error,
         },
+        ErrorKind::Server(kind @ (ServerErrorKind::Moved | ServerErrorKind::Ask))
+            if matches!(connection, Connection::Cluster(_)) =>
+        {
+            match redirect(&error, kind == ServerErrorKind::Ask) {
+                Some(to) => Failure::NotRun {
+                    why: NotRun::Redirect(to),
+                    error,
+                },
+                None => Failure::Fail(StoreError::unavailable(error)),
+            }
+        }
         // Refused before running: nothing was charged.
         ErrorKind::Server(
-            ServerErrorKind::Ask
+            ServerErrorKind::Moved
+            | ServerErrorKind::Ask
             | ServerErrorKind::ClusterDown
             | ServerErrorKind::MasterDown
             | ServerErrorKind::BusyLoading
@@ -338,45 +429,61 @@ pub(crate) async fn eval(
         }
     };
     let mut attempts = 0;
+    let mut redirected: Option<Redirect> = None;
     loop {
-        let error = match timeout_at(deadline, connection.query(evalsha)).await {
+        let sent = match &redirected {
+            Some(to) => timeout_at(deadline, connection.query_at(evalsha, to)).await,
+            None => timeout_at(deadline, connection.query(evalsha)).await,
+        };
+        let error = match sent {
             Err(_) => return Err(StoreError::Timeout { after: timeout }),
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(error)) => error,
         };
-        let (noscript, error) = match classify(error, &connection, timeout) {
+        let (why, error) = match classify(error, &connection, timeout) {
             Failure::Fail(error) => return Err(error),
-            Failure::NotRun { noscript, error } => (noscript, error),
+            Failure::NotRun { why, error } => (why, error),
         };
         attempts += 1;
         if attempts > NOT_RUN_RETRIES {
             return Err(StoreError::unavailable(error));
         }
-        if noscript {
-            tracing::debug!(sha = script.sha(), "NOSCRIPT: loading the script");
-            match timeout_at(deadline, connection.load(script, first_key)).await {
-                // The check itself has not run yet: nothing was charged.
-                Err(_) => {
-                    return Err(StoreError::unavailable(format!(
-                        "loading the script took longer than {timeout:?}; the check was not run"
-                    )))
-                }
-                Ok(Err(error)) => {
-                    if error.is_io_error() {
-                        connection.mark_broken();
+        match why {
+            NotRun::NoScript => {
+                tracing::debug!(sha = script.sha(), "NOSCRIPT: loading the script");
+                match timeout_at(
+                    deadline,
+                    connection.load(script, first_key, redirected.as_ref()),
+                )
+                .await
+                {
+                    // The check itself has not run yet: nothing was charged.
+                    Err(_) => {
+                        return Err(StoreError::unavailable(format!(
+                            "loading the script took longer than {timeout:?}; the check was not run"
+                        )))
                     }
+                    Ok(Err(error)) => {
+                        if error.is_io_error() {
+                            connection.mark_broken();
+                        }
+                        return Err(StoreError::unavailable(error));
+                    }
+                    Ok(Ok(_)) => {}
+                }
+            }
+            NotRun::Redirect(to) => {
+                tracing::debug!(?to, "following a Cluster redirection");
+                redirected = Some(to);
+            }
+            NotRun::Later => {
+                redirected = None;
+                let pause = Duration::from_millis(5 * attempts as u64);
+                if Instant::now() + pause >= deadline {
                     return Err(StoreError::unavailable(error));
                 }
-                Ok(Ok(_)) => {}
+                tokio::time::sleep(pause).await;
             }
-        } else {
-            // MOVED / TRYAGAIN: the Cluster connection refreshes its slot
-            // map in the background; give it a moment.
-            let pause = Duration::from_millis(5 * attempts as u64);
-            if Instant::now() + pause >= deadline {
-                return Err(StoreError::unavailable(error));
-            }
-            tokio::time::sleep(pause).await;
         }
     }
 }
