@@ -4,9 +4,10 @@
 //! `cargo xtask bench core`). Add `-- --quick` for a faster, rougher run.
 //!
 //! Both sides get the same pre-generated, shuffled key strings, the same
-//! GCRA quota (10 per second with a burst so large nothing is ever denied,
-//! so every state stays live and no run measures expiry or denials), their
-//! default system clocks, and the same loop. Every key is checked once
+//! GCRA quota (one per 10 s with a burst so large nothing is ever denied,
+//! and every key's state stays live between two visits even at a million
+//! keys, so no run measures denials, expiry or re-insertion), their default
+//! clocks, and the same loop. Every key is checked once
 //! before timing starts, so the runs measure checks of known keys.
 //! Governor is measured twice: as `RateLimiter::keyed` builds it (a DashMap
 //! with std's SipHash) and with the foldhash hasher tollgate uses, so the
@@ -34,12 +35,15 @@ use tollgate_core::{Clock, MemoryStore, Policy, Store};
 
 const SIZES: [usize; 3] = [1, 10_000, 1_000_000];
 const THREADS: [usize; 2] = [1, 2];
-/// Time between two permits: 100 ms. With a burst of 4·10^10 (tollgate) or
-/// 2^32 − 1 (governor), a key can take billions of checks without a denial,
-/// and a key checked at least every 100 ms never falls back to full (and so
-/// is never forgotten).
-const PERIOD: Duration = Duration::from_millis(100);
-const TOLLGATE_BURST: u64 = 40_000_000_000;
+/// Time between two permits: 10 s. Each check moves a key's state 10 s
+/// ahead, so a key visited at least every 10 s (a pass over a million keys
+/// takes well under a second) never falls back to full and is never
+/// forgotten; with a burst of 4·10^8 (tollgate: burst × period must stay
+/// within 2^52 µs) or 10^9 (governor), a key takes hundreds of millions of
+/// checks before a denial, more than any run makes.
+const PERIOD: Duration = Duration::from_secs(10);
+const TOLLGATE_BURST: u64 = 400_000_000;
+const GOVERNOR_BURST: u32 = 1_000_000_000;
 
 type FoldGovernor = RateLimiter<
     String,
@@ -197,17 +201,13 @@ fn bench_one(
     limiter: &dyn Limiter,
     keys: &[String],
 ) {
+    // Every key once, before timing: the runs measure known keys. (Not
+    // inside the timed closure: criterion's warm-up would count it.)
+    let denied = run(limiter, keys, 0, keys.len() as u64);
+    assert_eq!(denied, 0, "{name} denied a first check");
     let mut group = c.benchmark_group(format!("keys_{size}_threads_{threads}"));
-    let mut warm = false;
     group.bench_function(BenchmarkId::from_parameter(name), |b| {
         b.iter_custom(|iters| {
-            if !warm {
-                // Every key once, before timing (and only for benchmarks
-                // that run): the runs measure known keys.
-                let denied = run(limiter, keys, 0, keys.len() as u64);
-                assert_eq!(denied, 0, "{name} denied a first check");
-                warm = true;
-            }
             let (wall, denied) = timed(limiter, keys, threads, iters);
             let mut tally = TALLY.lock().unwrap();
             let entry = tally.entry((size, threads, name)).or_default();
@@ -228,7 +228,7 @@ fn benches(c: &mut Criterion) {
         .expect("a valid policy");
     let quota = Quota::with_period(PERIOD)
         .expect("a non-zero period")
-        .allow_burst(NonZeroU32::MAX);
+        .allow_burst(NonZeroU32::new(GOVERNOR_BURST).expect("a non-zero burst"));
     for size in SIZES {
         let keys = keys(size);
         for threads in THREADS {
@@ -369,9 +369,10 @@ fn print_table() {
 
 fn main() {
     let mut criterion = Criterion::default()
-        .warm_up_time(Duration::from_millis(800))
-        .measurement_time(Duration::from_millis(2500))
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
         .sample_size(20)
+        .without_plots()
         .configure_from_args();
     benches(&mut criterion);
     criterion.final_summary();

@@ -11,18 +11,23 @@
 //! new states are written only if all admit.
 //!
 //! The subject is hashed once per call; the same hash picks the shard (from
-//! high bits) and the bucket (hashbrown uses the low bits and the top seven),
-//! so nothing is hashed twice. A lookup borrows the caller's `&str` and
-//! allocates nothing; only a new subject may allocate (its key when longer
-//! than 24 bytes, and its list of slots when it has more than one policy;
-//! policy names are shared).
+//! high bits) and the bucket (hashbrown uses the low bits and the top seven).
+//! A lookup borrows the caller's `&str` and allocates nothing; only a new
+//! subject may allocate (its key when longer than 24 bytes, and its list of
+//! slots when it has more than one policy; policy names are shared). An
+//! entry is 96 bytes plus those allocations.
+//!
+//! One-policy checks of GCRA (the default) take a fast path: the same
+//! arithmetic as [`algorithms::check`] in `u64` (a property test holds the
+//! two equal), with the figures only a denial needs computed only on
+//! denial.
 //!
 //! # Expiry and sweeping
 //!
 //! Every slot records when its state is back to full capacity
-//! ([`Step::expires_at_us`]); the entry records the latest of its slots. A
-//! state past its expiry is the same as no state, so expired slots and
-//! entries are treated as absent on lookup and reused in place. Memory is
+//! ([`Step::expires_at_us`]); an entry expires with the latest of its
+//! slots. A state past its expiry is the same as no state, so expired slots
+//! and entries are treated as absent on lookup and reused in place. Memory is
 //! reclaimed without a background thread, by work proportional to the
 //! operations a shard serves:
 //!
@@ -39,9 +44,11 @@
 //!   least an eighth of a table's worth of inserts away.
 //! - **`max_keys`.** When the store is full, a new subject first sweeps its
 //!   own shard, then (outside that lock) every shard that may hold expired
-//!   entries, and retries once. Each shard remembers a lower bound of its
-//!   entries' expiry times, so shards with nothing expired are skipped
-//!   without a scan.
+//!   entries, and retries once.
+//!
+//! Each shard keeps a lower bound of its entries' expiry times (made exact
+//! by every full sweep and at the end of every incremental pass), so shards
+//! with nothing expired skip their sweeps without a scan.
 //!
 //! Each of these costs O(1) amortized per operation. A shard that stops
 //! receiving operations keeps its expired entries until it is used again or
@@ -419,8 +426,7 @@ impl MemoryStore {
             entry.remove();
             inner.forget(1);
         } else {
-            let expires_at_us = slots.iter().map(|s| s.expires_at_us).max().unwrap_or(0);
-            entry.get_mut().expires_at_us = expires_at_us;
+            let expires_at_us = entry.get().expires_at_us();
             shard.note_expiry(expires_at_us);
         }
     }
@@ -475,6 +481,11 @@ impl Inner {
         // Bits 40.. pick the shard; hashbrown uses the low bits for the
         // bucket and the top seven as a tag, so the two stay independent.
         &self.shards[(hash >> 40) as usize & self.shard_mask]
+    }
+
+    /// The hasher hashbrown needs when it moves entries.
+    fn rehash(&self) -> impl Fn(&Entry) -> u64 + '_ {
+        |entry| self.hash_key(&entry.key)
     }
 
     /// Records that `removed` entries left the store.
@@ -655,14 +666,11 @@ fn gcra_step(
 
 /// One subject.
 struct Entry {
-    /// The key's hash, kept so that growing or shrinking the table never
-    /// hashes a key again.
-    hash: u64,
     /// Inline up to 24 bytes (most user ids, IP addresses, e-mail
     /// addresses): a lookup compares it without leaving the entry.
     key: SmallVec<[u8; 24]>,
-    /// The latest expiry of the slots: from then on the entry is absent.
-    expires_at_us: u64,
+    /// One per policy that charged the subject and has not expired (save
+    /// for policies no longer used, until the next write drops them).
     slots: SmallVec<[Slot; 1]>,
 }
 
@@ -676,12 +684,23 @@ struct Slot {
 
 impl Entry {
     /// A new subject's entry, without slots yet.
-    fn new(hash: u64, key: &[u8]) -> Self {
+    fn new(key: &[u8]) -> Self {
         Self {
-            hash,
             key: SmallVec::from_slice(key),
-            expires_at_us: 0,
             slots: SmallVec::new(),
+        }
+    }
+
+    /// The latest expiry of the slots: from then on the entry is absent.
+    #[inline]
+    fn expires_at_us(&self) -> u64 {
+        match &*self.slots {
+            [slot] => slot.expires_at_us,
+            slots => slots
+                .iter()
+                .map(|slot| slot.expires_at_us)
+                .max()
+                .unwrap_or(0),
         }
     }
 
@@ -733,20 +752,12 @@ impl Entry {
     }
 
     /// After writes: drops the slots that expired (policies no longer used
-    /// with this subject) and recomputes the entry's expiry.
+    /// with this subject).
     #[inline]
     fn refresh(&mut self, now: u64) {
-        if let [slot] = &*self.slots {
-            self.expires_at_us = slot.expires_at_us;
-            return;
+        if self.slots.len() > 1 {
+            self.slots.retain(|slot| slot.expires_at_us > now);
         }
-        self.slots.retain(|slot| slot.expires_at_us > now);
-        self.expires_at_us = self
-            .slots
-            .iter()
-            .map(|slot| slot.expires_at_us)
-            .max()
-            .unwrap_or(0);
     }
 }
 
@@ -781,12 +792,6 @@ fn intern(names: &mut Vec<Arc<str>>, name: &str) -> Arc<str> {
     name
 }
 
-/// The hasher hashbrown needs when it moves entries.
-#[inline]
-fn rehash(entry: &Entry) -> u64 {
-    entry.hash
-}
-
 impl Shard {
     fn new() -> Self {
         Self {
@@ -806,7 +811,7 @@ impl Shard {
         self.ops += 1;
         if self.ops >= SWEEP_EVERY {
             self.ops = 0;
-            let freed = self.sweep_some(now);
+            let freed = self.sweep_some(inner, now);
             inner.forget(freed);
         }
     }
@@ -834,7 +839,7 @@ impl Shard {
         let Some(entry) = index.and_then(|index| self.table.get_bucket_mut(index)) else {
             let step = check_policy(policy, None, now, cost);
             if let (true, Some(state)) = (cost > 0 && step.decision.is_allowed(), step.new_state) {
-                let mut entry = Entry::new(hash, key);
+                let mut entry = Entry::new(key);
                 entry.write(&mut self.names, None, name, state, step.expires_at_us);
                 entry.refresh(now);
                 self.insert(inner, hash, entry, now)?;
@@ -851,7 +856,7 @@ impl Shard {
         if let (true, Some(state)) = (cost > 0 && step.decision.is_allowed(), step.new_state) {
             entry.write(&mut self.names, position, name, state, step.expires_at_us);
             entry.refresh(now);
-            let expires_at_us = entry.expires_at_us;
+            let expires_at_us = entry.expires_at_us();
             self.note_expiry(expires_at_us);
         }
         self.tick(inner, now);
@@ -898,11 +903,11 @@ impl Shard {
         match index.and_then(|index| self.table.get_bucket_mut(index)) {
             Some(entry) => {
                 apply(entry, &mut self.names);
-                let expires_at_us = entry.expires_at_us;
+                let expires_at_us = entry.expires_at_us();
                 self.note_expiry(expires_at_us);
             }
             None => {
-                let mut entry = Entry::new(hash, key);
+                let mut entry = Entry::new(key);
                 apply(&mut entry, &mut self.names);
                 self.insert(inner, hash, entry, now)?;
             }
@@ -938,12 +943,13 @@ impl Shard {
             inner.forget(freed);
             let len = self.table.len();
             if len > 0 && len >= self.table.capacity() / 8 * 7 {
-                self.table.reserve(len, rehash);
+                self.table.reserve(len, inner.rehash());
                 self.cursor = 0;
             }
         }
-        self.note_expiry(entry.expires_at_us);
-        self.table.insert_unique(hash, entry, rehash);
+        self.note_expiry(entry.expires_at_us());
+        let rehash = inner.rehash();
+        self.table.insert_unique(hash, entry, &rehash);
         Ok(())
     }
 
@@ -952,9 +958,10 @@ impl Shard {
         let before = self.table.len();
         let mut min = u64::MAX;
         self.table.retain(|entry| {
-            let live = entry.expires_at_us > now;
+            let expires_at_us = entry.expires_at_us();
+            let live = expires_at_us > now;
             if live {
-                min = min.min(entry.expires_at_us);
+                min = min.min(expires_at_us);
             }
             live
         });
@@ -972,7 +979,7 @@ impl Shard {
 
     /// One incremental sweep step; returns how many entries it removed.
     #[inline(never)]
-    fn sweep_some(&mut self, now: u64) -> usize {
+    fn sweep_some(&mut self, inner: &Inner, now: u64) -> usize {
         if self.min_expires_at_us > now {
             return 0;
         }
@@ -984,7 +991,7 @@ impl Shard {
             let mut chunk_removed = 0;
             for index in start..end {
                 if let Ok(entry) = self.table.get_bucket_entry(index) {
-                    let expires_at_us = entry.get().expires_at_us;
+                    let expires_at_us = entry.get().expires_at_us();
                     if expires_at_us <= now {
                         drop(entry.remove());
                         chunk_removed += 1;
@@ -1003,7 +1010,7 @@ impl Shard {
                 self.cursor = 0;
                 let len = self.table.len();
                 if buckets >= MIN_SHRINK_BUCKETS && len < buckets / 4 {
-                    self.table.shrink_to(len * 2, rehash);
+                    self.table.shrink_to(len * 2, inner.rehash());
                 }
                 break;
             }
@@ -1105,6 +1112,12 @@ mod tests {
             let reference = algorithms::check(&policy, state.as_ref(), now, cost);
             prop_assert_eq!(fast, reference);
         }
+    }
+
+    #[test]
+    fn an_entry_is_96_bytes() {
+        // The module docs promise it; the table's footprint follows it.
+        assert_eq!(std::mem::size_of::<Entry>(), 96);
     }
 
     #[test]
