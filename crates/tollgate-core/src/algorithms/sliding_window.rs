@@ -47,11 +47,14 @@ pub(super) fn check(
     let (previous, current) = match state {
         Some(s) => {
             let s_start = u128::from(s.window_start_us);
-            if s_start == window_start {
+            if s_start == window_start || (s_start > window_start && s_start <= now) {
+                // The same window; or a window start between this window's
+                // start and now, which only a policy whose period changed
+                // leaves behind: its counts are recent, so they all count.
                 (u128::from(s.previous), u128::from(s.current))
             } else if s_start + period == window_start {
                 (u128::from(s.current), 0)
-            } else if s_start > window_start {
+            } else if s_start > now {
                 lag = s_start - now;
                 window_start = s_start;
                 now = s_start;

@@ -9,13 +9,15 @@ ALG.sliding_window = function(key, L, P, B, now, c)
     local a, b, d = string.match(value, '^sliding_window:(%d+):(%d+):(%d+)$')
     if a ~= nil then
       local s_ws, s_prev, s_curr = tonumber(a), tonumber(b), tonumber(d)
-      if s_ws == ws then
+      if s_ws == ws or (s_ws > ws and s_ws <= now) then
+        -- The same window; or a start between ws and now, which only a
+        -- policy whose period changed leaves: its counts are recent, so
+        -- they all count.
         prev, curr = s_prev, s_curr
       elseif s_ws + P == ws then
         prev, curr = s_curr, 0
       elseif s_ws > now then
-        -- The clock went back. (A start between ws and now can only be
-        -- left by a policy whose period changed: no state, below.)
+        -- The clock went back.
         lag, ws, t = s_ws - now, s_ws, s_ws
         prev, curr = s_prev, s_curr
       end
