@@ -68,6 +68,7 @@ async fn spoofed_forwarded_for_does_not_change_the_key<St: Store>(store: St) {
     let layer = RateLimitLayer::builder(store)
         .policy(Policy::per_minute(3).name("e2e").build().unwrap())
         .key(ClientIp::trusting(["10.0.0.0/8".parse().unwrap()]))
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let addr = serve(layer).await;
@@ -122,6 +123,7 @@ async fn trusted_proxy_header_sets_the_key<St: Store>(store: St) {
     let layer = RateLimitLayer::builder(store)
         .policy(Policy::per_minute(1).name("e2e").build().unwrap())
         .key(ClientIp::trusting(["127.0.0.1/32".parse().unwrap()]))
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let addr = serve(layer).await;
@@ -176,6 +178,7 @@ async fn redis_two_instances_share_one_limit() {
         let layer = RateLimitLayer::builder(store)
             .policy(Policy::per_minute(4).name("e2e").build().unwrap())
             .key(ClientIp::trusting([]))
+            .info_in_extensions(true)
             .build()
             .unwrap();
         addrs.push(serve(layer).await);

@@ -1,2 +1,317 @@
-//! placeholder
-fn main() {}
+//! Requests per second and latency of a hello-world Axum server: bare, with
+//! the rate-limit layer on the memory store, and with the layer on Redis,
+//! under one in-process HTTP/1.1 load generator (Hyper client, a fixed
+//! number of keep-alive connections each with one request in flight).
+//!
+//! Run with `cargo xtask bench http`, or
+//! `TOLLGATE_REDIS_URL=redis://127.0.0.1:6379 cargo bench -p tollgate-tower --bench http_throughput`.
+//! Without `TOLLGATE_REDIS_URL` the Redis column is skipped. Tune with
+//! `TOLLGATE_BENCH_SECS` (seconds per measurement, default 2),
+//! `TOLLGATE_BENCH_ROUNDS` (default 5; the configurations take turns, and
+//! medians over rounds are reported, the ratio as the median of per-round
+//! ratios to the bare server) and `TOLLGATE_BENCH_CONCURRENCY`
+//! (connections, default 64).
+//!
+//! The policy is far above the offered load (one million per second per
+//! client), so every request is checked and admitted: the numbers show the
+//! cost of the check, not of rejections. Each connection is one client
+//! (`x-client-id` header), so the store sees as many keys as connections.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use http::{HeaderName, Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use tollgate_core::{MemoryStore, Policy, Store};
+use tollgate_redis::RedisStore;
+use tollgate_tower::{Header, RateLimitLayer};
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn policy() -> Policy {
+    // Policy values are constants that always validate.
+    Policy::per_second(1_000_000)
+        .name("bench")
+        .build()
+        .expect("valid policy")
+}
+
+fn app() -> Router {
+    Router::new().route("/", get(|| async { "Hello, World!" }))
+}
+
+fn limited<St: Store>(store: St) -> Router {
+    let layer = RateLimitLayer::builder(store)
+        .policy(policy())
+        .key(Header::new(HeaderName::from_static("x-client-id")))
+        .build()
+        .expect("valid layer");
+    app().layer(layer)
+}
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("local addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await;
+    });
+    addr
+}
+
+#[derive(Debug, Default)]
+struct Run {
+    requests: u64,
+    errors: u64,
+    elapsed: Duration,
+    /// Microseconds per request.
+    latencies: Vec<u32>,
+}
+
+impl Run {
+    fn per_second(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn percentile(&mut self, p: f64) -> Duration {
+        if self.latencies.is_empty() {
+            return Duration::ZERO;
+        }
+        self.latencies.sort_unstable();
+        let rank = ((self.latencies.len() as f64) * p).ceil() as usize;
+        Duration::from_micros(u64::from(
+            self.latencies[rank.clamp(1, self.latencies.len()) - 1],
+        ))
+    }
+}
+
+/// One keep-alive connection sending requests back to back until `end`.
+async fn connection(addr: SocketAddr, client_id: usize, end: Instant) -> Run {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let client_id = format!("client-{client_id}");
+    let mut run = Run::default();
+    let start = Instant::now();
+    while Instant::now() < end {
+        let request = Request::get("/")
+            .header("host", "127.0.0.1")
+            .header("x-client-id", &client_id)
+            .body(Empty::<Bytes>::new())
+            .expect("valid request");
+        let sent = Instant::now();
+        let ok = match sender.send_request(request).await {
+            Ok(response) => {
+                let status = response.status();
+                let body = response.into_body().collect().await;
+                status == StatusCode::OK && body.is_ok()
+            }
+            Err(_) => false,
+        };
+        run.latencies
+            .push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX));
+        run.requests += 1;
+        if !ok {
+            run.errors += 1;
+            break;
+        }
+    }
+    run.elapsed = start.elapsed();
+    run
+}
+
+async fn load(addr: SocketAddr, concurrency: usize, duration: Duration) -> Run {
+    let end = Instant::now() + duration;
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|i| tokio::spawn(connection(addr, i, end)))
+        .collect();
+    let mut total = Run::default();
+    for task in tasks {
+        let run = task.await.expect("load task");
+        total.requests += run.requests;
+        total.errors += run.errors;
+        total.elapsed = total.elapsed.max(run.elapsed);
+        total.latencies.extend(run.latencies);
+    }
+    total
+}
+
+struct Target {
+    name: &'static str,
+    addr: SocketAddr,
+    /// Per round: req/s, p50, p99, errors.
+    rounds: Vec<(f64, Duration, Duration, u64)>,
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+impl Target {
+    fn median_of(&self, f: impl Fn(&(f64, Duration, Duration, u64)) -> f64) -> f64 {
+        median(self.rounds.iter().map(f).collect())
+    }
+
+    /// The median over rounds of this target's throughput relative to the
+    /// bare server's in the same round (robust to load that drifts between
+    /// rounds).
+    fn median_ratio(&self, bare: &Target) -> f64 {
+        median(
+            self.rounds
+                .iter()
+                .zip(&bare.rounds)
+                .map(|(t, b)| t.0 / b.0)
+                .collect(),
+        )
+    }
+}
+
+/// Nanoseconds per request through the Router in process (no network):
+/// the CPU cost of the layer on its own.
+async fn in_process_ns(app: Router, iterations: u32) -> f64 {
+    use tower::ServiceExt;
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let start = Instant::now();
+        for i in 0..iterations {
+            let request = Request::get("/")
+                .header("x-client-id", CLIENT_IDS[i as usize % CLIENT_IDS.len()])
+                .body(axum::body::Body::empty())
+                .expect("valid request");
+            let response = app.clone().oneshot(request).await.expect("infallible");
+            assert_eq!(response.status(), StatusCode::OK);
+        }
+        best = best.min(start.elapsed().as_secs_f64() * 1e9 / f64::from(iterations));
+    }
+    best
+}
+
+const CLIENT_IDS: [&str; 8] = ["c0", "c1", "c2", "c3", "c4", "c5", "c6", "c7"];
+
+async fn bench() {
+    let secs: f64 = env_or("TOLLGATE_BENCH_SECS", 2.0);
+    let rounds: usize = env_or("TOLLGATE_BENCH_ROUNDS", 5).max(1);
+    let concurrency: usize = env_or("TOLLGATE_BENCH_CONCURRENCY", 64).max(1);
+    let duration = Duration::from_secs_f64(secs);
+
+    let mut targets = vec![
+        Target {
+            name: "bare",
+            addr: serve(app()).await,
+            rounds: Vec::new(),
+        },
+        Target {
+            name: "layer + MemoryStore",
+            addr: serve(limited(MemoryStore::new())).await,
+            rounds: Vec::new(),
+        },
+    ];
+    match std::env::var("TOLLGATE_REDIS_URL") {
+        Ok(url) if !url.is_empty() => {
+            let nanos = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            let store = RedisStore::builder()
+                .url(&url)
+                .prefix(format!("bench-http-{nanos}"))
+                .pool_size(16)
+                .build()
+                .await
+                .expect("valid Redis configuration");
+            store
+                .ping()
+                .await
+                .unwrap_or_else(|e| panic!("cannot reach Redis at {url}: {e}"));
+            targets.push(Target {
+                name: "layer + RedisStore",
+                addr: serve(limited(store)).await,
+                rounds: Vec::new(),
+            });
+        }
+        _ => eprintln!(
+            "TOLLGATE_REDIS_URL is not set: skipping RedisStore (run `cargo xtask bench http`)"
+        ),
+    }
+
+    println!(
+        "http_throughput: hello-world Axum, {concurrency} keep-alive HTTP/1.1 connections, {secs} s x {rounds} rounds per configuration, {} worker threads",
+        tokio::runtime::Handle::current().metrics().num_workers()
+    );
+    for target in &targets {
+        // Warm up connections, allocator and (for Redis) the script cache.
+        let _ = load(target.addr, concurrency, Duration::from_millis(500)).await;
+    }
+    for round in 0..rounds {
+        for target in &mut targets {
+            let mut run = load(target.addr, concurrency, duration).await;
+            let (p50, p99) = (run.percentile(0.50), run.percentile(0.99));
+            eprintln!(
+                "  round {} {:<20} {:>10.0} req/s  p50 {:>8?}  p99 {:>8?}",
+                round + 1,
+                target.name,
+                run.per_second(),
+                p50,
+                p99
+            );
+            target.rounds.push((run.per_second(), p50, p99, run.errors));
+        }
+    }
+
+    println!();
+    println!("| configuration | req/s | p50 | p99 | vs bare | errors |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for target in &targets {
+        println!(
+            "| {} | {:.0} | {:.0} µs | {:.0} µs | {:.2}x | {} |",
+            target.name,
+            target.median_of(|r| r.0),
+            target.median_of(|r| r.1.as_secs_f64() * 1e6),
+            target.median_of(|r| r.2.as_secs_f64() * 1e6),
+            target.median_ratio(&targets[0]),
+            target.rounds.iter().map(|r| r.3).sum::<u64>()
+        );
+    }
+    println!("(medians over rounds; \"vs bare\" is the median of per-round ratios)");
+
+    let bare_ns = in_process_ns(app(), 200_000).await;
+    let memory_ns = in_process_ns(limited(MemoryStore::new()), 200_000).await;
+    println!();
+    println!(
+        "in process, no network: bare Router {bare_ns:.0} ns/request, with the layer on MemoryStore {memory_ns:.0} ns/request (+{:.0} ns)",
+        memory_ns - bare_ns
+    );
+    let memory = targets[1].median_ratio(&targets[0]);
+    println!();
+    println!(
+        "memory-store layer keeps {:.2}x of the bare throughput (goal: at least 0.90x): {}",
+        memory,
+        if memory >= 0.9 { "met" } else { "NOT met" }
+    );
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; this harness takes no arguments.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(bench());
+}

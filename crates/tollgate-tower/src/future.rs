@@ -42,9 +42,8 @@ pin_project! {
             #[pin]
             check: C,
             // Started at the first `Pending`, so a store that answers at once
-            // never touches the timer.
-            #[pin]
-            timer: Option<Sleep>,
+            // never touches the timer (boxed: the fast path stays small).
+            timer: Option<Pin<Box<Sleep>>>,
         },
         Fallback {
             #[pin]
@@ -52,8 +51,7 @@ pin_project! {
         },
         Wait {
             until: Instant,
-            #[pin]
-            sleep: Option<Sleep>,
+            sleep: Option<Pin<Box<Sleep>>>,
             then: Option<Then>,
         },
         Inner {
@@ -204,7 +202,7 @@ where
                     let response = response.take().unwrap_or_else(missing_request);
                     return Poll::Ready(Ok(response.map(RateLimitBody::own)));
                 }
-                StateProj::Check { check, mut timer } => {
+                StateProj::Check { check, timer } => {
                     let Some(pending) = this.pending.as_mut() else {
                         return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
                     };
@@ -215,12 +213,10 @@ where
                             result,
                         ),
                         Poll::Pending => {
-                            if timer.is_none() {
-                                timer.set(Some(tokio::time::sleep(pending.shared.timeout)));
-                            }
-                            if let Some(timer) = timer.as_pin_mut() {
-                                ready!(timer.poll(cx));
-                            }
+                            let timer = timer.get_or_insert_with(|| {
+                                Box::pin(tokio::time::sleep(pending.shared.timeout))
+                            });
+                            ready!(timer.as_mut().poll(cx));
                             pending
                                 .shared
                                 .on_timeout(&mut pending.ticket, pending.request.extensions_mut())
@@ -238,17 +234,11 @@ where
                         result,
                     )
                 }
-                StateProj::Wait {
-                    until,
-                    mut sleep,
-                    then,
-                } => {
-                    if sleep.is_none() {
-                        sleep.set(Some(tokio::time::sleep_until(*until)));
-                    }
-                    if let Some(sleep) = sleep.as_pin_mut() {
-                        ready!(sleep.poll(cx));
-                    }
+                StateProj::Wait { until, sleep, then } => {
+                    let until = *until;
+                    let sleep =
+                        sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+                    ready!(sleep.as_mut().poll(cx));
                     let Some(pending) = this.pending.as_mut() else {
                         return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
                     };

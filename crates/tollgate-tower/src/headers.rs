@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use tollgate_core::{Decision, Policy, Verdict};
 
@@ -64,22 +65,59 @@ fn reset_secs(decision: &Decision) -> u64 {
     ceil_secs(decision.retry_after().unwrap_or(decision.reset_after()))
 }
 
-/// `RateLimit: "burst";r=0;t=1, "daily";r=998;t=86400`.
-pub(crate) fn ratelimit_value(policies: &[Policy], verdict: &Verdict) -> Option<HeaderValue> {
-    let mut out = String::new();
-    for (policy, decision) in policies.iter().zip(verdict.decisions()) {
-        if !out.is_empty() {
-            out.push_str(", ");
+/// Appends the decimal digits of `n` (without `core::fmt`: this runs on
+/// every request).
+fn push_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        // `n % 10` is below 10, so the cast cannot truncate.
+        #[allow(clippy::cast_possible_truncation)]
+        let digit = (n % 10) as u8;
+        digits[i] = b'0' + digit;
+        n /= 10;
+        if n == 0 {
+            break;
         }
-        let _ = write!(
-            out,
-            "\"{}\";r={};t={}",
-            policy.name(),
-            decision.remaining(),
-            reset_secs(decision)
-        );
     }
-    HeaderValue::from_str(&out).ok()
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// The number of decimal digits of `n`.
+fn digits(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |log| log as usize + 1)
+}
+
+/// `"<name>";r=` for each policy, computed once per tier.
+pub(crate) fn ratelimit_prefixes(policies: &[Policy]) -> Box<[Box<str>]> {
+    policies
+        .iter()
+        .map(|policy| format!("\"{}\";r=", policy.name()).into_boxed_str())
+        .collect()
+}
+
+/// `RateLimit: "burst";r=0;t=1, "daily";r=998;t=86400`, from the tier's
+/// [`ratelimit_prefixes`].
+pub(crate) fn ratelimit_value(prefixes: &[Box<str>], verdict: &Verdict) -> Option<HeaderValue> {
+    // The exact length, so the buffer becomes a `Bytes` without a second
+    // allocation.
+    let len: usize = prefixes
+        .iter()
+        .zip(verdict.decisions())
+        .map(|(prefix, d)| prefix.len() + digits(d.remaining()) + 3 + digits(reset_secs(d)) + 2)
+        .sum();
+    let mut out = Vec::with_capacity(len.saturating_sub(2));
+    for (prefix, decision) in prefixes.iter().zip(verdict.decisions()) {
+        if !out.is_empty() {
+            out.extend_from_slice(b", ");
+        }
+        out.extend_from_slice(prefix.as_bytes());
+        push_u64(&mut out, decision.remaining());
+        out.extend_from_slice(b";t=");
+        push_u64(&mut out, reset_secs(decision));
+    }
+    HeaderValue::from_maybe_shared(Bytes::from(out)).ok()
 }
 
 /// The headers a response gets, computed once per request.
@@ -94,7 +132,7 @@ pub(crate) struct RateLimitHeaders {
 impl RateLimitHeaders {
     /// `policy_header` is the tier's precomputed `RateLimit-Policy` value.
     pub(crate) fn new(
-        policies: &[Policy],
+        prefixes: &[Box<str>],
         policy_header: Option<&HeaderValue>,
         verdict: &Verdict,
         legacy: bool,
@@ -112,7 +150,7 @@ impl RateLimitHeaders {
             });
         Self {
             policy: policy_header.cloned(),
-            ratelimit: ratelimit_value(policies, verdict),
+            ratelimit: ratelimit_value(prefixes, verdict),
             legacy,
             retry_after: verdict
                 .retry_after()
@@ -122,10 +160,9 @@ impl RateLimitHeaders {
 
     /// Adds the headers a response does not already have.
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
+        headers.reserve(3);
         let mut set = |name: &HeaderName, value: HeaderValue| {
-            if !headers.contains_key(name) {
-                headers.insert(name.clone(), value);
-            }
+            headers.entry(name.clone()).or_insert(value);
         };
         if let Some(value) = self.policy {
             set(&RATELIMIT_POLICY, value);
@@ -160,6 +197,16 @@ mod tests {
     }
 
     #[test]
+    fn decimal_digits() {
+        for n in [0, 7, 10, 99, 1234567890, u64::MAX] {
+            let mut out = Vec::new();
+            push_u64(&mut out, n);
+            assert_eq!(out, n.to_string().as_bytes());
+            assert_eq!(digits(n), out.len());
+        }
+    }
+
+    #[test]
     fn rounding_is_upward() {
         assert_eq!(ceil_secs(Duration::ZERO), 0);
         assert_eq!(ceil_secs(Duration::from_nanos(1)), 1);
@@ -180,7 +227,7 @@ mod tests {
         ]);
         let policy = policy_value(&policies()).unwrap();
         assert_eq!(policy, "\"burst\";q=10;w=1, \"odd.window\";q=5;w=2");
-        let rate = ratelimit_value(&policies(), &verdict).unwrap();
+        let rate = ratelimit_value(&ratelimit_prefixes(&policies()), &verdict).unwrap();
         assert_eq!(rate, "\"burst\";r=0;t=1, \"odd.window\";r=0;t=2");
         for value in [policy, rate] {
             let list = sfv::Parser::new(value.to_str().unwrap())
@@ -188,7 +235,7 @@ mod tests {
                 .unwrap();
             assert_eq!(list.len(), 2);
         }
-        let headers = RateLimitHeaders::new(&policies(), None, &verdict, true);
+        let headers = RateLimitHeaders::new(&ratelimit_prefixes(&policies()), None, &verdict, true);
         assert_eq!(headers.retry_after.unwrap(), "2");
         let [limit, remaining, reset] = *headers.legacy.unwrap();
         assert_eq!(
@@ -207,7 +254,7 @@ mod tests {
         let mut map = HeaderMap::new();
         map.insert(&RATELIMIT, HeaderValue::from_static("custom"));
         RateLimitHeaders::new(
-            &policies()[..1],
+            &ratelimit_prefixes(&policies()[..1]),
             policy_value(&policies()[..1]).as_ref(),
             &verdict,
             false,

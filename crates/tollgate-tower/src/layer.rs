@@ -13,7 +13,7 @@ use tower_layer::Layer;
 use crate::breaker::Breaker;
 use crate::config::{ConfigError, FailurePolicy, HeaderMode, MissingKey, Mode};
 use crate::deny_cache::DenyCache;
-use crate::headers::policy_value;
+use crate::headers::{policy_value, ratelimit_prefixes};
 use crate::key::{KeyExtractor, PeerIp};
 use crate::response::LimitedBody;
 use crate::{RateLimit, RateLimitInfo};
@@ -37,6 +37,8 @@ pub(crate) struct Tier {
     pub(crate) policies: Arc<[Policy]>,
     /// The precomputed `RateLimit-Policy` value.
     pub(crate) policy_header: Option<HeaderValue>,
+    /// The precomputed start of each policy's `RateLimit` item.
+    pub(crate) ratelimit_prefixes: Box<[Box<str>]>,
     #[cfg(feature = "metrics")]
     pub(crate) metric_names: Box<[Arc<str>]>,
 }
@@ -59,6 +61,7 @@ impl Tier {
         Ok(Self {
             name: name.into(),
             policy_header: policy_value(&policies),
+            ratelimit_prefixes: ratelimit_prefixes(&policies),
             #[cfg(feature = "metrics")]
             metric_names: policies.iter().map(|p| Arc::from(p.name())).collect(),
             policies: policies.into(),
@@ -84,6 +87,7 @@ pub(crate) struct Shared<St, K> {
     pub(crate) missing_key: MissingKey,
     pub(crate) header_mode: HeaderMode,
     pub(crate) legacy_headers: bool,
+    pub(crate) info_in_extensions: bool,
     pub(crate) body: LimitedBody,
 }
 
@@ -101,6 +105,7 @@ impl<St, K> fmt::Debug for Shared<St, K> {
             .field("missing_key", &self.missing_key)
             .field("header_mode", &self.header_mode)
             .field("legacy_headers", &self.legacy_headers)
+            .field("info_in_extensions", &self.info_in_extensions)
             .field("body", &self.body)
             .finish_non_exhaustive()
     }
@@ -193,6 +198,7 @@ impl<St: Store> RateLimitLayer<St, PeerIp> {
                 tiers: Box::new([Tier {
                     name: DEFAULT_TIER.into(),
                     policy_header: policy_value(std::slice::from_ref(&policy)),
+                    ratelimit_prefixes: ratelimit_prefixes(std::slice::from_ref(&policy)),
                     #[cfg(feature = "metrics")]
                     metric_names: Box::new([Arc::from(policy.name())]),
                     policies: Arc::new([policy]),
@@ -207,6 +213,7 @@ impl<St: Store> RateLimitLayer<St, PeerIp> {
                 missing_key: MissingKey::default(),
                 header_mode: HeaderMode::default(),
                 legacy_headers: false,
+                info_in_extensions: false,
                 body: LimitedBody::default(),
             }),
         }
@@ -236,6 +243,7 @@ impl<St: Store> RateLimitLayer<St, PeerIp> {
             missing_key: MissingKey::default(),
             header_mode: HeaderMode::default(),
             legacy_headers: false,
+            info_in_extensions: false,
             body: LimitedBody::default(),
         }
     }
@@ -294,6 +302,7 @@ pub struct RateLimitLayerBuilder<St, K> {
     missing_key: MissingKey,
     header_mode: HeaderMode,
     legacy_headers: bool,
+    info_in_extensions: bool,
     body: LimitedBody,
 }
 
@@ -341,6 +350,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
             missing_key: self.missing_key,
             header_mode: self.header_mode,
             legacy_headers: self.legacy_headers,
+            info_in_extensions: self.info_in_extensions,
             body: self.body,
         }
     }
@@ -474,6 +484,15 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
         self
     }
 
+    /// Puts a [`RateLimitInfo`] (key, tier, policies, verdict) in the
+    /// extensions of every admitted request, for handlers that show the
+    /// remaining quota (off by default: it costs an allocation per request;
+    /// in [`Mode::DryRun`] the info is always there).
+    pub fn info_in_extensions(mut self, enabled: bool) -> Self {
+        self.info_in_extensions = enabled;
+        self
+    }
+
     /// Answers limited HTTP requests with an RFC 9457
     /// `application/problem+json` document instead of plain text.
     pub fn problem_json(mut self) -> Self {
@@ -547,6 +566,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
                 missing_key: self.missing_key,
                 header_mode: self.header_mode,
                 legacy_headers: self.legacy_headers,
+                info_in_extensions: self.info_in_extensions,
                 body: self.body,
             }),
         })

@@ -36,6 +36,7 @@
 //! | the store is down | [`FailurePolicy`], [`RateLimitLayerBuilder::check_timeout`], [`RateLimitLayerBuilder::circuit_breaker`] |
 //! | requests without a key | [`MissingKey`] |
 //! | headers and bodies | [`HeaderMode`], [`RateLimitLayerBuilder::legacy_headers`], [`RateLimitLayerBuilder::problem_json`], [`RateLimitLayerBuilder::on_limited`] |
+//! | the decision in handlers | [`RateLimitLayerBuilder::info_in_extensions`], [`RateLimitInfo`] |
 //!
 //! The layer needs a Tokio runtime with timers (for the check timeout and
 //! for waits). Features: `axum` (`ConnectInfo` peer addresses and

@@ -112,7 +112,6 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             tracing::debug!("store skipped: circuit breaker open");
             return self.on_failure(ticket, extensions);
         }
-        ticket.sent = Instant::now();
         ticket.fallback = false;
         let tier = self.tier(ticket);
         Next::Check(self.store.check(&ticket.key, &tier.policies, ticket.cost))
@@ -143,6 +142,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 }
             };
         }
+        #[cfg(feature = "metrics")]
         observe::store_latency(tier, ticket.sent.elapsed());
         match result {
             Ok(verdict) => {
@@ -186,7 +186,6 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             )),
             FailurePolicy::Fallback(store) => {
                 ticket.fallback = true;
-                ticket.sent = Instant::now();
                 let tier = self.tier(ticket);
                 Next::Fallback(store.check(&ticket.key, &tier.policies, ticket.cost))
             }
@@ -201,7 +200,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         };
         let mut headers = if fields {
             RateLimitHeaders::new(
-                &tier.policies,
+                &tier.ratelimit_prefixes,
                 tier.policy_header.as_ref(),
                 verdict,
                 self.legacy_headers,
@@ -246,7 +245,6 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         verdict: Verdict,
     ) -> Next<St> {
         let tier = self.tier(ticket);
-        let now = Instant::now();
         if verdict.is_allowed() {
             observe::allowed(tier);
             let delay = verdict.delay();
@@ -254,10 +252,17 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 extensions.insert(self.info(ticket, verdict));
                 return Next::Forward(None);
             }
-            if !delay.is_zero()
-                && ticket
-                    .deadline
-                    .is_some_and(|deadline| now + delay > deadline)
+            if delay.is_zero() {
+                let headers = self.headers(tier, &verdict, false);
+                if self.info_in_extensions {
+                    extensions.insert(self.info(ticket, verdict));
+                }
+                return Next::Forward(Some(headers));
+            }
+            let now = Instant::now();
+            if ticket
+                .deadline
+                .is_some_and(|deadline| now + delay > deadline)
             {
                 tracing::debug!(
                     ?delay,
@@ -266,13 +271,11 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 return self.limited(ticket, delayed_as_denied(&verdict));
             }
             let headers = self.headers(tier, &verdict, false);
-            extensions.insert(self.info(ticket, verdict));
-            if delay.is_zero() {
-                Next::Forward(Some(headers))
-            } else {
-                tracing::trace!(?delay, "queued");
-                Next::Wait(now + delay, Then::Forward(Some(headers)))
+            if self.info_in_extensions {
+                extensions.insert(self.info(ticket, verdict));
             }
+            tracing::trace!(?delay, "queued");
+            Next::Wait(now + delay, Then::Forward(Some(headers)))
         } else {
             match self.mode {
                 Mode::DryRun => {
@@ -283,6 +286,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                     Next::Forward(None)
                 }
                 Mode::Shape { .. } => {
+                    let now = Instant::now();
                     let retry = verdict.retry_after().unwrap_or_default();
                     match ticket.deadline {
                         Some(deadline) if now + retry <= deadline => {
@@ -305,7 +309,10 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         then: Then,
     ) -> Next<St> {
         match then {
-            Then::Recheck => self.ask_store(ticket, extensions),
+            Then::Recheck => {
+                ticket.sent = Instant::now();
+                self.ask_store(ticket, extensions)
+            }
             Then::Forward(headers) => Next::Forward(headers),
         }
     }

@@ -8,8 +8,6 @@
 //! | `tollgate_store_errors_total` | counter | `policy` |
 //! | `tollgate_store_latency_seconds` | histogram | `policy` |
 
-use std::time::Duration;
-
 use tollgate_core::Verdict;
 
 use crate::layer::Tier;
@@ -59,8 +57,8 @@ pub(crate) fn store_error(tier: &Tier) {
     let _ = tier;
 }
 
-pub(crate) fn store_latency(tier: &Tier, latency: Duration) {
-    #[cfg(feature = "metrics")]
+#[cfg(feature = "metrics")]
+pub(crate) fn store_latency(tier: &Tier, latency: std::time::Duration) {
     each_policy(tier, |policy| {
         metrics::histogram!("tollgate_store_latency_seconds", "policy" => policy)
             .record(latency.as_secs_f64());

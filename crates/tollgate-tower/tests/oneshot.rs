@@ -184,7 +184,11 @@ fn sf_list(value: &str) -> sfv::List {
 
 #[tokio::test]
 async fn enforce_admits_the_limit_then_answers_429_with_headers() {
-    let app = app(RateLimitLayer::new(MemoryStore::new(), policy(3, "api")));
+    let app = app(RateLimitLayer::builder(MemoryStore::new())
+        .policy(policy(3, "api"))
+        .info_in_extensions(true)
+        .build()
+        .unwrap());
     for remaining in (0..3).rev() {
         let (status, headers, body) = send(&app, get_from("192.0.2.1")).await;
         assert_eq!(status, StatusCode::OK);
@@ -256,6 +260,14 @@ async fn enforce_admits_the_limit_then_answers_429_with_headers() {
 }
 
 #[tokio::test]
+async fn info_is_in_the_extensions_only_when_asked() {
+    let app = app(RateLimitLayer::new(MemoryStore::new(), policy(3, "api")));
+    let (status, headers, body) = send(&app, get_from("192.0.2.1")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "no info"));
+    assert!(headers.contains_key("ratelimit"));
+}
+
+#[tokio::test]
 async fn retry_after_rounds_up_to_whole_seconds() {
     // 2 per 3 s: after two, the next permit is 1.5 s away -> "2".
     let p = Policy::per(2, Duration::from_secs(3))
@@ -277,6 +289,7 @@ async fn several_policies_are_checked_atomically() {
     let layer = RateLimitLayer::builder(store.clone())
         .policy(policy(2, "short"))
         .policy(daily.clone())
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let app = app(layer);
@@ -324,6 +337,7 @@ async fn cost_function() {
                 .and_then(|v| v.to_str().ok()?.parse().ok())
                 .unwrap_or(1)
         })
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let app = app(layer);
@@ -363,6 +377,7 @@ async fn tiers_are_chosen_per_request() {
         .policy(policy(1, "free"))
         .tier("pro", [policy(3, "pro")])
         .tier_by(|parts| parts.extensions.get::<Plan>().map(|Plan::Pro| "pro"))
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let app = app(layer);
@@ -393,6 +408,7 @@ async fn dry_run_never_rejects_and_tells_the_handler() {
     let layer = RateLimitLayer::builder(MemoryStore::new())
         .policy(policy(1, "api"))
         .dry_run()
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let app = app(layer);
@@ -423,6 +439,7 @@ async fn shape_waits_for_the_retry_time_within_max_wait() {
         .policy(p)
         .shape(Duration::from_secs(2))
         .deny_cache(0)
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let app = app(layer);
@@ -444,6 +461,7 @@ async fn shape_rejects_beyond_max_wait() {
     let layer = RateLimitLayer::builder(paused_store())
         .policy(p)
         .shape(Duration::from_secs(5))
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let app = app(layer);
@@ -504,6 +522,7 @@ async fn fail_closed_answers_503_and_grpc_14() {
     let layer = RateLimitLayer::builder(store)
         .policy(policy(1, "api"))
         .on_store_failure(FailurePolicy::FailClosed)
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let app = app(layer);
@@ -528,6 +547,7 @@ async fn fallback_store_limits_while_the_store_is_down() {
         .policy(policy(2, "api"))
         .on_store_failure(FailurePolicy::fallback(MemoryStore::new()))
         .circuit_breaker(0, Duration::ZERO)
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let app = app(layer);
@@ -559,6 +579,7 @@ async fn hanging_store_times_out_into_the_failure_policy() {
         .policy(policy(1, "api"))
         .check_timeout(Duration::from_millis(50))
         .on_store_failure(FailurePolicy::FailClosed)
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let app = app(layer);
@@ -577,6 +598,7 @@ async fn circuit_breaker_stops_asking_a_failing_store() {
     let layer = RateLimitLayer::builder(store)
         .policy(policy(100, "api"))
         .circuit_breaker(3, Duration::from_secs(1))
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let app = app(layer);
@@ -609,7 +631,11 @@ async fn circuit_breaker_stops_asking_a_failing_store() {
 async fn deny_cache_answers_locally_until_the_retry_time() {
     let (store, calls) = Counting::new(paused_store());
     let p = Policy::per_second(1).name("api").build().unwrap();
-    let layer = RateLimitLayer::builder(store).policy(p).build().unwrap();
+    let layer = RateLimitLayer::builder(store)
+        .policy(p)
+        .info_in_extensions(true)
+        .build()
+        .unwrap();
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(layer);
@@ -651,6 +677,7 @@ async fn deny_cache_lets_smaller_costs_through_to_the_store() {
     let layer = RateLimitLayer::builder(store)
         .policy(p)
         .cost(|parts| parts.uri.query().and_then(|q| q.parse().ok()).unwrap_or(1))
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let app = Router::new()
@@ -683,6 +710,7 @@ async fn reset_clears_the_store_and_the_deny_cache() {
     let (store, calls) = Counting::new(MemoryStore::new());
     let layer = RateLimitLayer::builder(store)
         .policy(policy(1, "api"))
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let app = app(layer.clone());
@@ -716,6 +744,7 @@ async fn missing_key_reject_skip_and_fallback() {
             StatusCode::UNAUTHORIZED,
             "send a bearer token\n",
         ))
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let (status, _, body) = send(&app(layer), no_peer()).await;
@@ -727,6 +756,7 @@ async fn missing_key_reject_skip_and_fallback() {
     let layer = RateLimitLayer::builder(MemoryStore::new())
         .policy(policy(1, "api"))
         .on_missing_key(MissingKey::Skip)
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let app2 = app(layer);
@@ -739,6 +769,7 @@ async fn missing_key_reject_skip_and_fallback() {
     let layer = RateLimitLayer::builder(MemoryStore::new())
         .policy(policy(1, "api"))
         .on_missing_key(MissingKey::fallback("anonymous"))
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let app3 = app(layer);
@@ -759,6 +790,7 @@ async fn key_of<K: KeyExtractor>(key: K, request: Request<Body>) -> String {
         .policy(policy(100, "api"))
         .key(key)
         .on_missing_key(MissingKey::reject(StatusCode::IM_A_TEAPOT, "no key"))
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let (status, _, body) = send(&app(layer), request).await;
@@ -917,6 +949,7 @@ async fn matched_route_limits_each_route_separately() {
     let layer = RateLimitLayer::builder(MemoryStore::new())
         .policy(policy(1, "api"))
         .key((MatchedRoute, Method))
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let app = app(layer);
@@ -1028,6 +1061,7 @@ async fn problem_json_and_custom_responses() {
     let layer = RateLimitLayer::builder(MemoryStore::new())
         .policy(policy(1, "api"))
         .problem_json()
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let app1 = app(layer);
@@ -1051,6 +1085,7 @@ async fn problem_json_and_custom_responses() {
                 .body(format!("busy {}", info.binding_policy()))
                 .unwrap()
         })
+        .info_in_extensions(true)
         .build()
         .unwrap();
     let app2 = app(layer);

@@ -123,6 +123,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
             Plan::Free => None,
         })
         .legacy_headers(true)
+        .info_in_extensions(true)
         .build()?;
 
     // The last layer added runs first: per token, then authenticate, then
