@@ -12,6 +12,7 @@
 //! reuse it. xtask is std-only, so it compiles in seconds.
 
 mod args;
+mod long;
 mod redis;
 mod resp;
 
@@ -58,6 +59,9 @@ pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(code) = long::dispatch(&args) {
+        return code;
+    }
     let invocation = match args::parse(&args) {
         Ok(invocation) => invocation,
         Err(error) => {

@@ -4,14 +4,14 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{HeaderName, Request, Response, StatusCode};
 use tokio::task::JoinHandle;
 use tollgate_core::Store;
-use tollgate_tower::{Header, RateLimitInfo};
+use tollgate_tower::Header;
 use tower::{service_fn, Service, ServiceExt};
 
 use super::counting::{CallRecord, Outcome};
@@ -96,36 +96,26 @@ impl ReplyCounts {
     }
 }
 
-/// The inner service of the scenarios: answers `200`, with
-/// `x-decided: 1` when the layer put a decision in the request extensions
-/// (the store or the fallback decided) and `x-decided: 0` when it let the
-/// request through undecided (fail-open).
+/// The inner service of the scenarios: answers `200` with an empty body.
 pub fn probe_service(
 ) -> impl Service<Request<()>, Response = Response<String>, Error = Infallible, Future = impl Send>
        + Clone
        + Send
        + 'static {
-    service_fn(|request: Request<()>| async move {
-        let decided = request.extensions().get::<RateLimitInfo>().is_some();
-        let mut response = Response::new(String::new());
-        response.headers_mut().insert(
-            "x-decided",
-            http::HeaderValue::from_static(if decided { "1" } else { "0" }),
-        );
-        Ok::<_, Infallible>(response)
-    })
+    service_fn(
+        |_request: Request<()>| async move { Ok::<_, Infallible>(Response::new(String::new())) },
+    )
 }
 
-/// Classifies a response of a layer over [`probe_service`].
+/// Classifies a response of a layer (with the default header mode) over
+/// [`probe_service`]: a forwarded response carries the `RateLimit` field
+/// when the store or the fallback decided, and none when the layer let it
+/// through undecided (fail-open).
 #[must_use]
 pub fn classify<B>(response: &Response<B>) -> Reply {
     match response.status() {
         StatusCode::OK => {
-            if response
-                .headers()
-                .get("x-decided")
-                .is_some_and(|v| v == "1")
-            {
+            if response.headers().contains_key("ratelimit") {
                 Reply::Admitted
             } else {
                 Reply::Passed
@@ -181,11 +171,23 @@ pub struct Load {
 }
 
 impl Load {
-    fn subject(&self, start: Instant, task: usize, n: usize) -> String {
+    fn subject(&self, tag: &str, start: Instant, task: usize, n: usize) -> String {
         let slot = start.elapsed().as_nanos() / self.slot.as_nanos().max(1);
         let index = (task + n * self.tasks) % self.per_slot.max(1);
-        format!("{}-{slot}-{index}", self.prefix)
+        format!("{}-{tag}-{slot}-{index}", self.prefix)
     }
+}
+
+/// A tag no other run of this process or of another process uses, so
+/// subjects of two runs on one server never share state.
+#[must_use]
+pub fn unique_tag() -> String {
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let run = RUNS.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{:x}{nanos:x}{run}", std::process::id())
 }
 
 /// A running load; [`Running::stop`] ends it and returns what it saw.
@@ -224,16 +226,18 @@ where
 {
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
+    let tag: Arc<str> = unique_tag().into();
     let tasks = (0..load.tasks)
         .map(|task| {
             let service = service.clone();
+            let tag = Arc::clone(&tag);
             let stop = Arc::clone(&stop);
             let load = load.clone();
             tokio::spawn(async move {
                 let mut records = Vec::new();
                 let mut n = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    let subject = load.subject(start, task, n);
+                    let subject = load.subject(&tag, start, task, n);
                     n += 1;
                     let sent = Instant::now();
                     let reply = send(&service, request_for(&subject), load.hang).await;
@@ -280,9 +284,11 @@ where
 {
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
+    let tag: Arc<str> = unique_tag().into();
     let tasks = (0..load.tasks)
         .map(|task| {
             let store = Arc::clone(store);
+            let tag = Arc::clone(&tag);
             let policies = Arc::clone(policies);
             let stop = Arc::clone(&stop);
             let load = load.clone();
@@ -293,7 +299,7 @@ where
                 while !stop.load(Ordering::Relaxed) {
                     let subject = match &subject_fn {
                         Some(f) => f(task, n),
-                        None => load.subject(start, task, n),
+                        None => load.subject(&tag, start, task, n),
                     };
                     n += 1;
                     let sent = Instant::now();

@@ -28,8 +28,8 @@ pub use cluster::{
 pub use counting::{CallRecord, CountingStore, FailureKind, Outcome, StoreStats};
 pub use load::{
     classify, gcra_allowance, judge_admission, judge_calls, no_hang, percentile, probe_service,
-    request_for, send, start_layer_load, start_store_load, subject_key, Admission, Load, Reply,
-    ReplyCounts, ReplyRecord, Running, StoreCall, SUBJECT_HEADER,
+    request_for, send, start_layer_load, start_store_load, subject_key, unique_tag, Admission,
+    Load, Reply, ReplyCounts, ReplyRecord, Running, StoreCall, SUBJECT_HEADER,
 };
 pub use report::{ms, table, Row};
 pub use standalone::{

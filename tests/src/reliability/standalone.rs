@@ -445,6 +445,8 @@ pub async fn slow_redis(server: &OwnedRedis, config: &SlowRedis) -> SlowReport {
         .peek(&subject, &policies)
         .await
         .expect("peek before the stall");
+    // Store calls from here on are the ones the stall may affect.
+    let warmed_up = Instant::now();
 
     let url = server.url();
     let stall_ms = config.stall.as_millis().to_string();
@@ -518,23 +520,9 @@ pub async fn slow_redis(server: &OwnedRedis, config: &SlowRedis) -> SlowReport {
         .expect("peek after the stall");
     let charged = before.decisions()[0].remaining() - after.decisions()[0].remaining();
     let log = stats.log();
-    if std::env::var_os("TOLLGATE_DEBUG_SLOW").is_some() {
-        for r in &log {
-            eprintln!(
-                "{:?} sent {:?} took {:?}: {:?}",
-                r.subject,
-                r.sent.saturating_duration_since(stall_started),
-                r.done - r.sent,
-                r.outcome
-            );
-        }
-        eprintln!("before {before:?}\nafter {after:?}");
-    }
     let admitted_after_warmup = log
         .iter()
-        .filter(|r| {
-            r.sent >= stall_started - Duration::from_millis(1) && r.outcome == Outcome::Allowed
-        })
+        .filter(|r| r.sent >= warmed_up && r.outcome == Outcome::Allowed)
         .count() as u64;
     let maybe_ran = log
         .iter()
@@ -585,10 +573,7 @@ pub async fn slow_redis(server: &OwnedRedis, config: &SlowRedis) -> SlowReport {
     );
     row.tried = stalled_requests + 1;
     let mut by_kind: BTreeMap<FailureKind, u64> = BTreeMap::new();
-    for record in log
-        .iter()
-        .filter(|r| r.sent >= stall_started - Duration::from_millis(1))
-    {
+    for record in log.iter().filter(|r| r.sent >= warmed_up) {
         if let Outcome::Failed(kind) = record.outcome {
             *by_kind.entry(kind).or_default() += 1;
         }

@@ -1,0 +1,241 @@
+//! `cargo xtask reliability`: runs every reliability and abuse scenario at
+//! a larger scale than the test suite and prints one table: scenario, what
+//! was done, requests tried, failures by kind, wrong decisions (must be 0),
+//! time to recover. Exits 1 when any decision was wrong.
+//!
+//! Needs (as `cargo xtask reliability` sets them): `TOLLGATE_REDIS_URL`
+//! (a standalone server), `TOLLGATE_REDIS_CLUSTER_NODE_URLS` (every node of
+//! a Cluster whose masters have replicas; it kills masters) and
+//! `redis-server` (`TOLLGATE_REDIS_SERVER` or PATH) for servers of its own.
+//! Run with `cargo xtask reliability`.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use tollgate_redis::RedisStore;
+use tollgate_tests::reliability::{
+    admin, cluster_failover, command, hot_subject, info_field, ipv6_rotation, kill_restart,
+    pool_exhaustion, slot_migration, slow_redis, spoofed_forwarded_for, table, ClusterAdmin,
+    ClusterNode, Failover, FailoverHow, FailureMode, HotSubject, KillRestart, Load, Row,
+    SlotMigration, SlowRedis, Slowdown,
+};
+use tollgate_tests::{redis_url, OwnedRedis};
+
+fn node_urls() -> Vec<String> {
+    std::env::var("TOLLGATE_REDIS_CLUSTER_NODE_URLS")
+        .or_else(|_| std::env::var("TOLLGATE_REDIS_CLUSTER_URLS"))
+        .unwrap_or_else(|_| {
+            panic!("TOLLGATE_REDIS_CLUSTER_NODE_URLS is not set: run `cargo xtask reliability`, which starts a Cluster with replicas")
+        })
+        .split(',')
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Whether the scenario group `name` runs: all by default, or those named
+/// in `RELIABILITY_ONLY` (comma-separated: `killed`, `slow`, `pool`,
+/// `cluster`, `abuse`).
+fn wanted(name: &str) -> bool {
+    std::env::var("RELIABILITY_ONLY").map_or(true, |only| only.split(',').any(|o| o.trim() == name))
+}
+
+fn step(name: &str) {
+    eprintln!("reliability: {name} ...");
+}
+
+/// SIGKILLs the process of a Cluster node (a process `cargo xtask
+/// reliability` started), found by the `process_id` it reports.
+async fn kill_node(node: &ClusterNode) {
+    let mut connection = admin(&node.url).await;
+    let server: String = command(&mut connection, &["INFO", "server"])
+        .await
+        .expect("INFO server");
+    let pid = info_field(&server, "process_id")
+        .expect("process_id in INFO")
+        .to_owned();
+    let status = std::process::Command::new("kill")
+        .args(["-9", &pid])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -9 {pid} failed");
+}
+
+async fn cluster_kill(cluster: &ClusterAdmin, config: &Failover) -> Row {
+    // Find the victim first (the scenario picks the same one: the first
+    // master with a live replica) so its process can be killed by pid.
+    let nodes = cluster.nodes().await;
+    let victim = nodes
+        .iter()
+        .filter(|n| n.master && !n.failed && !n.slots.is_empty())
+        .find(|m| {
+            nodes
+                .iter()
+                .any(|r| r.master_id.as_deref() == Some(&m.id) && !r.failed)
+        })
+        .cloned()
+        .expect("a master with a replica");
+    let handle = tokio::runtime::Handle::current();
+    let report = cluster_failover(cluster, config, |node| {
+        assert_eq!(node.id, victim.id);
+        tokio::task::block_in_place(|| handle.block_on(kill_node(node)));
+    })
+    .await;
+    report.row
+}
+
+async fn killed(rows: &mut Vec<Row>) {
+    for mode in [
+        FailureMode::Open,
+        FailureMode::Closed,
+        FailureMode::Fallback,
+    ] {
+        step(&format!("Redis killed under load ({})", mode.as_str()));
+        let mut server = tokio::task::block_in_place(|| OwnedRedis::start(&[]));
+        let quick = KillRestart::quick(mode);
+        let config = KillRestart {
+            load: Load {
+                tasks: 32,
+                per_slot: 16,
+                ..quick.load.clone()
+            },
+            before: Duration::from_secs(2),
+            down: Duration::from_secs(3),
+            after: Duration::from_secs(3),
+            ..quick
+        };
+        rows.push(kill_restart(&mut server, &config).await.row);
+    }
+}
+
+async fn slow(rows: &mut Vec<Row>) {
+    let cases: [(Slowdown, &[&str]); 2] = [
+        (Slowdown::ClientPause, &[]),
+        (Slowdown::DebugSleep, &["--enable-debug-command", "yes"]),
+    ];
+    for (how, args) in cases {
+        step(&format!("slow Redis ({how:?})"));
+        let server = tokio::task::block_in_place(|| OwnedRedis::start(args));
+        let config = SlowRedis {
+            stall: Duration::from_secs(2),
+            requests: 5_000,
+            breaker: (3, Duration::from_millis(250)),
+            ..SlowRedis::quick(how)
+        };
+        rows.push(slow_redis(&server, &config).await.row);
+    }
+}
+
+async fn cluster(rows: &mut Vec<Row>) {
+    let cluster = ClusterAdmin::new(node_urls());
+    step("Cluster slot migration");
+    let migration = SlotMigration {
+        load: Load {
+            tasks: 16,
+            ..SlotMigration::quick().load
+        },
+        subjects: 40,
+        around: Duration::from_secs(1),
+        ..SlotMigration::quick()
+    };
+    rows.push(slot_migration(&cluster, &migration).await.row);
+
+    let failover = |how| {
+        let quick = Failover::quick(how);
+        Failover {
+            load: Load {
+                tasks: 16,
+                per_slot: 64,
+                ..quick.load.clone()
+            },
+            before: Duration::from_secs(2),
+            after: Duration::from_secs(2),
+            ..quick
+        }
+    };
+    step("Cluster manual failover");
+    rows.push(
+        cluster_failover(&cluster, &failover(FailoverHow::Manual), |_| {})
+            .await
+            .row,
+    );
+    step("Cluster master killed (cluster-require-full-coverage yes, the default)");
+    let mut row = cluster_kill(&cluster, &failover(FailoverHow::Kill)).await;
+    row.scenario.push_str(" (full coverage)");
+    rows.push(row);
+    step("Cluster master killed (cluster-require-full-coverage no)");
+    for node in cluster.nodes().await.iter().filter(|n| !n.failed) {
+        if let Ok(client) = redis::Client::open(node.url.as_str()) {
+            if let Ok(mut connection) = client.get_multiplexed_async_connection().await {
+                let _: redis::RedisResult<()> = command(
+                    &mut connection,
+                    &["CONFIG", "SET", "cluster-require-full-coverage", "no"],
+                )
+                .await;
+            }
+        }
+    }
+    let mut row = cluster_kill(&cluster, &failover(FailoverHow::Kill)).await;
+    row.scenario.push_str(" (partial coverage)");
+    rows.push(row);
+}
+
+async fn abuse(rows: &mut Vec<Row>) {
+    step("hot abusive subject");
+    let server = tokio::task::block_in_place(|| OwnedRedis::start(&[]));
+    let hot = HotSubject {
+        hot_requests: 20_000,
+        concurrency: 32,
+        others: 100,
+        other_requests: 20,
+        ..HotSubject::quick()
+    };
+    rows.push(hot_subject(&server.url(), &hot).await.row);
+
+    step("spoofed client IP and rotating IPv6");
+    let store = |what: &'static str| async move {
+        RedisStore::builder()
+            .url(redis_url())
+            .prefix(format!("tg-rel-{what}-{}", std::process::id()))
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .expect("the store builds")
+    };
+    rows.push(spoofed_forwarded_for(store("spoof").await, 2_000, 10).await);
+    rows.push(ipv6_rotation(store("v6").await, 2_000, 10).await);
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+async fn main() -> ExitCode {
+    let started = Instant::now();
+    let mut rows = Vec::new();
+    if wanted("killed") {
+        killed(&mut rows).await;
+    }
+    if wanted("slow") {
+        slow(&mut rows).await;
+    }
+    if wanted("pool") {
+        step("pool exhausted");
+        rows.push(pool_exhaustion(500).await.row);
+    }
+    if wanted("cluster") {
+        cluster(&mut rows).await;
+    }
+    if wanted("abuse") {
+        abuse(&mut rows).await;
+    }
+
+    println!("\n{}", table(&rows));
+    let wrong: u64 = rows.iter().map(|r| r.wrong).sum();
+    println!(
+        "{} scenarios in {:.0} s; wrong decisions: {wrong}",
+        rows.len(),
+        started.elapsed().as_secs_f64()
+    );
+    if wrong == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
