@@ -20,7 +20,10 @@
 //! finished their half of the checks, and report wall time per check.
 //!
 //! At the end a table prints ns per check as criterion estimated them (read
-//! from its `estimates.json`), falling back to this program's own timing.
+//! from its `estimates.json`, falling back to this program's own timing),
+//! then a second opinion for busy machines: the implementations take turns
+//! in short rounds and the medians (and median ratios within a round) are
+//! printed.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -162,9 +165,22 @@ fn run(limiter: &dyn Limiter, keys: &[String], start: usize, checks: u64) -> u64
 }
 
 fn timed(limiter: &dyn Limiter, keys: &[String], threads: usize, iters: u64) -> (Duration, u64) {
+    timed_from(limiter, keys, threads, 0, iters)
+}
+
+/// `iters` checks over `threads` threads (each its share, starting at its
+/// own place in the keys after `offset`); the wall time from the start
+/// signal until the last thread finished, and the denials.
+fn timed_from(
+    limiter: &dyn Limiter,
+    keys: &[String],
+    threads: usize,
+    offset: usize,
+    iters: u64,
+) -> (Duration, u64) {
     if threads == 1 {
         let start = Instant::now();
-        let denied = run(limiter, keys, 0, iters);
+        let denied = run(limiter, keys, offset, iters);
         return (start.elapsed(), denied);
     }
     let barrier = Barrier::new(threads + 1);
@@ -175,7 +191,8 @@ fn timed(limiter: &dyn Limiter, keys: &[String], threads: usize, iters: u64) -> 
                 let barrier = &barrier;
                 scope.spawn(move || {
                     barrier.wait();
-                    let denied = run(limiter, keys, thread * keys.len() / threads, per_thread);
+                    let start = offset + thread * keys.len() / threads;
+                    let denied = run(limiter, keys, start, per_thread);
                     (Instant::now(), denied)
                 })
             })
@@ -236,21 +253,95 @@ fn benches(c: &mut Criterion) {
                 store: MemoryStore::new(),
                 policies: [tollgate_policy.clone()],
             };
-            bench_one(c, size, threads, "tollgate", &tollgate, &keys);
-            drop(tollgate);
             let tollgate_tsc = Tollgate {
                 store: MemoryStore::with_clock(TscClock::new()),
                 policies: [tollgate_policy.clone()],
             };
-            bench_one(c, size, threads, "tollgate_tsc", &tollgate_tsc, &keys);
-            drop(tollgate_tsc);
             let governor: DefaultKeyedRateLimiter<String> = RateLimiter::keyed(quota);
-            bench_one(c, size, threads, "governor", &governor, &keys);
-            drop(governor);
             let governor_fold: FoldGovernor =
                 RateLimiter::dashmap_with_hasher(quota, foldhash::fast::RandomState::default());
-            bench_one(c, size, threads, "governor_foldhash", &governor_fold, &keys);
+            let limiters: [(&'static str, &dyn Limiter); 4] = [
+                ("tollgate", &tollgate),
+                ("tollgate_tsc", &tollgate_tsc),
+                ("governor", &governor),
+                ("governor_foldhash", &governor_fold),
+            ];
+            for (name, limiter) in limiters {
+                bench_one(c, size, threads, name, limiter, &keys);
+            }
+            interleaved(size, threads, &limiters, &keys);
         }
+    }
+}
+
+/// Rounds of the interleaved comparison.
+const ROUNDS: usize = 15;
+/// Checks per implementation per round.
+const ROUND_CHECKS: u64 = 100_000;
+
+/// Median over rounds of each implementation's ns per check, and of the
+/// ratio of two implementations measured back to back, keyed by (size,
+/// threads, name) and (size, threads, "a/b").
+static INTERLEAVED: Mutex<BTreeMap<(usize, usize, &'static str), f64>> =
+    Mutex::new(BTreeMap::new());
+
+/// A second opinion robust to a busy machine: the implementations take
+/// turns, `ROUND_CHECKS` checks each, for `ROUNDS` rounds, and the table
+/// reports medians (of times, and of ratios within a round, where all
+/// implementations saw the same machine load). Only the implementations
+/// criterion just ran take part.
+fn interleaved(
+    size: usize,
+    threads: usize,
+    limiters: &[(&'static str, &dyn Limiter)],
+    keys: &[String],
+) {
+    let ran: Vec<_> = {
+        let tally = TALLY.lock().unwrap();
+        limiters
+            .iter()
+            .filter(|(name, _)| tally.contains_key(&(size, threads, *name)))
+            .copied()
+            .collect()
+    };
+    if ran.is_empty() {
+        return;
+    }
+    let mut times: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
+    for round in 0..ROUNDS {
+        for (name, limiter) in &ran {
+            // Each round starts elsewhere in the keys, so over the rounds a
+            // large key set is walked rather than its first slice.
+            let start = round * ROUND_CHECKS as usize % keys.len();
+            let (wall, denied) = timed_from(*limiter, keys, threads, start, ROUND_CHECKS);
+            assert_eq!(denied, 0, "{name} denied checks");
+            times
+                .entry(name)
+                .or_default()
+                .push(wall.as_nanos() as f64 / ROUND_CHECKS as f64);
+        }
+    }
+    let median = |values: &mut Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let mut out = INTERLEAVED.lock().unwrap();
+    for (a, b, key) in [
+        ("tollgate", "governor", "tollgate/governor"),
+        (
+            "tollgate",
+            "governor_foldhash",
+            "tollgate/governor_foldhash",
+        ),
+        ("tollgate_tsc", "governor", "tollgate_tsc/governor"),
+    ] {
+        if let (Some(a), Some(b)) = (times.get(a), times.get(b)) {
+            let mut ratios: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b).collect();
+            out.insert((size, threads, key), median(&mut ratios));
+        }
+    }
+    for (name, mut values) in times {
+        out.insert((size, threads, name), median(&mut values));
     }
 }
 
@@ -314,7 +405,7 @@ fn print_table() {
     };
     println!();
     println!(
-        "tollgate MemoryStore vs governor keyed limiter, GCRA, ns per check (wall time / checks)"
+        "tollgate MemoryStore vs governor keyed limiter, GCRA, ns per check (wall time / checks), criterion's estimates"
     );
     println!(
         "{:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7}",
@@ -356,6 +447,44 @@ fn print_table() {
             );
         }
     }
+    let interleaved = INTERLEAVED.lock().unwrap().clone();
+    if !interleaved.is_empty() {
+        println!();
+        println!(
+            "interleaved: {ROUNDS} rounds of {ROUND_CHECKS} checks per implementation, medians (ns per check; ratios within a round)"
+        );
+        println!(
+            "{:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7}",
+            "keys",
+            "threads",
+            "tollgate",
+            "+tsc",
+            "governor",
+            "gov+fold",
+            "ratio",
+            "r fold",
+            "r tsc"
+        );
+        for size in SIZES {
+            for threads in THREADS {
+                let get = |name: &str| interleaved.get(&(size, threads, name)).copied();
+                if get("tollgate").is_none() && get("governor").is_none() {
+                    continue;
+                }
+                println!(
+                    "{size:>9} {threads:>7} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7}",
+                    show(get("tollgate"), 1),
+                    show(get("tollgate_tsc"), 1),
+                    show(get("governor"), 1),
+                    show(get("governor_foldhash"), 1),
+                    show(get("tollgate/governor"), 2),
+                    show(get("tollgate/governor_foldhash"), 2),
+                    show(get("tollgate_tsc/governor"), 2),
+                );
+            }
+        }
+    }
+    println!();
     println!("ratio = tollgate / governor (RateLimiter::keyed: DashMap with std's SipHash)");
     println!("r fold = tollgate / governor with foldhash (the hasher tollgate uses)");
     println!("r tsc = tollgate reading a TSC clock like governor's (quanta) / governor; tollgate's default reads SystemTime");
