@@ -73,6 +73,19 @@ async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
+/// CPU time this process has used (user + system), from `/proc/self/stat`;
+/// `None` where that file does not exist.
+fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the parenthesised command name; utime and stime are the
+    // 12th and 13th of those, in clock ticks (100 per second on Linux).
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split(' ').skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(Duration::from_millis((utime + stime) * 10))
+}
+
 #[derive(Debug, Default)]
 struct Run {
     requests: u64,
@@ -80,6 +93,8 @@ struct Run {
     elapsed: Duration,
     /// Microseconds per request.
     latencies: Vec<u32>,
+    /// CPU time the process (server and load generator) used.
+    cpu: Option<Duration>,
 }
 
 impl Run {
@@ -138,6 +153,7 @@ async fn connection(addr: SocketAddr, client_id: usize, end: Instant) -> Run {
 }
 
 async fn load(addr: SocketAddr, concurrency: usize, duration: Duration) -> Run {
+    let cpu_before = process_cpu();
     let end = Instant::now() + duration;
     let tasks: Vec<_> = (0..concurrency)
         .map(|i| tokio::spawn(connection(addr, i, end)))
@@ -150,6 +166,9 @@ async fn load(addr: SocketAddr, concurrency: usize, duration: Duration) -> Run {
         total.elapsed = total.elapsed.max(run.elapsed);
         total.latencies.extend(run.latencies);
     }
+    total.cpu = process_cpu()
+        .zip(cpu_before)
+        .map(|(after, before)| after.saturating_sub(before));
     total
 }
 
@@ -158,6 +177,8 @@ struct Target {
     addr: SocketAddr,
     /// Per round: req/s, p50, p99, errors.
     rounds: Vec<(f64, Duration, Duration, u64)>,
+    /// Per round: CPU microseconds per request (server and client).
+    cpu_per_request: Vec<f64>,
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -181,6 +202,15 @@ impl Target {
                 .map(|(t, b)| t.0 / b.0)
                 .collect(),
         )
+    }
+
+    /// The bare server's CPU per request over this target's, as a median
+    /// over rounds: the throughput ratio if the cores were not shared.
+    fn cpu_ratio(&self, bare: &Target) -> Option<f64> {
+        if self.cpu_per_request.is_empty() || bare.cpu_per_request.is_empty() {
+            return None;
+        }
+        Some(median(bare.cpu_per_request.clone()) / median(self.cpu_per_request.clone()))
     }
 }
 
@@ -217,11 +247,13 @@ async fn bench() {
             name: "bare",
             addr: serve(app()).await,
             rounds: Vec::new(),
+            cpu_per_request: Vec::new(),
         },
         Target {
             name: "layer + MemoryStore",
             addr: serve(limited(MemoryStore::new())).await,
             rounds: Vec::new(),
+            cpu_per_request: Vec::new(),
         },
     ];
     match std::env::var("TOLLGATE_REDIS_URL") {
@@ -244,6 +276,7 @@ async fn bench() {
                 name: "layer + RedisStore",
                 addr: serve(limited(store)).await,
                 rounds: Vec::new(),
+                cpu_per_request: Vec::new(),
             });
         }
         _ => eprintln!(
@@ -272,24 +305,41 @@ async fn bench() {
                 p99
             );
             target.rounds.push((run.per_second(), p50, p99, run.errors));
+            if let Some(cpu) = run.cpu.filter(|_| run.requests > 0) {
+                target
+                    .cpu_per_request
+                    .push(cpu.as_secs_f64() * 1e6 / run.requests as f64);
+            }
         }
     }
 
     println!();
-    println!("| configuration | req/s | p50 | p99 | vs bare | errors |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("| configuration | req/s | p50 | p99 | vs bare | CPU µs/request | vs bare by CPU | errors |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for target in &targets {
+        let cpu = if target.cpu_per_request.is_empty() {
+            f64::NAN
+        } else {
+            median(target.cpu_per_request.clone())
+        };
         println!(
-            "| {} | {:.0} | {:.0} µs | {:.0} µs | {:.2}x | {} |",
+            "| {} | {:.0} | {:.0} µs | {:.0} µs | {:.2}x | {:.1} | {} | {} |",
             target.name,
             target.median_of(|r| r.0),
             target.median_of(|r| r.1.as_secs_f64() * 1e6),
             target.median_of(|r| r.2.as_secs_f64() * 1e6),
             target.median_ratio(&targets[0]),
+            cpu,
+            target
+                .cpu_ratio(&targets[0])
+                .map_or("n/a".to_owned(), |r| format!("{r:.2}x")),
             target.rounds.iter().map(|r| r.3).sum::<u64>()
         );
     }
-    println!("(medians over rounds; \"vs bare\" is the median of per-round ratios)");
+    println!(
+        "(medians over rounds; \"vs bare\" is the median of per-round throughput ratios; \"by CPU\" compares \
+         CPU time per request of the whole process, server and load generator, which other load on the machine disturbs less)"
+    );
 
     let bare_ns = in_process_ns(app(), 200_000).await;
     let memory_ns = in_process_ns(limited(MemoryStore::new()), 200_000).await;
@@ -305,6 +355,9 @@ async fn bench() {
         memory,
         if memory >= 0.9 { "met" } else { "NOT met" }
     );
+    if let Some(by_cpu) = targets[1].cpu_ratio(&targets[0]) {
+        println!("by CPU per request: {by_cpu:.2}x");
+    }
 }
 
 fn main() {
