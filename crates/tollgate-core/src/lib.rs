@@ -43,8 +43,8 @@ pub use decision::{Decision, Verdict};
 pub use error::StoreError;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use policy::{
-    Algorithm, LeakyMode, Policy, PolicyBuilder, PolicyError, MAX_MAGNITUDE,
-    MAX_POLICY_NAME_LEN, SLIDING_LOG_MAX_LIMIT,
+    Algorithm, LeakyMode, Policy, PolicyBuilder, PolicyError, MAX_MAGNITUDE, MAX_POLICY_NAME_LEN,
+    SLIDING_LOG_MAX_LIMIT,
 };
 pub use store::{validate_check, Store};
 pub use subject::{

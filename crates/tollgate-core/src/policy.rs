@@ -298,13 +298,19 @@ impl PolicyBuilder {
             return Err(PolicyError::SlidingLogLimit { limit });
         }
         let capacity = burst.unwrap_or(limit);
-        if limit.checked_mul(period_us).is_none_or(|p| p > MAX_MAGNITUDE) {
+        if limit
+            .checked_mul(period_us)
+            .is_none_or(|p| p > MAX_MAGNITUDE)
+        {
             return Err(PolicyError::TooLarge {
                 field: "limit",
                 detail: "limit × period in microseconds must not exceed 2^52; use a shorter period with a proportionally smaller limit",
             });
         }
-        if capacity.checked_mul(period_us).is_none_or(|p| p > MAX_MAGNITUDE) {
+        if capacity
+            .checked_mul(period_us)
+            .is_none_or(|p| p > MAX_MAGNITUDE)
+        {
             return Err(PolicyError::TooLarge {
                 field: "burst",
                 detail: "burst × period in microseconds must not exceed 2^52; use a smaller burst",
@@ -356,7 +362,10 @@ fn default_name(algorithm: Algorithm, limit: u64, period_us: u64) -> String {
     } else {
         format!("{period_us}us")
     };
-    format!("{}-{limit}-per-{period}", algorithm.as_str().replace('_', "-"))
+    format!(
+        "{}-{limit}-per-{period}",
+        algorithm.as_str().replace('_', "-")
+    )
 }
 
 /// Why a policy could not be built. Each message names the field and says

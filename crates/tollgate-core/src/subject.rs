@@ -47,7 +47,10 @@ pub fn is_plain(subject: &str) -> bool {
         && subject.len() <= MAX_PLAIN_SUBJECT_LEN
         && subject.bytes().all(|b| {
             b.is_ascii_alphanumeric()
-                || matches!(b, b'.' | b'_' | b'-' | b':' | b'/' | b'@' | b'+' | b'=' | b',')
+                || matches!(
+                    b,
+                    b'.' | b'_' | b'-' | b':' | b'/' | b'@' | b'+' | b'=' | b','
+                )
         })
 }
 
