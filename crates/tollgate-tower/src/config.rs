@@ -47,6 +47,23 @@ pub enum Mode {
 
 /// What the layer does when the store fails (is unreachable, answers with
 /// an error, or does not answer within the check timeout).
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_core::{MemoryStore, Policy};
+/// use tollgate_tower::{FailurePolicy, RateLimitLayer};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let shared_store = MemoryStore::new(); // RedisStore in a real deployment
+/// let layer = RateLimitLayer::builder(shared_store)
+///     .policy(Policy::per_second(100).build()?)
+///     // Keep limiting per instance while the shared store is down.
+///     .on_store_failure(FailurePolicy::fallback(MemoryStore::new()))
+///     .check_timeout(Duration::from_millis(50))
+///     .circuit_breaker(5, Duration::from_secs(2))
+///     .build()?;
+/// # let _ = layer; Ok(()) }
+/// ```
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub enum FailurePolicy {
@@ -73,6 +90,21 @@ impl FailurePolicy {
 }
 
 /// What the layer does with a request its key extractor finds no key in.
+///
+/// ```
+/// use http::StatusCode;
+/// use tollgate_core::{MemoryStore, Policy};
+/// use tollgate_tower::{BearerToken, MissingKey, RateLimitLayer};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let layer = RateLimitLayer::builder(MemoryStore::new())
+///     .policy(Policy::per_minute(60).build()?)
+///     .key(BearerToken::new())
+///     .on_missing_key(MissingKey::reject(StatusCode::UNAUTHORIZED, "send a bearer token\n"))
+///     .build()?;
+/// // Or: MissingKey::Skip, or MissingKey::fallback("anonymous") to share one limit.
+/// # let _ = layer; Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissingKey {
@@ -123,6 +155,19 @@ impl MissingKey {
 /// Which responses carry the IETF `RateLimit` and `RateLimit-Policy` fields
 /// (and the legacy `X-RateLimit-*` headers when enabled). `Retry-After` is
 /// always on limited responses.
+///
+/// ```
+/// use tollgate_core::{MemoryStore, Policy};
+/// use tollgate_tower::{HeaderMode, RateLimitLayer};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let layer = RateLimitLayer::builder(MemoryStore::new())
+///     .policy(Policy::per_second(10).build()?)
+///     .headers(HeaderMode::LimitedOnly)
+///     .legacy_headers(true)
+///     .build()?;
+/// # let _ = layer; Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum HeaderMode {
@@ -136,6 +181,15 @@ pub enum HeaderMode {
 }
 
 /// Why a [`RateLimitLayer`](crate::RateLimitLayer) could not be built.
+///
+/// ```
+/// use tollgate_core::MemoryStore;
+/// use tollgate_tower::{ConfigError, RateLimitLayer};
+///
+/// let err = RateLimitLayer::builder(MemoryStore::new()).build().unwrap_err();
+/// assert!(matches!(err, ConfigError::NoPolicies));
+/// assert!(err.to_string().contains(".policy("));
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ConfigError {

@@ -1,6 +1,7 @@
 //! `RateLimitLayer`, its builder, and the configuration its services share.
 
 use std::fmt;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,6 +90,8 @@ pub(crate) struct Shared<St, K> {
     pub(crate) legacy_headers: bool,
     pub(crate) info_in_extensions: bool,
     pub(crate) body: LimitedBody,
+    /// Whether the missing-key warning was logged.
+    pub(crate) warned_missing_key: AtomicBool,
 }
 
 impl<St, K> fmt::Debug for Shared<St, K> {
@@ -215,6 +218,7 @@ impl<St: Store> RateLimitLayer<St, PeerIp> {
                 legacy_headers: false,
                 info_in_extensions: false,
                 body: LimitedBody::default(),
+                warned_missing_key: AtomicBool::new(false),
             }),
         }
     }
@@ -286,6 +290,22 @@ impl<St: Store, K> RateLimitLayer<St, K> {
 
 /// Configures a [`RateLimitLayer`]; finish with
 /// [`RateLimitLayerBuilder::build`].
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_core::{MemoryStore, Policy};
+/// use tollgate_tower::{ApiKey, PeerIp, KeyExtractor, RateLimitLayer};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let layer = RateLimitLayer::builder(MemoryStore::new())
+///     .policy(Policy::per_second(5).name("burst").build()?)
+///     .policy(Policy::per_hour(1_000).name("hourly").build()?)
+///     .key(ApiKey::new().or(PeerIp::new()))
+///     .cost(|parts| if parts.method == http::Method::POST { 2 } else { 1 })
+///     .shape(Duration::from_millis(200))
+///     .build()?;
+/// # let _ = layer; Ok(()) }
+/// ```
 #[must_use = "a builder does nothing until .build() is called"]
 pub struct RateLimitLayerBuilder<St, K> {
     store: Arc<St>,
@@ -568,6 +588,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
                 legacy_headers: self.legacy_headers,
                 info_in_extensions: self.info_in_extensions,
                 body: self.body,
+                warned_missing_key: AtomicBool::new(false),
             }),
         })
     }

@@ -29,6 +29,8 @@ pub(crate) struct Ticket {
     pub(crate) grpc: Option<HeaderValue>,
     /// Whether the current check goes to the fallback store.
     pub(crate) fallback: bool,
+    /// The `rate_limit` span the request's events belong to.
+    pub(crate) span: tracing::Span,
 }
 
 /// What to do after a wait.
@@ -71,6 +73,18 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                     return (Next::Forward(None), None);
                 }
                 MissingKey::Reject { status, message } => {
+                    if !self
+                        .warned_missing_key
+                        .swap(true, std::sync::atomic::Ordering::Relaxed)
+                    {
+                        tracing::warn!(
+                            %status,
+                            key = std::any::type_name::<K>(),
+                            "a request had no rate-limit key and was rejected (logged once per layer); \
+                             for a peer IP, serve Axum with into_make_service_with_connect_info::<SocketAddr>() \
+                             or put the SocketAddr in the request extensions; or choose MissingKey::Skip or a fallback key"
+                        );
+                    }
                     tracing::debug!(%status, "no rate-limit key; rejected");
                     let grpc = grpc_content_type(&parts.headers);
                     return (Next::Respond(response::plain(grpc, *status, message)), None);
@@ -83,9 +97,17 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             return (Next::Forward(None), None);
         }
         let now = Instant::now();
+        let tier = self.tier_index(parts);
+        let span = tracing::debug_span!(
+            "rate_limit",
+            key = %key,
+            tier = %self.tiers.get(tier).map_or("default", |t| &*t.name),
+            cost
+        );
+        let _entered = span.enter();
         let mut ticket = Ticket {
             key,
-            tier: self.tier_index(parts),
+            tier,
             cost,
             sent: now,
             deadline: match self.mode {
@@ -94,6 +116,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             },
             grpc: grpc_content_type(&parts.headers),
             fallback: false,
+            span: span.clone(),
         };
         if let Some(cache) = &self.deny_cache {
             if let Some(verdict) = cache.get(ticket.tier, &ticket.key, cost, now) {
@@ -132,6 +155,8 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         extensions: &mut Extensions,
         result: Result<Verdict, StoreError>,
     ) -> Next<St> {
+        let span = ticket.span.clone();
+        let _entered = span.enter();
         let tier = self.tier(ticket);
         if ticket.fallback {
             return match result {
@@ -308,6 +333,8 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         extensions: &mut Extensions,
         then: Then,
     ) -> Next<St> {
+        let span = ticket.span.clone();
+        let _entered = span.enter();
         match then {
             Then::Recheck => {
                 ticket.sent = Instant::now();

@@ -153,6 +153,13 @@ impl KeyExtractor for PeerIp {
 }
 
 /// Which header a trusted proxy writes the client's address to.
+///
+/// ```
+/// use tollgate_tower::{ClientIp, ProxyHeader};
+///
+/// let behind_envoy = ClientIp::trusting(["10.0.0.0/8".parse().unwrap()]).header(ProxyHeader::Forwarded);
+/// # let _ = behind_envoy;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum ProxyHeader {
