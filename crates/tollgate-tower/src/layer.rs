@@ -184,7 +184,9 @@ impl<S, St, K> Layer<S> for RateLimitLayer<St, K> {
 
 impl<St: Store> RateLimitLayer<St, PeerIp> {
     /// Limits every peer IP address to `policy`, with all other settings at
-    /// their defaults.
+    /// their defaults. The peer address must be in the request extensions:
+    /// serve Axum with `into_make_service_with_connect_info::<SocketAddr>()`
+    /// (without it every request is answered `400`; see [`PeerIp`]).
     ///
     /// ```
     /// use tollgate_core::{MemoryStore, Policy};

@@ -180,7 +180,8 @@ pub enum ProxyHeader {
 /// the trusted networks is the client itself and its headers are ignored,
 /// so a client cannot pick its own key by sending a forged header. A hop
 /// that does not parse (`unknown`, an obfuscated name, garbage) ends the
-/// walk at the last address that did.
+/// walk at the last address that did; a trusted peer that sent no header is
+/// the client itself. At most 64 hops are walked.
 ///
 /// Trust only the header your proxy *writes*: a proxy that appends to
 /// `X-Forwarded-For` passes a client's own `Forwarded` header through
