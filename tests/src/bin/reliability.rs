@@ -185,8 +185,10 @@ async fn abuse(rows: &mut Vec<Row>) {
     let hot = HotSubject {
         hot_requests: 20_000,
         concurrency: 32,
+        hot_rate: 4_000,
         others: 100,
         other_requests: 20,
+        other_pace: Duration::from_millis(250),
         ..HotSubject::quick()
     };
     rows.push(hot_subject(&server.url(), &hot).await.row);

@@ -565,6 +565,31 @@ fn tally(
     (failures, elsewhere, hung)
 }
 
+/// When an affected subject was first decided again after the outage: the
+/// first decision among calls sent after the first failed one (or after
+/// `fault_at` when none failed).
+fn first_decision_after_outage(
+    log: &[super::CallRecord],
+    fault_at: Instant,
+    affected: impl Fn(&str) -> bool,
+) -> Option<Instant> {
+    let relevant = |r: &&super::CallRecord| r.sent >= fault_at && affected(&r.subject);
+    let first_failure = log
+        .iter()
+        .filter(relevant)
+        .filter(|r| matches!(r.outcome, Outcome::Failed(_) | Outcome::Cancelled))
+        .map(|r| r.sent)
+        .min()
+        .unwrap_or(fault_at);
+    log.iter()
+        .filter(relevant)
+        .filter(|r| {
+            r.sent >= first_failure && matches!(r.outcome, Outcome::Allowed | Outcome::Denied)
+        })
+        .map(|r| r.done)
+        .min()
+}
+
 /// Fails over the master of a Cluster that has a replica while load runs
 /// straight at a `RedisStore`, and checks every decision. `kill` stops a
 /// node (used with [`FailoverHow::Kill`]).
@@ -641,21 +666,14 @@ pub async fn cluster_failover(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    // Keep the load on until an affected subject is decided again.
+    // Keep the load on until an affected subject is decided again after the
+    // outage: the first decision sent after the first failure (calls sent
+    // just before the node died may still have been answered by it).
     let recovery_deadline = Instant::now() + Duration::from_secs(15);
     let recovered_at = loop {
-        let log = stats.log();
-        let first = log
-            .iter()
-            .filter(|r| {
-                r.sent >= fault_at
-                    && affected(&r.subject)
-                    && matches!(r.outcome, Outcome::Allowed | Outcome::Denied)
-            })
-            .map(|r| r.done)
-            .min();
-        if first.is_some() || Instant::now() > recovery_deadline {
-            break first;
+        let recovered = first_decision_after_outage(&stats.log(), fault_at, affected);
+        if recovered.is_some() || Instant::now() > recovery_deadline {
+            break recovered;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
