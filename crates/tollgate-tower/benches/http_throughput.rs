@@ -12,6 +12,10 @@
 //! ratios to the bare server) and `TOLLGATE_BENCH_CONCURRENCY`
 //! (connections, default 64).
 //!
+//! A fourth configuration, the memory-store layer with
+//! `HeaderMode::LimitedOnly`, shows how much of the cost is the two
+//! `RateLimit` header lines on every admitted response.
+//!
 //! The policy is far above the offered load (one million per second per
 //! client), so every request is checked and admitted: the numbers show the
 //! cost of the check, not of rejections. Each connection is one client
@@ -28,7 +32,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use tollgate_core::{MemoryStore, Policy, Store};
 use tollgate_redis::RedisStore;
-use tollgate_tower::{Header, RateLimitLayer};
+use tollgate_tower::{Header, HeaderMode, RateLimitLayer};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -50,9 +54,14 @@ fn app() -> Router {
 }
 
 fn limited<St: Store>(store: St) -> Router {
+    limited_with(store, HeaderMode::All)
+}
+
+fn limited_with<St: Store>(store: St, headers: HeaderMode) -> Router {
     let layer = RateLimitLayer::builder(store)
         .policy(policy())
         .key(Header::new(HeaderName::from_static("x-client-id")))
+        .headers(headers)
         .build()
         .expect("valid layer");
     app().layer(layer)
@@ -252,6 +261,14 @@ async fn bench() {
         Target {
             name: "layer + MemoryStore",
             addr: serve(limited(MemoryStore::new())).await,
+            rounds: Vec::new(),
+            cpu_per_request: Vec::new(),
+        },
+        // The same without RateLimit fields on admitted responses: how much
+        // of the cost is writing and parsing two more header lines.
+        Target {
+            name: "  same, no headers",
+            addr: serve(limited_with(MemoryStore::new(), HeaderMode::LimitedOnly)).await,
             rounds: Vec::new(),
             cpu_per_request: Vec::new(),
         },
