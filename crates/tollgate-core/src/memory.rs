@@ -884,7 +884,23 @@ impl Shard {
                 check_policy(policy, state, now, cost)
             })
             .collect();
-        let verdict: Verdict = steps.iter().map(|step| step.decision).collect();
+        let mut verdict: Verdict = steps.iter().map(|step| step.decision).collect();
+        if cost > 0 && !verdict.is_allowed() {
+            // Nothing is charged, so the policies that would have admitted
+            // report their state as it stays: as a peek does.
+            verdict = policies
+                .iter()
+                .zip(&steps)
+                .map(|(policy, step)| {
+                    if step.decision.is_allowed() {
+                        let state = entry.and_then(|entry| entry.live_state(policy.name(), now));
+                        check_policy(policy, state, now, 0).decision
+                    } else {
+                        step.decision
+                    }
+                })
+                .collect();
+        }
         let write =
             cost > 0 && verdict.is_allowed() && steps.iter().any(|step| step.new_state.is_some());
         if !write {

@@ -39,6 +39,10 @@ pub trait Store: Send + Sync + 'static {
     /// all admit. A cost of 0 is a peek: it reports the current state (is a
     /// cost-1 request admitted now? how many remain?) and changes nothing.
     ///
+    /// When one policy denies, none is charged, and the decisions of the
+    /// policies that would have admitted are their peeks: allowed, with
+    /// `remaining` and `reset_after` as their state stays.
+    ///
     /// # Errors
     ///
     /// [`StoreError::NoPolicies`], [`StoreError::DuplicatePolicy`],

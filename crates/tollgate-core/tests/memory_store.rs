@@ -56,6 +56,8 @@ fn a_denial_by_one_policy_charges_none() {
     assert!(!fourth.is_allowed());
     assert!(!fourth.decisions()[1].is_allowed());
     assert!(fourth.decisions()[0].is_allowed());
+    // ...the per-second decision reports its state uncharged...
+    assert_eq!(fourth.decisions()[0].remaining(), 7);
     assert_eq!(fourth.binding().limit(), 3);
     assert!(fourth.retry_after().is_some());
 

@@ -30,6 +30,16 @@ for i = 1, n do
     all = false
   end
 end
+if not all and cost > 0 then
+  -- Nothing is charged, so the policies that would have admitted report
+  -- their state as it stays: as a peek does.
+  for i = 1, n do
+    if decisions[i][1] then
+      local j = 3 * i
+      decisions[i] = PLAN[i](KEYS[i], tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), now, 0)
+    end
+  end
+end
 if all and cost > 0 then
   for i = 1, n do
     local d = decisions[i]
