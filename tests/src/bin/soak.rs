@@ -48,6 +48,12 @@ fn options() -> Result<Options, String> {
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
         match arg.as_str() {
+            "--help" | "-h" => {
+                return Err(
+                    "usage: soak [--seconds N (per store, default 90)] [--subjects N (default 100000)] [--store memory|redis|both]"
+                        .to_owned(),
+                )
+            }
             "--seconds" => {
                 options.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?
             }
