@@ -36,7 +36,8 @@ pub fn cluster_urls() -> Vec<String> {
 /// Path of the `redis-server` binary (`TOLLGATE_REDIS_SERVER`, else `redis-server` on PATH).
 #[must_use]
 pub fn redis_server_bin() -> PathBuf {
-    std::env::var_os("TOLLGATE_REDIS_SERVER").map_or_else(|| PathBuf::from("redis-server"), PathBuf::from)
+    std::env::var_os("TOLLGATE_REDIS_SERVER")
+        .map_or_else(|| PathBuf::from("redis-server"), PathBuf::from)
 }
 
 fn required_env(name: &str) -> String {
@@ -119,16 +120,34 @@ impl OwnedRedis {
         self.kill();
         let bin = redis_server_bin();
         let child = Command::new(&bin)
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .args(&self.extra_args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap_or_else(|e| panic!("could not start {}: {e}; install redis-server (apt-get install redis-server)", bin.display()));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "could not start {}: {e}; install redis-server (apt-get install redis-server)",
+                    bin.display()
+                )
+            });
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server on port {} did not start within 10 s", self.port);
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on port {} did not start within 10 s",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
