@@ -28,10 +28,19 @@ Commands:
         redis-server): core = tollgate-core memory_vs_governor,
         redis = tollgate-redis redis_throughput,
         http = tollgate-tower http_throughput.
+  reliability
+        Fault and abuse scenarios against a standalone server and a Cluster
+        of 3 masters with 1 replica each (Redis killed, slow, pool exhausted,
+        failover, slot migration, hot subject); prints a table and fails if
+        any decision was wrong. RELIABILITY_ONLY=killed,slow,pool,cluster,abuse
+        runs some groups only.
+  soak [-- --seconds N --subjects N --store memory|redis|both]
+        Mixed traffic over 100,000 subjects on both stores; prints memory
+        figures and fails if memory grows or a subject exceeds its limit.
   help  Print this text.
 
 Needs redis-server on PATH (apt-get install redis-server) for test, ci,
-redis and the redis/http benches.
+redis, reliability, soak and the redis/http benches.
 ";
 
 /// A parsed `cargo xtask` invocation.
