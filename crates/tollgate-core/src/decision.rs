@@ -206,13 +206,12 @@ impl Verdict {
     /// with the longest `retry_after`; when allowed, the one with the fewest
     /// `remaining`.
     ///
-    /// # Panics
-    ///
-    /// Never for verdicts returned by a store, which hold one decision per
-    /// policy and refuse an empty policy list; a hand-built empty verdict
-    /// panics.
+    /// Verdicts from a store hold one decision per policy and stores refuse
+    /// an empty policy list; for a hand-built empty verdict (which admits,
+    /// like an empty `all`) this is an admitting decision with limit 0.
     #[must_use]
     pub fn binding(&self) -> &Decision {
+        static EMPTY: Decision = Decision::allowed(0, 0, Duration::ZERO);
         let denied = self
             .decisions
             .iter()
@@ -220,7 +219,7 @@ impl Verdict {
             .max_by_key(|d| d.retry_after());
         denied
             .or_else(|| self.decisions.iter().min_by_key(|d| d.remaining))
-            .expect("a verdict holds at least one decision")
+            .unwrap_or(&EMPTY)
     }
 
     /// When denied, the longest `retry_after` among the denying policies.
