@@ -9,22 +9,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tollgate_core::{
-    Algorithm, LeakyMode, ManualClock, MemoryStore, Policy, PolicyError, Store, StoreError, Verdict,
+    Algorithm, ManualClock, MemoryStore, Policy, PolicyError, Store, StoreError, Verdict,
 };
 use tollgate_redis::{ClockMode, RedisStore};
 use tollgate_tests::reliability::{probe_service, request_for, subject_key};
 use tollgate_tower::RateLimitLayer;
 use tower::{Layer, ServiceExt};
 
-const ALGORITHMS: [Algorithm; 7] = [
-    Algorithm::Gcra,
-    Algorithm::TokenBucket,
-    Algorithm::LeakyBucket(LeakyMode::Meter),
-    Algorithm::LeakyBucket(LeakyMode::Queue),
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindow,
-    Algorithm::SlidingLog,
-];
+const ALGORITHMS: [Algorithm; 7] = Algorithm::ALL;
 const LIMITS: [u64; 2] = [1, u32::MAX as u64];
 const YEAR: Duration = Duration::from_secs(365 * 86_400);
 const PERIODS: [Duration; 3] = [Duration::from_micros(1), Duration::from_secs(1), YEAR];

@@ -58,6 +58,17 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Every algorithm, the leaky bucket in both modes.
+    pub const ALL: [Self; 7] = [
+        Self::Gcra,
+        Self::TokenBucket,
+        Self::LeakyBucket(LeakyMode::Meter),
+        Self::LeakyBucket(LeakyMode::Queue),
+        Self::FixedWindow,
+        Self::SlidingWindow,
+        Self::SlidingLog,
+    ];
+
     /// A short, stable name: `gcra`, `token_bucket`, `leaky_meter`,
     /// `leaky_queue`, `fixed_window`, `sliding_window`, `sliding_log`.
     #[must_use]

@@ -13,15 +13,7 @@ use tollgate_core::{Algorithm, LeakyMode, Policy, MAX_MAGNITUDE};
 
 const T0: u64 = 1_700_000_000_000_000;
 
-const ALGORITHMS: [Algorithm; 7] = [
-    Algorithm::Gcra,
-    Algorithm::TokenBucket,
-    Algorithm::LeakyBucket(LeakyMode::Meter),
-    Algorithm::LeakyBucket(LeakyMode::Queue),
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindow,
-    Algorithm::SlidingLog,
-];
+const ALGORITHMS: [Algorithm; 7] = Algorithm::ALL;
 
 /// A few policies per algorithm: small, fractional rates, a burst unlike the
 /// limit, and products right at `MAX_MAGNITUDE`.

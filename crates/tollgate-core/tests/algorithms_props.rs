@@ -34,15 +34,7 @@ use proptest::prelude::*;
 use tollgate_core::algorithms::{self, State, Step};
 use tollgate_core::{Algorithm, Decision, LeakyMode, Policy};
 
-const ALL: &[Algorithm] = &[
-    Algorithm::Gcra,
-    Algorithm::TokenBucket,
-    Algorithm::LeakyBucket(LeakyMode::Meter),
-    Algorithm::LeakyBucket(LeakyMode::Queue),
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindow,
-    Algorithm::SlidingLog,
-];
+const ALL: &[Algorithm] = &Algorithm::ALL;
 const BUCKETS: &[Algorithm] = &[
     Algorithm::Gcra,
     Algorithm::TokenBucket,

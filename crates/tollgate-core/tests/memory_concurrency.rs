@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, LeakyMode, ManualClock, MemoryStore, Policy, Store, StoreError};
+use tollgate_core::{Algorithm, ManualClock, MemoryStore, Policy, Store, StoreError};
 
 const T0: u64 = 1_700_000_000_000_000;
 const THREADS: usize = 8;
@@ -19,15 +19,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn all_algorithms() -> [Algorithm; 7] {
-    [
-        Algorithm::Gcra,
-        Algorithm::TokenBucket,
-        Algorithm::LeakyBucket(LeakyMode::Meter),
-        Algorithm::LeakyBucket(LeakyMode::Queue),
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindow,
-        Algorithm::SlidingLog,
-    ]
+    Algorithm::ALL
 }
 
 /// Runs `TASKS` tasks, each making `checks_per_task` cost-1 checks on the

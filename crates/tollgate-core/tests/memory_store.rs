@@ -6,9 +6,7 @@ use std::time::Duration;
 use futures::executor::block_on;
 use proptest::prelude::*;
 use tollgate_core::algorithms::{self, State};
-use tollgate_core::{
-    Algorithm, LeakyMode, ManualClock, MemoryStore, Policy, Store, StoreError, Verdict,
-};
+use tollgate_core::{Algorithm, ManualClock, MemoryStore, Policy, Store, StoreError, Verdict};
 
 /// 2023-11-14T22:13:20Z, in microseconds.
 const T0: u64 = 1_700_000_000_000_000;
@@ -22,15 +20,7 @@ fn peek(store: &MemoryStore, subject: &str, policies: &[Policy]) -> Verdict {
 }
 
 fn all_algorithms() -> [Algorithm; 7] {
-    [
-        Algorithm::Gcra,
-        Algorithm::TokenBucket,
-        Algorithm::LeakyBucket(LeakyMode::Meter),
-        Algorithm::LeakyBucket(LeakyMode::Queue),
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindow,
-        Algorithm::SlidingLog,
-    ]
+    Algorithm::ALL
 }
 
 #[test]

@@ -142,18 +142,10 @@ pub(crate) struct ScriptCache {
 
 impl ScriptCache {
     pub(crate) fn new() -> Self {
-        let single = [
-            Algorithm::Gcra,
-            Algorithm::TokenBucket,
-            Algorithm::LeakyBucket(LeakyMode::Meter),
-            Algorithm::LeakyBucket(LeakyMode::Queue),
-            Algorithm::FixedWindow,
-            Algorithm::SlidingWindow,
-            Algorithm::SlidingLog,
-        ]
-        .into_iter()
-        .filter_map(|algorithm| Some((algorithm, compose(&[algorithm]).ok()?)))
-        .collect();
+        let single = Algorithm::ALL
+            .into_iter()
+            .filter_map(|algorithm| Some((algorithm, compose(&[algorithm]).ok()?)))
+            .collect();
         Self {
             single,
             combined: RwLock::new(HashMap::new()),

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tollgate_core::{Algorithm, Clock, LeakyMode, ManualClock, SystemClock};
+use tollgate_core::{Algorithm, Clock, ManualClock, SystemClock};
 use tollgate_redis::{ClockMode, RedisStore};
 
 /// Every key the Redis tests write starts with this (the TTL test scans it).
@@ -16,15 +16,7 @@ pub(crate) const TEST_PREFIX: &str = "tg-test";
 pub(crate) const TEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// All seven algorithms (leaky bucket in both modes).
-pub(crate) const ALGORITHMS: [Algorithm; 7] = [
-    Algorithm::Gcra,
-    Algorithm::TokenBucket,
-    Algorithm::LeakyBucket(LeakyMode::Meter),
-    Algorithm::LeakyBucket(LeakyMode::Queue),
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindow,
-    Algorithm::SlidingLog,
-];
+pub(crate) const ALGORITHMS: [Algorithm; 7] = Algorithm::ALL;
 
 /// A key prefix unique to this process and call: `tg-test-<what>-<pid>-<n>`.
 pub(crate) fn unique_prefix(what: &str) -> String {
