@@ -47,8 +47,9 @@ const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// taken between the free-port check and the server's bind.
 const PORT_ATTEMPTS: usize = 5;
 
-/// The supervisor every `redis-server` runs under (`sh -c SUPERVISOR sh
-/// <dir> <redis-server> <args>...`, stdin a pipe from xtask).
+/// The supervisor every `redis-server` runs under
+/// (`sh -c SUPERVISOR sh <dir> <redis-server> <args>...`, stdin a pipe from
+/// xtask).
 ///
 /// It starts the server in the background, and a watcher that blocks
 /// reading stdin: when the pipe closes (xtask dropped the server or
