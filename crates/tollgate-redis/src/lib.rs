@@ -108,9 +108,17 @@
 //! | [`StoreError::Protocol`](tollgate_core::StoreError::Protocol) | a reply of the wrong shape or a script error (version mismatch) |
 //!
 //! A call that may have run is never sent again (that would charge twice);
-//! only calls the server proves it did not run (`NOSCRIPT`, `MOVED`,
+//! only calls the server proves it did not run (`NOSCRIPT`, `MOVED`, `ASK`,
 //! `TRYAGAIN`) are resent, within the same deadline. The Cluster client is
 //! built with its own retries off for the same reason.
+//!
+//! On a Redis Cluster, consider `cluster-require-full-coverage no`. With
+//! Redis's default (`yes`), once one master is marked failed every node
+//! answers `CLUSTERDOWN` for every slot until a replica is promoted (about
+//! three seconds with `cluster-node-timeout 2000` in `cargo xtask
+//! reliability`), so subjects on healthy masters also get `Unavailable` and
+//! the layer's failure policy. With `no`, only the failed master's slots
+//! are affected; the same scenario lost no decision on the other masters.
 //!
 //! # Connections
 //!
