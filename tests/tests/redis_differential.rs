@@ -319,6 +319,16 @@ fn extreme_magnitudes_match_memory() {
 fn changed_policies_match_memory(shapes: &[(u64, u64)]) {
     let runtime = tokio::runtime::Runtime::new().expect("a Tokio runtime");
     let clock = manual_clock();
+    // Start on a common multiple of every period used, so each run sees the
+    // same window boundaries. (From an arbitrary start, an old window could
+    // end just between two versions: MemoryStore then forgets the expired
+    // state while Redis, whose expiry follows real time rather than this
+    // clock a day ahead, still holds it, and a changed period reads it.)
+    let aligned: u64 = shapes
+        .iter()
+        .map(|&(_, period_us)| period_us)
+        .fold(1, |lcm, period| lcm / gcd(lcm, period) * period);
+    clock.set(clock.now_micros().div_ceil(aligned) * aligned);
     let prefix = unique_prefix("diff-change");
     let redis = runtime.block_on(redis_common::standalone(&prefix, client(&clock)));
     let memory = MemoryStore::builder().clock(clock.clone()).build();
@@ -362,4 +372,12 @@ fn changed_limits_and_algorithms_match_memory() {
 #[test]
 fn changed_periods_match_memory() {
     changed_policies_match_memory(&[(7, 1_000_003), (3, 1_000_003), (5, 60_000_000)]);
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
