@@ -68,8 +68,8 @@ use smallvec::SmallVec;
 
 use crate::algorithms::{self, GcraState, State, Step};
 use crate::{
-    validate_check, Algorithm, Clock, Decision, Policy, Store, StoreError, SystemClock, Verdict,
-    MAX_PLAIN_SUBJECT_LEN,
+    is_plain, validate_check, Algorithm, Clock, Decision, Policy, Store, StoreError, SystemClock,
+    Verdict,
 };
 
 /// Operations on a shard between two incremental sweeps.
@@ -547,30 +547,6 @@ impl<'a> Key<'a> {
             Self::Hashed(key) => key,
         }
     }
-}
-
-/// Bytes [`crate::is_plain`] keeps, as a table.
-const PLAIN_BYTES: [bool; 256] = {
-    let mut table = [false; 256];
-    let mut byte = 0;
-    while byte < 256 {
-        let b = byte as u8;
-        table[byte] = b.is_ascii_alphanumeric()
-            || matches!(
-                b,
-                b'.' | b'_' | b'-' | b':' | b'/' | b'@' | b'+' | b'=' | b','
-            );
-        byte += 1;
-    }
-    table
-};
-
-/// [`crate::is_plain`], by table lookup (it runs on every check).
-#[inline(always)]
-fn is_plain(subject: &str) -> bool {
-    !subject.is_empty()
-        && subject.len() <= MAX_PLAIN_SUBJECT_LEN
-        && subject.bytes().all(|b| PLAIN_BYTES[usize::from(b)])
 }
 
 /// [`algorithms::check`], with GCRA (the default algorithm) on a fast path.
@@ -1072,23 +1048,6 @@ mod tests {
         assert_eq!(store.len(), 6);
         assert!(matches!(Key::new(&long), Key::Hashed(_)));
         assert!(matches!(Key::new("a:b"), Key::Plain(b"a:b")));
-    }
-
-    #[test]
-    fn plain_table_agrees_with_is_plain() {
-        for c in (0..=0x7f_u8)
-            .map(char::from)
-            .chain(['é', '€', '🦀', '\u{0}'])
-        {
-            let one = c.to_string();
-            assert_eq!(is_plain(&one), crate::is_plain(&one), "{c:?}");
-            let many = format!("a{c}b");
-            assert_eq!(is_plain(&many), crate::is_plain(&many), "{c:?}");
-        }
-        for len in [0, 1, 127, 128, 129, 1000] {
-            let subject = "x".repeat(len);
-            assert_eq!(is_plain(&subject), crate::is_plain(&subject), "{len}");
-        }
     }
 
     use proptest::prelude::*;

@@ -42,17 +42,31 @@ pub fn encode_subject(subject: &str, hash_always: bool) -> Cow<'_, str> {
 
 /// Whether [`encode_subject`] keeps `subject` as it is.
 #[must_use]
+#[inline]
 pub fn is_plain(subject: &str) -> bool {
+    // A table lookup per byte: the memory store runs this on every check.
     !subject.is_empty()
         && subject.len() <= MAX_PLAIN_SUBJECT_LEN
-        && subject.bytes().all(|b| {
-            b.is_ascii_alphanumeric()
-                || matches!(
-                    b,
-                    b'.' | b'_' | b'-' | b':' | b'/' | b'@' | b'+' | b'=' | b','
-                )
-        })
+        && subject.bytes().all(|b| PLAIN_BYTES[usize::from(b)])
 }
+
+/// The bytes a plain subject may hold: ASCII letters, digits and
+/// `. _ - : / @ + = ,`.
+const PLAIN_BYTES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        // `byte < 256`, so the cast is exact.
+        let b = byte as u8;
+        table[byte] = b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'.' | b'_' | b'-' | b':' | b'/' | b'@' | b'+' | b'=' | b','
+            );
+        byte += 1;
+    }
+    table
+};
 
 /// `#` followed by the lowercase hex SHA-256 of `bytes`.
 #[must_use]
@@ -65,4 +79,27 @@ pub fn hash_subject(bytes: &[u8]) -> String {
         let _ = write!(out, "{byte:02x}");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_subjects_are_the_documented_characters_up_to_the_length_cap() {
+        for c in (0..=0x7f_u8).map(char::from).chain(['é', '€', '🦀']) {
+            let documented = c.is_ascii_alphanumeric() || ".-_:/@+=,".contains(c);
+            assert_eq!(is_plain(&c.to_string()), documented, "{c:?}");
+            assert_eq!(is_plain(&format!("a{c}b")), documented, "{c:?}");
+        }
+        for (len, plain) in [
+            (0, false),
+            (1, true),
+            (128, true),
+            (129, false),
+            (1000, false),
+        ] {
+            assert_eq!(is_plain(&"x".repeat(len)), plain, "{len}");
+        }
+    }
 }
