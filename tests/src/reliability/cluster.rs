@@ -17,7 +17,9 @@ use super::{admin, command};
 use crate::{free_port, OwnedRedis};
 
 /// The hash slot of `key` (CRC16/XMODEM of its hash tag, or of the whole
-/// key, modulo 16384), as Redis Cluster computes it.
+/// key, modulo 16384), as Redis Cluster computes it. Written here because
+/// the redis crate computes slots only internally (`Route::slot` is not
+/// public); the tests below hold it to Redis's documented values.
 #[must_use]
 pub fn crc16_slot(key: &[u8]) -> u16 {
     let tagged = key
