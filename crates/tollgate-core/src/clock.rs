@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A source of wall-clock time in microseconds since the Unix epoch.
@@ -32,6 +32,119 @@ impl Clock for SystemClock {
             .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
     }
 }
+
+/// The system's wall clock, read cheaply: the CPU's timestamp counter
+/// (through [`quanta`]) between re-readings of the [`SystemClock`], taken at
+/// least every [`FastClock::RESYNC`] of elapsed time.
+///
+/// Reading [`SystemClock`] costs a `clock_gettime` call, tens of nanoseconds
+/// on a virtual machine; this clock costs a counter read and a
+/// multiplication. It is what [`MemoryStore::new`](crate::MemoryStore::new)
+/// reads on every check.
+///
+/// It stays within the counter's calibration error of the system clock
+/// (which accumulates for at most [`FastClock::RESYNC`]), and follows a
+/// step of the system clock at the next re-reading. It never panics; a
+/// re-reading may move it back by that error, which every algorithm
+/// tolerates (an earlier time never admits more). Where the CPU has no
+/// invariant timestamp counter, quanta reads the monotonic clock instead.
+/// All `FastClock`s share one process-wide state, so they read the same.
+///
+/// ```
+/// use tollgate_core::{Clock, FastClock, SystemClock};
+///
+/// let before = SystemClock.now_micros();
+/// let now = FastClock.now_micros();
+/// let after = SystemClock.now_micros();
+/// // Within the counter's drift between two re-readings, far below a second.
+/// assert!(now + 1_000_000 > before && now < after + 1_000_000);
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FastClock;
+
+impl FastClock {
+    /// The most time between two re-readings of the [`SystemClock`].
+    pub const RESYNC: Duration = Duration::from_millis(100);
+}
+
+impl Clock for FastClock {
+    #[inline]
+    fn now_micros(&self) -> u64 {
+        Counter::global().now_micros()
+    }
+}
+
+/// The process-wide state behind [`FastClock`].
+struct Counter {
+    clock: quanta::Clock,
+    /// The counter's reading at creation; elapsed time is measured from it.
+    origin: u64,
+    /// Wall-clock microseconds minus elapsed microseconds (wrapping): the
+    /// wall clock is `elapsed + offset`.
+    offset_us: AtomicU64,
+    /// Elapsed microseconds after which the next reading re-reads the
+    /// system clock.
+    resync_at_us: AtomicU64,
+}
+
+impl Counter {
+    fn global() -> &'static Self {
+        static COUNTER: OnceLock<Counter> = OnceLock::new();
+        COUNTER.get_or_init(|| {
+            let clock = quanta::Clock::new();
+            let origin = clock.raw();
+            let counter = Counter {
+                clock,
+                origin,
+                offset_us: AtomicU64::new(0),
+                resync_at_us: AtomicU64::new(0),
+            };
+            counter.resync(0, 0);
+            counter
+        })
+    }
+
+    #[inline]
+    fn now_micros(&self) -> u64 {
+        let elapsed_us = self.clock.delta_as_nanos(self.origin, self.clock.raw()) / 1_000;
+        let resync_at_us = self.resync_at_us.load(Ordering::Relaxed);
+        if elapsed_us >= resync_at_us {
+            self.resync(elapsed_us, resync_at_us);
+        }
+        elapsed_us.wrapping_add(self.offset_us.load(Ordering::Relaxed))
+    }
+
+    /// Re-reads the system clock, unless another thread already does.
+    #[cold]
+    #[inline(never)]
+    fn resync(&self, elapsed_us: u64, seen_resync_at_us: u64) {
+        let next = elapsed_us.saturating_add(RESYNC_US);
+        if self
+            .resync_at_us
+            .compare_exchange(
+                seen_resync_at_us,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+        {
+            let wall_us = SystemClock.now_micros();
+            self.offset_us
+                .store(wall_us.wrapping_sub(elapsed_us), Ordering::Relaxed);
+        }
+    }
+}
+
+impl fmt::Debug for Counter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Counter").finish_non_exhaustive()
+    }
+}
+
+/// [`FastClock::RESYNC`] in microseconds.
+#[allow(clippy::cast_possible_truncation)] // 100 000 fits.
+const RESYNC_US: u64 = FastClock::RESYNC.as_micros() as u64;
 
 /// A clock that moves only when told to; clones share one time. For tests.
 ///
@@ -83,5 +196,31 @@ impl Clock for ManualClock {
 impl<C: Clock + ?Sized> Clock for Arc<C> {
     fn now_micros(&self) -> u64 {
         (**self).now_micros()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_clock_follows_the_system_clock_across_resyncs() {
+        // Far beyond any counter drift over 100 ms, far below a unit
+        // mistake (a reading in nanoseconds or milliseconds).
+        const TOLERANCE_US: u64 = 50_000;
+        let mut last = 0;
+        for _ in 0..8 {
+            let before = SystemClock.now_micros();
+            let fast = FastClock.now_micros();
+            let after = SystemClock.now_micros();
+            assert!(
+                fast + TOLERANCE_US >= before && fast <= after + TOLERANCE_US,
+                "{fast} is not between {before} and {after}"
+            );
+            assert!(fast + TOLERANCE_US >= last, "went back from {last} to {fast}");
+            last = fast;
+            // Past a re-synchronisation between readings.
+            std::thread::sleep(FastClock::RESYNC / 2 + Duration::from_millis(10));
+        }
     }
 }

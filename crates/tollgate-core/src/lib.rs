@@ -38,7 +38,7 @@ mod policy;
 mod store;
 mod subject;
 
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, FastClock, ManualClock, SystemClock};
 pub use decision::{Decision, Verdict};
 pub use error::StoreError;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
