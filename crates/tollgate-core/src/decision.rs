@@ -7,8 +7,12 @@ use smallvec::SmallVec;
 
 /// What one policy decided for one check.
 ///
-/// Durations keep microsecond precision; rounding to whole seconds happens
-/// only at the HTTP edge, and upward.
+/// Durations are kept in whole microseconds, the precision every algorithm
+/// computes in (the constructors round a finer [`Duration`] up); rounding to
+/// whole seconds happens only at the HTTP edge, and upward. Longer durations
+/// than `u64::MAX` microseconds (584,000 years) are kept as that, except a
+/// `retry_after` that long, which stays [`Duration::MAX`]: algorithms use it
+/// for "never".
 ///
 /// ```
 /// use std::time::Duration;
@@ -20,31 +24,38 @@ use smallvec::SmallVec;
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Decision {
-    // The three durations are kept as seconds and nanoseconds in separate
-    // fields rather than as `Duration`s (16 bytes each with padding): a
-    // decision is then 56 bytes instead of 72, and a two-decision `Verdict`
-    // (returned by value on every check) 120 instead of 152, which the
-    // compiler copies inline. The representation is lossless.
+    // Microseconds rather than `Duration`s (16 bytes each with padding): a
+    // decision is 40 bytes, and stores build one on every check.
     limit: u64,
     remaining: u64,
-    retry_after_secs: u64,
-    reset_after_secs: u64,
-    delay_secs: u64,
-    /// `NO_RETRY` when allowed.
-    retry_after_nanos: u32,
-    reset_after_nanos: u32,
-    delay_nanos: u32,
-    allowed: bool,
+    /// `NO_RETRY` when allowed: a decision denies exactly when it has one.
+    retry_after_us: u64,
+    reset_after_us: u64,
+    delay_us: u64,
 }
 
-/// `retry_after_nanos` of a decision without a retry-after (never a valid
-/// sub-second part).
-const NO_RETRY: u32 = 1_000_000_000;
+/// `retry_after_us` of an admitting decision.
+const NO_RETRY: u64 = u64::MAX;
+/// A `retry_after_us` that reads as [`Duration::MAX`].
+const NEVER_RETRY: u64 = NO_RETRY - 1;
+/// Where `reset_after_us` and `delay_us` saturate.
+const NEVER: u64 = u64::MAX;
+
+/// `duration` in microseconds, rounded up, saturating at `max`.
+const fn micros_up(duration: Duration, max: u64) -> u64 {
+    let micros = duration.as_micros() + !duration.subsec_nanos().is_multiple_of(1_000) as u128;
+    if micros > max as u128 {
+        max
+    } else {
+        // `micros <= max`, so the cast is exact.
+        micros as u64
+    }
+}
 
 impl fmt::Debug for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Decision")
-            .field("allowed", &self.allowed)
+            .field("allowed", &self.is_allowed())
             .field("limit", &self.limit)
             .field("remaining", &self.remaining)
             .field("retry_after", &self.retry_after())
@@ -59,20 +70,11 @@ impl Decision {
     /// this and [`Decision::denied`].
     #[must_use]
     pub const fn allowed(limit: u64, remaining: u64, reset_after: Duration) -> Self {
-        Self {
-            limit,
-            remaining,
-            retry_after_secs: 0,
-            reset_after_secs: reset_after.as_secs(),
-            delay_secs: 0,
-            retry_after_nanos: NO_RETRY,
-            reset_after_nanos: reset_after.subsec_nanos(),
-            delay_nanos: 0,
-            allowed: true,
-        }
+        Self::allowed_us(limit, remaining, micros_up(reset_after, NEVER))
     }
 
-    /// A denying decision.
+    /// A denying decision. A `retry_after` beyond 584,000 years is kept as
+    /// that.
     #[must_use]
     pub const fn denied(
         limit: u64,
@@ -80,31 +82,55 @@ impl Decision {
         retry_after: Duration,
         reset_after: Duration,
     ) -> Self {
+        Self::denied_us(
+            limit,
+            remaining,
+            micros_up(retry_after, NEVER_RETRY),
+            micros_up(reset_after, NEVER),
+        )
+    }
+
+    /// [`Decision::allowed`] in microseconds.
+    #[inline]
+    pub(crate) const fn allowed_us(limit: u64, remaining: u64, reset_after_us: u64) -> Self {
         Self {
             limit,
             remaining,
-            retry_after_secs: retry_after.as_secs(),
-            reset_after_secs: reset_after.as_secs(),
-            delay_secs: 0,
-            retry_after_nanos: retry_after.subsec_nanos(),
-            reset_after_nanos: reset_after.subsec_nanos(),
-            delay_nanos: 0,
-            allowed: false,
+            retry_after_us: NO_RETRY,
+            reset_after_us,
+            delay_us: 0,
+        }
+    }
+
+    /// [`Decision::denied`] in microseconds (`retry_after_us` below
+    /// `u64::MAX`).
+    #[inline]
+    pub(crate) const fn denied_us(
+        limit: u64,
+        remaining: u64,
+        retry_after_us: u64,
+        reset_after_us: u64,
+    ) -> Self {
+        Self {
+            limit,
+            remaining,
+            retry_after_us,
+            reset_after_us,
+            delay_us: 0,
         }
     }
 
     /// The same decision with a queueing delay (leaky bucket in queue mode).
     #[must_use]
     pub const fn with_delay(mut self, delay: Duration) -> Self {
-        self.delay_secs = delay.as_secs();
-        self.delay_nanos = delay.subsec_nanos();
+        self.delay_us = micros_up(delay, NEVER);
         self
     }
 
     /// Whether the request was admitted.
     #[must_use]
     pub const fn is_allowed(&self) -> bool {
-        self.allowed
+        self.retry_after_us == NO_RETRY
     }
 
     /// The most permits the policy admits at once (its capacity).
@@ -123,25 +149,28 @@ impl Decision {
     /// nothing else arrives. `None` when allowed.
     #[must_use]
     pub const fn retry_after(&self) -> Option<Duration> {
-        if self.retry_after_nanos == NO_RETRY {
+        if self.is_allowed() {
             None
         } else {
-            // The nanoseconds are below one second: no carry, no panic.
-            Some(Duration::new(self.retry_after_secs, self.retry_after_nanos))
+            Some(if self.retry_after_us == NEVER_RETRY {
+                Duration::MAX
+            } else {
+                Duration::from_micros(self.retry_after_us)
+            })
         }
     }
 
     /// How long until the key is back to full capacity.
     #[must_use]
     pub const fn reset_after(&self) -> Duration {
-        Duration::new(self.reset_after_secs, self.reset_after_nanos)
+        Duration::from_micros(self.reset_after_us)
     }
 
     /// For a leaky bucket in queue mode: how long the admitted request must
     /// wait for its turn. Zero otherwise.
     #[must_use]
     pub const fn delay(&self) -> Duration {
-        Duration::new(self.delay_secs, self.delay_nanos)
+        Duration::from_micros(self.delay_us)
     }
 }
 
@@ -165,6 +194,9 @@ impl Decision {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
     decisions: SmallVec<[Decision; 2]>,
+    /// Whether every decision admits (kept, not recomputed: callers ask on
+    /// every request).
+    allowed: bool,
 }
 
 impl FromIterator<Decision> for Verdict {
@@ -173,10 +205,12 @@ impl FromIterator<Decision> for Verdict {
         // more for the one or two decisions a verdict holds, and stores
         // build a verdict on every check.
         let mut decisions = SmallVec::new();
+        let mut allowed = true;
         for decision in iter {
+            allowed &= decision.is_allowed();
             decisions.push(decision);
         }
-        Self { decisions }
+        Self { decisions, allowed }
     }
 }
 
@@ -187,13 +221,16 @@ impl Verdict {
     pub(crate) fn from_one(decision: Decision) -> Self {
         let mut decisions = SmallVec::new();
         decisions.push(decision);
-        Self { decisions }
+        Self {
+            allowed: decision.is_allowed(),
+            decisions,
+        }
     }
 
     /// Whether every policy admitted the request (and so all were charged).
     #[must_use]
     pub fn is_allowed(&self) -> bool {
-        self.decisions.iter().all(Decision::is_allowed)
+        self.allowed
     }
 
     /// One decision per policy, in the order the policies were given.
@@ -245,24 +282,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations_survive_the_packed_representation() {
+    fn durations_are_kept_in_microseconds_rounded_up() {
         let odd = Duration::new(12_345, 678_901_234);
-        for retry in [Duration::ZERO, Duration::from_nanos(1), odd, Duration::MAX] {
+        let odd_up = Duration::new(12_345, 678_902_000);
+        for (retry, kept) in [
+            (Duration::ZERO, Duration::ZERO),
+            (Duration::from_nanos(1), Duration::from_micros(1)),
+            (Duration::from_micros(7), Duration::from_micros(7)),
+            (odd, odd_up),
+            // The largest countable retry, and "never" beyond it.
+            (
+                Duration::from_micros(u64::MAX - 2),
+                Duration::from_micros(u64::MAX - 2),
+            ),
+            (Duration::from_micros(u64::MAX - 1), Duration::MAX),
+            (Duration::MAX, Duration::MAX),
+        ] {
             let denied = Decision::denied(7, 3, retry, odd).with_delay(Duration::MAX);
-            assert_eq!(denied.retry_after(), Some(retry));
-            assert_eq!(denied.reset_after(), odd);
-            assert_eq!(denied.delay(), Duration::MAX);
+            assert_eq!(denied.retry_after(), Some(kept));
+            assert_eq!(denied.reset_after(), odd_up);
+            assert_eq!(denied.delay(), Duration::from_micros(u64::MAX));
             assert!(!denied.is_allowed());
         }
         let allowed = Decision::allowed(7, 3, Duration::MAX);
+        assert!(allowed.is_allowed());
         assert_eq!(allowed.retry_after(), None);
-        assert_eq!(allowed.reset_after(), Duration::MAX);
+        assert_eq!(allowed.reset_after(), Duration::from_micros(u64::MAX));
         assert_eq!(allowed.delay(), Duration::ZERO);
         assert_ne!(
             allowed,
             Decision::denied(7, 3, Duration::ZERO, Duration::MAX)
         );
-        assert_eq!(std::mem::size_of::<Decision>(), 56);
+        assert_eq!(std::mem::size_of::<Decision>(), 40);
     }
 
     #[test]
