@@ -12,9 +12,10 @@
 //! Governor is measured twice: as `RateLimiter::keyed` builds it (a DashMap
 //! with std's SipHash) and with the foldhash hasher tollgate uses, so the
 //! comparison does not come down to the hash function. Tollgate is measured
-//! twice too: as `MemoryStore::new()` builds it (reading `SystemTime` on every
-//! check) and with a clock read from the CPU's timestamp counter the way
-//! governor's default clock (quanta) reads it, to show what the clock costs.
+//! twice too: as `MemoryStore::new()` builds it (its `FastClock` reads the
+//! CPU's timestamp counter through quanta, as governor's default clock does)
+//! and reading `SystemTime` on every check (`SystemClock`), to show what the
+//! clock costs.
 //!
 //! Two-thread runs time the wall clock from a barrier until both threads
 //! finished their half of the checks, and report wall time per check.
@@ -34,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use tollgate_core::{Clock, MemoryStore, Policy, Store};
+use tollgate_core::{MemoryStore, Policy, Store, SystemClock};
 
 const SIZES: [usize; 3] = [1, 10_000, 1_000_000];
 const THREADS: [usize; 2] = [1, 2];
@@ -66,37 +67,6 @@ trait Limiter: Sync {
 struct Tollgate {
     store: MemoryStore,
     policies: [Policy; 1],
-}
-
-/// Wall-clock time read from the CPU's timestamp counter, as governor's
-/// default clock (quanta) reads it: the system clock once at creation plus
-/// the TSC's progress since. Not a clock for production (it is never
-/// re-synchronised); it shows how much of the difference is the system
-/// clock read (`SystemTime::now`), which `MemoryStore` uses by default.
-#[derive(Debug)]
-struct TscClock {
-    clock: quanta::Clock,
-    anchor_raw: u64,
-    anchor_us: u64,
-}
-
-impl TscClock {
-    fn new() -> Self {
-        let clock = quanta::Clock::new();
-        let anchor_raw = clock.raw();
-        Self {
-            anchor_us: tollgate_core::SystemClock.now_micros(),
-            anchor_raw,
-            clock,
-        }
-    }
-}
-
-impl Clock for TscClock {
-    fn now_micros(&self) -> u64 {
-        let elapsed = self.clock.delta_as_nanos(self.anchor_raw, self.clock.raw());
-        self.anchor_us + elapsed / 1_000
-    }
 }
 
 impl Limiter for Tollgate {
@@ -253,8 +223,8 @@ fn benches(c: &mut Criterion) {
                 store: MemoryStore::new(),
                 policies: [tollgate_policy.clone()],
             };
-            let tollgate_tsc = Tollgate {
-                store: MemoryStore::with_clock(TscClock::new()),
+            let tollgate_sys = Tollgate {
+                store: MemoryStore::with_clock(SystemClock),
                 policies: [tollgate_policy.clone()],
             };
             let governor: DefaultKeyedRateLimiter<String> = RateLimiter::keyed(quota);
@@ -262,7 +232,7 @@ fn benches(c: &mut Criterion) {
                 RateLimiter::dashmap_with_hasher(quota, foldhash::fast::RandomState::default());
             let limiters: [(&'static str, &dyn Limiter); 4] = [
                 ("tollgate", &tollgate),
-                ("tollgate_tsc", &tollgate_tsc),
+                ("tollgate_sys", &tollgate_sys),
                 ("governor", &governor),
                 ("governor_foldhash", &governor_fold),
             ];
@@ -333,7 +303,7 @@ fn interleaved(
             "governor_foldhash",
             "tollgate/governor_foldhash",
         ),
-        ("tollgate_tsc", "governor", "tollgate_tsc/governor"),
+        ("tollgate_sys", "governor", "tollgate_sys/governor"),
     ] {
         if let (Some(a), Some(b)) = (times.get(a), times.get(b)) {
             let mut ratios: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b).collect();
@@ -412,21 +382,21 @@ fn print_table() {
         "keys",
         "threads",
         "tollgate",
-        "+tsc",
+        "+sys",
         "governor",
         "gov+fold",
         "ratio",
         "r fold",
-        "r tsc",
+        "r sys",
         "denied"
     );
     for size in SIZES {
         for threads in THREADS {
             let ours = estimate(size, threads, "tollgate");
-            let tsc = estimate(size, threads, "tollgate_tsc");
+            let sys = estimate(size, threads, "tollgate_sys");
             let theirs = estimate(size, threads, "governor");
             let fold = estimate(size, threads, "governor_foldhash");
-            if [ours, tsc, theirs, fold].iter().all(Option::is_none) {
+            if [ours, sys, theirs, fold].iter().all(Option::is_none) {
                 continue;
             }
             let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b?);
@@ -438,12 +408,12 @@ fn print_table() {
             println!(
                 "{size:>9} {threads:>7} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {denied:>7}",
                 show(ours, 1),
-                show(tsc, 1),
+                show(sys, 1),
                 show(theirs, 1),
                 show(fold, 1),
                 show(ratio(ours, theirs), 2),
                 show(ratio(ours, fold), 2),
-                show(ratio(tsc, theirs), 2),
+                show(ratio(sys, theirs), 2),
             );
         }
     }
@@ -458,12 +428,12 @@ fn print_table() {
             "keys",
             "threads",
             "tollgate",
-            "+tsc",
+            "+sys",
             "governor",
             "gov+fold",
             "ratio",
             "r fold",
-            "r tsc"
+            "r sys"
         );
         for size in SIZES {
             for threads in THREADS {
@@ -474,12 +444,12 @@ fn print_table() {
                 println!(
                     "{size:>9} {threads:>7} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7}",
                     show(get("tollgate"), 1),
-                    show(get("tollgate_tsc"), 1),
+                    show(get("tollgate_sys"), 1),
                     show(get("governor"), 1),
                     show(get("governor_foldhash"), 1),
                     show(get("tollgate/governor"), 2),
                     show(get("tollgate/governor_foldhash"), 2),
-                    show(get("tollgate_tsc/governor"), 2),
+                    show(get("tollgate_sys/governor"), 2),
                 );
             }
         }
@@ -487,7 +457,7 @@ fn print_table() {
     println!();
     println!("ratio = tollgate / governor (RateLimiter::keyed: DashMap with std's SipHash)");
     println!("r fold = tollgate / governor with foldhash (the hasher tollgate uses)");
-    println!("r tsc = tollgate reading a TSC clock like governor's (quanta) / governor; tollgate's default reads SystemTime");
+    println!("r sys = tollgate reading SystemTime on every check (SystemClock) / governor; tollgate's default FastClock reads the TSC through quanta, like governor's default clock");
     if used_fallback {
         println!(
             "(some figures are this program's own timing: criterion's estimates.json was not found under {})",

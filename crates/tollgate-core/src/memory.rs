@@ -2,86 +2,109 @@
 //!
 //! # Layout
 //!
-//! State lives in a fixed number of shards, each a [`parking_lot::Mutex`]
-//! around a [`hashbrown::HashTable`] of entries. An entry is one subject: its
-//! key and one slot (policy name, algorithm state, expiry) per policy that
-//! has charged it. The subject's hash picks the shard, so every policy of one
-//! subject sits behind one lock and a multi-policy check is one critical
-//! section: every policy's [`algorithms::check`] is computed first and the
-//! new states are written only if all admit.
+//! State lives in a fixed number of shards, each a [`parking_lot::RwLock`]
+//! on its own cache line. A shard keeps its subjects densely in a `Vec` of
+//! entries, and finds them through an index: a [`hashbrown::HashTable`] of
+//! four-byte positions, which stays small enough to sit in cache while the
+//! entries do not. An entry is one subject: its key and one slot (policy
+//! name, algorithm state) per policy that has charged it. The subject's hash
+//! picks the shard, so every policy of one subject sits behind one lock and
+//! a multi-policy check is one critical section under the write lock: every
+//! policy's [`algorithms::check`] is computed first and the new states are
+//! written only if all admit.
 //!
 //! The subject is hashed once per call; the same hash picks the shard (from
-//! high bits) and the bucket (hashbrown uses the low bits and the top seven).
-//! A lookup borrows the caller's `&str` and allocates nothing; only a new
-//! subject may allocate (its key when longer than 24 bytes, and its list of
-//! slots when it has more than one policy; policy names are shared). An
-//! entry is 96 bytes plus those allocations.
+//! high bits) and the index bucket (hashbrown uses the low bits and the top
+//! seven). A lookup borrows the caller's `&str` and allocates nothing; only
+//! a new subject may allocate (its key when longer than 24 bytes, and its
+//! list of slots when it has more than one policy; policy names are
+//! shared). An entry is 96 bytes plus those allocations.
 //!
-//! One-policy checks of GCRA (the default) take a fast path: the same
-//! arithmetic as [`algorithms::check`] in `u64` (a property test holds the
-//! two equal), with the figures only a denial needs computed only on
-//! denial.
+//! # The GCRA hot path
+//!
+//! A GCRA state whose TAT has no fraction of a microsecond (every state of
+//! a policy whose emission interval `period / limit` is whole, such as ten
+//! per second or a thousand per minute) is kept as one [`AtomicU64`], which
+//! is also its expiry. A one-policy GCRA charge of a subject that holds
+//! only such a state runs under the shard's **read** lock and replaces the
+//! TAT by compare-and-swap, with the arithmetic of [`algorithms::check`]
+//! rearranged so that admitting takes no division (a property test holds
+//! the two equal). Charges of any subjects in one shard, including the same
+//! subject, then proceed in parallel, and stay exact: a swap that lost to
+//! another recomputes from the TAT that won. Everything else (new subjects,
+//! other algorithms, several policies, fractional TATs, peeks) takes the
+//! write lock, with GCRA on a `u64` fast path there too.
 //!
 //! # Expiry and sweeping
 //!
-//! Every slot records when its state is back to full capacity
+//! Every slot knows when its state is back to full capacity
 //! ([`Step::expires_at_us`]); an entry expires with the latest of its
 //! slots. A state past its expiry is the same as no state, so expired slots
 //! and entries are treated as absent on lookup and reused in place. Memory is
 //! reclaimed without a background thread, by work proportional to the
 //! operations a shard serves:
 //!
-//! - **Incremental sweep.** Every [`SWEEP_EVERY`] operations on a shard scan
-//!   the next [`SWEEP_CHUNK`] buckets of its table (a cursor walks the table
-//!   round and round) and drop expired entries. While a chunk yields at least
-//!   a quarter of its buckets as expired entries, up to [`SWEEP_MAX_CHUNKS`]
-//!   chunks are scanned in a row (the work is then paid for by the entries
-//!   freed, which were each inserted once). When the cursor completes a pass
-//!   over a table that is more than three quarters empty, the table shrinks.
+//! - **Incremental sweep.** Every [`SWEEP_EVERY`] operations on a shard
+//!   scan the next [`SWEEP_CHUNK`] entries (a cursor walks them round and
+//!   round) and drop expired ones. While a chunk yields at least a quarter
+//!   of its entries as expired, up to [`SWEEP_MAX_CHUNKS`] chunks are
+//!   scanned in a row (the work is then paid for by the entries freed,
+//!   which were each inserted once). When the cursor completes a pass over
+//!   a shard that is more than three quarters empty, the shard shrinks.
+//!   Hot-path charges count per thread instead of per shard (so they write
+//!   nothing shared): every [`SWEEP_EVERY`]-th on a thread sweeps the shard
+//!   it lands on, when that shard holds anything expired.
 //! - **Sweep before growth.** When inserting a subject would make a shard's
-//!   table grow, the whole shard is swept first; if that frees less than an
-//!   eighth of it, the table grows at once, so the next such sweep is at
-//!   least an eighth of a table's worth of inserts away.
+//!   index grow, the whole shard is swept first; if that frees less than an
+//!   eighth of it, the index grows at once, so the next such sweep is at
+//!   least an eighth of an index's worth of inserts away.
 //! - **`max_keys`.** When the store is full, a new subject first sweeps its
 //!   own shard, then (outside that lock) every shard that may hold expired
 //!   entries, and retries once.
 //!
 //! Each shard keeps a lower bound of its entries' expiry times (made exact
-//! by every full sweep and at the end of every incremental pass), so shards
-//! with nothing expired skip their sweeps without a scan.
+//! by every full sweep and at the end of every incremental pass; a hot-path
+//! charge only moves an expiry later), so shards with nothing expired skip
+//! their sweeps without a scan.
 //!
 //! Each of these costs O(1) amortized per operation. A shard that stops
 //! receiving operations keeps its expired entries until it is used again or
 //! [`MemoryStore::purge_expired`] is called (from a timer of the
 //! application's own, if it wants one).
 
+use std::borrow::Cow;
 use std::fmt;
 use std::future::{ready, Ready};
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
-use parking_lot::Mutex;
+use parking_lot::RwLock;
 use sha2::{Digest, Sha256};
 use smallvec::SmallVec;
 
 use crate::algorithms::{self, GcraState, State, Step};
 use crate::{
-    is_plain, validate_check, Algorithm, Clock, Decision, Policy, Store, StoreError, SystemClock,
-    Verdict,
+    validate_check, Algorithm, Clock, Decision, FastClock, Policy, Store, StoreError, Verdict,
+    MAX_PLAIN_SUBJECT_LEN,
 };
 
 /// Operations on a shard between two incremental sweeps.
 const SWEEP_EVERY: u32 = 64;
-/// Buckets scanned per chunk of an incremental sweep.
+/// Entries scanned per chunk of an incremental sweep.
 const SWEEP_CHUNK: usize = 128;
 /// Most chunks one incremental sweep scans.
 const SWEEP_MAX_CHUNKS: usize = 16;
-/// A table with fewer buckets is never shrunk.
-const MIN_SHRINK_BUCKETS: usize = 256;
+/// A shard with room for fewer entries is never shrunk.
+const MIN_SHRINK_ENTRIES: usize = 256;
+/// Most entries one shard holds (its index stores positions as `u32`).
+const MAX_SHARD_ENTRIES: usize = u32::MAX as usize;
 /// Most shards a store may have.
 const MAX_SHARDS: usize = 4096;
+/// The first byte of a hashed subject's key: never a byte of UTF-8.
+const HASHED_KEY_TAG: u8 = 0xFF;
 /// Most policy names a shard shares between its subjects.
 const MAX_INTERNED_NAMES: usize = 32;
 
@@ -89,8 +112,12 @@ const MAX_INTERNED_NAMES: usize = 32;
 ///
 /// Checks answer synchronously (the future is [`std::future::Ready`]) and
 /// lock only the shard the subject hashes to, so unrelated subjects proceed
-/// in parallel. Every policy of one subject lives in one shard: a
-/// multi-policy check is all or nothing.
+/// in parallel; GCRA charges of known subjects (the common case) take that
+/// lock shared and update the state by compare-and-swap. Every policy of one
+/// subject lives in one shard: a multi-policy check is all or nothing.
+///
+/// Time comes from the [`FastClock`] unless the builder is given another
+/// clock.
 ///
 /// Cloning is cheap and **shares state**: clones see and charge the same
 /// counters (an [`Arc`] inside), which is how one store serves several
@@ -102,9 +129,10 @@ const MAX_INTERNED_NAMES: usize = 32;
 /// [`MemoryStore::purge_expired`]). [`MemoryStoreBuilder::max_keys`] caps
 /// the number of subjects.
 ///
-/// Subjects that are long, empty or contain characters outside
-/// [`encode_subject`](crate::encode_subject)'s plain set are stored by their
-/// SHA-256 digest, so a hostile subject costs a bounded amount of memory.
+/// Subjects longer than [`MAX_PLAIN_SUBJECT_LEN`](crate::MAX_PLAIN_SUBJECT_LEN)
+/// bytes are stored by their SHA-256 digest, so a hostile subject costs a
+/// bounded amount of memory; shorter ones are stored as they are, whatever
+/// their characters.
 ///
 /// ```
 /// use std::time::Duration;
@@ -134,7 +162,9 @@ pub struct MemoryStore {
 }
 
 struct Inner {
-    shards: Box<[Mutex<Shard>]>,
+    /// Each on its own cache line, so threads working on different shards
+    /// do not slow each other down.
+    shards: Box<[CachePadded<RwLock<Shard>>]>,
     /// `shards.len() - 1`; the length is a power of two.
     shard_mask: usize,
     hasher: foldhash::fast::RandomState,
@@ -144,11 +174,11 @@ struct Inner {
     len: AtomicUsize,
 }
 
-/// The clock, with the system clock dispatched statically (it is read on
-/// every check).
+/// The clock, with the default [`FastClock`] dispatched statically (it is
+/// read on every check).
 #[derive(Debug, Clone)]
 enum StoreClock {
-    System,
+    Fast,
     Custom(Arc<dyn Clock>),
 }
 
@@ -156,7 +186,7 @@ impl StoreClock {
     #[inline]
     fn now_micros(&self) -> u64 {
         match self {
-            Self::System => SystemClock.now_micros(),
+            Self::Fast => FastClock.now_micros(),
             Self::Custom(clock) => clock.now_micros(),
         }
     }
@@ -185,7 +215,7 @@ pub struct MemoryStoreBuilder {
 impl Default for MemoryStoreBuilder {
     fn default() -> Self {
         Self {
-            clock: StoreClock::System,
+            clock: StoreClock::Fast,
             shards: None,
             max_keys: None,
         }
@@ -193,7 +223,9 @@ impl Default for MemoryStoreBuilder {
 }
 
 impl MemoryStoreBuilder {
-    /// Reads time from `clock` instead of the [`SystemClock`]. Pass a clone
+    /// Reads time from `clock` instead of the [`FastClock`] (pass
+    /// [`SystemClock`](crate::SystemClock) to read `SystemTime` on every
+    /// check). Pass a clone
     /// of a [`ManualClock`](crate::ManualClock) to drive time in tests.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = StoreClock::Custom(Arc::new(clock));
@@ -224,6 +256,11 @@ impl MemoryStoreBuilder {
     /// Builds the store.
     #[must_use]
     pub fn build(self) -> MemoryStore {
+        if let StoreClock::Fast = self.clock {
+            // The first reading calibrates the counter (under a
+            // millisecond): pay it here rather than on the first check.
+            let _ = FastClock.now_micros();
+        }
         let shards = self
             .shards
             .unwrap_or_else(|| {
@@ -233,7 +270,9 @@ impl MemoryStoreBuilder {
             .next_power_of_two();
         MemoryStore {
             inner: Arc::new(Inner {
-                shards: (0..shards).map(|_| Mutex::new(Shard::new())).collect(),
+                shards: (0..shards)
+                    .map(|_| CachePadded::new(RwLock::new(Shard::new())))
+                    .collect(),
                 shard_mask: shards - 1,
                 hasher: foldhash::fast::RandomState::default(),
                 clock: self.clock,
@@ -262,7 +301,7 @@ impl fmt::Debug for MemoryStore {
 }
 
 impl MemoryStore {
-    /// A store on the [`SystemClock`] with default sharding and no cap on
+    /// A store on the [`FastClock`] with default sharding and no cap on
     /// the number of subjects.
     ///
     /// ```
@@ -351,8 +390,8 @@ impl MemoryStore {
         let now = self.inner.clock.now_micros();
         let mut removed = 0;
         for shard in &*self.inner.shards {
-            let mut shard = shard.lock();
-            let freed = shard.purge(now);
+            let mut shard = shard.write();
+            let freed = shard.purge(&self.inner, now);
             self.inner.forget(freed);
             removed += freed;
         }
@@ -377,12 +416,12 @@ impl MemoryStore {
         // algorithm handles a time earlier than its state's (it never admits
         // more than it would have at the later time).
         let now = inner.clock.now_micros();
-        let first = check(&mut shard.lock(), inner, hash, key, now);
+        let first = check(&mut shard.write(), inner, hash, key, now);
         if !matches!(first, Err(StoreError::Full { .. })) {
             return first;
         }
         self.make_room(now, first, || {
-            check(&mut shard.lock(), inner, hash, key, now)
+            check(&mut shard.write(), inner, hash, key, now)
         })
     }
 
@@ -397,9 +436,9 @@ impl MemoryStore {
         let inner = &*self.inner;
         let mut freed = 0;
         for shard in &*inner.shards {
-            let mut shard = shard.lock();
+            let mut shard = shard.write();
             if shard.min_expires_at_us <= now {
-                let purged = shard.purge(now);
+                let purged = shard.purge(inner, now);
                 inner.forget(purged);
                 freed += purged;
             }
@@ -411,22 +450,56 @@ impl MemoryStore {
         }
     }
 
+    /// The hot path: a GCRA charge of a subject that has a live state of
+    /// this policy alone, written in place in one short critical section.
+    /// `None` (having changed nothing) for everything else, which takes
+    /// the general path.
+    #[inline(always)]
+    fn charge_known_gcra(&self, subject: &str, policy: &Policy, cost: u64) -> Option<Decision> {
+        if policy.algorithm() != Algorithm::Gcra || cost == 0 {
+            return None;
+        }
+        let key = Key::new(subject);
+        let key = key.as_bytes();
+        let inner = &*self.inner;
+        let hash = inner.hash_key(key);
+        // Read before locking, as in `on_shard`.
+        let now = inner.clock.now_micros();
+        let lock = inner.shard(hash);
+        let shard = lock.read();
+        let decision = shard.charge_known_gcra(hash, key, policy, now, cost)?;
+        // These charges count towards sweeps per thread rather than per
+        // shard (a shared counter would be written on every charge): every
+        // `SWEEP_EVERY`-th charge on a thread sweeps the shard it lands on,
+        // so shards are swept in proportion to their traffic, as by
+        // `Shard::tick`.
+        let sweep = shard.min_expires_at_us <= now && hot_tick();
+        drop(shard);
+        if sweep {
+            let freed = lock.write().sweep_some(inner, now);
+            inner.forget(freed);
+        }
+        Some(decision)
+    }
+
     fn reset_now(&self, subject: &str, policies: &[Policy]) {
         let key = Key::new(subject);
         let key = key.as_bytes();
         let inner = &*self.inner;
         let hash = inner.hash_key(key);
-        let mut shard = inner.shard(hash).lock();
-        let Ok(mut entry) = shard.table.find_entry(hash, |e| e.key.as_slice() == key) else {
+        let mut shard = inner.shard(hash).write();
+        let Some(position) = shard.find(hash, key) else {
             return;
         };
-        let slots = &mut entry.get_mut().slots;
-        slots.retain(|slot| !policies.iter().any(|p| p.name() == &*slot.policy));
-        if slots.is_empty() {
-            entry.remove();
+        let entry = &mut shard.entries[position];
+        entry
+            .slots
+            .retain(|slot| !policies.iter().any(|p| p.name() == &*slot.policy));
+        if entry.slots.is_empty() {
+            shard.remove(inner, position);
             inner.forget(1);
         } else {
-            let expires_at_us = entry.get().expires_at_us();
+            let expires_at_us = entry.expires_at_us();
             shard.note_expiry(expires_at_us);
         }
     }
@@ -447,6 +520,9 @@ impl Store for MemoryStore {
         // One policy, the common case, carries a `Decision` until the very
         // end rather than a `Verdict` (twice its size).
         if let [policy] = policies {
+            if let Some(decision) = self.charge_known_gcra(subject, policy, cost) {
+                return ready(Ok(Verdict::from_one(decision)));
+            }
             let decision = self.on_shard(subject, |shard, inner, hash, key, now| {
                 shard.check_one(inner, hash, key, policy, now, cost)
             });
@@ -477,15 +553,10 @@ impl Inner {
     }
 
     #[inline]
-    fn shard(&self, hash: u64) -> &Mutex<Shard> {
+    fn shard(&self, hash: u64) -> &RwLock<Shard> {
         // Bits 40.. pick the shard; hashbrown uses the low bits for the
         // bucket and the top seven as a tag, so the two stay independent.
         &self.shards[(hash >> 40) as usize & self.shard_mask]
-    }
-
-    /// The hasher hashbrown needs when it moves entries.
-    fn rehash(&self) -> impl Fn(&Entry) -> u64 + '_ {
-        |entry| self.hash_key(&entry.key)
     }
 
     /// Records that `removed` entries left the store.
@@ -513,9 +584,10 @@ impl Inner {
     }
 }
 
-/// A subject as stored: its plain bytes, or `#` and its SHA-256 digest
-/// (raw, not hex: a plain subject never contains `#`, so the two never
-/// collide). Built on the stack: looking a subject up allocates nothing.
+/// A subject as stored: its bytes when it is at most
+/// [`MAX_PLAIN_SUBJECT_LEN`] long, or the byte `0xFF` and its SHA-256 digest
+/// (raw, not hex: `0xFF` never occurs in UTF-8, so the two never collide).
+/// Built on the stack: looking a subject up allocates nothing.
 enum Key<'a> {
     Plain(&'a [u8]),
     Hashed([u8; 33]),
@@ -524,7 +596,7 @@ enum Key<'a> {
 impl<'a> Key<'a> {
     #[inline(always)]
     fn new(subject: &'a str) -> Self {
-        if is_plain(subject) {
+        if subject.len() <= MAX_PLAIN_SUBJECT_LEN {
             Self::Plain(subject.as_bytes())
         } else {
             Self::Hashed(Self::hashed(subject))
@@ -535,7 +607,7 @@ impl<'a> Key<'a> {
     #[inline(never)]
     fn hashed(subject: &str) -> [u8; 33] {
         let mut key = [0; 33];
-        key[0] = b'#';
+        key[0] = HASHED_KEY_TAG;
         key[1..].copy_from_slice(&Sha256::digest(subject.as_bytes()));
         key
     }
@@ -576,6 +648,26 @@ fn check_policy(policy: &Policy, state: Option<&State>, now_us: u64, cost: u64) 
 /// uses the reference implementation.
 #[inline(always)]
 fn gcra_u64(policy: &Policy, tat: Option<GcraState>, now_us: u64, cost: u64) -> Option<Step> {
+    let fast = gcra_fast(policy, tat, now_us, cost)?;
+    Some(Step {
+        decision: fast.decision,
+        new_state: fast.tat.map(State::Gcra),
+        expires_at_us: fast.expires_at_us,
+    })
+}
+
+/// What [`gcra_fast`] decided: a [`Step`] with the state unwrapped.
+#[derive(Clone, Copy)]
+struct GcraFast {
+    decision: Decision,
+    /// The new TAT when admitted with a cost.
+    tat: Option<GcraState>,
+    expires_at_us: u64,
+}
+
+/// See [`gcra_u64`].
+#[inline(always)]
+fn gcra_fast(policy: &Policy, tat: Option<GcraState>, now_us: u64, cost: u64) -> Option<GcraFast> {
     let capacity = policy.capacity();
     let limit = policy.limit();
     let period = policy.period_micros();
@@ -594,50 +686,100 @@ fn gcra_u64(policy: &Policy, tat: Option<GcraState>, now_us: u64, cost: u64) -> 
         _ => 0,
     };
     let span_new = span_old.checked_add(cost.max(1).checked_mul(period)?)?;
-    let micros = std::time::Duration::from_micros;
     if span_new > full {
         let retry_after = (span_new - full).div_ceil(limit);
         let remaining = full.saturating_sub(span_old) / period;
         let reset_after = span_old.div_ceil(limit);
-        let denied = Decision::denied(
-            capacity,
-            remaining,
-            micros(retry_after),
-            micros(reset_after),
-        );
-        return Some(gcra_step(denied, None, now_us, reset_after));
+        return Some(GcraFast {
+            decision: Decision::denied_us(capacity, remaining, retry_after, reset_after),
+            tat: None,
+            expires_at_us: now_us.saturating_add(reset_after),
+        });
     }
     if cost == 0 {
         let remaining = (full - span_old) / period;
         let reset_after = span_old.div_ceil(limit);
-        let peek = Decision::allowed(capacity, remaining, micros(reset_after));
-        return Some(gcra_step(peek, None, now_us, reset_after));
+        return Some(GcraFast {
+            decision: Decision::allowed_us(capacity, remaining, reset_after),
+            tat: None,
+            expires_at_us: now_us.saturating_add(reset_after),
+        });
     }
     // The new TAT is `now + span_new / L`.
     let (whole, rem) = (span_new / limit, span_new % limit);
     let tat_us = now_us.checked_add(whole)?;
     let remaining = (full - span_new) / period;
     let reset_after = whole + u64::from(rem > 0);
-    let allowed = Decision::allowed(capacity, remaining, micros(reset_after));
-    let state = State::Gcra(GcraState {
-        tat_us,
-        tat_rem: rem,
-    });
-    Some(gcra_step(allowed, Some(state), now_us, reset_after))
+    Some(GcraFast {
+        decision: Decision::allowed_us(capacity, remaining, reset_after),
+        tat: Some(GcraState {
+            tat_us,
+            tat_rem: rem,
+        }),
+        expires_at_us: now_us.saturating_add(reset_after),
+    })
 }
 
+thread_local! {
+    /// Hot-path charges on this thread since its last sweep.
+    static HOT_OPS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts a hot-path charge; true every [`SWEEP_EVERY`]-th on this thread.
 #[inline]
-fn gcra_step(
-    decision: Decision,
-    new_state: Option<State>,
+fn hot_tick() -> bool {
+    HOT_OPS.with(|ops| {
+        let next = ops.get() + 1;
+        let due = next >= SWEEP_EVERY;
+        ops.set(if due { 0 } else { next });
+        due
+    })
+}
+
+/// What a GCRA charge does to a [`SlotState::Tat`].
+enum TatCharge {
+    /// Admitted: the new TAT.
+    Admitted(u64),
+    Denied(Decision),
+}
+
+/// A GCRA charge of `cost > 0` on the TAT `tat_us` of a policy whose
+/// emission interval is `interval` whole microseconds: [`gcra_fast`] with
+/// `L` cancelled out of every span, so admitting takes no division. `None`
+/// where an intermediate would overflow (the caller takes the general path).
+#[inline(always)]
+fn tat_charge(
+    policy: &Policy,
+    interval: u64,
+    tat_us: u64,
     now_us: u64,
-    reset_after_us: u64,
-) -> Step {
-    Step {
-        decision,
-        new_state,
-        expires_at_us: now_us.saturating_add(reset_after_us),
+    cost: u64,
+) -> Option<TatCharge> {
+    let full = policy.capacity().checked_mul(interval)?;
+    // A TAT in the past is the same as no state (so an expired slot needs
+    // no telling apart).
+    let span = tat_us
+        .saturating_sub(now_us)
+        .checked_add(cost.checked_mul(interval)?)?;
+    if span > full {
+        // Denials write nothing: their figures come from the reference
+        // arithmetic.
+        let state = GcraState { tat_us, tat_rem: 0 };
+        let denied = gcra_fast(policy, Some(state), now_us, cost)?;
+        return Some(TatCharge::Denied(denied.decision));
     }
+    Some(TatCharge::Admitted(now_us.checked_add(span)?))
+}
+
+/// The decision of an admitting [`tat_charge`] that moved the TAT to
+/// `new_tat_us`.
+#[inline(always)]
+fn tat_admitted(policy: &Policy, interval: u64, new_tat_us: u64, now_us: u64) -> Decision {
+    let capacity = policy.capacity();
+    // `tat_charge` checked `span <= capacity · interval` without overflow.
+    let span = new_tat_us - now_us;
+    let remaining = (capacity * interval - span) / interval;
+    Decision::allowed_us(capacity, remaining, span)
 }
 
 /// One subject.
@@ -654,8 +796,57 @@ struct Entry {
 struct Slot {
     /// Shared with the shard's other slots of the same policy.
     policy: Arc<str>,
-    state: State,
-    expires_at_us: u64,
+    state: SlotState,
+}
+
+/// A slot's state, and when it expires.
+enum SlotState {
+    /// A GCRA state without a fraction of a microsecond (every state of a
+    /// policy whose emission interval is a whole number of microseconds):
+    /// its TAT, which is also when it expires. The hot path charges it under
+    /// the shard's read lock, by compare-and-swap.
+    Tat(AtomicU64),
+    /// Any other state.
+    Other { state: State, expires_at_us: u64 },
+}
+
+impl SlotState {
+    fn new(state: State, expires_at_us: u64) -> Self {
+        match state {
+            State::Gcra(GcraState { tat_us, tat_rem: 0 }) if tat_us == expires_at_us => {
+                Self::Tat(AtomicU64::new(tat_us))
+            }
+            state => Self::Other {
+                state,
+                expires_at_us,
+            },
+        }
+    }
+}
+
+impl Slot {
+    #[inline]
+    fn expires_at_us(&self) -> u64 {
+        match &self.state {
+            SlotState::Tat(tat) => tat.load(Ordering::Acquire),
+            SlotState::Other { expires_at_us, .. } => *expires_at_us,
+        }
+    }
+
+    /// The state, unless it expired (an expired state is no state).
+    #[inline]
+    fn live_state(&self, now: u64) -> Option<Cow<'_, State>> {
+        match &self.state {
+            SlotState::Tat(tat) => {
+                let tat_us = tat.load(Ordering::Acquire);
+                (tat_us > now).then_some(Cow::Owned(State::Gcra(GcraState { tat_us, tat_rem: 0 })))
+            }
+            SlotState::Other {
+                state,
+                expires_at_us,
+            } => (*expires_at_us > now).then_some(Cow::Borrowed(state)),
+        }
+    }
 }
 
 impl Entry {
@@ -671,26 +862,23 @@ impl Entry {
     #[inline]
     fn expires_at_us(&self) -> u64 {
         match &*self.slots {
-            [slot] => slot.expires_at_us,
-            slots => slots
-                .iter()
-                .map(|slot| slot.expires_at_us)
-                .max()
-                .unwrap_or(0),
+            [slot] => slot.expires_at_us(),
+            slots => slots.iter().map(Slot::expires_at_us).max().unwrap_or(0),
         }
     }
 
     /// The position of `policy`'s slot.
     #[inline]
-    fn slot(&self, policy: &str) -> Option<usize> {
-        self.slots.iter().position(|slot| &*slot.policy == policy)
+    fn slot(&self, policy: &Arc<str>) -> Option<usize> {
+        self.slots
+            .iter()
+            .position(|slot| same_name(&slot.policy, policy))
     }
 
     /// The state `policy` left, unless it expired.
     #[inline]
-    fn live_state(&self, policy: &str, now: u64) -> Option<&State> {
-        let slot = &self.slots[self.slot(policy)?];
-        (slot.expires_at_us > now).then_some(&slot.state)
+    fn live_state(&self, policy: &Arc<str>, now: u64) -> Option<Cow<'_, State>> {
+        self.slots[self.slot(policy)?].live_state(now)
     }
 
     /// Stores `state` as `policy`'s, in the slot at `position` if known.
@@ -699,15 +887,12 @@ impl Entry {
         &mut self,
         names: &mut Vec<Arc<str>>,
         position: Option<usize>,
-        policy: &str,
+        policy: &Arc<str>,
         state: State,
         expires_at_us: u64,
     ) {
         match position.and_then(|position| self.slots.get_mut(position)) {
-            Some(slot) => {
-                slot.state = state;
-                slot.expires_at_us = expires_at_us;
-            }
+            Some(slot) => slot.state = SlotState::new(state, expires_at_us),
             None => self.add_slot(names, policy, state, expires_at_us),
         }
     }
@@ -716,14 +901,13 @@ impl Entry {
     fn add_slot(
         &mut self,
         names: &mut Vec<Arc<str>>,
-        policy: &str,
+        policy: &Arc<str>,
         state: State,
         expires_at_us: u64,
     ) {
         self.slots.push(Slot {
             policy: intern(names, policy),
-            state,
-            expires_at_us,
+            state: SlotState::new(state, expires_at_us),
         });
     }
 
@@ -732,13 +916,19 @@ impl Entry {
     #[inline]
     fn refresh(&mut self, now: u64) {
         if self.slots.len() > 1 {
-            self.slots.retain(|slot| slot.expires_at_us > now);
+            self.slots.retain(|slot| slot.expires_at_us() > now);
         }
     }
 }
 
 struct Shard {
-    table: HashTable<Entry>,
+    /// Where each subject is in `entries`, by the subject's hash: four
+    /// bytes per bucket, so the table a lookup probes stays small and
+    /// cached.
+    index: HashTable<u32>,
+    /// The subjects, densely: no memory for empty buckets, and a sweep
+    /// walks a plain slice.
+    entries: Vec<Entry>,
     /// Operations since the last incremental sweep.
     ops: u32,
     /// Next bucket the incremental sweep looks at.
@@ -755,23 +945,32 @@ struct Shard {
 }
 
 /// The shared copy of a policy name, interning up to [`MAX_INTERNED_NAMES`]
-/// names per shard (applications use a handful; past that, each slot gets
-/// its own copy).
-fn intern(names: &mut Vec<Arc<str>>, name: &str) -> Arc<str> {
-    if let Some(interned) = names.iter().find(|interned| ***interned == *name) {
+/// names per shard (applications use a handful; past that, each slot holds
+/// the `Arc` of the policy that wrote it).
+///
+/// The first policy seen with a name lends its own `Arc`, so checks made
+/// with clones of that policy find their slot by a pointer comparison.
+fn intern(names: &mut Vec<Arc<str>>, name: &Arc<str>) -> Arc<str> {
+    if let Some(interned) = names.iter().find(|interned| same_name(interned, name)) {
         return Arc::clone(interned);
     }
-    let name: Arc<str> = name.into();
     if names.len() < MAX_INTERNED_NAMES {
-        names.push(Arc::clone(&name));
+        names.push(Arc::clone(name));
     }
-    name
+    Arc::clone(name)
+}
+
+/// Whether two policy names are equal, comparing pointers first.
+#[inline(always)]
+fn same_name(a: &Arc<str>, b: &Arc<str>) -> bool {
+    Arc::ptr_eq(a, b) || **a == **b
 }
 
 impl Shard {
     fn new() -> Self {
         Self {
-            table: HashTable::new(),
+            index: HashTable::new(),
+            entries: Vec::new(),
             ops: 0,
             cursor: 0,
             min_expires_at_us: u64::MAX,
@@ -792,10 +991,96 @@ impl Shard {
         }
     }
 
+    /// The position of `key`'s entry in `entries`.
     #[inline(always)]
     fn find(&self, hash: u64, key: &[u8]) -> Option<usize> {
-        self.table
-            .find_bucket_index(hash, |entry| entry.key.as_slice() == key)
+        let entries = &self.entries;
+        let found = self.index.find(hash, |&position| {
+            entries
+                .get(position as usize)
+                .is_some_and(|entry| entry.key.as_slice() == key)
+        })?;
+        Some(*found as usize)
+    }
+
+    /// Removes the entry at `position` (the last entry moves there).
+    fn remove(&mut self, inner: &Inner, position: usize) -> Option<Entry> {
+        let last = self.entries.len().checked_sub(1)?;
+        let hash = inner.hash_key(&self.entries.get(position)?.key);
+        // Positions are below `u32::MAX`: `insert` refuses more entries.
+        let (position_u32, last_u32) = (position as u32, last as u32);
+        if let Ok(found) = self.index.find_entry(hash, |&p| p == position_u32) {
+            found.remove();
+        }
+        if position != last {
+            let moved_hash = inner.hash_key(&self.entries[last].key);
+            if let Some(moved) = self.index.find_mut(moved_hash, |&p| p == last_u32) {
+                *moved = position_u32;
+            }
+            // It may move behind the sweep's cursor: keep the pass's bound.
+            let moved_expiry = self.entries[last].expires_at_us();
+            self.note_expiry(moved_expiry);
+        }
+        Some(self.entries.swap_remove(position))
+    }
+
+    /// Rebuilds the index after `entries` changed wholesale.
+    fn reindex(&mut self, inner: &Inner) {
+        self.index.clear();
+        let entries = &self.entries;
+        for (position, entry) in entries.iter().enumerate() {
+            // `insert` keeps positions below `u32::MAX`.
+            self.index
+                .insert_unique(inner.hash_key(&entry.key), position as u32, |&p| {
+                    rehash(inner, entries, p)
+                });
+        }
+    }
+
+    /// See [`MemoryStore::charge_known_gcra`]. Under the read lock: the
+    /// TAT is replaced by compare-and-swap, so charges of different
+    /// subjects in one shard, and of one subject, proceed together. It
+    /// neither counts towards a sweep nor lowers the shard's least expiry
+    /// (a charge only moves a TAT later), so it writes nothing else.
+    #[inline(always)]
+    fn charge_known_gcra(
+        &self,
+        hash: u64,
+        key: &[u8],
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+    ) -> Option<Decision> {
+        let entry = self.entries.get(self.find(hash, key)?)?;
+        let [slot] = &*entry.slots else {
+            return None;
+        };
+        let SlotState::Tat(cell) = &slot.state else {
+            return None;
+        };
+        if !same_name(&slot.policy, policy.shared_name()) {
+            return None;
+        }
+        let interval = policy.whole_interval_micros()?;
+        let mut tat_us = cell.load(Ordering::Acquire);
+        loop {
+            match tat_charge(policy, interval, tat_us, now, cost)? {
+                TatCharge::Denied(decision) => return Some(decision),
+                TatCharge::Admitted(new_tat_us) => {
+                    match cell.compare_exchange_weak(
+                        tat_us,
+                        new_tat_us,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        // The figures are computed once the TAT is won, to
+                        // keep the window between load and swap short.
+                        Ok(_) => return Some(tat_admitted(policy, interval, new_tat_us, now)),
+                        Err(current) => tat_us = current,
+                    }
+                }
+            }
+        }
     }
 
     /// The common case, one policy: no intermediate list of steps, and the
@@ -810,9 +1095,9 @@ impl Shard {
         now: u64,
         cost: u64,
     ) -> Result<Decision, StoreError> {
-        let name = policy.name();
+        let name = policy.shared_name();
         let index = self.find(hash, key);
-        let Some(entry) = index.and_then(|index| self.table.get_bucket_mut(index)) else {
+        let Some(entry) = index.and_then(|index| self.entries.get_mut(index)) else {
             let step = check_policy(policy, None, now, cost);
             if let (true, Some(state)) = (cost > 0 && step.decision.is_allowed(), step.new_state) {
                 let mut entry = Entry::new(key);
@@ -824,11 +1109,8 @@ impl Shard {
             return Ok(step.decision);
         };
         let position = entry.slot(name);
-        let state = position
-            .map(|position| &entry.slots[position])
-            .filter(|slot| slot.expires_at_us > now)
-            .map(|slot| &slot.state);
-        let step = check_policy(policy, state, now, cost);
+        let state = position.and_then(|position| entry.slots[position].live_state(now));
+        let step = check_policy(policy, state.as_deref(), now, cost);
         if let (true, Some(state)) = (cost > 0 && step.decision.is_allowed(), step.new_state) {
             entry.write(&mut self.names, position, name, state, step.expires_at_us);
             entry.refresh(now);
@@ -852,12 +1134,12 @@ impl Shard {
         cost: u64,
     ) -> Result<Verdict, StoreError> {
         let index = self.find(hash, key);
-        let entry = index.and_then(|index| self.table.get_bucket(index));
+        let entry = index.and_then(|index| self.entries.get(index));
         let steps: SmallVec<[Step; 2]> = policies
             .iter()
             .map(|policy| {
-                let state = entry.and_then(|entry| entry.live_state(policy.name(), now));
-                check_policy(policy, state, now, cost)
+                let state = entry.and_then(|entry| entry.live_state(policy.shared_name(), now));
+                check_policy(policy, state.as_deref(), now, cost)
             })
             .collect();
         let mut verdict: Verdict = steps.iter().map(|step| step.decision).collect();
@@ -869,8 +1151,9 @@ impl Shard {
                 .zip(&steps)
                 .map(|(policy, step)| {
                     if step.decision.is_allowed() {
-                        let state = entry.and_then(|entry| entry.live_state(policy.name(), now));
-                        check_policy(policy, state, now, 0).decision
+                        let state =
+                            entry.and_then(|entry| entry.live_state(policy.shared_name(), now));
+                        check_policy(policy, state.as_deref(), now, 0).decision
                     } else {
                         step.decision
                     }
@@ -886,13 +1169,14 @@ impl Shard {
         let apply = |entry: &mut Entry, names: &mut Vec<Arc<str>>| {
             for (policy, step) in policies.iter().zip(steps) {
                 if let Some(state) = step.new_state {
-                    let position = entry.slot(policy.name());
-                    entry.write(names, position, policy.name(), state, step.expires_at_us);
+                    let name = policy.shared_name();
+                    let position = entry.slot(name);
+                    entry.write(names, position, name, state, step.expires_at_us);
                 }
             }
             entry.refresh(now);
         };
-        match index.and_then(|index| self.table.get_bucket_mut(index)) {
+        match index.and_then(|index| self.entries.get_mut(index)) {
             Some(entry) => {
                 apply(entry, &mut self.names);
                 let expires_at_us = entry.expires_at_us();
@@ -918,7 +1202,7 @@ impl Shard {
     ) -> Result<(), StoreError> {
         if !inner.admit_new() {
             if self.min_expires_at_us <= now {
-                let freed = self.purge(now);
+                let freed = self.purge(inner, now);
                 inner.forget(freed);
             }
             if !inner.admit_new() {
@@ -928,28 +1212,39 @@ impl Shard {
                 });
             }
         }
-        if self.table.len() == self.table.capacity() {
-            // The insert would grow the table: sweep first. If that frees
+        if self.entries.len() >= MAX_SHARD_ENTRIES {
+            inner.forget(1);
+            return Err(StoreError::Full {
+                max_keys: inner.max_keys.unwrap_or(MAX_SHARD_ENTRIES),
+            });
+        }
+        if self.index.len() == self.index.capacity() {
+            // The insert would grow the index: sweep first. If that frees
             // little, grow now so the next full sweep is far away.
-            let freed = self.purge(now);
+            let freed = self.purge(inner, now);
             inner.forget(freed);
-            let len = self.table.len();
-            if len > 0 && len >= self.table.capacity() / 8 * 7 {
-                self.table.reserve(len, inner.rehash());
+            let len = self.index.len();
+            if len > 0 && len >= self.index.capacity() / 8 * 7 {
+                let entries = &self.entries;
+                self.index.reserve(len, |&p| rehash(inner, entries, p));
                 self.cursor = 0;
             }
         }
         self.note_expiry(entry.expires_at_us());
-        let rehash = inner.rehash();
-        self.table.insert_unique(hash, entry, &rehash);
+        // Below `MAX_SHARD_ENTRIES`, checked above.
+        let position = self.entries.len() as u32;
+        self.entries.push(entry);
+        let entries = &self.entries;
+        self.index
+            .insert_unique(hash, position, |&p| rehash(inner, entries, p));
         Ok(())
     }
 
     /// Removes every expired entry; returns how many.
-    fn purge(&mut self, now: u64) -> usize {
-        let before = self.table.len();
+    fn purge(&mut self, inner: &Inner, now: u64) -> usize {
+        let before = self.entries.len();
         let mut min = u64::MAX;
-        self.table.retain(|entry| {
+        self.entries.retain(|entry| {
             let expires_at_us = entry.expires_at_us();
             let live = expires_at_us > now;
             if live {
@@ -959,7 +1254,12 @@ impl Shard {
         });
         self.min_expires_at_us = min;
         self.pass_min_us = min;
-        before - self.table.len()
+        self.cursor = 0;
+        let removed = before - self.entries.len();
+        if removed > 0 {
+            self.reindex(inner);
+        }
+        removed
     }
 
     /// Records that an entry now expires at `at`.
@@ -975,44 +1275,57 @@ impl Shard {
         if self.min_expires_at_us > now {
             return 0;
         }
-        let buckets = self.table.num_buckets();
         let mut removed = 0;
         for _ in 0..SWEEP_MAX_CHUNKS {
-            let start = self.cursor.min(buckets);
-            let end = (start + SWEEP_CHUNK).min(buckets);
             let mut chunk_removed = 0;
-            for index in start..end {
-                if let Ok(entry) = self.table.get_bucket_entry(index) {
-                    let expires_at_us = entry.get().expires_at_us();
-                    if expires_at_us <= now {
-                        drop(entry.remove());
-                        chunk_removed += 1;
-                    } else {
-                        self.pass_min_us = self.pass_min_us.min(expires_at_us);
-                    }
+            for _ in 0..SWEEP_CHUNK {
+                let Some(entry) = self.entries.get(self.cursor) else {
+                    break;
+                };
+                let expires_at_us = entry.expires_at_us();
+                if expires_at_us <= now {
+                    // The last entry moves here, and is looked at next.
+                    drop(self.remove(inner, self.cursor));
+                    chunk_removed += 1;
+                } else {
+                    self.pass_min_us = self.pass_min_us.min(expires_at_us);
+                    self.cursor += 1;
                 }
             }
             removed += chunk_removed;
-            if end >= buckets {
+            if self.cursor >= self.entries.len() {
                 // A full pass: every entry was scanned or written since it
-                // began, so the least expiry seen is exact enough to skip
+                // began (an entry moved behind the cursor is noted when it
+                // moves), so the least expiry seen is exact enough to skip
                 // sweeps until then.
                 self.min_expires_at_us = self.pass_min_us;
                 self.pass_min_us = u64::MAX;
                 self.cursor = 0;
-                let len = self.table.len();
-                if buckets >= MIN_SHRINK_BUCKETS && len < buckets / 4 {
-                    self.table.shrink_to(len * 2, inner.rehash());
+                let len = self.entries.len();
+                if self.entries.capacity() >= MIN_SHRINK_ENTRIES
+                    && len < self.entries.capacity() / 4
+                {
+                    self.entries.shrink_to(len * 2);
+                    let entries = &self.entries;
+                    self.index
+                        .shrink_to(len * 2, |&p| rehash(inner, entries, p));
                 }
                 break;
             }
-            self.cursor = end;
             if chunk_removed * 4 < SWEEP_CHUNK {
                 break;
             }
         }
         removed
     }
+}
+
+/// The hash of the entry at `position`, for the index when it moves its
+/// buckets (every position it holds is in `entries`).
+fn rehash(inner: &Inner, entries: &[Entry], position: u32) -> u64 {
+    entries
+        .get(position as usize)
+        .map_or(0, |entry| inner.hash_key(&entry.key))
 }
 
 #[cfg(test)]
@@ -1087,6 +1400,50 @@ mod tests {
             let reference = algorithms::check(&policy, state.as_ref(), now, cost);
             prop_assert_eq!(fast, reference);
         }
+
+        /// The hot path's division-free GCRA is the reference GCRA, for
+        /// every state it can meet.
+        #[test]
+        fn tat_charge_is_the_reference(
+            interval in prop_oneof![1..10u64, 1..1_000_000u64],
+            limit in prop_oneof![1..10u64, 1..1_000u64],
+            extra_burst in prop_oneof![Just(0u64), 0..100u64],
+            now in prop_oneof![0..1_000u64, T0..T0 + 1, u64::MAX - 1_000..=u64::MAX],
+            tat_offset in prop_oneof![
+                -5_000_000_000i64..5_000_000_000,
+                i64::MIN..i64::MAX,
+            ],
+            cost_seed: u64,
+        ) {
+            let Some(period) = interval.checked_mul(limit) else {
+                return Ok(());
+            };
+            let Ok(policy) = Policy::per(limit, Duration::from_micros(period))
+                .burst(limit.saturating_add(extra_burst))
+                .build()
+            else {
+                return Ok(());
+            };
+            prop_assert_eq!(policy.whole_interval_micros(), Some(interval));
+            let tat_us = now.saturating_add_signed(tat_offset);
+            let cost = 1 + cost_seed % policy.capacity();
+            let state = State::Gcra(GcraState { tat_us, tat_rem: 0 });
+            let reference = algorithms::check(&policy, Some(&state), now, cost);
+            match tat_charge(&policy, interval, tat_us, now, cost) {
+                None => {}
+                Some(TatCharge::Denied(decision)) => {
+                    prop_assert_eq!(decision, reference.decision);
+                    prop_assert_eq!(reference.new_state, None);
+                }
+                Some(TatCharge::Admitted(new_tat_us)) => {
+                    let decision = tat_admitted(&policy, interval, new_tat_us, now);
+                    prop_assert_eq!(decision, reference.decision);
+                    let written = State::Gcra(GcraState { tat_us: new_tat_us, tat_rem: 0 });
+                    prop_assert_eq!(reference.new_state, Some(written));
+                    prop_assert_eq!(reference.expires_at_us, new_tat_us);
+                }
+            }
+        }
     }
 
     #[test]
@@ -1114,15 +1471,16 @@ mod tests {
         for i in 0..10_000 {
             check(&store, &format!("k{i}"), &policies, 1);
         }
-        let buckets_before = store.inner.shards[0].lock().table.num_buckets();
+        let room_before = store.inner.shards[0].write().entries.capacity();
         clock.advance(Duration::from_secs(1));
         // Peeks at one subject: nothing is written, but the shard sweeps.
-        for _ in 0..buckets_before {
+        for _ in 0..room_before {
             check(&store, "other", &policies, 0);
         }
         assert_eq!(store.len(), 0);
-        let shard = store.inner.shards[0].lock();
-        assert!(shard.table.num_buckets() < buckets_before / 4);
+        let shard = store.inner.shards[0].write();
+        assert!(shard.entries.capacity() < room_before / 4);
+        assert!(shard.index.capacity() < room_before / 4);
     }
 
     #[test]
@@ -1137,12 +1495,65 @@ mod tests {
         check(&store, "alice", &new, 1);
         let key = Key::new("alice");
         let hash = store.inner.hash_key(key.as_bytes());
-        let shard = store.inner.shard(hash).lock();
-        let entry = shard
-            .table
-            .find(hash, |e| e.key.as_slice() == b"alice")
-            .unwrap();
+        let shard = store.inner.shard(hash).write();
+        let entry = &shard.entries[shard.find(hash, b"alice").unwrap()];
         assert_eq!(entry.slots.len(), 1);
         assert_eq!(&*entry.slots[0].policy, "new");
+    }
+
+    /// Every entry is found at its own position, and the index holds
+    /// nothing else.
+    fn assert_consistent(store: &MemoryStore) {
+        let mut total = 0;
+        for shard in &*store.inner.shards {
+            let shard = shard.write();
+            assert_eq!(shard.index.len(), shard.entries.len());
+            for (position, entry) in shard.entries.iter().enumerate() {
+                let hash = store.inner.hash_key(&entry.key);
+                assert_eq!(shard.find(hash, &entry.key), Some(position));
+            }
+            total += shard.entries.len();
+        }
+        assert_eq!(store.len(), total);
+    }
+
+    #[test]
+    fn the_index_follows_removals_sweeps_and_purges() {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .shards(2)
+            .build();
+        let short = [Policy::per_second(1).name("short").build().unwrap()];
+        let long = [Policy::per_hour(1).name("long").build().unwrap()];
+        let both = [short[0].clone(), long[0].clone()];
+        for round in 0..4_u64 {
+            for i in 0..3_000 {
+                let policies = if i % 3 == 0 { &long } else { &short };
+                check(&store, &format!("k{round}-{i}"), policies, 1);
+            }
+            // Resets remove entries from the middle.
+            for i in (0..3_000).step_by(7) {
+                futures::executor::block_on(store.reset(&format!("k{round}-{i}"), &both)).unwrap();
+            }
+            assert_consistent(&store);
+            clock.advance(Duration::from_secs(1));
+            // Peeks drive incremental sweeps, which remove as they walk.
+            for i in 0..2_000 {
+                check(&store, &format!("peek{}", i % 16), &short, 0);
+            }
+            assert_consistent(&store);
+        }
+        // Sweeps removed some of the expired subjects; a purge the rest.
+        let before = store.len();
+        let purged = store.purge_expired();
+        assert_consistent(&store);
+        // Only the hour-long subjects are left, each still limited.
+        let live = 4 * (0..3_000).filter(|i| i % 3 == 0 && i % 7 != 0).count();
+        assert_eq!(store.len(), live);
+        assert_eq!(before - purged, live);
+        assert!(before < 4 * 3_000 - 4 * 429, "no sweep removed anything");
+        assert!(!check(&store, "k0-3", &long, 1).is_allowed());
+        assert!(check(&store, "k0-7", &long, 1).is_allowed());
     }
 }

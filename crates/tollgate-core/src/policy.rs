@@ -133,6 +133,10 @@ pub struct Policy {
     limit: u64,
     period_us: u64,
     burst: Option<u64>,
+    /// `period_us / limit` when that is a whole number of microseconds,
+    /// else 0 (derived from the fields above; the memory store's GCRA hot
+    /// path needs no division with it).
+    interval_us: u64,
 }
 
 impl fmt::Debug for Policy {
@@ -184,6 +188,21 @@ impl Policy {
     /// headers.
     #[must_use]
     pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The time between two permits in whole microseconds, when it is one.
+    pub(crate) const fn whole_interval_micros(&self) -> Option<u64> {
+        if self.interval_us == 0 {
+            None
+        } else {
+            Some(self.interval_us)
+        }
+    }
+
+    /// The name, shared: the memory store keeps this `Arc` rather than a
+    /// copy, and compares names by pointer first.
+    pub(crate) fn shared_name(&self) -> &Arc<str> {
         &self.name
     }
 
@@ -340,6 +359,12 @@ impl PolicyBuilder {
             limit,
             period_us,
             burst,
+            // `limit` is at least 1 here.
+            interval_us: if period_us % limit == 0 {
+                period_us / limit
+            } else {
+                0
+            },
         })
     }
 }

@@ -198,3 +198,32 @@ fn concurrent_checks_on_a_moving_clock_never_exceed_the_rate() {
     // And it admitted something after the burst: the clock moved 1600 ms.
     assert!(admitted > 50, "admitted {admitted}");
 }
+
+#[test]
+fn gcra_charges_are_exact_whether_or_not_the_interval_is_whole_microseconds() {
+    // 60 s / 1000 is 60 ms, a whole number of microseconds: known subjects
+    // are charged under a read lock by compare-and-swap. 60 s / 7 is not,
+    // and takes the locked path. Both must admit exactly the burst.
+    for limit in [1_000, 7] {
+        let store = MemoryStore::with_clock(ManualClock::new(T0));
+        let policies = [Policy::per_minute(limit).build().unwrap()];
+        let admitted = AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..THREADS {
+                scope.spawn(|| {
+                    for _ in 0..limit.max(100) {
+                        let verdict = futures::executor::block_on(store.check("hot", &policies, 1))
+                            .expect("a valid check");
+                        if verdict.is_allowed() {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(admitted.load(Ordering::Relaxed), limit, "limit {limit}");
+        // The state agrees: nothing is left.
+        let peek = futures::executor::block_on(store.peek("hot", &policies)).unwrap();
+        assert_eq!(peek.decisions()[0].remaining(), 0, "limit {limit}");
+    }
+}
