@@ -217,7 +217,10 @@ mod tests {
                 fast + TOLERANCE_US >= before && fast <= after + TOLERANCE_US,
                 "{fast} is not between {before} and {after}"
             );
-            assert!(fast + TOLERANCE_US >= last, "went back from {last} to {fast}");
+            assert!(
+                fast + TOLERANCE_US >= last,
+                "went back from {last} to {fast}"
+            );
             last = fast;
             // Past a re-synchronisation between readings.
             std::thread::sleep(FastClock::RESYNC / 2 + Duration::from_millis(10));

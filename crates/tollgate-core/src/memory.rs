@@ -2,7 +2,7 @@
 //!
 //! # Layout
 //!
-//! State lives in a fixed number of shards, each a [`parking_lot::RwLock`]
+//! State lives in a fixed number of shards, each a [`std::sync::RwLock`]
 //! on its own cache line. A shard keeps its subjects densely in a `Vec` of
 //! entries, and finds them through an index: a [`hashbrown::HashTable`] of
 //! four-byte positions, which stays small enough to sit in cache while the
@@ -52,8 +52,10 @@
 //!   which were each inserted once). When the cursor completes a pass over
 //!   a shard that is more than three quarters empty, the shard shrinks.
 //!   Hot-path charges count per thread instead of per shard (so they write
-//!   nothing shared): every [`SWEEP_EVERY`]-th on a thread sweeps the shard
-//!   it lands on, when that shard holds anything expired.
+//!   nothing shared): every [`SWEEP_EVERY`]-th on a thread sweeps a shard,
+//!   taking the shards in turn rather than the one charged (a traffic
+//!   pattern that repeats every [`SWEEP_EVERY`] charges would otherwise
+//!   reach the same few shards).
 //! - **Sweep before growth.** When inserting a subject would make a shard's
 //!   index grow, the whole shard is swept first; if that frees less than an
 //!   eighth of it, the index grows at once, so the next such sweep is at
@@ -81,9 +83,9 @@ use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
-use parking_lot::RwLock;
 use sha2::{Digest, Sha256};
 use smallvec::SmallVec;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::algorithms::{self, GcraState, State, Step};
 use crate::{
@@ -164,7 +166,7 @@ pub struct MemoryStore {
 struct Inner {
     /// Each on its own cache line, so threads working on different shards
     /// do not slow each other down.
-    shards: Box<[CachePadded<RwLock<Shard>>]>,
+    shards: Box<[CachePadded<ShardLock>]>,
     /// `shards.len() - 1`; the length is a power of two.
     shard_mask: usize,
     hasher: foldhash::fast::RandomState,
@@ -271,7 +273,7 @@ impl MemoryStoreBuilder {
         MemoryStore {
             inner: Arc::new(Inner {
                 shards: (0..shards)
-                    .map(|_| CachePadded::new(RwLock::new(Shard::new())))
+                    .map(|_| CachePadded::new(ShardLock(RwLock::new(Shard::new()))))
                     .collect(),
                 shard_mask: shards - 1,
                 hasher: foldhash::fast::RandomState::default(),
@@ -459,6 +461,7 @@ impl MemoryStore {
         if policy.algorithm() != Algorithm::Gcra || cost == 0 {
             return None;
         }
+        let interval = policy.whole_interval_micros()?;
         let key = Key::new(subject);
         let key = key.as_bytes();
         let inner = &*self.inner;
@@ -467,19 +470,26 @@ impl MemoryStore {
         let now = inner.clock.now_micros();
         let lock = inner.shard(hash);
         let shard = lock.read();
-        let decision = shard.charge_known_gcra(hash, key, policy, now, cost)?;
+        let charged = shard.charge_known_gcra(hash, key, policy, interval, now, cost)?;
+        drop(shard);
         // These charges count towards sweeps per thread rather than per
         // shard (a shared counter would be written on every charge): every
-        // `SWEEP_EVERY`-th charge on a thread sweeps the shard it lands on,
-        // so shards are swept in proportion to their traffic, as by
-        // `Shard::tick`.
-        let sweep = shard.min_expires_at_us <= now && hot_tick();
-        drop(shard);
-        if sweep {
-            let freed = lock.write().sweep_some(inner, now);
-            inner.forget(freed);
+        // `SWEEP_EVERY`-th charge on a thread sweeps a shard, taking the
+        // shards in turn rather than the one charged, so that no traffic
+        // pattern can leave a shard unswept.
+        if let Some(turn) = hot_tick() {
+            let mut target = inner.shards[turn & inner.shard_mask].write();
+            if target.min_expires_at_us <= now {
+                let freed = target.sweep_some(inner, now);
+                inner.forget(freed);
+            }
         }
-        Some(decision)
+        // The figures of an admission are computed after the lock is let
+        // go.
+        Some(match charged {
+            TatCharge::Denied(decision) => decision,
+            TatCharge::Admitted(new_tat_us) => tat_admitted(policy, interval, new_tat_us, now),
+        })
     }
 
     fn reset_now(&self, subject: &str, policies: &[Policy]) {
@@ -553,10 +563,15 @@ impl Inner {
     }
 
     #[inline]
-    fn shard(&self, hash: u64) -> &RwLock<Shard> {
-        // Bits 40.. pick the shard; hashbrown uses the low bits for the
-        // bucket and the top seven as a tag, so the two stay independent.
-        &self.shards[(hash >> 40) as usize & self.shard_mask]
+    fn shard(&self, hash: u64) -> &ShardLock {
+        &self.shards[self.shard_index(hash)]
+    }
+
+    /// Bits 40.. pick the shard; hashbrown uses the low bits for the bucket
+    /// and the top seven as a tag, so the two stay independent.
+    #[inline]
+    fn shard_index(&self, hash: u64) -> usize {
+        (hash >> 40) as usize & self.shard_mask
     }
 
     /// Records that `removed` entries left the store.
@@ -721,18 +736,25 @@ fn gcra_fast(policy: &Policy, tat: Option<GcraState>, now_us: u64, cost: u64) ->
 }
 
 thread_local! {
-    /// Hot-path charges on this thread since its last sweep.
-    static HOT_OPS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// Hot-path charges on this thread since its last sweep, and how many
+    /// sweeps it made.
+    static HOT_OPS: std::cell::Cell<(u32, usize)> = const { std::cell::Cell::new((0, 0)) };
 }
 
-/// Counts a hot-path charge; true every [`SWEEP_EVERY`]-th on this thread.
+/// Counts a hot-path charge. Every [`SWEEP_EVERY`]-th on this thread, the
+/// number of sweeps this thread made before, which picks the shard to
+/// sweep.
 #[inline]
-fn hot_tick() -> bool {
-    HOT_OPS.with(|ops| {
-        let next = ops.get() + 1;
-        let due = next >= SWEEP_EVERY;
-        ops.set(if due { 0 } else { next });
-        due
+fn hot_tick() -> Option<usize> {
+    HOT_OPS.with(|cell| {
+        let (ops, sweeps) = cell.get();
+        if ops + 1 < SWEEP_EVERY {
+            cell.set((ops + 1, sweeps));
+            None
+        } else {
+            cell.set((0, sweeps.wrapping_add(1)));
+            Some(sweeps)
+        }
     })
 }
 
@@ -780,6 +802,29 @@ fn tat_admitted(policy: &Policy, interval: u64, new_tat_us: u64, now_us: u64) ->
     let span = new_tat_us - now_us;
     let remaining = (capacity * interval - span) / interval;
     Decision::allowed_us(capacity, remaining, span)
+}
+
+/// A shard's lock: [`std::sync::RwLock`], whose readers retry a lost
+/// compare-and-swap at once (parking_lot's back off first, which measured
+/// slower with two threads charging one subject). Poisoning is ignored:
+/// nothing that runs under the lock panics, and a shard is consistent
+/// between any two statements that could.
+struct ShardLock(RwLock<Shard>);
+
+impl ShardLock {
+    #[inline]
+    fn read(&self) -> RwLockReadGuard<'_, Shard> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    #[inline]
+    fn write(&self) -> RwLockWriteGuard<'_, Shard> {
+        self.0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// One subject.
@@ -1048,9 +1093,10 @@ impl Shard {
         hash: u64,
         key: &[u8],
         policy: &Policy,
+        interval: u64,
         now: u64,
         cost: u64,
-    ) -> Option<Decision> {
+    ) -> Option<TatCharge> {
         let entry = self.entries.get(self.find(hash, key)?)?;
         let [slot] = &*entry.slots else {
             return None;
@@ -1061,11 +1107,10 @@ impl Shard {
         if !same_name(&slot.policy, policy.shared_name()) {
             return None;
         }
-        let interval = policy.whole_interval_micros()?;
         let mut tat_us = cell.load(Ordering::Acquire);
         loop {
             match tat_charge(policy, interval, tat_us, now, cost)? {
-                TatCharge::Denied(decision) => return Some(decision),
+                denied @ TatCharge::Denied(_) => return Some(denied),
                 TatCharge::Admitted(new_tat_us) => {
                     match cell.compare_exchange_weak(
                         tat_us,
@@ -1073,9 +1118,9 @@ impl Shard {
                         Ordering::AcqRel,
                         Ordering::Acquire,
                     ) {
-                        // The figures are computed once the TAT is won, to
-                        // keep the window between load and swap short.
-                        Ok(_) => return Some(tat_admitted(policy, interval, new_tat_us, now)),
+                        // The figures are computed by the caller, to keep
+                        // the window between load and swap short.
+                        Ok(_) => return Some(TatCharge::Admitted(new_tat_us)),
                         Err(current) => tat_us = current,
                     }
                 }
@@ -1555,5 +1600,30 @@ mod tests {
         assert!(before < 4 * 3_000 - 4 * 429, "no sweep removed anything");
         assert!(!check(&store, "k0-3", &long, 1).is_allowed());
         assert!(check(&store, "k0-7", &long, 1).is_allowed());
+    }
+
+    #[test]
+    fn charges_of_one_hot_subject_sweep_every_shard() {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .shards(8)
+            .build();
+        let idle = [Policy::per_second(1).name("idle").build().unwrap()];
+        for i in 0..4_000 {
+            check(&store, &format!("idle{i}"), &idle, 1);
+        }
+        clock.advance(Duration::from_secs(1));
+        // One subject, always the same shard, on the hot path (a whole
+        // interval): 40 000 charges make 625 sweeps, taken in turn over the
+        // 8 shards, each up to 16 chunks of 128 entries.
+        let hot = [Policy::per_second(1_000_000).name("hot").build().unwrap()];
+        assert_eq!(hot[0].whole_interval_micros(), Some(1));
+        for _ in 0..40_000 {
+            check(&store, "hot", &hot, 1);
+            clock.advance(Duration::from_micros(1));
+        }
+        assert_eq!(store.len(), 1);
+        assert_consistent(&store);
     }
 }
