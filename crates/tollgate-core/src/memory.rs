@@ -3,18 +3,20 @@
 //! # Layout
 //!
 //! State lives in a fixed number of shards, each a [`std::sync::RwLock`]
-//! on its own cache line. A shard keeps its subjects densely in a `Vec` of
-//! entries, and finds them through an index: a [`hashbrown::HashTable`] of
-//! four-byte positions, which stays small enough to sit in cache while the
-//! entries do not. An entry is one subject: its key and one slot (policy
-//! name, algorithm state) per policy that has charged it. The subject's hash
+//! on its own cache line around a [`hashbrown::HashTable`] of entries,
+//! stored in the table itself: a lookup reads a group of control bytes and
+//! then the entry, two dependent memory accesses. (A dense `Vec` of entries
+//! behind a table of positions holds less memory but adds a third access,
+//! and measured slower at a million subjects.) An entry is one subject: its
+//! key and one slot (policy name, algorithm state) per policy that has
+//! charged it. The subject's hash
 //! picks the shard, so every policy of one subject sits behind one lock and
 //! a multi-policy check is one critical section under the write lock: every
 //! policy's [`algorithms::check`] is computed first and the new states are
 //! written only if all admit.
 //!
 //! The subject is hashed once per call; the same hash picks the shard (from
-//! high bits) and the index bucket (hashbrown uses the low bits and the top
+//! high bits) and the bucket (hashbrown uses the low bits and the top
 //! seven). A lookup borrows the caller's `&str` and allocates nothing; only
 //! a new subject may allocate (its key when longer than 24 bytes, and its
 //! list of slots when it has more than one policy; policy names are
@@ -45,21 +47,22 @@
 //! operations a shard serves:
 //!
 //! - **Incremental sweep.** Every [`SWEEP_EVERY`] operations on a shard
-//!   scan the next [`SWEEP_CHUNK`] entries (a cursor walks them round and
-//!   round) and drop expired ones. While a chunk yields at least a quarter
-//!   of its entries as expired, up to [`SWEEP_MAX_CHUNKS`] chunks are
-//!   scanned in a row (the work is then paid for by the entries freed,
-//!   which were each inserted once). When the cursor completes a pass over
-//!   a shard that is more than three quarters empty, the shard shrinks.
+//!   scan the next [`SWEEP_CHUNK`] buckets of its table (a cursor walks the
+//!   table round and round) and drop expired entries. While a chunk yields
+//!   at least a quarter of its buckets as expired entries, up to
+//!   [`SWEEP_MAX_CHUNKS`] chunks are scanned in a row (the work is then
+//!   paid for by the entries freed, which were each inserted once). When
+//!   the cursor completes a pass over a table that is more than three
+//!   quarters empty, the table shrinks.
 //!   Hot-path charges count per thread instead of per shard (so they write
 //!   nothing shared): every [`SWEEP_EVERY`]-th on a thread sweeps a shard,
 //!   taking the shards in turn rather than the one charged (a traffic
 //!   pattern that repeats every [`SWEEP_EVERY`] charges would otherwise
 //!   reach the same few shards).
 //! - **Sweep before growth.** When inserting a subject would make a shard's
-//!   index grow, the whole shard is swept first; if that frees less than an
-//!   eighth of it, the index grows at once, so the next such sweep is at
-//!   least an eighth of an index's worth of inserts away.
+//!   table grow, the whole shard is swept first; if that frees less than an
+//!   eighth of it, the table grows at once, so the next such sweep is at
+//!   least an eighth of a table's worth of inserts away.
 //! - **`max_keys`.** When the store is full, a new subject first sweeps its
 //!   own shard, then (outside that lock) every shard that may hold expired
 //!   entries, and retries once.
@@ -95,14 +98,12 @@ use crate::{
 
 /// Operations on a shard between two incremental sweeps.
 const SWEEP_EVERY: u32 = 64;
-/// Entries scanned per chunk of an incremental sweep.
+/// Buckets scanned per chunk of an incremental sweep.
 const SWEEP_CHUNK: usize = 128;
 /// Most chunks one incremental sweep scans.
 const SWEEP_MAX_CHUNKS: usize = 16;
-/// A shard with room for fewer entries is never shrunk.
-const MIN_SHRINK_ENTRIES: usize = 256;
-/// Most entries one shard holds (its index stores positions as `u32`).
-const MAX_SHARD_ENTRIES: usize = u32::MAX as usize;
+/// A table with fewer buckets is never shrunk.
+const MIN_SHRINK_BUCKETS: usize = 256;
 /// Most shards a store may have.
 const MAX_SHARDS: usize = 4096;
 /// The first byte of a hashed subject's key: never a byte of UTF-8.
@@ -393,7 +394,7 @@ impl MemoryStore {
         let mut removed = 0;
         for shard in &*self.inner.shards {
             let mut shard = shard.write();
-            let freed = shard.purge(&self.inner, now);
+            let freed = shard.purge(now);
             self.inner.forget(freed);
             removed += freed;
         }
@@ -440,7 +441,7 @@ impl MemoryStore {
         for shard in &*inner.shards {
             let mut shard = shard.write();
             if shard.min_expires_at_us <= now {
-                let purged = shard.purge(inner, now);
+                let purged = shard.purge(now);
                 inner.forget(purged);
                 freed += purged;
             }
@@ -498,18 +499,16 @@ impl MemoryStore {
         let inner = &*self.inner;
         let hash = inner.hash_key(key);
         let mut shard = inner.shard(hash).write();
-        let Some(position) = shard.find(hash, key) else {
+        let Ok(mut entry) = shard.table.find_entry(hash, |e| e.key.as_slice() == key) else {
             return;
         };
-        let entry = &mut shard.entries[position];
-        entry
-            .slots
-            .retain(|slot| !policies.iter().any(|p| p.name() == &*slot.policy));
-        if entry.slots.is_empty() {
-            shard.remove(inner, position);
+        let slots = &mut entry.get_mut().slots;
+        slots.retain(|slot| !policies.iter().any(|p| p.name() == &*slot.policy));
+        if slots.is_empty() {
+            entry.remove();
             inner.forget(1);
         } else {
-            let expires_at_us = entry.expires_at_us();
+            let expires_at_us = entry.get().expires_at_us();
             shard.note_expiry(expires_at_us);
         }
     }
@@ -572,6 +571,11 @@ impl Inner {
     #[inline]
     fn shard_index(&self, hash: u64) -> usize {
         (hash >> 40) as usize & self.shard_mask
+    }
+
+    /// The hasher hashbrown needs when it moves entries.
+    fn rehash(&self) -> impl Fn(&Entry) -> u64 + '_ {
+        |entry| self.hash_key(&entry.key)
     }
 
     /// Records that `removed` entries left the store.
@@ -967,13 +971,7 @@ impl Entry {
 }
 
 struct Shard {
-    /// Where each subject is in `entries`, by the subject's hash: four
-    /// bytes per bucket, so the table a lookup probes stays small and
-    /// cached.
-    index: HashTable<u32>,
-    /// The subjects, densely: no memory for empty buckets, and a sweep
-    /// walks a plain slice.
-    entries: Vec<Entry>,
+    table: HashTable<Entry>,
     /// Operations since the last incremental sweep.
     ops: u32,
     /// Next bucket the incremental sweep looks at.
@@ -1014,8 +1012,7 @@ fn same_name(a: &Arc<str>, b: &Arc<str>) -> bool {
 impl Shard {
     fn new() -> Self {
         Self {
-            index: HashTable::new(),
-            entries: Vec::new(),
+            table: HashTable::new(),
             ops: 0,
             cursor: 0,
             min_expires_at_us: u64::MAX,
@@ -1036,50 +1033,11 @@ impl Shard {
         }
     }
 
-    /// The position of `key`'s entry in `entries`.
+    /// The bucket of `key`'s entry.
     #[inline(always)]
     fn find(&self, hash: u64, key: &[u8]) -> Option<usize> {
-        let entries = &self.entries;
-        let found = self.index.find(hash, |&position| {
-            entries
-                .get(position as usize)
-                .is_some_and(|entry| entry.key.as_slice() == key)
-        })?;
-        Some(*found as usize)
-    }
-
-    /// Removes the entry at `position` (the last entry moves there).
-    fn remove(&mut self, inner: &Inner, position: usize) -> Option<Entry> {
-        let last = self.entries.len().checked_sub(1)?;
-        let hash = inner.hash_key(&self.entries.get(position)?.key);
-        // Positions are below `u32::MAX`: `insert` refuses more entries.
-        let (position_u32, last_u32) = (position as u32, last as u32);
-        if let Ok(found) = self.index.find_entry(hash, |&p| p == position_u32) {
-            found.remove();
-        }
-        if position != last {
-            let moved_hash = inner.hash_key(&self.entries[last].key);
-            if let Some(moved) = self.index.find_mut(moved_hash, |&p| p == last_u32) {
-                *moved = position_u32;
-            }
-            // It may move behind the sweep's cursor: keep the pass's bound.
-            let moved_expiry = self.entries[last].expires_at_us();
-            self.note_expiry(moved_expiry);
-        }
-        Some(self.entries.swap_remove(position))
-    }
-
-    /// Rebuilds the index after `entries` changed wholesale.
-    fn reindex(&mut self, inner: &Inner) {
-        self.index.clear();
-        let entries = &self.entries;
-        for (position, entry) in entries.iter().enumerate() {
-            // `insert` keeps positions below `u32::MAX`.
-            self.index
-                .insert_unique(inner.hash_key(&entry.key), position as u32, |&p| {
-                    rehash(inner, entries, p)
-                });
-        }
+        self.table
+            .find_bucket_index(hash, |entry| entry.key.as_slice() == key)
     }
 
     /// See [`MemoryStore::charge_known_gcra`]. Under the read lock: the
@@ -1097,7 +1055,7 @@ impl Shard {
         now: u64,
         cost: u64,
     ) -> Option<TatCharge> {
-        let entry = self.entries.get(self.find(hash, key)?)?;
+        let entry = self.table.get_bucket(self.find(hash, key)?)?;
         let [slot] = &*entry.slots else {
             return None;
         };
@@ -1142,7 +1100,7 @@ impl Shard {
     ) -> Result<Decision, StoreError> {
         let name = policy.shared_name();
         let index = self.find(hash, key);
-        let Some(entry) = index.and_then(|index| self.entries.get_mut(index)) else {
+        let Some(entry) = index.and_then(|index| self.table.get_bucket_mut(index)) else {
             let step = check_policy(policy, None, now, cost);
             if let (true, Some(state)) = (cost > 0 && step.decision.is_allowed(), step.new_state) {
                 let mut entry = Entry::new(key);
@@ -1179,7 +1137,7 @@ impl Shard {
         cost: u64,
     ) -> Result<Verdict, StoreError> {
         let index = self.find(hash, key);
-        let entry = index.and_then(|index| self.entries.get(index));
+        let entry = index.and_then(|index| self.table.get_bucket(index));
         let steps: SmallVec<[Step; 2]> = policies
             .iter()
             .map(|policy| {
@@ -1221,7 +1179,7 @@ impl Shard {
             }
             entry.refresh(now);
         };
-        match index.and_then(|index| self.entries.get_mut(index)) {
+        match index.and_then(|index| self.table.get_bucket_mut(index)) {
             Some(entry) => {
                 apply(entry, &mut self.names);
                 let expires_at_us = entry.expires_at_us();
@@ -1247,7 +1205,7 @@ impl Shard {
     ) -> Result<(), StoreError> {
         if !inner.admit_new() {
             if self.min_expires_at_us <= now {
-                let freed = self.purge(inner, now);
+                let freed = self.purge(now);
                 inner.forget(freed);
             }
             if !inner.admit_new() {
@@ -1257,39 +1215,28 @@ impl Shard {
                 });
             }
         }
-        if self.entries.len() >= MAX_SHARD_ENTRIES {
-            inner.forget(1);
-            return Err(StoreError::Full {
-                max_keys: inner.max_keys.unwrap_or(MAX_SHARD_ENTRIES),
-            });
-        }
-        if self.index.len() == self.index.capacity() {
-            // The insert would grow the index: sweep first. If that frees
+        if self.table.len() == self.table.capacity() {
+            // The insert would grow the table: sweep first. If that frees
             // little, grow now so the next full sweep is far away.
-            let freed = self.purge(inner, now);
+            let freed = self.purge(now);
             inner.forget(freed);
-            let len = self.index.len();
-            if len > 0 && len >= self.index.capacity() / 8 * 7 {
-                let entries = &self.entries;
-                self.index.reserve(len, |&p| rehash(inner, entries, p));
+            let len = self.table.len();
+            if len > 0 && len >= self.table.capacity() / 8 * 7 {
+                self.table.reserve(len, inner.rehash());
                 self.cursor = 0;
             }
         }
         self.note_expiry(entry.expires_at_us());
-        // Below `MAX_SHARD_ENTRIES`, checked above.
-        let position = self.entries.len() as u32;
-        self.entries.push(entry);
-        let entries = &self.entries;
-        self.index
-            .insert_unique(hash, position, |&p| rehash(inner, entries, p));
+        let rehash = inner.rehash();
+        self.table.insert_unique(hash, entry, &rehash);
         Ok(())
     }
 
     /// Removes every expired entry; returns how many.
-    fn purge(&mut self, inner: &Inner, now: u64) -> usize {
-        let before = self.entries.len();
+    fn purge(&mut self, now: u64) -> usize {
+        let before = self.table.len();
         let mut min = u64::MAX;
-        self.entries.retain(|entry| {
+        self.table.retain(|entry| {
             let expires_at_us = entry.expires_at_us();
             let live = expires_at_us > now;
             if live {
@@ -1299,12 +1246,7 @@ impl Shard {
         });
         self.min_expires_at_us = min;
         self.pass_min_us = min;
-        self.cursor = 0;
-        let removed = before - self.entries.len();
-        if removed > 0 {
-            self.reindex(inner);
-        }
-        removed
+        before - self.table.len()
     }
 
     /// Records that an entry now expires at `at`.
@@ -1320,57 +1262,44 @@ impl Shard {
         if self.min_expires_at_us > now {
             return 0;
         }
+        let buckets = self.table.num_buckets();
         let mut removed = 0;
         for _ in 0..SWEEP_MAX_CHUNKS {
+            let start = self.cursor.min(buckets);
+            let end = (start + SWEEP_CHUNK).min(buckets);
             let mut chunk_removed = 0;
-            for _ in 0..SWEEP_CHUNK {
-                let Some(entry) = self.entries.get(self.cursor) else {
-                    break;
-                };
-                let expires_at_us = entry.expires_at_us();
-                if expires_at_us <= now {
-                    // The last entry moves here, and is looked at next.
-                    drop(self.remove(inner, self.cursor));
-                    chunk_removed += 1;
-                } else {
-                    self.pass_min_us = self.pass_min_us.min(expires_at_us);
-                    self.cursor += 1;
+            for index in start..end {
+                if let Ok(entry) = self.table.get_bucket_entry(index) {
+                    let expires_at_us = entry.get().expires_at_us();
+                    if expires_at_us <= now {
+                        drop(entry.remove());
+                        chunk_removed += 1;
+                    } else {
+                        self.pass_min_us = self.pass_min_us.min(expires_at_us);
+                    }
                 }
             }
             removed += chunk_removed;
-            if self.cursor >= self.entries.len() {
+            if end >= buckets {
                 // A full pass: every entry was scanned or written since it
-                // began (an entry moved behind the cursor is noted when it
-                // moves), so the least expiry seen is exact enough to skip
+                // began, so the least expiry seen is exact enough to skip
                 // sweeps until then.
                 self.min_expires_at_us = self.pass_min_us;
                 self.pass_min_us = u64::MAX;
                 self.cursor = 0;
-                let len = self.entries.len();
-                if self.entries.capacity() >= MIN_SHRINK_ENTRIES
-                    && len < self.entries.capacity() / 4
-                {
-                    self.entries.shrink_to(len * 2);
-                    let entries = &self.entries;
-                    self.index
-                        .shrink_to(len * 2, |&p| rehash(inner, entries, p));
+                let len = self.table.len();
+                if buckets >= MIN_SHRINK_BUCKETS && len < buckets / 4 {
+                    self.table.shrink_to(len * 2, inner.rehash());
                 }
                 break;
             }
+            self.cursor = end;
             if chunk_removed * 4 < SWEEP_CHUNK {
                 break;
             }
         }
         removed
     }
-}
-
-/// The hash of the entry at `position`, for the index when it moves its
-/// buckets (every position it holds is in `entries`).
-fn rehash(inner: &Inner, entries: &[Entry], position: u32) -> u64 {
-    entries
-        .get(position as usize)
-        .map_or(0, |entry| inner.hash_key(&entry.key))
 }
 
 #[cfg(test)]
@@ -1516,16 +1445,15 @@ mod tests {
         for i in 0..10_000 {
             check(&store, &format!("k{i}"), &policies, 1);
         }
-        let room_before = store.inner.shards[0].write().entries.capacity();
+        let buckets_before = store.inner.shards[0].write().table.num_buckets();
         clock.advance(Duration::from_secs(1));
         // Peeks at one subject: nothing is written, but the shard sweeps.
-        for _ in 0..room_before {
+        for _ in 0..buckets_before {
             check(&store, "other", &policies, 0);
         }
         assert_eq!(store.len(), 0);
         let shard = store.inner.shards[0].write();
-        assert!(shard.entries.capacity() < room_before / 4);
-        assert!(shard.index.capacity() < room_before / 4);
+        assert!(shard.table.num_buckets() < buckets_before / 4);
     }
 
     #[test]
@@ -1541,29 +1469,35 @@ mod tests {
         let key = Key::new("alice");
         let hash = store.inner.hash_key(key.as_bytes());
         let shard = store.inner.shard(hash).write();
-        let entry = &shard.entries[shard.find(hash, b"alice").unwrap()];
+        let entry = shard
+            .table
+            .get_bucket(shard.find(hash, b"alice").unwrap())
+            .unwrap();
         assert_eq!(entry.slots.len(), 1);
         assert_eq!(&*entry.slots[0].policy, "new");
     }
 
-    /// Every entry is found at its own position, and the index holds
-    /// nothing else.
+    /// Every entry is found by its key in its own shard, and the store
+    /// counts exactly the entries held.
     fn assert_consistent(store: &MemoryStore) {
         let mut total = 0;
-        for shard in &*store.inner.shards {
+        for (index, shard) in store.inner.shards.iter().enumerate() {
             let shard = shard.write();
-            assert_eq!(shard.index.len(), shard.entries.len());
-            for (position, entry) in shard.entries.iter().enumerate() {
+            for entry in &shard.table {
                 let hash = store.inner.hash_key(&entry.key);
-                assert_eq!(shard.find(hash, &entry.key), Some(position));
+                assert_eq!(store.inner.shard_index(hash), index);
+                let found = shard
+                    .table
+                    .get_bucket(shard.find(hash, &entry.key).unwrap());
+                assert_eq!(found.unwrap().key, entry.key);
             }
-            total += shard.entries.len();
+            total += shard.table.len();
         }
         assert_eq!(store.len(), total);
     }
 
     #[test]
-    fn the_index_follows_removals_sweeps_and_purges() {
+    fn the_table_follows_removals_sweeps_and_purges() {
         let clock = ManualClock::new(T0);
         let store = MemoryStore::builder()
             .clock(clock.clone())

@@ -22,13 +22,13 @@ fn a_million_expired_subjects_are_swept_by_later_traffic() {
     const SHARDS: usize = 16;
     const LATER_SUBJECTS: usize = 1_024;
     // How much later traffic it takes: each shard holds about 62 500
-    // entries. Every 64 operations on a shard (or every 64 hot-path charges
-    // on a thread, on the shard the 64th lands on) scans chunks of 128
-    // entries, up to 16 chunks while each yields at least 32 expired ones
-    // (here all are), so one pass over a shard takes about
-    // 62 500 / 2048 × 64 ≈ 2000 operations on it, 32 000 over the 16
+    // entries in 2^17 buckets. Every 64 operations on a shard (and every 64
+    // hot-path charges on a thread, on the shards in turn) scans chunks of
+    // 128 buckets, up to 16 chunks while each yields at least 32 expired
+    // entries (these chunks hold about 60), so one pass over a shard takes
+    // about 2^17 / 2048 × 64 = 4096 operations on it, 65 536 over the 16
     // shards. 200 000 operations spread over 1024 subjects leave a wide
-    // margin for shards that get fewer of the subjects.
+    // margin.
     const LATER_CHECKS: usize = 200_000;
 
     let clock = ManualClock::new(T0);
