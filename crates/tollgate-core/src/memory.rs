@@ -479,9 +479,11 @@ impl MemoryStore {
         // shards in turn rather than the one charged, so that no traffic
         // pattern can leave a shard unswept.
         if let Some(turn) = hot_tick() {
-            let mut target = inner.shards[turn & inner.shard_mask].write();
-            if target.min_expires_at_us <= now {
-                let freed = target.sweep_some(inner, now);
+            // Looked at under the read lock first: a write lock would stop
+            // the shard's other readers even when there is nothing to do.
+            let target = &inner.shards[turn & inner.shard_mask];
+            if target.read().min_expires_at_us <= now {
+                let freed = target.write().sweep_some(inner, now);
                 inner.forget(freed);
             }
         }
