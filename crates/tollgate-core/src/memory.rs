@@ -453,10 +453,10 @@ impl MemoryStore {
         }
     }
 
-    /// The hot path: a GCRA charge of a subject that has a live state of
-    /// this policy alone, written in place in one short critical section.
-    /// `None` (having changed nothing) for everything else, which takes
-    /// the general path.
+    /// The hot path: a GCRA charge of a subject whose only state is a
+    /// [`SlotState::Tat`] of this policy, made under the shard's read lock
+    /// by compare-and-swap. `None` (having changed nothing) for everything
+    /// else, which takes the general path.
     #[inline(always)]
     fn charge_known_gcra(&self, subject: &str, policy: &Policy, cost: u64) -> Option<Decision> {
         if policy.algorithm() != Algorithm::Gcra || cost == 0 {
