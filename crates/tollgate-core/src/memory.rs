@@ -132,8 +132,7 @@ const MAX_INTERNED_NAMES: usize = 32;
 /// [`MemoryStore::purge_expired`]). [`MemoryStoreBuilder::max_keys`] caps
 /// the number of subjects.
 ///
-/// Subjects longer than [`MAX_PLAIN_SUBJECT_LEN`](crate::MAX_PLAIN_SUBJECT_LEN)
-/// bytes are stored by their SHA-256 digest, so a hostile subject costs a
+/// Subjects longer than [`MAX_PLAIN_SUBJECT_LEN`] bytes are stored by their SHA-256 digest, so a hostile subject costs a
 /// bounded amount of memory; shorter ones are stored as they are, whatever
 /// their characters.
 ///
