@@ -259,7 +259,7 @@ fn benches(c: &mut Criterion) {
 /// Rounds of the interleaved comparison.
 const ROUNDS: usize = 15;
 /// Checks per implementation per round.
-const ROUND_CHECKS: u64 = 100_000;
+const ROUND_CHECKS: u64 = 400_000;
 
 /// Median over rounds of each implementation's ns per check, and of the
 /// ratio of two implementations measured back to back, keyed by (size,
