@@ -33,7 +33,13 @@
 //! rearranged so that admitting takes no division (a property test holds
 //! the two equal). Charges of any subjects in one shard, including the same
 //! subject, then proceed in parallel, and stay exact: a swap that lost to
-//! another recomputes from the TAT that won. Everything else (new subjects,
+//! another recomputes from the TAT that won. A subject whose swap lost
+//! becomes its shard's *hot slot*: its TAT moves (under the write lock)
+//! next to the shard's lock word, so that charging it contends for one
+//! cache line instead of two; the general path moves it back into its
+//! entry before touching the subject, and a sweep frees it with the entry.
+//! One subject per shard holds the hot slot, until its state expires.
+//! Everything else (new subjects,
 //! other algorithms, several policies, fractional TATs, peeks) takes the
 //! write lock, with GCRA on a `u64` fast path there too.
 //!
@@ -470,8 +476,11 @@ impl MemoryStore {
         let now = inner.clock.now_micros();
         let lock = inner.shard(hash);
         let shard = lock.read();
-        let charged = shard.charge_known_gcra(hash, key, policy, interval, now, cost)?;
+        let (charged, promote) = shard.charge_known_gcra(hash, key, policy, interval, now, cost)?;
         drop(shard);
+        if promote {
+            lock.write().promote(hash, key, policy, now);
+        }
         // These charges count towards sweeps per thread rather than per
         // shard (a shared counter would be written on every charge): every
         // `SWEEP_EVERY`-th charge on a thread sweeps a shard, taking the
@@ -500,6 +509,8 @@ impl MemoryStore {
         let inner = &*self.inner;
         let hash = inner.hash_key(key);
         let mut shard = inner.shard(hash).write();
+        shard.demote_if_hot(hash);
+        let hot = shard.hot_tat.load(Ordering::Relaxed);
         let Ok(mut entry) = shard.table.find_entry(hash, |e| e.key.as_slice() == key) else {
             return;
         };
@@ -509,7 +520,7 @@ impl MemoryStore {
             entry.remove();
             inner.forget(1);
         } else {
-            let expires_at_us = entry.get().expires_at_us();
+            let expires_at_us = entry.get().expires_at_us(hot);
             shard.note_expiry(expires_at_us);
         }
     }
@@ -856,6 +867,12 @@ enum SlotState {
     /// its TAT, which is also when it expires. The hot path charges it under
     /// the shard's read lock, by compare-and-swap.
     Tat(AtomicU64),
+    /// A `Tat` state kept in its shard's [`Shard::hot_tat`] instead, on the
+    /// cache line of the shard's lock word: a subject charged by several
+    /// threads at once is moved there, so that each charge contends for one
+    /// cache line rather than two. At most one slot per shard, always the
+    /// only slot of its entry.
+    Hot,
     /// Any other state.
     Other { state: State, expires_at_us: u64 },
 }
@@ -875,27 +892,33 @@ impl SlotState {
 }
 
 impl Slot {
+    /// When the state expires; `hot` is the shard's [`Shard::hot_tat`].
     #[inline]
-    fn expires_at_us(&self) -> u64 {
+    fn expires_at_us(&self, hot: u64) -> u64 {
         match &self.state {
             SlotState::Tat(tat) => tat.load(Ordering::Acquire),
+            SlotState::Hot => hot,
             SlotState::Other { expires_at_us, .. } => *expires_at_us,
         }
     }
 
     /// The state, unless it expired (an expired state is no state).
     #[inline]
-    fn live_state(&self, now: u64) -> Option<Cow<'_, State>> {
-        match &self.state {
-            SlotState::Tat(tat) => {
-                let tat_us = tat.load(Ordering::Acquire);
-                (tat_us > now).then_some(Cow::Owned(State::Gcra(GcraState { tat_us, tat_rem: 0 })))
-            }
+    fn live_state(&self, now: u64, hot: u64) -> Option<Cow<'_, State>> {
+        let tat_us = match &self.state {
+            SlotState::Tat(tat) => tat.load(Ordering::Acquire),
+            SlotState::Hot => hot,
             SlotState::Other {
                 state,
                 expires_at_us,
-            } => (*expires_at_us > now).then_some(Cow::Borrowed(state)),
-        }
+            } => return (*expires_at_us > now).then_some(Cow::Borrowed(state)),
+        };
+        (tat_us > now).then_some(Cow::Owned(State::Gcra(GcraState { tat_us, tat_rem: 0 })))
+    }
+
+    /// Whether this is its shard's hot slot.
+    fn is_hot(&self) -> bool {
+        matches!(self.state, SlotState::Hot)
     }
 }
 
@@ -909,12 +932,22 @@ impl Entry {
     }
 
     /// The latest expiry of the slots: from then on the entry is absent.
+    /// `hot` is the shard's [`Shard::hot_tat`].
     #[inline]
-    fn expires_at_us(&self) -> u64 {
+    fn expires_at_us(&self, hot: u64) -> u64 {
         match &*self.slots {
-            [slot] => slot.expires_at_us(),
-            slots => slots.iter().map(Slot::expires_at_us).max().unwrap_or(0),
+            [slot] => slot.expires_at_us(hot),
+            slots => slots
+                .iter()
+                .map(|slot| slot.expires_at_us(hot))
+                .max()
+                .unwrap_or(0),
         }
+    }
+
+    /// Whether the entry holds its shard's hot slot.
+    fn is_hot(&self) -> bool {
+        self.slots.iter().any(Slot::is_hot)
     }
 
     /// The position of `policy`'s slot.
@@ -927,8 +960,8 @@ impl Entry {
 
     /// The state `policy` left, unless it expired.
     #[inline]
-    fn live_state(&self, policy: &Arc<str>, now: u64) -> Option<Cow<'_, State>> {
-        self.slots[self.slot(policy)?].live_state(now)
+    fn live_state(&self, policy: &Arc<str>, now: u64, hot: u64) -> Option<Cow<'_, State>> {
+        self.slots[self.slot(policy)?].live_state(now, hot)
     }
 
     /// Stores `state` as `policy`'s, in the slot at `position` if known.
@@ -964,14 +997,22 @@ impl Entry {
     /// After writes: drops the slots that expired (policies no longer used
     /// with this subject).
     #[inline]
-    fn refresh(&mut self, now: u64) {
+    fn refresh(&mut self, now: u64, hot: u64) {
         if self.slots.len() > 1 {
-            self.slots.retain(|slot| slot.expires_at_us() > now);
+            self.slots.retain(|slot| slot.expires_at_us(hot) > now);
         }
     }
 }
 
+// `repr(C)`: `hot_tat` comes first, on the cache line of the lock word
+// (the lock's few bytes precede the shard in its `RwLock`).
+#[repr(C)]
 struct Shard {
+    /// The TAT of the shard's hot slot ([`SlotState::Hot`]), if it has
+    /// one; charged under the read lock by compare-and-swap.
+    hot_tat: AtomicU64,
+    /// The hash of the subject that holds the hot slot.
+    hot_hash: Option<u64>,
     table: HashTable<Entry>,
     /// Operations since the last incremental sweep.
     ops: u32,
@@ -1013,6 +1054,8 @@ fn same_name(a: &Arc<str>, b: &Arc<str>) -> bool {
 impl Shard {
     fn new() -> Self {
         Self {
+            hot_tat: AtomicU64::new(0),
+            hot_hash: None,
             table: HashTable::new(),
             ops: 0,
             cursor: 0,
@@ -1034,6 +1077,63 @@ impl Shard {
         }
     }
 
+    /// Moves the hot slot back into its entry when `hash` is the hot
+    /// subject's, so that the general path finds all of that subject's
+    /// state in its entry.
+    #[inline(always)]
+    fn demote_if_hot(&mut self, hash: u64) {
+        if self.hot_hash == Some(hash) {
+            self.demote();
+        }
+    }
+
+    /// Moves the hot slot, if any, back into its entry.
+    #[cold]
+    #[inline(never)]
+    fn demote(&mut self) {
+        let Some(hash) = self.hot_hash.take() else {
+            return;
+        };
+        let tat_us = self.hot_tat.load(Ordering::Relaxed);
+        if let Some(entry) = self.table.find_mut(hash, Entry::is_hot) {
+            for slot in &mut entry.slots {
+                if slot.is_hot() {
+                    slot.state = SlotState::Tat(AtomicU64::new(tat_us));
+                }
+            }
+        }
+    }
+
+    /// Makes `key`'s slot the shard's hot slot, after hot-path charges of it
+    /// met one another; unless another live subject holds it (no
+    /// ping-pong between two busy subjects of one shard).
+    #[cold]
+    #[inline(never)]
+    fn promote(&mut self, hash: u64, key: &[u8], policy: &Policy, now: u64) {
+        if self.hot_hash.is_some() {
+            if self.hot_tat.load(Ordering::Relaxed) > now {
+                return;
+            }
+            self.demote();
+        }
+        let Some(entry) = self.table.find_mut(hash, |e| e.key.as_slice() == key) else {
+            return;
+        };
+        let [slot] = &mut *entry.slots else {
+            return;
+        };
+        let SlotState::Tat(tat) = &slot.state else {
+            return;
+        };
+        if !same_name(&slot.policy, policy.shared_name()) {
+            return;
+        }
+        let tat_us = tat.load(Ordering::Relaxed);
+        slot.state = SlotState::Hot;
+        self.hot_tat.store(tat_us, Ordering::Relaxed);
+        self.hot_hash = Some(hash);
+    }
+
     /// The bucket of `key`'s entry.
     #[inline(always)]
     fn find(&self, hash: u64, key: &[u8]) -> Option<usize> {
@@ -1046,6 +1146,9 @@ impl Shard {
     /// subjects in one shard, and of one subject, proceed together. It
     /// neither counts towards a sweep nor lowers the shard's least expiry
     /// (a charge only moves a TAT later), so it writes nothing else.
+    ///
+    /// Also says whether the subject should become the shard's hot slot:
+    /// when its swap lost to another thread's.
     #[inline(always)]
     fn charge_known_gcra(
         &self,
@@ -1055,21 +1158,24 @@ impl Shard {
         interval: u64,
         now: u64,
         cost: u64,
-    ) -> Option<TatCharge> {
+    ) -> Option<(TatCharge, bool)> {
         let entry = self.table.get_bucket(self.find(hash, key)?)?;
         let [slot] = &*entry.slots else {
             return None;
         };
-        let SlotState::Tat(cell) = &slot.state else {
-            return None;
+        let (cell, hot) = match &slot.state {
+            SlotState::Tat(cell) => (cell, false),
+            SlotState::Hot => (&self.hot_tat, true),
+            SlotState::Other { .. } => return None,
         };
         if !same_name(&slot.policy, policy.shared_name()) {
             return None;
         }
+        let mut contended = false;
         let mut tat_us = cell.load(Ordering::Acquire);
         loop {
             match tat_charge(policy, interval, tat_us, now, cost)? {
-                denied @ TatCharge::Denied(_) => return Some(denied),
+                denied @ TatCharge::Denied(_) => return Some((denied, false)),
                 TatCharge::Admitted(new_tat_us) => {
                     match cell.compare_exchange_weak(
                         tat_us,
@@ -1079,8 +1185,11 @@ impl Shard {
                     ) {
                         // The figures are computed by the caller, to keep
                         // the window between load and swap short.
-                        Ok(_) => return Some(TatCharge::Admitted(new_tat_us)),
-                        Err(current) => tat_us = current,
+                        Ok(_) => return Some((TatCharge::Admitted(new_tat_us), contended && !hot)),
+                        Err(current) => {
+                            contended |= current != tat_us;
+                            tat_us = current;
+                        }
                     }
                 }
             }
@@ -1100,25 +1209,27 @@ impl Shard {
         cost: u64,
     ) -> Result<Decision, StoreError> {
         let name = policy.shared_name();
+        self.demote_if_hot(hash);
+        let hot = self.hot_tat.load(Ordering::Relaxed);
         let index = self.find(hash, key);
         let Some(entry) = index.and_then(|index| self.table.get_bucket_mut(index)) else {
             let step = check_policy(policy, None, now, cost);
             if let (true, Some(state)) = (cost > 0 && step.decision.is_allowed(), step.new_state) {
                 let mut entry = Entry::new(key);
                 entry.write(&mut self.names, None, name, state, step.expires_at_us);
-                entry.refresh(now);
+                entry.refresh(now, hot);
                 self.insert(inner, hash, entry, now)?;
             }
             self.tick(inner, now);
             return Ok(step.decision);
         };
         let position = entry.slot(name);
-        let state = position.and_then(|position| entry.slots[position].live_state(now));
+        let state = position.and_then(|position| entry.slots[position].live_state(now, hot));
         let step = check_policy(policy, state.as_deref(), now, cost);
         if let (true, Some(state)) = (cost > 0 && step.decision.is_allowed(), step.new_state) {
             entry.write(&mut self.names, position, name, state, step.expires_at_us);
-            entry.refresh(now);
-            let expires_at_us = entry.expires_at_us();
+            entry.refresh(now, hot);
+            let expires_at_us = entry.expires_at_us(hot);
             self.note_expiry(expires_at_us);
         }
         self.tick(inner, now);
@@ -1137,12 +1248,15 @@ impl Shard {
         now: u64,
         cost: u64,
     ) -> Result<Verdict, StoreError> {
+        self.demote_if_hot(hash);
+        let hot = self.hot_tat.load(Ordering::Relaxed);
         let index = self.find(hash, key);
         let entry = index.and_then(|index| self.table.get_bucket(index));
         let steps: SmallVec<[Step; 2]> = policies
             .iter()
             .map(|policy| {
-                let state = entry.and_then(|entry| entry.live_state(policy.shared_name(), now));
+                let state =
+                    entry.and_then(|entry| entry.live_state(policy.shared_name(), now, hot));
                 check_policy(policy, state.as_deref(), now, cost)
             })
             .collect();
@@ -1155,8 +1269,8 @@ impl Shard {
                 .zip(&steps)
                 .map(|(policy, step)| {
                     if step.decision.is_allowed() {
-                        let state =
-                            entry.and_then(|entry| entry.live_state(policy.shared_name(), now));
+                        let state = entry
+                            .and_then(|entry| entry.live_state(policy.shared_name(), now, hot));
                         check_policy(policy, state.as_deref(), now, 0).decision
                     } else {
                         step.decision
@@ -1178,12 +1292,12 @@ impl Shard {
                     entry.write(names, position, name, state, step.expires_at_us);
                 }
             }
-            entry.refresh(now);
+            entry.refresh(now, hot);
         };
         match index.and_then(|index| self.table.get_bucket_mut(index)) {
             Some(entry) => {
                 apply(entry, &mut self.names);
-                let expires_at_us = entry.expires_at_us();
+                let expires_at_us = entry.expires_at_us(hot);
                 self.note_expiry(expires_at_us);
             }
             None => {
@@ -1227,7 +1341,8 @@ impl Shard {
                 self.cursor = 0;
             }
         }
-        self.note_expiry(entry.expires_at_us());
+        // A new entry has no hot slot.
+        self.note_expiry(entry.expires_at_us(0));
         let rehash = inner.rehash();
         self.table.insert_unique(hash, entry, &rehash);
         Ok(())
@@ -1237,14 +1352,21 @@ impl Shard {
     fn purge(&mut self, now: u64) -> usize {
         let before = self.table.len();
         let mut min = u64::MAX;
+        let hot = self.hot_tat.load(Ordering::Relaxed);
+        let mut hot_removed = false;
         self.table.retain(|entry| {
-            let expires_at_us = entry.expires_at_us();
+            let expires_at_us = entry.expires_at_us(hot);
             let live = expires_at_us > now;
             if live {
                 min = min.min(expires_at_us);
+            } else {
+                hot_removed |= entry.is_hot();
             }
             live
         });
+        if hot_removed {
+            self.hot_hash = None;
+        }
         self.min_expires_at_us = min;
         self.pass_min_us = min;
         before - self.table.len()
@@ -1264,6 +1386,7 @@ impl Shard {
             return 0;
         }
         let buckets = self.table.num_buckets();
+        let hot = self.hot_tat.load(Ordering::Relaxed);
         let mut removed = 0;
         for _ in 0..SWEEP_MAX_CHUNKS {
             let start = self.cursor.min(buckets);
@@ -1271,9 +1394,12 @@ impl Shard {
             let mut chunk_removed = 0;
             for index in start..end {
                 if let Ok(entry) = self.table.get_bucket_entry(index) {
-                    let expires_at_us = entry.get().expires_at_us();
+                    let expires_at_us = entry.get().expires_at_us(hot);
                     if expires_at_us <= now {
-                        drop(entry.remove());
+                        let (removed_entry, _) = entry.remove();
+                        if removed_entry.is_hot() {
+                            self.hot_hash = None;
+                        }
                         chunk_removed += 1;
                     } else {
                         self.pass_min_us = self.pass_min_us.min(expires_at_us);
@@ -1560,5 +1686,89 @@ mod tests {
         }
         assert_eq!(store.len(), 1);
         assert_consistent(&store);
+    }
+
+    /// Makes `subject` its shard's hot slot, as contention would.
+    fn make_hot(store: &MemoryStore, subject: &str, policy: &Policy, now: u64) -> bool {
+        let key = Key::new(subject);
+        let hash = store.inner.hash_key(key.as_bytes());
+        let mut shard = store.inner.shard(hash).write();
+        shard.promote(hash, key.as_bytes(), policy, now);
+        shard.hot_hash == Some(hash)
+    }
+
+    #[test]
+    fn the_hot_slot_holds_the_state_exactly_through_every_path() {
+        let clock = ManualClock::new(T0);
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .shards(1)
+            .build();
+        // 10 per second: an interval of 100 ms, so a `Tat` state.
+        let policies = [Policy::per_second(10).name("hot").build().unwrap()];
+        let other = [Policy::per_minute(100).name("other").build().unwrap()];
+        check(&store, "alice", &policies, 1);
+        check(&store, "bob", &policies, 1);
+        assert!(make_hot(&store, "alice", &policies[0], T0));
+        // Another live subject cannot take the hot slot.
+        assert!(!make_hot(&store, "bob", &policies[0], T0));
+        // Hot-path charges: 9 more admitted (capacity 10), then denied.
+        for _ in 0..9 {
+            assert!(check(&store, "alice", &policies, 1).is_allowed());
+        }
+        assert!(!check(&store, "alice", &policies, 1).is_allowed());
+        // They took the hot path: the slot is still hot.
+        assert!(store.inner.shards[0].read().hot_hash.is_some());
+        // A peek (general path) sees the hot state, then the slot is back
+        // in its entry.
+        let peek = check(&store, "alice", &policies, 0);
+        assert_eq!(peek.decisions()[0].remaining(), 0);
+        assert_eq!(
+            peek.decisions()[0].retry_after(),
+            Some(Duration::from_millis(100))
+        );
+        assert!(store.inner.shards[0].read().hot_hash.is_none());
+        // Hot again; a second policy on the same subject joins it (general
+        // path), and both are kept.
+        assert!(make_hot(&store, "alice", &policies[0], T0));
+        clock.advance(Duration::from_millis(100));
+        let both = [policies[0].clone(), other[0].clone()];
+        let verdict = check(&store, "alice", &both, 1);
+        assert!(verdict.is_allowed());
+        assert_eq!(verdict.decisions()[0].remaining(), 0);
+        assert_eq!(verdict.decisions()[1].remaining(), 99);
+        // Hot again after reset of the second policy; a reset of the first
+        // forgets the subject.
+        futures::executor::block_on(store.reset("alice", &other)).unwrap();
+        clock.advance(Duration::from_millis(100));
+        assert!(make_hot(&store, "alice", &policies[0], T0 + 200_000));
+        futures::executor::block_on(store.reset("alice", &policies)).unwrap();
+        assert!(store.inner.shards[0].read().hot_hash.is_none());
+        assert_eq!(
+            check(&store, "alice", &policies, 0).decisions()[0].remaining(),
+            10
+        );
+        // A hot subject that goes idle is swept like any other, and frees
+        // the hot slot.
+        check(&store, "alice", &policies, 1);
+        assert!(make_hot(&store, "alice", &policies[0], T0 + 200_000));
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(store.purge_expired(), 2);
+        assert!(store.inner.shards[0].read().hot_hash.is_none());
+        assert!(store.is_empty());
+        // An expired hot subject gives the slot up to a busy one.
+        check(&store, "alice", &policies, 1);
+        check(&store, "bob", &policies, 1);
+        let now = T0 + 2_200_000;
+        assert!(make_hot(&store, "alice", &policies[0], now));
+        clock.advance(Duration::from_secs(1));
+        check(&store, "bob", &policies, 1);
+        assert!(make_hot(&store, "bob", &policies[0], now + 1_000_000));
+        assert_consistent(&store);
+        // Alice's state went back to her entry, expired: she is full again.
+        assert_eq!(
+            check(&store, "alice", &policies, 0).decisions()[0].remaining(),
+            10
+        );
     }
 }
