@@ -88,13 +88,12 @@ use std::fmt;
 use std::future::{ready, Ready};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
 use sha2::{Digest, Sha256};
 use smallvec::SmallVec;
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::algorithms::{self, GcraState, State, Step};
 use crate::{
@@ -406,31 +405,23 @@ impl MemoryStore {
         removed
     }
 
-    /// Runs `check` on the subject's shard. When the store is full, frees
-    /// room in the other shards (one lock at a time) and runs it once more.
+    /// Runs `check` on the shard of the subject hashed to `hash`, under its
+    /// write lock. When the store is full, frees room in the other shards
+    /// (one lock at a time) and runs it once more.
     #[inline(always)]
     fn on_shard<T>(
         &self,
-        subject: &str,
-        check: impl Fn(&mut Shard, &Inner, u64, &[u8], u64) -> Result<T, StoreError>,
+        hash: u64,
+        now: u64,
+        check: impl Fn(&mut Shard, &Inner) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let key = Key::new(subject);
-        let key = key.as_bytes();
         let inner = &*self.inner;
-        let hash = inner.hash_key(key);
         let shard = inner.shard(hash);
-        // Read before locking to keep the critical section short. Two
-        // concurrent checks may then apply their times out of order; every
-        // algorithm handles a time earlier than its state's (it never admits
-        // more than it would have at the later time).
-        let now = inner.clock.now_micros();
-        let first = check(&mut shard.write(), inner, hash, key, now);
+        let first = check(&mut shard.write(), inner);
         if !matches!(first, Err(StoreError::Full { .. })) {
             return first;
         }
-        self.make_room(now, first, || {
-            check(&mut shard.write(), inner, hash, key, now)
-        })
+        self.make_room(now, first, || check(&mut shard.write(), inner))
     }
 
     #[cold]
@@ -463,17 +454,19 @@ impl MemoryStore {
     /// by compare-and-swap. `None` (having changed nothing) for everything
     /// else, which takes the general path.
     #[inline(always)]
-    fn charge_known_gcra(&self, subject: &str, policy: &Policy, cost: u64) -> Option<Decision> {
+    fn charge_known_gcra(
+        &self,
+        key: &[u8],
+        hash: u64,
+        now: u64,
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<Decision> {
         if policy.algorithm() != Algorithm::Gcra || cost == 0 {
             return None;
         }
         let interval = policy.whole_interval_micros()?;
-        let key = Key::new(subject);
-        let key = key.as_bytes();
         let inner = &*self.inner;
-        let hash = inner.hash_key(key);
-        // Read before locking, as in `on_shard`.
-        let now = inner.clock.now_micros();
         let lock = inner.shard(hash);
         let shard = lock.read();
         let (charged, promote) = shard.charge_known_gcra(hash, key, policy, interval, now, cost)?;
@@ -538,21 +531,26 @@ impl Store for MemoryStore {
                 return ready(Err(err));
             }
         }
+        let key = Key::new(subject);
+        let key = key.as_bytes();
+        let hash = self.inner.hash_key(key);
+        // Read before locking to keep the critical section short. Two
+        // concurrent checks may then apply their times out of order; every
+        // algorithm handles a time earlier than its state's (it never admits
+        // more than it would have at the later time).
+        let now = self.inner.clock.now_micros();
         // One policy, the common case, carries a `Decision` until the very
         // end rather than a `Verdict` (twice its size).
         if let [policy] = policies {
-            if let Some(decision) = self.charge_known_gcra(subject, policy, cost) {
+            if let Some(decision) = self.charge_known_gcra(key, hash, now, policy, cost) {
                 return ready(Ok(Verdict::from_one(decision)));
             }
-            let decision = self.on_shard(subject, |shard, inner, hash, key, now| {
+            let decision = self.on_shard(hash, now, |shard, inner| {
                 shard.check_one(inner, hash, key, policy, now, cost)
             });
-            return ready(match decision {
-                Ok(decision) => Ok(Verdict::from_one(decision)),
-                Err(err) => Err(err),
-            });
+            return ready(decision.map(Verdict::from_one));
         }
-        ready(self.on_shard(subject, |shard, inner, hash, key, now| {
+        ready(self.on_shard(hash, now, |shard, inner| {
             shard.check_many(inner, hash, key, policies, now, cost)
         }))
     }
@@ -620,7 +618,7 @@ impl Inner {
 /// (raw, not hex: `0xFF` never occurs in UTF-8, so the two never collide).
 /// Built on the stack: looking a subject up allocates nothing.
 enum Key<'a> {
-    Plain(&'a [u8]),
+    Raw(&'a [u8]),
     Hashed([u8; 33]),
 }
 
@@ -628,7 +626,7 @@ impl<'a> Key<'a> {
     #[inline(always)]
     fn new(subject: &'a str) -> Self {
         if subject.len() <= MAX_PLAIN_SUBJECT_LEN {
-            Self::Plain(subject.as_bytes())
+            Self::Raw(subject.as_bytes())
         } else {
             Self::Hashed(Self::hashed(subject))
         }
@@ -646,7 +644,7 @@ impl<'a> Key<'a> {
     #[inline(always)]
     fn as_bytes(&self) -> &[u8] {
         match self {
-            Self::Plain(key) => key,
+            Self::Raw(key) => key,
             Self::Hashed(key) => key,
         }
     }
@@ -660,11 +658,24 @@ fn check_policy(policy: &Policy, state: Option<&State>, now_us: u64, cost: u64) 
             Some(State::Gcra(tat)) => Some(*tat),
             _ => None,
         };
-        if let Some(step) = gcra_u64(policy, tat, now_us, cost) {
-            return step;
+        if let Some(fast) = gcra_fast(policy, tat, now_us, cost) {
+            return Step {
+                decision: fast.decision,
+                new_state: fast.tat.map(State::Gcra),
+                expires_at_us: fast.expires_at_us,
+            };
         }
     }
     algorithms::check(policy, state, now_us, cost)
+}
+
+/// What [`gcra_fast`] decided: a [`Step`] with the state unwrapped.
+#[derive(Clone, Copy)]
+struct GcraFast {
+    decision: Decision,
+    /// The new TAT when admitted with a cost.
+    tat: Option<GcraState>,
+    expires_at_us: u64,
 }
 
 /// GCRA exactly as [`algorithms::check`] computes it (`ALGORITHMS.md`,
@@ -677,26 +688,6 @@ fn check_policy(policy: &Policy, state: Option<&State>, now_us: u64, cost: u64) 
 /// else (a cost above the capacity, a state left by a policy with another
 /// limit or period, a time past `u64::MAX`) returns `None`, and the caller
 /// uses the reference implementation.
-#[inline(always)]
-fn gcra_u64(policy: &Policy, tat: Option<GcraState>, now_us: u64, cost: u64) -> Option<Step> {
-    let fast = gcra_fast(policy, tat, now_us, cost)?;
-    Some(Step {
-        decision: fast.decision,
-        new_state: fast.tat.map(State::Gcra),
-        expires_at_us: fast.expires_at_us,
-    })
-}
-
-/// What [`gcra_fast`] decided: a [`Step`] with the state unwrapped.
-#[derive(Clone, Copy)]
-struct GcraFast {
-    decision: Decision,
-    /// The new TAT when admitted with a cost.
-    tat: Option<GcraState>,
-    expires_at_us: u64,
-}
-
-/// See [`gcra_u64`].
 #[inline(always)]
 fn gcra_fast(policy: &Policy, tat: Option<GcraState>, now_us: u64, cost: u64) -> Option<GcraFast> {
     let capacity = policy.capacity();
@@ -1461,7 +1452,7 @@ mod tests {
         }
         assert_eq!(store.len(), 6);
         assert!(matches!(Key::new(&long), Key::Hashed(_)));
-        assert!(matches!(Key::new("a:b"), Key::Plain(b"a:b")));
+        assert!(matches!(Key::new("a:b"), Key::Raw(b"a:b")));
     }
 
     use proptest::prelude::*;
