@@ -136,14 +136,7 @@ impl Counter {
     }
 }
 
-impl fmt::Debug for Counter {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Counter").finish_non_exhaustive()
-    }
-}
-
-/// [`FastClock::RESYNC`] in microseconds.
-#[allow(clippy::cast_possible_truncation)] // 100 000 fits.
+/// [`FastClock::RESYNC`] in microseconds (100 000: the cast is exact).
 const RESYNC_US: u64 = FastClock::RESYNC.as_micros() as u64;
 
 /// A clock that moves only when told to; clones share one time. For tests.
