@@ -3,25 +3,14 @@
 
 use std::time::Duration;
 
-use tollgate_core::algorithms::{self, State, Step};
 use tollgate_core::{Algorithm, LeakyMode, Policy};
+
+mod common;
+use common::Key;
 
 const T0: u64 = 1_700_000_000_000_000;
 const SECOND: u64 = 1_000_000;
 const MS: u64 = 1_000;
-
-#[derive(Debug, Default)]
-struct Key(Option<State>);
-
-impl Key {
-    fn check(&mut self, policy: &Policy, now: u64, cost: u64) -> Step {
-        let step = algorithms::check(policy, self.0.as_ref(), now, cost);
-        if let Some(state) = &step.new_state {
-            self.0 = Some(state.clone());
-        }
-        step
-    }
-}
 
 fn policy(algorithm: Algorithm, limit: u64, period: Duration, burst: u64) -> Policy {
     Policy::per(limit, period)

@@ -4,26 +4,15 @@
 
 use std::time::Duration;
 
-use tollgate_core::algorithms::{self, throttle, GcraState, State, Step, ThrottleReply};
+use tollgate_core::algorithms::{self, throttle, GcraState, State, ThrottleReply};
 use tollgate_core::{Algorithm, Policy};
+
+mod common;
+use common::Key;
 
 /// 2023-11-14T22:13:20Z, a whole second.
 const T0: u64 = 1_700_000_000_000_000;
 const SECOND: u64 = 1_000_000;
-
-/// One key: applies each step's new state, as a store does.
-#[derive(Debug, Default)]
-struct Key(Option<State>);
-
-impl Key {
-    fn check(&mut self, policy: &Policy, now: u64, cost: u64) -> Step {
-        let step = algorithms::check(policy, self.0.as_ref(), now, cost);
-        if let Some(state) = &step.new_state {
-            self.0 = Some(state.clone());
-        }
-        step
-    }
-}
 
 /// One `CL.THROTTLE` call on a key kept between calls.
 #[derive(Debug, Default)]

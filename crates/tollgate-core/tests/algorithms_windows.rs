@@ -3,27 +3,17 @@
 
 use std::time::Duration;
 
-use tollgate_core::algorithms::{self, SlidingLogState, State, Step};
+use tollgate_core::algorithms::{SlidingLogState, State};
 use tollgate_core::{Algorithm, Policy};
+
+mod common;
+use common::Key;
 
 const SECOND: u64 = 1_000_000;
 /// A multiple of one day: 2023-11-15T00:00:00Z.
 const DAY0: u64 = 1_700_006_400_000_000;
 /// A multiple of one minute (DAY0 + 10 minutes).
 const W0: u64 = DAY0 + 600 * SECOND;
-
-#[derive(Debug, Default)]
-struct Key(Option<State>);
-
-impl Key {
-    fn check(&mut self, policy: &Policy, now: u64, cost: u64) -> Step {
-        let step = algorithms::check(policy, self.0.as_ref(), now, cost);
-        if let Some(state) = &step.new_state {
-            self.0 = Some(state.clone());
-        }
-        step
-    }
-}
 
 fn policy(algorithm: Algorithm, limit: u64, period: Duration) -> Policy {
     Policy::per(limit, period)

@@ -18,10 +18,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("a tokio runtime")
 }
 
-fn all_algorithms() -> [Algorithm; 7] {
-    Algorithm::ALL
-}
-
 /// Runs `TASKS` tasks, each making `checks_per_task` cost-1 checks on the
 /// subject `subject_of(task, i)`, and returns how many were admitted per
 /// subject index.
@@ -70,7 +66,7 @@ fn hammer(
 #[test]
 fn one_key_admits_exactly_the_limit_under_contention() {
     const LIMIT: u64 = 500;
-    for algorithm in all_algorithms() {
+    for algorithm in Algorithm::ALL {
         let store = MemoryStore::with_clock(ManualClock::new(T0));
         let policies = [Policy::per_hour(LIMIT)
             .algorithm(algorithm)
@@ -87,7 +83,7 @@ fn one_key_admits_exactly_the_limit_under_contention() {
 fn several_keys_each_admit_exactly_the_limit() {
     const LIMIT: u64 = 100;
     const SUBJECTS: usize = 16;
-    for algorithm in all_algorithms() {
+    for algorithm in Algorithm::ALL {
         // Few shards, so subjects share locks.
         let store = MemoryStore::builder()
             .clock(ManualClock::new(T0))

@@ -19,10 +19,6 @@ fn peek(store: &MemoryStore, subject: &str, policies: &[Policy]) -> Verdict {
     block_on(store.peek(subject, policies)).expect("a valid peek")
 }
 
-fn all_algorithms() -> [Algorithm; 7] {
-    Algorithm::ALL
-}
-
 #[test]
 fn a_denial_by_one_policy_charges_none() {
     let store = MemoryStore::with_clock(ManualClock::new(T0));
@@ -80,7 +76,7 @@ fn decisions_come_in_policy_order() {
 
 #[test]
 fn peek_changes_nothing() {
-    for algorithm in all_algorithms() {
+    for algorithm in Algorithm::ALL {
         let clock = ManualClock::new(T0);
         let store = MemoryStore::with_clock(clock.clone());
         let policies = [Policy::per_minute(5).algorithm(algorithm).build().unwrap()];
@@ -263,7 +259,7 @@ fn the_future_is_ready_at_once() {
 
 fn policy_strategy() -> impl Strategy<Value = Policy> {
     (0..7usize, 1..20u64, 1..5_000_000u64, 0..3u64).prop_map(|(algorithm, limit, period, extra)| {
-        let algorithm = all_algorithms()[algorithm];
+        let algorithm = Algorithm::ALL[algorithm];
         let mut builder = Policy::per(limit, Duration::from_micros(period)).algorithm(algorithm);
         if algorithm.has_burst() && extra > 0 {
             builder = builder.burst(limit + extra);
