@@ -20,6 +20,7 @@
 //!
 //! The arithmetic follows `ALGORITHMS.md` ("Sliding log") exactly.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::{micros, saturate, step, SlidingLogState, State, Step};
@@ -45,8 +46,11 @@ pub(super) fn check(
             .copied()
             .filter(move |&t| u128::from(t) + period > now)
     };
-    let count = u64::try_from(live().count()).unwrap_or(u64::MAX);
-    let newest = live().max();
+    // One pass for the live count and the newest live entry.
+    let (live_len, newest) = live().fold((0_usize, None), |(n, newest), t| {
+        (n + 1, newest.max(Some(t)))
+    });
+    let count = u64::try_from(live_len).unwrap_or(u64::MAX);
     let remaining_old = limit.saturating_sub(count);
     let reset_old = newest.map_or(Duration::ZERO, |t| {
         micros((u128::from(t) + period).saturating_sub(now))
@@ -80,9 +84,11 @@ pub(super) fn check(
     }
     // Keep the log ascending even when the clock went back.
     let at = newest.map_or(now_us, |t| t.max(now_us));
-    let mut kept: std::collections::VecDeque<u64> = live().collect();
     // `cost <= limit <= SLIDING_LOG_MAX_LIMIT`, checked above and by the policy.
-    kept.extend(std::iter::repeat_n(at, usize::try_from(cost).unwrap_or(0)));
+    let added = usize::try_from(cost).unwrap_or(0);
+    let mut kept = VecDeque::with_capacity(live_len.saturating_add(added));
+    kept.extend(live());
+    kept.extend(std::iter::repeat_n(at, added));
     let count = count + cost;
     let reset_after = micros(u128::from(at) + period - now);
     step(
