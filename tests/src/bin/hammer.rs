@@ -16,20 +16,11 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, LeakyMode, Policy, Store};
+use tollgate_core::{Algorithm, Policy, Store};
 use tollgate_redis::RedisStore;
 
 fn algorithm(name: &str) -> Option<Algorithm> {
-    Some(match name {
-        "gcra" => Algorithm::Gcra,
-        "token_bucket" => Algorithm::TokenBucket,
-        "leaky_meter" => Algorithm::LeakyBucket(LeakyMode::Meter),
-        "leaky_queue" => Algorithm::LeakyBucket(LeakyMode::Queue),
-        "fixed_window" => Algorithm::FixedWindow,
-        "sliding_window" => Algorithm::SlidingWindow,
-        "sliding_log" => Algorithm::SlidingLog,
-        _ => return None,
-    })
+    Algorithm::ALL.into_iter().find(|a| a.as_str() == name)
 }
 
 fn main() -> ExitCode {

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use tollgate_core::{Algorithm, MemoryStore, Policy, Store};
 use tollgate_redis::RedisStore;
-use tollgate_tests::reliability::{admin, command, info_field, Rng};
+use tollgate_tests::reliability::{admin, command, gcra_allowance, info_field, Rng};
 
 const RATE_LIMIT: u64 = 5;
 const RATE_PERIOD: Duration = Duration::from_secs(60);
@@ -160,28 +160,35 @@ fn record(
     }
 }
 
-/// Samples every `every` until `stop`, with `keys` and `redis_used` read by
-/// the caller's closures.
-async fn sample_loop<K, U>(
+/// What one sample reads from the store under test.
+struct Figures {
+    /// Keys the store holds.
+    keys: u64,
+    /// Redis' `used_memory` (zero for the memory store).
+    redis_used: u64,
+}
+
+/// Samples every `every` until `stop`, with the store's figures read by
+/// the caller's closure (one read per sample).
+async fn sample_loop<F>(
     started: Instant,
     duration: Duration,
     counters: &Counters,
-    mut keys: K,
-    mut redis_used: U,
+    mut figures: F,
 ) -> Vec<Sample>
 where
-    K: FnMut() -> std::pin::Pin<Box<dyn std::future::Future<Output = u64> + Send>>,
-    U: FnMut() -> std::pin::Pin<Box<dyn std::future::Future<Output = u64> + Send>>,
+    F: FnMut() -> std::pin::Pin<Box<dyn std::future::Future<Output = Figures> + Send>>,
 {
     let every = duration / 18;
     let mut samples = Vec::new();
     while started.elapsed() < duration {
         tokio::time::sleep(every).await;
+        let Figures { keys, redis_used } = figures().await;
         let sample = Sample {
             at: started.elapsed(),
             rss: rss(),
-            keys: keys().await,
-            redis_used: redis_used().await,
+            keys,
+            redis_used,
             checks: counters.admitted.load(Ordering::Relaxed)
                 + counters.denied.load(Ordering::Relaxed)
                 + counters.errors.load(Ordering::Relaxed),
@@ -240,16 +247,15 @@ async fn soak_memory(options: &Options) -> Outcome {
         })
         .collect();
     let keys_store = Arc::clone(&store);
-    let samples = sample_loop(
-        started,
-        duration,
-        &counters,
-        move || {
-            let n = keys_store.len() as u64;
-            Box::pin(async move { n })
-        },
-        || Box::pin(async { 0 }),
-    )
+    let samples = sample_loop(started, duration, &counters, move || {
+        let keys = keys_store.len() as u64;
+        Box::pin(async move {
+            Figures {
+                keys,
+                redis_used: 0,
+            }
+        })
+    })
     .await;
     stop.store(true, Ordering::Relaxed);
     for thread in threads {
@@ -263,16 +269,16 @@ async fn soak_memory(options: &Options) -> Outcome {
     }
 }
 
-async fn redis_figures(url: &str) -> (u64, u64) {
+async fn redis_figures(url: &str) -> Figures {
     let mut connection = admin(url).await;
     let memory: String = command(&mut connection, &["INFO", "memory"])
         .await
         .unwrap_or_default();
-    let used = info_field(&memory, "used_memory")
+    let redis_used = info_field(&memory, "used_memory")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     let keys: u64 = command(&mut connection, &["DBSIZE"]).await.unwrap_or(0);
-    (used, keys)
+    Figures { keys, redis_used }
 }
 
 async fn soak_redis(options: &Options, url: &str) -> Outcome {
@@ -319,20 +325,11 @@ async fn soak_redis(options: &Options, url: &str) -> Outcome {
             })
         })
         .collect();
-    let (keys_url, used_url) = (url.to_owned(), url.to_owned());
-    let samples = sample_loop(
-        started,
-        duration,
-        &counters,
-        move || {
-            let url = keys_url.clone();
-            Box::pin(async move { redis_figures(&url).await.1 })
-        },
-        move || {
-            let url = used_url.clone();
-            Box::pin(async move { redis_figures(&url).await.0 })
-        },
-    )
+    let figures_url = url.to_owned();
+    let samples = sample_loop(started, duration, &counters, move || {
+        let url = figures_url.clone();
+        Box::pin(async move { redis_figures(&url).await })
+    })
     .await;
     stop.store(true, Ordering::Relaxed);
     for task in tasks {
@@ -391,11 +388,7 @@ fn report(name: &str, outcome: &Outcome, redis: bool) -> bool {
     let total = admitted + denied + errors;
     // GCRA: at most the burst plus one permit per emission interval over
     // the run (the run brackets every store evaluation).
-    let bound = RATE_LIMIT
-        + u64::try_from(
-            u128::from(RATE_LIMIT) * outcome.elapsed.as_micros() / RATE_PERIOD.as_micros(),
-        )
-        .unwrap_or(u64::MAX);
+    let bound = gcra_allowance(RATE_LIMIT, RATE_PERIOD, outcome.elapsed);
     let counts: Vec<u32> = outcome
         .per_subject
         .iter()
