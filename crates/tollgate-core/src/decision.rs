@@ -166,6 +166,12 @@ impl Decision {
         Duration::from_micros(self.reset_after_us)
     }
 
+    /// [`Decision::reset_after`] in microseconds.
+    #[inline]
+    pub(crate) const fn reset_after_us(&self) -> u64 {
+        self.reset_after_us
+    }
+
     /// For a leaky bucket in queue mode: how long the admitted request must
     /// wait for its turn. Zero otherwise.
     #[must_use]

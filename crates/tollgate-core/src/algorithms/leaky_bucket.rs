@@ -82,7 +82,7 @@ pub(super) fn check_meter(
     }
     let level = level + need;
     let remaining = saturate((full - level) / period);
-    let reset_after = micros(lag + ceil_div(level, limit));
+    let reset_after_us = saturate(lag + ceil_div(level, limit));
     let new_state = State::LeakyMeter(LeakyMeterState {
         // `level <= full <= 2^52` by the admission test.
         level: saturate(level),
@@ -90,7 +90,7 @@ pub(super) fn check_meter(
         last_us: saturate(last),
     });
     step(
-        Decision::allowed(capacity, remaining, reset_after),
+        Decision::allowed_us(capacity, remaining, reset_after_us),
         Some(new_state),
         now_us,
     )

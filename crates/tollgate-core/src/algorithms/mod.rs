@@ -221,7 +221,7 @@ fn micros(us: u128) -> std::time::Duration {
 
 /// Builds a step whose `expires_at_us` is `now + reset_after` (saturating).
 fn step(decision: Decision, new_state: Option<State>, now_us: u64) -> Step {
-    let expires_at_us = now_us.saturating_add(saturate(decision.reset_after().as_micros()));
+    let expires_at_us = now_us.saturating_add(decision.reset_after_us());
     Step {
         decision,
         new_state,

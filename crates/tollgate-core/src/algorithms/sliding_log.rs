@@ -90,9 +90,9 @@ pub(super) fn check(
     kept.extend(live());
     kept.extend(std::iter::repeat_n(at, added));
     let count = count + cost;
-    let reset_after = micros(u128::from(at) + period - now);
+    let reset_after_us = saturate(u128::from(at) + period - now);
     step(
-        Decision::allowed(limit, limit - count, reset_after),
+        Decision::allowed_us(limit, limit - count, reset_after_us),
         Some(State::SlidingLog(SlidingLogState { entries: kept })),
         now_us,
     )

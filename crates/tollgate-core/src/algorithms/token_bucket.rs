@@ -71,7 +71,7 @@ pub(super) fn check(
     }
     let level = level - need;
     let remaining = saturate(level / period);
-    let reset_after = micros(lag + ceil_div(full - level, limit));
+    let reset_after_us = saturate(lag + ceil_div(full - level, limit));
     let new_state = State::TokenBucket(TokenBucketState {
         // `level <= full <= 2^52`.
         level: saturate(level),
@@ -79,7 +79,7 @@ pub(super) fn check(
         last_us: saturate(last),
     });
     step(
-        Decision::allowed(capacity, remaining, reset_after),
+        Decision::allowed_us(capacity, remaining, reset_after_us),
         Some(new_state),
         now_us,
     )
