@@ -1,7 +1,6 @@
 //! Turning caller-supplied subjects into safe storage keys.
 
 use std::borrow::Cow;
-use std::fmt::Write as _;
 
 use sha2::{Digest, Sha256};
 
@@ -74,9 +73,10 @@ pub fn hash_subject(bytes: &[u8]) -> String {
     let digest = Sha256::digest(bytes);
     let mut out = String::with_capacity(HASHED_SUBJECT_PREFIX.len() + 64);
     out.push_str(HASHED_SUBJECT_PREFIX);
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     for byte in digest {
-        // Writing to a String cannot fail.
-        let _ = write!(out, "{byte:02x}");
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 0x0f)]));
     }
     out
 }
@@ -101,5 +101,18 @@ mod tests {
         ] {
             assert_eq!(is_plain(&"x".repeat(len)), plain, "{len}");
         }
+    }
+
+    #[test]
+    fn hashed_subjects_are_the_lowercase_hex_sha256() {
+        // FIPS 180-2 test vectors.
+        assert_eq!(
+            hash_subject(b""),
+            "#e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        assert_eq!(
+            hash_subject(b"abc"),
+            "#ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
     }
 }
