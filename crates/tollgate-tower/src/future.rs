@@ -243,11 +243,7 @@ where
                         return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
                     };
                     let then = then.take().unwrap_or(Then::Forward(None));
-                    pending.shared.after_wait(
-                        &mut pending.ticket,
-                        pending.request.extensions_mut(),
-                        then,
-                    )
+                    pending.shared.after_wait(&mut pending.ticket, then)
                 }
             };
             let state = enter(next, this.pending);

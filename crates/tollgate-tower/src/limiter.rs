@@ -125,15 +125,15 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 return (next, Some(ticket));
             }
         }
-        let next = self.ask_store(&mut ticket, &mut parts.extensions);
+        let next = self.ask_store(&mut ticket);
         (next, Some(ticket))
     }
 
     /// Checks the store, unless the circuit breaker is open.
-    fn ask_store(&self, ticket: &mut Ticket, extensions: &mut Extensions) -> Next<St> {
+    fn ask_store(&self, ticket: &mut Ticket) -> Next<St> {
         if !self.breaker.allow() {
             tracing::debug!("store skipped: circuit breaker open");
-            return self.on_failure(ticket, extensions);
+            return self.on_failure(ticket);
         }
         ticket.fallback = false;
         let tier = self.tier(ticket);
@@ -186,7 +186,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 } else {
                     tracing::warn!(%error, "rate-limit store failed");
                 }
-                self.on_failure(ticket, extensions)
+                self.on_failure(ticket)
             }
             Err(error) => {
                 tracing::error!(%error, key = %ticket.key, "rate-limit check refused");
@@ -201,7 +201,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     }
 
     /// The store failed or is skipped: apply the failure policy.
-    fn on_failure(&self, ticket: &mut Ticket, _extensions: &mut Extensions) -> Next<St> {
+    fn on_failure(&self, ticket: &mut Ticket) -> Next<St> {
         match &self.failure {
             FailurePolicy::FailOpen => Next::Forward(None),
             FailurePolicy::FailClosed => Next::Respond(response::plain(
@@ -327,18 +327,13 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     }
 
     /// A wait ended.
-    pub(crate) fn after_wait(
-        &self,
-        ticket: &mut Ticket,
-        extensions: &mut Extensions,
-        then: Then,
-    ) -> Next<St> {
+    pub(crate) fn after_wait(&self, ticket: &mut Ticket, then: Then) -> Next<St> {
         let span = ticket.span.clone();
         let _entered = span.enter();
         match then {
             Then::Recheck => {
                 ticket.sent = Instant::now();
-                self.ask_store(ticket, extensions)
+                self.ask_store(ticket)
             }
             Then::Forward(headers) => Next::Forward(headers),
         }
