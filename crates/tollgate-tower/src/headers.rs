@@ -22,20 +22,13 @@ pub(crate) fn ceil_secs(duration: Duration) -> u64 {
 /// The index of the decision that matters most (see
 /// [`Verdict::binding`]), or `None` for an empty verdict.
 pub(crate) fn binding_index(verdict: &Verdict) -> Option<usize> {
-    let decisions = verdict.decisions();
-    let denied = decisions
+    // An empty verdict's binding is a static outside `decisions`, so no
+    // position matches.
+    let binding = verdict.binding();
+    verdict
+        .decisions()
         .iter()
-        .enumerate()
-        .filter(|(_, d)| !d.is_allowed())
-        .max_by_key(|(_, d)| d.retry_after());
-    denied
-        .or_else(|| {
-            decisions
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, d)| d.remaining())
-        })
-        .map(|(i, _)| i)
+        .position(|d| std::ptr::eq(d, binding))
 }
 
 /// `RateLimit-Policy: "burst";q=10;w=1, "daily";q=1000;w=86400`.
