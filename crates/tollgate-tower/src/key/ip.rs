@@ -14,6 +14,8 @@ use super::KeyExtractor;
 /// Most proxy hops [`ClientIp`] walks past before it stops trusting a header.
 const MAX_HOPS: usize = 64;
 
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
 /// The peer address of the connection, as the server recorded it in the
 /// request extensions: Axum's `ConnectInfo<SocketAddr>` (feature `axum`),
 /// Tonic's `TcpConnectInfo` (feature `tonic`), or a plain [`SocketAddr`] or
@@ -36,14 +38,6 @@ pub(crate) fn peer_ip(parts: &Parts) -> Option<IpAddr> {
         .or_else(|| ext.get::<IpAddr>().copied())
 }
 
-/// Unwraps an IPv4-mapped IPv6 address (`::ffff:192.0.2.1`) to IPv4.
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        IpAddr::V4(_) => ip,
-    }
-}
-
 /// How addresses become keys: IPv6 grouped by prefix, IPv4 by prefix
 /// (whole address by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +57,7 @@ impl Default for Grouping {
 
 impl Grouping {
     fn key(self, ip: IpAddr) -> String {
-        match canonical(ip) {
+        match ip.to_canonical() {
             IpAddr::V4(v4) if self.v4_prefix >= 32 => v4.to_string(),
             IpAddr::V4(v4) => {
                 let mask = u32::MAX
@@ -265,41 +259,64 @@ impl ClientIp {
 
     /// The client address, or `None` without a peer address.
     fn client(&self, parts: &Parts) -> Option<IpAddr> {
-        let peer = canonical(peer_ip(parts)?);
+        let peer = peer_ip(parts)?.to_canonical();
         if !self.is_trusted(peer) {
             return Some(peer);
         }
         let mut client = peer;
-        let header_name: HeaderName = match self.header {
-            ProxyHeader::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
-            ProxyHeader::Forwarded => FORWARDED,
+        let header_name: &HeaderName = match self.header {
+            ProxyHeader::XForwardedFor => &X_FORWARDED_FOR,
+            ProxyHeader::Forwarded => &FORWARDED,
         };
         let mut hops = 0;
         // Header lines in reverse, and each line's entries from the right.
-        for line in parts.headers.get_all(&header_name).iter().rev() {
+        for line in parts.headers.get_all(header_name).iter().rev() {
             let Ok(line) = line.to_str() else {
                 return Some(client);
             };
-            let entries: Vec<&str> = match self.header {
-                ProxyHeader::XForwardedFor => line.split(',').collect(),
-                ProxyHeader::Forwarded => forwarded_elements(line),
+            let stopped = match self.header {
+                ProxyHeader::XForwardedFor => self.walk(
+                    &mut client,
+                    &mut hops,
+                    line.rsplit(',').map(|entry| parse_node(entry.trim())),
+                ),
+                ProxyHeader::Forwarded => self.walk(
+                    &mut client,
+                    &mut hops,
+                    forwarded_elements(line)
+                        .into_iter()
+                        .rev()
+                        .map(|entry| forwarded_for(entry).and_then(|n| parse_node(&n))),
+                ),
             };
-            for entry in entries.into_iter().rev() {
-                hops += 1;
-                let hop = match self.header {
-                    ProxyHeader::XForwardedFor => parse_node(entry.trim()),
-                    ProxyHeader::Forwarded => forwarded_for(entry).and_then(|n| parse_node(&n)),
-                };
-                let Some(hop) = hop.map(canonical) else {
-                    return Some(client);
-                };
-                client = hop;
-                if !self.is_trusted(hop) || hops >= MAX_HOPS {
-                    return Some(client);
-                }
+            if stopped {
+                return Some(client);
             }
         }
         Some(client)
+    }
+
+    /// Walks one header line's hops, rightmost first, moving `client` to
+    /// each; `true` when the walk stops (an unparsable hop, an untrusted
+    /// one, or [`MAX_HOPS`] reached).
+    fn walk(
+        &self,
+        client: &mut IpAddr,
+        hops: &mut usize,
+        line: impl Iterator<Item = Option<IpAddr>>,
+    ) -> bool {
+        for hop in line {
+            *hops += 1;
+            let Some(hop) = hop else {
+                return true;
+            };
+            let hop = hop.to_canonical();
+            *client = hop;
+            if !self.is_trusted(hop) || *hops >= MAX_HOPS {
+                return true;
+            }
+        }
+        false
     }
 }
 
