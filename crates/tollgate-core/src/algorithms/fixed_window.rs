@@ -55,10 +55,6 @@ pub(super) fn check(
     };
     let remaining_old = limit.saturating_sub(count);
 
-    if cost > limit {
-        let never = Decision::denied(limit, remaining_old, Duration::MAX, reset(count));
-        return step(never, None, now_us);
-    }
     let wanted = u128::from(count) + u128::from(cost.max(1));
     if wanted > u128::from(limit) {
         let denied = Decision::denied(limit, remaining_old, until_end, reset(count));

@@ -29,8 +29,6 @@
 //! The arithmetic follows `ALGORITHMS.md` ("Leaky bucket meter" and "GCRA
 //! and leaky bucket queue") exactly.
 
-use std::time::Duration;
-
 use super::{
     ceil_div, gcra, micros, saturate, step, LeakyMeterState, LeakyQueueState, State, Step,
 };
@@ -63,10 +61,6 @@ pub(super) fn check_meter(
     let remaining_old = saturate(full.saturating_sub(level) / period);
     let reset_old = micros(lag + ceil_div(level, limit));
 
-    if cost > capacity {
-        let never = Decision::denied(capacity, remaining_old, Duration::MAX, reset_old);
-        return step(never, None, now_us);
-    }
     let need = u128::from(cost.max(1)) * period;
     if level + need > full {
         let retry_after = micros(lag + ceil_div(level + need - full, limit));
@@ -111,6 +105,8 @@ pub(super) fn check_queue(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::{Algorithm, LeakyMode};
 

@@ -146,6 +146,24 @@ pub struct Step {
 /// ```
 #[must_use]
 pub fn check(policy: &Policy, state: Option<&State>, now_us: u64, cost: u64) -> Step {
+    // Cost above capacity, for every algorithm but the GCRA family (which
+    // answers it in `gcra`): denied, never retried, and `remaining` /
+    // `reset_after` as a peek reports them (ALGORITHMS.md). The algorithm
+    // files below rely on `cost <= policy.capacity()`.
+    let gcra_family = matches!(
+        policy.algorithm(),
+        Algorithm::Gcra | Algorithm::LeakyBucket(LeakyMode::Queue)
+    );
+    if cost > policy.capacity() && !gcra_family {
+        let peek = check(policy, state, now_us, 0).decision;
+        let never = Decision::denied(
+            peek.limit(),
+            peek.remaining(),
+            std::time::Duration::MAX,
+            peek.reset_after(),
+        );
+        return step(never, None, now_us);
+    }
     match policy.algorithm() {
         Algorithm::Gcra => {
             let state = match state {

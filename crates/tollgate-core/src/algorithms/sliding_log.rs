@@ -56,10 +56,6 @@ pub(super) fn check(
         micros((u128::from(t) + period).saturating_sub(now))
     });
 
-    if cost > limit {
-        let never = Decision::denied(limit, remaining_old, Duration::MAX, reset_old);
-        return step(never, None, now_us);
-    }
     let cost_eval = cost.max(1);
     // `count + cost_eval` cannot overflow in u128.
     let over = (u128::from(count) + u128::from(cost_eval)).saturating_sub(u128::from(limit));
@@ -84,7 +80,7 @@ pub(super) fn check(
     }
     // Keep the log ascending even when the clock went back.
     let at = newest.map_or(now_us, |t| t.max(now_us));
-    // `cost <= limit <= SLIDING_LOG_MAX_LIMIT`, checked above and by the policy.
+    // `cost <= limit <= SLIDING_LOG_MAX_LIMIT`, checked by `check` and by the policy.
     let added = usize::try_from(cost).unwrap_or(0);
     let mut kept = VecDeque::with_capacity(live_len.saturating_add(added));
     kept.extend(live());

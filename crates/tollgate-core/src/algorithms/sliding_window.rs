@@ -82,10 +82,6 @@ pub(super) fn check(
         micros(lag + until_full)
     };
 
-    if cost > limit_u64 {
-        let never = Decision::denied(limit_u64, remaining_old, Duration::MAX, reset(current));
-        return step(never, None, now_us);
-    }
     let cost_eval = u128::from(cost.max(1));
     if used + cost_eval * period > full {
         let retry_after = if current + cost_eval <= limit {

@@ -17,8 +17,6 @@
 //!
 //! The arithmetic follows `ALGORITHMS.md` ("Token bucket") exactly.
 
-use std::time::Duration;
-
 use super::{ceil_div, micros, saturate, step, State, Step, TokenBucketState};
 use crate::{Decision, Policy};
 
@@ -52,10 +50,6 @@ pub(super) fn check(
     let remaining_old = saturate(level / period);
     let reset_old = micros(lag + ceil_div(full - level, limit));
 
-    if cost > capacity {
-        let never = Decision::denied(capacity, remaining_old, Duration::MAX, reset_old);
-        return step(never, None, now_us);
-    }
     let need = u128::from(cost.max(1)) * period;
     if level < need {
         let retry_after = micros(lag + ceil_div(need - level, limit));
@@ -87,6 +81,8 @@ pub(super) fn check(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::Algorithm;
 
