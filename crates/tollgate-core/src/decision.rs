@@ -207,8 +207,8 @@ pub struct Verdict {
 
 impl FromIterator<Decision> for Verdict {
     fn from_iter<I: IntoIterator<Item = Decision>>(iter: I) -> Self {
-        // Pushing one by one: `SmallVec`'s own `collect` costs several times
-        // more for the one or two decisions a verdict holds, and stores
+        // Pushing one by one rather than `SmallVec`'s own `collect`, which
+        // costs more for the one or two decisions a verdict holds; stores
         // build a verdict on every check.
         let mut decisions = SmallVec::new();
         let mut allowed = true;
