@@ -41,8 +41,8 @@ impl Clock for SystemClock {
 /// counter read and a multiplication. It is what
 /// [`MemoryStore::new`](crate::MemoryStore::new) reads on every check. (In
 /// `cargo xtask bench core`, the `+sys` column, the store reading
-/// [`SystemClock`], is about 30 ns per check slower than the default on the
-/// 2-core CI machine.)
+/// [`SystemClock`], is about 30 ns per check slower than with this clock
+/// on the 2-core CI machine.)
 ///
 /// It stays within the counter's calibration error of the system clock
 /// (which accumulates for at most [`FastClock::RESYNC`]), and follows a
