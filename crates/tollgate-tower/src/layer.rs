@@ -59,14 +59,20 @@ impl Tier {
             tier: name.to_owned(),
             source,
         })?;
-        Ok(Self {
+        Ok(Self::from_valid(name, policies))
+    }
+
+    /// A tier of policies already known to be valid together (non-empty,
+    /// names distinct).
+    fn from_valid(name: &str, policies: Vec<Policy>) -> Self {
+        Self {
             name: name.into(),
             policy_header: policy_value(&policies),
             ratelimit_prefixes: ratelimit_prefixes(&policies),
             #[cfg(feature = "metrics")]
             metric_names: policies.iter().map(|p| Arc::from(p.name())).collect(),
             policies: policies.into(),
-        })
+        }
     }
 }
 
@@ -196,33 +202,8 @@ impl<St: Store> RateLimitLayer<St, PeerIp> {
     /// # let _ = layer;
     /// ```
     pub fn new(store: St, policy: Policy) -> Self {
-        Self {
-            shared: Arc::new(Shared {
-                store: Arc::new(store),
-                key: PeerIp::new(),
-                tiers: Box::new([Tier {
-                    name: DEFAULT_TIER.into(),
-                    policy_header: policy_value(std::slice::from_ref(&policy)),
-                    ratelimit_prefixes: ratelimit_prefixes(std::slice::from_ref(&policy)),
-                    #[cfg(feature = "metrics")]
-                    metric_names: Box::new([Arc::from(policy.name())]),
-                    policies: Arc::new([policy]),
-                }]),
-                select_tier: None,
-                cost: None,
-                mode: Mode::default(),
-                failure: FailurePolicy::default(),
-                timeout: DEFAULT_CHECK_TIMEOUT,
-                breaker: Breaker::new(DEFAULT_BREAKER_THRESHOLD, DEFAULT_BREAKER_PAUSE),
-                deny_cache: Some(DenyCache::new(1, DEFAULT_DENY_CACHE_CAPACITY)),
-                missing_key: MissingKey::default(),
-                header_mode: HeaderMode::default(),
-                legacy_headers: false,
-                info_in_extensions: false,
-                body: LimitedBody::default(),
-                warned_missing_key: AtomicBool::new(false),
-            }),
-        }
+        // One policy is always a valid tier.
+        Self::builder(store).into_layer(vec![Tier::from_valid(DEFAULT_TIER, vec![policy])])
     }
 
     /// Starts configuring a layer over `store`, keyed by peer IP until
@@ -559,21 +540,27 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// A [`ConfigError`] when there is no default policy, a tier is empty
     /// or defined twice, two policies of one tier share a name, or the
     /// timeout is zero.
-    pub fn build(self) -> Result<RateLimitLayer<St, K>, ConfigError> {
+    pub fn build(mut self) -> Result<RateLimitLayer<St, K>, ConfigError> {
         if self.timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
         }
-        let mut tiers = vec![Tier::new(DEFAULT_TIER, self.policies)?];
-        for (name, policies) in self.tiers {
+        let mut tiers = vec![Tier::new(DEFAULT_TIER, std::mem::take(&mut self.policies))?];
+        for (name, policies) in std::mem::take(&mut self.tiers) {
             if tiers.iter().any(|t| *t.name == *name) {
                 return Err(ConfigError::DuplicateTier { tier: name });
             }
             tiers.push(Tier::new(&name, policies)?);
         }
+        Ok(self.into_layer(tiers))
+    }
+
+    /// The layer, from a validated configuration and its tiers (the default
+    /// tier first); `self.policies` and `self.tiers` are not read.
+    fn into_layer(self, tiers: Vec<Tier>) -> RateLimitLayer<St, K> {
         let deny_cache = self
             .deny_cache
             .map(|capacity| DenyCache::new(tiers.len(), capacity));
-        Ok(RateLimitLayer {
+        RateLimitLayer {
             shared: Arc::new(Shared {
                 store: self.store,
                 key: self.key,
@@ -592,6 +579,6 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
                 body: self.body,
                 warned_missing_key: AtomicBool::new(false),
             }),
-        })
+        }
     }
 }
