@@ -277,30 +277,35 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 extensions.insert(self.info(ticket, verdict));
                 return Next::Forward(None);
             }
-            if delay.is_zero() {
-                let headers = self.headers(tier, &verdict, false);
-                if self.info_in_extensions {
-                    extensions.insert(self.info(ticket, verdict));
+            // Queued (a leaky bucket in queue mode): until when, unless the
+            // delay passes the shaping deadline.
+            let until = if delay.is_zero() {
+                None
+            } else {
+                let now = Instant::now();
+                if ticket
+                    .deadline
+                    .is_some_and(|deadline| now + delay > deadline)
+                {
+                    tracing::debug!(
+                        ?delay,
+                        "queue delay longer than the shaping limit; rejected"
+                    );
+                    return self.limited(ticket, delayed_as_denied(&verdict));
                 }
-                return Next::Forward(Some(headers));
-            }
-            let now = Instant::now();
-            if ticket
-                .deadline
-                .is_some_and(|deadline| now + delay > deadline)
-            {
-                tracing::debug!(
-                    ?delay,
-                    "queue delay longer than the shaping limit; rejected"
-                );
-                return self.limited(ticket, delayed_as_denied(&verdict));
-            }
+                Some(now + delay)
+            };
             let headers = self.headers(tier, &verdict, false);
             if self.info_in_extensions {
                 extensions.insert(self.info(ticket, verdict));
             }
-            tracing::trace!(?delay, "queued");
-            Next::Wait(now + delay, Then::Forward(Some(headers)))
+            match until {
+                None => Next::Forward(Some(headers)),
+                Some(until) => {
+                    tracing::trace!(?delay, "queued");
+                    Next::Wait(until, Then::Forward(Some(headers)))
+                }
+            }
         } else {
             match self.mode {
                 Mode::DryRun => {
