@@ -196,6 +196,15 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 impl Target {
+    fn new(name: &'static str, addr: SocketAddr) -> Self {
+        Self {
+            name,
+            addr,
+            rounds: Vec::new(),
+            cpu_per_request: Vec::new(),
+        }
+    }
+
     fn median_of(&self, f: impl Fn(&(f64, Duration, Duration, u64)) -> f64) -> f64 {
         median(self.rounds.iter().map(f).collect())
     }
@@ -252,26 +261,17 @@ async fn bench() {
     let duration = Duration::from_secs_f64(secs);
 
     let mut targets = vec![
-        Target {
-            name: "bare",
-            addr: serve(app()).await,
-            rounds: Vec::new(),
-            cpu_per_request: Vec::new(),
-        },
-        Target {
-            name: "layer + MemoryStore",
-            addr: serve(limited(MemoryStore::new())).await,
-            rounds: Vec::new(),
-            cpu_per_request: Vec::new(),
-        },
+        Target::new("bare", serve(app()).await),
+        Target::new(
+            "layer + MemoryStore",
+            serve(limited(MemoryStore::new())).await,
+        ),
         // The same without RateLimit fields on admitted responses: how much
         // of the cost is writing and parsing two more header lines.
-        Target {
-            name: "  same, no headers",
-            addr: serve(limited_with(MemoryStore::new(), HeaderMode::LimitedOnly)).await,
-            rounds: Vec::new(),
-            cpu_per_request: Vec::new(),
-        },
+        Target::new(
+            "  same, no headers",
+            serve(limited_with(MemoryStore::new(), HeaderMode::LimitedOnly)).await,
+        ),
     ];
     match std::env::var("TOLLGATE_REDIS_URL") {
         Ok(url) if !url.is_empty() => {
@@ -289,12 +289,10 @@ async fn bench() {
                 .ping()
                 .await
                 .unwrap_or_else(|e| panic!("cannot reach Redis at {url}: {e}"));
-            targets.push(Target {
-                name: "layer + RedisStore",
-                addr: serve(limited(store)).await,
-                rounds: Vec::new(),
-                cpu_per_request: Vec::new(),
-            });
+            targets.push(Target::new(
+                "layer + RedisStore",
+                serve(limited(store)).await,
+            ));
         }
         _ => eprintln!(
             "TOLLGATE_REDIS_URL is not set: skipping RedisStore (run `cargo xtask bench http`)"

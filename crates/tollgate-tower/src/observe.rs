@@ -63,5 +63,4 @@ pub(crate) fn store_latency(tier: &Tier, latency: std::time::Duration) {
         metrics::histogram!("tollgate_store_latency_seconds", "policy" => policy)
             .record(latency.as_secs_f64());
     });
-    let _ = (tier, latency);
 }
