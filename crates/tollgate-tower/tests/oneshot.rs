@@ -176,6 +176,14 @@ fn header<'a>(headers: &'a http::HeaderMap, name: &str) -> &'a str {
     headers.get(name).map_or("", |v| v.to_str().unwrap())
 }
 
+/// The integer parameter `name` of a structured-field item.
+fn int_param(item: &sfv::Item, name: &str) -> Option<i64> {
+    item.params
+        .get(name)
+        .and_then(|v| v.as_integer())
+        .map(i64::from)
+}
+
 fn sf_list(value: &str) -> sfv::List {
     sfv::Parser::new(value)
         .parse::<sfv::List>()
@@ -222,38 +230,14 @@ async fn enforce_admits_the_limit_then_answers_429_with_headers() {
         panic!("not an item")
     };
     assert_eq!(item.bare_item.as_string().unwrap().as_str(), "api");
-    assert_eq!(
-        item.params
-            .get("r")
-            .and_then(|v| v.as_integer())
-            .map(i64::from),
-        Some(0)
-    );
-    assert_eq!(
-        item.params
-            .get("t")
-            .and_then(|v| v.as_integer())
-            .map(i64::from),
-        Some(20)
-    );
+    assert_eq!(int_param(item, "r"), Some(0));
+    assert_eq!(int_param(item, "t"), Some(20));
     let policy = sf_list(header(&headers, "ratelimit-policy"));
     let sfv::ListEntry::Item(item) = &policy[0] else {
         panic!("not an item")
     };
-    assert_eq!(
-        item.params
-            .get("q")
-            .and_then(|v| v.as_integer())
-            .map(i64::from),
-        Some(3)
-    );
-    assert_eq!(
-        item.params
-            .get("w")
-            .and_then(|v| v.as_integer())
-            .map(i64::from),
-        Some(60)
-    );
+    assert_eq!(int_param(item, "q"), Some(3));
+    assert_eq!(int_param(item, "w"), Some(60));
     // Another client is not affected.
     let (status, _, _) = send(&app, get_from("192.0.2.2")).await;
     assert_eq!(status, StatusCode::OK);
@@ -785,7 +769,8 @@ async fn missing_key_reject_skip_and_fallback() {
     assert_eq!(send(&app3, get_from("192.0.2.1")).await.0, StatusCode::OK);
 }
 
-async fn key_of<K: KeyExtractor>(key: K, request: Request<Body>) -> String {
+/// The key `key` gives `request` (with an empty body), or `"<none>"`.
+async fn key_of<K: KeyExtractor>(key: K, request: http::request::Builder) -> String {
     let layer = RateLimitLayer::builder(MemoryStore::new())
         .policy(policy(100, "api"))
         .key(key)
@@ -793,6 +778,7 @@ async fn key_of<K: KeyExtractor>(key: K, request: Request<Body>) -> String {
         .info_in_extensions(true)
         .build()
         .unwrap();
+    let request = request.body(Body::empty()).unwrap();
     let (status, _, body) = send(&app(layer), request).await;
     if status == StatusCode::IM_A_TEAPOT {
         return "<none>".to_owned();
@@ -808,140 +794,72 @@ async fn extractors_through_the_service() {
     let base = || Request::get("/items/7");
     // Peer IP from Axum's ConnectInfo, from a plain SocketAddr, IPv6 /56.
     assert_eq!(
-        key_of(
-            PeerIp::new(),
-            base()
-                .extension(peer("192.0.2.9"))
-                .body(Body::empty())
-                .unwrap()
-        )
-        .await,
+        key_of(PeerIp::new(), base().extension(peer("192.0.2.9"))).await,
         "192.0.2.9"
     );
     let v6: SocketAddr = "[2001:db8:1:2345::9]:1".parse().unwrap();
     assert_eq!(
-        key_of(
-            PeerIp::new(),
-            base().extension(v6).body(Body::empty()).unwrap()
-        )
-        .await,
+        key_of(PeerIp::new(), base().extension(v6)).await,
         "2001:db8:1:2300::/56"
     );
     let mapped: SocketAddr = "[::ffff:192.0.2.5]:1".parse().unwrap();
     assert_eq!(
-        key_of(
-            PeerIp::new(),
-            base().extension(mapped).body(Body::empty()).unwrap()
-        )
-        .await,
+        key_of(PeerIp::new(), base().extension(mapped)).await,
         "192.0.2.5"
     );
     // Client IP: trusted proxy vs spoofing client.
     let trusted = || ClientIp::trusting(["10.0.0.0/8".parse().unwrap()]);
     let via_proxy = base()
         .header("x-forwarded-for", "203.0.113.50")
-        .extension(peer("10.0.0.1"))
-        .body(Body::empty())
-        .unwrap();
+        .extension(peer("10.0.0.1"));
     assert_eq!(key_of(trusted(), via_proxy).await, "203.0.113.50");
     let spoofed = base()
         .header("x-forwarded-for", "203.0.113.50")
-        .extension(peer("198.51.100.7"))
-        .body(Body::empty())
-        .unwrap();
+        .extension(peer("198.51.100.7"));
     assert_eq!(key_of(trusted(), spoofed).await, "198.51.100.7");
     let garbage = base()
         .header(
             "x-forwarded-for",
             HeaderValue::from_bytes(b"\xff\xfe, ,,[[").unwrap(),
         )
-        .extension(peer("10.0.0.1"))
-        .body(Body::empty())
-        .unwrap();
+        .extension(peer("10.0.0.1"));
     assert_eq!(key_of(trusted(), garbage).await, "10.0.0.1");
     // Header, token and API key.
     let tenant = Header::new(http::HeaderName::from_static("x-tenant"));
     assert_eq!(
-        key_of(
-            tenant.clone(),
-            base()
-                .header("x-tenant", "acme")
-                .body(Body::empty())
-                .unwrap()
-        )
-        .await,
+        key_of(tenant.clone(), base().header("x-tenant", "acme")).await,
         "acme"
     );
-    assert_eq!(
-        key_of(tenant, base().body(Body::empty()).unwrap()).await,
-        "<none>"
-    );
+    assert_eq!(key_of(tenant, base()).await, "<none>");
     let token = key_of(
         BearerToken::new(),
-        base()
-            .header("authorization", "Bearer t0k3n")
-            .body(Body::empty())
-            .unwrap(),
+        base().header("authorization", "Bearer t0k3n"),
     )
     .await;
     assert_eq!(token, tollgate_core::hash_subject(b"t0k3n"));
-    let api_key = key_of(
-        ApiKey::new(),
-        base().header("x-api-key", "k").body(Body::empty()).unwrap(),
-    )
-    .await;
+    let api_key = key_of(ApiKey::new(), base().header("x-api-key", "k")).await;
     assert_eq!(api_key, tollgate_core::hash_subject(b"k"));
     // A user an earlier layer authenticated.
     assert_eq!(
-        key_of(
-            User::<String>::new(),
-            base()
-                .extension("alice".to_owned())
-                .body(Body::empty())
-                .unwrap()
-        )
-        .await,
+        key_of(User::<String>::new(), base().extension("alice".to_owned())).await,
         "alice"
     );
     // Route, method, global, tuples and `or`.
-    assert_eq!(
-        key_of(MatchedRoute, base().body(Body::empty()).unwrap()).await,
-        "/items/{id}"
-    );
-    assert_eq!(
-        key_of(Global, base().body(Body::empty()).unwrap()).await,
-        "global"
-    );
+    assert_eq!(key_of(MatchedRoute, base()).await, "/items/{id}");
+    assert_eq!(key_of(Global, base()).await, "global");
     let tuple = (Method, PeerIp::new());
     assert_eq!(
-        key_of(
-            tuple,
-            base()
-                .extension(peer("192.0.2.9"))
-                .body(Body::empty())
-                .unwrap()
-        )
-        .await,
+        key_of(tuple, base().extension(peer("192.0.2.9"))).await,
         "GET,192.0.2.9"
     );
     let token_or_ip = BearerToken::new().or(PeerIp::new());
     assert_eq!(
-        key_of(
-            token_or_ip,
-            base()
-                .extension(peer("192.0.2.9"))
-                .body(Body::empty())
-                .unwrap()
-        )
-        .await,
+        key_of(token_or_ip, base().extension(peer("192.0.2.9"))).await,
         "192.0.2.9"
     );
     let closure =
         |parts: &http::request::Parts| parts.uri.path().strip_prefix("/items/").map(str::to_owned);
-    assert_eq!(
-        key_of(closure, base().body(Body::empty()).unwrap()).await,
-        "7"
-    );
+    assert_eq!(key_of(closure, base()).await, "7");
 }
 
 #[tokio::test]
