@@ -144,10 +144,6 @@ fn run(limiter: &dyn Limiter, keys: &[String], start: usize, checks: u64) -> u64
     denied
 }
 
-fn timed(limiter: &dyn Limiter, keys: &[String], threads: usize, iters: u64) -> (Duration, u64) {
-    timed_from(limiter, keys, threads, 0, iters)
-}
-
 /// `iters` checks over `threads` threads (each its share, starting at its
 /// own place in the keys after `offset`); the wall time from the start
 /// signal until the last thread finished, and the denials.
@@ -201,7 +197,7 @@ fn bench_one(
     let mut group = c.benchmark_group(format!("keys_{size}_threads_{threads}"));
     group.bench_function(BenchmarkId::from_parameter(name), |b| {
         b.iter_custom(|iters| {
-            let (wall, denied) = timed(limiter, keys, threads, iters);
+            let (wall, denied) = timed_from(limiter, keys, threads, 0, iters);
             let mut tally = TALLY.lock().unwrap();
             let entry = tally.entry((size, threads, name)).or_default();
             entry.checks += iters;
@@ -368,6 +364,19 @@ fn criterion_estimate(
         .or_else(|| json["mean"]["point_estimate"].as_f64())
 }
 
+/// The column headers of the summary tables; `denied` adds that column.
+fn header(denied: bool) {
+    let denied = if denied {
+        format!(" {:>7}", "denied")
+    } else {
+        String::new()
+    };
+    println!(
+        "{:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7}{denied}",
+        "keys", "threads", "tollgate", "+sys", "governor", "gov+fold", "ratio", "r fold", "r sys",
+    );
+}
+
 fn print_table() {
     let tally = TALLY.lock().unwrap().clone();
     if tally.is_empty() {
@@ -393,19 +402,7 @@ fn print_table() {
     println!(
         "tollgate MemoryStore vs governor keyed limiter, GCRA, ns per check (wall time / checks), criterion's estimates"
     );
-    println!(
-        "{:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7}",
-        "keys",
-        "threads",
-        "tollgate",
-        "+sys",
-        "governor",
-        "gov+fold",
-        "ratio",
-        "r fold",
-        "r sys",
-        "denied"
-    );
+    header(true);
     for size in SIZES {
         for threads in THREADS {
             let ours = estimate(size, threads, "tollgate");
@@ -439,18 +436,7 @@ fn print_table() {
         println!(
             "interleaved: {ROUNDS} rounds of {ROUND_CHECKS} checks per implementation, medians (ns per check; ratios within a round)"
         );
-        println!(
-            "{:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7}",
-            "keys",
-            "threads",
-            "tollgate",
-            "+sys",
-            "governor",
-            "gov+fold",
-            "ratio",
-            "r fold",
-            "r sys"
-        );
+        header(false);
         for size in SIZES {
             for threads in THREADS {
                 let get = |name: &str| interleaved.get(&(size, threads, name)).copied();
