@@ -1,6 +1,7 @@
 //! Keys from IP addresses: the connection's peer, or the client behind
 //! trusted proxies.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
@@ -365,8 +366,9 @@ fn forwarded_elements(line: &str) -> Vec<&str> {
     elements
 }
 
-/// The unquoted value of the `for` parameter of one `Forwarded` element.
-fn forwarded_for(element: &str) -> Option<String> {
+/// The unquoted value of the `for` parameter of one `Forwarded` element
+/// (borrowed unless it holds escapes).
+fn forwarded_for(element: &str) -> Option<Cow<'_, str>> {
     let mut rest = element;
     loop {
         rest = rest.trim_start_matches([' ', '\t', ';']);
@@ -377,23 +379,31 @@ fn forwarded_for(element: &str) -> Option<String> {
         let name = rest[..eq].trim();
         let after = &rest[eq + 1..];
         let (value, tail) = if let Some(quoted) = after.strip_prefix('"') {
-            let mut value = String::new();
-            let mut chars = quoted.char_indices();
-            let mut end = None;
-            while let Some((i, c)) = chars.next() {
-                match c {
-                    '\\' => value.push(chars.next()?.1),
-                    '"' => {
-                        end = Some(i + 1);
-                        break;
+            match quoted.find(['"', '\\']) {
+                // No escape before the closing quote: the text up to it.
+                Some(end) if quoted.as_bytes()[end] == b'"' => {
+                    (Cow::Borrowed(&quoted[..end]), &quoted[end + 1..])
+                }
+                _ => {
+                    let mut value = String::new();
+                    let mut chars = quoted.char_indices();
+                    let mut end = None;
+                    while let Some((i, c)) = chars.next() {
+                        match c {
+                            '\\' => value.push(chars.next()?.1),
+                            '"' => {
+                                end = Some(i + 1);
+                                break;
+                            }
+                            c => value.push(c),
+                        }
                     }
-                    c => value.push(c),
+                    (Cow::Owned(value), &quoted[end?..])
                 }
             }
-            (value, &quoted[end?..])
         } else {
             let end = after.find(';').unwrap_or(after.len());
-            (after[..end].trim().to_owned(), &after[end..])
+            (Cow::Borrowed(after[..end].trim()), &after[end..])
         };
         if name.eq_ignore_ascii_case("for") {
             return Some(value);
