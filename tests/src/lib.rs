@@ -8,7 +8,27 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Every key the Redis tests write starts with this (the TTL test scans it).
+pub const TEST_PREFIX: &str = "tg-test";
+
+/// A key prefix no other call in this process, nor any other process, uses:
+/// `tg-test-<what>-<pid>-<nanos>-<n>`, so runs sharing a server never share
+/// state.
+#[must_use]
+pub fn unique_prefix(what: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() % 1_000_000_000_000);
+    format!(
+        "{TEST_PREFIX}-{what}-{}-{nanos}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
 
 /// URL of the standalone server (`TOLLGATE_REDIS_URL`), e.g. `redis://127.0.0.1:6390`.
 ///

@@ -6,9 +6,9 @@ mod redis_common;
 
 use std::time::Duration;
 
-use redis_common::{unique_prefix, ALGORITHMS};
 use tollgate_core::{encode_subject, Algorithm, Policy, Store, StoreError};
 use tollgate_redis::{ClockMode, RedisStore};
+use tollgate_tests::unique_prefix;
 
 fn policy(algorithm: Algorithm, name: &str, limit: u64) -> Policy {
     Policy::per(limit, Duration::from_secs(60))
@@ -74,7 +74,7 @@ fn odd_subjects() -> Vec<String> {
 /// Each odd subject has its own limit (no two collide, none collides with
 /// a plain subject) and is stored under `<prefix>:{#<sha256>}:<policy>`.
 async fn odd_subjects_get_their_own_hashed_keys(store: &RedisStore, urls: &[String]) {
-    let policies: Vec<Policy> = ALGORITHMS
+    let policies: Vec<Policy> = Algorithm::ALL
         .iter()
         .enumerate()
         .map(|(i, algorithm)| policy(*algorithm, &format!("p{i}"), 2))
@@ -90,11 +90,15 @@ async fn odd_subjects_get_their_own_hashed_keys(store: &RedisStore, urls: &[Stri
         let second = store.check(subject, &policies, 1).await.unwrap();
         assert!(!second.is_allowed(), "its own limit is reached");
     }
-    // A plain subject equal to a hash of another is still separate.
+    // A subject equal to the hash of another ("}{", whose limit is
+    // reached) is still separate: it is hashed again.
     let hashed = encode_subject("}{", false).into_owned();
     assert!(hashed.starts_with('#'));
-    let plain = "user-1";
-    assert!(store.check(plain, &policies, 2).await.unwrap().is_allowed());
+    assert!(store
+        .check(&hashed, &policies, 2)
+        .await
+        .unwrap()
+        .is_allowed());
 
     for subject in &subjects {
         let encoded = encode_subject(subject, false);
@@ -134,7 +138,7 @@ async fn odd_subjects_cluster() {
             .arg(&*encoded)
             .query(&mut any)
             .unwrap();
-        for i in 0..ALGORITHMS.len() {
+        for i in 0..Algorithm::ALL.len() {
             let key = store.key_for(&subject, &format!("p{i}"));
             let slot: i64 = redis::cmd("CLUSTER")
                 .arg("KEYSLOT")
@@ -177,7 +181,7 @@ async fn foreign_values_under_a_key_count_as_no_state() {
     let prefix = unique_prefix("foreign");
     let store = redis_common::standalone(&prefix, ClockMode::Redis).await;
     let mut raw = redis_common::raw(&tollgate_tests::redis_url());
-    for (i, algorithm) in ALGORITHMS.iter().enumerate() {
+    for (i, algorithm) in Algorithm::ALL.iter().enumerate() {
         let policies = [policy(*algorithm, "p", 2)];
         let subject = format!("s{i}");
         let key = store.key_for(&subject, "p");

@@ -5,10 +5,11 @@ mod redis_common;
 
 use std::time::Duration;
 
-use redis_common::{client, manual_clock, unique_prefix};
+use redis_common::{client, manual_clock};
 use tollgate_core::algorithms::throttle;
 use tollgate_core::{Algorithm, Clock, Policy, Store};
 use tollgate_redis::{ClockMode, RateLimiterConfig, RateLimiterError, RateType};
+use tollgate_tests::unique_prefix;
 
 /// redis-cell's README example, `CL.THROTTLE user123 15 30 60 1`, at one
 /// instant: 16 admitted (remaining 15 down to 0), then limited with a

@@ -7,7 +7,8 @@ mod redis_common;
 
 use std::process::{Command, Output};
 
-use redis_common::{unique_prefix, ALGORITHMS};
+use tollgate_core::Algorithm;
+use tollgate_tests::unique_prefix;
 
 const PROCESSES: usize = 2;
 const TASKS: u64 = 16;
@@ -46,7 +47,7 @@ fn parse(output: &Output) -> Counts {
 }
 
 fn hammer_everything(target: &[&str], what: &str) {
-    for algorithm in ALGORITHMS {
+    for algorithm in Algorithm::ALL {
         let prefix = unique_prefix(what);
         // Both processes start hammering at the same wall-clock moment.
         let start_at = std::time::SystemTime::now()

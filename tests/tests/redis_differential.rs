@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use redis_common::{client, manual_clock, unique_prefix, ALGORITHMS};
-use tollgate_core::{Algorithm, Clock, ManualClock, MemoryStore, Policy, Store};
+use redis_common::{client, manual_clock};
+use tollgate_core::{Algorithm, Clock, LeakyMode, ManualClock, MemoryStore, Policy, Store};
 use tollgate_redis::RedisStore;
+use tollgate_tests::unique_prefix;
 
 /// Periods in µs: tiny (windows roll often), not a multiple of the limit
 /// (fractional emission intervals), and long.
@@ -53,7 +54,7 @@ fn policy(algorithm: Algorithm, name: String) -> impl Strategy<Value = Policy> {
 
 /// `first` followed by 0 to 2 policies of random algorithms.
 fn policies(first: Algorithm) -> impl Strategy<Value = Vec<Policy>> {
-    let others = prop::collection::vec(prop::sample::select(ALGORITHMS.to_vec()), 0..=2);
+    let others = prop::collection::vec(prop::sample::select(Algorithm::ALL.to_vec()), 0..=2);
     others.prop_flat_map(move |others| {
         let mut all = vec![policy(first, "p0".to_owned()).boxed()];
         for (i, algorithm) in others.into_iter().enumerate() {
@@ -61,11 +62,6 @@ fn policies(first: Algorithm) -> impl Strategy<Value = Vec<Policy>> {
         }
         all
     })
-}
-
-/// Any algorithms, 1 to 3 policies.
-fn any_policies() -> impl Strategy<Value = Vec<Policy>> {
-    prop::sample::select(ALGORITHMS.to_vec()).prop_flat_map(policies)
 }
 
 fn ops(max_period: u64) -> impl Strategy<Value = Vec<Op>> {
@@ -85,15 +81,9 @@ fn ops(max_period: u64) -> impl Strategy<Value = Vec<Op>> {
     prop::collection::vec(op, 40)
 }
 
+/// Policies of any algorithms, 1 to 3, and the ops.
 fn case() -> impl Strategy<Value = (Vec<Policy>, Vec<Op>)> {
-    any_policies().prop_flat_map(|policies| {
-        let max_period = policies
-            .iter()
-            .map(Policy::period_micros)
-            .max()
-            .unwrap_or(1);
-        (Just(policies), ops(max_period))
-    })
+    prop::sample::select(Algorithm::ALL.to_vec()).prop_flat_map(case_with)
 }
 
 fn case_with(first: Algorithm) -> impl Strategy<Value = (Vec<Policy>, Vec<Op>)> {
@@ -205,12 +195,20 @@ fn token_bucket_matches_memory() {
 
 #[test]
 fn leaky_meter_matches_memory() {
-    differential(false, 32, case_with(ALGORITHMS[2]));
+    differential(
+        false,
+        32,
+        case_with(Algorithm::LeakyBucket(LeakyMode::Meter)),
+    );
 }
 
 #[test]
 fn leaky_queue_matches_memory() {
-    differential(false, 32, case_with(ALGORITHMS[3]));
+    differential(
+        false,
+        32,
+        case_with(Algorithm::LeakyBucket(LeakyMode::Queue)),
+    );
 }
 
 #[test]
@@ -281,7 +279,7 @@ fn extreme_policy(algorithm: Algorithm) -> impl Strategy<Value = Policy> {
 }
 
 fn extreme_case() -> impl Strategy<Value = (Vec<Policy>, Vec<Op>)> {
-    prop::sample::select(ALGORITHMS.to_vec())
+    prop::sample::select(Algorithm::ALL.to_vec())
         .prop_flat_map(extreme_policy)
         .prop_flat_map(|policy| {
             let period = policy.period_micros();
@@ -333,7 +331,7 @@ fn changed_policies_match_memory(shapes: &[(u64, u64)]) {
     let redis = runtime.block_on(redis_common::standalone(&prefix, client(&clock)));
     let memory = MemoryStore::builder().clock(clock.clone()).build();
     let mut versions = Vec::new();
-    for algorithm in ALGORITHMS {
+    for algorithm in Algorithm::ALL {
         for &(limit, period_us) in shapes {
             versions.push(
                 Policy::per(limit, Duration::from_micros(period_us))

@@ -8,13 +8,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis_common::{unique_prefix, ALGORITHMS};
-use tollgate_core::{Policy, Store};
+use tollgate_core::{Algorithm, Policy, Store};
 use tollgate_redis::RedisStore;
-use tollgate_tests::OwnedRedis;
+use tollgate_tests::{unique_prefix, OwnedRedis};
 
 fn policies() -> Vec<Policy> {
-    ALGORITHMS
+    Algorithm::ALL
         .iter()
         .enumerate()
         .map(|(i, algorithm)| {

@@ -5,12 +5,13 @@ mod redis_common;
 
 use std::time::Duration;
 
-use redis_common::{client, manual_clock, unique_prefix, ALGORITHMS, TEST_PREFIX};
-use tollgate_core::{Policy, Store};
+use redis_common::{client, manual_clock};
+use tollgate_core::{Algorithm, Policy, Store};
 use tollgate_redis::{ClockMode, RateType, RedisStore};
+use tollgate_tests::{unique_prefix, TEST_PREFIX};
 
 async fn workload(store: &RedisStore) {
-    let policies: Vec<Policy> = ALGORITHMS
+    let policies: Vec<Policy> = Algorithm::ALL
         .iter()
         .enumerate()
         .map(|(i, algorithm)| {
@@ -42,7 +43,9 @@ async fn workload(store: &RedisStore) {
     store.rate_limiter("limiter").try_acquire(1).await.unwrap();
 }
 
-fn assert_all_have_ttl(url: &str, pattern: &str, at_least: usize) {
+/// Asserts every key matching `pattern` has a TTL and there are at least
+/// `at_least`; returns how many there are.
+fn assert_all_have_ttl(url: &str, pattern: &str, at_least: usize) -> usize {
     let keys = redis_common::scan_ttls(url, pattern);
     assert!(
         keys.len() >= at_least,
@@ -51,6 +54,7 @@ fn assert_all_have_ttl(url: &str, pattern: &str, at_least: usize) {
     );
     let immortal: Vec<_> = keys.iter().filter(|(_, ttl)| *ttl == -1).collect();
     assert!(immortal.is_empty(), "keys without a TTL: {immortal:?}");
+    keys.len()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -72,9 +76,7 @@ async fn every_key_written_has_a_ttl_on_the_cluster() {
     workload(&redis_common::cluster(&prefix, ClockMode::Redis).await).await;
     let mut total = 0;
     for url in tollgate_tests::cluster_urls() {
-        let keys = redis_common::scan_ttls(&url, &format!("{prefix}:*"));
-        total += keys.len();
-        assert_all_have_ttl(&url, &format!("{prefix}:*"), 0);
+        total += assert_all_have_ttl(&url, &format!("{prefix}:*"), 0);
     }
     assert!(total >= 7 * 3 + 4, "only {total} keys");
 }

@@ -16,7 +16,7 @@ use tollgate_tests::OwnedRedis;
 async fn redis_store(what: &str) -> RedisStore {
     RedisStore::builder()
         .url(tollgate_tests::redis_url())
-        .prefix(format!("tg-abuse-{what}-{}", std::process::id()))
+        .prefix(tollgate_tests::unique_prefix(&format!("abuse-{what}")))
         .timeout(Duration::from_secs(5))
         .build()
         .await
@@ -36,7 +36,6 @@ async fn spoofed_forwarding_headers_never_change_the_key() {
         ),
     ] {
         println!("{store}:\n{}", table(std::slice::from_ref(&row)));
-        assert_eq!(row.tried, 600);
         assert_eq!(
             row.wrong, 0,
             "{store}: the key stays the peer's, exactly the limit passes"

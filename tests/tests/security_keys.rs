@@ -103,14 +103,6 @@ async fn each_subject_is_separate<S: Store>(
     }
 }
 
-fn unique(what: &str) -> String {
-    format!(
-        "tg-sec-{what}-{}-{}",
-        std::process::id(),
-        Rng::new(u64::from(std::process::id())).next_u64() % 10_000
-    )
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn adversarial_subjects_never_collide_memory_and_standalone() {
     let subjects = adversarial_subjects();
@@ -124,7 +116,7 @@ async fn adversarial_subjects_never_collide_memory_and_standalone() {
     each_subject_is_separate("memory", &memory, &MemoryStore::new(), &subjects).await;
     let redis = RedisStore::builder()
         .url(tollgate_tests::redis_url())
-        .prefix(unique("standalone"))
+        .prefix(tollgate_tests::unique_prefix("sec-standalone"))
         .timeout(std::time::Duration::from_secs(5))
         .build()
         .await
@@ -161,7 +153,7 @@ async fn random_subjects_keep_one_slot_per_subject_on_the_cluster() {
     let urls = tollgate_tests::cluster_urls();
     let store = RedisStore::builder()
         .cluster(urls.clone())
-        .prefix(unique("cluster"))
+        .prefix(tollgate_tests::unique_prefix("sec-cluster"))
         .timeout(std::time::Duration::from_secs(5))
         .build()
         .await

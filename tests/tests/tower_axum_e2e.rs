@@ -2,28 +2,18 @@
 //! driven by reqwest, with the memory store and with Redis.
 
 use std::net::SocketAddr;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::routing::get;
 use axum::{Extension, Router};
 use tollgate::redis::RedisStore;
 use tollgate::tower::{ClientIp, KeyExtractor, RateLimitInfo, RateLimitLayer};
 use tollgate::{MemoryStore, Policy, Store};
-use tollgate_tests::redis_url;
-
-/// A prefix no other run uses, so reruns against one Redis start clean.
-fn unique_prefix(tag: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("e2e-{tag}-{}-{nanos}", std::process::id())
-}
+use tollgate_tests::{redis_url, unique_prefix};
 
 async fn redis_store(tag: &str) -> RedisStore {
     RedisStore::builder()
         .url(redis_url())
-        .prefix(unique_prefix(tag))
+        .prefix(unique_prefix(&format!("e2e-{tag}")))
         .build()
         .await
         .unwrap()
@@ -166,7 +156,7 @@ async fn redis_trusted_proxy_header_sets_the_key() {
 /// Two server instances with one Redis share one limit.
 #[tokio::test]
 async fn redis_two_instances_share_one_limit() {
-    let prefix = unique_prefix("shared");
+    let prefix = unique_prefix("e2e-shared");
     let mut addrs = Vec::new();
     for _ in 0..2 {
         let store = RedisStore::builder()

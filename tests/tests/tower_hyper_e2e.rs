@@ -4,7 +4,6 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -82,13 +81,9 @@ async fn memory_limits_a_plain_hyper_server() {
 
 #[tokio::test]
 async fn redis_limits_a_plain_hyper_server() {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
     let store = RedisStore::builder()
         .url(redis_url())
-        .prefix(format!("e2e-hyper-{}-{nanos}", std::process::id()))
+        .prefix(tollgate_tests::unique_prefix("e2e-hyper"))
         .build()
         .await
         .unwrap();

@@ -3,7 +3,6 @@
 //! store and with Redis. Limited calls fail with `RESOURCE_EXHAUSTED`.
 
 use std::net::SocketAddr;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use tollgate::redis::RedisStore;
 use tollgate::tower::{PeerIp, RateLimitLayer};
@@ -87,13 +86,9 @@ async fn memory_limited_calls_fail_with_resource_exhausted() {
 
 #[tokio::test]
 async fn redis_limited_calls_fail_with_resource_exhausted() {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
     let store = RedisStore::builder()
         .url(redis_url())
-        .prefix(format!("e2e-grpc-{}-{nanos}", std::process::id()))
+        .prefix(tollgate_tests::unique_prefix("e2e-grpc"))
         .build()
         .await
         .unwrap();

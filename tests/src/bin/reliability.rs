@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use tollgate_redis::RedisStore;
 use tollgate_tests::reliability::{
     admin, cluster_failover, command, hot_subject, info_field, ipv6_rotation, kill_restart,
-    pool_exhaustion, slot_migration, slow_redis, spoofed_forwarded_for, table, ClusterAdmin,
-    ClusterNode, Failover, FailoverHow, FailureMode, HotSubject, KillRestart, Load, Row,
-    SlotMigration, SlowRedis, Slowdown,
+    master_with_replica, pool_exhaustion, slot_migration, slow_redis, spoofed_forwarded_for, table,
+    ClusterAdmin, ClusterNode, Failover, FailoverHow, FailureMode, HotSubject, KillRestart, Load,
+    Row, SlotMigration, SlowRedis, Slowdown,
 };
 use tollgate_tests::{redis_url, OwnedRedis};
 
@@ -63,17 +63,7 @@ async fn kill_node(node: &ClusterNode) {
 async fn cluster_kill(cluster: &ClusterAdmin, config: &Failover) -> Row {
     // Find the victim first (the scenario picks the same one: the first
     // master with a live replica) so its process can be killed by pid.
-    let nodes = cluster.nodes().await;
-    let victim = nodes
-        .iter()
-        .filter(|n| n.master && !n.failed && !n.slots.is_empty())
-        .find(|m| {
-            nodes
-                .iter()
-                .any(|r| r.master_id.as_deref() == Some(&m.id) && !r.failed)
-        })
-        .cloned()
-        .expect("a master with a replica");
+    let (victim, _) = master_with_replica(&cluster.nodes().await).expect("a master with a replica");
     let handle = tokio::runtime::Handle::current();
     let report = cluster_failover(cluster, config, |node| {
         assert_eq!(node.id, victim.id);
@@ -197,7 +187,7 @@ async fn abuse(rows: &mut Vec<Row>) {
     let store = |what: &'static str| async move {
         RedisStore::builder()
             .url(redis_url())
-            .prefix(format!("tg-rel-{what}-{}", std::process::id()))
+            .prefix(tollgate_tests::unique_prefix(&format!("rel-{what}")))
             .timeout(Duration::from_secs(5))
             .build()
             .await

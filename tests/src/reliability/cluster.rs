@@ -55,18 +55,6 @@ pub fn subjects_in_slot(slot: u16, n: usize, prefix: &str) -> Vec<String> {
         .collect()
 }
 
-/// `CLUSTER KEYSLOT key`, asked of the server at `url`.
-///
-/// # Panics
-///
-/// When the server cannot be reached or refuses.
-pub async fn key_slot(url: &str, key: &str) -> u16 {
-    let mut connection = admin(url).await;
-    command(&mut connection, &["CLUSTER", "KEYSLOT", key])
-        .await
-        .unwrap_or_else(|e| panic!("CLUSTER KEYSLOT failed: {e}"))
-}
-
 /// One node as `CLUSTER NODES` describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterNode {
@@ -172,16 +160,6 @@ impl ClusterAdmin {
     /// `CLUSTER NODES` as seen by the first node that answers.
     pub async fn nodes(&self) -> Vec<ClusterNode> {
         self.nodes_except(None).await
-    }
-
-    /// URLs of the masters that are not failed.
-    pub async fn master_urls(&self) -> Vec<String> {
-        self.nodes()
-            .await
-            .into_iter()
-            .filter(|n| n.master && !n.failed)
-            .map(|n| n.url)
-            .collect()
     }
 
     /// Whether every reachable node says `cluster_state:ok`.
@@ -505,8 +483,6 @@ impl Failover {
 pub struct ClusterReport {
     /// The table row.
     pub row: Row,
-    /// Store calls tried.
-    pub tried: u64,
     /// Failed calls by kind.
     pub failures: BTreeMap<FailureKind, u64>,
     /// Failed calls for subjects on other masters (should be none).
@@ -592,6 +568,21 @@ fn first_decision_after_outage(
         .min()
 }
 
+/// The first live master serving slots that has a live replica, with that
+/// replica: the node [`cluster_failover`] fails over.
+#[must_use]
+pub fn master_with_replica(nodes: &[ClusterNode]) -> Option<(ClusterNode, ClusterNode)> {
+    nodes
+        .iter()
+        .filter(|n| n.master && !n.failed && !n.slots.is_empty())
+        .find_map(|m| {
+            let replica = nodes
+                .iter()
+                .find(|r| r.master_id.as_deref() == Some(&m.id) && !r.failed)?;
+            Some((m.clone(), replica.clone()))
+        })
+}
+
 /// Fails over the master of a Cluster that has a replica while load runs
 /// straight at a `RedisStore`, and checks every decision. `kill` stops a
 /// node (used with [`FailoverHow::Kill`]).
@@ -606,16 +597,7 @@ pub async fn cluster_failover(
     kill: impl FnOnce(&ClusterNode),
 ) -> ClusterReport {
     let nodes = cluster.nodes().await;
-    let (victim, replica) = nodes
-        .iter()
-        .filter(|n| n.master && !n.failed && !n.slots.is_empty())
-        .find_map(|m| {
-            let replica = nodes
-                .iter()
-                .find(|r| r.master_id.as_deref() == Some(&m.id) && !r.failed)?;
-            Some((m.clone(), replica.clone()))
-        })
-        .expect("a master with a replica");
+    let (victim, replica) = master_with_replica(&nodes).expect("a master with a replica");
     let masters: Vec<String> = nodes
         .iter()
         .filter(|n| n.master && !n.failed)
@@ -683,20 +665,6 @@ pub async fn cluster_failover(
     let calls = running.stop().await;
     let elapsed = started.elapsed();
 
-    let mut details = Row::default();
-    let (failures, failures_elsewhere, hung) = tally(&calls, fault_at, affected, &mut details);
-    let allowance = super::gcra_allowance(config.limit, Duration::from_secs(86_400), elapsed);
-    let admission = judge_calls(&calls, config.limit, allowance);
-    let affected_decisions_after = calls
-        .iter()
-        .filter(|c| {
-            c.sent >= fault_at
-                && affected(&c.subject)
-                && matches!(c.outcome, Some(Outcome::Allowed | Outcome::Denied))
-        })
-        .count() as u64;
-    let recovered = recovered_at.map(|t| t - fault_at);
-
     let (name, action) = match config.how {
         FailoverHow::Manual => (
             "cluster manual failover",
@@ -707,34 +675,22 @@ pub async fn cluster_failover(
             "master killed under load, replica promoted",
         ),
     };
-    let mut row = Row::new(name, action);
-    row.tried = calls.len() as u64;
-    for (kind, n) in &failures {
-        row.fail(kind.as_str(), *n);
-    }
-    row.fail("hung", hung);
-    row.wrong = admission.wrong() + hung;
-    row.recover = recovered;
-    row.note(format!(
-        "replica promoted after {}; affected decisions (failed calls): {} of {} ({} on other masters); \
-         {} decisions for the failed master's slots after the fault",
-        ms(promoted_at - fault_at),
-        failures.values().sum::<u64>(),
-        calls.iter().filter(|c| c.sent >= fault_at).count(),
-        failures_elsewhere,
-        affected_decisions_after
-    ));
-    row.notes.append(&mut details.notes);
-    ClusterReport {
-        row,
-        tried: calls.len() as u64,
-        failures,
-        failures_elsewhere,
-        hung,
-        wrong_admission: admission.wrong(),
-        recovered,
-        affected_decisions_after,
-    }
+    let after_fault = calls.iter().filter(|c| c.sent >= fault_at).count();
+    let scenario = Scenario {
+        calls: &calls,
+        fault_at,
+        elapsed,
+        limit: config.limit,
+        recovered: recovered_at.map(|t| t - fault_at),
+    };
+    scenario.report(Row::new(name, action), affected, |failed, elsewhere, decisions| {
+        format!(
+            "replica promoted after {}; affected decisions (failed calls): {failed} of {after_fault} \
+             ({elsewhere} on other masters); {decisions} decisions for the failed master's slots \
+             after the fault",
+            ms(promoted_at - fault_at),
+        )
+    })
 }
 
 /// The slot-migration scenario.
@@ -791,7 +747,7 @@ pub async fn slot_migration(cluster: &ClusterAdmin, config: &SlotMigration) -> C
     assert!(masters.len() >= 2, "slot migration needs two masters");
     let (from, to) = (masters[0].clone(), masters[1].clone());
     let slot = from.slots[0].0 + 7;
-    let tag = format!("{}-{}", config.load.prefix, super::load::unique_tag());
+    let tag = format!("{}-{}", config.load.prefix, crate::unique_prefix("cluster"));
     let in_slot = Arc::new(subjects_in_slot(slot, config.subjects, &tag));
     let store = RedisStore::builder()
         .cluster(masters.iter().map(|n| n.url.clone()).collect::<Vec<_>>())
@@ -846,55 +802,92 @@ pub async fn slot_migration(cluster: &ClusterAdmin, config: &SlotMigration) -> C
     let calls = running.stop().await;
     let elapsed = started.elapsed();
 
-    let mut details = Row::default();
-    let (failures, failures_elsewhere, hung) =
-        tally(&calls, migration_started, affected, &mut details);
-    let allowance = super::gcra_allowance(config.limit, Duration::from_secs(86_400), elapsed);
-    let admission = judge_calls(&calls, config.limit, allowance);
-    let affected_decisions_after = calls
-        .iter()
-        .filter(|c| {
-            c.sent >= migration_started
-                && affected(&c.subject)
-                && matches!(c.outcome, Some(Outcome::Allowed | Outcome::Denied))
-        })
-        .count() as u64;
     let during = calls
         .iter()
         .filter(|c| c.sent >= migration_started && c.sent < migration_ended)
         .count();
-    let recovered = recovered_at.map(|t| t.saturating_duration_since(migration_ended));
-
-    let mut row = Row::new(
+    let row = Row::new(
         "cluster slot migration",
         format!("slot {slot} ({moved} keys) moved key by key under load (ASK, then MOVED)"),
     );
-    row.tried = calls.len() as u64;
-    for (kind, n) in &failures {
-        row.fail(kind.as_str(), *n);
-    }
-    row.fail("hung", hung);
-    row.wrong = admission.wrong() + hung;
-    row.recover = recovered;
-    row.note(format!(
-        "migration took {}; {} calls during it; affected decisions (failed calls): {} ({} outside the slot); \
-         {} decisions in the slot after it started",
-        ms(migration_ended - migration_started),
-        during,
-        failures.values().sum::<u64>(),
-        failures_elsewhere,
-        affected_decisions_after
-    ));
-    row.notes.append(&mut details.notes);
-    ClusterReport {
-        row,
-        tried: calls.len() as u64,
-        failures,
-        failures_elsewhere,
-        hung,
-        wrong_admission: admission.wrong(),
-        recovered,
-        affected_decisions_after,
+    let scenario = Scenario {
+        calls: &calls,
+        fault_at: migration_started,
+        elapsed,
+        limit: config.limit,
+        recovered: recovered_at.map(|t| t.saturating_duration_since(migration_ended)),
+    };
+    scenario.report(row, affected, |failed, elsewhere, decisions| {
+        format!(
+            "migration took {}; {during} calls during it; affected decisions (failed calls): \
+             {failed} ({elsewhere} outside the slot); {decisions} decisions in the slot after it \
+             started",
+            ms(migration_ended - migration_started),
+        )
+    })
+}
+
+/// How a Cluster scenario's load went, to be judged into its report.
+struct Scenario<'a> {
+    /// Every call of the load.
+    calls: &'a [StoreCall],
+    /// When the fault (failover, migration) started.
+    fault_at: Instant,
+    /// How long the load ran.
+    elapsed: Duration,
+    /// Permits per subject (GCRA per day).
+    limit: u64,
+    /// From the fault to the first decision for an affected subject.
+    recovered: Option<Duration>,
+}
+
+impl Scenario<'_> {
+    /// Judges the calls into `row` and the report. `note` is given the
+    /// failed calls, those failed for subjects elsewhere, and the decisions
+    /// for affected subjects after the fault.
+    fn report(
+        &self,
+        mut row: Row,
+        affected: impl Fn(&str) -> bool + Copy,
+        note: impl FnOnce(u64, u64, u64) -> String,
+    ) -> ClusterReport {
+        let calls = self.calls;
+        let mut details = Row::default();
+        let (failures, failures_elsewhere, hung) =
+            tally(calls, self.fault_at, affected, &mut details);
+        let allowance =
+            super::gcra_allowance(self.limit, Duration::from_secs(86_400), self.elapsed);
+        let admission = judge_calls(calls, self.limit, allowance);
+        let affected_decisions_after = calls
+            .iter()
+            .filter(|c| {
+                c.sent >= self.fault_at
+                    && affected(&c.subject)
+                    && matches!(c.outcome, Some(Outcome::Allowed | Outcome::Denied))
+            })
+            .count() as u64;
+        row.tried = calls.len() as u64;
+        for (kind, n) in &failures {
+            row.fail(kind.as_str(), *n);
+        }
+        row.fail("hung", hung);
+        row.wrong = admission.wrong() + hung;
+        row.recover = self.recovered;
+        row.note(note(
+            failures.values().sum::<u64>(),
+            failures_elsewhere,
+            affected_decisions_after,
+        ));
+        row.notes.append(&mut details.notes);
+        ClusterReport {
+            row,
+            failures,
+            failures_elsewhere,
+            hung,
+            wrong_admission: admission.wrong(),
+            recovered: self.recovered,
+            affected_decisions_after,
+        }
     }
 }
 

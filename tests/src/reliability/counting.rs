@@ -1,7 +1,6 @@
 //! A [`Store`] wrapper that counts and logs every call: how many reached the
 //! real store, what each answered, and when.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +21,29 @@ pub enum Outcome {
     /// The caller dropped the call before it finished (for example the
     /// layer's own check timeout fired first).
     Cancelled,
+}
+
+impl Outcome {
+    /// What a finished call ended with.
+    #[must_use]
+    pub fn of(result: &Result<Verdict, StoreError>) -> Self {
+        match result {
+            Ok(verdict) if verdict.is_allowed() => Self::Allowed,
+            Ok(_) => Self::Denied,
+            Err(error) => Self::Failed(FailureKind::of(error)),
+        }
+    }
+
+    /// A short name for tables (a failure is named by its kind).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allowed => "allowed",
+            Self::Denied => "denied",
+            Self::Failed(kind) => kind.as_str(),
+            Self::Cancelled => "cancelled",
+        }
+    }
 }
 
 /// The kind of a store error, as the reliability table reports it.
@@ -90,7 +112,6 @@ pub struct CallRecord {
 pub struct StoreStats {
     calls: AtomicU64,
     log: Mutex<Vec<CallRecord>>,
-    samples: Mutex<BTreeMap<FailureKind, String>>,
 }
 
 impl StoreStats {
@@ -111,42 +132,6 @@ impl StoreStats {
             .lock()
             .expect("the call log's lock is never poisoned")
             .clone()
-    }
-
-    /// Finished calls with `outcome`.
-    #[must_use]
-    pub fn count(&self, outcome: Outcome) -> u64 {
-        let log = self
-            .log
-            .lock()
-            .expect("the call log's lock is never poisoned");
-        log.iter().filter(|r| r.outcome == outcome).count() as u64
-    }
-
-    /// The first error message seen of each kind.
-    ///
-    /// # Panics
-    ///
-    /// When a thread panicked while holding the samples' lock.
-    #[must_use]
-    pub fn samples(&self) -> BTreeMap<FailureKind, String> {
-        self.samples
-            .lock()
-            .expect("the samples' lock is never poisoned")
-            .clone()
-    }
-
-    /// Forgets every call.
-    ///
-    /// # Panics
-    ///
-    /// When a thread panicked while holding the log's lock.
-    pub fn clear(&self) {
-        self.calls.store(0, Ordering::Relaxed);
-        self.log
-            .lock()
-            .expect("the call log's lock is never poisoned")
-            .clear();
     }
 
     fn record(&self, record: CallRecord) {
@@ -231,17 +216,7 @@ impl<S: Store> Store for CountingStore<S> {
         let check = self.inner.check(subject, policies, cost);
         Box::pin(async move {
             let result = check.await;
-            pending.outcome = match &result {
-                Ok(verdict) if verdict.is_allowed() => Outcome::Allowed,
-                Ok(_) => Outcome::Denied,
-                Err(error) => {
-                    let kind = FailureKind::of(error);
-                    if let Ok(mut samples) = pending.stats.samples.lock() {
-                        samples.entry(kind).or_insert_with(|| error.to_string());
-                    }
-                    Outcome::Failed(kind)
-                }
-            };
+            pending.outcome = Outcome::of(&result);
             drop(pending);
             result
         })

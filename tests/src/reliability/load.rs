@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -73,11 +73,11 @@ pub struct ReplyCounts {
 }
 
 impl ReplyCounts {
-    /// Counts `records`.
-    pub fn of<'a>(records: impl IntoIterator<Item = &'a ReplyRecord>) -> Self {
+    /// Counts `replies`.
+    pub fn of(replies: impl IntoIterator<Item = Reply>) -> Self {
         let mut counts = Self::default();
-        for record in records {
-            match record.reply {
+        for reply in replies {
+            match reply {
                 Reply::Admitted => counts.admitted += 1,
                 Reply::Passed => counts.passed += 1,
                 Reply::Limited => counts.limited += 1,
@@ -178,18 +178,6 @@ impl Load {
     }
 }
 
-/// A tag no other run of this process or of another process uses, so
-/// subjects of two runs on one server never share state.
-#[must_use]
-pub fn unique_tag() -> String {
-    static RUNS: AtomicU64 = AtomicU64::new(0);
-    let run = RUNS.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!("{:x}{nanos:x}{run}", std::process::id())
-}
-
 /// A running load; [`Running::stop`] ends it and returns what it saw.
 #[derive(Debug)]
 pub struct Running<T> {
@@ -226,7 +214,7 @@ where
 {
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
-    let tag: Arc<str> = unique_tag().into();
+    let tag: Arc<str> = crate::unique_prefix("load").into();
     let tasks = (0..load.tasks)
         .map(|task| {
             let service = service.clone();
@@ -284,7 +272,7 @@ where
 {
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
-    let tag: Arc<str> = unique_tag().into();
+    let tag: Arc<str> = crate::unique_prefix("load").into();
     let tasks = (0..load.tasks)
         .map(|task| {
             let store = Arc::clone(store);
@@ -307,11 +295,9 @@ where
                         tokio::time::timeout(load.hang, store.check(&subject, &policies, 1)).await;
                     let (outcome, error) = match result {
                         Err(_) => (None, None),
-                        Ok(Ok(verdict)) if verdict.is_allowed() => (Some(Outcome::Allowed), None),
-                        Ok(Ok(_)) => (Some(Outcome::Denied), None),
-                        Ok(Err(error)) => (
-                            Some(Outcome::Failed(super::FailureKind::of(&error))),
-                            Some(error.to_string()),
+                        Ok(result) => (
+                            Some(Outcome::of(&result)),
+                            result.err().map(|error| error.to_string()),
                         ),
                     };
                     records.push(StoreCall {

@@ -22,14 +22,14 @@ pub use abuse::{
     hot_subject, ipv6_rotation, spoofed_forwarded_for, HotPhase, HotReport, HotSubject,
 };
 pub use cluster::{
-    cluster_failover, crc16_slot, key_slot, slot_migration, subjects_in_slot, ClusterAdmin,
-    ClusterNode, ClusterReport, Failover, FailoverHow, OwnedCluster, SlotMigration,
+    cluster_failover, crc16_slot, master_with_replica, slot_migration, subjects_in_slot,
+    ClusterAdmin, ClusterNode, ClusterReport, Failover, FailoverHow, OwnedCluster, SlotMigration,
 };
 pub use counting::{CallRecord, CountingStore, FailureKind, Outcome, StoreStats};
 pub use load::{
     classify, gcra_allowance, judge_admission, judge_calls, no_hang, percentile, probe_service,
-    request_for, send, start_layer_load, start_store_load, subject_key, unique_tag, Admission,
-    Load, Reply, ReplyCounts, ReplyRecord, Running, StoreCall, SUBJECT_HEADER,
+    request_for, send, start_layer_load, start_store_load, subject_key, Admission, Load, Reply,
+    ReplyCounts, ReplyRecord, Running, StoreCall, SUBJECT_HEADER,
 };
 pub use report::{ms, table, Row};
 pub use standalone::{

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
-use tollgate_core::{Algorithm, MemoryStore, Policy, Store, StoreError};
+use tollgate_core::{Algorithm, MemoryStore, Policy, Store, StoreError, Verdict};
 use tollgate_redis::RedisStore;
 use tollgate_tower::{FailurePolicy, RateLimitLayer};
 use tower::Layer;
@@ -193,8 +193,8 @@ pub async fn kill_restart(server: &mut OwnedRedis, config: &KillRestart) -> Kill
         .iter()
         .filter(|r| r.sent >= killed_at && r.sent < restarting_at)
         .collect();
-    let outage = ReplyCounts::of(outage_replies.iter().copied());
-    let all = ReplyCounts::of(&replies);
+    let outage = ReplyCounts::of(outage_replies.iter().map(|r| r.reply));
+    let all = ReplyCounts::of(replies.iter().map(|r| r.reply));
     let policy_violations = outage_replies
         .iter()
         .filter(|r| !config.mode.allows_during_outage(r.reply))
@@ -232,13 +232,7 @@ pub async fn kill_restart(server: &mut OwnedRedis, config: &KillRestart) -> Kill
 
     let mut store = BTreeMap::new();
     for record in &log {
-        let name = match record.outcome {
-            Outcome::Allowed => "allowed".to_owned(),
-            Outcome::Denied => "denied".to_owned(),
-            Outcome::Failed(kind) => kind.as_str().to_owned(),
-            Outcome::Cancelled => "cancelled".to_owned(),
-        };
-        *store.entry(name).or_default() += 1;
+        *store.entry(record.outcome.as_str().to_owned()).or_default() += 1;
     }
     let after: Vec<_> = log
         .iter()
@@ -531,17 +525,7 @@ pub async fn slow_redis(server: &OwnedRedis, config: &SlowRedis) -> SlowReport {
                 || r.outcome == Outcome::Cancelled
         })
         .count() as u64;
-    let replies_counts = ReplyCounts::of(
-        &replies
-            .iter()
-            .map(|reply| super::ReplyRecord {
-                subject: String::new(),
-                sent: stall_started,
-                done: stall_started,
-                reply: *reply,
-            })
-            .collect::<Vec<_>>(),
-    );
+    let replies_counts = ReplyCounts::of(replies.iter().copied());
     let mut local: Vec<Duration> = latencies
         .iter()
         .skip(config.breaker.0 as usize)
@@ -634,13 +618,8 @@ pub struct PoolReport {
     pub slowest_black_hole: Duration,
 }
 
-fn outcome_name<T>(result: &Option<Result<T, StoreError>>, allowed: impl Fn(&T) -> bool) -> String {
-    match result {
-        None => "hung".to_owned(),
-        Some(Ok(value)) if allowed(value) => "allowed".to_owned(),
-        Some(Ok(_)) => "denied".to_owned(),
-        Some(Err(error)) => FailureKind::of(error).as_str().to_owned(),
-    }
+fn outcome_name(result: Option<&Result<Verdict, StoreError>>) -> &'static str {
+    result.map_or("hung", |result| Outcome::of(result).as_str())
 }
 
 async fn burst<St: Store>(
@@ -664,10 +643,7 @@ async fn burst<St: Store>(
                 )
                 .await
                 .ok();
-                (
-                    outcome_name(&result, tollgate_core::Verdict::is_allowed),
-                    started.elapsed(),
-                )
+                (outcome_name(result.as_ref()).to_owned(), started.elapsed())
             })
         })
         .collect();

@@ -1,35 +1,15 @@
 //! Helpers shared by the `redis_*` tests (a module, not a test target).
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use tollgate_core::{Algorithm, Clock, ManualClock, SystemClock};
+use tollgate_core::{Clock, ManualClock, SystemClock};
 use tollgate_redis::{ClockMode, RedisStore};
-
-/// Every key the Redis tests write starts with this (the TTL test scans it).
-pub(crate) const TEST_PREFIX: &str = "tg-test";
 
 /// Generous per-call timeout: tests share two cores with builds and other
 /// tests, and a timeout would make counts uncertain.
 pub(crate) const TEST_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// All seven algorithms (leaky bucket in both modes).
-pub(crate) const ALGORITHMS: [Algorithm; 7] = Algorithm::ALL;
-
-/// A key prefix unique to this process and call: `tg-test-<what>-<pid>-<n>`.
-pub(crate) fn unique_prefix(what: &str) -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() % 1_000_000_000_000);
-    format!(
-        "{TEST_PREFIX}-{what}-{}-{nanos}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
 
 /// A manual clock one day ahead of the wall clock: keys written on it
 /// expire (PEXPIREAT on its times) no earlier than Redis' clock says they
