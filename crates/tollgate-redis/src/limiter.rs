@@ -7,12 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis::Value;
+use redis::{Cmd, Value};
 use tokio::time::Instant;
 use tollgate_core::{Algorithm, Policy, PolicyError, StoreError};
 
 use crate::connection;
-use crate::store::protocol;
+use crate::store::{ints, protocol};
 use crate::RedisStore;
 
 /// How long a limiter's configuration stays in Redis without an admitted
@@ -307,21 +307,12 @@ impl RateLimiter {
         interval: Duration,
     ) -> Result<bool, RateLimiterError> {
         let policy = policy_for(rate, interval)?;
-        let inner = &self.store.inner;
-        let script = &inner.limiter_script;
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.sha())
-            .arg(3)
-            .arg(&*self.config_key)
-            .arg(&*self.state_key)
-            .arg(&*self.client_key)
-            .arg(op)
-            .arg(rate)
+        let mut cmd = self.limiter_cmd(op);
+        cmd.arg(rate)
             .arg(policy.period_micros())
             .arg(rate_type.as_str())
-            .arg(millis_ceil(self.keep_alive).to_string());
-        let value =
-            connection::eval(&inner.pool, inner.timeout, script, &cmd, &self.config_key).await?;
+            .arg(millis_ceil(self.keep_alive));
+        let value = self.eval(&cmd).await?;
         match value {
             Value::Int(1) => {
                 self.remember(Some(RateLimiterConfig {
@@ -417,22 +408,36 @@ impl RateLimiter {
         }))
     }
 
-    async fn attempt(&self, permits: u64) -> Result<Attempt, RateLimiterError> {
-        let inner = &self.store.inner;
-        let script = &inner.limiter_script;
+    /// `EVALSHA` of the limiter script on this limiter's three keys, with
+    /// the operation `op` as the first argument.
+    fn limiter_cmd(&self, op: &str) -> Cmd {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.sha())
+        cmd.arg(self.store.inner.limiter_script.sha())
             .arg(3)
             .arg(&*self.config_key)
             .arg(&*self.state_key)
             .arg(&*self.client_key)
-            .arg("acquire");
-        match self.store.now_arg() {
-            Some(now) => cmd.arg(now),
-            None => cmd.arg(""),
-        };
-        cmd.arg(permits)
-            .arg(millis_ceil(self.keep_alive).to_string());
+            .arg(op);
+        cmd
+    }
+
+    /// Runs a command built by [`limiter_cmd`](Self::limiter_cmd).
+    async fn eval(&self, cmd: &Cmd) -> Result<Value, StoreError> {
+        let inner = &self.store.inner;
+        connection::eval(
+            &inner.pool,
+            inner.timeout,
+            &inner.limiter_script,
+            cmd,
+            &self.config_key,
+        )
+        .await
+    }
+
+    async fn attempt(&self, permits: u64) -> Result<Attempt, RateLimiterError> {
+        let mut cmd = self.limiter_cmd("acquire");
+        self.store.push_now(&mut cmd);
+        cmd.arg(permits).arg(millis_ceil(self.keep_alive));
         // A read never writes, so it never restores a configuration.
         let restore = if permits > 0 { self.known() } else { None };
         if let Some(config) = restore {
@@ -440,24 +445,13 @@ impl RateLimiter {
                 .arg(u64::try_from(config.interval.as_micros()).unwrap_or(u64::MAX))
                 .arg(config.rate_type.as_str());
         }
-        let value =
-            connection::eval(&inner.pool, inner.timeout, script, &cmd, &self.config_key).await?;
-        let numbers = match value {
-            Value::Array(items) if items.len() == 7 => items
-                .iter()
-                .map(|item| match item {
-                    Value::Int(n) => Ok(*n),
-                    other => Err(protocol(format!("expected an integer, got {other:?}"))),
-                })
-                .collect::<Result<Vec<i64>, StoreError>>()?,
+        let numbers: [i64; 7] = match self.eval(&cmd).await? {
+            Value::Array(items) if items.len() == 7 => ints(&items)?,
             other => {
                 return Err(protocol(format!("the limiter answered {other:?}")).into());
             }
         };
-        let &[status, remaining, retry_after, _reset_after, rate, interval_us, kind] = &numbers[..]
-        else {
-            return Err(protocol(format!("the limiter answered {numbers:?}")).into());
-        };
+        let [status, remaining, retry_after, _reset_after, rate, interval_us, kind] = numbers;
         let non_negative = |n: i64| {
             u64::try_from(n).map_err(|_| protocol(format!("the limiter answered {numbers:?}")))
         };
@@ -527,21 +521,9 @@ impl RateLimiter {
         permits: u64,
         timeout: Duration,
     ) -> Result<bool, RateLimiterError> {
-        if permits == 0 {
-            return Err(RateLimiterError::ZeroPermits);
-        }
-        let deadline = Instant::now() + timeout;
-        loop {
-            let attempt = self.attempt(permits).await?;
-            if attempt.allowed {
-                return Ok(true);
-            }
-            let wake = Instant::now() + attempt.retry_after;
-            if wake > deadline {
-                return Ok(false);
-            }
-            tokio::time::sleep_until(wake).await;
-        }
+        // A timeout too long to add to now is no deadline.
+        self.acquire_until(permits, Instant::now().checked_add(timeout))
+            .await
     }
 
     /// Takes `permits`, waiting as long as it takes (sleeping for each
@@ -554,15 +536,35 @@ impl RateLimiter {
     ///
     /// As [`try_acquire`](Self::try_acquire).
     pub async fn acquire(&self, permits: u64) -> Result<(), RateLimiterError> {
+        self.acquire_until(permits, None).await.map(|_| ())
+    }
+
+    /// Takes `permits`, sleeping for each retry-after, until they are
+    /// granted (`true`) or the next attempt would come after `deadline`
+    /// (`false`).
+    async fn acquire_until(
+        &self,
+        permits: u64,
+        deadline: Option<Instant>,
+    ) -> Result<bool, RateLimiterError> {
         if permits == 0 {
             return Err(RateLimiterError::ZeroPermits);
         }
         loop {
             let attempt = self.attempt(permits).await?;
             if attempt.allowed {
-                return Ok(());
+                return Ok(true);
             }
-            tokio::time::sleep(attempt.retry_after).await;
+            let wake = Instant::now().checked_add(attempt.retry_after);
+            if let Some(deadline) = deadline {
+                if wake.is_none_or(|wake| wake > deadline) {
+                    return Ok(false);
+                }
+            }
+            match wake {
+                Some(wake) => tokio::time::sleep_until(wake).await,
+                None => tokio::time::sleep(attempt.retry_after).await,
+            }
         }
     }
 
