@@ -27,7 +27,9 @@ const NOT_RUN_RETRIES: usize = 6;
 
 /// A standalone connection as the pool keeps it: a multiplexed connection
 /// and a flag its driver task sets when the socket closes, so the pool
-/// replaces dead connections without a round trip.
+/// replaces dead connections without a round trip. A clone shares the
+/// connection and its flag.
+#[derive(Clone)]
 pub(crate) struct StandaloneConnection {
     connection: MultiplexedConnection,
     closed: Arc<AtomicBool>,
@@ -192,10 +194,7 @@ impl fmt::Debug for Pool {
 /// A connection taken from the pool. The pooled connection goes back at
 /// once: connections are multiplexed, so many calls share one.
 pub(crate) enum Connection {
-    Standalone {
-        connection: MultiplexedConnection,
-        closed: Arc<AtomicBool>,
-    },
+    Standalone(StandaloneConnection),
     Cluster(ClusterConnection),
 }
 
@@ -204,15 +203,27 @@ impl Pool {
         match self {
             Self::Standalone(pool) => {
                 let pooled = pool.get().await.map_err(pool_error)?;
-                Ok(Connection::Standalone {
-                    connection: pooled.connection.clone(),
-                    closed: Arc::clone(&pooled.closed),
-                })
+                Ok(Connection::Standalone(pooled.clone()))
             }
             Self::Cluster(pool) => {
                 let pooled = pool.get().await.map_err(pool_error)?;
                 Ok(Connection::Cluster(pooled.clone()))
             }
+        }
+    }
+
+    /// Checks a connection out before `deadline` (`timeout` from the start
+    /// of the call).
+    async fn checkout_by(
+        &self,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<Connection, StoreError> {
+        match timeout_at(deadline, self.checkout()).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::unavailable(format!(
+                "no connection within {timeout:?}; nothing was sent"
+            ))),
         }
     }
 }
@@ -229,7 +240,7 @@ fn pool_error(error: bb8::RunError<RedisError>) -> StoreError {
 impl Connection {
     async fn query(&mut self, cmd: &Cmd) -> Result<Value, RedisError> {
         match self {
-            Self::Standalone { connection, .. } => cmd.query_async(connection).await,
+            Self::Standalone(standalone) => cmd.query_async(&mut standalone.connection).await,
             Self::Cluster(connection) => cmd.query_async(connection).await,
         }
     }
@@ -242,10 +253,7 @@ impl Connection {
             // Standalone servers never redirect; nothing to follow.
             return self.query(cmd).await;
         };
-        let route = SingleNodeRoutingInfo::ByAddress {
-            host: to.host.clone(),
-            port: to.port,
-        };
+        let route = to.route();
         if !to.asking {
             // route_command hands server errors back as values.
             return connection
@@ -280,13 +288,10 @@ impl Connection {
         let mut load = redis::cmd("SCRIPT");
         load.arg("LOAD").arg(script.source());
         match self {
-            Self::Standalone { connection, .. } => load.query_async(connection).await,
+            Self::Standalone(standalone) => load.query_async(&mut standalone.connection).await,
             Self::Cluster(connection) => {
                 let route = match to {
-                    Some(to) => SingleNodeRoutingInfo::ByAddress {
-                        host: to.host.clone(),
-                        port: to.port,
-                    },
+                    Some(to) => to.route(),
                     None => SingleNodeRoutingInfo::SpecificNode(Route::with_slot(
                         Slot::for_key(key),
                         SlotAddr::Master,
@@ -303,8 +308,8 @@ impl Connection {
     /// Marks a standalone connection broken after an I/O error so the pool
     /// replaces it.
     fn mark_broken(&self) {
-        if let Self::Standalone { closed, .. } = self {
-            closed.store(true, Ordering::Release);
+        if let Self::Standalone(standalone) = self {
+            standalone.closed.store(true, Ordering::Release);
         }
     }
 }
@@ -336,6 +341,16 @@ enum Failure {
     NotRun { why: NotRun, error: RedisError },
     /// Give up with this error.
     Fail(StoreError),
+}
+
+impl Redirect {
+    /// The route to the node named.
+    fn route(&self) -> SingleNodeRoutingInfo {
+        SingleNodeRoutingInfo::ByAddress {
+            host: self.host.clone(),
+            port: self.port,
+        }
+    }
 }
 
 /// The node of a `MOVED` or `ASK` error.
@@ -420,14 +435,7 @@ pub(crate) async fn eval(
     first_key: &str,
 ) -> Result<Value, StoreError> {
     let deadline = Instant::now() + timeout;
-    let mut connection = match timeout_at(deadline, pool.checkout()).await {
-        Ok(result) => result?,
-        Err(_) => {
-            return Err(StoreError::unavailable(format!(
-                "no connection within {timeout:?}; nothing was sent"
-            )))
-        }
-    };
+    let mut connection = pool.checkout_by(deadline, timeout).await?;
     let mut attempts = 0;
     let mut redirected: Option<Redirect> = None;
     loop {
@@ -492,14 +500,7 @@ pub(crate) async fn eval(
 /// `PING` and the rate limiter's configuration.
 pub(crate) async fn query(pool: &Pool, timeout: Duration, cmd: &Cmd) -> Result<Value, StoreError> {
     let deadline = Instant::now() + timeout;
-    let mut connection = match timeout_at(deadline, pool.checkout()).await {
-        Ok(result) => result?,
-        Err(_) => {
-            return Err(StoreError::unavailable(format!(
-                "no connection within {timeout:?}; nothing was sent"
-            )))
-        }
-    };
+    let mut connection = pool.checkout_by(deadline, timeout).await?;
     match timeout_at(deadline, connection.query(cmd)).await {
         Err(_) => Err(StoreError::Timeout { after: timeout }),
         Ok(Ok(value)) => Ok(value),
