@@ -17,26 +17,23 @@ ALG.fixed_window = function(key, L, P, B, now, c)
     end
   end
   local window_end = ws + P
+  -- Until the window ends when it holds anything; 0 for an empty window
+  -- (a charge makes it non-empty, so it uses window_end - now).
+  local reset = 0
+  if count > 0 then
+    reset = window_end - now
+  end
   local cost = c
   if c == 0 then
     cost = 1
   end
   if count + cost <= L then
     if c == 0 then
-      local reset = 0
-      if count > 0 then
-        reset = window_end - now
-      end
       return { true, L - count, -1, reset, 0 }
     end
     local new_count = count + c
-    local reset = window_end - now
-    return { true, L - new_count, -1, reset, 0, key,
-      'fixed_window:' .. fmt(ws) .. ':' .. fmt(new_count), now + reset }
-  end
-  local reset = 0
-  if count > 0 then
-    reset = window_end - now
+    return { true, L - new_count, -1, window_end - now, 0, key,
+      'fixed_window:' .. fmt(ws) .. ':' .. fmt(new_count), window_end }
   end
   return { false, max0(L - count), window_end - now, reset, 0 }
 end
