@@ -116,10 +116,9 @@ impl RedisStore {
         let never = quantity > burst;
         let cost = if never { 0 } else { quantity };
         let verdict = self.check(key, std::slice::from_ref(&policy), cost).await?;
-        let decision = *verdict
-            .decisions()
-            .first()
-            .ok_or_else(|| crate::store::protocol("no decision for the throttle policy".into()))?;
+        // One policy, so its decision is the binding one (the reply was
+        // checked to hold exactly one).
+        let decision = *verdict.binding();
         let limited = never || (quantity > 0 && !decision.is_allowed());
         let retry_after_secs = match decision.retry_after() {
             Some(retry) if limited && !never => seconds(retry),
