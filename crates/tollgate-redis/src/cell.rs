@@ -1,15 +1,14 @@
 //! redis-cell compatibility: `CL.THROTTLE` without the module.
 
 use std::fmt;
-use std::time::Duration;
 
-use tollgate_core::algorithms::{throttle, ThrottleError, ThrottleReply};
-use tollgate_core::{Algorithm, Policy, Store, StoreError};
+use tollgate_core::algorithms::{throttle_policy, throttle_reply, ThrottleError, ThrottleReply};
+use tollgate_core::{Store, StoreError};
 
 use crate::RedisStore;
 
 /// The policy name [`RedisStore::throttle`] stores its state under.
-pub const THROTTLE_POLICY_NAME: &str = "throttle";
+pub use tollgate_core::algorithms::THROTTLE_POLICY_NAME;
 
 /// Why [`RedisStore::throttle`] failed.
 ///
@@ -103,37 +102,19 @@ impl RedisStore {
         period: u64,
         quantity: u64,
     ) -> Result<ThrottleReply, ThrottleCallError> {
-        // The arguments are checked exactly as the in-memory throttle checks
-        // them (the computation on no state is thrown away).
-        throttle(None, 0, max_burst, count, period, quantity)?;
-        let burst = max_burst + 1; // cannot overflow: checked above
-        let policy = Policy::per(count, Duration::from_secs(period))
-            .algorithm(Algorithm::Gcra)
-            .burst(burst)
-            .name(THROTTLE_POLICY_NAME)
-            .build()
-            .map_err(ThrottleError::Policy)?;
-        let never = quantity > burst;
-        let cost = if never { 0 } else { quantity };
+        // The same policy, and so the same refusals, as the in-memory
+        // throttle.
+        let policy = throttle_policy(max_burst, count, period)?;
+        // A quantity above the burst is never admitted: peek for the figures
+        // (the store refuses a cost above the capacity).
+        let cost = if quantity > policy.capacity() {
+            0
+        } else {
+            quantity
+        };
         let verdict = self.check(key, std::slice::from_ref(&policy), cost).await?;
         // One policy, so its decision is the binding one (the reply was
         // checked to hold exactly one).
-        let decision = *verdict.binding();
-        let limited = never || (quantity > 0 && !decision.is_allowed());
-        let retry_after_secs = match decision.retry_after() {
-            Some(retry) if limited && !never => seconds(retry),
-            _ => -1,
-        };
-        Ok(ThrottleReply {
-            limited,
-            limit: i64::try_from(burst).unwrap_or(i64::MAX),
-            remaining: i64::try_from(decision.remaining()).unwrap_or(i64::MAX),
-            retry_after_secs,
-            reset_after_secs: seconds(decision.reset_after()),
-        })
+        Ok(throttle_reply(verdict.binding(), &policy, quantity))
     }
-}
-
-fn seconds(duration: Duration) -> i64 {
-    i64::try_from(duration.as_secs()).unwrap_or(i64::MAX)
 }

@@ -205,38 +205,77 @@ pub fn throttle(
     period_secs: u64,
     quantity: u64,
 ) -> Result<(ThrottleReply, Option<GcraState>), ThrottleError> {
-    let burst = max_burst.checked_add(1).ok_or(ThrottleError::TooLarge {
-        argument: "max_burst",
-        detail: "max_burst + 1 must fit in 64 bits; use a smaller max_burst",
-    })?;
-    let policy = Policy::per(count, Duration::from_secs(period_secs))
-        .algorithm(Algorithm::Gcra)
-        .burst(burst)
-        .name("throttle")
-        .build()
-        .map_err(ThrottleError::from_policy)?;
+    let policy = throttle_policy(max_burst, count, period_secs)?;
     let Step {
         decision,
         new_state,
         ..
     } = check(&policy, state, now_us, quantity);
-    let limited = quantity > 0 && !decision.is_allowed();
-    let retry_after_secs = match decision.retry_after() {
-        Some(retry) if limited && retry != Duration::MAX => seconds(retry),
-        _ => -1,
-    };
-    let reply = ThrottleReply {
-        limited,
-        limit: i64::try_from(burst).unwrap_or(i64::MAX),
-        remaining: i64::try_from(decision.remaining()).unwrap_or(i64::MAX),
-        retry_after_secs,
-        reset_after_secs: seconds(decision.reset_after()),
-    };
     let new_state = match new_state {
         Some(State::Gcra(state)) => Some(state),
         _ => None,
     };
-    Ok((reply, new_state))
+    Ok((throttle_reply(&decision, &policy, quantity), new_state))
+}
+
+/// The policy name [`throttle`] (and every store's throttle) keeps its
+/// state under.
+pub const THROTTLE_POLICY_NAME: &str = "throttle";
+
+/// The GCRA policy `CL.THROTTLE key max_burst count period` applies:
+/// `count` per `period_secs` seconds with a burst of `max_burst + 1`, named
+/// [`THROTTLE_POLICY_NAME`]. Stores that answer `throttle` themselves build
+/// it here, so they refuse exactly the arguments [`throttle`] refuses.
+///
+/// ```
+/// use tollgate_core::algorithms::throttle_policy;
+///
+/// let policy = throttle_policy(15, 30, 60)?;
+/// assert_eq!((policy.capacity(), policy.limit()), (16, 30));
+/// assert!(throttle_policy(15, 0, 60).is_err());
+/// # Ok::<(), tollgate_core::algorithms::ThrottleError>(())
+/// ```
+///
+/// # Errors
+///
+/// As [`throttle`].
+pub fn throttle_policy(
+    max_burst: u64,
+    count: u64,
+    period_secs: u64,
+) -> Result<Policy, ThrottleError> {
+    let burst = max_burst.checked_add(1).ok_or(ThrottleError::TooLarge {
+        argument: "max_burst",
+        detail: "max_burst + 1 must fit in 64 bits; use a smaller max_burst",
+    })?;
+    Policy::per(count, Duration::from_secs(period_secs))
+        .algorithm(Algorithm::Gcra)
+        .burst(burst)
+        .name(THROTTLE_POLICY_NAME)
+        .build()
+        .map_err(ThrottleError::from_policy)
+}
+
+/// redis-cell's reply for a request of `quantity` that a store decided
+/// with `decision` under `policy` (from [`throttle_policy`]). A quantity
+/// above the burst can never be admitted: it is `limited` with a
+/// `retry_after` of -1, whether the store checked it (denied for ever) or
+/// only peeked.
+#[must_use]
+pub fn throttle_reply(decision: &Decision, policy: &Policy, quantity: u64) -> ThrottleReply {
+    let never = quantity > policy.capacity();
+    let limited = never || (quantity > 0 && !decision.is_allowed());
+    let retry_after_secs = match decision.retry_after() {
+        Some(retry) if limited && !never && retry != Duration::MAX => seconds(retry),
+        _ => -1,
+    };
+    ThrottleReply {
+        limited,
+        limit: i64::try_from(policy.capacity()).unwrap_or(i64::MAX),
+        remaining: i64::try_from(decision.remaining()).unwrap_or(i64::MAX),
+        retry_after_secs,
+        reset_after_secs: seconds(decision.reset_after()),
+    }
 }
 
 /// Whole seconds, truncated, as redis-cell reports them.

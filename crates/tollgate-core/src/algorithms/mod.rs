@@ -16,7 +16,9 @@ mod sliding_log;
 mod sliding_window;
 mod token_bucket;
 
-pub use gcra::{throttle, ThrottleError, ThrottleReply};
+pub use gcra::{
+    throttle, throttle_policy, throttle_reply, ThrottleError, ThrottleReply, THROTTLE_POLICY_NAME,
+};
 
 /// GCRA state: the theoretical arrival time `tat_us + tat_rem / limit`
 /// microseconds since the epoch, with `0 <= tat_rem < limit`.
