@@ -28,10 +28,11 @@
 //! `RedisStore::builder().cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])`.
 //! Everything else is the same.
 //!
-//! Requirements: Redis 5 or later (or a compatible server such as Valkey):
-//! scripts read `TIME` and then write, which needs effect replication, the
-//! default since Redis 5. Connections are TCP (`redis://`) or Unix sockets
-//! (`redis+unix://`).
+//! Requirements: Redis 5 or later: scripts read `TIME` and then write,
+//! which needs effect replication, the default since Redis 5. The test
+//! suite runs against Redis 7.0 (Debian's `redis-server`); older versions
+//! and compatible servers such as Valkey are not tested. Connections are
+//! TCP (`redis://`) or Unix sockets (`redis+unix://`).
 //!
 //! # Key layout
 //!
