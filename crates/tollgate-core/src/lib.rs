@@ -40,8 +40,8 @@ mod subject;
 
 pub use clock::{Clock, FastClock, ManualClock, SystemClock};
 pub use decision::{Decision, Verdict};
-pub use error::StoreError;
-pub use memory::{MemoryStore, MemoryStoreBuilder};
+pub use error::{ErrorScope, StoreError};
+pub use memory::{MemoryStore, MemoryStoreBuilder, WhenFull, DEFAULT_MAX_KEYS};
 pub use policy::{
     Algorithm, LeakyMode, Policy, PolicyBuilder, PolicyError, MAX_MAGNITUDE, MAX_POLICY_NAME_LEN,
     SLIDING_LOG_MAX_LIMIT,

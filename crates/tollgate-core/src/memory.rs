@@ -69,9 +69,16 @@
 //!   table grow, the whole shard is swept first; if that frees less than an
 //!   eighth of it, the table grows at once, so the next such sweep is at
 //!   least an eighth of a table's worth of inserts away.
-//! - **`max_keys`.** When the store is full, a new subject first sweeps its
-//!   own shard, then (outside that lock) every shard that may hold expired
-//!   entries, and retries once.
+//! - **`max_keys`.** The store holds at most [`DEFAULT_MAX_KEYS`] subjects
+//!   unless told otherwise ([`MemoryStoreBuilder::max_keys`],
+//!   [`MemoryStoreBuilder::unbounded`]). When it is full, a new subject
+//!   first sweeps its own shard; if nothing there has expired it evicts, in
+//!   its own shard, the sampled entry that is soonest back to full capacity
+//!   ([`WhenFull::EvictNearestFull`], the default), or (with
+//!   [`WhenFull::Deny`], or when its own shard is empty) sweeps every shard
+//!   that may hold expired entries, outside its own lock, and retries.
+//!   Subjects already held never need room: they are always checked
+//!   exactly, except the one an eviction removes.
 //!
 //! Each shard keeps a lower bound of its entries' expiry times (made exact
 //! by every full sweep and at the end of every incremental pass; a hot-path
@@ -115,6 +122,67 @@ const MAX_SHARDS: usize = 4096;
 const HASHED_KEY_TAG: u8 = 0xFF;
 /// Most policy names a shard shares between its subjects.
 const MAX_INTERNED_NAMES: usize = 32;
+/// Entries an eviction compares (the one soonest back to full goes).
+const EVICT_SAMPLE: usize = 16;
+/// Times a new subject tries to make room in other shards before it is
+/// refused (other threads may take the room it made).
+const MAKE_ROOM_ATTEMPTS: usize = 4;
+
+/// The number of subjects a [`MemoryStore`] holds at most unless its
+/// builder says otherwise: 262 144 (2^18).
+///
+/// A held subject with a key of up to 24 bytes and one policy costs 97
+/// bytes in its shard's table (the entry and one control byte), and a table
+/// is between 7/16 and 7/8 full, so the default bound keeps a store under
+/// about 60 MB ([`MemoryStore::bytes_per_entry`]; measure with
+/// [`MemoryStore::memory_bytes`]). Size it to the subjects active within
+/// your longest policy's period: a store at its bound evicts (or denies,
+/// per [`WhenFull`]) rather than grow.
+pub const DEFAULT_MAX_KEYS: usize = 1 << 18;
+
+/// What a [`MemoryStore`] at its bound ([`MemoryStoreBuilder::max_keys`])
+/// does with a subject it does not hold, once no expired subject can be
+/// swept away. Subjects already held are checked exactly either way.
+///
+/// ```
+/// use tollgate_core::{MemoryStore, WhenFull};
+///
+/// assert_eq!(WhenFull::default(), WhenFull::EvictNearestFull);
+/// let strict = MemoryStore::builder().max_keys(10_000).when_full(WhenFull::Deny).build();
+/// # let _ = strict;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum WhenFull {
+    /// Store the new subject in place of the held one whose loss admits
+    /// least (the default): among 16 sampled entries of the
+    /// new subject's shard, an expired one if any, else the one soonest
+    /// back to full capacity (the smallest remaining wait).
+    ///
+    /// **Worst case.** An eviction forgets one subject's state, so that
+    /// subject may again be admitted the permits its state still held back:
+    /// at most its policies' capacity (burst), and never more than the
+    /// permits its state would have regained by the time it was back to
+    /// full. No other subject's decision changes. Under a sustained flood of
+    /// new subjects, each eviction over-admits at most that much for one
+    /// subject, and subjects that spent more than the flood's (a held user
+    /// with one permit left, against fresh identities that spent one each)
+    /// are evicted last.
+    ///
+    /// Why the default: denying instead lets a flood of fresh identities
+    /// (which each get their limit anyway) lock every legitimate new user
+    /// out until entries expire — up to a day for a daily quota — while
+    /// evicting the entry nearest to full costs at most a few permits of
+    /// one lightly used subject per eviction.
+    #[default]
+    EvictNearestFull,
+    /// Refuse the new subject with [`StoreError::Full`], whose
+    /// `retry_after` is when the first held subject expires (the tower layer
+    /// answers `429` with that `Retry-After`, never lets it through). No
+    /// held subject is ever forgotten early, but while the store is full no
+    /// new subject is admitted.
+    Deny,
+}
 
 /// A concurrent, in-process [`Store`].
 ///
@@ -177,6 +245,7 @@ struct Inner {
     hasher: foldhash::fast::RandomState,
     clock: StoreClock,
     max_keys: Option<usize>,
+    when_full: WhenFull,
     /// Entries held over all shards (live or expired but not yet swept).
     len: AtomicUsize,
 }
@@ -210,6 +279,7 @@ impl StoreClock {
 ///     .max_keys(1_000_000)
 ///     .build();
 /// assert!(store.is_empty());
+/// assert_eq!(store.max_keys(), Some(1_000_000));
 /// ```
 #[derive(Debug, Clone)]
 #[must_use = "a MemoryStoreBuilder does nothing until .build() is called"]
@@ -217,6 +287,7 @@ pub struct MemoryStoreBuilder {
     clock: StoreClock,
     shards: Option<usize>,
     max_keys: Option<usize>,
+    when_full: WhenFull,
 }
 
 impl Default for MemoryStoreBuilder {
@@ -224,7 +295,8 @@ impl Default for MemoryStoreBuilder {
         Self {
             clock: StoreClock::Fast,
             shards: None,
-            max_keys: None,
+            max_keys: Some(DEFAULT_MAX_KEYS),
+            when_full: WhenFull::default(),
         }
     }
 }
@@ -246,17 +318,32 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// Caps the number of subjects held.
+    /// Caps the number of subjects held (default [`DEFAULT_MAX_KEYS`]).
     ///
     /// When the store is full, a check that would add a new subject first
-    /// sweeps expired subjects; if none can be freed it fails with
-    /// [`StoreError::Full`] (a backend error, so the tower layer's failure
-    /// policy applies) and charges nothing. Subjects already held keep
-    /// working, and peeks and denials never need room. Without a cap the
-    /// store holds at most the subjects active within their policies'
-    /// periods, plus expired ones not yet swept.
+    /// sweeps expired subjects; if none can be freed it evicts or refuses,
+    /// per [`MemoryStoreBuilder::when_full`]. Subjects already held keep
+    /// being checked exactly, and peeks and denials never need room.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys);
+        self
+    }
+
+    /// Removes the cap on the number of subjects: the store then holds the
+    /// subjects active within their policies' periods, plus expired ones
+    /// not yet swept, however many that is. An explicit opt-out: a flood of
+    /// distinct subjects (IP addresses, API keys) then grows memory without
+    /// bound.
+    pub fn unbounded(mut self) -> Self {
+        self.max_keys = None;
+        self
+    }
+
+    /// What a full store does with a subject it does not hold (default
+    /// [`WhenFull::EvictNearestFull`]; see [`WhenFull`] for the worst case
+    /// of each).
+    pub fn when_full(mut self, when_full: WhenFull) -> Self {
+        self.when_full = when_full;
         self
     }
 
@@ -284,6 +371,7 @@ impl MemoryStoreBuilder {
                 hasher: foldhash::fast::RandomState::default(),
                 clock: self.clock,
                 max_keys: self.max_keys,
+                when_full: self.when_full,
                 len: AtomicUsize::new(0),
             }),
         }
@@ -302,18 +390,24 @@ impl fmt::Debug for MemoryStore {
             .field("len", &self.len())
             .field("shards", &self.inner.shards.len())
             .field("max_keys", &self.inner.max_keys)
+            .field("when_full", &self.inner.when_full)
             .field("clock", &self.inner.clock)
             .finish_non_exhaustive()
     }
 }
 
 impl MemoryStore {
-    /// A store on the [`FastClock`] with default sharding and no cap on
-    /// the number of subjects.
+    /// A store on the [`FastClock`] with default sharding, holding at most
+    /// [`DEFAULT_MAX_KEYS`] subjects (evicting per
+    /// [`WhenFull::EvictNearestFull`] beyond; see
+    /// [`MemoryStoreBuilder::unbounded`] to opt out).
     ///
     /// ```
-    /// let store = tollgate_core::MemoryStore::new();
+    /// use tollgate_core::{MemoryStore, DEFAULT_MAX_KEYS};
+    ///
+    /// let store = MemoryStore::new();
     /// assert_eq!(store.len(), 0);
+    /// assert_eq!(store.max_keys(), Some(DEFAULT_MAX_KEYS));
     /// ```
     #[must_use]
     pub fn new() -> Self {
@@ -370,6 +464,56 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// The most subjects the store holds, or `None` when
+    /// [`unbounded`](MemoryStoreBuilder::unbounded).
+    #[must_use]
+    pub fn max_keys(&self) -> Option<usize> {
+        self.inner.max_keys
+    }
+
+    /// Bytes a held subject takes in its shard's table: its entry and one
+    /// control byte (97 on 64-bit targets). Tables are between 7/16 and
+    /// 7/8 full, so a subject costs between about 1.14 and 2.3 times this;
+    /// a key longer than 24 bytes adds its length (keys longer than
+    /// [`MAX_PLAIN_SUBJECT_LEN`] are stored as 33 bytes), and a subject
+    /// charged by more than one policy adds 24 bytes per policy. Multiply
+    /// by [`MemoryStore::max_keys`] to size a store.
+    ///
+    /// ```
+    /// use tollgate_core::MemoryStore;
+    ///
+    /// let worst = MemoryStore::bytes_per_entry() * 16 / 7 * tollgate_core::DEFAULT_MAX_KEYS;
+    /// assert!(worst < 64 << 20, "the default bound stays under 64 MiB");
+    /// ```
+    #[must_use]
+    pub const fn bytes_per_entry() -> usize {
+        std::mem::size_of::<Entry>() + 1
+    }
+
+    /// The memory the store holds now, in bytes: its tables' allocations
+    /// and what entries hold outside them (long keys, several policies).
+    /// Scans every entry, one shard at a time under its read lock: for a
+    /// metric scraped now and then, not for every request.
+    #[must_use]
+    pub fn memory_bytes(&self) -> usize {
+        let mut bytes = std::mem::size_of::<Inner>()
+            + self.inner.shards.len() * std::mem::size_of::<CachePadded<ShardLock>>();
+        for shard in &*self.inner.shards {
+            let shard = shard.read();
+            bytes += shard.table.allocation_size();
+            bytes += shard.names.capacity() * std::mem::size_of::<Arc<str>>();
+            for entry in shard.table.iter() {
+                if entry.key.spilled() {
+                    bytes += entry.key.capacity();
+                }
+                if entry.slots.spilled() {
+                    bytes += entry.slots.capacity() * std::mem::size_of::<Slot>();
+                }
+            }
+        }
+        bytes
+    }
+
     /// Removes every subject whose state has expired, in every shard, now,
     /// and returns how many were removed.
     ///
@@ -424,28 +568,67 @@ impl MemoryStore {
         self.make_room(now, first, || check(&mut shard.write(), inner))
     }
 
+    /// A new subject found the store full and its own shard could not
+    /// make room: sweep expired entries everywhere (and, when evicting,
+    /// evict from the fullest shard), then retry; a few times, since other
+    /// threads may take the room made. A refusal carries the time until the
+    /// first held subject expires.
     #[cold]
     #[inline(never)]
     fn make_room<T>(
         &self,
         now: u64,
         first: Result<T, StoreError>,
-        retry: impl FnOnce() -> Result<T, StoreError>,
+        retry: impl Fn() -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let inner = &*self.inner;
-        let mut freed = 0;
-        for shard in &*inner.shards {
-            let mut shard = shard.write();
-            if shard.min_expires_at_us <= now {
-                let purged = shard.purge(now);
-                inner.forget(purged);
-                freed += purged;
+        let mut result = first;
+        for _ in 0..MAKE_ROOM_ATTEMPTS {
+            let mut freed = 0;
+            for shard in &*inner.shards {
+                let mut shard = shard.write();
+                if shard.min_expires_at_us <= now {
+                    let purged = shard.purge(now);
+                    inner.forget(purged);
+                    freed += purged;
+                }
+            }
+            if freed == 0 && inner.when_full == WhenFull::EvictNearestFull {
+                let fullest = inner
+                    .shards
+                    .iter()
+                    .max_by_key(|shard| shard.read().table.len());
+                if let Some(shard) = fullest {
+                    if shard.write().evict_one(now) {
+                        inner.forget(1);
+                        freed = 1;
+                    }
+                }
+            }
+            if freed == 0 {
+                break;
+            }
+            result = retry();
+            if !matches!(result, Err(StoreError::Full { .. })) {
+                return result;
             }
         }
-        if freed == 0 {
-            first
-        } else {
-            retry()
+        match result {
+            Err(StoreError::Full { max_keys, .. }) => {
+                let first_expiry = inner
+                    .shards
+                    .iter()
+                    .map(|shard| shard.read().min_expires_at_us)
+                    .min()
+                    .unwrap_or(u64::MAX);
+                Err(StoreError::Full {
+                    max_keys,
+                    retry_after: std::time::Duration::from_micros(
+                        first_expiry.saturating_sub(now).max(1),
+                    ),
+                })
+            }
+            other => other,
         }
     }
 
@@ -1009,6 +1192,8 @@ struct Shard {
     ops: u32,
     /// Next bucket the incremental sweep looks at.
     cursor: usize,
+    /// Next bucket an eviction looks at.
+    evict_cursor: usize,
     /// No entry expires before this (a lower bound, made exact by full
     /// sweeps and at the end of each incremental pass).
     min_expires_at_us: u64,
@@ -1050,6 +1235,7 @@ impl Shard {
             table: HashTable::new(),
             ops: 0,
             cursor: 0,
+            evict_cursor: 0,
             min_expires_at_us: u64::MAX,
             pass_min_us: u64::MAX,
             names: Vec::new(),
@@ -1314,10 +1500,15 @@ impl Shard {
                 let freed = self.purge(now);
                 inner.forget(freed);
             }
-            if !inner.admit_new() {
+            // Evicting in place keeps the count: one entry out, this one in.
+            let refused = !inner.admit_new()
+                && !(inner.when_full == WhenFull::EvictNearestFull && self.evict_one(now));
+            if refused {
                 return Err(StoreError::Full {
                     // `admit_new` refuses only when a cap is set.
                     max_keys: inner.max_keys.unwrap_or(usize::MAX),
+                    // Filled in by `make_room`, which sees every shard.
+                    retry_after: std::time::Duration::ZERO,
                 });
             }
         }
@@ -1337,6 +1528,51 @@ impl Shard {
         let rehash = inner.rehash();
         self.table.insert_unique(hash, entry, &rehash);
         Ok(())
+    }
+
+    /// Removes the entry whose loss admits least among [`EVICT_SAMPLE`]
+    /// entries from the shard's eviction cursor on: the first expired one,
+    /// else the one soonest back to full capacity. Returns whether one was
+    /// removed (not when the table is empty); the caller accounts for it.
+    #[cold]
+    #[inline(never)]
+    fn evict_one(&mut self, now: u64) -> bool {
+        let buckets = self.table.num_buckets();
+        if self.table.is_empty() || buckets == 0 {
+            return false;
+        }
+        let hot = self.hot_tat.load(Ordering::Relaxed);
+        let mut best: Option<(usize, u64)> = None;
+        let mut seen = 0;
+        let start = self.evict_cursor;
+        for step in 0..buckets {
+            let index = (start + step) % buckets;
+            let Some(entry) = self.table.get_bucket(index) else {
+                continue;
+            };
+            let expires_at_us = entry.expires_at_us(hot);
+            if best.is_none_or(|(_, least)| expires_at_us < least) {
+                best = Some((index, expires_at_us));
+            }
+            seen += 1;
+            if expires_at_us <= now || seen >= EVICT_SAMPLE {
+                self.evict_cursor = index + 1;
+                break;
+            }
+        }
+        let Some((index, _)) = best else {
+            return false;
+        };
+        match self.table.get_bucket_entry(index) {
+            Ok(entry) => {
+                let (removed, _) = entry.remove();
+                if removed.is_hot() {
+                    self.hot_hash = None;
+                }
+                true
+            }
+            Err(_) => false,
+        }
     }
 
     /// Removes every expired entry; returns how many.
@@ -1601,7 +1837,7 @@ mod tests {
         let mut total = 0;
         for (index, shard) in store.inner.shards.iter().enumerate() {
             let shard = shard.write();
-            for entry in &shard.table {
+            for entry in shard.table.iter() {
                 let hash = store.inner.hash_key(&entry.key);
                 assert_eq!(store.inner.shard_index(hash), index);
                 let found = shard

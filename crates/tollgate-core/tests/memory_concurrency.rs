@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, ManualClock, MemoryStore, Policy, Store, StoreError};
+use tollgate_core::{Algorithm, ManualClock, MemoryStore, Policy, Store, StoreError, WhenFull};
 
 const T0: u64 = 1_700_000_000_000_000;
 const THREADS: usize = 8;
@@ -123,6 +123,7 @@ fn max_keys_is_exact_under_contention() {
     let store = MemoryStore::builder()
         .clock(ManualClock::new(T0))
         .max_keys(MAX_KEYS)
+        .when_full(WhenFull::Deny)
         .build();
     let policies: Arc<[Policy]> = [Policy::per_minute(10).build().unwrap()].into();
     let (stored, full) = std::thread::scope(|scope| {
@@ -139,7 +140,7 @@ fn max_keys_is_exact_under_contention() {
                                 assert!(verdict.is_allowed());
                                 stored += 1;
                             }
-                            Err(StoreError::Full { max_keys }) => {
+                            Err(StoreError::Full { max_keys, .. }) => {
                                 assert_eq!(max_keys, MAX_KEYS);
                                 full += 1;
                             }

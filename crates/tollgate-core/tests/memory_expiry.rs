@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use futures::executor::block_on;
-use tollgate_core::{ManualClock, MemoryStore, Policy, Store, StoreError};
+use tollgate_core::{ErrorScope, ManualClock, MemoryStore, Policy, Store, StoreError, WhenFull};
 
 const T0: u64 = 1_700_000_000_000_000;
 
@@ -35,6 +35,7 @@ fn a_million_expired_subjects_are_swept_by_later_traffic() {
     let store = MemoryStore::builder()
         .clock(clock.clone())
         .shards(SHARDS)
+        .unbounded()
         .build();
     let policies = [Policy::per_second(1).build().unwrap()];
     let mut subject = String::new();
@@ -113,6 +114,7 @@ fn max_keys_refuses_new_subjects_until_some_expire() {
         .clock(clock.clone())
         .shards(64)
         .max_keys(3)
+        .when_full(WhenFull::Deny)
         .build();
     let per_minute = [Policy::per_minute(2).build().unwrap()];
 
@@ -120,8 +122,11 @@ fn max_keys_refuses_new_subjects_until_some_expire() {
         assert!(allowed(&store, subject, &per_minute));
     }
     let err = block_on(store.check("d", &per_minute, 1)).unwrap_err();
-    assert!(matches!(err, StoreError::Full { max_keys: 3 }), "{err:?}");
+    assert!(matches!(err, StoreError::Full { max_keys: 3, .. }), "{err:?}");
     assert!(err.is_backend());
+    assert_eq!(err.scope(), ErrorScope::NoRoom);
+    // An honest Retry-After: "b" and "c" are back to full in 30 s.
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(30)));
     assert!(err.to_string().contains("max_keys"), "{err}");
 
     // Existing subjects keep working, with their own limits.
@@ -152,10 +157,11 @@ fn max_keys_zero_refuses_every_new_subject() {
     let store = MemoryStore::builder()
         .clock(ManualClock::new(T0))
         .max_keys(0)
+        .when_full(WhenFull::Deny)
         .build();
     let policies = [Policy::per_second(1).build().unwrap()];
     let err = block_on(store.check("alice", &policies, 1)).unwrap_err();
-    assert!(matches!(err, StoreError::Full { max_keys: 0 }), "{err:?}");
+    assert!(matches!(err, StoreError::Full { max_keys: 0, .. }), "{err:?}");
     assert!(block_on(store.peek("alice", &policies))
         .unwrap()
         .is_allowed());
