@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Extensions, HeaderValue, Response, StatusCode};
 use tokio::time::Instant;
-use tollgate_core::{Decision, MemoryStore, Store, StoreError, Verdict};
+use tollgate_core::{Decision, ErrorScope, MemoryStore, Store, StoreError, Verdict};
 
 use crate::config::{FailurePolicy, HeaderMode, MissingKey, Mode};
 use crate::headers::RateLimitHeaders;
@@ -133,7 +133,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     fn ask_store(&self, ticket: &mut Ticket) -> Next<St> {
         if !self.breaker.allow() {
             tracing::debug!("store skipped: circuit breaker open");
-            return self.on_failure(ticket);
+            return self.on_failure(ticket, None);
         }
         ticket.fallback = false;
         let tier = self.tier(ticket);
@@ -161,34 +161,55 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         if ticket.fallback {
             return match result {
                 Ok(verdict) => self.on_verdict(ticket, extensions, verdict),
+                Err(error) if error.scope() == ErrorScope::NoRoom => self.no_room(ticket, &error),
                 Err(error) => {
                     tracing::error!(%error, "the fallback store failed too; request let through");
+                    self.let_through(tier);
                     Next::Forward(None)
                 }
             };
         }
         #[cfg(feature = "metrics")]
         observe::store_latency(tier, ticket.sent.elapsed());
-        match result {
+        let error = match result {
             Ok(verdict) => {
-                self.breaker.success();
+                if self.breaker.success() {
+                    tracing::info!("rate-limit store answers again; circuit breaker closed");
+                }
                 if !verdict.is_allowed() {
                     if let Some(cache) = &self.deny_cache {
                         cache.insert(ticket.tier, &ticket.key, ticket.cost, &verdict, ticket.sent);
                     }
                 }
-                self.on_verdict(ticket, extensions, verdict)
+                return self.on_verdict(ticket, extensions, verdict);
             }
-            Err(error) if error.is_backend() => {
+            Err(error) => error,
+        };
+        // What an error reaches decides what it may change (the table at
+        // `tollgate_core::ErrorScope`): only store-wide errors count toward
+        // the breaker, so no subject's fault changes another's decision.
+        match error.scope() {
+            ErrorScope::Store => {
                 observe::store_error(tier);
                 if self.breaker.failure() {
-                    tracing::error!(%error, "rate-limit store failing; circuit breaker opened");
+                    tracing::warn!(%error, pause = ?self.breaker.pause(), "rate-limit store failing; circuit breaker opened");
                 } else {
                     tracing::warn!(%error, "rate-limit store failed");
                 }
-                self.on_failure(ticket)
+                self.on_failure(ticket, Some(&error))
             }
-            Err(error) => {
+            ErrorScope::NoRoom => {
+                observe::store_error(tier);
+                self.no_room(ticket, &error)
+            }
+            ErrorScope::Subject => {
+                observe::store_error(tier);
+                tracing::warn!(%error, key = %ticket.key, "rate-limit check failed for this subject alone; its failure policy applies to this request");
+                self.on_failure(ticket, Some(&error))
+            }
+            // `ErrorScope::Request` and any scope this version does not
+            // know: the request itself cannot be checked.
+            _ => {
                 tracing::error!(%error, key = %ticket.key, "rate-limit check refused");
                 let message = format!("{error}\n");
                 Next::Respond(response::plain(
@@ -200,10 +221,46 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         }
     }
 
-    /// The store failed or is skipped: apply the failure policy.
-    fn on_failure(&self, ticket: &mut Ticket) -> Next<St> {
+    /// A new subject the store has no room for: denied, whatever the
+    /// failure policy (letting it through would leave every fresh identity
+    /// of a flood unlimited), with the store's `Retry-After`.
+    fn no_room(&self, ticket: &mut Ticket, error: &StoreError) -> Next<St> {
+        tracing::debug!(%error, key = %ticket.key, "no room for a new subject; denied");
+        let mut response = response::plain(
+            ticket.grpc.take(),
+            self.no_room_status,
+            "the rate limiter cannot take on new clients right now; retry later\n",
+        );
+        if let Some(retry_after) = error.retry_after() {
+            response.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                HeaderValue::from(crate::headers::ceil_secs(retry_after).max(1)),
+            );
+        }
+        Next::Respond(response)
+    }
+
+    /// Counts and logs (at most once per second) a request let through
+    /// undecided.
+    fn let_through(&self, tier: &Tier) {
+        observe::fail_open(tier);
+        if let Some(count) = self.undecided.record() {
+            tracing::warn!(
+                count,
+                "rate limiter failing open: {count} request(s) let through undecided since the last such warning"
+            );
+        }
+    }
+
+    /// The store failed (`error`) or is skipped (`None`, breaker open):
+    /// apply the failure policy.
+    fn on_failure(&self, ticket: &mut Ticket, error: Option<&StoreError>) -> Next<St> {
+        let _ = error;
         match &self.failure {
-            FailurePolicy::FailOpen => Next::Forward(None),
+            FailurePolicy::FailOpen => {
+                self.let_through(self.tier(ticket));
+                Next::Forward(None)
+            }
             FailurePolicy::FailClosed => Next::Respond(response::plain(
                 ticket.grpc.take(),
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -6,6 +6,7 @@
 //! | `tollgate_denied_total` | counter | `policy` (the denying policies) |
 //! | `tollgate_dry_run_denied_total` | counter | `policy` |
 //! | `tollgate_store_errors_total` | counter | `policy` |
+//! | `tollgate_fail_open_total` | counter | `policy` (requests let through undecided) |
 //! | `tollgate_store_latency_seconds` | histogram | `policy` |
 
 use tollgate_core::Verdict;
@@ -53,6 +54,14 @@ pub(crate) fn store_error(tier: &Tier) {
     #[cfg(feature = "metrics")]
     each_policy(tier, |policy| {
         metrics::counter!("tollgate_store_errors_total", "policy" => policy).increment(1);
+    });
+    let _ = tier;
+}
+
+pub(crate) fn fail_open(tier: &Tier) {
+    #[cfg(feature = "metrics")]
+    each_policy(tier, |policy| {
+        metrics::counter!("tollgate_fail_open_total", "policy" => policy).increment(1);
     });
     let _ = tier;
 }

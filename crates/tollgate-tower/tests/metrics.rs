@@ -179,5 +179,6 @@ async fn store_errors_are_counted() {
         assert_eq!(future.await.unwrap().status(), StatusCode::OK, "fail-open");
     }
     assert_eq!(totals.get("tollgate_store_errors_total{policy=minute}"), 2);
+    assert_eq!(totals.get("tollgate_fail_open_total{policy=minute}"), 2);
     assert_eq!(totals.get("tollgate_allowed_total{policy=minute}"), 0);
 }
