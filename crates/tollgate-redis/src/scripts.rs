@@ -62,12 +62,21 @@ fn parts(algorithm: Algorithm) -> Result<(&'static str, &'static [Part]), StoreE
     })
 }
 
-/// A script: its source and SHA-1 (what EVALSHA names it by).
+/// A script: its source and SHA-1 (what EVALSHA names it by), and for a
+/// check script its allow-oom twin.
 #[derive(Debug, Clone)]
 pub(crate) struct LuaScript {
     source: Arc<str>,
     sha: Arc<str>,
+    allow_oom: Option<Arc<LuaScript>>,
 }
+
+/// The first line of the allow-oom twin of a check script: Redis 7 runs it
+/// (and its writes) even at `maxmemory` with `noeviction`.
+const ALLOW_OOM_SHEBANG: &str = "#!lua flags=allow-oom\n";
+/// The line of `check.lua` that the allow-oom twin turns on.
+const NO_NEW_KEYS_OFF: &str = "local NO_NEW_KEYS = false\n";
+const NO_NEW_KEYS_ON: &str = "local NO_NEW_KEYS = true\n";
 
 impl LuaScript {
     fn new(source: String) -> Self {
@@ -75,7 +84,16 @@ impl LuaScript {
         Self {
             source: source.into(),
             sha,
+            allow_oom: None,
         }
+    }
+
+    /// The check script's twin for a Redis that refused it for lack of
+    /// memory (`OOM`): declared `allow-oom`, it updates keys that exist and,
+    /// instead of creating one, answers the status `NOROOM` having written
+    /// nothing. `None` for scripts other than checks.
+    pub(crate) fn allow_oom(&self) -> Option<&LuaScript> {
+        self.allow_oom.as_deref()
     }
 
     pub(crate) fn source(&self) -> &str {
@@ -118,7 +136,13 @@ pub(crate) fn compose(plan: &[Algorithm]) -> Result<LuaScript, StoreError> {
     }
     source.push_str("}\n");
     source.push_str(CHECK);
-    Ok(LuaScript::new(source))
+    let twin = format!(
+        "{ALLOW_OOM_SHEBANG}{}",
+        source.replacen(NO_NEW_KEYS_OFF, NO_NEW_KEYS_ON, 1)
+    );
+    let mut script = LuaScript::new(source);
+    script.allow_oom = Some(Arc::new(LuaScript::new(twin)));
+    Ok(script)
 }
 
 /// The rate limiter's script (GCRA with its configuration in a hash).
@@ -193,6 +217,19 @@ mod tests {
             .contains("local PLAN = {ALG.leaky_queue, ALG.gcra, ALG.fixed_window}"));
         assert!(!script.source().contains("ALG.sliding_log ="));
         assert_eq!(script.sha().len(), 40);
+    }
+
+    #[test]
+    fn the_allow_oom_twin_declares_the_flag_and_refuses_new_keys() {
+        let script = compose(&[Algorithm::Gcra, Algorithm::SlidingLog]).unwrap();
+        assert_eq!(script.source().matches(NO_NEW_KEYS_OFF).count(), 1);
+        let twin = script.allow_oom().expect("a check script has a twin");
+        assert!(twin.source().starts_with(ALLOW_OOM_SHEBANG));
+        assert!(twin.source().contains(NO_NEW_KEYS_ON));
+        assert!(!twin.source().contains(NO_NEW_KEYS_OFF));
+        assert_ne!(twin.sha(), script.sha());
+        assert!(twin.allow_oom().is_none());
+        assert!(limiter().allow_oom().is_none());
     }
 
     #[test]

@@ -575,9 +575,70 @@ impl RedisStore {
         let inner = Arc::clone(&self.inner);
         Ok(Box::pin(async move {
             let value =
-                connection::eval(&inner.pool, inner.timeout, &script, &cmd, &first_key).await?;
+                match connection::eval(&inner.pool, inner.timeout, &script, &cmd, &first_key).await
+                {
+                    // Refused at its first write, so nothing was charged:
+                    // once more, allowed to update held subjects only.
+                    Err(error) if is_oom(&error) => {
+                        check_out_of_memory(&inner, &script, &cmd, &first_key, error).await?
+                    }
+                    other => other?,
+                };
             parse_verdict(value, &capacities)
         }))
+    }
+}
+
+/// How long a subject Redis has no memory for is told to wait: Redis frees
+/// memory as keys expire, at a time the client cannot know.
+const OUT_OF_MEMORY_RETRY: Duration = Duration::from_secs(1);
+
+/// Whether Redis refused a check for lack of memory (`OOM`, at `maxmemory`
+/// with `noeviction`).
+fn is_oom(error: &StoreError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = source {
+        if let Some(redis) = error.downcast_ref::<RedisError>() {
+            if redis.code() == Some("OOM") {
+                return true;
+            }
+        }
+        source = error.source();
+    }
+    matches!(error, StoreError::Protocol { detail } if detail.contains("OOM command not allowed"))
+}
+
+/// A check Redis refused with `OOM` (nothing was written), run once more as
+/// the script's allow-oom twin: a subject Redis holds is checked and charged
+/// exactly; one it would have to create is refused with
+/// [`StoreError::OutOfMemory`] (denied by the tower layer, like a new
+/// subject of a full `MemoryStore`). Redis before 7 cannot run the twin
+/// (its `#!lua` line is a syntax error there) and the check fails with that
+/// error.
+#[cold]
+async fn check_out_of_memory(
+    inner: &Inner,
+    script: &LuaScript,
+    cmd: &Cmd,
+    first_key: &str,
+    refused: StoreError,
+) -> Result<Value, StoreError> {
+    let Some(twin) = script.allow_oom() else {
+        return Err(refused);
+    };
+    let mut retry = redis::cmd("EVALSHA");
+    retry.arg(twin.sha());
+    for arg in cmd.args_iter().skip(2) {
+        if let redis::Arg::Simple(bytes) = arg {
+            retry.arg(bytes);
+        }
+    }
+    tracing::debug!("Redis is out of memory: checking again, for held subjects only");
+    match connection::eval(&inner.pool, inner.timeout, twin, &retry, first_key).await? {
+        Value::SimpleString(status) if status == "NOROOM" => Err(StoreError::OutOfMemory {
+            retry_after: OUT_OF_MEMORY_RETRY,
+        }),
+        value => Ok(value),
     }
 }
 

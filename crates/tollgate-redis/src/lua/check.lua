@@ -8,6 +8,12 @@
 -- microseconds and capacity of policy i.
 -- Reply: five integers per policy: allowed (1/0), remaining, retry_after_us
 -- (-1 for none), reset_after_us, delay_us.
+--
+-- The allow-oom twin (run after Redis refused this script with OOM, at
+-- maxmemory + noeviction) turns NO_NEW_KEYS on: it may write keys that
+-- exist (held subjects stay exact) but answers the status NOROOM, having
+-- written nothing, rather than create one.
+local NO_NEW_KEYS = false
 local n = #KEYS
 if n ~= #PLAN or #ARGV ~= 2 + 3 * n then
   return redis.error_reply('ERR tollgate: script called with ' .. n .. ' keys and ' .. #ARGV .. ' arguments for ' .. #PLAN .. ' policies')
@@ -41,6 +47,14 @@ if not all and cost > 0 then
   end
 end
 if all and cost > 0 then
+  if NO_NEW_KEYS then
+    for i = 1, n do
+      local d = decisions[i]
+      if (d[9] ~= nil or d[6] ~= nil) and redis.call('EXISTS', KEYS[i]) == 0 then
+        return redis.status_reply('NOROOM')
+      end
+    end
+  end
   for i = 1, n do
     local d = decisions[i]
     if d[9] ~= nil then
