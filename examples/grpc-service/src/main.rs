@@ -5,7 +5,9 @@
 //! from `tonic-health`), so the example needs no `.proto` compiler. At start
 //! a client in the same process calls it four times against a limit of
 //! three per minute; the fourth call fails with `RESOURCE_EXHAUSTED`. The
-//! server keeps running on 127.0.0.1:50051 (or `PORT`) for your own client:
+//! server keeps running on 127.0.0.1:50051 (or `PORT`) for your own client.
+//! State lives in process memory, or in Redis when `REDIS_URL` is set; logs
+//! go to stderr (`RUST_LOG`):
 //!
 //! ```text
 //! grpcurl -plaintext 127.0.0.1:50051 grpc.health.v1.Health/Check
@@ -15,7 +17,8 @@ use std::error::Error;
 use std::net::SocketAddr;
 
 use tollgate::tower::{PeerIp, RateLimitLayer};
-use tollgate::{MemoryStore, Policy};
+use tollgate::redis::RedisStore;
+use tollgate::{MemoryStore, Policy, Store};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};
 use tonic_health::pb::health_client::HealthClient;
@@ -23,8 +26,31 @@ use tonic_health::pb::HealthCheckRequest;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
+    // Without a subscriber, the limiter's warnings (requests let through
+    // because the store failed, the circuit breaker opening) are lost.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match std::env::var("REDIS_URL") {
+        Ok(url) if !url.is_empty() => {
+            let store = RedisStore::builder().url(&url).build().await?;
+            store
+                .ping()
+                .await
+                .map_err(|e| format!("cannot reach Redis at {url}: {e}"))?;
+            println!("state in Redis at {url}");
+            run(store).await
+        }
+        _ => run(MemoryStore::new()).await,
+    }
+}
+
+async fn run<St: Store>(store: St) -> Result<(), Box<dyn Error>> {
     let policy = Policy::per_minute(3).name("grpc").build()?;
-    let layer = RateLimitLayer::builder(MemoryStore::new())
+    let layer = RateLimitLayer::builder(store)
         .policy(policy)
         .key(PeerIp::new())
         .build()?;

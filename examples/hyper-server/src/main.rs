@@ -3,7 +3,9 @@
 //!
 //! Hyper does not record the peer address in requests, so the accept loop
 //! inserts the connection's `SocketAddr` into each request's extensions,
-//! where `PeerIp` finds it. Listens on 127.0.0.1:3000 or `PORT`:
+//! where `PeerIp` finds it. State lives in process memory, or in Redis when
+//! `REDIS_URL` is set; logs go to stderr (`RUST_LOG`). Listens on
+//! 127.0.0.1:3000 or `PORT`:
 //!
 //! ```text
 //! for i in $(seq 4); do curl -s -o /dev/null -w '%{http_code}\n' http://127.0.0.1:3000/; done
@@ -18,8 +20,9 @@ use http::{Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use tollgate::redis::RedisStore;
 use tollgate::tower::{PeerIp, RateLimitLayer};
-use tollgate::{MemoryStore, Policy};
+use tollgate::{MemoryStore, Policy, Store};
 use tower::{Layer, ServiceExt};
 
 async fn hello(_request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
@@ -30,7 +33,30 @@ async fn hello(_request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Inf
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
-    let layer = RateLimitLayer::builder(MemoryStore::new())
+    // Without a subscriber, the limiter's warnings (requests let through
+    // because the store failed, the circuit breaker opening) are lost.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match std::env::var("REDIS_URL") {
+        Ok(url) if !url.is_empty() => {
+            let store = RedisStore::builder().url(&url).build().await?;
+            store
+                .ping()
+                .await
+                .map_err(|e| format!("cannot reach Redis at {url}: {e}"))?;
+            println!("state in Redis at {url}");
+            run(store).await
+        }
+        _ => run(MemoryStore::new()).await,
+    }
+}
+
+async fn run<St: Store>(store: St) -> Result<(), Box<dyn Error>> {
+    let layer = RateLimitLayer::builder(store)
         .policy(Policy::per_second(1).burst(2).name("hyper").build()?)
         .key(PeerIp::new())
         .legacy_headers(true)

@@ -9,6 +9,20 @@
 //! for i in $(seq 7); do curl -s -o /dev/null -w '%{http_code}\n' http://127.0.0.1:3000/; done
 //! curl -i http://127.0.0.1:3000/
 //! ```
+//!
+//! **Behind a reverse proxy or load balancer**, every request comes from
+//! the proxy's address, so keying by the peer IP would put every client in
+//! one bucket. Set `TRUSTED_PROXIES` to the proxies' networks and the
+//! client address is read from `X-Forwarded-For`, walking from the right
+//! past those proxies only (a client cannot spoof it):
+//!
+//! ```text
+//! TRUSTED_PROXIES=10.0.0.0/8,127.0.0.1/32 cargo run -p quickstart
+//! curl -H 'x-forwarded-for: 198.51.100.7' http://127.0.0.1:3000/
+//! ```
+//!
+//! Logs (fail-open passes, the circuit breaker opening and closing) go to
+//! stderr; `RUST_LOG=tollgate_tower=debug` shows every decision.
 
 use std::error::Error;
 use std::net::SocketAddr;
@@ -16,11 +30,19 @@ use std::net::SocketAddr;
 use axum::routing::get;
 use axum::Router;
 use tollgate::redis::RedisStore;
-use tollgate::tower::{PeerIp, RateLimitLayer};
+use tollgate::tower::{ClientIp, KeyExtractor, PeerIp, RateLimitLayer};
 use tollgate::{MemoryStore, Policy, Store};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
+    // Without a subscriber, the limiter's warnings (requests let through
+    // because the store failed, the circuit breaker opening) are lost.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
     // Five requests per minute per client IP: a burst of five, then one
     // every twelve seconds (GCRA, the default algorithm).
     let policy = Policy::per_minute(5).name("quickstart").build()?;
@@ -32,6 +54,28 @@ async fn main() -> Result<(), Box<dyn Error>> {
     };
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
 
+    match std::env::var("TRUSTED_PROXIES") {
+        Ok(networks) if !networks.is_empty() => {
+            let networks = networks
+                .split(',')
+                .map(|n| {
+                    n.trim()
+                        .parse()
+                        .map_err(|e| format!("TRUSTED_PROXIES: {n:?} is not a CIDR network: {e}"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            println!("client IP read from X-Forwarded-For behind {networks:?}");
+            with_store(ClientIp::trusting(networks), policy, addr).await
+        }
+        _ => with_store(PeerIp::new(), policy, addr).await,
+    }
+}
+
+async fn with_store<K: KeyExtractor>(
+    key: K,
+    policy: Policy,
+    addr: SocketAddr,
+) -> Result<(), Box<dyn Error>> {
     match std::env::var("REDIS_URL") {
         Ok(url) if !url.is_empty() => {
             let store = RedisStore::builder().url(&url).build().await?;
@@ -39,21 +83,22 @@ async fn main() -> Result<(), Box<dyn Error>> {
                 .ping()
                 .await
                 .map_err(|e| format!("cannot reach Redis at {url}: {e}"))?;
-            serve(store, policy, addr, &format!("Redis at {url}")).await
+            serve(store, key, policy, addr, &format!("Redis at {url}")).await
         }
-        _ => serve(MemoryStore::new(), policy, addr, "process memory").await,
+        _ => serve(MemoryStore::new(), key, policy, addr, "process memory").await,
     }
 }
 
-async fn serve<St: Store>(
+async fn serve<St: Store, K: KeyExtractor>(
     store: St,
+    key: K,
     policy: Policy,
     addr: SocketAddr,
     store_name: &str,
 ) -> Result<(), Box<dyn Error>> {
     let layer = RateLimitLayer::builder(store)
         .policy(policy.clone())
-        .key(PeerIp::new())
+        .key(key)
         .build()?;
     let app = Router::new()
         .route("/", get(|| async { "Hello from tollgate!\n" }))
@@ -65,7 +110,7 @@ async fn serve<St: Store>(
         listener.local_addr()?
     );
     println!(
-        "policy {:?}: {} requests per {} s per client IP ({}), state in {store_name}",
+        "policy {:?}: {} requests per {} s per client ({}), state in {store_name}",
         policy.name(),
         policy.limit(),
         policy.period().as_secs(),

@@ -10,6 +10,8 @@
 //!    quota). Free: 5 per minute and 50 per day; pro: 60 per minute and
 //!    10 000 per day.
 //!
+//! State lives in process memory, or in Redis when `REDIS_URL` is set (so
+//! several instances share one limit). Logs go to stderr (`RUST_LOG`).
 //! Listens on 127.0.0.1:3000 or the port in `PORT`. Try:
 //!
 //! ```text
@@ -27,8 +29,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
 use http::StatusCode;
+use tollgate::redis::RedisStore;
 use tollgate::tower::{BearerToken, MissingKey, RateLimitInfo, RateLimitLayer, User};
-use tollgate::{MemoryStore, Policy};
+use tollgate::{MemoryStore, Policy, Store};
 
 /// The authenticated user, put in the extensions by `authenticate`.
 #[derive(Debug, Clone)]
@@ -91,7 +94,33 @@ async fn me(
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
-    let store = MemoryStore::new();
+    // Without a subscriber, the limiter's warnings (requests let through
+    // because the store failed, the circuit breaker opening) are lost.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match std::env::var("REDIS_URL") {
+        Ok(url) if !url.is_empty() => {
+            let store = RedisStore::builder().url(&url).build().await?;
+            store
+                .ping()
+                .await
+                .map_err(|e| format!("cannot reach Redis at {url}: {e}"))?;
+            println!("state in Redis at {url}");
+            serve(store).await
+        }
+        _ => {
+            println!("state in process memory (set REDIS_URL to share it)");
+            serve(MemoryStore::new()).await
+        }
+    }
+}
+
+/// Both layers share `store` (a clone shares its state).
+async fn serve<St: Store + Clone>(store: St) -> Result<(), Box<dyn Error>> {
 
     // Per token, before authentication; requests without a token get 401.
     let per_token = RateLimitLayer::builder(store.clone())
