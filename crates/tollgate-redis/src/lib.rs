@@ -98,15 +98,34 @@
 //! # Failure semantics
 //!
 //! Every call has one deadline ([`RedisStoreBuilder::timeout`], default
-//! 100 ms) covering pool checkout, the script and any reload. What the
-//! errors mean:
+//! 250 ms, measured: see [`DEFAULT_TIMEOUT`]) covering pool checkout, the
+//! script and any reload. What the errors mean, and their
+//! [`ErrorScope`](tollgate_core::ErrorScope) (only `Store` errors count
+//! toward the tower layer's circuit breaker):
 //!
-//! | error | meaning |
-//! |---|---|
-//! | [`StoreError::Unavailable`](tollgate_core::StoreError::Unavailable) | nothing was charged: no connection (refused, down, pool exhausted), or the server refused before running (`LOADING`, `BUSY`, `READONLY`, `CLUSTERDOWN`, `OOM`, ...) |
-//! | [`StoreError::Timeout`](tollgate_core::StoreError::Timeout) | the script was sent and no answer came in time: it may have run |
-//! | [`StoreError::OutcomeUnknown`](tollgate_core::StoreError::OutcomeUnknown) | the connection broke mid-call: the script may have run |
-//! | [`StoreError::Protocol`](tollgate_core::StoreError::Protocol) | a reply of the wrong shape or a script error (version mismatch) |
+//! | error | meaning | scope |
+//! |---|---|---|
+//! | [`StoreError::Unavailable`](tollgate_core::StoreError::Unavailable) | nothing was charged: no connection (refused, down, pool exhausted), or the server refused before running (`LOADING`, `BUSY`, `READONLY`, `CLUSTERDOWN`, ...) | `Store` |
+//! | [`StoreError::Timeout`](tollgate_core::StoreError::Timeout) | the script was sent and no answer came in time: it may have run | `Store` |
+//! | [`StoreError::OutcomeUnknown`](tollgate_core::StoreError::OutcomeUnknown) | the connection broke mid-call: the script may have run | `Store` |
+//! | [`StoreError::OutOfMemory`](tollgate_core::StoreError::OutOfMemory) | Redis is at `maxmemory` with `noeviction` and the subject holds no key: nothing was charged | `NoRoom` (denied, never let through) |
+//! | [`StoreError::Protocol`](tollgate_core::StoreError::Protocol) | a reply of the wrong shape or a script error (for example a key of the wrong type) | `Subject` |
+//!
+//! **Out of memory.** At `maxmemory` with `noeviction`, Redis refuses a
+//! script at its first write with `OOM`, so nothing was charged. The store
+//! then runs the check once more (the one case of a second round trip) as
+//! the script's allow-oom twin: the same script under a
+//! `#!lua flags=allow-oom` line (Redis 7), which Redis runs and lets write
+//! under OOM. The twin charges subjects whose keys exist, exactly as
+//! always (writing a key that exists takes no new memory, save for a
+//! sliding log's members, bounded by its limit), and for a subject whose
+//! key it would have to create writes nothing and answers `NOROOM`:
+//! [`StoreError::OutOfMemory`], which the tower layer answers with `429`
+//! and `Retry-After: 1`, as it answers a new subject of a full
+//! `MemoryStore` that denies. OOM is not an outage: the circuit breaker
+//! stays closed and held subjects stay exact. Redis before 7 does not
+//! know the `#!lua` line; there the retry fails as a script error
+//! (`Protocol`), for that request alone.
 //!
 //! A call that may have run is never sent again (that would charge twice);
 //! only calls the server proves it did not run (`NOSCRIPT`, `MOVED`, `ASK`,
