@@ -450,11 +450,24 @@ pub struct Failover {
     pub before: Duration,
     /// Load after the store recovered.
     pub after: Duration,
-    /// Permits per subject (GCRA per day).
+    /// Permits per subject (GCRA per day) in the checks of admission.
     pub limit: u64,
     /// The store's per-call timeout.
     pub store_timeout: Duration,
+    /// Subjects kept for the whole scenario (half on the failed master),
+    /// so that a permit charged on the failed master and lost with it is
+    /// seen: [`ClusterReport::lost_permits`].
+    pub fixed_subjects: usize,
 }
+
+/// Permits of the fixed subjects' policy: not exhausted in a run (each
+/// subject is asked about 25 times a second per 8 senders), with one permit
+/// refilled per 60 s, so that over a run shorter than that
+/// `capacity - remaining` is exactly the permits charged.
+const FIXED_LIMIT: u64 = 4_000;
+const FIXED_PERIOD: Duration = Duration::from_secs(4_000 * 60);
+/// Pause of each sender of the fixed subjects between two requests.
+const FIXED_PACE: Duration = Duration::from_millis(5);
 
 impl Failover {
     /// A short run for the test suite.
@@ -474,6 +487,7 @@ impl Failover {
             after: Duration::from_millis(500),
             limit: 5,
             store_timeout: Duration::from_millis(200),
+            fixed_subjects: 16,
         }
     }
 }
@@ -495,6 +509,58 @@ pub struct ClusterReport {
     pub recovered: Option<Duration>,
     /// Successful decisions for affected subjects after the fault.
     pub affected_decisions_after: u64,
+    /// Permits admitted to the fixed subjects but no longer charged in the
+    /// store at the end (lost with a failed master: Redis replicates
+    /// asynchronously, so a killed master may take acknowledged writes with
+    /// it). Zero for scenarios without fixed subjects.
+    pub lost_permits: u64,
+    /// Permits charged to the fixed subjects beyond those admitted and
+    /// those whose calls may have run (never expected: a double charge).
+    pub overcharged: u64,
+}
+
+/// Admitted versus charged, per fixed subject: `(lost, overcharged, note)`.
+async fn compare_fixed(
+    store: &RedisStore,
+    policy: &[Policy],
+    subjects: &[String],
+    calls: &[StoreCall],
+    affected: impl Fn(&str) -> bool,
+) -> (u64, u64, String) {
+    use tollgate_core::Store as _;
+    let (mut lost, mut over, mut admitted_total, mut charged_total) = (0, 0, 0, 0);
+    let mut lost_subjects = 0;
+    for subject in subjects {
+        let mine = calls.iter().filter(|c| c.subject == *subject);
+        let admitted = mine
+            .clone()
+            .filter(|c| c.outcome == Some(Outcome::Allowed))
+            .count() as u64;
+        let maybe = mine
+            .filter(|c| match c.outcome {
+                None | Some(Outcome::Cancelled) => true,
+                Some(Outcome::Failed(kind)) => kind.may_have_run(),
+                _ => false,
+            })
+            .count() as u64;
+        let Ok(verdict) = store.peek(subject, policy).await else {
+            continue;
+        };
+        let charged = FIXED_LIMIT - verdict.decisions()[0].remaining();
+        admitted_total += admitted;
+        charged_total += charged;
+        if charged < admitted {
+            lost += admitted - charged;
+            lost_subjects += 1;
+        }
+        over += charged.saturating_sub(admitted + maybe);
+    }
+    let on_victim = subjects.iter().filter(|s| affected(s)).count();
+    let note = format!(
+        "{} fixed subjects for the whole run ({on_victim} on the failed master): {admitted_total} permits admitted, {charged_total} charged at the end; {lost} admitted permits lost (of {lost_subjects} subjects), {over} charged beyond admitted + maybe-run",
+        subjects.len()
+    );
+    (lost, over, note)
 }
 
 fn tally(
@@ -609,19 +675,55 @@ pub async fn cluster_failover(
         .build()
         .await
         .expect("the store builds");
+    let plain = store.clone();
     let counting = CountingStore::new(store);
     let stats = counting.stats();
     let policies: Arc<[Policy]> = Arc::new([Policy::per_day(config.limit)
         .name("failover")
         .build()
         .expect("valid policy")]);
+    // The fixed subjects, half on the master that fails, and their policy;
+    // the load alternates between them and the rotating subjects.
+    let tag = crate::unique_prefix(&config.load.prefix);
+    let on_victim = |s: &String| victim.serves(crc16_slot(s.as_bytes()));
+    let half = config.fixed_subjects / 2;
+    let candidates = (0u64..).map(|k| format!("{tag}-fixed-{k}"));
+    let mut fixed: Vec<String> = candidates.clone().filter(on_victim).take(half).collect();
+    fixed.extend(
+        candidates
+            .filter(|s| !on_victim(s))
+            .take(config.fixed_subjects - half),
+    );
+    let fixed = Arc::new(fixed);
+    let fixed_policy: Arc<[Policy]> = Arc::new([Policy::per(FIXED_LIMIT, FIXED_PERIOD)
+        .name("failover-fixed")
+        .build()
+        .expect("valid policy")]);
+    let counting = Arc::new(counting);
     let started = Instant::now();
     let running = start_store_load(
-        &Arc::new(counting),
+        &counting,
         &policies,
         &config.load,
         None::<&fn(usize, usize) -> String>,
     );
+    let tasks = config.load.tasks;
+    let fixed_subject = {
+        let fixed = Arc::clone(&fixed);
+        move |task: usize, n: usize| fixed[(task + n * tasks) % fixed.len().max(1)].clone()
+    };
+    let fixed_running = (!fixed.is_empty()).then(|| {
+        let load = Load {
+            pace: FIXED_PACE,
+            ..config.load.clone()
+        };
+        start_store_load(
+            &Arc::new(plain.clone()),
+            &fixed_policy,
+            &load,
+            Some(&fixed_subject),
+        )
+    });
     tokio::time::sleep(config.before).await;
 
     let fault_at = Instant::now();
@@ -663,7 +765,19 @@ pub async fn cluster_failover(
     };
     tokio::time::sleep(config.after).await;
     let calls = running.stop().await;
+    let fixed_calls = match fixed_running {
+        Some(running) => running.stop().await,
+        None => Vec::new(),
+    };
     let elapsed = started.elapsed();
+    let (lost, overcharged, fixed_note) = compare_fixed(
+        &plain,
+        &fixed_policy,
+        &fixed,
+        &fixed_calls,
+        |s| victim.serves(crc16_slot(s.as_bytes())),
+    )
+    .await;
 
     let (name, action) = match config.how {
         FailoverHow::Manual => (
@@ -683,14 +797,19 @@ pub async fn cluster_failover(
         limit: config.limit,
         recovered: recovered_at.map(|t| t - fault_at),
     };
-    scenario.report(Row::new(name, action), affected, |failed, elsewhere, decisions| {
+    let mut report = scenario.report(Row::new(name, action), affected, |failed, elsewhere, decisions| {
         format!(
             "replica promoted after {}; affected decisions (failed calls): {failed} of {after_fault} \
              ({elsewhere} on other masters); {decisions} decisions for the failed master's slots \
              after the fault",
             ms(promoted_at - fault_at),
         )
-    })
+    });
+    report.row.note(fixed_note);
+    report.row.wrong += lost + overcharged;
+    report.lost_permits = lost;
+    report.overcharged = overcharged;
+    report
 }
 
 /// The slot-migration scenario.
@@ -887,6 +1006,8 @@ impl Scenario<'_> {
             wrong_admission: admission.wrong(),
             recovered: self.recovered,
             affected_decisions_after,
+            lost_permits: 0,
+            overcharged: 0,
         }
     }
 }
