@@ -202,8 +202,12 @@ pub enum WhenFull {
 /// Memory stays bounded without a background thread: a subject's state is
 /// forgotten once it is back to full capacity, and shards sweep such
 /// subjects away as they serve operations (see [`MemoryStore::len`] and
-/// [`MemoryStore::purge_expired`]). [`MemoryStoreBuilder::max_keys`] caps
-/// the number of subjects.
+/// [`MemoryStore::purge_expired`]). The number of subjects is capped at
+/// [`DEFAULT_MAX_KEYS`] unless [`MemoryStoreBuilder::max_keys`] or
+/// [`MemoryStoreBuilder::unbounded`] says otherwise; a full store keeps
+/// checking held subjects exactly and evicts or denies new ones
+/// ([`WhenFull`]). [`MemoryStore::bytes_per_entry`] and
+/// [`MemoryStore::memory_bytes`] size it.
 ///
 /// Subjects longer than [`MAX_PLAIN_SUBJECT_LEN`] bytes are stored by their SHA-256 digest, so a hostile subject costs a
 /// bounded amount of memory; shorter ones are stored as they are, whatever

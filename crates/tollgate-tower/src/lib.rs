@@ -44,7 +44,21 @@
 //! `metrics` (counters and a latency histogram per policy through the
 //! `metrics` crate: `tollgate_allowed_total`, `tollgate_denied_total`,
 //! `tollgate_dry_run_denied_total`, `tollgate_store_errors_total`,
-//! `tollgate_store_latency_seconds`, each labelled `policy`).
+//! `tollgate_fail_open_total`, `tollgate_store_latency_seconds`, each
+//! labelled `policy`).
+//!
+//! # When the store fails
+//!
+//! Only errors about the store as a whole (unreachable, timed out,
+//! `CLUSTERDOWN`, `LOADING`, `BUSY`) count toward the circuit breaker and
+//! get the [`FailurePolicy`]; an error about one subject is answered for
+//! that request alone, and a new subject the store has no room for is
+//! denied, never let through (the table at
+//! [`ErrorScope`](tollgate_core::ErrorScope)). Each request let through
+//! undecided is counted (`tollgate_fail_open_total`) and logged at `warn`,
+//! at most once per second per layer with the count since the last log;
+//! the breaker logs opening (`warn`) and closing (`info`). Install a
+//! `tracing` subscriber to see them.
 
 mod body;
 mod breaker;

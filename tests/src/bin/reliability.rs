@@ -105,10 +105,17 @@ async fn slow(rows: &mut Vec<Row>) {
     for (how, args) in cases {
         step(&format!("slow Redis ({how:?})"));
         let server = tokio::task::block_in_place(|| OwnedRedis::start(args));
+        // The store's and the layer's defaults: the recovery figure is what
+        // an application that configures nothing sees.
         let config = SlowRedis {
             stall: Duration::from_secs(2),
             requests: 5_000,
-            breaker: (3, Duration::from_millis(250)),
+            store_timeout: tollgate_redis::DEFAULT_TIMEOUT,
+            layer_timeout: tollgate_tower::DEFAULT_CHECK_TIMEOUT,
+            breaker: (
+                tollgate_tower::DEFAULT_BREAKER_THRESHOLD,
+                tollgate_tower::DEFAULT_BREAKER_PAUSE,
+            ),
             ..SlowRedis::quick(how)
         };
         rows.push(slow_redis(&server, &config).await.row);

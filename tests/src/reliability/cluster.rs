@@ -486,7 +486,9 @@ impl Failover {
             before: Duration::from_millis(500),
             after: Duration::from_millis(500),
             limit: 5,
-            store_timeout: Duration::from_millis(200),
+            // The store's default: the recovery figure is what an
+            // application that configures nothing sees.
+            store_timeout: tollgate_redis::DEFAULT_TIMEOUT,
             fixed_subjects: 16,
         }
     }

@@ -14,6 +14,7 @@
 mod abuse;
 mod cluster;
 mod counting;
+mod http;
 mod load;
 mod report;
 mod standalone;
@@ -26,6 +27,7 @@ pub use cluster::{
     ClusterAdmin, ClusterNode, ClusterReport, Failover, FailoverHow, OwnedCluster, SlotMigration,
 };
 pub use counting::{CallRecord, CountingStore, FailureKind, Outcome, StoreStats};
+pub use http::{http_client, serve_http};
 pub use load::{
     classify, gcra_allowance, judge_admission, judge_calls, no_hang, percentile, probe_service,
     request_for, send, start_layer_load, start_store_load, subject_key, Admission, Load, Reply,

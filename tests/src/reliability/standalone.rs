@@ -106,9 +106,14 @@ impl KillRestart {
             down: Duration::from_millis(1_200),
             after: Duration::from_millis(1_500),
             limit: 5,
-            store_timeout: Duration::from_millis(100),
-            layer_timeout: Duration::from_millis(250),
-            breaker: (5, Duration::from_millis(200)),
+            // The defaults of the store and the layer: recovery figures are
+            // what an application that configures nothing sees.
+            store_timeout: tollgate_redis::DEFAULT_TIMEOUT,
+            layer_timeout: tollgate_tower::DEFAULT_CHECK_TIMEOUT,
+            breaker: (
+                tollgate_tower::DEFAULT_BREAKER_THRESHOLD,
+                tollgate_tower::DEFAULT_BREAKER_PAUSE,
+            ),
         }
     }
 }
@@ -130,6 +135,9 @@ pub struct KillRestartReport {
     pub admission_errors: u64,
     /// Restart to the first decision the store made again.
     pub recovered: Option<Duration>,
+    /// From the restart to the first admitted answer over HTTP (`None`
+    /// with a fallback, whose admissions look the same).
+    pub recovered_http: Option<Duration>,
     /// `SCRIPT LOAD`s the restarted server received (the store reloading
     /// its scripts after `NOSCRIPT`).
     pub script_loads: u64,
@@ -170,10 +178,12 @@ pub async fn kill_restart(server: &mut OwnedRedis, config: &KillRestart) -> Kill
         .circuit_breaker(config.breaker.0, config.breaker.1)
         .build()
         .expect("valid layer");
-    let service = layer.layer(probe_service());
+    // Over real HTTP, as an application serves it.
+    let addr = super::serve_http(layer.layer(probe_service())).await;
+    let client = super::http_client(addr);
 
     let started = Instant::now();
-    let running = start_layer_load(&service, &config.load);
+    let running = start_layer_load(&client, &config.load);
     tokio::time::sleep(config.before).await;
     tokio::task::block_in_place(|| server.kill());
     // The outage: from the moment the process is gone to the moment a new
@@ -246,6 +256,17 @@ pub async fn kill_restart(server: &mut OwnedRedis, config: &KillRestart) -> Kill
         .map(|r| r.done.saturating_duration_since(restarted_at))
         .min();
     let script_loads = command_calls(&info(&server.url(), "commandstats").await, "script|load");
+    // Over HTTP: the first answer admitted by the store after the restart
+    // (without a fallback, an admitted answer is the store's decision).
+    let recovered_http = (config.mode != FailureMode::Fallback)
+        .then(|| {
+            replies
+                .iter()
+                .filter(|r| r.sent >= restarting_at && r.reply == Reply::Admitted)
+                .map(|r| r.done.saturating_duration_since(restarted_at))
+                .min()
+        })
+        .flatten();
 
     let wrong = all.hung + all.other + policy_violations + admission_errors;
     let mut row = Row::new(
@@ -270,7 +291,16 @@ pub async fn kill_restart(server: &mut OwnedRedis, config: &KillRestart) -> Kill
     row.fail("503 (fail-closed)", all.closed);
     row.fail("hung", all.hung);
     row.wrong = wrong;
-    row.recover = recovered;
+    row.recover = recovered_http.or(recovered);
+    row.note(format!(
+        "with the defaults: store timeout {}, layer timeout {}, breaker {} failures / {} pause; \
+         first admitted HTTP answer {} after the restart",
+        ms(config.store_timeout),
+        ms(config.layer_timeout),
+        config.breaker.0,
+        ms(config.breaker.1),
+        recovered_http.map_or_else(|| "n/a (fallback)".to_owned(), ms)
+    ));
     row.note(format!(
         "outage: {} requests → admitted {}, passed {}, limited {}, 503 {}; slowest answer {}",
         outage.total(),
@@ -294,6 +324,7 @@ pub async fn kill_restart(server: &mut OwnedRedis, config: &KillRestart) -> Kill
         policy_violations,
         admission_errors,
         recovered,
+        recovered_http,
         script_loads,
         decisions_after: after.len() as u64,
         slowest_outage_reply,
