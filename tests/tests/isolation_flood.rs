@@ -113,7 +113,10 @@ async fn flood(addr: SocketAddr, header: &'static str, keys: usize) -> Vec<Answe
 async fn flood_scenario(addr: SocketAddr, header: &'static str, keys: usize) -> Vec<Answer> {
     let client = reqwest::Client::new();
     for _ in 0..4 {
-        assert_eq!(ask(&client, addr, header, "held-user").await, Answer::Admitted);
+        assert_eq!(
+            ask(&client, addr, header, "held-user").await,
+            Answer::Admitted
+        );
     }
     let answers = flood(addr, header, keys).await;
     assert!(
@@ -165,7 +168,10 @@ async fn a_key_flood_into_a_redis_at_maxmemory_lifts_no_limit() {
     // A second held user, fully spent before the server fills up.
     assert_eq!(admitted(&client, addr, "x-api-key", "spent-user").await, 5);
     for _ in 0..4 {
-        assert_eq!(ask(&client, addr, "x-api-key", "held-user").await, Answer::Admitted);
+        assert_eq!(
+            ask(&client, addr, "x-api-key", "held-user").await,
+            Answer::Admitted
+        );
     }
     // Fill the server with 4 MiB, then cap it at 3 MB: firmly past
     // maxmemory (client buffers come and go by tens of kilobytes, so a
@@ -197,10 +203,7 @@ async fn a_key_flood_into_a_redis_at_maxmemory_lifts_no_limit() {
     // 200 new keys: each needs a key Redis has no memory for: denied (the
     // answer of a full MemoryStore that denies), never passed.
     let answers = flood(addr, "x-api-key", 200).await;
-    assert!(
-        answers.iter().all(|a| *a == Answer::Denied),
-        "{answers:?}"
-    );
+    assert!(answers.iter().all(|a| *a == Answer::Denied), "{answers:?}");
     // Held users are still checked exactly: one permit, and none.
     assert_eq!(admitted(&client, addr, "x-api-key", "held-user").await, 1);
     assert_eq!(admitted(&client, addr, "x-api-key", "spent-user").await, 0);
@@ -237,7 +240,11 @@ async fn a_corrupt_value_in_redis_changes_no_other_subjects_limit() {
         .arg("1")
         .query(&mut raw)
         .unwrap();
-    let _: () = redis::cmd("EXPIRE").arg(&bad_key).arg(600).query(&mut raw).unwrap();
+    let _: () = redis::cmd("EXPIRE")
+        .arg(&bad_key)
+        .arg(600)
+        .query(&mut raw)
+        .unwrap();
     let addr = serve(store, Header::new(HeaderName::from_static("x-user"))).await;
     let client = reqwest::Client::new();
     let users = ["alice", "bob", "carol"];
@@ -272,6 +279,9 @@ async fn a_corrupt_value_in_redis_changes_no_other_subjects_limit() {
     assert_eq!(admitted, [5, 5, 5]);
     // A value that does not parse counts as absent: at most a fresh limit
     // for each plant.
-    assert!(mallory_admitted <= 10, "mallory admitted {mallory_admitted}");
+    assert!(
+        mallory_admitted <= 10,
+        "mallory admitted {mallory_admitted}"
+    );
     let _: () = redis::cmd("DEL").arg(&bad_key).query(&mut raw).unwrap();
 }

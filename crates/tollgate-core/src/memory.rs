@@ -1505,9 +1505,9 @@ impl Shard {
                 inner.forget(freed);
             }
             // Evicting in place keeps the count: one entry out, this one in.
-            let refused = !inner.admit_new()
-                && !(inner.when_full == WhenFull::EvictNearestFull && self.evict_one(now));
-            if refused {
+            let room = inner.admit_new()
+                || (inner.when_full == WhenFull::EvictNearestFull && self.evict_one(now));
+            if !room {
                 return Err(StoreError::Full {
                     // `admit_new` refuses only when a cap is set.
                     max_keys: inner.max_keys.unwrap_or(usize::MAX),

@@ -31,10 +31,7 @@ fn drain(store: &MemoryStore, subject: &str, policies: &[Policy]) -> u64 {
 #[test]
 fn a_flood_of_new_subjects_never_changes_a_held_subjects_remaining_permits() {
     let clock = ManualClock::new(T0);
-    let store = MemoryStore::builder()
-        .clock(clock.clone())
-        .max_keys(1_000)
-        .build();
+    let store = MemoryStore::builder().clock(clock).max_keys(1_000).build();
     let policies = [Policy::per_minute(5).name("api").build().unwrap()];
     // The held user spends 4 of 5.
     for _ in 0..4 {
@@ -43,7 +40,10 @@ fn a_flood_of_new_subjects_never_changes_a_held_subjects_remaining_permits() {
     // 2 000 fresh identities, one request each: every one is decided
     // (stored by eviction), none is refused.
     for i in 0..2_000 {
-        assert!(charge(&store, &format!("flood-{i}"), &policies), "flood-{i}");
+        assert!(
+            charge(&store, &format!("flood-{i}"), &policies),
+            "flood-{i}"
+        );
     }
     assert_eq!(store.len(), 1_000);
     // Exactly one permit left, not more.
@@ -58,7 +58,7 @@ fn an_eviction_takes_the_entry_soonest_back_to_full_and_over_admits_at_most_what
     let clock = ManualClock::new(T0);
     // One shard and 8 subjects: the eviction sample sees every entry.
     let store = MemoryStore::builder()
-        .clock(clock.clone())
+        .clock(clock)
         .shards(1)
         .max_keys(8)
         .build();
@@ -90,10 +90,7 @@ fn an_eviction_takes_the_entry_soonest_back_to_full_and_over_admits_at_most_what
 #[test]
 fn the_worst_case_of_one_eviction_is_one_subjects_capacity() {
     let clock = ManualClock::new(T0);
-    let store = MemoryStore::builder()
-        .clock(clock.clone())
-        .max_keys(64)
-        .build();
+    let store = MemoryStore::builder().clock(clock).max_keys(64).build();
     let policies = [Policy::per_hour(3).name("api").build().unwrap()];
     // Every held subject is exhausted: whichever is evicted regains its
     // full capacity, the worst case.
@@ -127,7 +124,10 @@ fn deny_mode_refuses_a_new_subject_with_an_honest_retry_after_and_keeps_everyone
     }
     for _ in 0..3 {
         let err = block_on(store.check("stranger", &policies, 1)).unwrap_err();
-        assert!(matches!(err, StoreError::Full { max_keys: 4, .. }), "{err:?}");
+        assert!(
+            matches!(err, StoreError::Full { max_keys: 4, .. }),
+            "{err:?}"
+        );
         assert_eq!(err.scope(), ErrorScope::NoRoom);
         assert!(!err.is_store_wide());
         // One permit of 6/min refills in 10 s: the first entry expires then.
@@ -143,7 +143,7 @@ fn deny_mode_refuses_a_new_subject_with_an_honest_retry_after_and_keeps_everyone
 #[test]
 fn a_million_distinct_subjects_stay_under_the_default_bound_with_held_subjects_exact() {
     let clock = ManualClock::new(T0);
-    let store = MemoryStore::with_clock(clock.clone());
+    let store = MemoryStore::with_clock(clock);
     assert_eq!(store.max_keys(), Some(DEFAULT_MAX_KEYS));
     let policies = [Policy::per_day(10).name("daily").build().unwrap()];
     // Held subjects spend 9 of 10; the flood spends 1 each.
@@ -178,7 +178,13 @@ fn a_million_distinct_subjects_stay_under_the_default_bound_with_held_subjects_e
         bytes / store.len()
     );
     for subject in &held {
-        assert!(charge(&store, subject, &policies), "{subject} lost its last permit");
-        assert!(!charge(&store, subject, &policies), "{subject} got more than its limit");
+        assert!(
+            charge(&store, subject, &policies),
+            "{subject} lost its last permit"
+        );
+        assert!(
+            !charge(&store, subject, &policies),
+            "{subject} got more than its limit"
+        );
     }
 }

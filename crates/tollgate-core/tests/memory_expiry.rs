@@ -122,7 +122,10 @@ fn max_keys_refuses_new_subjects_until_some_expire() {
         assert!(allowed(&store, subject, &per_minute));
     }
     let err = block_on(store.check("d", &per_minute, 1)).unwrap_err();
-    assert!(matches!(err, StoreError::Full { max_keys: 3, .. }), "{err:?}");
+    assert!(
+        matches!(err, StoreError::Full { max_keys: 3, .. }),
+        "{err:?}"
+    );
     assert!(err.is_backend());
     assert_eq!(err.scope(), ErrorScope::NoRoom);
     // An honest Retry-After: "b" and "c" are back to full in 30 s.
@@ -161,7 +164,10 @@ fn max_keys_zero_refuses_every_new_subject() {
         .build();
     let policies = [Policy::per_second(1).build().unwrap()];
     let err = block_on(store.check("alice", &policies, 1)).unwrap_err();
-    assert!(matches!(err, StoreError::Full { max_keys: 0, .. }), "{err:?}");
+    assert!(
+        matches!(err, StoreError::Full { max_keys: 0, .. }),
+        "{err:?}"
+    );
     assert!(block_on(store.peek("alice", &policies))
         .unwrap()
         .is_allowed());

@@ -46,8 +46,7 @@ impl Store for OneBadSubject {
         }
         if subject == self.bad {
             return Box::pin(std::future::ready(Err(StoreError::Protocol {
-                detail: "WRONGTYPE Operation against a key holding the wrong kind of value"
-                    .into(),
+                detail: "WRONGTYPE Operation against a key holding the wrong kind of value".into(),
             })));
         }
         Box::pin(self.inner.check(subject, policies, cost))
@@ -62,7 +61,9 @@ impl Store for OneBadSubject {
 }
 
 fn app<St: Store>(layer: RateLimitLayer<St>) -> Router {
-    Router::new().route("/", get(|| async { "ok" })).layer(layer)
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
 }
 
 fn get_from(ip: &str) -> Request<Body> {
@@ -225,7 +226,11 @@ async fn a_new_subject_a_full_store_refuses_is_denied_even_when_failing_open() {
     // The held subjects keep exactly their remaining two permits: the
     // refusals opened no breaker.
     for ip in ["192.0.2.1", "192.0.2.2"] {
-        for expected in [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS] {
+        for expected in [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+        ] {
             let (status, headers) = send(&app, ip).await;
             assert_eq!(status, expected, "{ip}");
             assert!(headers.get("ratelimit").is_some(), "{ip} decided");

@@ -16,8 +16,8 @@
 use std::error::Error;
 use std::net::SocketAddr;
 
-use tollgate::tower::{PeerIp, RateLimitLayer};
 use tollgate::redis::RedisStore;
+use tollgate::tower::{PeerIp, RateLimitLayer};
 use tollgate::{MemoryStore, Policy, Store};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};

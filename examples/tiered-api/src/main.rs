@@ -121,7 +121,6 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
 /// Both layers share `store` (a clone shares its state).
 async fn serve<St: Store + Clone>(store: St) -> Result<(), Box<dyn Error>> {
-
     // Per token, before authentication; requests without a token get 401.
     let per_token = RateLimitLayer::builder(store.clone())
         .policy(Policy::per_second(20).name("token-burst").build()?)

@@ -105,7 +105,12 @@ async fn measure(url: String, seconds: u64, tasks: u64) -> Result<Vec<Duration>,
         .map_err(|e| e.to_string())?;
     store.ping().await.map_err(|e| e.to_string())?;
     let layer = RateLimitLayer::builder(store)
-        .policy(Policy::per_second(1_000_000).name("latency").build().map_err(|e| e.to_string())?)
+        .policy(
+            Policy::per_second(1_000_000)
+                .name("latency")
+                .build()
+                .map_err(|e| e.to_string())?,
+        )
         .key(Global)
         .check_timeout(Duration::from_secs(10))
         .build()

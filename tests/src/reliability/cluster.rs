@@ -772,14 +772,11 @@ pub async fn cluster_failover(
         None => Vec::new(),
     };
     let elapsed = started.elapsed();
-    let (lost, overcharged, fixed_note) = compare_fixed(
-        &plain,
-        &fixed_policy,
-        &fixed,
-        &fixed_calls,
-        |s| victim.serves(crc16_slot(s.as_bytes())),
-    )
-    .await;
+    let (lost, overcharged, fixed_note) =
+        compare_fixed(&plain, &fixed_policy, &fixed, &fixed_calls, |s| {
+            victim.serves(crc16_slot(s.as_bytes()))
+        })
+        .await;
 
     let (name, action) = match config.how {
         FailoverHow::Manual => (

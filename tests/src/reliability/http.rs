@@ -73,9 +73,7 @@ pub fn http_client(
                 .path_and_query()
                 .map_or("/", |p| p.as_str())
                 .to_owned();
-            parts.uri = format!("http://{addr}{path}")
-                .parse()
-                .unwrap_or_default();
+            parts.uri = format!("http://{addr}{path}").parse().unwrap_or_default();
             let answer = match client
                 .request(Request::from_parts(parts, Empty::new()))
                 .await
