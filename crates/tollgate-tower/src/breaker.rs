@@ -93,8 +93,9 @@ impl Breaker {
     }
 }
 
-/// Counts requests let through undecided (fail-open) and logs them at
-/// `warn` at most once per second, with the count since the last log.
+/// Counts events (requests let through undecided, store errors) so that
+/// they are logged at `warn` at most once per second, with the count since
+/// the last log.
 #[derive(Debug)]
 pub(crate) struct UndecidedLog {
     /// Passes not yet logged.

@@ -104,6 +104,8 @@ pub(crate) struct Shared<St, K> {
     pub(crate) warned_missing_key: AtomicBool,
     /// Requests let through undecided, logged at most once per second.
     pub(crate) undecided: UndecidedLog,
+    /// Store errors, logged at most once per second.
+    pub(crate) errors: UndecidedLog,
     /// The status of a new subject the store has no room for.
     pub(crate) no_room_status: StatusCode,
 }
@@ -612,6 +614,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
                 body: self.body,
                 warned_missing_key: AtomicBool::new(false),
                 undecided: UndecidedLog::new(),
+                errors: UndecidedLog::new(),
                 no_room_status: self.no_room_status,
             }),
         }

@@ -133,7 +133,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     fn ask_store(&self, ticket: &mut Ticket) -> Next<St> {
         if !self.breaker.allow() {
             tracing::debug!("store skipped: circuit breaker open");
-            return self.on_failure(ticket, None);
+            return self.on_failure(ticket);
         }
         ticket.fallback = false;
         let tier = self.tier(ticket);
@@ -194,9 +194,9 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 if self.breaker.failure() {
                     tracing::warn!(%error, pause = ?self.breaker.pause(), "rate-limit store failing; circuit breaker opened");
                 } else {
-                    tracing::warn!(%error, "rate-limit store failed");
+                    self.log_error(&error);
                 }
-                self.on_failure(ticket, Some(&error))
+                self.on_failure(ticket)
             }
             ErrorScope::NoRoom => {
                 observe::store_error(tier);
@@ -204,8 +204,9 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             }
             ErrorScope::Subject => {
                 observe::store_error(tier);
-                tracing::warn!(%error, key = %ticket.key, "rate-limit check failed for this subject alone; its failure policy applies to this request");
-                self.on_failure(ticket, Some(&error))
+                tracing::debug!(%error, key = %ticket.key, "rate-limit check failed for this subject alone; its failure policy applies to this request");
+                self.log_error(&error);
+                self.on_failure(ticket)
             }
             // `ErrorScope::Request` and any scope this version does not
             // know: the request itself cannot be checked.
@@ -240,6 +241,19 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         Next::Respond(response)
     }
 
+    /// Logs a store error at `warn`, at most once per second per layer with
+    /// the count since the last log (every one at `debug`).
+    fn log_error(&self, error: &StoreError) {
+        tracing::debug!(%error, "rate-limit store failed");
+        if let Some(count) = self.errors.record() {
+            tracing::warn!(
+                %error,
+                count,
+                "rate-limit store failed: {count} error(s) since the last such warning"
+            );
+        }
+    }
+
     /// Counts and logs (at most once per second) a request let through
     /// undecided.
     fn let_through(&self, tier: &Tier) {
@@ -252,10 +266,9 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         }
     }
 
-    /// The store failed (`error`) or is skipped (`None`, breaker open):
-    /// apply the failure policy.
-    fn on_failure(&self, ticket: &mut Ticket, error: Option<&StoreError>) -> Next<St> {
-        let _ = error;
+    /// The store failed, or is skipped (breaker open): apply the failure
+    /// policy.
+    fn on_failure(&self, ticket: &mut Ticket) -> Next<St> {
         match &self.failure {
             FailurePolicy::FailOpen => {
                 self.let_through(self.tier(ticket));
