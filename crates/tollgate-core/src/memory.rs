@@ -73,10 +73,11 @@
 //!   unless told otherwise ([`MemoryStoreBuilder::max_keys`],
 //!   [`MemoryStoreBuilder::unbounded`]). When it is full, a new subject
 //!   first sweeps its own shard; if nothing there has expired it evicts, in
-//!   its own shard, the sampled entry that is soonest back to full capacity
-//!   ([`WhenFull::EvictNearestFull`], the default), or (with
-//!   [`WhenFull::Deny`], or when its own shard is empty) sweeps every shard
-//!   that may hold expired entries, outside its own lock, and retries.
+//!   its own shard (when that holds at least half its share of the bound,
+//!   else in the fullest shard), the sampled entry that is soonest back to
+//!   full capacity ([`WhenFull::EvictNearestFull`], the default), or (with
+//!   [`WhenFull::Deny`]) sweeps every shard that may hold expired entries,
+//!   outside its own lock, and retries.
 //!   Subjects already held never need room: they are always checked
 //!   exactly, except the one an eviction removes.
 //!
@@ -156,8 +157,10 @@ pub const DEFAULT_MAX_KEYS: usize = 1 << 18;
 pub enum WhenFull {
     /// Store the new subject in place of the held one whose loss admits
     /// least (the default): among 16 sampled entries of the
-    /// new subject's shard, an expired one if any, else the one soonest
-    /// back to full capacity (the smallest remaining wait).
+    /// new subject's shard (or of the fullest shard, when the new subject's
+    /// holds less than half its share of the bound), an expired one if any,
+    /// else the one soonest back to full capacity (the smallest remaining
+    /// wait).
     ///
     /// **Worst case.** An eviction forgets one subject's state, so that
     /// subject may again be admitted the permits its state still held back:
@@ -1505,8 +1508,15 @@ impl Shard {
                 inner.forget(freed);
             }
             // Evicting in place keeps the count: one entry out, this one in.
+            // Only from a shard that holds at least half its share of the
+            // bound, so that a shard holding a few heavy subjects is not
+            // where a flood evicts; other shards are left to `make_room`,
+            // which evicts from the fullest.
+            let share = inner.max_keys.unwrap_or(usize::MAX) / inner.shards.len() / 2;
             let room = inner.admit_new()
-                || (inner.when_full == WhenFull::EvictNearestFull && self.evict_one(now));
+                || (inner.when_full == WhenFull::EvictNearestFull
+                    && self.table.len() >= share.max(1)
+                    && self.evict_one(now));
             if !room {
                 return Err(StoreError::Full {
                     // `admit_new` refuses only when a cap is set.
