@@ -107,8 +107,10 @@ async fn slow(rows: &mut Vec<Row>) {
         let server = tokio::task::block_in_place(|| OwnedRedis::start(args));
         // The store's and the layer's defaults: the recovery figure is what
         // an application that configures nothing sees.
+        // A stall long enough for the breaker to open (5 timeouts of 250 ms)
+        // and answer locally, and to probe again after its 1 s pause.
         let config = SlowRedis {
-            stall: Duration::from_secs(2),
+            stall: Duration::from_secs(4),
             requests: 5_000,
             store_timeout: tollgate_redis::DEFAULT_TIMEOUT,
             layer_timeout: tollgate_tower::DEFAULT_CHECK_TIMEOUT,
