@@ -226,6 +226,11 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     /// failure policy (letting it through would leave every fresh identity
     /// of a flood unlimited), with the store's `Retry-After`.
     fn no_room(&self, ticket: &mut Ticket, error: &StoreError) -> Next<St> {
+        if self.mode == Mode::DryRun {
+            // A dry run never rejects: it reports what enforcing would do.
+            tracing::info!(%error, key = %ticket.key, "dry run: would have been denied (no room for a new subject)");
+            return Next::Forward(None);
+        }
         tracing::debug!(%error, key = %ticket.key, "no room for a new subject; denied");
         let mut response = response::plain(
             ticket.grpc.take(),

@@ -259,3 +259,22 @@ async fn the_status_of_a_refused_new_subject_can_be_503_and_a_fallback_does_not_
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(headers.get("retry-after").is_some());
 }
+
+#[tokio::test]
+async fn a_dry_run_forwards_a_new_subject_the_store_has_no_room_for() {
+    let store = MemoryStore::builder()
+        .max_keys(1)
+        .when_full(WhenFull::Deny)
+        .build();
+    let app = app(RateLimitLayer::builder(store)
+        .policy(Policy::per_hour(3).name("api").build().unwrap())
+        .dry_run()
+        .build()
+        .unwrap());
+    assert_eq!(send(&app, "192.0.2.1").await.0, StatusCode::OK);
+    assert_eq!(
+        send(&app, "192.0.2.2").await.0,
+        StatusCode::OK,
+        "a dry run never rejects"
+    );
+}
