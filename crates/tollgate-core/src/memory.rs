@@ -483,8 +483,9 @@ impl MemoryStore {
     /// 7/8 full, so a subject costs between about 1.14 and 2.3 times this;
     /// a key longer than 24 bytes adds its length (keys longer than
     /// [`MAX_PLAIN_SUBJECT_LEN`] are stored as 33 bytes), and a subject
-    /// charged by more than one policy adds 24 bytes per policy. Multiply
-    /// by [`MemoryStore::max_keys`] to size a store.
+    /// charged by more than one policy moves its slots to the heap, 56
+    /// bytes per policy. Multiply by [`MemoryStore::max_keys`] to size a
+    /// store.
     ///
     /// ```
     /// use tollgate_core::MemoryStore;
@@ -1792,6 +1793,10 @@ mod tests {
     fn an_entry_is_96_bytes() {
         // The module docs promise it; the table's footprint follows it.
         assert_eq!(std::mem::size_of::<Entry>(), 96);
+        assert_eq!(MemoryStore::bytes_per_entry(), 97);
+        // `bytes_per_entry` says a subject with several policies adds a
+        // slot of 56 bytes per policy.
+        assert_eq!(std::mem::size_of::<Slot>(), 56);
     }
 
     #[test]
