@@ -594,6 +594,11 @@ impl MemoryStore {
         for _ in 0..MAKE_ROOM_ATTEMPTS {
             let mut freed = 0;
             for shard in &*inner.shards {
+                // Looked at under the read lock first: a flood of new
+                // subjects at the bound must not stop every shard in turn.
+                if shard.read().min_expires_at_us > now {
+                    continue;
+                }
                 let mut shard = shard.write();
                 if shard.min_expires_at_us <= now {
                     let purged = shard.purge(now);
