@@ -229,7 +229,10 @@ fn benches(c: &mut Criterion) {
                 policies: [tollgate_policy.clone()],
             };
             let tollgate_sys = Tollgate {
-                store: MemoryStore::builder().clock(SystemClock).unbounded().build(),
+                store: MemoryStore::builder()
+                    .clock(SystemClock)
+                    .unbounded()
+                    .build(),
                 policies: [tollgate_policy.clone()],
             };
             let governor: DefaultKeyedRateLimiter<String> = RateLimiter::keyed(quota);

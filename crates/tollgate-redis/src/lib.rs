@@ -120,7 +120,7 @@
 //! always (writing a key that exists takes no new memory, save for a
 //! sliding log's members, bounded by its limit), and for a subject whose
 //! key it would have to create writes nothing and answers `NOROOM`:
-//! [`StoreError::OutOfMemory`], which the tower layer answers with `429`
+//! [`StoreError::OutOfMemory`](tollgate_core::StoreError::OutOfMemory), which the tower layer answers with `429`
 //! and `Retry-After: 1`, as it answers a new subject of a full
 //! `MemoryStore` that denies. OOM is not an outage: the circuit breaker
 //! stays closed and held subjects stay exact. Redis before 7 does not
