@@ -128,7 +128,7 @@ async fn a_corrupt_value_fails_only_its_own_requests_and_never_opens_the_breaker
     };
     // The layer's defaults: fail-open, breaker 5 failures / 1 s.
     let app = app(RateLimitLayer::builder(store)
-        .policy(Policy::per_minute(5).name("api").build().unwrap())
+        .policy(Policy::per_hour(5).name("api").build().unwrap())
         .build()
         .unwrap());
     let mut good_admitted = [0; 3];
@@ -183,7 +183,7 @@ async fn store_wide_failures_open_the_breaker_and_recovery_closes_it_with_logs()
         calls: Arc::clone(&calls),
     };
     let app = app(RateLimitLayer::builder(store)
-        .policy(Policy::per_minute(5).name("api").build().unwrap())
+        .policy(Policy::per_hour(5).name("api").build().unwrap())
         .build()
         .unwrap());
     for _ in 0..10 {
