@@ -12,12 +12,13 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use tollgate_core::{MemoryStore, WhenFull};
 use tollgate_redis::RedisStore;
 use tollgate_tests::reliability::{
-    admin, cluster_failover, command, hot_subject, info_field, ipv6_rotation, kill_restart,
-    master_with_replica, pool_exhaustion, slot_migration, slow_redis, spoofed_forwarded_for, table,
-    ClusterAdmin, ClusterNode, Failover, FailoverHow, FailureMode, HotSubject, KillRestart, Load,
-    Row, SlotMigration, SlowRedis, Slowdown,
+    admin, cluster_failover, command, fill_past_maxmemory, hot_subject, info_field, ipv6_rotation,
+    key_flood, kill_restart, master_with_replica, pool_exhaustion, slot_migration, slow_redis,
+    spoofed_forwarded_for, table, ClusterAdmin, ClusterNode, Failover, FailoverHow, FailureMode,
+    HotSubject, KillRestart, Load, Row, SlotMigration, SlowRedis, Slowdown,
 };
 use tollgate_tests::{redis_url, OwnedRedis};
 
@@ -204,6 +205,29 @@ async fn abuse(rows: &mut Vec<Row>) {
     };
     rows.push(spoofed_forwarded_for(store("spoof").await, 2_000, 10).await);
     rows.push(ipv6_rotation(store("v6").await, 2_000, 10).await);
+
+    step("key flood into full stores");
+    let memory = MemoryStore::builder().max_keys(1_000).build();
+    rows.push(key_flood(memory, "memory, max_keys 1000, evicting", 2_000, async {}).await);
+    let memory = MemoryStore::builder()
+        .max_keys(1_000)
+        .when_full(WhenFull::Deny)
+        .build();
+    rows.push(key_flood(memory, "memory, max_keys 1000, denying", 2_000, async {}).await);
+    let full =
+        tokio::task::block_in_place(|| OwnedRedis::start(&["--maxmemory-policy", "noeviction"]));
+    let redis = RedisStore::builder()
+        .url(full.url())
+        .build()
+        .await
+        .expect("the store builds");
+    let url = full.url();
+    rows.push(
+        key_flood(redis, "Redis at maxmemory, noeviction", 2_000, async move {
+            fill_past_maxmemory(&url).await;
+        })
+        .await,
+    );
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]

@@ -1,5 +1,6 @@
 //! Abuse: a hot subject hammering the limiter (deny cache), spoofed
-//! forwarding headers, addresses rotating inside one IPv6 prefix.
+//! forwarding headers, addresses rotating inside one IPv6 prefix, a flood
+//! of distinct keys into a full store.
 
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
@@ -546,4 +547,104 @@ pub async fn ipv6_rotation<St: Store>(store: St, requests: usize, limit: u64) ->
         "keys seen: {keys:?}; admitted {admitted_total} (limit {limit} per layer)"
     ));
     row
+}
+
+/// A flood of distinct keys over HTTP, against a layer with every default
+/// (fail-open, default timeouts and breaker) limiting each key to 5 per
+/// hour: a held subject spends 4, `prepare` runs (say, filling Redis past
+/// `maxmemory`), `flood` new keys send one request each (50 at a time),
+/// then the held subject must have exactly 1 permit left and a fresh one
+/// at most its 5. Wrong: any flood request let through undecided, the held
+/// subject's permits lifted or lost, a fresh subject over its limit.
+pub async fn key_flood<St: Store>(
+    store: St,
+    what: &str,
+    flood: usize,
+    prepare: impl std::future::Future<Output = ()>,
+) -> Row {
+    let layer = RateLimitLayer::builder(store)
+        .policy(
+            Policy::per_hour(5)
+                .name("api")
+                .build()
+                .expect("valid policy"),
+        )
+        .key(subject_key())
+        .build()
+        .expect("valid layer");
+    let addr = super::serve_http(layer.layer(probe_service())).await;
+    let client = super::http_client(addr);
+    let hang = Duration::from_secs(10);
+    let mut wrong = 0;
+    for _ in 0..4 {
+        wrong += u64::from(send(&client, request_for("held"), hang).await != Reply::Admitted);
+    }
+    prepare.await;
+    let mut answers = Vec::with_capacity(flood);
+    for chunk in (0..flood).collect::<Vec<_>>().chunks(50) {
+        let batch = chunk.iter().map(|i| {
+            let client = client.clone();
+            async move { send(&client, request_for(&format!("flood-{i}")), hang).await }
+        });
+        answers.extend(futures::future::join_all(batch).await);
+    }
+    let counts = super::ReplyCounts::of(answers.iter().copied());
+    // Until denied: what the held and a fresh subject still get.
+    let remaining = |subject: &'static str| {
+        let client = client.clone();
+        async move {
+            let (mut admitted, mut undecided) = (0u64, 0u64);
+            for _ in 0..8 {
+                match send(&client, request_for(subject), hang).await {
+                    Reply::Admitted => admitted += 1,
+                    Reply::Passed => undecided += 1,
+                    _ => break,
+                }
+            }
+            (admitted, undecided)
+        }
+    };
+    let (held, held_undecided) = remaining("held").await;
+    let (fresh, fresh_undecided) = remaining("fresh").await;
+    wrong += counts.passed + counts.other + counts.hung + held_undecided + fresh_undecided;
+    wrong += held.abs_diff(1) + fresh.saturating_sub(5);
+    let mut row = Row::new(
+        format!("key flood ({what})"),
+        format!(
+            "{flood} new keys over HTTP, layer defaults, 5/hour per key; one key held at 4 of 5"
+        ),
+    );
+    row.tried = counts.total() + 8;
+    row.fail("429 to a new key", counts.limited);
+    row.fail("503 to a new key", counts.closed);
+    row.fail("passed undecided", counts.passed);
+    row.wrong = wrong;
+    row.note(format!(
+        "flood: {} admitted, {} denied, {} undecided; held key then got {held} (exactly 1 expected), \
+         a fresh key {fresh} (at most 5)",
+        counts.admitted,
+        counts.limited + counts.closed,
+        counts.passed
+    ));
+    row
+}
+
+/// Fills the Redis at `url` (started with `--maxmemory-policy noeviction`)
+/// with 4 MiB, then caps it at 3 MB: firmly past `maxmemory`. For a private
+/// server only (`CONFIG SET`).
+///
+/// # Panics
+///
+/// When a command fails.
+pub async fn fill_past_maxmemory(url: &str) {
+    let mut connection = admin(url).await;
+    let filler = "x".repeat(64 << 10);
+    for i in 0..64 {
+        let _: () = command(&mut connection, &["SET", &format!("filler:{i}"), &filler])
+            .await
+            .expect("SET filler");
+    }
+    let _: () = command(&mut connection, &["CONFIG", "SET", "maxmemory", "3mb"])
+        .await
+        .expect("CONFIG SET maxmemory");
 }
