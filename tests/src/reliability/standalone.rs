@@ -455,7 +455,8 @@ pub async fn slow_redis(server: &OwnedRedis, config: &SlowRedis) -> SlowReport {
         .circuit_breaker(config.breaker.0, config.breaker.1)
         .build()
         .expect("valid layer");
-    let service = layer.layer(probe_service());
+    // Over real HTTP, as an application serves it.
+    let service = super::http_client(super::serve_http(layer.layer(probe_service())).await);
     let hang = config.stall + Duration::from_secs(5);
 
     for _ in 0..10 {
