@@ -56,11 +56,25 @@ fn assert_sane(policy: &Policy, now: u64, cost: u64, step: &Step) {
     assert_eq!(d.retry_after().is_some(), !d.is_allowed(), "{context}");
     if let Some(retry) = d.retry_after() {
         assert!(retry >= Duration::from_micros(1), "{context}");
-        assert!(step.new_state.is_none(), "denials write nothing: {context}");
     }
-    if cost == 0 {
-        assert!(step.new_state.is_none(), "peeks write nothing: {context}");
+    if !d.is_allowed() || cost == 0 {
+        // Denials and peeks write nothing but a repair: a state clamped to
+        // the policy's worst case, which reads back as itself, with the
+        // same decision.
+        if let Some(repaired) = &step.new_state {
+            let again = algorithms::check(policy, Some(repaired), now, cost);
+            assert_eq!(again.new_state, None, "a repair is final: {context}");
+            assert_eq!(again.decision, step.decision, "{context}");
+        }
     }
+    // Never held back beyond the policy's full reset.
+    let full_reset = policy.capacity().saturating_mul(policy.period_micros()) / policy.limit()
+        + policy.period_micros()
+        + 1;
+    assert!(
+        d.reset_after() <= Duration::from_micros(full_reset.saturating_mul(2)),
+        "{context}"
+    );
     let reset = u64::try_from(d.reset_after().as_micros()).unwrap();
     assert_eq!(step.expires_at_us, now.saturating_add(reset), "{context}");
     if d.delay() > Duration::ZERO {

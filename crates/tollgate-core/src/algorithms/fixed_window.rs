@@ -36,10 +36,22 @@ pub(super) fn check(
     let now = u128::from(now_us);
     let mut window_start = now_us - now_us % period;
     let mut count = 0;
+    let mut repair = None;
     if let Some(s) = state {
-        if s.window_start_us >= window_start {
-            // The same window, or a later one when the clock went back: the
-            // stored window stays in force until its end.
+        if s.window_start_us > now_us {
+            // A window that has not started (a clock that went back, a
+            // corrupt value) would hold the subject beyond this policy's
+            // reset: clamped to the current window, at most full, and
+            // written back.
+            count = s.count.min(limit);
+            repair = Some(State::FixedWindow(FixedWindowState {
+                window_start_us: window_start,
+                count,
+            }));
+        } else if s.window_start_us >= window_start {
+            // The same window, or a later start (left by a policy whose
+            // period changed): it stays in force until its end, at most a
+            // period from now.
             window_start = s.window_start_us;
             count = s.count;
         }
@@ -58,12 +70,12 @@ pub(super) fn check(
     let wanted = u128::from(count) + u128::from(cost.max(1));
     if wanted > u128::from(limit) {
         let denied = Decision::denied(limit, remaining_old, until_end, reset(count));
-        return step(denied, None, now_us);
+        return step(denied, repair, now_us);
     }
     if cost == 0 {
         return step(
             Decision::allowed(limit, remaining_old, reset(count)),
-            None,
+            repair,
             now_us,
         );
     }
@@ -126,16 +138,26 @@ mod tests {
     }
 
     #[test]
-    fn clock_going_back_keeps_the_later_window() {
+    fn a_window_not_yet_started_is_clamped_to_the_current_one_and_written() {
+        // A clock that went back (or a corrupt value) left the next
+        // window: kept as is it would hold the subject 90 s, beyond this
+        // policy's reset of at most a minute.
         let policy = per_minute(1);
         let state = FixedWindowState {
             window_start_us: W0 + MINUTE,
-            count: 1,
+            count: 5,
         };
         let step = check(&policy, Some(&state), W0 + 30_000_000, 1);
         assert!(!step.decision.is_allowed());
-        assert_eq!(step.decision.retry_after(), Some(Duration::from_secs(90)));
-        assert_eq!(step.expires_at_us, W0 + 2 * MINUTE);
+        assert_eq!(step.decision.retry_after(), Some(Duration::from_secs(30)));
+        assert_eq!(step.expires_at_us, W0 + MINUTE);
+        assert_eq!(
+            step.new_state,
+            Some(State::FixedWindow(FixedWindowState {
+                window_start_us: W0,
+                count: 1,
+            }))
+        );
     }
 
     #[test]

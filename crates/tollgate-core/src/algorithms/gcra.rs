@@ -45,11 +45,13 @@ pub struct ThrottleReply {
     /// Remaining cost-1 requests that would be admitted right now, after this
     /// one (before it, when limited or peeking).
     pub remaining: i64,
-    /// When limited: whole seconds (truncated) until the same request would
-    /// be admitted. -1 when admitted, for a peek, and when `quantity` exceeds
-    /// `max_burst + 1` (it can never be admitted).
+    /// When limited: seconds until the same request would be admitted,
+    /// rounded up as redis-cell 0.5 rounds (the whole seconds, plus one when
+    /// at least a millisecond remains). -1 when admitted, for a peek, and
+    /// when `quantity` exceeds `max_burst + 1` (it can never be admitted).
     pub retry_after_secs: i64,
-    /// Whole seconds (truncated) until the key is back to its full limit.
+    /// Seconds until the key is back to its full limit, rounded as
+    /// `retry_after_secs` is.
     pub reset_after_secs: i64,
 }
 
@@ -143,11 +145,11 @@ impl ThrottleError {
             },
             PolicyError::TooLarge { field: "limit", .. } => Self::TooLarge {
                 argument: "count",
-                detail: "count × period in microseconds must not exceed 2^52; use a shorter period with a proportionally smaller count",
+                detail: "count per period cannot be computed exactly (ALGORITHMS.md, \"Magnitudes\"); use a smaller count",
             },
             PolicyError::TooLarge { field: "burst", .. } => Self::TooLarge {
                 argument: "max_burst",
-                detail: "(max_burst + 1) × period in microseconds must not exceed 2^52; use a smaller max_burst",
+                detail: "(max_burst + 1) × period cannot be computed exactly (ALGORITHMS.md, \"Magnitudes\"); use a smaller max_burst",
             },
             other => Self::Policy(other),
         }
@@ -165,9 +167,9 @@ impl ThrottleError {
 /// changes (limited requests and peeks write nothing); the state may be
 /// forgotten `reset_after` after `now_us`.
 ///
-/// One deliberate difference: redis-cell compares its "too early" margin in
-/// whole seconds, so with sub-second emission intervals it admits requests
-/// up to one second early; this function compares exactly.
+/// Durations are rounded to seconds as redis-cell 0.5 rounds them: the
+/// whole seconds, plus one when at least a millisecond remains, so a client
+/// that waits the reply's `retry_after` is never early.
 ///
 /// The example from redis-cell's README, `CL.THROTTLE user123 15 30 60 1`
 /// on a new key (30 requests per 60 seconds, bursts of 16):
@@ -178,6 +180,8 @@ impl ThrottleError {
 /// let now = 1_700_000_000_000_000;
 /// let (reply, state) = throttle(None, now, 15, 30, 60, 1)?;
 /// assert_eq!(reply.to_array(), [0, 16, 15, -1, 2]);
+/// let (second, _) = throttle(state.as_ref(), now, 15, 30, 60, 1)?;
+/// assert_eq!(second.to_array(), [0, 16, 14, -1, 4]);
 ///
 /// // 15 more at the same instant are admitted; the 17th is limited and may
 /// // retry in 2 seconds (one emission interval); the key is full in 32.
@@ -278,9 +282,16 @@ pub fn throttle_reply(decision: &Decision, policy: &Policy, quantity: u64) -> Th
     }
 }
 
-/// Whole seconds, truncated, as redis-cell reports them.
+/// Whole seconds as redis-cell 0.5 reports them: the whole seconds, plus
+/// one when at least a whole millisecond remains (a remainder under a
+/// millisecond is dropped).
 fn seconds(duration: Duration) -> i64 {
-    i64::try_from(duration.as_secs()).unwrap_or(i64::MAX)
+    let secs = i64::try_from(duration.as_secs()).unwrap_or(i64::MAX);
+    if duration.subsec_millis() >= 1 {
+        secs.saturating_add(1)
+    } else {
+        secs
+    }
 }
 
 pub(super) fn check(policy: &Policy, state: Option<&GcraState>, now_us: u64, cost: u64) -> Step {
@@ -292,8 +303,10 @@ pub(super) fn check(policy: &Policy, state: Option<&GcraState>, now_us: u64, cos
 
 /// The arithmetic GCRA and the leaky-bucket queue share (ALGORITHMS.md,
 /// "GCRA and leaky bucket queue"): `time` is the stored `(us, rem)` pair,
-/// the result the decision and the pair to store, if any. `queue` adds the
-/// queueing delay to admitting decisions.
+/// the result the decision and the pair to store, if any: the new time when
+/// admitted with a cost, or the stored time clamped to the policy's worst
+/// case when it lay further ahead (a repair, written even on a denial or a
+/// peek). `queue` adds the queueing delay to admitting decisions.
 pub(super) fn virtual_time(
     policy: &Policy,
     time: Option<(u64, u64)>,
@@ -302,31 +315,40 @@ pub(super) fn virtual_time(
     queue: bool,
 ) -> (Decision, Option<(u64, u64)>) {
     let capacity = policy.capacity();
-    let limit = u128::from(policy.limit());
-    let period = u128::from(policy.period_micros());
-    let full = u128::from(capacity) * period;
-    // Times scaled by `limit`: `us + rem / L` µs is `us·L + rem`. A stored
-    // `rem >= L` (left by a policy whose limit changed) is thereby carried.
-    let now = u128::from(now_us) * limit;
-    let base = time.map_or(now, |(us, rem)| u128::from(us) * limit + u128::from(rem));
-    let base = base.max(now);
-    let span_old = base - now;
-    let remaining_old = saturate(full.saturating_sub(span_old) / period);
+    // Time in units of `1 / scale` µs; a permit takes `increment` units
+    // (`scale = limit`, `increment = period` when the policy is exact).
+    let (scale, increment) = policy.emission_interval();
+    let (scale, increment) = (u128::from(scale), u128::from(increment));
+    let full = u128::from(capacity) * increment;
+    // `us + rem / scale` µs is `us·scale + rem`. A stored `rem >= scale`
+    // (left by a policy with another scale) is thereby carried.
+    let now = u128::from(now_us) * scale;
+    let base = time.map_or(now, |(us, rem)| u128::from(us) * scale + u128::from(rem));
+    let mut span_old = base.max(now) - now;
+    // A time further ahead than this policy can leave (a policy that
+    // shrank, a clock that went back, a corrupt value) is clamped to its
+    // worst case, and the clamped time is written back.
+    let mut repair = None;
+    if span_old > full {
+        span_old = full;
+        repair = split(now + full, scale);
+    }
+    let remaining_old = saturate((full - span_old) / increment);
     // Until the key is back to full; for the queue also the delay of a
     // request admitted now (it waits for the queue ahead of it to drain).
-    let reset_old = micros(ceil_div(span_old, limit));
+    let reset_old = micros(ceil_div(span_old, scale));
     let delay_old = reset_old;
     let never = Decision::denied(capacity, remaining_old, Duration::MAX, reset_old);
 
     if cost > capacity {
-        return (never, None);
+        return (never, repair);
     }
-    let span_new = span_old + u128::from(cost.max(1)) * period;
+    let span_new = span_old + u128::from(cost.max(1)) * increment;
     if span_new > full {
-        let retry_after = micros(ceil_div(span_new - full, limit));
+        let retry_after = micros(ceil_div(span_new - full, scale));
         return (
             Decision::denied(capacity, remaining_old, retry_after, reset_old),
-            None,
+            repair,
         );
     }
     let with_delay = |decision: Decision| {
@@ -338,20 +360,25 @@ pub(super) fn virtual_time(
     };
     if cost == 0 {
         let peek = Decision::allowed(capacity, remaining_old, reset_old);
-        return (with_delay(peek), None);
+        return (with_delay(peek), repair);
     }
-    let new = base + span_new - span_old;
-    let Ok(new_us) = u64::try_from(new / limit) else {
+    let Some(new) = split(now + span_new, scale) else {
         // Past the year 584 000: no later time can be stored, so no request
         // can be admitted.
         return (never, None);
     };
-    // `new % limit < limit <= u64::MAX`.
-    let new_rem = saturate(new % limit);
-    let remaining = saturate((full - span_new) / period);
-    let reset_after = micros(ceil_div(span_new, limit));
+    let remaining = saturate((full - span_new) / increment);
+    let reset_after = micros(ceil_div(span_new, scale));
     let decision = with_delay(Decision::allowed(capacity, remaining, reset_after));
-    (decision, Some((new_us, new_rem)))
+    (decision, Some(new))
+}
+
+/// `time` in units of `1 / scale` µs as the pair `(us, rem)`, unless `us`
+/// passes `u64::MAX`.
+fn split(time: u128, scale: u128) -> Option<(u64, u64)> {
+    let us = u64::try_from(time / scale).ok()?;
+    // `time % scale < scale <= 2^52`.
+    Some((us, saturate(time % scale)))
 }
 
 #[cfg(test)]
@@ -486,7 +513,7 @@ mod tests {
         ));
         let err = throttle(None, T0, 1 << 40, 10, 60, 1).unwrap_err();
         assert!(err.to_string().contains("max_burst"), "{err}");
-        let err = throttle(None, T0, 1, 1 << 40, 60, 1).unwrap_err();
+        let err = throttle(None, T0, 1, (1 << 52) + 1, 60, 1).unwrap_err();
         assert!(err.to_string().contains("count"), "{err}");
         let err = throttle(None, T0, 1, 1, u64::MAX, 1).unwrap_err();
         assert!(err.to_string().contains("period"), "{err}");

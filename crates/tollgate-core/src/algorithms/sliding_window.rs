@@ -40,25 +40,38 @@ pub(super) fn check(
     let limit_u64 = policy.limit();
     let limit = u128::from(limit_u64);
     let period = u128::from(policy.period_micros());
-    let mut now = u128::from(now_us);
-    let mut window_start = now - now % period;
-    // > 0 only when the clock went back to before the stored window.
-    let mut lag = 0;
+    // The previous window's weight is counted in `unit` µs (1 when exact;
+    // a power of ten dividing the period otherwise), rounded up.
+    let unit = u128::from(policy.weight_unit_micros());
+    let period_units = period / unit;
+    let now = u128::from(now_us);
+    let window_start = now - now % period;
+    let mut repair = None;
     let (previous, current) = match state {
         Some(s) => {
             let s_start = u128::from(s.window_start_us);
-            if s_start == window_start || (s_start > window_start && s_start <= now) {
+            let (s_previous, s_current) = (
+                u128::from(s.previous).min(limit),
+                u128::from(s.current).min(limit),
+            );
+            if s_start > now {
+                // A window that has not started (a clock that went back, a
+                // corrupt value) would hold the subject beyond this
+                // policy's reset: clamped to the current window, and
+                // written back.
+                repair = Some(State::SlidingWindow(SlidingWindowState {
+                    window_start_us: saturate(window_start),
+                    previous: saturate(s_previous),
+                    current: saturate(s_current),
+                }));
+                (s_previous, s_current)
+            } else if s_start >= window_start {
                 // The same window; or a window start between this window's
                 // start and now, which only a policy whose period changed
                 // leaves behind: its counts are recent, so they all count.
-                (u128::from(s.previous), u128::from(s.current))
+                (s_previous, s_current)
             } else if s_start + period == window_start {
-                (u128::from(s.current), 0)
-            } else if s_start > now {
-                lag = s_start - now;
-                window_start = s_start;
-                now = s_start;
-                (u128::from(s.previous), u128::from(s.current))
+                (s_current, 0)
             } else {
                 (0, 0)
             }
@@ -66,11 +79,18 @@ pub(super) fn check(
         None => (0, 0),
     };
     let elapsed = now - window_start;
-    let weight = period - elapsed;
-    // The estimate scaled by the period: previous·weight + current·period.
-    let used = previous * weight + current * period;
-    let full = limit * period;
-    let remaining_old = saturate(full.saturating_sub(used) / period);
+    // The weight `period − elapsed` in units, rounded up.
+    let elapsed_units = elapsed / unit;
+    let weighted = previous * (period_units - elapsed_units);
+    // Room for the previous window's weight when `current + c` are
+    // counted: (limit − current − c)·period ≥ previous·weight.
+    let room = |charged: u128| (limit.checked_sub(charged)).map(|free| free * period_units);
+    let remaining_of = |charged: u128| {
+        room(charged).map_or(0, |room| {
+            saturate(room.saturating_sub(weighted) / period_units)
+        })
+    };
+    let remaining_old = remaining_of(current);
     let reset = |current: u128| {
         let until_full = if current > 0 {
             2 * period - elapsed
@@ -79,45 +99,45 @@ pub(super) fn check(
         } else {
             return Duration::ZERO;
         };
-        micros(lag + until_full)
+        micros(until_full)
     };
 
     let cost_eval = u128::from(cost.max(1));
-    if used + cost_eval * period > full {
+    if room(current + cost_eval).is_none_or(|room| weighted > room) {
         let retry_after = if current + cost_eval <= limit {
             // Wait in this window until the previous window's weight has
-            // dropped enough: previous·(period − e) ≤ room. Denied means
+            // dropped enough: previous·(units − e) ≤ room. Denied means
             // previous·weight > room ≥ 0, so previous > 0, and
-            // room div previous < weight ≤ period.
-            let room = (limit - current - cost_eval) * period;
-            let earliest = period - room / previous.max(1);
-            earliest.saturating_sub(elapsed)
+            // room div previous < weight ≤ units.
+            let room = (limit - current - cost_eval) * period_units;
+            let earliest = period_units - room / previous.max(1);
+            (earliest * unit).saturating_sub(elapsed)
         } else {
             // Not before the next window, where the current count becomes
-            // the previous one: current·(period − e) ≤ (limit − cost)·period.
+            // the previous one: current·(units − e) ≤ (limit − cost)·units.
             // current + cost > limit ≥ cost, so current > 0.
-            let room = (limit - cost_eval) * period;
-            let earliest = period - (room / current.max(1)).min(period);
-            (period - elapsed) + earliest
+            let room = (limit - cost_eval) * period_units;
+            let earliest = period_units - (room / current.max(1)).min(period_units);
+            (period - elapsed) + earliest * unit
         };
         let denied = Decision::denied(
             limit_u64,
             remaining_old,
-            micros(lag + retry_after),
+            micros(retry_after),
             reset(current),
         );
-        return step(denied, None, now_us);
+        return step(denied, repair, now_us);
     }
     if cost == 0 {
         let peek = Decision::allowed(limit_u64, remaining_old, reset(current));
-        return step(peek, None, now_us);
+        return step(peek, repair, now_us);
     }
     let current = current + cost_eval;
-    let remaining = saturate((full - used - cost_eval * period) / period);
+    let remaining = remaining_of(current);
     let new_state = State::SlidingWindow(SlidingWindowState {
-        // The window start is `now_us` rounded down or the stored start.
+        // The window start is `now_us` rounded down.
         window_start_us: saturate(window_start),
-        // Both counts are stored ones or at most `limit` after admission.
+        // Both counts are at most `limit`.
         previous: saturate(previous),
         current: saturate(current),
     });
@@ -190,19 +210,26 @@ mod tests {
     }
 
     #[test]
-    fn clock_going_back_measures_from_real_now() {
+    fn a_window_not_yet_started_is_clamped_to_the_current_one() {
         let policy = policy(1, Duration::from_secs(10));
         let state = SlidingWindowState {
             window_start_us: W0 + 10 * SECOND,
-            previous: 0,
+            previous: 7,
             current: 1,
         };
         let step = check(&policy, Some(&state), W0 + 5 * SECOND, 1);
         assert!(!step.decision.is_allowed());
-        // Treated as W0 + 10 s (5 s lag); there the next chance is the
-        // window after, W0 + 20 s, when the 1 weighs (10 − e)/10 ≤ 0:
-        // e = 10 s, so W0 + 30 s.
-        assert_eq!(step.decision.retry_after(), Some(Duration::from_secs(25)));
-        assert_eq!(step.expires_at_us, W0 + 30 * SECOND);
+        // Read as this window's counts (at most the limit): the 1 leaves
+        // the estimate when the next window is over, W0 + 20 s.
+        assert_eq!(step.decision.retry_after(), Some(Duration::from_secs(15)));
+        assert_eq!(step.expires_at_us, W0 + 20 * SECOND);
+        assert_eq!(
+            step.new_state,
+            Some(State::SlidingWindow(SlidingWindowState {
+                window_start_us: W0,
+                previous: 1,
+                current: 1,
+            }))
+        );
     }
 }
