@@ -164,8 +164,10 @@ impl ThrottleError {
 /// mean what they mean to redis-cell: `count` requests per `period` seconds,
 /// with bursts of up to `max_burst + 1`, for a request of cost `quantity`
 /// (0 peeks). Returns the reply and the state to store, `None` when nothing
-/// changes (limited requests and peeks write nothing); the state may be
-/// forgotten `reset_after` after `now_us`.
+/// changes (limited requests and peeks write nothing, except that a limited
+/// request writes back a stored state clamped to this policy's worst case:
+/// ALGORITHMS.md, "Changing a policy"); the state may be forgotten
+/// `reset_after` after `now_us`.
 ///
 /// Durations are rounded to seconds as redis-cell 0.5 rounds them: the
 /// whole seconds, plus one when at least a millisecond remains, so a client
@@ -210,13 +212,20 @@ pub fn throttle(
     quantity: u64,
 ) -> Result<(ThrottleReply, Option<GcraState>), ThrottleError> {
     let policy = throttle_policy(max_burst, count, period_secs)?;
+    // A quantity above the burst can never pass: it peeks for the figures
+    // (as RedisStore::throttle does), and a peek writes nothing.
+    let cost = if quantity > policy.capacity() {
+        0
+    } else {
+        quantity
+    };
     let Step {
         decision,
         new_state,
         ..
-    } = check(&policy, state, now_us, quantity);
+    } = check(&policy, state, now_us, cost);
     let new_state = match new_state {
-        Some(State::Gcra(state)) => Some(state),
+        Some(State::Gcra(state)) if cost > 0 => Some(state),
         _ => None,
     };
     Ok((throttle_reply(&decision, &policy, quantity), new_state))

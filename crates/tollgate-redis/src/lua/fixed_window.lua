@@ -8,10 +8,25 @@ ALG.fixed_window = function(key, L, P, B, now, c)
   if value ~= nil then
     local a, b = string.match(value, '^fixed_window:(%d+):(%d+)$')
     if a ~= nil then
-      local s_ws, s_count = tonumber(a), tonumber(b)
-      if s_ws == ws then
+      local s_ws, s_count = num(a), num(b)
+      if s_ws == nil or s_count == nil then
+        -- No state.
+      elseif s_ws > now then
+        -- A window not yet started (a clock that went back, a corrupt
+        -- value): clamped to the current window, at most full, written
+        -- back on a charge.
         count = s_count
-      elseif s_ws > ws then
+        if count > L then
+          count = L
+        end
+        if c > 0 then
+          local expires = now
+          if count > 0 then
+            expires = ws + P
+          end
+          put(key, 'fixed_window:' .. fmt(ws) .. ':' .. fmt(count), expires)
+        end
+      elseif s_ws >= ws then
         ws, count = s_ws, s_count
       end
     end
