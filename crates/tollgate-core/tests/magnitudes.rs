@@ -75,8 +75,8 @@ fn per_day_u32_max_rounds_its_interval_to_a_multiple_of_2_to_the_minus_15_us() {
     // 86 400 s / (2^32 − 1) = 20.1166… µs, rounded up to 659 180 / 2^15 µs.
     assert_eq!(policy.emission_interval(), (1 << 15, 659_180));
     assert!(!policy.is_exact());
-    // 10^6 per day fits with a burst of 52 125 or less, exactly.
-    let exact = Policy::per_day(1_000_000).burst(52_125).build().unwrap();
+    // 10^6 per day is exact with a burst of 52 124 or less.
+    let exact = Policy::per_day(1_000_000).burst(52_124).build().unwrap();
     assert!(exact.is_exact());
     assert_eq!(exact.emission_interval(), (1_000_000, 86_400_000_000));
 }
