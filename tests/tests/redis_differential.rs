@@ -357,10 +357,11 @@ fn extreme_magnitudes_match_memory() {
 /// The case the differential test once found, and lost again, at
 /// `limit: 4294967295, cost: 4294967295`: a full GCRA-family bucket whose
 /// clock goes back, so that the old state lies further ahead than the
-/// policy can leave. Lua summed `span_old + cost·period` past 2^53 and
-/// rounded it (retry_after 1.174454 s in Redis, 1.174453 s in memory); the
-/// span is now clamped to `burst × period` first, and the figures are
-/// exact.
+/// policy leaves. Lua summed `span_old + cost·period` past 2^53 and rounded
+/// it (retry_after 1.174454 s in Redis, 1.174453 s in memory). Within the
+/// clock tolerance the figures now come from whole microseconds and a
+/// fraction, never a sum past 2^53, and are exact: the retry is the
+/// period plus the time the clock went back.
 #[test]
 fn the_found_flake_is_a_regression_test() {
     let runtime = tokio::runtime::Runtime::new().expect("a Tokio runtime");
@@ -415,8 +416,7 @@ fn the_found_flake_is_a_regression_test() {
         let subject = format!("flake-{algorithm}");
         run_case(&runtime, &redis, &clock, &subject, &[policy.clone()], &ops)
             .unwrap_or_else(|e| panic!("{algorithm}: {e}"));
-        // And the exact figure: after the clock went back the state is
-        // clamped to a full bucket, so the retry is one full period.
+        // And the exact figure: a full bucket, 174 453 µs further ahead.
         let memory = MemoryStore::builder().clock(clock.clone()).build();
         let subject = format!("flake-exact-{algorithm}");
         let policies = [policy];
@@ -429,7 +429,7 @@ fn the_found_flake_is_a_regression_test() {
             .unwrap();
         assert_eq!(
             denied.binding().retry_after(),
-            Some(Duration::from_micros(period_us)),
+            Some(Duration::from_micros(period_us + 174_453)),
             "{algorithm}"
         );
     }

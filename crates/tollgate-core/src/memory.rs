@@ -707,9 +707,12 @@ fn gcra_fast(policy: &Policy, tat: Option<GcraState>, now_us: u64, cost: u64) ->
         }
         _ => 0,
     };
-    if span_old > full {
-        // Further ahead than the policy can leave: the reference clamps it
-        // and writes the repair.
+    if span_old > full
+        && (span_old / limit).saturating_sub(full.div_ceil(limit))
+            > full.div_ceil(limit).max(1_000_000)
+    {
+        // Further ahead than the policy can leave, beyond the clock
+        // tolerance: the reference clamps it and writes the repair.
         return None;
     }
     let span_new = span_old.checked_add(cost.max(1).checked_mul(period)?)?;
@@ -794,7 +797,7 @@ fn tat_charge(
     // no telling apart). One further ahead than the policy can leave is
     // clamped, and written back, by the reference.
     let ahead = tat_us.saturating_sub(now_us);
-    if ahead > full {
+    if ahead.saturating_sub(full) > full.max(1_000_000) {
         return None;
     }
     let span = ahead.checked_add(cost.checked_mul(interval)?)?;
@@ -1208,6 +1211,12 @@ impl Shard {
         cost: u64,
     ) -> Result<Decision, StoreError> {
         let name = policy.shared_name();
+        // The time again, under the lock: no state written before is then
+        // later than it (with a clock that never goes back), so a state
+        // ahead of it beyond the clock tolerance is a policy change or a
+        // clock set back, which the algorithm clamps, never a check that
+        // read the clock before another's and locked after it.
+        let now = now.max(inner.clock.now_micros());
         self.demote_if_hot(hash);
         let hot = self.hot_tat.load(Ordering::Relaxed);
         let index = self.find(hash, key);
@@ -1247,6 +1256,8 @@ impl Shard {
         now: u64,
         cost: u64,
     ) -> Result<Verdict, StoreError> {
+        // The time again, under the lock (see `check_one`).
+        let now = now.max(inner.clock.now_micros());
         self.demote_if_hot(hash);
         let hot = self.hot_tat.load(Ordering::Relaxed);
         let index = self.find(hash, key);

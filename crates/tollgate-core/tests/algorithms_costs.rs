@@ -67,14 +67,18 @@ fn assert_sane(policy: &Policy, now: u64, cost: u64, step: &Step) {
             assert_eq!(again.decision, step.decision, "{context}");
         }
     }
-    // Never held back beyond the policy's full reset.
-    let full_reset = policy.capacity().saturating_mul(policy.period_micros()) / policy.limit()
-        + policy.period_micros()
+    // The state is never further ahead than the policy's full reset (at
+    // most two periods for a sliding window) plus the clock tolerance (as
+    // much again, at least a second: ALGORITHMS.md, "Changing a policy"),
+    // and a retry is at most one full reset beyond that.
+    let full_reset = (policy.capacity().saturating_mul(policy.period_micros()) / policy.limit())
+        .max(2 * policy.period_micros())
         + 1;
-    assert!(
-        d.reset_after() <= Duration::from_micros(full_reset.saturating_mul(2)),
-        "{context}"
-    );
+    let bound = 2 * full_reset + full_reset.max(1_000_000);
+    assert!(d.reset_after() <= Duration::from_micros(bound), "{context}");
+    if let Some(retry) = d.retry_after().filter(|r| *r != Duration::MAX) {
+        assert!(retry <= Duration::from_micros(bound), "{context}");
+    }
     let reset = u64::try_from(d.reset_after().as_micros()).unwrap();
     assert_eq!(step.expires_at_us, now.saturating_add(reset), "{context}");
     if d.delay() > Duration::ZERO {

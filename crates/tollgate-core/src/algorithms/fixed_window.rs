@@ -38,11 +38,12 @@ pub(super) fn check(
     let mut count = 0;
     let mut repair = None;
     if let Some(s) = state {
-        if s.window_start_us > now_us {
-            // A window that has not started (a clock that went back, a
-            // corrupt value) would hold the subject beyond this policy's
-            // reset: clamped to the current window, at most full, and
-            // written back.
+        let ahead = s.window_start_us.saturating_sub(now_us);
+        if u128::from(ahead) > super::gcra::clock_tolerance(u128::from(period)) {
+            // A window that starts later than clocks that disagree explain
+            // (a clock that jumped back, a corrupt value) would hold the
+            // subject beyond this policy's reset: clamped to the current
+            // window, at most full, and written back.
             count = s.count.min(limit);
             repair = Some(State::FixedWindow(FixedWindowState {
                 window_start_us: window_start,
@@ -50,10 +51,20 @@ pub(super) fn check(
             }));
         } else if s.window_start_us >= window_start {
             // The same window, or a later start (left by a policy whose
-            // period changed): it stays in force until its end, at most a
-            // period from now.
+            // period changed, or by a clock a little ahead of this one): it
+            // stays in force until its end.
             window_start = s.window_start_us;
             count = s.count;
+            if count > limit {
+                // More than this policy admits in a window (a limit that
+                // shrank): clamped to the limit, and written back so that
+                // the key's expiry is this window's end.
+                count = limit;
+                repair = Some(State::FixedWindow(FixedWindowState {
+                    window_start_us: window_start,
+                    count,
+                }));
+            }
         }
     }
     let end = u128::from(window_start) + u128::from(period);
@@ -138,13 +149,31 @@ mod tests {
     }
 
     #[test]
-    fn a_window_not_yet_started_is_clamped_to_the_current_one_and_written() {
-        // A clock that went back (or a corrupt value) left the next
-        // window: kept as is it would hold the subject 90 s, beyond this
-        // policy's reset of at most a minute.
+    fn a_later_window_holds_within_the_clock_tolerance_and_is_clamped_beyond() {
         let policy = per_minute(1);
+        // A clock 30 s behind the one that opened the next window (within
+        // the tolerance of a period): that window stays in force, its count
+        // above the limit clamped and written back.
         let state = FixedWindowState {
             window_start_us: W0 + MINUTE,
+            count: 5,
+        };
+        let step = check(&policy, Some(&state), W0 + 30_000_000, 1);
+        assert!(!step.decision.is_allowed());
+        assert_eq!(step.decision.retry_after(), Some(Duration::from_secs(90)));
+        assert_eq!(step.expires_at_us, W0 + 2 * MINUTE);
+        assert_eq!(
+            step.new_state,
+            Some(State::FixedWindow(FixedWindowState {
+                window_start_us: W0 + MINUTE,
+                count: 1,
+            }))
+        );
+        // A window 2.5 minutes ahead is more than clocks that disagree
+        // explain: it would hold the subject 3.5 minutes, beyond this
+        // policy's reset of at most one. Clamped to the current window.
+        let state = FixedWindowState {
+            window_start_us: W0 + 3 * MINUTE,
             count: 5,
         };
         let step = check(&policy, Some(&state), W0 + 30_000_000, 1);

@@ -334,32 +334,37 @@ pub(super) fn virtual_time(
     let now = u128::from(now_us) * scale;
     let base = time.map_or(now, |(us, rem)| u128::from(us) * scale + u128::from(rem));
     let mut span_old = base.max(now) - now;
-    // A time further ahead than this policy can leave (a policy that
-    // shrank, a clock that went back, a corrupt value) is clamped to its
-    // worst case, and the clamped time is written back.
+    // A time further ahead than this policy can leave by more than clocks
+    // that disagree explain (a policy that shrank, a clock that jumped
+    // back, a corrupt value) is clamped to the policy's worst case, and the
+    // clamped time is written back (ALGORITHMS.md, "Changing a policy").
+    let full_reset = ceil_div(full, scale);
     let mut repair = None;
-    if span_old > full {
+    if span_old / scale > full_reset + clock_tolerance(full_reset) {
         span_old = full;
         repair = split(now + full, scale);
     }
-    let remaining_old = saturate((full - span_old) / increment);
     // Until the key is back to full; for the queue also the delay of a
     // request admitted now (it waits for the queue ahead of it to drain).
     let reset_old = micros(ceil_div(span_old, scale));
     let delay_old = reset_old;
+    let remaining_old = saturate(full.saturating_sub(span_old) / increment);
     let never = Decision::denied(capacity, remaining_old, Duration::MAX, reset_old);
 
     if cost > capacity {
         return (never, repair);
     }
-    let span_new = span_old + u128::from(cost.max(1)) * increment;
-    if span_new > full {
-        let retry_after = micros(ceil_div(span_new - full, scale));
+    let charge = u128::from(cost.max(1)) * increment;
+    if span_old + charge > full {
+        // `span_old + charge − full`, formed so that Lua never sums past
+        // 2^53 (span_old may exceed `full` by the clock tolerance).
+        let retry_after = micros(ceil_div(span_old - (full - charge), scale));
         return (
             Decision::denied(capacity, remaining_old, retry_after, reset_old),
             repair,
         );
     }
+    let span_new = span_old + charge;
     let with_delay = |decision: Decision| {
         if queue {
             decision.with_delay(delay_old)
@@ -380,6 +385,15 @@ pub(super) fn virtual_time(
     let reset_after = micros(ceil_div(span_new, scale));
     let decision = with_delay(Decision::allowed(capacity, remaining, reset_after));
     (decision, Some(new))
+}
+
+/// How far, in µs, a state may lie beyond the policy's worst case (whose
+/// reset is `full_reset` µs) before it is clamped: as much again, and at
+/// least a second. Within it the state is read as it is, so that clocks
+/// that disagree a little (threads reading one clock in turn, instances
+/// with their own clocks) never forgive a permit.
+pub(super) fn clock_tolerance(full_reset: u128) -> u128 {
+    full_reset.max(1_000_000)
 }
 
 /// `time` in units of `1 / scale` µs as the pair `(us, rem)`, unless `us`

@@ -60,12 +60,15 @@ pub(super) fn check_meter(
     let mut last = last.max(now);
     // > 0 only when the clock went back: the drain resumes at `last`.
     let mut lag = last - now;
-    // Empty in `lag + level / scale`: more than a full bucket now needs is
-    // more than this policy can leave (a burst that shrank, a clock that
-    // went back that far, a corrupt value). Clamped to a full bucket now,
-    // and written back.
+    // More water than the bucket holds (a burst that shrank), or empty in
+    // `lag + level / scale`, more than a full bucket now needs beyond the
+    // clock tolerance (a clock that jumped back, a corrupt value), is more
+    // than this policy can leave: clamped to a full bucket now, and written
+    // back.
+    let full_reset = ceil_div(full, scale);
     let mut repair = None;
-    if lag * scale + level > full {
+    if level > full || lag + ceil_div(level, scale) > full_reset + gcra::clock_tolerance(full_reset)
+    {
         (level, last, lag) = (full, now, 0);
         repair = Some(State::LeakyMeter(LeakyMeterState {
             level: saturate(full),

@@ -38,10 +38,11 @@ pub(super) fn check(
     let empty = SlidingLogState::default();
     let stored = &state.unwrap_or(&empty).entries;
     let is_live = move |t: u64| u128::from(t) + period > now;
-    // A log with entries after now (a clock that went back, a corrupt
-    // value) or more live entries than the limit (a limit that shrank)
-    // holds more than this policy can leave: clamped to its newest `limit`
-    // entries, none after now, and written back.
+    // A log with entries later than clocks that disagree explain (a clock
+    // that jumped back, a corrupt value) or more live entries than the
+    // limit (a limit that shrank) holds more than this policy can leave:
+    // clamped to its newest `limit` entries, none after now, and written
+    // back.
     let (stored_live, stored_newest) = stored
         .iter()
         .copied()
@@ -50,7 +51,9 @@ pub(super) fn check(
             (n + 1, newest.max(Some(t)))
         });
     let over_limit = u64::try_from(stored_live).map_or(true, |n| n > limit);
-    let clamped = (over_limit || stored_newest.is_some_and(|t| t > now_us)).then(|| {
+    let tolerance = super::gcra::clock_tolerance(period);
+    let ahead = stored_newest.is_some_and(|t| u128::from(t.saturating_sub(now_us)) > tolerance);
+    let clamped = (over_limit || ahead).then(|| {
         let live: VecDeque<u64> = stored
             .iter()
             .copied()

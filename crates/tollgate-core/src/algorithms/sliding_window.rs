@@ -28,7 +28,7 @@
 
 use std::time::Duration;
 
-use super::{micros, saturate, step, SlidingWindowState, State, Step};
+use super::{gcra, micros, saturate, step, SlidingWindowState, State, Step};
 use crate::{Decision, Policy};
 
 pub(super) fn check(
@@ -44,8 +44,12 @@ pub(super) fn check(
     // a power of ten dividing the period otherwise), rounded up.
     let unit = u128::from(policy.weight_unit_micros());
     let period_units = period / unit;
-    let now = u128::from(now_us);
-    let window_start = now - now % period;
+    let mut now = u128::from(now_us);
+    let mut window_start = now - now % period;
+    // > 0 only when a clock a little behind the one that wrote the state
+    // reads it: the stored window is used from its start, and the figures
+    // measured from the real now.
+    let mut lag = 0;
     let mut repair = None;
     let (previous, current) = match state {
         Some(s) => {
@@ -54,27 +58,39 @@ pub(super) fn check(
                 u128::from(s.previous).min(limit),
                 u128::from(s.current).min(limit),
             );
-            if s_start > now {
-                // A window that has not started (a clock that went back, a
-                // corrupt value) would hold the subject beyond this
-                // policy's reset: clamped to the current window, and
-                // written back.
-                repair = Some(State::SlidingWindow(SlidingWindowState {
-                    window_start_us: saturate(window_start),
-                    previous: saturate(s_previous),
-                    current: saturate(s_current),
-                }));
-                (s_previous, s_current)
+            let over = s.previous > limit_u64 || s.current > limit_u64;
+            let (previous, current, clamped) = if s_start > now + gcra::clock_tolerance(2 * period)
+            {
+                // A window that starts later than clocks that disagree
+                // explain (a clock that jumped back, a corrupt value) would
+                // hold the subject beyond this policy's reset: clamped to
+                // the current window.
+                (s_previous, s_current, true)
+            } else if s_start > now {
+                lag = s_start - now;
+                window_start = s_start;
+                now = s_start;
+                (s_previous, s_current, over)
             } else if s_start >= window_start {
                 // The same window; or a window start between this window's
                 // start and now, which only a policy whose period changed
                 // leaves behind: its counts are recent, so they all count.
-                (s_previous, s_current)
+                (s_previous, s_current, over)
             } else if s_start + period == window_start {
-                (s_current, 0)
+                (s_current, 0, s.current > limit_u64)
             } else {
-                (0, 0)
+                (0, 0, false)
+            };
+            if clamped {
+                // Counts above the limit (a limit that shrank) count as the
+                // limit; the clamped state is written back.
+                repair = Some(State::SlidingWindow(SlidingWindowState {
+                    window_start_us: saturate(window_start),
+                    previous: saturate(previous),
+                    current: saturate(current),
+                }));
             }
+            (previous, current)
         }
         None => (0, 0),
     };
@@ -99,7 +115,7 @@ pub(super) fn check(
         } else {
             return Duration::ZERO;
         };
-        micros(until_full)
+        micros(lag + until_full)
     };
 
     let cost_eval = u128::from(cost.max(1));
@@ -123,7 +139,7 @@ pub(super) fn check(
         let denied = Decision::denied(
             limit_u64,
             remaining_old,
-            micros(retry_after),
+            micros(lag + retry_after),
             reset(current),
         );
         return step(denied, repair, now_us);
@@ -135,7 +151,7 @@ pub(super) fn check(
     let current = current + cost_eval;
     let remaining = remaining_of(current);
     let new_state = State::SlidingWindow(SlidingWindowState {
-        // The window start is `now_us` rounded down.
+        // The window start is `now_us` rounded down or the stored one.
         window_start_us: saturate(window_start),
         // Both counts are at most `limit`.
         previous: saturate(previous),
@@ -210,8 +226,10 @@ mod tests {
     }
 
     #[test]
-    fn a_window_not_yet_started_is_clamped_to_the_current_one() {
+    fn a_later_window_holds_within_the_clock_tolerance_and_is_clamped_beyond() {
         let policy = policy(1, Duration::from_secs(10));
+        // 5 s ahead, within the tolerance (two periods): read from its
+        // start, measured from real now, its counts clamped to the limit.
         let state = SlidingWindowState {
             window_start_us: W0 + 10 * SECOND,
             previous: 7,
@@ -219,8 +237,26 @@ mod tests {
         };
         let step = check(&policy, Some(&state), W0 + 5 * SECOND, 1);
         assert!(!step.decision.is_allowed());
-        // Read as this window's counts (at most the limit): the 1 leaves
-        // the estimate when the next window is over, W0 + 20 s.
+        // Treated as W0 + 10 s (5 s lag); there the next chance is the
+        // window after, W0 + 20 s, when the 1 weighs (10 − e)/10 ≤ 0:
+        // e = 10 s, so W0 + 30 s.
+        assert_eq!(step.decision.retry_after(), Some(Duration::from_secs(25)));
+        assert_eq!(step.expires_at_us, W0 + 30 * SECOND);
+        assert_eq!(
+            step.new_state,
+            Some(State::SlidingWindow(SlidingWindowState {
+                window_start_us: W0 + 10 * SECOND,
+                previous: 1,
+                current: 1,
+            }))
+        );
+        // 25 s ahead: clamped to the current window.
+        let state = SlidingWindowState {
+            window_start_us: W0 + 30 * SECOND,
+            previous: 7,
+            current: 1,
+        };
+        let step = check(&policy, Some(&state), W0 + 5 * SECOND, 1);
         assert_eq!(step.decision.retry_after(), Some(Duration::from_secs(15)));
         assert_eq!(step.expires_at_us, W0 + 20 * SECOND);
         assert_eq!(

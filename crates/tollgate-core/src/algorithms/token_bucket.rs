@@ -17,6 +17,7 @@
 //!
 //! The arithmetic follows `ALGORITHMS.md` ("Token bucket") exactly.
 
+use super::gcra::clock_tolerance;
 use super::{ceil_div, micros, saturate, step, State, Step, TokenBucketState};
 use crate::{Decision, Policy};
 
@@ -50,11 +51,12 @@ pub(super) fn check(
     // > 0 only when the clock went back: the refill resumes at `last`.
     let mut lag = last - now;
     // Back to full in `lag + (full − level) / scale`: more than an empty
-    // bucket now needs is more than this policy can leave (a clock that
-    // went back that far, a corrupt value). Clamped to an empty bucket now,
-    // and written back.
+    // bucket now needs, beyond the clock tolerance, is more than this
+    // policy can leave (a clock that jumped back, a corrupt value). Clamped
+    // to an empty bucket now, and written back.
+    let full_reset = ceil_div(full, scale);
     let mut repair = None;
-    if lag * scale > level {
+    if lag + ceil_div(full - level, scale) > full_reset + clock_tolerance(full_reset) {
         (level, last, lag) = (0, now, 0);
         repair = Some(State::TokenBucket(TokenBucketState {
             level: 0,

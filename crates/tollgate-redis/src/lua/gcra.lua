@@ -27,11 +27,14 @@ end
 -- Returns allowed, remaining, retry_after, reset_after, delay, new_us,
 -- new_rem (new_* nil when nothing is to be written), and repair_us,
 -- repair_rem when the stored time lay further ahead than the policy can
--- leave (clamped to now + B x I / S; the caller writes it on a charge).
+-- leave, beyond the clock tolerance (clamped to now + B x I / S; the
+-- caller writes it on a charge).
 --
 -- Everything is computed relative to now (span = (time - now) x S): spans
--- stay within 2 x B x I <= 2^53 once clamped, while an absolute time in
--- units could pass 2^53. The absolute time is formed only for a state to
+-- stay within 2 x B x I <= 2^53 while the time is at most the worst case
+-- ahead, while an absolute time in units could pass 2^53. Within the clock
+-- tolerance beyond it, only whole microseconds ahead (`ahead`) and the
+-- fraction are used. The absolute time is formed only for a state to
 -- write, which lies at most B x I / S after now.
 local function pair_step(us, rem, S, I, B, now, c)
   local peek = c == 0
@@ -40,18 +43,40 @@ local function pair_step(us, rem, S, I, B, now, c)
     cost = 1
   end
   local cap = B * I
-  -- span_old = (max(time, now) - now) x S
-  local span_old = 0
+  local ahead, span_old = 0, 0
   if us ~= nil and us >= now then
-    span_old = (us - now) * S + rem
+    ahead = us - now
+    span_old = ahead * S + rem -- compared with cap only, unless <= cap
+  else
+    rem = 0
   end
+  local full_reset = ceil_div(cap, S)
   local repair_us, repair_rem = nil, nil
-  if span_old > cap then
-    span_old = cap
+  if ahead > full_reset + tolerance(full_reset) then
     local whole = div(cap, S)
-    repair_us, repair_rem = now + whole, cap - whole * S
+    ahead, rem, span_old = whole, cap - whole * S, cap
+    repair_us, repair_rem = now + whole, rem
   end
-  local span_new = span_old + cost * I
+  local charge = cost * I
+  if span_old > cap then
+    -- Within the tolerance: denied, every figure from ahead and rem.
+    local d = cap - charge
+    local retry
+    if rem >= d then
+      retry = ahead
+      if rem > d then
+        retry = ahead + 1
+      end
+    else
+      retry = ahead - div(d - rem, S)
+    end
+    local reset = ahead
+    if rem > 0 then
+      reset = ahead + 1
+    end
+    return false, 0, retry, reset, 0, nil, nil, repair_us, repair_rem
+  end
+  local span_new = span_old + charge
   if span_new <= cap then
     local delay = ceil_div(span_old, S)
     if peek then
@@ -60,7 +85,7 @@ local function pair_step(us, rem, S, I, B, now, c)
     local whole = div(span_new, S)
     return true, div(cap - span_new, I), -1, ceil_div(span_new, S), delay, now + whole, span_new - whole * S, repair_us, repair_rem
   end
-  return false, div(max0(cap - span_old), I), ceil_div(span_new - cap, S), ceil_div(span_old, S), 0, nil, nil, repair_us, repair_rem
+  return false, div(cap - span_old, I), ceil_div(span_old - (cap - charge), S), ceil_div(span_old, S), 0, nil, nil, repair_us, repair_rem
 end
 
 -- The GCRA-family step on key: parses, steps, writes a repair on a charge,

@@ -27,8 +27,10 @@ ALG.leaky_meter = function(key, L, P, B, now, c)
     new_last = now
   end
   local lag = new_last - now
-  if lag * S + level > full then
-    -- Empty later than a full bucket now would be: clamped to a full bucket
+  local full_reset = ceil_div(full, S)
+  if level > full or lag + ceil_div(level, S) > full_reset + tolerance(full_reset) then
+    -- More water than the bucket holds, or empty later than a full bucket
+    -- now would be beyond the clock tolerance: clamped to a full bucket
     -- now, written back on a charge.
     level, new_last, lag = full, now, 0
     if c > 0 then

@@ -50,6 +50,16 @@ local function num(digits)
   return n
 end
 
+-- How far (us) a state may lie beyond the policy's worst case, whose reset
+-- is full_reset us, before it is clamped: as much again, at least a second
+-- (clock_tolerance in Rust; ALGORITHMS.md, "Changing a policy").
+local function tolerance(full_reset)
+  if full_reset < 1000000 then
+    return 1000000
+  end
+  return full_reset
+end
+
 -- Writes a string state that expires at expires_us (microseconds).
 local function put(key, value, expires_us)
   redis.call('SET', key, value)

@@ -15,15 +15,17 @@ ALG.sliding_log = function(key, L, P, B, now, c)
     local top = redis.call('ZREVRANGE', key, 0, 0, 'WITHSCORES')
     newest = tonumber(top[2])
   end
-  -- A log with entries after now (a clock that went back, a corrupt value)
-  -- or more live entries than L (a limit that shrank) is read as its
-  -- newest L live entries, none after now, and written so on a charge.
+  -- A log with entries later than clocks that disagree explain (a clock
+  -- that jumped back, a corrupt value) or more live entries than L (a limit
+  -- that shrank) is read as its newest L live entries, none after now, and
+  -- written so on a charge.
   -- `skip` live entries (the oldest) are left out of the view.
   local skip = 0
   if count > L then
     skip = count - L
   end
-  if newest ~= nil and (newest > now or skip > 0) then
+  local clamped = newest ~= nil and (newest - now > tolerance(P) or skip > 0)
+  if clamped then
     if c > 0 then
       redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(cutoff))
       local future = redis.call('ZCOUNT', key, '(' .. fmt(now), '+inf')
@@ -98,7 +100,7 @@ ALG.sliding_log = function(key, L, P, B, now, c)
   local k = live + cost - L
   local kth = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(cutoff), '+inf', 'WITHSCORES', 'LIMIT', skip + k - 1, 1)
   local t = tonumber(kth[2])
-  if t > now then
+  if clamped and t > now then
     t = now
   end
   return { false, max0(L - live), t + P - now, reset_after(), 0 }

@@ -30,9 +30,11 @@ ALG.token_bucket = function(key, L, P, B, now, c)
     new_last = now
   end
   local lag = new_last - now
-  if lag * S > level then
-    -- Back to full later than an empty bucket now would be: clamped to an
-    -- empty bucket now, written back on a charge.
+  local full_reset = ceil_div(full, S)
+  if lag + ceil_div(full - level, S) > full_reset + tolerance(full_reset) then
+    -- Back to full later than an empty bucket now would be, beyond the
+    -- clock tolerance: clamped to an empty bucket now, written back on a
+    -- charge.
     level, new_last, lag = 0, now, 0
     if c > 0 then
       put(key, 'token_bucket:0:' .. fmt(now), now + ceil_div(full, S))
