@@ -38,13 +38,13 @@ end
 local MAX = 4503599627370496
 
 -- A stored decimal number, or nil when it has more than 16 digits or
--- passes 2^53 (it could not be exact: the value is then no state).
+-- reaches 2^53 (it may not be exact: the value is then no state).
 local function num(digits)
   if #digits > 16 then
     return nil
   end
   local n = tonumber(digits)
-  if n == nil or n > 2 * MAX then
+  if n == nil or n >= 2 * MAX then
     return nil
   end
   return n
