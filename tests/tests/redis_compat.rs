@@ -336,7 +336,10 @@ async fn limiter_on_the_cluster() {
 /// (key, max_burst, count, period, quantity, ms after the start, reply).
 /// The same table runs against `algorithms::throttle` in tollgate-core's
 /// `throttle_redis_cell` tests.
-const KNOWN: &[(&str, u64, u64, u64, u64, u64, [i64; 5])] = &[
+/// (key, max_burst, count, period, quantity, ms after the start, reply).
+type Row = (&'static str, u64, u64, u64, u64, u64, [i64; 5]);
+
+const KNOWN: &[Row] = &[
     ("a", 3, 60, 1, 1, 0, [0, 4, 3, -1, 1]),
     ("c", 15, 30, 60, 1, 0, [0, 16, 15, -1, 2]),
     ("c", 15, 30, 60, 1, 0, [0, 16, 14, -1, 4]),

@@ -414,8 +414,15 @@ fn the_found_flake_is_a_regression_test() {
             },
         ];
         let subject = format!("flake-{algorithm}");
-        run_case(&runtime, &redis, &clock, &subject, &[policy.clone()], &ops)
-            .unwrap_or_else(|e| panic!("{algorithm}: {e}"));
+        run_case(
+            &runtime,
+            &redis,
+            &clock,
+            &subject,
+            std::slice::from_ref(&policy),
+            &ops,
+        )
+        .unwrap_or_else(|e| panic!("{algorithm}: {e}"));
         // And the exact figure: a full bucket, 174 453 µs further ahead.
         let memory = MemoryStore::builder().clock(clock.clone()).build();
         let subject = format!("flake-exact-{algorithm}");

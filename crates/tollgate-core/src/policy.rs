@@ -351,9 +351,27 @@ impl PolicyBuilder {
     /// A [`PolicyError`] naming the field when the limit, period or burst is
     /// zero, when a window algorithm is given a burst, when a sliding log's
     /// limit is above [`SLIDING_LOG_MAX_LIMIT`], when the period is not a
-    /// whole number of microseconds, when a product of the values exceeds
-    /// [`MAX_MAGNITUDE`], or when the name is empty, too long or uses other
-    /// characters than ASCII letters, digits, `_`, `-` and `.`.
+    /// whole number of microseconds, when a value is too large for the
+    /// algorithm to compute exactly (ALGORITHMS.md, "Magnitudes": the
+    /// error names the policy and the largest value accepted), or when the
+    /// name is empty, too long or uses other characters than ASCII letters,
+    /// digits, `_`, `-` and `.`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::Policy;
+    ///
+    /// // Quotas as they are sold: a million a day, 10^9 per 30 days.
+    /// let daily = Policy::per_day(1_000_000).name("daily").build()?;
+    /// let monthly = Policy::per(1_000_000_000, Duration::from_secs(30 * 86_400)).build()?;
+    /// assert_eq!((daily.limit(), monthly.capacity()), (1_000_000, 1_000_000_000));
+    ///
+    /// // Out of range: the error names the policy and what would fit.
+    /// let err = Policy::per_second(1 << 40).name("burst").build().unwrap_err();
+    /// assert!(err.to_string().starts_with("policy \"burst\": limit"));
+    /// assert!(err.to_string().contains("the largest limit accepted is"));
+    /// # Ok::<(), tollgate_core::PolicyError>(())
+    /// ```
     pub fn build(self) -> Result<Policy, PolicyError> {
         let Self {
             name,
@@ -535,7 +553,7 @@ fn bucket_scale(limit: u64, period_us: u64, capacity: u64) -> Option<(u64, u64)>
 fn sliding_weight_unit(limit: u64, period_us: u64) -> Option<u64> {
     let mut unit = 1_u64;
     loop {
-        if period_us % unit != 0 {
+        if !period_us.is_multiple_of(unit) {
             return None;
         }
         if u128::from(limit) * u128::from(period_us / unit) <= u128::from(MAX_MAGNITUDE) {

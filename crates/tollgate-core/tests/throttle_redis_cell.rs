@@ -99,7 +99,10 @@ impl Cell {
 
 /// Known `CL.THROTTLE` replies, each row a call on the named key in order:
 /// (key, max_burst, count, period, quantity, ms after T0, reply).
-const KNOWN: &[(&str, u64, u64, u64, u64, u64, [i64; 5])] = &[
+/// (key, max_burst, count, period, quantity, ms after the start, reply).
+type Row = (&'static str, u64, u64, u64, u64, u64, [i64; 5]);
+
+const KNOWN: &[Row] = &[
     // Issue 11, against a real redis-cell 0.5.0: a fresh key; 60 per second
     // leaves 16.7 ms to reset, reported as 1 s.
     ("a", 3, 60, 1, 1, 0, [0, 4, 3, -1, 1]),
