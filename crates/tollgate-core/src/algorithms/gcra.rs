@@ -12,7 +12,9 @@
 //! **State.** One time, [`GcraState`]: whole microseconds plus a fraction in
 //! units of `1 / limit`, so emission intervals that are not whole
 //! microseconds (3 per second is 333 333⅓ µs) accumulate exactly and never
-//! drift. Denials write nothing.
+//! drift. (A policy past 2^52 counts in `1 / 2^k` µs instead, its interval
+//! rounded up: [`Policy::emission_interval`].) Denials write nothing but a
+//! repair (ALGORITHMS.md, "Changing a policy").
 //!
 //! **When to pick it.** By default: it is the cheapest algorithm (one integer
 //! per key in Redis), its answers are exact, and [`throttle`] reproduces
@@ -22,7 +24,7 @@
 //! steady pace rather than rejected.
 //!
 //! The arithmetic follows `ALGORITHMS.md` ("GCRA") exactly. A time `us +
-//! rem / L` is handled here as the single integer `us·L + rem` in `u128`,
+//! rem / S` is handled here as the single integer `us·S + rem` in `u128`,
 //! which is the same arithmetic as the pairs the Lua scripts use.
 
 use std::fmt;

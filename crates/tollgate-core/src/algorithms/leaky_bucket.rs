@@ -16,8 +16,9 @@
 //!   instant get delays of 0, 1 s and 2 s and a fourth is rejected.
 //!
 //! **State.** Meter: [`LeakyMeterState`], the water level in units of
-//! `1 / period` of a permit (so draining `limit` units per microsecond is
-//! exact) and when it was computed. Queue: [`LeakyQueueState`], the exact
+//! `1 / period` of a permit (of `1 / increment` past 2^52:
+//! [`Policy::emission_interval`]; so draining `limit` units per microsecond
+//! is exact) and when it was computed. Queue: [`LeakyQueueState`], the exact
 //! time the queue is empty, the same number GCRA keeps. Denials write
 //! nothing.
 //!

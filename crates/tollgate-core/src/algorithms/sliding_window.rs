@@ -5,8 +5,9 @@
 //! `period` ending now as `previous × (part of the previous window still
 //! inside the sliding window) + current`. A request is admitted when the
 //! estimate, with its cost added, is at most `limit`. The weighting is exact
-//! (integers scaled by the period), so the estimate never exceeds the limit
-//! at an admission.
+//! (integers scaled by the period; past 2^52, in whole units of
+//! [`Policy::weight_unit_micros`] with the weight rounded up), so the
+//! estimate never exceeds the limit at an admission.
 //!
 //! The estimate assumes the previous window's permits were spread evenly; a
 //! previous window whose traffic came at its very end is under-weighted, so
