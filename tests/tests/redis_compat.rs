@@ -330,3 +330,91 @@ async fn limiter_on_the_cluster() {
     assert_eq!(limiter.available_permits().await.unwrap(), 0);
     assert!(limiter.delete().await.unwrap());
 }
+
+/// Known `CL.THROTTLE` replies (redis-cell's README and a real redis-cell
+/// 0.5.0, quoted in issue 11), each row a call on the named key in order:
+/// (key, max_burst, count, period, quantity, ms after the start, reply).
+/// The same table runs against `algorithms::throttle` in tollgate-core's
+/// `throttle_redis_cell` tests.
+/// (key, max_burst, count, period, quantity, ms after the start, reply).
+type Row = (&'static str, u64, u64, u64, u64, u64, [i64; 5]);
+
+const KNOWN: &[Row] = &[
+    ("a", 3, 60, 1, 1, 0, [0, 4, 3, -1, 1]),
+    ("c", 15, 30, 60, 1, 0, [0, 16, 15, -1, 2]),
+    ("c", 15, 30, 60, 1, 0, [0, 16, 14, -1, 4]),
+    ("b", 0, 10, 1, 1, 0, [0, 1, 0, -1, 1]),
+    ("b", 0, 10, 1, 1, 0, [1, 1, 0, 1, 1]),
+    ("b", 0, 10, 1, 1, 100, [0, 1, 0, -1, 1]),
+    ("b", 0, 10, 1, 0, 150, [0, 1, 0, -1, 1]),
+    ("b", 0, 10, 1, 2, 150, [1, 1, 0, -1, 1]),
+    ("d", 4, 1, 1, 5, 0, [0, 5, 0, -1, 5]),
+    ("d", 4, 1, 1, 1, 500, [1, 5, 0, 1, 5]),
+    ("d", 4, 1, 1, 1, 999, [1, 5, 0, 1, 5]),
+    ("d", 4, 1, 1, 1, 1_000, [0, 5, 0, -1, 5]),
+];
+
+/// `RedisStore::throttle` gives redis-cell 0.5's replies, rounding included.
+#[tokio::test(flavor = "multi_thread")]
+async fn known_cl_throttle_replies_from_redis() {
+    let clock = manual_clock();
+    let start = clock.now_micros();
+    let store = redis_common::standalone(&unique_prefix("cell-known"), client(&clock)).await;
+    for (i, &(key, max_burst, count, period, qty, at_ms, expected)) in KNOWN.iter().enumerate() {
+        clock.set(start + at_ms * 1_000);
+        let reply = store
+            .throttle(key, max_burst, count, period, qty)
+            .await
+            .unwrap();
+        assert_eq!(reply.to_array(), expected, "row {i}");
+    }
+}
+
+/// Random `CL.THROTTLE` sequences: the Redis script and the in-memory
+/// function give the same replies, on random arguments, quantities (peeks
+/// and quantities above the burst included) and whole-millisecond times.
+#[test]
+fn random_throttle_sequences_match_memory() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+    let runtime = tokio::runtime::Runtime::new().expect("a Tokio runtime");
+    let clock = manual_clock();
+    let store = runtime.block_on(redis_common::standalone(
+        &unique_prefix("cell-random"),
+        client(&clock),
+    ));
+    let case = (
+        0u64..=20,
+        1u64..=120,
+        1u64..=120,
+        prop::collection::vec((0u64..=5_000, 0u64..=23), 1..30),
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let n = std::sync::atomic::AtomicU64::new(0);
+    runner
+        .run(&case, |(max_burst, count, period, calls)| {
+            let key = format!("k{}", n.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+            let mut state = None;
+            for (i, (step_ms, qty)) in calls.into_iter().enumerate() {
+                clock.advance(Duration::from_millis(step_ms));
+                let now = clock.now_micros();
+                let from_redis = runtime
+                    .block_on(store.throttle(&key, max_burst, count, period, qty))
+                    .map_err(|e| TestCaseError::fail(format!("call {i}: {e}")))?;
+                let (from_memory, next) =
+                    throttle(state.as_ref(), now, max_burst, count, period, qty)
+                        .map_err(|e| TestCaseError::fail(format!("call {i}: {e}")))?;
+                if next.is_some() {
+                    state = next;
+                }
+                prop_assert_eq!(from_redis, from_memory, "call {}", i);
+            }
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("Redis and memory throttle disagree: {e}"));
+}

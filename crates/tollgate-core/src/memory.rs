@@ -887,8 +887,8 @@ struct GcraFast {
 #[inline(always)]
 fn gcra_fast(policy: &Policy, tat: Option<GcraState>, now_us: u64, cost: u64) -> Option<GcraFast> {
     let capacity = policy.capacity();
-    let limit = policy.limit();
-    let period = policy.period_micros();
+    // `(scale, increment)` is `(limit, period)` for an exact policy.
+    let (limit, period) = policy.emission_interval();
     if cost > capacity {
         return None;
     }
@@ -903,6 +903,14 @@ fn gcra_fast(policy: &Policy, tat: Option<GcraState>, now_us: u64, cost: u64) ->
         }
         _ => 0,
     };
+    if span_old > full
+        && (span_old / limit).saturating_sub(full.div_ceil(limit))
+            > full.div_ceil(limit).max(1_000_000)
+    {
+        // Further ahead than the policy can leave, beyond the clock
+        // tolerance: the reference clamps it and writes the repair.
+        return None;
+    }
     let span_new = span_old.checked_add(cost.max(1).checked_mul(period)?)?;
     if span_new > full {
         let retry_after = (span_new - full).div_ceil(limit);
@@ -982,10 +990,13 @@ fn tat_charge(
 ) -> Option<TatCharge> {
     let full = policy.capacity().checked_mul(interval)?;
     // A TAT in the past is the same as no state (so an expired slot needs
-    // no telling apart).
-    let span = tat_us
-        .saturating_sub(now_us)
-        .checked_add(cost.checked_mul(interval)?)?;
+    // no telling apart). One further ahead than the policy can leave is
+    // clamped, and written back, by the reference.
+    let ahead = tat_us.saturating_sub(now_us);
+    if ahead.saturating_sub(full) > full.max(1_000_000) {
+        return None;
+    }
+    let span = ahead.checked_add(cost.checked_mul(interval)?)?;
     if span > full {
         // Denials write nothing: their figures come from the reference
         // arithmetic.
@@ -1399,12 +1410,18 @@ impl Shard {
         cost: u64,
     ) -> Result<Decision, StoreError> {
         let name = policy.shared_name();
+        // The time again, under the lock: no state written before is then
+        // later than it (with a clock that never goes back), so a state
+        // ahead of it beyond the clock tolerance is a policy change or a
+        // clock set back, which the algorithm clamps, never a check that
+        // read the clock before another's and locked after it.
+        let now = now.max(inner.clock.now_micros());
         self.demote_if_hot(hash);
         let hot = self.hot_tat.load(Ordering::Relaxed);
         let index = self.find(hash, key);
         let Some(entry) = index.and_then(|index| self.table.get_bucket_mut(index)) else {
             let step = check_policy(policy, None, now, cost);
-            if let (true, Some(state)) = (cost > 0 && step.decision.is_allowed(), step.new_state) {
+            if let (true, Some(state)) = (cost > 0, step.new_state) {
                 let mut entry = Entry::new(key);
                 entry.write(&mut self.names, None, name, state, step.expires_at_us);
                 entry.refresh(now, hot);
@@ -1416,7 +1433,7 @@ impl Shard {
         let position = entry.slot(name);
         let state = position.and_then(|position| entry.slots[position].live_state(now, hot));
         let step = check_policy(policy, state.as_deref(), now, cost);
-        if let (true, Some(state)) = (cost > 0 && step.decision.is_allowed(), step.new_state) {
+        if let (true, Some(state)) = (cost > 0, step.new_state) {
             entry.write(&mut self.names, position, name, state, step.expires_at_us);
             entry.refresh(now, hot);
             let expires_at_us = entry.expires_at_us(hot);
@@ -1438,11 +1455,13 @@ impl Shard {
         now: u64,
         cost: u64,
     ) -> Result<Verdict, StoreError> {
+        // The time again, under the lock (see `check_one`).
+        let now = now.max(inner.clock.now_micros());
         self.demote_if_hot(hash);
         let hot = self.hot_tat.load(Ordering::Relaxed);
         let index = self.find(hash, key);
         let entry = index.and_then(|index| self.table.get_bucket(index));
-        let steps: SmallVec<[Step; 2]> = policies
+        let mut steps: SmallVec<[Step; 2]> = policies
             .iter()
             .map(|policy| {
                 let state =
@@ -1450,26 +1469,22 @@ impl Shard {
                 check_policy(policy, state.as_deref(), now, cost)
             })
             .collect();
-        let mut verdict: Verdict = steps.iter().map(|step| step.decision).collect();
-        if cost > 0 && !verdict.is_allowed() {
+        if cost > 0 && steps.iter().any(|step| !step.decision.is_allowed()) {
             // Nothing is charged, so the policies that would have admitted
-            // report their state as it stays: as a peek does.
-            verdict = policies
-                .iter()
-                .zip(&steps)
-                .map(|(policy, step)| {
-                    if step.decision.is_allowed() {
-                        let state = entry
-                            .and_then(|entry| entry.live_state(policy.shared_name(), now, hot));
-                        check_policy(policy, state.as_deref(), now, 0).decision
-                    } else {
-                        step.decision
-                    }
-                })
-                .collect();
+            // report their state as it stays: as a peek does (which writes
+            // only a repair).
+            for (policy, step) in policies.iter().zip(steps.iter_mut()) {
+                if step.decision.is_allowed() {
+                    let state =
+                        entry.and_then(|entry| entry.live_state(policy.shared_name(), now, hot));
+                    *step = check_policy(policy, state.as_deref(), now, 0);
+                }
+            }
         }
-        let write =
-            cost > 0 && verdict.is_allowed() && steps.iter().any(|step| step.new_state.is_some());
+        let verdict: Verdict = steps.iter().map(|step| step.decision).collect();
+        // New states of an admission, and repairs (ALGORITHMS.md, "Changing
+        // a policy") whatever the verdict; a peek writes nothing.
+        let write = cost > 0 && steps.iter().any(|step| step.new_state.is_some());
         if !write {
             self.tick(inner, now);
             return Ok(verdict);

@@ -4,14 +4,23 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Largest product of two policy magnitudes (for example `limit × period` in
-/// microseconds) that a policy may reach.
+/// Largest magnitude any integer an algorithm keeps may reach: the limit, the
+/// burst, the period in microseconds, and every product the arithmetic forms
+/// (for example `burst × period` for a bucket).
 ///
-/// Every algorithm works in integer microseconds. The Redis scripts run in
-/// Lua, whose numbers are IEEE doubles and exact only up to 2^53; keeping every
-/// product below 2^52 leaves room for a timestamp on top, so the in-memory and
-/// Redis stores compute bit-identical results.
+/// Every algorithm works in integers. The Redis scripts run in Lua, whose
+/// numbers are IEEE doubles and exact only up to 2^53; keeping every product
+/// at most 2^52 leaves room for a sum of two, so the in-memory and Redis
+/// stores compute bit-identical results. Larger quotas are still accepted:
+/// a bucket rounds its emission interval up, and a sliding window weighs
+/// in a coarser time unit, as `ALGORITHMS.md` ("Magnitudes") describes.
 pub const MAX_MAGNITUDE: u64 = 1 << 52;
+
+/// The smallest emission-interval numerator a bucket policy whose
+/// `burst × period` passes [`MAX_MAGNITUDE`] may round to: its rate is then
+/// lowered by less than one part in `MIN_ROUNDED_INCREMENT` (0.0016 %),
+/// never raised.
+pub(crate) const MIN_ROUNDED_INCREMENT: u64 = 1 << 16;
 
 /// Largest limit a [`Algorithm::SlidingLog`] policy accepts.
 ///
@@ -133,7 +142,16 @@ pub struct Policy {
     limit: u64,
     period_us: u64,
     burst: Option<u64>,
-    /// `period_us / limit` when that is a whole number of microseconds,
+    /// Bucket algorithms: time is counted in units of `1 / scale` µs and a
+    /// permit costs `increment` units (`scale = limit`, `increment = period`
+    /// when exact). Window algorithms: `scale = limit`,
+    /// `increment = period`, unused.
+    scale: u64,
+    increment: u64,
+    /// Sliding window: the unit (µs, a power of ten dividing the period) in
+    /// which the previous window's weight is counted; 1 when exact.
+    weight_unit_us: u64,
+    /// `increment / scale` when that is a whole number of microseconds,
     /// else 0 (derived from the fields above; the memory store's GCRA hot
     /// path needs no division with it).
     interval_us: u64,
@@ -198,6 +216,50 @@ impl Policy {
         } else {
             Some(self.interval_us)
         }
+    }
+
+    /// How the bucket algorithms (GCRA, token bucket, leaky bucket) count
+    /// time: `(scale, increment)`, meaning one permit takes `increment /
+    /// scale` microseconds. When [`Policy::is_exact`] this is `(limit,
+    /// period)`, exactly `period / limit`; otherwise the interval is rounded
+    /// up (ALGORITHMS.md, "Magnitudes"), lowering the rate by less than one
+    /// part in `increment`. Window algorithms return `(limit, period)`.
+    ///
+    /// ```
+    /// use tollgate_core::Policy;
+    ///
+    /// let exact = Policy::per_second(3).build()?;
+    /// assert_eq!(exact.emission_interval(), (3, 1_000_000));
+    /// // u32::MAX per day: about 20.1 µs per permit, rounded up to a
+    /// // multiple of 2^-15 µs.
+    /// let daily = Policy::per_day(u64::from(u32::MAX)).build()?;
+    /// assert!(!daily.is_exact());
+    /// let (scale, increment) = daily.emission_interval();
+    /// assert_eq!(scale, 1 << 15);
+    /// assert!(u128::from(increment) * u128::from(u32::MAX) >= 86_400_000_000 * u128::from(scale));
+    /// # Ok::<(), tollgate_core::PolicyError>(())
+    /// ```
+    #[must_use]
+    pub const fn emission_interval(&self) -> (u64, u64) {
+        (self.scale, self.increment)
+    }
+
+    /// The unit, in microseconds, in which a sliding window weighs its
+    /// previous window: 1 when exact, else the smallest power of ten that
+    /// divides the period and keeps `limit × period / unit` within
+    /// [`MAX_MAGNITUDE`] (the weight is then rounded up, never down). 1 for
+    /// other algorithms.
+    #[must_use]
+    pub const fn weight_unit_micros(&self) -> u64 {
+        self.weight_unit_us
+    }
+
+    /// Whether every figure is computed without rounding: a bucket whose
+    /// `burst × period` and a sliding window whose `limit × period` are at
+    /// most [`MAX_MAGNITUDE`], and every fixed window and sliding log.
+    #[must_use]
+    pub const fn is_exact(&self) -> bool {
+        self.scale == self.limit && self.increment == self.period_us && self.weight_unit_us == 1
     }
 
     /// The name, shared: the memory store keeps this `Arc` rather than a
@@ -289,9 +351,27 @@ impl PolicyBuilder {
     /// A [`PolicyError`] naming the field when the limit, period or burst is
     /// zero, when a window algorithm is given a burst, when a sliding log's
     /// limit is above [`SLIDING_LOG_MAX_LIMIT`], when the period is not a
-    /// whole number of microseconds, when a product of the values exceeds
-    /// [`MAX_MAGNITUDE`], or when the name is empty, too long or uses other
-    /// characters than ASCII letters, digits, `_`, `-` and `.`.
+    /// whole number of microseconds, when a value is too large for the
+    /// algorithm to compute exactly (ALGORITHMS.md, "Magnitudes": the
+    /// error names the policy and the largest value accepted), or when the
+    /// name is empty, too long or uses other characters than ASCII letters,
+    /// digits, `_`, `-` and `.`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::Policy;
+    ///
+    /// // Quotas as they are sold: a million a day, 10^9 per 30 days.
+    /// let daily = Policy::per_day(1_000_000).name("daily").build()?;
+    /// let monthly = Policy::per(1_000_000_000, Duration::from_secs(30 * 86_400)).build()?;
+    /// assert_eq!((daily.limit(), monthly.capacity()), (1_000_000, 1_000_000_000));
+    ///
+    /// // Out of range: the error names the policy and what would fit.
+    /// let err = Policy::per_second(1 << 40).name("burst").build().unwrap_err();
+    /// assert!(err.to_string().starts_with("policy \"burst\": limit"));
+    /// assert!(err.to_string().contains("the largest limit accepted is"));
+    /// # Ok::<(), tollgate_core::PolicyError>(())
+    /// ```
     pub fn build(self) -> Result<Policy, PolicyError> {
         let Self {
             name,
@@ -309,13 +389,6 @@ impl PolicyBuilder {
         if !period.subsec_nanos().is_multiple_of(1_000) {
             return Err(PolicyError::SubMicrosecondPeriod { period });
         }
-        let period_us = u64::try_from(period.as_micros())
-            .ok()
-            .filter(|p| *p < MAX_MAGNITUDE)
-            .ok_or(PolicyError::TooLarge {
-                field: "period",
-                detail: "the period in microseconds must stay below 2^52 (about 142 years)",
-            })?;
         if let Some(burst) = burst {
             if !algorithm.has_burst() {
                 return Err(PolicyError::BurstNotSupported { algorithm });
@@ -324,28 +397,8 @@ impl PolicyBuilder {
                 return Err(PolicyError::ZeroBurst);
             }
         }
-        if algorithm == Algorithm::SlidingLog && limit > SLIDING_LOG_MAX_LIMIT {
-            return Err(PolicyError::SlidingLogLimit { limit });
-        }
-        let capacity = burst.unwrap_or(limit);
-        if limit
-            .checked_mul(period_us)
-            .is_none_or(|p| p > MAX_MAGNITUDE)
-        {
-            return Err(PolicyError::TooLarge {
-                field: "limit",
-                detail: "limit × period in microseconds must not exceed 2^52; use a shorter period with a proportionally smaller limit",
-            });
-        }
-        if capacity
-            .checked_mul(period_us)
-            .is_none_or(|p| p > MAX_MAGNITUDE)
-        {
-            return Err(PolicyError::TooLarge {
-                field: "burst",
-                detail: "burst × period in microseconds must not exceed 2^52; use a smaller burst",
-            });
-        }
+        // Named first, so that a size error can say which policy it is.
+        let period_us = u64::try_from(period.as_micros()).unwrap_or(u64::MAX);
         let name = match name {
             Some(name) => {
                 validate_name(&name)?;
@@ -353,20 +406,176 @@ impl PolicyBuilder {
             }
             None => default_name(algorithm, limit, period_us),
         };
+        let too_large = |field: &'static str, value: u64, max: u64| PolicyError::TooLarge {
+            policy: name.clone(),
+            algorithm,
+            field,
+            value,
+            max,
+        };
+        if period_us >= MAX_MAGNITUDE {
+            return Err(too_large("period", period_us, MAX_MAGNITUDE - 1));
+        }
+        if algorithm == Algorithm::SlidingLog && limit > SLIDING_LOG_MAX_LIMIT {
+            return Err(PolicyError::SlidingLogLimit {
+                policy: name,
+                limit,
+            });
+        }
+        let magnitudes = Magnitudes::of(algorithm, limit, period_us, burst).map_err(|field| {
+            // The largest value of the field that is accepted, all else
+            // equal (found by bisection: acceptance shrinks as the field
+            // grows).
+            let accepts = |value: u64| match field {
+                "burst" => Magnitudes::of(algorithm, limit, period_us, Some(value)).is_ok(),
+                _ => Magnitudes::of(algorithm, value, period_us, burst).is_ok(),
+            };
+            let value = if field == "burst" {
+                burst.unwrap_or(limit)
+            } else {
+                limit
+            };
+            too_large(field, value, largest_accepted(accepts, value))
+        })?;
+        let Magnitudes {
+            scale,
+            increment,
+            weight_unit_us,
+        } = magnitudes;
         Ok(Policy {
             name: name.into(),
             algorithm,
             limit,
             period_us,
             burst,
-            // `limit` is at least 1 here.
-            interval_us: if period_us % limit == 0 {
-                period_us / limit
+            scale,
+            increment,
+            weight_unit_us,
+            // `scale` is at least 1 here.
+            interval_us: if increment % scale == 0 {
+                increment / scale
             } else {
                 0
             },
         })
     }
+}
+
+/// The derived magnitudes of a policy (ALGORITHMS.md, "Magnitudes").
+struct Magnitudes {
+    scale: u64,
+    increment: u64,
+    weight_unit_us: u64,
+}
+
+impl Magnitudes {
+    /// The magnitudes, or the field that is too large. `period_us` is at
+    /// least 1 and below [`MAX_MAGNITUDE`]; `limit` and `burst` at least 1.
+    fn of(
+        algorithm: Algorithm,
+        limit: u64,
+        period_us: u64,
+        burst: Option<u64>,
+    ) -> Result<Self, &'static str> {
+        if limit > MAX_MAGNITUDE {
+            return Err("limit");
+        }
+        let exact = Self {
+            scale: limit,
+            increment: period_us,
+            weight_unit_us: 1,
+        };
+        match algorithm {
+            Algorithm::FixedWindow | Algorithm::SlidingLog => Ok(exact),
+            Algorithm::SlidingWindow => {
+                let weight_unit_us = sliding_weight_unit(limit, period_us).ok_or("limit")?;
+                Ok(Self {
+                    weight_unit_us,
+                    ..exact
+                })
+            }
+            _ => {
+                let capacity = burst.unwrap_or(limit);
+                if capacity > MAX_MAGNITUDE {
+                    return Err("burst");
+                }
+                let (scale, increment) = bucket_scale(limit, period_us, capacity)
+                    .ok_or(if burst.is_some() { "burst" } else { "limit" })?;
+                Ok(Self {
+                    scale,
+                    increment,
+                    weight_unit_us: 1,
+                })
+            }
+        }
+    }
+}
+
+/// `(scale, increment)` of a bucket policy (ALGORITHMS.md, "Magnitudes"):
+/// `(limit, period)` when `capacity × period ≤ 2^52`; else `scale = 2^k` for
+/// the largest `k` with `limit × 2^k ≤ 2^53` and `capacity × increment ≤
+/// 2^52`, where `increment = ceil(period × 2^k / limit)`, provided the
+/// increment is at least [`MIN_ROUNDED_INCREMENT`]. The Lua prelude computes
+/// the same.
+fn bucket_scale(limit: u64, period_us: u64, capacity: u64) -> Option<(u64, u64)> {
+    let max = u128::from(MAX_MAGNITUDE);
+    let (limit_w, period_w, capacity_w) = (
+        u128::from(limit),
+        u128::from(period_us),
+        u128::from(capacity),
+    );
+    if capacity_w * period_w <= max {
+        return Some((limit, period_us));
+    }
+    let mut best = None;
+    for k in 0..=53 {
+        let scale = 1_u128 << k;
+        if limit_w * scale > 2 * max {
+            break;
+        }
+        let increment = (period_w * scale).div_ceil(limit_w);
+        if capacity_w * increment > max {
+            break;
+        }
+        best = Some((scale, increment));
+    }
+    let (scale, increment) = best?;
+    if increment < u128::from(MIN_ROUNDED_INCREMENT) {
+        return None;
+    }
+    // Both are at most 2^53 here.
+    Some((u64::try_from(scale).ok()?, u64::try_from(increment).ok()?))
+}
+
+/// The sliding window's weight unit: 1 when `limit × period ≤ 2^52`, else
+/// the smallest power of ten that divides the period with `limit × (period
+/// / unit) ≤ 2^52`, if any.
+fn sliding_weight_unit(limit: u64, period_us: u64) -> Option<u64> {
+    let mut unit = 1_u64;
+    loop {
+        if !period_us.is_multiple_of(unit) {
+            return None;
+        }
+        if u128::from(limit) * u128::from(period_us / unit) <= u128::from(MAX_MAGNITUDE) {
+            return Some(unit);
+        }
+        unit = unit.checked_mul(10)?;
+    }
+}
+
+/// The largest `value` at most `refused` for which `accepts` holds (1 when
+/// none does; acceptance is assumed to shrink as the value grows).
+fn largest_accepted(accepts: impl Fn(u64) -> bool, refused: u64) -> u64 {
+    let (mut good, mut bad) = (0_u64, refused);
+    while bad - good > 1 {
+        let mid = good + (bad - good) / 2;
+        if accepts(mid) {
+            good = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    good
 }
 
 fn validate_name(name: &str) -> Result<(), PolicyError> {
@@ -427,15 +636,26 @@ pub enum PolicyError {
     },
     /// A sliding log's limit was above [`SLIDING_LOG_MAX_LIMIT`].
     SlidingLogLimit {
+        /// The policy's name.
+        policy: String,
         /// The limit given.
         limit: u64,
     },
-    /// A value, or a product of values, was too large to compute exactly.
+    /// A value was too large for the policy's algorithm to compute exactly
+    /// (or, for a bucket, with its interval rounded up by less than one
+    /// part in 65 536); ALGORITHMS.md, "Magnitudes".
     TooLarge {
-        /// The field to change.
+        /// The policy's name.
+        policy: String,
+        /// The policy's algorithm.
+        algorithm: Algorithm,
+        /// The field to change: `limit`, `burst` or `period`.
         field: &'static str,
-        /// The bound that was crossed.
-        detail: &'static str,
+        /// The value given (the period in microseconds).
+        value: u64,
+        /// The largest value of the field accepted, the others unchanged
+        /// (0 when none is).
+        max: u64,
     },
     /// The name was empty, too long, or had characters other than ASCII
     /// letters, digits, `_`, `-` and `.`.
@@ -453,8 +673,16 @@ impl fmt::Display for PolicyError {
             Self::ZeroBurst => f.write_str("policy burst is 0: give a burst of at least 1, or leave it unset to default to the limit"),
             Self::SubMicrosecondPeriod { period } => write!(f, "policy period {period:?} has a fraction of a microsecond: give a whole number of microseconds"),
             Self::BurstNotSupported { algorithm } => write!(f, "policy burst is not supported by {algorithm}: window algorithms admit `limit` per window; remove .burst(..) or choose gcra, token_bucket or leaky_bucket"),
-            Self::SlidingLogLimit { limit } => write!(f, "policy limit {limit} is above the sliding log's cap of {SLIDING_LOG_MAX_LIMIT}: the log keeps one entry per permit; use sliding_window or gcra for large limits"),
-            Self::TooLarge { field, detail } => write!(f, "policy {field} is too large: {detail}"),
+            Self::SlidingLogLimit { policy, limit } => write!(f, "policy {policy:?}: limit {limit} is above the sliding log's cap of {SLIDING_LOG_MAX_LIMIT}: the log keeps one entry per permit; use sliding_window or gcra for large limits"),
+            Self::TooLarge { policy, field: "period", value, max, .. } => write!(f, "policy {policy:?}: period of {value} µs is too long: the largest period accepted is {max} µs (about 142 years)"),
+            Self::TooLarge { policy, algorithm, field, value, max } => {
+                write!(f, "policy {policy:?}: {field} {value} is too large for {algorithm} with this period: ")?;
+                if *max == 0 {
+                    f.write_str("no value is accepted with this period; use a period that is a whole number of milliseconds (see ALGORITHMS.md, \"Magnitudes\")")
+                } else {
+                    write!(f, "the largest {field} accepted is {max} (see ALGORITHMS.md, \"Magnitudes\")")
+                }
+            }
             Self::InvalidName { name } => write!(f, "policy name {name:?} is invalid: use 1 to {MAX_POLICY_NAME_LEN} ASCII letters, digits, '_', '-' or '.'"),
         }
     }

@@ -56,10 +56,28 @@ fn assert_sane(policy: &Policy, now: u64, cost: u64, step: &Step) {
     assert_eq!(d.retry_after().is_some(), !d.is_allowed(), "{context}");
     if let Some(retry) = d.retry_after() {
         assert!(retry >= Duration::from_micros(1), "{context}");
-        assert!(step.new_state.is_none(), "denials write nothing: {context}");
     }
-    if cost == 0 {
-        assert!(step.new_state.is_none(), "peeks write nothing: {context}");
+    if !d.is_allowed() || cost == 0 {
+        // Denials and peeks write nothing but a repair: a state clamped to
+        // the policy's worst case, which reads back as itself, with the
+        // same decision.
+        if let Some(repaired) = &step.new_state {
+            let again = algorithms::check(policy, Some(repaired), now, cost);
+            assert_eq!(again.new_state, None, "a repair is final: {context}");
+            assert_eq!(again.decision, step.decision, "{context}");
+        }
+    }
+    // The state is never further ahead than the policy's full reset (at
+    // most two periods for a sliding window) plus the clock tolerance (as
+    // much again, at least a second: ALGORITHMS.md, "Changing a policy"),
+    // and a retry is at most one full reset beyond that.
+    let full_reset = (policy.capacity().saturating_mul(policy.period_micros()) / policy.limit())
+        .max(2 * policy.period_micros())
+        + 1;
+    let bound = 2 * full_reset + full_reset.max(1_000_000);
+    assert!(d.reset_after() <= Duration::from_micros(bound), "{context}");
+    if let Some(retry) = d.retry_after().filter(|r| *r != Duration::MAX) {
+        assert!(retry <= Duration::from_micros(bound), "{context}");
     }
     let reset = u64::try_from(d.reset_after().as_micros()).unwrap();
     assert_eq!(step.expires_at_us, now.saturating_add(reset), "{context}");

@@ -14,6 +14,12 @@ use common::Key;
 const T0: u64 = 1_700_000_000_000_000;
 const SECOND: u64 = 1_000_000;
 
+/// Microseconds as redis-cell 0.5 reports them in seconds: the whole
+/// seconds, plus one when at least a whole millisecond remains.
+fn cell_secs(us: u64) -> i64 {
+    (us / SECOND + u64::from(us % SECOND >= 1_000)) as i64
+}
+
 /// One `CL.THROTTLE` call on a key kept between calls.
 #[derive(Debug, Default)]
 struct CellKey(Option<GcraState>);
@@ -51,7 +57,7 @@ fn readme_example_and_its_first_denial() {
     // remaining = B − k, reset_after = k intervals.
     for k in 2..=16 {
         let reply = key.throttle(T0, 15, 30, 60, 1);
-        let reset_secs = (k * interval / SECOND) as i64;
+        let reset_secs = cell_secs(k * interval);
         assert_eq!(
             reply.to_array(),
             [0, 16, (burst - k) as i64, -1, reset_secs],
@@ -72,13 +78,18 @@ fn readme_example_and_its_first_denial() {
             limited: true,
             limit: 16,
             remaining: 0,
-            retry_after_secs: (retry_us / SECOND) as i64,
-            reset_after_secs: (reset_us / SECOND) as i64,
+            retry_after_secs: cell_secs(retry_us),
+            reset_after_secs: cell_secs(reset_us),
         }
     );
     // A limited request wrote nothing: the same answer a microsecond later
-    // with the retry shortened by that microsecond (truncated to 1 s).
+    // with the retry shortened by that microsecond (1.999999 s, reported
+    // as 2 s since at least a millisecond remains).
     let reply = key.throttle(T0 + 1, 15, 30, 60, 1);
+    assert_eq!(reply.to_array(), [1, 16, 0, 2, 32]);
+    // Less than a millisecond past a whole second is dropped: a retry of
+    // 1.0009 s and a reset of 31.0009 s.
+    let reply = key.throttle(T0 + retry_us - SECOND - 900, 15, 30, 60, 1);
     assert_eq!(reply.to_array(), [1, 16, 0, 1, 31]);
     // And exactly one interval later one request passes again.
     assert_eq!(
@@ -168,8 +179,8 @@ fn redis_cell_test_table_through_throttle() {
             i64::from(row.limited),
             5,
             row.remaining as i64,
-            row.retry_after_us.map_or(-1, |us| (us / SECOND) as i64),
-            (row.reset_after_us / SECOND) as i64,
+            row.retry_after_us.map_or(-1, cell_secs),
+            cell_secs(row.reset_after_us),
         ];
         assert_eq!(reply.to_array(), expected, "case {i}");
     }
@@ -225,12 +236,12 @@ fn throttle_peek_is_never_limited_and_writes_nothing() {
 }
 
 #[test]
-fn exact_comparison_where_redis_cell_rounds_to_seconds() {
-    // 10 per second, max_burst 0: one request every 100 ms. redis-cell
-    // compares its margin in whole seconds and would admit the second
-    // request at once; tollgate says wait 100 ms.
+fn sub_second_intervals_compare_exactly_as_redis_cell_0_5_does() {
+    // 10 per second, max_burst 0: one request every 100 ms. redis-cell 0.5
+    // compares exactly (0.3 compared in whole seconds and admitted early):
+    // `CL.THROTTLE b 0 10 1 1` twice answers [1, 1, 0, 1, 1].
     let mut key = CellKey::default();
-    assert!(!key.throttle(T0, 0, 10, 1, 1).limited);
+    assert_eq!(key.throttle(T0, 0, 10, 1, 1).to_array(), [0, 1, 0, -1, 1]);
     let policy = Policy::per_second(10).burst(1).build().unwrap();
     let state = key.0.map(State::Gcra);
     let step = algorithms::check(&policy, state.as_ref(), T0, 1);
@@ -238,10 +249,8 @@ fn exact_comparison_where_redis_cell_rounds_to_seconds() {
         step.decision.retry_after(),
         Some(Duration::from_millis(100))
     );
-    let reply = key.throttle(T0, 0, 10, 1, 1);
-    assert!(reply.limited);
-    // 100 ms truncates to 0 whole seconds, as redis-cell reports it.
-    assert_eq!(reply.retry_after_secs, 0);
+    // 100 ms is reported as 1 s: at least a millisecond remains.
+    assert_eq!(key.throttle(T0, 0, 10, 1, 1).to_array(), [1, 1, 0, 1, 1]);
 }
 
 #[test]

@@ -75,10 +75,9 @@ impl RedisStore {
     /// `throttle` and [`Store::check`] with that policy share it.
     ///
     /// A `quantity` above `max_burst + 1` can never succeed: the reply is
-    /// limited with a retry-after of -1 and nothing is charged. One
-    /// deliberate difference from redis-cell: it compares its "too early"
-    /// margin in whole seconds and so admits up to a second early with
-    /// sub-second emission intervals; tollgate compares exactly.
+    /// limited with a retry-after of -1 and nothing is charged. Seconds are
+    /// rounded as redis-cell 0.5 rounds them: up to the next whole second
+    /// when at least a millisecond remains.
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {

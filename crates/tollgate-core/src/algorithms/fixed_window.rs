@@ -36,12 +36,35 @@ pub(super) fn check(
     let now = u128::from(now_us);
     let mut window_start = now_us - now_us % period;
     let mut count = 0;
+    let mut repair = None;
     if let Some(s) = state {
-        if s.window_start_us >= window_start {
-            // The same window, or a later one when the clock went back: the
-            // stored window stays in force until its end.
+        let ahead = s.window_start_us.saturating_sub(now_us);
+        if u128::from(ahead) > super::gcra::clock_tolerance(u128::from(period)) {
+            // A window that starts later than clocks that disagree explain
+            // (a clock that jumped back, a corrupt value) would hold the
+            // subject beyond this policy's reset: clamped to the current
+            // window, at most full, and written back.
+            count = s.count.min(limit);
+            repair = Some(State::FixedWindow(FixedWindowState {
+                window_start_us: window_start,
+                count,
+            }));
+        } else if s.window_start_us >= window_start {
+            // The same window, or a later start (left by a policy whose
+            // period changed, or by a clock a little ahead of this one): it
+            // stays in force until its end.
             window_start = s.window_start_us;
             count = s.count;
+            if count > limit {
+                // More than this policy admits in a window (a limit that
+                // shrank): clamped to the limit, and written back so that
+                // the key's expiry is this window's end.
+                count = limit;
+                repair = Some(State::FixedWindow(FixedWindowState {
+                    window_start_us: window_start,
+                    count,
+                }));
+            }
         }
     }
     let end = u128::from(window_start) + u128::from(period);
@@ -58,12 +81,12 @@ pub(super) fn check(
     let wanted = u128::from(count) + u128::from(cost.max(1));
     if wanted > u128::from(limit) {
         let denied = Decision::denied(limit, remaining_old, until_end, reset(count));
-        return step(denied, None, now_us);
+        return step(denied, repair, now_us);
     }
     if cost == 0 {
         return step(
             Decision::allowed(limit, remaining_old, reset(count)),
-            None,
+            repair,
             now_us,
         );
     }
@@ -126,16 +149,44 @@ mod tests {
     }
 
     #[test]
-    fn clock_going_back_keeps_the_later_window() {
+    fn a_later_window_holds_within_the_clock_tolerance_and_is_clamped_beyond() {
         let policy = per_minute(1);
+        // A clock 30 s behind the one that opened the next window (within
+        // the tolerance of a period): that window stays in force, its count
+        // above the limit clamped and written back.
         let state = FixedWindowState {
             window_start_us: W0 + MINUTE,
-            count: 1,
+            count: 5,
         };
         let step = check(&policy, Some(&state), W0 + 30_000_000, 1);
         assert!(!step.decision.is_allowed());
         assert_eq!(step.decision.retry_after(), Some(Duration::from_secs(90)));
         assert_eq!(step.expires_at_us, W0 + 2 * MINUTE);
+        assert_eq!(
+            step.new_state,
+            Some(State::FixedWindow(FixedWindowState {
+                window_start_us: W0 + MINUTE,
+                count: 1,
+            }))
+        );
+        // A window 2.5 minutes ahead is more than clocks that disagree
+        // explain: it would hold the subject 3.5 minutes, beyond this
+        // policy's reset of at most one. Clamped to the current window.
+        let state = FixedWindowState {
+            window_start_us: W0 + 3 * MINUTE,
+            count: 5,
+        };
+        let step = check(&policy, Some(&state), W0 + 30_000_000, 1);
+        assert!(!step.decision.is_allowed());
+        assert_eq!(step.decision.retry_after(), Some(Duration::from_secs(30)));
+        assert_eq!(step.expires_at_us, W0 + MINUTE);
+        assert_eq!(
+            step.new_state,
+            Some(State::FixedWindow(FixedWindowState {
+                window_start_us: W0,
+                count: 1,
+            }))
+        );
     }
 
     #[test]

@@ -12,7 +12,9 @@
 //! **State.** One time, [`GcraState`]: whole microseconds plus a fraction in
 //! units of `1 / limit`, so emission intervals that are not whole
 //! microseconds (3 per second is 333 333⅓ µs) accumulate exactly and never
-//! drift. Denials write nothing.
+//! drift. (A policy past 2^52 counts in `1 / 2^k` µs instead, its interval
+//! rounded up: [`Policy::emission_interval`].) Denials write nothing but a
+//! repair (ALGORITHMS.md, "Changing a policy").
 //!
 //! **When to pick it.** By default: it is the cheapest algorithm (one integer
 //! per key in Redis), its answers are exact, and [`throttle`] reproduces
@@ -22,7 +24,7 @@
 //! steady pace rather than rejected.
 //!
 //! The arithmetic follows `ALGORITHMS.md` ("GCRA") exactly. A time `us +
-//! rem / L` is handled here as the single integer `us·L + rem` in `u128`,
+//! rem / S` is handled here as the single integer `us·S + rem` in `u128`,
 //! which is the same arithmetic as the pairs the Lua scripts use.
 
 use std::fmt;
@@ -45,11 +47,13 @@ pub struct ThrottleReply {
     /// Remaining cost-1 requests that would be admitted right now, after this
     /// one (before it, when limited or peeking).
     pub remaining: i64,
-    /// When limited: whole seconds (truncated) until the same request would
-    /// be admitted. -1 when admitted, for a peek, and when `quantity` exceeds
-    /// `max_burst + 1` (it can never be admitted).
+    /// When limited: seconds until the same request would be admitted,
+    /// rounded up as redis-cell 0.5 rounds (the whole seconds, plus one when
+    /// at least a millisecond remains). -1 when admitted, for a peek, and
+    /// when `quantity` exceeds `max_burst + 1` (it can never be admitted).
     pub retry_after_secs: i64,
-    /// Whole seconds (truncated) until the key is back to its full limit.
+    /// Seconds until the key is back to its full limit, rounded as
+    /// `retry_after_secs` is.
     pub reset_after_secs: i64,
 }
 
@@ -143,11 +147,11 @@ impl ThrottleError {
             },
             PolicyError::TooLarge { field: "limit", .. } => Self::TooLarge {
                 argument: "count",
-                detail: "count × period in microseconds must not exceed 2^52; use a shorter period with a proportionally smaller count",
+                detail: "count per period cannot be computed exactly (ALGORITHMS.md, \"Magnitudes\"); use a smaller count",
             },
             PolicyError::TooLarge { field: "burst", .. } => Self::TooLarge {
                 argument: "max_burst",
-                detail: "(max_burst + 1) × period in microseconds must not exceed 2^52; use a smaller max_burst",
+                detail: "(max_burst + 1) × period cannot be computed exactly (ALGORITHMS.md, \"Magnitudes\"); use a smaller max_burst",
             },
             other => Self::Policy(other),
         }
@@ -162,12 +166,14 @@ impl ThrottleError {
 /// mean what they mean to redis-cell: `count` requests per `period` seconds,
 /// with bursts of up to `max_burst + 1`, for a request of cost `quantity`
 /// (0 peeks). Returns the reply and the state to store, `None` when nothing
-/// changes (limited requests and peeks write nothing); the state may be
-/// forgotten `reset_after` after `now_us`.
+/// changes (limited requests and peeks write nothing, except that a limited
+/// request writes back a stored state clamped to this policy's worst case:
+/// ALGORITHMS.md, "Changing a policy"); the state may be forgotten
+/// `reset_after` after `now_us`.
 ///
-/// One deliberate difference: redis-cell compares its "too early" margin in
-/// whole seconds, so with sub-second emission intervals it admits requests
-/// up to one second early; this function compares exactly.
+/// Durations are rounded to seconds as redis-cell 0.5 rounds them: the
+/// whole seconds, plus one when at least a millisecond remains, so a client
+/// that waits the reply's `retry_after` is never early.
 ///
 /// The example from redis-cell's README, `CL.THROTTLE user123 15 30 60 1`
 /// on a new key (30 requests per 60 seconds, bursts of 16):
@@ -178,6 +184,8 @@ impl ThrottleError {
 /// let now = 1_700_000_000_000_000;
 /// let (reply, state) = throttle(None, now, 15, 30, 60, 1)?;
 /// assert_eq!(reply.to_array(), [0, 16, 15, -1, 2]);
+/// let (second, _) = throttle(state.as_ref(), now, 15, 30, 60, 1)?;
+/// assert_eq!(second.to_array(), [0, 16, 14, -1, 4]);
 ///
 /// // 15 more at the same instant are admitted; the 17th is limited and may
 /// // retry in 2 seconds (one emission interval); the key is full in 32.
@@ -206,13 +214,20 @@ pub fn throttle(
     quantity: u64,
 ) -> Result<(ThrottleReply, Option<GcraState>), ThrottleError> {
     let policy = throttle_policy(max_burst, count, period_secs)?;
+    // A quantity above the burst can never pass: it peeks for the figures
+    // (as RedisStore::throttle does), and a peek writes nothing.
+    let cost = if quantity > policy.capacity() {
+        0
+    } else {
+        quantity
+    };
     let Step {
         decision,
         new_state,
         ..
-    } = check(&policy, state, now_us, quantity);
+    } = check(&policy, state, now_us, cost);
     let new_state = match new_state {
-        Some(State::Gcra(state)) => Some(state),
+        Some(State::Gcra(state)) if cost > 0 => Some(state),
         _ => None,
     };
     Ok((throttle_reply(&decision, &policy, quantity), new_state))
@@ -278,9 +293,16 @@ pub fn throttle_reply(decision: &Decision, policy: &Policy, quantity: u64) -> Th
     }
 }
 
-/// Whole seconds, truncated, as redis-cell reports them.
+/// Whole seconds as redis-cell 0.5 reports them: the whole seconds, plus
+/// one when at least a whole millisecond remains (a remainder under a
+/// millisecond is dropped).
 fn seconds(duration: Duration) -> i64 {
-    i64::try_from(duration.as_secs()).unwrap_or(i64::MAX)
+    let secs = i64::try_from(duration.as_secs()).unwrap_or(i64::MAX);
+    if duration.subsec_millis() >= 1 {
+        secs.saturating_add(1)
+    } else {
+        secs
+    }
 }
 
 pub(super) fn check(policy: &Policy, state: Option<&GcraState>, now_us: u64, cost: u64) -> Step {
@@ -292,8 +314,10 @@ pub(super) fn check(policy: &Policy, state: Option<&GcraState>, now_us: u64, cos
 
 /// The arithmetic GCRA and the leaky-bucket queue share (ALGORITHMS.md,
 /// "GCRA and leaky bucket queue"): `time` is the stored `(us, rem)` pair,
-/// the result the decision and the pair to store, if any. `queue` adds the
-/// queueing delay to admitting decisions.
+/// the result the decision and the pair to store, if any: the new time when
+/// admitted with a cost, or the stored time clamped to the policy's worst
+/// case when it lay further ahead (a repair, written even on a denial or a
+/// peek). `queue` adds the queueing delay to admitting decisions.
 pub(super) fn virtual_time(
     policy: &Policy,
     time: Option<(u64, u64)>,
@@ -302,33 +326,47 @@ pub(super) fn virtual_time(
     queue: bool,
 ) -> (Decision, Option<(u64, u64)>) {
     let capacity = policy.capacity();
-    let limit = u128::from(policy.limit());
-    let period = u128::from(policy.period_micros());
-    let full = u128::from(capacity) * period;
-    // Times scaled by `limit`: `us + rem / L` µs is `us·L + rem`. A stored
-    // `rem >= L` (left by a policy whose limit changed) is thereby carried.
-    let now = u128::from(now_us) * limit;
-    let base = time.map_or(now, |(us, rem)| u128::from(us) * limit + u128::from(rem));
-    let base = base.max(now);
-    let span_old = base - now;
-    let remaining_old = saturate(full.saturating_sub(span_old) / period);
+    // Time in units of `1 / scale` µs; a permit takes `increment` units
+    // (`scale = limit`, `increment = period` when the policy is exact).
+    let (scale, increment) = policy.emission_interval();
+    let (scale, increment) = (u128::from(scale), u128::from(increment));
+    let full = u128::from(capacity) * increment;
+    // `us + rem / scale` µs is `us·scale + rem`. A stored `rem >= scale`
+    // (left by a policy with another scale) is thereby carried.
+    let now = u128::from(now_us) * scale;
+    let base = time.map_or(now, |(us, rem)| u128::from(us) * scale + u128::from(rem));
+    let mut span_old = base.max(now) - now;
+    // A time further ahead than this policy can leave by more than clocks
+    // that disagree explain (a policy that shrank, a clock that jumped
+    // back, a corrupt value) is clamped to the policy's worst case, and the
+    // clamped time is written back (ALGORITHMS.md, "Changing a policy").
+    let full_reset = ceil_div(full, scale);
+    let mut repair = None;
+    if span_old / scale > full_reset + clock_tolerance(full_reset) {
+        span_old = full;
+        repair = split(now + full, scale);
+    }
     // Until the key is back to full; for the queue also the delay of a
     // request admitted now (it waits for the queue ahead of it to drain).
-    let reset_old = micros(ceil_div(span_old, limit));
+    let reset_old = micros(ceil_div(span_old, scale));
     let delay_old = reset_old;
+    let remaining_old = saturate(full.saturating_sub(span_old) / increment);
     let never = Decision::denied(capacity, remaining_old, Duration::MAX, reset_old);
 
     if cost > capacity {
-        return (never, None);
+        return (never, repair);
     }
-    let span_new = span_old + u128::from(cost.max(1)) * period;
-    if span_new > full {
-        let retry_after = micros(ceil_div(span_new - full, limit));
+    let charge = u128::from(cost.max(1)) * increment;
+    if span_old + charge > full {
+        // `span_old + charge − full`, formed so that Lua never sums past
+        // 2^53 (span_old may exceed `full` by the clock tolerance).
+        let retry_after = micros(ceil_div(span_old - (full - charge), scale));
         return (
             Decision::denied(capacity, remaining_old, retry_after, reset_old),
-            None,
+            repair,
         );
     }
+    let span_new = span_old + charge;
     let with_delay = |decision: Decision| {
         if queue {
             decision.with_delay(delay_old)
@@ -338,20 +376,34 @@ pub(super) fn virtual_time(
     };
     if cost == 0 {
         let peek = Decision::allowed(capacity, remaining_old, reset_old);
-        return (with_delay(peek), None);
+        return (with_delay(peek), repair);
     }
-    let new = base + span_new - span_old;
-    let Ok(new_us) = u64::try_from(new / limit) else {
+    let Some(new) = split(now + span_new, scale) else {
         // Past the year 584 000: no later time can be stored, so no request
         // can be admitted.
         return (never, None);
     };
-    // `new % limit < limit <= u64::MAX`.
-    let new_rem = saturate(new % limit);
-    let remaining = saturate((full - span_new) / period);
-    let reset_after = micros(ceil_div(span_new, limit));
+    let remaining = saturate((full - span_new) / increment);
+    let reset_after = micros(ceil_div(span_new, scale));
     let decision = with_delay(Decision::allowed(capacity, remaining, reset_after));
-    (decision, Some((new_us, new_rem)))
+    (decision, Some(new))
+}
+
+/// How far, in µs, a state may lie beyond the policy's worst case (whose
+/// reset is `full_reset` µs) before it is clamped: as much again, and at
+/// least a second. Within it the state is read as it is, so that clocks
+/// that disagree a little (threads reading one clock in turn, instances
+/// with their own clocks) never forgive a permit.
+pub(super) fn clock_tolerance(full_reset: u128) -> u128 {
+    full_reset.max(1_000_000)
+}
+
+/// `time` in units of `1 / scale` µs as the pair `(us, rem)`, unless `us`
+/// passes `u64::MAX`.
+fn split(time: u128, scale: u128) -> Option<(u64, u64)> {
+    let us = u64::try_from(time / scale).ok()?;
+    // `time % scale < scale <= 2^52`.
+    Some((us, saturate(time % scale)))
 }
 
 #[cfg(test)]
@@ -486,7 +538,7 @@ mod tests {
         ));
         let err = throttle(None, T0, 1 << 40, 10, 60, 1).unwrap_err();
         assert!(err.to_string().contains("max_burst"), "{err}");
-        let err = throttle(None, T0, 1, 1 << 40, 60, 1).unwrap_err();
+        let err = throttle(None, T0, 1, (1 << 52) + 1, 60, 1).unwrap_err();
         assert!(err.to_string().contains("count"), "{err}");
         let err = throttle(None, T0, 1, 1, u64::MAX, 1).unwrap_err();
         assert!(err.to_string().contains("period"), "{err}");

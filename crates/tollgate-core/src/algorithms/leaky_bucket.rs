@@ -16,8 +16,9 @@
 //!   instant get delays of 0, 1 s and 2 s and a fourth is rejected.
 //!
 //! **State.** Meter: [`LeakyMeterState`], the water level in units of
-//! `1 / period` of a permit (so draining `limit` units per microsecond is
-//! exact) and when it was computed. Queue: [`LeakyQueueState`], the exact
+//! `1 / period` of a permit (of `1 / increment` past 2^52:
+//! [`Policy::emission_interval`]; so draining `limit` units per microsecond
+//! is exact) and when it was computed. Queue: [`LeakyQueueState`], the exact
 //! time the queue is empty, the same number GCRA keeps. Denials write
 //! nothing.
 //!
@@ -41,42 +42,59 @@ pub(super) fn check_meter(
     cost: u64,
 ) -> Step {
     let capacity = policy.capacity();
-    let limit = u128::from(policy.limit());
-    let period = u128::from(policy.period_micros());
-    let full = u128::from(capacity) * period;
+    // A permit is `increment` units of water; the drain is `scale` units
+    // per µs (`limit` and `period` when the policy is exact).
+    let (scale, increment) = policy.emission_interval();
+    let (scale, increment) = (u128::from(scale), u128::from(increment));
+    let full = u128::from(capacity) * increment;
     let now = u128::from(now_us);
     let (mut level, last) =
         state.map_or((0, now), |s| (u128::from(s.level), u128::from(s.last_us)));
     if now > last {
         let elapsed = now - last;
-        if elapsed >= ceil_div(level, limit) {
+        if elapsed >= ceil_div(level, scale) {
             level = 0;
         } else {
-            level -= elapsed * limit;
+            level -= elapsed * scale;
         }
     }
-    let last = last.max(now);
+    let mut last = last.max(now);
     // > 0 only when the clock went back: the drain resumes at `last`.
-    let lag = last - now;
-    let remaining_old = saturate(full.saturating_sub(level) / period);
-    let reset_old = micros(lag + ceil_div(level, limit));
+    let mut lag = last - now;
+    // More water than the bucket holds (a burst that shrank), or empty in
+    // `lag + level / scale`, more than a full bucket now needs beyond the
+    // clock tolerance (a clock that jumped back, a corrupt value), is more
+    // than this policy can leave: clamped to a full bucket now, and written
+    // back.
+    let full_reset = ceil_div(full, scale);
+    let mut repair = None;
+    if level > full || lag + ceil_div(level, scale) > full_reset + gcra::clock_tolerance(full_reset)
+    {
+        (level, last, lag) = (full, now, 0);
+        repair = Some(State::LeakyMeter(LeakyMeterState {
+            level: saturate(full),
+            last_us: now_us,
+        }));
+    }
+    let remaining_old = saturate((full - level) / increment);
+    let reset_old = micros(lag + ceil_div(level, scale));
 
-    let need = u128::from(cost.max(1)) * period;
+    let need = u128::from(cost.max(1)) * increment;
     if level + need > full {
-        let retry_after = micros(lag + ceil_div(level + need - full, limit));
+        let retry_after = micros(lag + ceil_div(level + need - full, scale));
         let denied = Decision::denied(capacity, remaining_old, retry_after, reset_old);
-        return step(denied, None, now_us);
+        return step(denied, repair, now_us);
     }
     if cost == 0 {
         return step(
             Decision::allowed(capacity, remaining_old, reset_old),
-            None,
+            repair,
             now_us,
         );
     }
     let level = level + need;
-    let remaining = saturate((full - level) / period);
-    let reset_after_us = saturate(lag + ceil_div(level, limit));
+    let remaining = saturate((full - level) / increment);
+    let reset_after_us = saturate(lag + ceil_div(level, scale));
     let new_state = State::LeakyMeter(LeakyMeterState {
         // `level <= full <= 2^52` by the admission test.
         level: saturate(level),
@@ -183,16 +201,37 @@ mod tests {
 
     #[test]
     fn meter_clock_going_back_measures_from_real_now() {
+        let roomy = policy(LeakyMode::Meter, 1, Duration::from_secs(1), 2);
         let policy = policy(LeakyMode::Meter, 1, Duration::from_secs(1), 1);
         let first = check_meter(&policy, None, T0, 1);
         let Some(State::LeakyMeter(state)) = first.new_state else {
             panic!("admitted")
         };
-        // The clock jumps 5 s back: the bucket drains from T0 on, so the
-        // next request is due at T0 + 1 s, 6 s from the new "now".
+        // The clock jumps 5 s back: draining from T0 on, the bucket would
+        // hold the next request 6 s, more than this policy's full reset
+        // (1 s). It is clamped to a full bucket now, and written back.
         let back = check_meter(&policy, Some(&state), T0 - 5 * SECOND, 1);
         assert!(!back.decision.is_allowed());
-        assert_eq!(back.decision.retry_after(), Some(Duration::from_secs(6)));
-        assert_eq!(back.expires_at_us, T0 + SECOND);
+        assert_eq!(back.decision.retry_after(), Some(Duration::from_secs(1)));
+        assert_eq!(back.expires_at_us, T0 - 4 * SECOND);
+        assert_eq!(
+            back.new_state,
+            Some(State::LeakyMeter(LeakyMeterState {
+                level: SECOND,
+                last_us: T0 - 5 * SECOND,
+            }))
+        );
+        // With room for two, a clock 0.5 s back stays within the reset:
+        // the drain resumes at T0, measured from real now.
+        let back = check_meter(&roomy, Some(&state), T0 - SECOND / 2, 1);
+        assert!(back.decision.is_allowed());
+        assert_eq!(back.decision.reset_after(), Duration::from_millis(2_500));
+        assert_eq!(
+            back.new_state,
+            Some(State::LeakyMeter(LeakyMeterState {
+                level: 2 * SECOND,
+                last_us: T0,
+            }))
+        );
     }
 }

@@ -112,8 +112,13 @@ pub enum State {
 pub struct Step {
     /// The decision.
     pub decision: Decision,
-    /// The new state, or `None` when nothing changes (denials and peeks of
-    /// most algorithms write nothing).
+    /// The state to write, or `None` when nothing changes. An admission
+    /// with a cost writes its new state; a denial or a peek writes nothing,
+    /// except a *repair*: a stored state further ahead than the policy can
+    /// leave (a policy that shrank under the same name, a clock that went
+    /// back, a corrupt value) is clamped to the policy's worst case and
+    /// that clamped state is returned here, to be written whatever the
+    /// decision (ALGORITHMS.md, "Changing a policy").
     pub new_state: Option<State>,
     /// When the state (new or unchanged) is back to full capacity, in
     /// microseconds since the epoch; from then on it may be forgotten. Redis
@@ -125,9 +130,11 @@ pub struct Step {
 ///
 /// `state` is `None` for a subject never seen (or forgotten). A state of
 /// another algorithm than the policy's (the policy changed under the same
-/// name) is treated as `None`. A cost of 0 is a peek: the decision says
-/// whether a cost-1 request would be admitted now and how many remain, and
-/// `new_state` is `None`.
+/// name) is treated as `None`; a state further ahead than this policy can
+/// leave is clamped to its worst case and returned in `new_state` to be
+/// written back (see [`Step::new_state`]). A cost of 0 is a peek: the
+/// decision says whether a cost-1 request would be admitted now and how
+/// many remain, and `new_state` is `None` unless a repair.
 ///
 /// The caller must have checked `cost <= policy.capacity()`
 /// ([`validate_check`](crate::validate_check)); a larger cost is denied with
@@ -157,14 +164,14 @@ pub fn check(policy: &Policy, state: Option<&State>, now_us: u64, cost: u64) -> 
         Algorithm::Gcra | Algorithm::LeakyBucket(LeakyMode::Queue)
     );
     if cost > policy.capacity() && !gcra_family {
-        let peek = check(policy, state, now_us, 0).decision;
+        let peek = check(policy, state, now_us, 0);
         let never = Decision::denied(
-            peek.limit(),
-            peek.remaining(),
+            peek.decision.limit(),
+            peek.decision.remaining(),
             std::time::Duration::MAX,
-            peek.reset_after(),
+            peek.decision.reset_after(),
         );
-        return step(never, None, now_us);
+        return step(never, peek.new_state, now_us);
     }
     match policy.algorithm() {
         Algorithm::Gcra => {
@@ -220,8 +227,8 @@ pub fn check(policy: &Policy, state: Option<&State>, now_us: u64, cost: u64) -> 
 }
 
 // Arithmetic shared by the algorithm files. Everything is computed in `u128`:
-// policy validation keeps `limit × period` and `burst × period` at most 2^52,
-// so no product of a `u64` time and one of those can overflow `u128`.
+// policy validation keeps every limit, burst, scale and increment at most
+// 2^53, so no product of a `u64` time and one of those can overflow `u128`.
 
 /// `ceil(a / b)`. Every divisor passed is a policy's limit or period, which
 /// policy validation keeps at least 1.

@@ -36,20 +36,47 @@ pub(super) fn check(
     let period = u128::from(policy.period_micros());
     let now = u128::from(now_us);
     let empty = SlidingLogState::default();
-    let entries = &state.unwrap_or(&empty).entries;
+    let stored = &state.unwrap_or(&empty).entries;
+    let is_live = move |t: u64| u128::from(t) + period > now;
+    // A log with entries later than clocks that disagree explain (a clock
+    // that jumped back, a corrupt value) or more live entries than the
+    // limit (a limit that shrank) holds more than this policy can leave:
+    // clamped to its newest `limit` entries, none after now, and written
+    // back.
+    let (stored_live, stored_newest) = stored
+        .iter()
+        .copied()
+        .filter(|&t| is_live(t))
+        .fold((0_usize, None), |(n, newest), t| {
+            (n + 1, newest.max(Some(t)))
+        });
+    let over_limit = u64::try_from(stored_live).map_or(true, |n| n > limit);
+    let tolerance = super::gcra::clock_tolerance(period);
+    let ahead = stored_newest.is_some_and(|t| u128::from(t.saturating_sub(now_us)) > tolerance);
+    let clamped = (over_limit || ahead).then(|| {
+        let live: VecDeque<u64> = stored
+            .iter()
+            .copied()
+            .filter(|&t| is_live(t))
+            .map(|t| t.min(now_us))
+            .collect();
+        let extra = live
+            .len()
+            .saturating_sub(usize::try_from(limit).unwrap_or(usize::MAX));
+        live.into_iter().skip(extra).collect::<VecDeque<u64>>()
+    });
+    let entries = clamped.as_ref().unwrap_or(stored);
     // Entries with `t + period <= now` have left the window. (The log is
     // ascending, so they are the oldest; filtering rather than cutting the
     // front keeps a corrupted, unsorted log from counting stale entries.)
-    let live = || {
-        entries
-            .iter()
-            .copied()
-            .filter(move |&t| u128::from(t) + period > now)
-    };
+    let live = || entries.iter().copied().filter(move |&t| is_live(t));
     // One pass for the live count and the newest live entry.
     let (live_len, newest) = live().fold((0_usize, None), |(n, newest), t| {
         (n + 1, newest.max(Some(t)))
     });
+    let repair = clamped
+        .clone()
+        .map(|entries| State::SlidingLog(SlidingLogState { entries }));
     let count = u64::try_from(live_len).unwrap_or(u64::MAX);
     let remaining_old = limit.saturating_sub(count);
     let reset_old = newest.map_or(Duration::ZERO, |t| {
@@ -69,12 +96,12 @@ pub(super) fn check(
             .unwrap_or(now_us);
         let retry_after = micros((u128::from(oldest_to_leave) + period).saturating_sub(now));
         let denied = Decision::denied(limit, remaining_old, retry_after, reset_old);
-        return step(denied, None, now_us);
+        return step(denied, repair, now_us);
     }
     if cost == 0 {
         return step(
             Decision::allowed(limit, remaining_old, reset_old),
-            None,
+            repair,
             now_us,
         );
     }

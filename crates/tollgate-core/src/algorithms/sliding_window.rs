@@ -5,8 +5,9 @@
 //! `period` ending now as `previous × (part of the previous window still
 //! inside the sliding window) + current`. A request is admitted when the
 //! estimate, with its cost added, is at most `limit`. The weighting is exact
-//! (integers scaled by the period), so the estimate never exceeds the limit
-//! at an admission.
+//! (integers scaled by the period; past 2^52, in whole units of
+//! [`Policy::weight_unit_micros`] with the weight rounded up), so the
+//! estimate never exceeds the limit at an admission.
 //!
 //! The estimate assumes the previous window's permits were spread evenly; a
 //! previous window whose traffic came at its very end is under-weighted, so
@@ -28,7 +29,7 @@
 
 use std::time::Duration;
 
-use super::{micros, saturate, step, SlidingWindowState, State, Step};
+use super::{gcra, micros, saturate, step, SlidingWindowState, State, Step};
 use crate::{Decision, Policy};
 
 pub(super) fn check(
@@ -40,37 +41,73 @@ pub(super) fn check(
     let limit_u64 = policy.limit();
     let limit = u128::from(limit_u64);
     let period = u128::from(policy.period_micros());
+    // The previous window's weight is counted in `unit` µs (1 when exact;
+    // a power of ten dividing the period otherwise), rounded up.
+    let unit = u128::from(policy.weight_unit_micros());
+    let period_units = period / unit;
     let mut now = u128::from(now_us);
     let mut window_start = now - now % period;
-    // > 0 only when the clock went back to before the stored window.
+    // > 0 only when a clock a little behind the one that wrote the state
+    // reads it: the stored window is used from its start, and the figures
+    // measured from the real now.
     let mut lag = 0;
+    let mut repair = None;
     let (previous, current) = match state {
         Some(s) => {
             let s_start = u128::from(s.window_start_us);
-            if s_start == window_start || (s_start > window_start && s_start <= now) {
-                // The same window; or a window start between this window's
-                // start and now, which only a policy whose period changed
-                // leaves behind: its counts are recent, so they all count.
-                (u128::from(s.previous), u128::from(s.current))
-            } else if s_start + period == window_start {
-                (u128::from(s.current), 0)
+            let (s_previous, s_current) = (
+                u128::from(s.previous).min(limit),
+                u128::from(s.current).min(limit),
+            );
+            let over = s.previous > limit_u64 || s.current > limit_u64;
+            let (previous, current, clamped) = if s_start > now + gcra::clock_tolerance(2 * period)
+            {
+                // A window that starts later than clocks that disagree
+                // explain (a clock that jumped back, a corrupt value) would
+                // hold the subject beyond this policy's reset: clamped to
+                // the current window.
+                (s_previous, s_current, true)
             } else if s_start > now {
                 lag = s_start - now;
                 window_start = s_start;
                 now = s_start;
-                (u128::from(s.previous), u128::from(s.current))
+                (s_previous, s_current, over)
+            } else if s_start >= window_start {
+                // The same window; or a window start between this window's
+                // start and now, which only a policy whose period changed
+                // leaves behind: its counts are recent, so they all count.
+                (s_previous, s_current, over)
+            } else if s_start + period == window_start {
+                (s_current, 0, s.current > limit_u64)
             } else {
-                (0, 0)
+                (0, 0, false)
+            };
+            if clamped {
+                // Counts above the limit (a limit that shrank) count as the
+                // limit; the clamped state is written back.
+                repair = Some(State::SlidingWindow(SlidingWindowState {
+                    window_start_us: saturate(window_start),
+                    previous: saturate(previous),
+                    current: saturate(current),
+                }));
             }
+            (previous, current)
         }
         None => (0, 0),
     };
     let elapsed = now - window_start;
-    let weight = period - elapsed;
-    // The estimate scaled by the period: previous·weight + current·period.
-    let used = previous * weight + current * period;
-    let full = limit * period;
-    let remaining_old = saturate(full.saturating_sub(used) / period);
+    // The weight `period − elapsed` in units, rounded up.
+    let elapsed_units = elapsed / unit;
+    let weighted = previous * (period_units - elapsed_units);
+    // Room for the previous window's weight when `current + c` are
+    // counted: (limit − current − c)·period ≥ previous·weight.
+    let room = |charged: u128| (limit.checked_sub(charged)).map(|free| free * period_units);
+    let remaining_of = |charged: u128| {
+        room(charged).map_or(0, |room| {
+            saturate(room.saturating_sub(weighted) / period_units)
+        })
+    };
+    let remaining_old = remaining_of(current);
     let reset = |current: u128| {
         let until_full = if current > 0 {
             2 * period - elapsed
@@ -83,22 +120,22 @@ pub(super) fn check(
     };
 
     let cost_eval = u128::from(cost.max(1));
-    if used + cost_eval * period > full {
+    if room(current + cost_eval).is_none_or(|room| weighted > room) {
         let retry_after = if current + cost_eval <= limit {
             // Wait in this window until the previous window's weight has
-            // dropped enough: previous·(period − e) ≤ room. Denied means
+            // dropped enough: previous·(units − e) ≤ room. Denied means
             // previous·weight > room ≥ 0, so previous > 0, and
-            // room div previous < weight ≤ period.
-            let room = (limit - current - cost_eval) * period;
-            let earliest = period - room / previous.max(1);
-            earliest.saturating_sub(elapsed)
+            // room div previous < weight ≤ units.
+            let room = (limit - current - cost_eval) * period_units;
+            let earliest = period_units - room / previous.max(1);
+            (earliest * unit).saturating_sub(elapsed)
         } else {
             // Not before the next window, where the current count becomes
-            // the previous one: current·(period − e) ≤ (limit − cost)·period.
+            // the previous one: current·(units − e) ≤ (limit − cost)·units.
             // current + cost > limit ≥ cost, so current > 0.
-            let room = (limit - cost_eval) * period;
-            let earliest = period - (room / current.max(1)).min(period);
-            (period - elapsed) + earliest
+            let room = (limit - cost_eval) * period_units;
+            let earliest = period_units - (room / current.max(1)).min(period_units);
+            (period - elapsed) + earliest * unit
         };
         let denied = Decision::denied(
             limit_u64,
@@ -106,18 +143,18 @@ pub(super) fn check(
             micros(lag + retry_after),
             reset(current),
         );
-        return step(denied, None, now_us);
+        return step(denied, repair, now_us);
     }
     if cost == 0 {
         let peek = Decision::allowed(limit_u64, remaining_old, reset(current));
-        return step(peek, None, now_us);
+        return step(peek, repair, now_us);
     }
     let current = current + cost_eval;
-    let remaining = saturate((full - used - cost_eval * period) / period);
+    let remaining = remaining_of(current);
     let new_state = State::SlidingWindow(SlidingWindowState {
-        // The window start is `now_us` rounded down or the stored start.
+        // The window start is `now_us` rounded down or the stored one.
         window_start_us: saturate(window_start),
-        // Both counts are stored ones or at most `limit` after admission.
+        // Both counts are at most `limit`.
         previous: saturate(previous),
         current: saturate(current),
     });
@@ -190,11 +227,13 @@ mod tests {
     }
 
     #[test]
-    fn clock_going_back_measures_from_real_now() {
+    fn a_later_window_holds_within_the_clock_tolerance_and_is_clamped_beyond() {
         let policy = policy(1, Duration::from_secs(10));
+        // 5 s ahead, within the tolerance (two periods): read from its
+        // start, measured from real now, its counts clamped to the limit.
         let state = SlidingWindowState {
             window_start_us: W0 + 10 * SECOND,
-            previous: 0,
+            previous: 7,
             current: 1,
         };
         let step = check(&policy, Some(&state), W0 + 5 * SECOND, 1);
@@ -204,5 +243,30 @@ mod tests {
         // e = 10 s, so W0 + 30 s.
         assert_eq!(step.decision.retry_after(), Some(Duration::from_secs(25)));
         assert_eq!(step.expires_at_us, W0 + 30 * SECOND);
+        assert_eq!(
+            step.new_state,
+            Some(State::SlidingWindow(SlidingWindowState {
+                window_start_us: W0 + 10 * SECOND,
+                previous: 1,
+                current: 1,
+            }))
+        );
+        // 25 s ahead: clamped to the current window.
+        let state = SlidingWindowState {
+            window_start_us: W0 + 30 * SECOND,
+            previous: 7,
+            current: 1,
+        };
+        let step = check(&policy, Some(&state), W0 + 5 * SECOND, 1);
+        assert_eq!(step.decision.retry_after(), Some(Duration::from_secs(15)));
+        assert_eq!(step.expires_at_us, W0 + 20 * SECOND);
+        assert_eq!(
+            step.new_state,
+            Some(State::SlidingWindow(SlidingWindowState {
+                window_start_us: W0,
+                previous: 1,
+                current: 1,
+            }))
+        );
     }
 }

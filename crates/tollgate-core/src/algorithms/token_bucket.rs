@@ -7,7 +7,8 @@
 //! `limit` per `period`.
 //!
 //! **State.** [`TokenBucketState`]: the level in units of `1 / period` of a
-//! token — so the refill is exactly `limit` units per microsecond and a
+//! token (of `1 / increment` past 2^52: [`Policy::emission_interval`]) —
+//! so the refill is exactly `limit` units per microsecond and a
 //! fraction of a token is never lost, however often the bucket is read — and
 //! the time it was computed. Denials write nothing.
 //!
@@ -17,6 +18,7 @@
 //!
 //! The arithmetic follows `ALGORITHMS.md` ("Token bucket") exactly.
 
+use super::gcra::clock_tolerance;
 use super::{ceil_div, micros, saturate, step, State, Step, TokenBucketState};
 use crate::{Decision, Policy};
 
@@ -27,9 +29,11 @@ pub(super) fn check(
     cost: u64,
 ) -> Step {
     let capacity = policy.capacity();
-    let limit = u128::from(policy.limit());
-    let period = u128::from(policy.period_micros());
-    let full = u128::from(capacity) * period;
+    // A token is `increment` units; the refill is `scale` units per µs
+    // (`limit` and `period` when the policy is exact).
+    let (scale, increment) = policy.emission_interval();
+    let (scale, increment) = (u128::from(scale), u128::from(increment));
+    let full = u128::from(capacity) * increment;
     let now = u128::from(now_us);
     let (level, last) = state.map_or((full, now), |s| {
         (u128::from(s.level), u128::from(s.last_us))
@@ -38,34 +42,47 @@ pub(super) fn check(
     let mut level = level.min(full);
     if now > last {
         let elapsed = now - last;
-        if elapsed >= ceil_div(full - level, limit) {
+        if elapsed >= ceil_div(full - level, scale) {
             level = full;
         } else {
-            level += elapsed * limit;
+            level += elapsed * scale;
         }
     }
-    let last = last.max(now);
+    let mut last = last.max(now);
     // > 0 only when the clock went back: the refill resumes at `last`.
-    let lag = last - now;
-    let remaining_old = saturate(level / period);
-    let reset_old = micros(lag + ceil_div(full - level, limit));
+    let mut lag = last - now;
+    // Back to full in `lag + (full − level) / scale`: more than an empty
+    // bucket now needs, beyond the clock tolerance, is more than this
+    // policy can leave (a clock that jumped back, a corrupt value). Clamped
+    // to an empty bucket now, and written back.
+    let full_reset = ceil_div(full, scale);
+    let mut repair = None;
+    if lag + ceil_div(full - level, scale) > full_reset + clock_tolerance(full_reset) {
+        (level, last, lag) = (0, now, 0);
+        repair = Some(State::TokenBucket(TokenBucketState {
+            level: 0,
+            last_us: now_us,
+        }));
+    }
+    let remaining_old = saturate(level / increment);
+    let reset_old = micros(lag + ceil_div(full - level, scale));
 
-    let need = u128::from(cost.max(1)) * period;
+    let need = u128::from(cost.max(1)) * increment;
     if level < need {
-        let retry_after = micros(lag + ceil_div(need - level, limit));
+        let retry_after = micros(lag + ceil_div(need - level, scale));
         let denied = Decision::denied(capacity, remaining_old, retry_after, reset_old);
-        return step(denied, None, now_us);
+        return step(denied, repair, now_us);
     }
     if cost == 0 {
         return step(
             Decision::allowed(capacity, remaining_old, reset_old),
-            None,
+            repair,
             now_us,
         );
     }
     let level = level - need;
-    let remaining = saturate(level / period);
-    let reset_after_us = saturate(lag + ceil_div(full - level, limit));
+    let remaining = saturate(level / increment);
+    let reset_after_us = saturate(lag + ceil_div(full - level, scale));
     let new_state = State::TokenBucket(TokenBucketState {
         // `level <= full <= 2^52`.
         level: saturate(level),

@@ -8,11 +8,34 @@ ALG.fixed_window = function(key, L, P, B, now, c)
   if value ~= nil then
     local a, b = string.match(value, '^fixed_window:(%d+):(%d+)$')
     if a ~= nil then
-      local s_ws, s_count = tonumber(a), tonumber(b)
-      if s_ws == ws then
+      local s_ws, s_count = num(a), num(b)
+      if s_ws == nil or s_count == nil then
+        -- No state.
+      elseif s_ws - now > tolerance(P) then
+        -- A window that starts later than clocks that disagree explain (a
+        -- clock that jumped back, a corrupt value): clamped to the current
+        -- window, at most full, written back on a charge.
         count = s_count
-      elseif s_ws > ws then
+        if count > L then
+          count = L
+        end
+        if c > 0 then
+          local expires = now
+          if count > 0 then
+            expires = ws + P
+          end
+          put(key, 'fixed_window:' .. fmt(ws) .. ':' .. fmt(count), expires)
+        end
+      elseif s_ws >= ws then
         ws, count = s_ws, s_count
+        if count > L then
+          -- More than this policy admits in a window: clamped, written
+          -- back on a charge (the key then expires at this window's end).
+          count = L
+          if c > 0 then
+            put(key, 'fixed_window:' .. fmt(ws) .. ':' .. fmt(count), ws + P)
+          end
+        end
       end
     end
   end

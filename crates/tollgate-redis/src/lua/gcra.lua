@@ -1,61 +1,113 @@
 -- GCRA and the time-pair arithmetic shared with the leaky bucket queue.
--- State: the string "<tag>:<us>:<rem>", the time us + rem/L microseconds.
+-- State: the string "<tag>:<us>:<rem>", the time us + rem/S microseconds
+-- (S, I = bucket_scale(L, P, B): S = L and I = P when exact).
 
--- Parses "<tag>:<us>:<rem>"; a rem >= L (left by a policy whose limit
--- changed) is carried into us.
-local function pair_parse(value, tag, L)
+-- Parses "<tag>:<us>:<rem>"; a rem >= S (left by a policy with another
+-- scale) is carried into us. Anything else is no state.
+local function pair_parse(value, tag, S)
   if value == nil then
     return nil, nil
   end
-  local us, rem = string.match(value, '^' .. tag .. ':(%d+):(%d+)$')
-  if us == nil then
+  local a, b = string.match(value, '^' .. tag .. ':(%d+):(%d+)$')
+  if a == nil then
     return nil, nil
   end
-  us, rem = tonumber(us), tonumber(rem)
-  if rem >= L then
-    us = us + div(rem, L)
-    rem = rem % L
+  local us, rem = num(a), num(b)
+  if us == nil or rem == nil then
+    return nil, nil
+  end
+  if rem >= S then
+    us = us + div(rem, S)
+    rem = rem % S
   end
   return us, rem
 end
 
--- One GCRA step. Returns allowed, remaining, retry_after, reset_after,
--- delay, new_us, new_rem (new_* nil when nothing is to be written).
+-- One GCRA step in units of 1/S microsecond, a permit being I units.
+-- Returns allowed, remaining, retry_after, reset_after, delay, new_us,
+-- new_rem (new_* nil when nothing is to be written), and repair_us,
+-- repair_rem when the stored time lay further ahead than the policy can
+-- leave, beyond the clock tolerance (clamped to now + B x I / S; the
+-- caller writes it on a charge).
 --
--- Everything is computed relative to now, in units of 1/L microsecond
--- (span = (time - now) x L): spans stay within 2 x B x P <= 2^53, while an
--- absolute time plus a span could pass 2^53 for bursts near the policy cap.
--- The absolute time is formed only for a state to write, which lies at most
--- B x P / L after now.
-local function pair_step(us, rem, L, P, B, now, c)
+-- Everything is computed relative to now (span = (time - now) x S): spans
+-- stay within 2 x B x I <= 2^53 while the time is at most the worst case
+-- ahead, while an absolute time in units could pass 2^53. Within the clock
+-- tolerance beyond it, only whole microseconds ahead (`ahead`) and the
+-- fraction are used. The absolute time is formed only for a state to
+-- write, which lies at most B x I / S after now.
+local function pair_step(us, rem, S, I, B, now, c)
   local peek = c == 0
   local cost = c
   if peek then
     cost = 1
   end
-  -- span_old = (max(time, now) - now) x L
-  local span_old = 0
+  local cap = B * I
+  local ahead, span_old = 0, 0
   if us ~= nil and us >= now then
-    span_old = (us - now) * L + rem
+    ahead = us - now
+    span_old = ahead * S + rem -- compared with cap only, unless <= cap
+  else
+    rem = 0
   end
-  local cap = B * P
-  local span_new = span_old + cost * P
-  if span_new <= cap then
-    local delay = ceil_div(span_old, L)
-    if peek then
-      return true, div(cap - span_old, P), -1, delay, delay, nil, nil
+  local full_reset = ceil_div(cap, S)
+  local repair_us, repair_rem = nil, nil
+  if ahead > full_reset + tolerance(full_reset) then
+    local whole = div(cap, S)
+    ahead, rem, span_old = whole, cap - whole * S, cap
+    repair_us, repair_rem = now + whole, rem
+  end
+  local charge = cost * I
+  if span_old > cap then
+    -- Within the tolerance: denied, every figure from ahead and rem.
+    local d = cap - charge
+    local retry
+    if rem >= d then
+      retry = ahead
+      if rem > d then
+        retry = ahead + 1
+      end
+    else
+      retry = ahead - div(d - rem, S)
     end
-    local whole = div(span_new, L)
-    return true, div(cap - span_new, P), -1, ceil_div(span_new, L), delay, now + whole, span_new - whole * L
+    local reset = ahead
+    if rem > 0 then
+      reset = ahead + 1
+    end
+    return false, 0, retry, reset, 0, nil, nil, repair_us, repair_rem
   end
-  return false, div(max0(cap - span_old), P), ceil_div(span_new - cap, L), ceil_div(span_old, L), 0, nil, nil
+  local span_new = span_old + charge
+  if span_new <= cap then
+    local delay = ceil_div(span_old, S)
+    if peek then
+      return true, div(cap - span_old, I), -1, delay, delay, nil, nil, repair_us, repair_rem
+    end
+    local whole = div(span_new, S)
+    return true, div(cap - span_new, I), -1, ceil_div(span_new, S), delay, now + whole, span_new - whole * S, repair_us, repair_rem
+  end
+  return false, div(cap - span_old, I), ceil_div(span_old - (cap - charge), S), ceil_div(span_old, S), 0, nil, nil, repair_us, repair_rem
+end
+
+-- The GCRA-family step on key: parses, steps, writes a repair on a charge,
+-- and builds the decision table.
+local function pair_alg(tag, key, L, P, B, now, c, queue)
+  local S, I = bucket_scale(L, P, B)
+  local us, rem = pair_parse(read_string(key), tag, S)
+  local ok, remaining, retry, reset, delay, new_us, new_rem, repair_us, repair_rem = pair_step(us, rem, S, I, B, now, c)
+  if not queue then
+    delay = 0
+  end
+  if repair_us ~= nil and c > 0 then
+    -- A charge writes the clamped time whatever the verdict; an admission
+    -- overwrites it below.
+    put(key, tag .. ':' .. fmt(repair_us) .. ':' .. fmt(repair_rem), now + ceil_div(B * I, S))
+  end
+  if new_us == nil then
+    return { ok, remaining, retry, reset, delay }
+  end
+  return { ok, remaining, retry, reset, delay, key, tag .. ':' .. fmt(new_us) .. ':' .. fmt(new_rem), now + reset }
 end
 
 ALG.gcra = function(key, L, P, B, now, c)
-  local us, rem = pair_parse(read_string(key), 'gcra', L)
-  local ok, remaining, retry, reset, _, new_us, new_rem = pair_step(us, rem, L, P, B, now, c)
-  if new_us == nil then
-    return { ok, remaining, retry, reset, 0 }
-  end
-  return { ok, remaining, retry, reset, 0, key, 'gcra:' .. fmt(new_us) .. ':' .. fmt(new_rem), now + reset }
+  return pair_alg('gcra', key, L, P, B, now, c, false)
 end

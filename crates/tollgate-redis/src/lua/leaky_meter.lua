@@ -1,20 +1,25 @@
--- Leaky bucket as a meter. level = water x P; drains L units per microsecond.
+-- Leaky bucket as a meter. level = water x I; drains S units per microsecond
+-- (S, I = bucket_scale(L, P, B): S = L and I = P when exact).
 -- State: the string "leaky_meter:<level>:<last_us>".
 ALG.leaky_meter = function(key, L, P, B, now, c)
-  local full = B * P
+  local S, I = bucket_scale(L, P, B)
+  local full = B * I
   local level, last = 0, now
   local value = read_string(key)
   if value ~= nil then
     local a, b = string.match(value, '^leaky_meter:(%d+):(%d+)$')
     if a ~= nil then
-      level, last = tonumber(a), tonumber(b)
+      local l, t = num(a), num(b)
+      if l ~= nil and t ~= nil then
+        level, last = l, t
+      end
     end
   end
   if now > last then
-    if now - last >= ceil_div(level, L) then
+    if now - last >= ceil_div(level, S) then
       level = 0
     else
-      level = level - (now - last) * L
+      level = level - (now - last) * S
     end
   end
   local new_last = last
@@ -22,19 +27,29 @@ ALG.leaky_meter = function(key, L, P, B, now, c)
     new_last = now
   end
   local lag = new_last - now
+  local full_reset = ceil_div(full, S)
+  if level > full or lag + ceil_div(level, S) > full_reset + tolerance(full_reset) then
+    -- More water than the bucket holds, or empty later than a full bucket
+    -- now would be beyond the clock tolerance: clamped to a full bucket
+    -- now, written back on a charge.
+    level, new_last, lag = full, now, 0
+    if c > 0 then
+      put(key, 'leaky_meter:' .. fmt(full) .. ':' .. fmt(now), now + ceil_div(full, S))
+    end
+  end
   local cost = c
   if c == 0 then
     cost = 1
   end
-  local need = cost * P
+  local need = cost * I
   if level + need <= full then
     if c == 0 then
-      return { true, div(full - level, P), -1, lag + ceil_div(level, L), 0 }
+      return { true, div(full - level, I), -1, lag + ceil_div(level, S), 0 }
     end
     local new_level = level + need
-    local reset = lag + ceil_div(new_level, L)
-    return { true, div(full - new_level, P), -1, reset, 0, key,
+    local reset = lag + ceil_div(new_level, S)
+    return { true, div(full - new_level, I), -1, reset, 0, key,
       'leaky_meter:' .. fmt(new_level) .. ':' .. fmt(new_last), now + reset }
   end
-  return { false, div(max0(full - level), P), lag + ceil_div(level + need - full, L), lag + ceil_div(level, L), 0 }
+  return { false, div(max0(full - level), I), lag + ceil_div(level + need - full, S), lag + ceil_div(level, S), 0 }
 end

@@ -6,7 +6,8 @@
 -- KEYS[3]: this client's state (type 'per_client').
 -- State values are GCRA states ("gcra:<us>:<rem>"), limit = capacity = rate,
 -- period = interval. Changing the rate keeps them (ALGORITHMS.md: a stored
--- rem >= L is carried into us).
+-- rem >= S is carried into us; a time further ahead than the new rate can
+-- leave is clamped).
 local op = ARGV[1]
 if op == 'try_set' or op == 'set' then
   -- ARGV[2..5]: rate, interval_us, type, keep_alive_ms. Returns 1 when set.
@@ -53,8 +54,14 @@ if ARGV[2] == '' then
 else
   now = tonumber(ARGV[2])
 end
-local us, rem = pair_parse(read_string(key), 'gcra', rate)
-local ok, remaining, retry, reset, _, new_us, new_rem = pair_step(us, rem, rate, interval, rate, now, permits)
+local S, I = bucket_scale(rate, interval, rate)
+local us, rem = pair_parse(read_string(key), 'gcra', S)
+local ok, remaining, retry, reset, _, new_us, new_rem, repair_us, repair_rem = pair_step(us, rem, S, I, rate, now, permits)
+if new_us == nil and repair_us ~= nil and permits > 0 then
+  -- A time further ahead than this rate can leave (a rate lowered, a
+  -- corrupt value): clamped, and written back.
+  put(key, 'gcra:' .. fmt(repair_us) .. ':' .. fmt(repair_rem), now + ceil_div(rate * I, S))
+end
 if new_us ~= nil then
   redis.call('SET', key, 'gcra:' .. fmt(new_us) .. ':' .. fmt(new_rem))
   redis.call('PEXPIREAT', key, fmt(ceil_div(now + reset, 1000)))

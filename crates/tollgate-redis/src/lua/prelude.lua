@@ -1,6 +1,8 @@
 -- tollgate: shared helpers for every script (see ALGORITHMS.md in tollgate-core).
 --
--- All numbers are non-negative integers below 2^53, exact in Lua's doubles.
+-- All numbers are non-negative integers at most 2^53, exact in Lua's
+-- doubles (ALGORITHMS.md, "Magnitudes"). A stored value that does not parse,
+-- or holds a number past 2^53, is no state.
 -- Numbers passed to redis.call are formatted with fmt(): Lua's default
 -- number-to-string conversion prints 14 significant digits and would round
 -- a microsecond timestamp.
@@ -30,6 +32,75 @@ end
 
 local function fmt(x)
   return string.format('%d', x)
+end
+
+-- 2^52: the largest product the arithmetic forms (MAX_MAGNITUDE in Rust).
+local MAX = 4503599627370496
+
+-- A stored decimal number, or nil when it has more than 16 digits or
+-- reaches 2^53 (it may not be exact: the value is then no state).
+local function num(digits)
+  if #digits > 16 then
+    return nil
+  end
+  local n = tonumber(digits)
+  if n == nil or n >= 2 * MAX then
+    return nil
+  end
+  return n
+end
+
+-- How far (us) a state may lie beyond the policy's worst case, whose reset
+-- is full_reset us, before it is clamped: as much again, at least a second
+-- (clock_tolerance in Rust; ALGORITHMS.md, "Changing a policy").
+local function tolerance(full_reset)
+  if full_reset < 1000000 then
+    return 1000000
+  end
+  return full_reset
+end
+
+-- Writes a string state that expires at expires_us (microseconds).
+local function put(key, value, expires_us)
+  redis.call('SET', key, value)
+  redis.call('PEXPIREAT', key, fmt(ceil_div(expires_us, 1000)))
+end
+
+-- The bucket algorithms' time unit and permit size (ALGORITHMS.md,
+-- "Magnitudes"; Policy::emission_interval in Rust): time in 1/S us, a
+-- permit I units. (L, P) when B x P <= 2^52; else S = 2^k for the largest
+-- k with L x 2^k <= 2^53 and B x I <= 2^52, I = ceil(P x 2^k / L).
+local function bucket_scale(L, P, B)
+  if B * P <= MAX then
+    return L, P
+  end
+  local q = floor(P / L)
+  local r = P - q * L
+  local s, i = L, P
+  local scale = 1
+  while L * scale <= 2 * MAX do
+    local inc = q * scale + ceil_div(r * scale, L)
+    if B * inc > MAX then
+      break
+    end
+    s, i = scale, inc
+    scale = scale * 2
+  end
+  return s, i
+end
+
+-- The sliding window's weight unit (Policy::weight_unit_micros): 1 when
+-- L x P <= 2^52, else the smallest power of ten dividing P with
+-- L x (P / unit) <= 2^52.
+local function weight_unit(L, P)
+  local u = 1
+  while L * (P / u) > MAX do
+    u = u * 10
+    if P % u ~= 0 then
+      return 1
+    end
+  end
+  return u
 end
 
 -- The string value of key, or nil when absent or of another type.

@@ -15,6 +15,42 @@ ALG.sliding_log = function(key, L, P, B, now, c)
     local top = redis.call('ZREVRANGE', key, 0, 0, 'WITHSCORES')
     newest = tonumber(top[2])
   end
+  -- A log with entries later than clocks that disagree explain (a clock
+  -- that jumped back, a corrupt value) or more live entries than L (a limit
+  -- that shrank) is read as its newest L live entries, none after now, and
+  -- written so on a charge.
+  -- `skip` live entries (the oldest) are left out of the view.
+  local skip = 0
+  if count > L then
+    skip = count - L
+  end
+  local clamped = newest ~= nil and (newest - now > tolerance(P) or skip > 0)
+  if clamped then
+    if c > 0 then
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(cutoff))
+      local future = redis.call('ZCOUNT', key, '(' .. fmt(now), '+inf')
+      if future > 0 then
+        redis.call('ZREMRANGEBYSCORE', key, '(' .. fmt(now), '+inf')
+        local score = fmt(now)
+        local first = redis.call('ZCOUNT', key, score, score) + 1
+        for n = first, first + future - 1 do
+          redis.call('ZADD', key, score, score .. ':' .. fmt(n))
+        end
+      end
+      if skip > 0 then
+        redis.call('ZREMRANGEBYRANK', key, 0, -(L + 1))
+      end
+      if newest > now then
+        newest = now
+      end
+      redis.call('PEXPIREAT', key, fmt(ceil_div(newest + P, 1000)))
+      count, skip = count - skip, 0
+    else
+      if newest > now then
+        newest = now
+      end
+    end
+  end
   local function reset_after()
     if newest == nil then
       return 0
@@ -25,9 +61,10 @@ ALG.sliding_log = function(key, L, P, B, now, c)
   if c == 0 then
     cost = 1
   end
-  if count + cost <= L then
+  local live = count - skip
+  if live + cost <= L then
     if c == 0 then
-      return { true, L - count, -1, reset_after(), 0 }
+      return { true, L - live, -1, reset_after(), 0 }
     end
     local t = now
     if newest ~= nil and newest > t then
@@ -58,9 +95,13 @@ ALG.sliding_log = function(key, L, P, B, now, c)
       end
       redis.call('PEXPIREAT', key, fmt(ceil_div(t + P, 1000)))
     end
-    return { true, L - count - c, -1, reset, 0, nil, nil, nil, commit }
+    return { true, L - live - c, -1, reset, 0, nil, nil, nil, commit }
   end
-  local k = count + cost - L
-  local kth = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(cutoff), '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)
-  return { false, max0(L - count), tonumber(kth[2]) + P - now, reset_after(), 0 }
+  local k = live + cost - L
+  local kth = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(cutoff), '+inf', 'WITHSCORES', 'LIMIT', skip + k - 1, 1)
+  local t = tonumber(kth[2])
+  if clamped and t > now then
+    t = now
+  end
+  return { false, max0(L - live), t + P - now, reset_after(), 0 }
 end
