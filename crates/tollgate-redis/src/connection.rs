@@ -3,7 +3,7 @@
 //! mapping.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,10 +11,8 @@ use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
-use redis::{
-    AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError,
-    ServerErrorKind, Value,
-};
+use redis::sentinel::SentinelClient;
+use redis::{Cmd, ConnectionInfo, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::time::{timeout_at, Instant};
 use tollgate_core::StoreError;
 
@@ -26,87 +24,95 @@ use crate::scripts::LuaScript;
 const NOT_RUN_RETRIES: usize = 6;
 
 /// A standalone connection as the pool keeps it: a multiplexed connection
-/// and a flag its driver task sets when the socket closes, so the pool
-/// replaces dead connections without a round trip. A clone shares the
-/// connection and its flag.
+/// (from [`bb8_redis::RedisConnectionManager`] or a Sentinel's current
+/// primary), a flag set when a call on it met a dead socket, and the
+/// failure epoch it was last known good at. A clone shares the connection
+/// and its flags.
 #[derive(Clone)]
 pub(crate) struct StandaloneConnection {
     connection: MultiplexedConnection,
-    closed: Arc<AtomicBool>,
+    broken: Arc<AtomicBool>,
+    /// The manager's failure epoch when this connection last proved alive.
+    checked: Arc<AtomicU64>,
+    /// The manager's failure epoch (shared): bumped by every call that met
+    /// a dead socket.
+    epoch: Arc<AtomicU64>,
 }
 
-/// Opens standalone connections for bb8.
+/// Where a standalone manager gets its connections.
+enum Source {
+    /// bb8-redis's manager for one server URL (or an application's
+    /// `redis::Client`).
+    Server(bb8_redis::RedisConnectionManager),
+    /// The primary a set of Sentinels names at the moment of connecting.
+    Sentinel(tokio::sync::Mutex<SentinelClient>),
+}
+
+/// Opens standalone connections for bb8: wraps
+/// [`bb8_redis::RedisConnectionManager`] (or a Sentinel client) to keep
+/// checkouts free of I/O.
 ///
-/// Not `bb8_redis::RedisConnectionManager`: that manager can only find a
-/// dead multiplexed connection with a `PING` per checkout (one more round
-/// trip per check) and otherwise keeps handing it out after a server
-/// restart. This one spawns the connection's driver itself and marks the
-/// connection broken the moment the driver ends.
+/// bb8-redis's own manager `PING`s on every checkout to find a dead
+/// multiplexed connection (one more round trip per check). This wrapper
+/// instead keeps a failure epoch: a call that meets a dead socket marks
+/// its connection broken (the pool drops it) and bumps the epoch, and only
+/// then does each older connection get one `PING` at its next checkout. So
+/// after a server restart the first call on a dead socket fails, the rest
+/// find fresh connections, and a healthy server costs no extra round trip.
 pub(crate) struct StandaloneManager {
-    info: ConnectionInfo,
+    source: Source,
     connect_timeout: Duration,
+    response_timeout: Duration,
+    epoch: Arc<AtomicU64>,
 }
 
 impl StandaloneManager {
-    pub(crate) fn new(info: ConnectionInfo, connect_timeout: Duration) -> Self {
-        Self {
-            info,
+    /// A manager for one server.
+    pub(crate) fn server(
+        info: ConnectionInfo,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Result<Self, RedisError> {
+        Ok(Self::with_source(
+            Source::Server(bb8_redis::RedisConnectionManager::new(info)?),
             connect_timeout,
+            response_timeout,
+        ))
+    }
+
+    /// A manager for the primary `client`'s Sentinels name.
+    pub(crate) fn sentinel(
+        client: SentinelClient,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Self {
+        Self::with_source(
+            Source::Sentinel(tokio::sync::Mutex::new(client)),
+            connect_timeout,
+            response_timeout,
+        )
+    }
+
+    fn with_source(source: Source, connect_timeout: Duration, response_timeout: Duration) -> Self {
+        Self {
+            source,
+            connect_timeout,
+            response_timeout,
+            epoch: Arc::new(AtomicU64::new(0)),
         }
     }
 
-    async fn open(&self) -> Result<StandaloneConnection, RedisError> {
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(None)
-            .set_response_timeout(None);
-        let closed = Arc::new(AtomicBool::new(false));
-        let connection = match self.info.addr() {
-            ConnectionAddr::Tcp(host, port) => {
-                let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
-                stream.set_nodelay(true)?;
-                let (connection, driver) = MultiplexedConnection::new_with_config(
-                    self.info.redis_settings(),
-                    stream,
-                    config,
-                )
-                .await?;
-                spawn_driver(driver, Arc::clone(&closed));
-                connection
+    async fn open(&self) -> Result<MultiplexedConnection, RedisError> {
+        match &self.source {
+            Source::Server(manager) => bb8::ManageConnection::connect(manager).await,
+            Source::Sentinel(client) => {
+                // Asks the Sentinels for the current primary each time: a
+                // connection opened after a failover goes to the new one.
+                let client = client.lock().await.async_get_client().await?;
+                client.get_multiplexed_async_connection().await
             }
-            #[cfg(unix)]
-            ConnectionAddr::Unix(path) => {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                let (connection, driver) = MultiplexedConnection::new_with_config(
-                    self.info.redis_settings(),
-                    stream,
-                    config,
-                )
-                .await?;
-                spawn_driver(driver, Arc::clone(&closed));
-                connection
-            }
-            other => {
-                return Err(RedisError::from((
-                    ErrorKind::InvalidClientConfig,
-                    "unsupported address",
-                    format!(
-                        "{other}: tollgate-redis connects over TCP (redis://) or Unix sockets (redis+unix://)"
-                    ),
-                )))
-            }
-        };
-        Ok(StandaloneConnection { connection, closed })
+        }
     }
-}
-
-fn spawn_driver(
-    driver: impl std::future::Future<Output = ()> + Send + 'static,
-    closed: Arc<AtomicBool>,
-) {
-    tokio::spawn(async move {
-        driver.await;
-        closed.store(true, Ordering::Release);
-    });
 }
 
 impl bb8::ManageConnection for StandaloneManager {
@@ -114,29 +120,70 @@ impl bb8::ManageConnection for StandaloneManager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Self::Connection, Self::Error> {
-        match tokio::time::timeout(self.connect_timeout, self.open()).await {
-            Ok(result) => result,
-            Err(_) => Err(RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("connecting took longer than {:?}", self.connect_timeout),
-            ))),
-        }
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let mut connection = match tokio::time::timeout(self.connect_timeout, self.open()).await {
+            Ok(result) => result?,
+            Err(_) => {
+                return Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("connecting took longer than {:?}", self.connect_timeout),
+                )))
+            }
+        };
+        // The store's own deadline bounds every call; this only keeps
+        // redis-rs's default from cutting a longer one short.
+        connection.set_response_timeout(self.response_timeout);
+        Ok(StandaloneConnection {
+            connection,
+            broken: Arc::new(AtomicBool::new(false)),
+            checked: Arc::new(AtomicU64::new(epoch)),
+            epoch: Arc::clone(&self.epoch),
+        })
     }
 
     async fn is_valid(&self, connection: &mut Self::Connection) -> Result<(), Self::Error> {
-        if connection.closed.load(Ordering::Acquire) {
-            Err(RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::NotConnected,
-                "the connection was closed",
-            )))
-        } else {
-            Ok(())
+        if connection.broken.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        let epoch = self.epoch.load(Ordering::Acquire);
+        if connection.checked.load(Ordering::Acquire) >= epoch {
+            return Ok(());
+        }
+        // A call met a dead socket since this connection last proved
+        // alive (a restart or failover kills every socket at once): one
+        // PING before handing it out again.
+        let ping = redis::cmd("PING");
+        match tokio::time::timeout(
+            self.connect_timeout,
+            ping.query_async::<Value>(&mut connection.connection),
+        )
+        .await
+        {
+            Ok(Ok(_)) => {
+                connection.checked.fetch_max(epoch, Ordering::AcqRel);
+                Ok(())
+            }
+            Ok(Err(error)) => {
+                connection.broken.store(true, Ordering::Release);
+                Err(error)
+            }
+            Err(_) => {
+                connection.broken.store(true, Ordering::Release);
+                Err(closed())
+            }
         }
     }
 
     fn has_broken(&self, connection: &mut Self::Connection) -> bool {
-        connection.closed.load(Ordering::Acquire)
+        connection.broken.load(Ordering::Acquire)
     }
+}
+
+fn closed() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::NotConnected,
+        "the connection was closed",
+    ))
 }
 
 /// Opens Cluster connections for bb8. A `ClusterConnection` is itself
@@ -170,11 +217,15 @@ impl bb8::ManageConnection for ClusterManager {
     }
 }
 
-/// The pool, standalone or Cluster.
+/// The pool: tollgate's own (standalone or Sentinel, or Cluster), or one
+/// the application built on bb8-redis.
 #[derive(Clone)]
 pub(crate) enum Pool {
     Standalone(bb8::Pool<StandaloneManager>),
     Cluster(bb8::Pool<ClusterManager>),
+    /// The application's pool ([`RedisStoreBuilder::pool`](crate::RedisStoreBuilder::pool)):
+    /// its manager decides how dead connections are found.
+    External(bb8::Pool<bb8_redis::RedisConnectionManager>),
 }
 
 impl fmt::Debug for Pool {
@@ -182,6 +233,7 @@ impl fmt::Debug for Pool {
         let (kind, state) = match self {
             Self::Standalone(pool) => ("standalone", pool.state()),
             Self::Cluster(pool) => ("cluster", pool.state()),
+            Self::External(pool) => ("application's bb8-redis pool", pool.state()),
         };
         f.debug_struct("Pool")
             .field("kind", &kind)
@@ -196,6 +248,7 @@ impl fmt::Debug for Pool {
 pub(crate) enum Connection {
     Standalone(StandaloneConnection),
     Cluster(ClusterConnection),
+    External(MultiplexedConnection),
 }
 
 impl Pool {
@@ -208,6 +261,10 @@ impl Pool {
             Self::Cluster(pool) => {
                 let pooled = pool.get().await.map_err(pool_error)?;
                 Ok(Connection::Cluster(pooled.clone()))
+            }
+            Self::External(pool) => {
+                let pooled = pool.get().await.map_err(pool_error)?;
+                Ok(Connection::External(pooled.clone()))
             }
         }
     }
@@ -242,6 +299,7 @@ impl Connection {
         match self {
             Self::Standalone(standalone) => cmd.query_async(&mut standalone.connection).await,
             Self::Cluster(connection) => cmd.query_async(connection).await,
+            Self::External(connection) => cmd.query_async(connection).await,
         }
     }
 
@@ -289,6 +347,7 @@ impl Connection {
         load.arg("LOAD").arg(script.source());
         match self {
             Self::Standalone(standalone) => load.query_async(&mut standalone.connection).await,
+            Self::External(connection) => load.query_async(connection).await,
             Self::Cluster(connection) => {
                 let route = match to {
                     Some(to) => to.route(),
@@ -305,11 +364,15 @@ impl Connection {
         }
     }
 
-    /// Marks a standalone connection broken after an I/O error so the pool
-    /// replaces it.
+    /// Marks a standalone connection broken after an I/O error (or a
+    /// `READONLY` from a demoted primary) so the pool replaces it, and
+    /// bumps the failure epoch so the other pooled connections are checked
+    /// once before their next use.
     fn mark_broken(&self) {
         if let Self::Standalone(standalone) = self {
-            standalone.closed.store(true, Ordering::Release);
+            if !standalone.broken.swap(true, Ordering::AcqRel) {
+                standalone.epoch.fetch_add(1, Ordering::AcqRel);
+            }
         }
     }
 }
@@ -387,6 +450,13 @@ fn classify(error: RedisError, connection: &Connection, timeout: Duration) -> Fa
                 None => Failure::Fail(StoreError::unavailable(error)),
             }
         }
+        // A primary demoted by a failover (Sentinel): refused before
+        // running; the connection goes, and the next one asks the
+        // Sentinels where the primary is now.
+        ErrorKind::Server(ServerErrorKind::ReadOnly) => {
+            connection.mark_broken();
+            Failure::Fail(StoreError::unavailable(error))
+        }
         // Refused before running: nothing was charged.
         ErrorKind::Server(
             ServerErrorKind::Moved
@@ -394,13 +464,21 @@ fn classify(error: RedisError, connection: &Connection, timeout: Duration) -> Fa
             | ServerErrorKind::ClusterDown
             | ServerErrorKind::MasterDown
             | ServerErrorKind::BusyLoading
-            | ServerErrorKind::ReadOnly
             | ServerErrorKind::NoPerm
             | ServerErrorKind::CrossSlot,
         )
         | ErrorKind::ClusterConnectionNotFound
         | ErrorKind::AuthenticationFailed
         | ErrorKind::InvalidClientConfig => Failure::Fail(StoreError::unavailable(error)),
+        // Not logged in (`NOAUTH`, after a server's password changed) or an
+        // ACL refusal, also of a command a script calls (the scripts call
+        // `TIME` and read before they write, so a refused script wrote
+        // nothing): refused before anything was charged.
+        _ if matches!(error.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+            || is_script_acl_refusal(&error) =>
+        {
+            Failure::Fail(StoreError::unavailable(error))
+        }
         // BUSY (another script runs too long) and OOM (refused at the first
         // write, so nothing was written) are refusals too.
         ErrorKind::Extension if matches!(error.code(), Some("BUSY" | "OOM" | "NOREPLICAS")) => {
@@ -421,6 +499,14 @@ fn classify(error: RedisError, connection: &Connection, timeout: Duration) -> Fa
             detail: error.to_string(),
         }),
     }
+}
+
+/// Whether the server refused a command a script called because of the
+/// user's ACL ("The user executing the script can't run this command").
+pub(crate) fn is_script_acl_refusal(error: &RedisError) -> bool {
+    error
+        .detail()
+        .is_some_and(|detail| detail.contains("can't run this command"))
 }
 
 /// Runs `evalsha` (an `EVALSHA` of `script` whose first key is

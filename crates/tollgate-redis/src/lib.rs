@@ -162,21 +162,29 @@
 //! # Ok(()) }
 //! ```
 
+mod builder;
 mod cell;
 mod connection;
+mod errors;
 mod limiter;
 mod scripts;
 mod store;
+mod verify;
 
-pub use cell::{ThrottleCallError, THROTTLE_POLICY_NAME};
-pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError, RateType, DEFAULT_KEEP_ALIVE};
-pub use store::{
-    BuildError, CheckFuture, ClockMode, RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_POOL_SIZE, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_PREFIX_LEN,
+pub use builder::{
+    RedisPool, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_PREFIX,
+    DEFAULT_TIMEOUT, MAX_PREFIX_LEN,
 };
+pub use cell::{ThrottleCallError, THROTTLE_POLICY_NAME};
+pub use errors::{BuildError, ACL_COMMANDS};
+pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError, RateType, DEFAULT_KEEP_ALIVE};
+pub use store::{CheckFuture, ClockMode, RedisStore};
 
 /// The `bb8` pool this crate uses, re-exported so versions never mismatch.
 pub use bb8;
+/// The bb8-redis connection manager underneath the pool, re-exported for
+/// [`RedisStoreBuilder::pool`] so versions never mismatch.
+pub use bb8_redis;
 /// The `redis` crate this crate uses, re-exported so versions never
 /// mismatch.
 pub use redis;
