@@ -35,8 +35,8 @@ enum Target {
     Standalone(String),
     Cluster(Vec<String>),
     Sentinel { master: String, urls: Vec<String> },
-    Client(redis::Client),
-    ClusterClient(ClusterClient),
+    Client(Box<redis::Client>),
+    ClusterClient(Box<ClusterClient>),
     Pool(RedisPool),
 }
 
@@ -221,7 +221,7 @@ impl RedisStoreBuilder {
     /// DNS name, …). Its connection settings are used by tollgate's pool
     /// (bb8-redis underneath). Replaces any earlier target.
     pub fn client(mut self, client: redis::Client) -> Self {
-        self.target = Some(Target::Client(client));
+        self.target = Some(Target::Client(Box::new(client)));
         self
     }
 
@@ -230,7 +230,7 @@ impl RedisStoreBuilder {
     /// it did not run, and the client's own retries could charge a check
     /// twice. Replaces any earlier target.
     pub fn cluster_client(mut self, client: ClusterClient) -> Self {
-        self.target = Some(Target::ClusterClient(client));
+        self.target = Some(Target::ClusterClient(Box::new(client)));
         self
     }
 
@@ -436,6 +436,11 @@ impl RedisStoreBuilder {
                 );
                 let manager =
                     StandaloneManager::sentinel(client, self.connect_timeout, self.timeout);
+                let last = manager.last_error();
+                if self.lazy {
+                    let pool = self.pool_builder().build_unchecked(manager);
+                    return Ok((Pool::Standalone(pool, last), description, user));
+                }
                 let built = self.pool_builder().build(manager).await;
                 let pool = match built {
                     Ok(pool) => pool,
@@ -453,7 +458,7 @@ impl RedisStoreBuilder {
                         ))
                     }
                 };
-                Ok((Pool::Standalone(pool), description, user))
+                Ok((Pool::Standalone(pool, last), description, user))
             }
             Target::Cluster(urls) => {
                 if urls.is_empty() {
@@ -487,7 +492,7 @@ impl RedisStoreBuilder {
                     .username
                     .clone()
                     .unwrap_or_else(|| "default".to_owned());
-                let pool = self.cluster_pool(client, &description, &user).await?;
+                let pool = self.cluster_pool(*client, &description, &user).await?;
                 Ok((pool, description, user))
             }
             Target::Pool(pool) => Ok((
@@ -518,13 +523,14 @@ impl RedisStoreBuilder {
         user: &str,
     ) -> Result<Pool, BuildError> {
         let builder = self.pool_builder();
+        let last = manager.last_error();
         if self.lazy {
-            return Ok(Pool::Standalone(builder.build_unchecked(manager)));
+            return Ok(Pool::Standalone(builder.build_unchecked(manager), last));
         }
         builder
             .build(manager)
             .await
-            .map(Pool::Standalone)
+            .map(|pool| Pool::Standalone(pool, last))
             .map_err(|source| {
                 verify::connect_error(&redact(description), user, &self.prefix, source)
             })
@@ -538,13 +544,14 @@ impl RedisStoreBuilder {
     ) -> Result<Pool, BuildError> {
         let builder = self.pool_builder();
         let manager = ClusterManager::new(client);
+        let last = manager.last_error();
         if self.lazy {
-            return Ok(Pool::Cluster(builder.build_unchecked(manager)));
+            return Ok(Pool::Cluster(builder.build_unchecked(manager), last));
         }
         builder
             .build(manager)
             .await
-            .map(Pool::Cluster)
+            .map(|pool| Pool::Cluster(pool, last))
             .map_err(|source| verify::connect_error(description, user, &self.prefix, source))
     }
 

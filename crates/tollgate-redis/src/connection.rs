@@ -64,6 +64,53 @@ pub(crate) struct StandaloneManager {
     connect_timeout: Duration,
     response_timeout: Duration,
     epoch: Arc<AtomicU64>,
+    last_error: LastError,
+}
+
+/// The error of the last failed connection attempt (cleared by a success),
+/// so a call that finds no connection says why instead of only "timed out
+/// waiting for a connection from the pool".
+#[derive(Clone, Default)]
+pub(crate) struct LastError(Arc<std::sync::Mutex<Option<RedisError>>>);
+
+impl LastError {
+    fn record<T>(&self, result: &Result<T, RedisError>) {
+        let mut last = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *last = result.as_ref().err().cloned();
+    }
+
+    fn get(&self) -> Option<RedisError> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// "No connection": the pool found none within the deadline; the source is
+/// the last connection attempt's error.
+#[derive(Debug)]
+pub(crate) struct NoConnection {
+    last: RedisError,
+}
+
+impl fmt::Display for NoConnection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "no connection to Redis; nothing was sent; the last attempt to connect failed: {}",
+            self.last
+        )
+    }
+}
+
+impl std::error::Error for NoConnection {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.last)
+    }
 }
 
 impl StandaloneManager {
@@ -99,7 +146,13 @@ impl StandaloneManager {
             connect_timeout,
             response_timeout,
             epoch: Arc::new(AtomicU64::new(0)),
+            last_error: LastError::default(),
         }
+    }
+
+    /// The handle on this manager's last connection error.
+    pub(crate) fn last_error(&self) -> LastError {
+        self.last_error.clone()
     }
 
     async fn open(&self) -> Result<MultiplexedConnection, RedisError> {
@@ -121,15 +174,15 @@ impl bb8::ManageConnection for StandaloneManager {
 
     async fn connect(&self) -> Result<Self::Connection, Self::Error> {
         let epoch = self.epoch.load(Ordering::Acquire);
-        let mut connection = match tokio::time::timeout(self.connect_timeout, self.open()).await {
-            Ok(result) => result?,
-            Err(_) => {
-                return Err(RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("connecting took longer than {:?}", self.connect_timeout),
-                )))
-            }
+        let opened = match tokio::time::timeout(self.connect_timeout, self.open()).await {
+            Ok(result) => result,
+            Err(_) => Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("connecting took longer than {:?}", self.connect_timeout),
+            ))),
         };
+        self.last_error.record(&opened);
+        let mut connection = opened?;
         // The store's own deadline bounds every call; this only keeps
         // redis-rs's default from cutting a longer one short.
         connection.set_response_timeout(self.response_timeout);
@@ -192,11 +245,20 @@ fn closed() -> RedisError {
 /// checkout path as standalone.
 pub(crate) struct ClusterManager {
     client: ClusterClient,
+    last_error: LastError,
 }
 
 impl ClusterManager {
     pub(crate) fn new(client: ClusterClient) -> Self {
-        Self { client }
+        Self {
+            client,
+            last_error: LastError::default(),
+        }
+    }
+
+    /// The handle on this manager's last connection error.
+    pub(crate) fn last_error(&self) -> LastError {
+        self.last_error.clone()
     }
 }
 
@@ -205,7 +267,9 @@ impl bb8::ManageConnection for ClusterManager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Self::Connection, Self::Error> {
-        self.client.get_async_connection().await
+        let opened = self.client.get_async_connection().await;
+        self.last_error.record(&opened);
+        opened
     }
 
     async fn is_valid(&self, _connection: &mut Self::Connection) -> Result<(), Self::Error> {
@@ -221,8 +285,8 @@ impl bb8::ManageConnection for ClusterManager {
 /// the application built on bb8-redis.
 #[derive(Clone)]
 pub(crate) enum Pool {
-    Standalone(bb8::Pool<StandaloneManager>),
-    Cluster(bb8::Pool<ClusterManager>),
+    Standalone(bb8::Pool<StandaloneManager>, LastError),
+    Cluster(bb8::Pool<ClusterManager>, LastError),
     /// The application's pool ([`RedisStoreBuilder::pool`](crate::RedisStoreBuilder::pool)):
     /// its manager decides how dead connections are found.
     External(bb8::Pool<bb8_redis::RedisConnectionManager>),
@@ -231,8 +295,8 @@ pub(crate) enum Pool {
 impl fmt::Debug for Pool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (kind, state) = match self {
-            Self::Standalone(pool) => ("standalone", pool.state()),
-            Self::Cluster(pool) => ("cluster", pool.state()),
+            Self::Standalone(pool, _) => ("standalone", pool.state()),
+            Self::Cluster(pool, _) => ("cluster", pool.state()),
             Self::External(pool) => ("application's bb8-redis pool", pool.state()),
         };
         f.debug_struct("Pool")
@@ -254,16 +318,16 @@ pub(crate) enum Connection {
 impl Pool {
     async fn checkout(&self) -> Result<Connection, StoreError> {
         match self {
-            Self::Standalone(pool) => {
-                let pooled = pool.get().await.map_err(pool_error)?;
+            Self::Standalone(pool, last) => {
+                let pooled = pool.get().await.map_err(|e| pool_error(e, Some(last)))?;
                 Ok(Connection::Standalone(pooled.clone()))
             }
-            Self::Cluster(pool) => {
-                let pooled = pool.get().await.map_err(pool_error)?;
+            Self::Cluster(pool, last) => {
+                let pooled = pool.get().await.map_err(|e| pool_error(e, Some(last)))?;
                 Ok(Connection::Cluster(pooled.clone()))
             }
             Self::External(pool) => {
-                let pooled = pool.get().await.map_err(pool_error)?;
+                let pooled = pool.get().await.map_err(|e| pool_error(e, None))?;
                 Ok(Connection::External(pooled.clone()))
             }
         }
@@ -278,19 +342,30 @@ impl Pool {
     ) -> Result<Connection, StoreError> {
         match timeout_at(deadline, self.checkout()).await {
             Ok(result) => result,
-            Err(_) => Err(StoreError::unavailable(format!(
-                "no connection within {timeout:?}; nothing was sent"
-            ))),
+            Err(_) => Err(match self.last_error() {
+                Some(last) => StoreError::unavailable(NoConnection { last }),
+                None => StoreError::unavailable(format!(
+                    "no connection within {timeout:?}; nothing was sent"
+                )),
+            }),
+        }
+    }
+
+    fn last_error(&self) -> Option<RedisError> {
+        match self {
+            Self::Standalone(_, last) | Self::Cluster(_, last) => last.get(),
+            Self::External(_) => None,
         }
     }
 }
 
-fn pool_error(error: bb8::RunError<RedisError>) -> StoreError {
+fn pool_error(error: bb8::RunError<RedisError>, last: Option<&LastError>) -> StoreError {
     match error {
         bb8::RunError::User(error) => StoreError::unavailable(error),
-        bb8::RunError::TimedOut => {
-            StoreError::unavailable("timed out waiting for a connection from the pool")
-        }
+        bb8::RunError::TimedOut => match last.and_then(LastError::get) {
+            Some(last) => StoreError::unavailable(NoConnection { last }),
+            None => StoreError::unavailable("timed out waiting for a connection from the pool"),
+        },
     }
 }
 

@@ -191,7 +191,11 @@ mod tests {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             let source = std::fs::read_to_string(&path).unwrap();
-            for call in source.split("redis.call(").skip(1) {
+            let calls = source
+                .split("redis.call(")
+                .skip(1)
+                .chain(source.split("redis.pcall(").skip(1));
+            for call in calls {
                 let quoted = call.trim_start().trim_start_matches(['\'', '"']);
                 let command: String = quoted
                     .chars()

@@ -6,11 +6,14 @@ use std::error::Error as _;
 use std::time::Duration;
 
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
-use tollgate_core::{Algorithm, Policy, Store, StoreError};
+use tollgate_core::{Policy, Store, StoreError};
 
 use crate::connection;
 use crate::errors::{BuildError, SCRIPT_COMMANDS};
 use crate::store::RedisStore;
+
+/// The permission probe (see the file's comment).
+const PROBE_LUA: &str = include_str!("lua/probe.lua");
 
 /// The subject of the peek `build()` runs (a peek writes nothing).
 pub(crate) const PROBE_SUBJECT: &str = "tollgate-build-check";
@@ -110,15 +113,41 @@ pub(crate) async fn at_build(
     let prefix = store.prefix();
     // Connections may still be opening (an application's pool): allow for it.
     let timeout = inner.timeout + connect_timeout;
-    let script = inner
-        .scripts
-        .get([Algorithm::Gcra].into_iter())
-        .map_err(|source| BuildError::Check { source })?;
+    // PING (the pool's check of a connection after a failure).
+    connection::query(&inner.pool, timeout, &redis::cmd("PING"))
+        .await
+        .map_err(|e| check_error(e, target, user, prefix))?;
+    // SCRIPT LOAD and EVALSHA of the permission probe (every command the
+    // scripts call, on keys of the prefix, deleted again).
+    let probe_script = redis::Script::new(PROBE_LUA);
     let mut load = redis::cmd("SCRIPT");
-    load.arg("LOAD").arg(script.source());
+    load.arg("LOAD").arg(PROBE_LUA);
     connection::query(&inner.pool, timeout, &load)
         .await
         .map_err(|e| check_error(e, target, user, prefix))?;
+    let mut evalsha = redis::cmd("EVALSHA");
+    evalsha.arg(probe_script.get_hash()).arg(3);
+    for kind in ["s", "z", "h"] {
+        evalsha.arg(format!(
+            "{prefix}:{{{PROBE_SUBJECT}}}:{PROBE_POLICY}-{kind}"
+        ));
+    }
+    let reply = connection::query(&inner.pool, timeout, &evalsha)
+        .await
+        .map_err(|e| check_error(e, target, user, prefix))?;
+    if let Some((command, message)) = refused(&reply) {
+        let source = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::NoPerm),
+            "a command tollgate's scripts call was refused",
+            message,
+        ));
+        return Err(BuildError::Permission {
+            user: user.to_owned(),
+            permission: format!("+{}", command.to_ascii_lowercase()),
+            prefix: prefix.to_owned(),
+            source,
+        });
+    }
     let probe = Policy::per_second(1)
         .name(PROBE_POLICY)
         .build()
@@ -132,6 +161,19 @@ pub(crate) async fn at_build(
         .map_err(|e| check_error(e, target, user, prefix))?;
     warn_on_noeviction(store, timeout).await;
     Ok(())
+}
+
+/// The probe's `{command, error}` reply, if a command was refused.
+fn refused(reply: &Value) -> Option<(String, String)> {
+    let text = |value: &Value| match value {
+        Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        Value::SimpleString(text) => Some(text.clone()),
+        _ => None,
+    };
+    match reply {
+        Value::Array(items) if items.len() == 2 => Some((text(&items[0])?, text(&items[1])?)),
+        _ => None,
+    }
 }
 
 /// Reads `maxmemory` and `maxmemory-policy` (skipped silently where
