@@ -37,6 +37,9 @@ pub(crate) struct StandaloneConnection {
     /// The manager's failure epoch (shared): bumped by every call that met
     /// a dead socket.
     epoch: Arc<AtomicU64>,
+    /// Replace this connection after a timeout (Sentinel: see
+    /// `Connection::timed_out`).
+    rediscover_on_timeout: bool,
 }
 
 /// Where a standalone manager gets its connections.
@@ -191,6 +194,7 @@ impl bb8::ManageConnection for StandaloneManager {
             broken: Arc::new(AtomicBool::new(false)),
             checked: Arc::new(AtomicU64::new(epoch)),
             epoch: Arc::clone(&self.epoch),
+            rediscover_on_timeout: matches!(self.source, Source::Sentinel(_)),
         })
     }
 
@@ -439,6 +443,19 @@ impl Connection {
         }
     }
 
+    /// After a call timed out: a Sentinel-managed connection is replaced
+    /// (the next one asks the Sentinels where the primary is), since a
+    /// primary that stopped answering may be the one a failover is
+    /// replacing (with writes paused, or partitioned away). Other
+    /// connections stay: a slow server is not a dead one.
+    fn timed_out(&self) {
+        if let Self::Standalone(standalone) = self {
+            if standalone.rediscover_on_timeout {
+                self.mark_broken();
+            }
+        }
+    }
+
     /// Marks a standalone connection broken after an I/O error (or a
     /// `READONLY` from a demoted primary) so the pool replaces it, and
     /// bumps the failure epoch so the other pooled connections are checked
@@ -560,6 +577,7 @@ fn classify(error: RedisError, connection: &Connection, timeout: Duration) -> Fa
             Failure::Fail(StoreError::unavailable(error))
         }
         ErrorKind::Io if error.is_timeout() => {
+            connection.timed_out();
             Failure::Fail(StoreError::Timeout { after: timeout })
         }
         ErrorKind::Io if error.is_connection_refusal() => {
@@ -605,7 +623,10 @@ pub(crate) async fn eval(
             None => timeout_at(deadline, connection.query(evalsha)).await,
         };
         let error = match sent {
-            Err(_) => return Err(StoreError::Timeout { after: timeout }),
+            Err(_) => {
+                connection.timed_out();
+                return Err(StoreError::Timeout { after: timeout });
+            }
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(error)) => error,
         };
@@ -663,7 +684,10 @@ pub(crate) async fn query(pool: &Pool, timeout: Duration, cmd: &Cmd) -> Result<V
     let deadline = Instant::now() + timeout;
     let mut connection = pool.checkout_by(deadline, timeout).await?;
     match timeout_at(deadline, connection.query(cmd)).await {
-        Err(_) => Err(StoreError::Timeout { after: timeout }),
+        Err(_) => {
+            connection.timed_out();
+            Err(StoreError::Timeout { after: timeout })
+        }
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => match classify(error, &connection, timeout) {
             Failure::Fail(error) => Err(error),

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use tollgate_redis::RedisStore;
 use tollgate_tests::reliability::{
     admin, cluster_failover, command, hot_subject, info_field, ipv6_rotation, kill_restart,
-    master_with_replica, pool_exhaustion, slot_migration, slow_redis, spoofed_forwarded_for, table,
-    ClusterAdmin, ClusterNode, Failover, FailoverHow, FailureMode, HotSubject, KillRestart, Load,
-    Row, SlotMigration, SlowRedis, Slowdown,
+    master_with_replica, pool_exhaustion, sentinel_failover, slot_migration, slow_redis,
+    spoofed_forwarded_for, table, ClusterAdmin, ClusterNode, Failover, FailoverHow, FailureMode,
+    HotSubject, KillRestart, Load, Row, SentinelFault, SlotMigration, SlowRedis, Slowdown,
 };
 use tollgate_tests::{redis_url, OwnedRedis};
 
@@ -216,6 +216,12 @@ async fn main() -> ExitCode {
     }
     if wanted("abuse") {
         abuse(&mut rows).await;
+    }
+    if wanted("sentinel") {
+        for fault in [SentinelFault::PlannedFailover, SentinelFault::KillPrimary] {
+            step(&format!("Sentinel: {fault:?}"));
+            rows.push(sentinel_failover(fault, 200, 200).await.row);
+        }
     }
 
     println!("\n{}", table(&rows));
