@@ -470,16 +470,18 @@ impl RedisStoreBuilder {
                 }
                 let user = user_of(&infos[0]);
                 let description = urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
-                let mut builder = ClusterClientBuilder::new(infos)
+                let builder = ClusterClientBuilder::new(infos)
                     // Never resend a command that may have run: the store
                     // itself resends only what the server proves did not
                     // run (NOSCRIPT, MOVED, TRYAGAIN).
                     .retries(0)
                     .connection_timeout(self.connect_timeout)
                     .response_timeout(self.timeout);
-                if self.tls.is_set() {
-                    builder = self.cluster_tls(builder, &description)?;
-                }
+                let builder = if self.tls.is_set() {
+                    with_cluster_certs(builder, &self.tls, &description)?
+                } else {
+                    builder
+                };
                 let client = builder
                     .build()
                     .map_err(|source| invalid_url(&description, source))?;
@@ -603,26 +605,6 @@ impl RedisStoreBuilder {
         }
     }
 
-    #[cfg_attr(not(feature = "tls"), allow(clippy::unused_self))]
-    fn cluster_tls(
-        &self,
-        builder: ClusterClientBuilder,
-        description: &str,
-    ) -> Result<ClusterClientBuilder, BuildError> {
-        #[cfg(feature = "tls")]
-        {
-            let _ = description;
-            Ok(builder.certs(self.tls.certificates()))
-        }
-        #[cfg(not(feature = "tls"))]
-        {
-            let _ = builder;
-            Err(BuildError::TlsNotEnabled {
-                url: description.to_owned(),
-            })
-        }
-    }
-
     fn sentinel_client(
         &self,
         master: &str,
@@ -704,6 +686,28 @@ impl RedisStoreBuilder {
             .unwrap_or_else(|| "default".to_owned());
         Ok((client, user))
     }
+}
+
+#[cfg(feature = "tls")]
+#[allow(clippy::unnecessary_wraps)] // the same signature as without the feature
+fn with_cluster_certs(
+    builder: ClusterClientBuilder,
+    tls: &TlsFiles,
+    _description: &str,
+) -> Result<ClusterClientBuilder, BuildError> {
+    Ok(builder.certs(tls.certificates()))
+}
+
+#[cfg(not(feature = "tls"))]
+#[allow(clippy::needless_pass_by_value)] // the same signature as with the feature
+fn with_cluster_certs(
+    _builder: ClusterClientBuilder,
+    _tls: &TlsFiles,
+    description: &str,
+) -> Result<ClusterClientBuilder, BuildError> {
+    Err(BuildError::TlsNotEnabled {
+        url: description.to_owned(),
+    })
 }
 
 fn invalid_url(url: &str, source: RedisError) -> BuildError {
@@ -799,6 +803,47 @@ mod tests {
             redact("redis+unix:///tmp/r.sock?user=a&pass=s3cret"),
             "redis+unix:///tmp/r.sock?user=a&pass=***"
         );
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[tokio::test]
+    async fn tls_without_the_feature_says_which_feature_to_enable() {
+        let error = RedisStore::builder()
+            .url("rediss://app:s3cret@127.0.0.1:6380")
+            .build()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, BuildError::TlsNotEnabled { .. }),
+            "{error:?}"
+        );
+        let text = error.to_string();
+        assert!(text.contains("`tls` feature"), "{text}");
+        assert!(!text.contains("s3cret"), "{text}");
+        let error = RedisStore::builder()
+            .cluster(["rediss://127.0.0.1:7000"])
+            .build()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, BuildError::TlsNotEnabled { .. }),
+            "{error:?}"
+        );
+    }
+
+    #[cfg(all(feature = "tls", not(feature = "tls-insecure")))]
+    #[tokio::test]
+    async fn insecure_without_its_feature_is_refused() {
+        let error = RedisStore::builder()
+            .url("rediss://127.0.0.1:6380#insecure")
+            .build()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, BuildError::InsecureTlsNotEnabled { .. }),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("tls-insecure"), "{error}");
     }
 
     #[test]
