@@ -39,7 +39,7 @@
 //! | deployment | how | tested (`cargo xtask test`, Redis 7.0) |
 //! |---|---|---|
 //! | standalone | `.url("redis://host:6379")`, `redis+unix:///path` | yes |
-//! | TLS | `.url("rediss://host:6380")`, feature `tls`; `.tls_ca(pem)` for a private CA | yes, with and without client certificates |
+//! | TLS | `.url("rediss://host:6380")`, feature `tls`; `.tls_ca(pem)` for a private CA | yes (standalone), with and without client certificates |
 //! | mutual TLS | `.tls_client_cert(cert_pem, key_pem)` | yes |
 //! | ACL user | `redis://user:password@host`, or `.username(..)` / `.password(..)` | yes, a user allowed only [`ACL_COMMANDS`] |
 //! | password only (`requirepass`) | `redis://:password@host` | yes |
@@ -48,9 +48,12 @@
 //! | your own pool or client | `.pool(bb8_pool)`, `.client(redis::Client)`, `.cluster_client(ClusterClient)` | yes |
 //!
 //! Not tested: Valkey and other compatible servers, Redis 7.2 and later,
-//! Redis before 7.0, and managed services themselves (ElastiCache,
-//! Memorystore, Azure Cache, Redis Cloud, Upstash): they are TLS plus an
-//! ACL user or password, which is what the tests cover.
+//! Redis before 7.0, `rediss://` URLs for a Cluster or for Sentinels (they
+//! are handed to redis-rs's Cluster and Sentinel clients with the same
+//! certificates, but the test servers of those two speak plain TCP), and
+//! managed services themselves (ElastiCache, Memorystore, Azure Cache,
+//! Redis Cloud, Upstash): they are TLS plus an ACL user or password, which
+//! is what the tests cover on a standalone server.
 //!
 //! ## TLS
 //!
