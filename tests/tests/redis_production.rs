@@ -425,3 +425,57 @@ async fn tls_settings_on_a_plain_url_are_refused() {
     );
     assert!(error.to_string().contains("rediss://"), "{error}");
 }
+
+/// The quickstart's setup (Axum, five per minute per peer IP) on a store
+/// reached by `rediss://` as the ACL user: the layer answers 200 five
+/// times, then 429 with `Retry-After`, and the state is in Redis under the
+/// user's prefix.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_axum_app_limits_over_tls_as_an_acl_user() {
+    use std::net::SocketAddr;
+
+    use axum::routing::get;
+    use tollgate::tower::{PeerIp, RateLimitLayer};
+
+    let prefix = unique_prefix("prod-e2e");
+    let store = tollgate::redis::RedisStore::builder()
+        .url(tollgate_tests::tls_url())
+        .tls_ca(tollgate_tests::tls_ca())
+        .prefix(&prefix)
+        .build()
+        .await
+        .unwrap();
+    let key = store.key_for("127.0.0.1", "quickstart");
+    let layer = RateLimitLayer::builder(store)
+        .policy(Policy::per_minute(5).name("quickstart").build().unwrap())
+        .key(PeerIp::new())
+        .build()
+        .unwrap();
+    let app = axum::Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    let client = reqwest::Client::new();
+    let mut statuses = Vec::new();
+    for _ in 0..7 {
+        let response = client.get(format!("http://{addr}/")).send().await.unwrap();
+        if response.status() == 429 {
+            assert!(response.headers().contains_key("retry-after"));
+        }
+        statuses.push(response.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429]);
+    // The state is on the server, read over plain TCP as the same user.
+    let mut raw = redis_common::raw(&tollgate_tests::acl_url());
+    let value: String = redis::cmd("GET").arg(&key).query(&mut raw).unwrap();
+    assert!(value.starts_with("gcra:"), "{key} = {value}");
+}
