@@ -6,8 +6,11 @@
 //! Needs (as `cargo xtask reliability` sets them): `TOLLGATE_REDIS_URL`
 //! (a standalone server), `TOLLGATE_REDIS_CLUSTER_NODE_URLS` (every node of
 //! a Cluster whose masters have replicas; it kills masters) and
-//! `redis-server` (`TOLLGATE_REDIS_SERVER` or PATH) for servers of its own.
-//! Run with `cargo xtask reliability`.
+//! `redis-server` (`TOLLGATE_REDIS_SERVER` or PATH) for servers of its own
+//! (the `sentinel` scenario starts a primary, a replica and three
+//! Sentinels). Run with `cargo xtask reliability`; `RELIABILITY_ONLY=a,b`
+//! picks scenarios (`killed`, `slow`, `pool`, `cluster`, `abuse`,
+//! `sentinel`).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
