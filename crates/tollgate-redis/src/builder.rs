@@ -12,8 +12,10 @@ use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError};
 
 use crate::connection::{ClusterManager, Pool, StandaloneManager};
 use crate::errors::BuildError;
+use crate::redact::redact;
 use crate::scripts::{self, ScriptCache};
 use crate::store::{ClockMode, Inner, RedisStore};
+use crate::tls::TlsFiles;
 use crate::verify;
 
 /// Default per-call timeout: [`RedisStoreBuilder::timeout`].
@@ -59,33 +61,6 @@ impl fmt::Debug for Target {
                 .finish(),
             Self::ClusterClient(_) => f.write_str("ClusterClient"),
             Self::Pool(pool) => f.debug_tuple("Pool").field(&pool.state()).finish(),
-        }
-    }
-}
-
-/// PEM certificates for TLS. Never printed.
-#[derive(Clone, Default)]
-struct TlsFiles {
-    ca: Option<Vec<u8>>,
-    client: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-impl TlsFiles {
-    fn is_set(&self) -> bool {
-        self.ca.is_some() || self.client.is_some()
-    }
-
-    #[cfg(feature = "tls")]
-    fn certificates(&self) -> redis::TlsCertificates {
-        redis::TlsCertificates {
-            client_tls: self
-                .client
-                .as_ref()
-                .map(|(cert, key)| redis::ClientTlsConfig {
-                    client_cert: cert.clone(),
-                    client_key: key.clone(),
-                }),
-            root_cert: self.ca.clone(),
         }
     }
 }
@@ -739,39 +714,6 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<(), BuildError> {
     }
 }
 
-/// `url` with the password of its user part replaced by `***`, for
-/// messages and logs.
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{user}:***@{host}"),
-            None => authority.to_owned(),
-        },
-        None => authority.to_owned(),
-    };
-    // `redis+unix:///path?user=..&pass=..` keeps its password in the query.
-    format!("{scheme}://{authority}{}", redact_query(tail))
-}
-
-fn redact_query(tail: &str) -> String {
-    let Some((path, query)) = tail.split_once('?') else {
-        return tail.to_owned();
-    };
-    let query: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some(("pass", _)) => "pass=***".to_owned(),
-            _ => pair.to_owned(),
-        })
-        .collect();
-    format!("{path}?{}", query.join("&"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -784,25 +726,6 @@ mod tests {
         assert!(validate_prefix("has{brace").is_err());
         assert!(validate_prefix("has space").is_err());
         assert!(validate_prefix(&"x".repeat(65)).is_err());
-    }
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(
-            redact("redis://app:s3cret@10.0.0.1:6379/2"),
-            "redis://app:***@10.0.0.1:6379/2"
-        );
-        assert_eq!(redact("rediss://:s3cret@host"), "rediss://:***@host");
-        assert_eq!(redact("redis://app@host"), "redis://app@host");
-        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
-        assert_eq!(
-            redact("rediss://u:p%40ss@h#insecure"),
-            "rediss://u:***@h#insecure"
-        );
-        assert_eq!(
-            redact("redis+unix:///tmp/r.sock?user=a&pass=s3cret"),
-            "redis+unix:///tmp/r.sock?user=a&pass=***"
-        );
     }
 
     #[cfg(not(feature = "tls"))]

@@ -263,8 +263,10 @@ mod cell;
 mod connection;
 mod errors;
 mod limiter;
+mod redact;
 mod scripts;
 mod store;
+mod tls;
 mod verify;
 
 pub use builder::{
