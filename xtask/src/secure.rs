@@ -505,3 +505,73 @@ impl Drop for SentinelNode {
         let _ = fs::remove_dir_all(&self.dir);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn certificates_are_generated_and_removed() {
+        let certs = Certs::generate().unwrap();
+        let dir = certs.dir.clone();
+        for (name, marker) in [
+            ("ca.pem", "BEGIN CERTIFICATE"),
+            ("server.pem", "BEGIN CERTIFICATE"),
+            ("client.pem", "BEGIN CERTIFICATE"),
+            ("server.key", "PRIVATE KEY"),
+            ("client.key", "PRIVATE KEY"),
+        ] {
+            let text = fs::read_to_string(certs.path(name)).unwrap();
+            assert!(text.contains(marker), "{name}: {text}");
+        }
+        drop(certs);
+        assert!(!dir.exists(), "{} should be removed", dir.display());
+    }
+
+    #[test]
+    fn sentinel_conf_monitors_the_primary() {
+        let conf = sentinel_conf(26379, Path::new("/tmp/s"), 6379);
+        assert!(conf.starts_with("port 26379\n"), "{conf}");
+        assert!(
+            conf.contains(&format!(
+                "sentinel monitor {SENTINEL_MASTER} 127.0.0.1 6379 2\n"
+            )),
+            "{conf}"
+        );
+        assert!(conf.contains("down-after-milliseconds"), "{conf}");
+    }
+
+    #[test]
+    fn tls_servers_serve_tls_and_the_acl_user_is_limited() {
+        let tools = Tools::discover().unwrap();
+        let secure = Secure::start(&tools).unwrap();
+        let env = secure.env();
+        let get = |name: &str| {
+            env.iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| value.clone())
+                .unwrap()
+        };
+        assert!(get("TOLLGATE_REDIS_TLS_URL").starts_with("rediss://tollgate:"));
+        assert!(get("TOLLGATE_REDIS_ACL_ADMIN_URL").starts_with("redis://:"));
+        // Unauthenticated on the plain port: refused.
+        let mut conn = Connection::open(secure.tls.server.port, IO_TIMEOUT).unwrap();
+        let reply = conn.command(&["GET", "tg-test-x"]).unwrap();
+        assert!(
+            matches!(&reply, Reply::Error(e) if e.starts_with("NOAUTH")),
+            "{reply}"
+        );
+        // The ACL user may GET its keys but not run CONFIG.
+        let auth = conn.command(&["AUTH", ACL_USER, &secure.password]).unwrap();
+        assert_eq!(auth, Reply::Status("OK".to_owned()));
+        assert!(matches!(
+            conn.command(&["GET", "tg-test-x"]).unwrap(),
+            Reply::Bulk(None)
+        ));
+        let config = conn.command(&["CONFIG", "GET", "maxmemory"]).unwrap();
+        assert!(
+            matches!(&config, Reply::Error(e) if e.starts_with("NOPERM")),
+            "{config}"
+        );
+    }
+}
