@@ -256,6 +256,22 @@ pub fn acl_admin_url() -> String {
     required_env("TOLLGATE_REDIS_ACL_ADMIN_URL")
 }
 
+/// TLS URLs of the masters of the TLS Cluster `cargo xtask test` starts
+/// (`TOLLGATE_REDIS_TLS_CLUSTER_URLS`, comma separated,
+/// `rediss://:<password>@127.0.0.1:<tls port>`); trust [`tls_ca`]. The
+/// nodes have the same users as the TLS servers.
+///
+/// # Panics
+///
+/// When the variable is not set: run the tests with `cargo xtask test`.
+#[must_use]
+pub fn tls_cluster_urls() -> Vec<String> {
+    required_env("TOLLGATE_REDIS_TLS_CLUSTER_URLS")
+        .split(',')
+        .map(str::to_owned)
+        .collect()
+}
+
 /// URLs of the Sentinels `cargo xtask test` starts
 /// (`TOLLGATE_REDIS_SENTINEL_URLS`, comma separated).
 ///

@@ -109,6 +109,64 @@ async fn decisions_over_tls_equal_those_over_tcp() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn decisions_over_a_tls_cluster_equal_those_over_tcp() {
+    let start = start();
+    let over_tls = decisions(
+        RedisStore::builder()
+            .cluster(tollgate_tests::tls_cluster_urls())
+            .tls_ca(tollgate_tests::tls_ca()),
+        start,
+    )
+    .await;
+    assert_eq!(over_tls, decisions(tcp(), start).await);
+}
+
+/// The TLS Cluster's URLs as the ACL user `user` (the TLS servers' password).
+fn tls_cluster_as(user: &str) -> Vec<String> {
+    let tls_url = tollgate_tests::tls_url();
+    let (head, _) = tls_url.rsplit_once('@').unwrap();
+    let password = head.rsplit_once(':').unwrap().1;
+    tollgate_tests::tls_cluster_urls()
+        .iter()
+        .map(|url| {
+            format!(
+                "rediss://{user}:{password}@{}",
+                url.rsplit_once('@').unwrap().1
+            )
+        })
+        .collect()
+}
+
+/// On a Cluster an ACL user also needs `ACL_CLUSTER_COMMANDS` (the Cluster
+/// client reads `CLUSTER SLOTS`); without them `build()` names the rule.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acl_user_works_on_a_tls_cluster() {
+    let start = start();
+    let over_tls = decisions(
+        RedisStore::builder()
+            .cluster(tls_cluster_as("tollgate"))
+            .tls_ca(tollgate_tests::tls_ca()),
+        start,
+    )
+    .await;
+    assert_eq!(over_tls, decisions(tcp(), start).await);
+
+    let error = build_error(
+        RedisStore::builder()
+            .cluster(tls_cluster_as("tollgate-no-cluster"))
+            .tls_ca(tollgate_tests::tls_ca()),
+    )
+    .await;
+    match &error {
+        BuildError::Permission { permission, .. } => {
+            assert_eq!(permission, "+cluster|slots");
+            assert!(tollgate_redis::ACL_CLUSTER_COMMANDS.contains(permission.as_str()));
+        }
+        other => panic!("expected Permission, got {other:#?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn decisions_over_mutual_tls_equal_those_over_tcp() {
     let start = start();
     assert_eq!(

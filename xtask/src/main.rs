@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use args::{BenchTarget, Invocation, RedisOptions, TestOptions, USAGE};
 use redis::{Cluster, Standalone, Tools};
-use secure::{Secure, SentinelSet};
+use secure::{Secure, SentinelSet, TlsCluster};
 
 /// Masters of the Cluster that `test` and `redis` start.
 const CLUSTER_MASTERS: usize = 3;
@@ -148,7 +148,7 @@ fn run_test_stages(options: &TestOptions, tools: &Tools, stages: &mut Stages) ->
         )?;
     }
     let servers = stages.run(
-        "start Redis (standalone, 3-master Cluster, TLS + ACL, Sentinel)",
+        "start Redis (standalone, Cluster, TLS + ACL, TLS Cluster, Sentinel)",
         || Servers::start(tools, CLUSTER_MASTERS, 0),
     )?;
     let mut env = servers.env();
@@ -181,6 +181,8 @@ struct Servers {
     standalone: Option<Standalone>,
     /// The Cluster.
     cluster: Option<Cluster>,
+    /// The TLS Cluster (dropped before `secure`: it reads its certificates).
+    tls_cluster: Option<TlsCluster>,
     /// The TLS servers with their ACL user.
     secure: Option<Secure>,
     /// The Sentinel-managed primary.
@@ -200,6 +202,7 @@ impl Servers {
         let mut servers = Self {
             standalone: Some(standalone),
             cluster: Some(cluster),
+            tls_cluster: None,
             secure: None,
             sentinel: None,
         };
@@ -207,6 +210,9 @@ impl Servers {
         eprintln!(
             "    TLS + ACL servers: started (TOLLGATE_REDIS_TLS_URL, TOLLGATE_REDIS_MTLS_URL)"
         );
+        let tls_cluster = TlsCluster::start(tools, &secure)?;
+        eprintln!("    TLS Cluster:       3 masters (TOLLGATE_REDIS_TLS_CLUSTER_URLS)");
+        servers.tls_cluster = Some(tls_cluster);
         servers.secure = Some(secure);
         let sentinel = SentinelSet::start(tools)?;
         eprintln!("    Sentinel set:      primary + replica + 3 Sentinels");
@@ -225,6 +231,9 @@ impl Servers {
         }
         if let Some(secure) = &self.secure {
             env.extend(secure.env());
+            if let Some(tls_cluster) = &self.tls_cluster {
+                env.extend(tls_cluster.env(secure));
+            }
         }
         if let Some(sentinel) = &self.sentinel {
             env.extend(sentinel.env());
@@ -244,6 +253,7 @@ impl Drop for Servers {
             eprintln!("xtask: stopping the Redis servers");
         }
         drop(self.sentinel.take());
+        drop(self.tls_cluster.take());
         drop(self.secure.take());
         drop(self.standalone.take());
         drop(self.cluster.take());

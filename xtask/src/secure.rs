@@ -19,7 +19,7 @@ use rcgen::{
 };
 
 use crate::redis::{
-    display, info_field, pick_port, tail, url, xtask_dir, Server, Tools, SUPERVISOR,
+    display, info_field, pick_port, slot_ranges, tail, url, xtask_dir, Server, Tools, SUPERVISOR,
 };
 use crate::resp::{Connection, Reply};
 use crate::{Error, Result};
@@ -52,6 +52,9 @@ const ACL_RULES: &[&str] = &[
     "+zremrangebyscore",
     "+zrevrange",
 ];
+/// What [`ACL_USER`] may do besides [`ACL_RULES`] on a Cluster node:
+/// `tollgate_redis::ACL_CLUSTER_COMMANDS`.
+const CLUSTER_ACL_RULES: [&str; 2] = ["+cluster|slots", "+asking"];
 /// Timeout of the control connections.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the Sentinel set may take to see every node.
@@ -239,6 +242,16 @@ impl Secure {
 
 /// Starts a redis-server with a plain port and a TLS port.
 fn start_tls(tools: &Tools, certs: &Certs, auth_clients: &str) -> Result<TlsServer> {
+    start_tls_with(tools, certs, auth_clients, &[])
+}
+
+/// [`start_tls`] with more arguments.
+fn start_tls_with(
+    tools: &Tools,
+    certs: &Certs,
+    auth_clients: &str,
+    extra: &[&str],
+) -> Result<TlsServer> {
     let tls_port = pick_port()?;
     let port_text = tls_port.to_string();
     let files = [
@@ -246,7 +259,7 @@ fn start_tls(tools: &Tools, certs: &Certs, auth_clients: &str) -> Result<TlsServ
         display(&certs.path("server.key")),
         display(&certs.path("ca.pem")),
     ];
-    let args = [
+    let mut args = vec![
         "--tls-port",
         &port_text,
         "--tls-cert-file",
@@ -258,6 +271,7 @@ fn start_tls(tools: &Tools, certs: &Certs, auth_clients: &str) -> Result<TlsServ
         "--tls-auth-clients",
         auth_clients,
     ];
+    args.extend(extra);
     let server = Server::start(tools, &args).map_err(|e| {
         Error::new(format!(
             "the TLS redis-server did not start: {e}\n(Debian's redis-server has TLS built in: \
@@ -271,17 +285,35 @@ fn start_tls(tools: &Tools, certs: &Certs, auth_clients: &str) -> Result<TlsServ
 /// Creates [`ACL_USER`] and gives `default` a password (last: the control
 /// connection is already authenticated).
 fn set_up_users(server: &Server, password: &str, admin_password: &str) -> Result<()> {
+    set_up_users_with(server, password, admin_password, &[])
+}
+
+/// [`set_up_users`] with more rules for [`ACL_USER`]; a Cluster node also
+/// gets `<ACL_USER>-no-cluster`, with only [`ACL_RULES`].
+fn set_up_users_with(
+    server: &Server,
+    password: &str,
+    admin_password: &str,
+    extra_rules: &[&str],
+) -> Result<()> {
     let mut conn = server.connect()?;
-    let mut setuser = vec![
-        "ACL".to_owned(),
-        "SETUSER".to_owned(),
-        ACL_USER.to_owned(),
-        "reset".to_owned(),
-        "on".to_owned(),
-        format!(">{password}"),
-    ];
-    setuser.extend(ACL_RULES.iter().map(|rule| (*rule).to_owned()));
-    expect_ok(&mut conn, &setuser, server.port)?;
+    let setuser = |name: &str, extra: &[&str]| {
+        let mut args = vec![
+            "ACL".to_owned(),
+            "SETUSER".to_owned(),
+            name.to_owned(),
+            "reset".to_owned(),
+            "on".to_owned(),
+            format!(">{password}"),
+        ];
+        args.extend(ACL_RULES.iter().chain(extra).map(|rule| (*rule).to_owned()));
+        args
+    };
+    expect_ok(&mut conn, &setuser(ACL_USER, extra_rules), server.port)?;
+    if !extra_rules.is_empty() {
+        let name = format!("{ACL_USER}-no-cluster");
+        expect_ok(&mut conn, &setuser(&name, &[]), server.port)?;
+    }
     expect_ok(
         &mut conn,
         &[
@@ -306,6 +338,122 @@ fn expect_ok(conn: &mut Connection, args: &[String], port: u16) -> Result<()> {
             "`{} {}` on 127.0.0.1:{port} failed: {e}",
             args[0], args[1]
         ))),
+    }
+}
+
+/// A Redis Cluster of three masters speaking TLS to clients and on the
+/// cluster bus (`tls-cluster yes`), sharing [`Secure`]'s certificates and
+/// ACL users. Plain ports stay open for xtask's control connections.
+#[derive(Debug)]
+pub(crate) struct TlsCluster {
+    nodes: Vec<TlsServer>,
+}
+
+impl TlsCluster {
+    /// Starts the nodes, meets them over their TLS bus, assigns the slots,
+    /// waits for `cluster_state:ok` and sets the users up.
+    ///
+    /// # Errors
+    ///
+    /// When a node does not start or the Cluster does not form in 30 s.
+    pub(crate) fn start(tools: &Tools, secure: &Secure) -> Result<Self> {
+        let files = [
+            display(&secure.certs.path("client.pem")),
+            display(&secure.certs.path("client.key")),
+        ];
+        let extra = [
+            "--tls-cluster",
+            "yes",
+            // The bus checks the connecting node's certificate: present the
+            // client one (the server one is for server authentication only).
+            "--tls-client-cert-file",
+            &files[0],
+            "--tls-client-key-file",
+            &files[1],
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "2000",
+        ];
+        let mut nodes = Vec::with_capacity(3);
+        for _ in 0..3 {
+            nodes.push(start_tls_with(tools, &secure.certs, "optional", &extra)?);
+        }
+        let command = |port: u16, args: &[String]| -> Result<()> {
+            let mut conn = Connection::open(port, IO_TIMEOUT)
+                .map_err(|e| Error::new(format!("could not connect to 127.0.0.1:{port}: {e}")))?;
+            expect_ok(&mut conn, args, port)
+        };
+        let strings =
+            |args: &[&str]| -> Vec<String> { args.iter().map(|s| (*s).to_owned()).collect() };
+        for node in &nodes[1..] {
+            // With tls-cluster the bus port is the TLS port + 10000.
+            command(
+                nodes[0].server.port,
+                &strings(&["CLUSTER", "MEET", "127.0.0.1", &node.tls_port.to_string()]),
+            )?;
+        }
+        for (node, (first, last)) in nodes.iter().zip(slot_ranges(3)) {
+            command(
+                node.server.port,
+                &strings(&[
+                    "CLUSTER",
+                    "ADDSLOTSRANGE",
+                    &first.to_string(),
+                    &last.to_string(),
+                ]),
+            )?;
+        }
+        let deadline = Instant::now() + SENTINEL_TIMEOUT;
+        for node in &nodes {
+            loop {
+                let info = Connection::open(node.server.port, IO_TIMEOUT)
+                    .and_then(|mut conn| conn.text(&["CLUSTER", "INFO"]))
+                    .unwrap_or_default();
+                if info_field(&info, "cluster_state") == Some("ok")
+                    && info_field(&info, "cluster_known_nodes") == Some("3")
+                {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return Err(Error::new(format!(
+                        "the TLS Cluster did not form within {} s: 127.0.0.1:{} says\n{info}\n\
+                         its log ends with:\n{}",
+                        SENTINEL_TIMEOUT.as_secs(),
+                        node.server.port,
+                        node.server.log_tail()
+                    )));
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+        }
+        for node in &nodes {
+            set_up_users_with(
+                &node.server,
+                &secure.password,
+                &secure.admin_password,
+                &CLUSTER_ACL_RULES,
+            )?;
+        }
+        Ok(Self { nodes })
+    }
+
+    /// `TOLLGATE_REDIS_TLS_CLUSTER_URLS`: the masters' TLS URLs with the
+    /// `default` user's password (`rediss://:<password>@127.0.0.1:<port>`).
+    pub(crate) fn env(&self, secure: &Secure) -> Vec<(&'static str, String)> {
+        let urls: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|node| {
+                format!(
+                    "rediss://:{}@127.0.0.1:{}",
+                    secure.admin_password, node.tls_port
+                )
+            })
+            .collect();
+        vec![("TOLLGATE_REDIS_TLS_CLUSTER_URLS", urls.join(","))]
     }
 }
 

@@ -16,6 +16,11 @@ use crate::builder::MAX_PREFIX_LEN;
 /// semantics").
 pub const ACL_COMMANDS: &str = "+ping +evalsha +script|load +time +get +set +exists +del +hmget +hset +pexpire +pexpireat +zadd +zcount +zrangebyscore +zremrangebyscore +zrevrange";
 
+/// What an ACL user needs besides [`ACL_COMMANDS`] on a Redis Cluster: the
+/// Cluster client reads the slot map (`CLUSTER SLOTS`) and follows
+/// migrations (`ASKING`).
+pub const ACL_CLUSTER_COMMANDS: &str = "+cluster|slots +asking";
+
 /// The commands tollgate's scripts call (the tail of [`ACL_COMMANDS`]).
 pub(crate) const SCRIPT_COMMANDS: &str = "+time +get +set +exists +del +hmget +hset +pexpire +pexpireat +zadd +zcount +zrangebyscore +zremrangebyscore +zrevrange";
 

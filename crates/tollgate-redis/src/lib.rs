@@ -39,18 +39,18 @@
 //! | deployment | how | tested (`cargo xtask test`, Redis 7.0) |
 //! |---|---|---|
 //! | standalone | `.url("redis://host:6379")`, `redis+unix:///path` | yes |
-//! | TLS | `.url("rediss://host:6380")`, feature `tls`; `.tls_ca(pem)` for a private CA | yes (standalone), with and without client certificates |
+//! | TLS | `.url("rediss://host:6380")`, feature `tls`; `.tls_ca(pem)` for a private CA | yes: standalone with and without client certificates, and a 3-master Cluster (`tls-cluster yes`) |
 //! | mutual TLS | `.tls_client_cert(cert_pem, key_pem)` | yes |
-//! | ACL user | `redis://user:password@host`, or `.username(..)` / `.password(..)` | yes, a user allowed only [`ACL_COMMANDS`] |
+//! | ACL user | `redis://user:password@host`, or `.username(..)` / `.password(..)` | yes, a user allowed only [`ACL_COMMANDS`] (plus [`ACL_CLUSTER_COMMANDS`] on the TLS Cluster) |
 //! | password only (`requirepass`) | `redis://:password@host` | yes |
-//! | Redis Cluster | `.cluster([urls])` (`rediss://` for TLS) | yes (3 masters, failover, slot migration) |
+//! | Redis Cluster | `.cluster([urls])` (`rediss://` for TLS) | yes (3 masters, failover, slot migration; TLS) |
 //! | Sentinel | `.sentinel("mymaster", ["redis://s1:26379", ...])` | yes (primary, replica, 3 Sentinels; `SENTINEL FAILOVER` and a killed primary) |
 //! | your own pool or client | `.pool(bb8_pool)`, `.client(redis::Client)`, `.cluster_client(ClusterClient)` | yes |
 //!
 //! Not tested: Valkey and other compatible servers, Redis 7.2 and later,
-//! Redis before 7.0, `rediss://` URLs for a Cluster or for Sentinels (they
-//! are handed to redis-rs's Cluster and Sentinel clients with the same
-//! certificates, but the test servers of those two speak plain TCP), and
+//! Redis before 7.0, `rediss://` URLs for Sentinels (handed to redis-rs's
+//! Sentinel client with the same certificates, but the test Sentinels
+//! speak plain TCP), and
 //! managed services themselves (ElastiCache, Memorystore, Azure Cache,
 //! Redis Cloud, Upstash): they are TLS plus an ACL user or password, which
 //! is what the tests cover on a standalone server.
@@ -75,6 +75,9 @@
 //! ```text
 //! ACL SETUSER app on >password ~tollgate:* +ping +evalsha +script|load +time +get +set +exists +del +hmget +hset +pexpire +pexpireat +zadd +zcount +zrangebyscore +zremrangebyscore +zrevrange
 //! ```
+//!
+//! On a Redis Cluster the user also needs [`ACL_CLUSTER_COMMANDS`]
+//! (`+cluster|slots +asking`).
 //!
 //! `build()` checks this: a user missing one of them is a
 //! [`BuildError::Permission`] naming the rule to grant (a missing `+get`
@@ -274,7 +277,7 @@ pub use builder::{
     DEFAULT_TIMEOUT, MAX_PREFIX_LEN,
 };
 pub use cell::{ThrottleCallError, THROTTLE_POLICY_NAME};
-pub use errors::{BuildError, ACL_COMMANDS};
+pub use errors::{BuildError, ACL_CLUSTER_COMMANDS, ACL_COMMANDS};
 pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError, RateType, DEFAULT_KEEP_ALIVE};
 pub use store::{CheckFuture, ClockMode, RedisStore};
 
