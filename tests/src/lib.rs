@@ -180,3 +180,123 @@ impl Drop for OwnedRedis {
 }
 
 pub mod reliability;
+mod sentinel;
+
+pub use sentinel::{OwnedSentinelSet, OWNED_SENTINEL_MASTER};
+
+/// URL of the TLS server whose client certificates are optional
+/// (`TOLLGATE_REDIS_TLS_URL`, `rediss://tollgate:<password>@127.0.0.1:<port>`,
+/// the ACL user). Trust [`tls_ca`].
+///
+/// # Panics
+///
+/// When the variable is not set: run the tests with `cargo xtask test`.
+#[must_use]
+pub fn tls_url() -> String {
+    required_env("TOLLGATE_REDIS_TLS_URL")
+}
+
+/// URL of the TLS server that requires a client certificate
+/// (`TOLLGATE_REDIS_MTLS_URL`, the ACL user); see [`tls_client_cert`].
+///
+/// # Panics
+///
+/// When the variable is not set: run the tests with `cargo xtask test`.
+#[must_use]
+pub fn mtls_url() -> String {
+    required_env("TOLLGATE_REDIS_MTLS_URL")
+}
+
+/// The test CA (PEM) that signed the TLS servers' and the client's
+/// certificates (the file named by `TOLLGATE_REDIS_TLS_CA`).
+///
+/// # Panics
+///
+/// When the variable is not set or the file cannot be read.
+#[must_use]
+pub fn tls_ca() -> Vec<u8> {
+    read_env_file("TOLLGATE_REDIS_TLS_CA")
+}
+
+/// The client certificate and key (PEM) for mutual TLS
+/// (`TOLLGATE_REDIS_TLS_CLIENT_CERT`, `TOLLGATE_REDIS_TLS_CLIENT_KEY`).
+///
+/// # Panics
+///
+/// When a variable is not set or a file cannot be read.
+#[must_use]
+pub fn tls_client_cert() -> (Vec<u8>, Vec<u8>) {
+    (
+        read_env_file("TOLLGATE_REDIS_TLS_CLIENT_CERT"),
+        read_env_file("TOLLGATE_REDIS_TLS_CLIENT_KEY"),
+    )
+}
+
+/// Plain-TCP URL of the TLS server as the ACL user
+/// (`TOLLGATE_REDIS_ACL_URL`): the same server and user as [`tls_url`],
+/// without TLS.
+///
+/// # Panics
+///
+/// When the variable is not set: run the tests with `cargo xtask test`.
+#[must_use]
+pub fn acl_url() -> String {
+    required_env("TOLLGATE_REDIS_ACL_URL")
+}
+
+/// Password-only URL of the ACL server's `default` user
+/// (`TOLLGATE_REDIS_ACL_ADMIN_URL`, `redis://:<password>@…`), allowed
+/// everything: tests create users with it.
+///
+/// # Panics
+///
+/// When the variable is not set: run the tests with `cargo xtask test`.
+#[must_use]
+pub fn acl_admin_url() -> String {
+    required_env("TOLLGATE_REDIS_ACL_ADMIN_URL")
+}
+
+/// TLS URLs of the masters of the TLS Cluster `cargo xtask test` starts
+/// (`TOLLGATE_REDIS_TLS_CLUSTER_URLS`, comma separated,
+/// `rediss://:<password>@127.0.0.1:<tls port>`); trust [`tls_ca`]. The
+/// nodes have the same users as the TLS servers.
+///
+/// # Panics
+///
+/// When the variable is not set: run the tests with `cargo xtask test`.
+#[must_use]
+pub fn tls_cluster_urls() -> Vec<String> {
+    required_env("TOLLGATE_REDIS_TLS_CLUSTER_URLS")
+        .split(',')
+        .map(str::to_owned)
+        .collect()
+}
+
+/// URLs of the Sentinels `cargo xtask test` starts
+/// (`TOLLGATE_REDIS_SENTINEL_URLS`, comma separated).
+///
+/// # Panics
+///
+/// When the variable is not set: run the tests with `cargo xtask test`.
+#[must_use]
+pub fn sentinel_urls() -> Vec<String> {
+    required_env("TOLLGATE_REDIS_SENTINEL_URLS")
+        .split(',')
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The master name those Sentinels monitor (`TOLLGATE_REDIS_SENTINEL_MASTER`).
+///
+/// # Panics
+///
+/// When the variable is not set: run the tests with `cargo xtask test`.
+#[must_use]
+pub fn sentinel_master() -> String {
+    required_env("TOLLGATE_REDIS_SENTINEL_MASTER")
+}
+
+fn read_env_file(name: &str) -> Vec<u8> {
+    let path = required_env(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{name}={path}: cannot read it: {e}"))
+}

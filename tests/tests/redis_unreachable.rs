@@ -1,5 +1,7 @@
 //! An unreachable Redis gives a typed `Unavailable` error within the
-//! timeout, never a hang or a panic.
+//! timeout, never a hang or a panic (stores built with `lazy_connect`; a
+//! store built normally fails at `build()` instead, see
+//! `redis_production.rs`).
 
 mod redis_common;
 
@@ -43,9 +45,10 @@ async fn closed_port_is_unavailable() {
     let store = RedisStore::builder()
         .url(format!("redis://127.0.0.1:{port}"))
         .timeout(Duration::from_millis(200))
+        .lazy_connect(true)
         .build()
         .await
-        .expect("building never connects");
+        .expect("building lazily never connects");
     assert_unavailable(&store).await;
 }
 
@@ -57,9 +60,10 @@ async fn closed_cluster_ports_are_unavailable() {
     let store = RedisStore::builder()
         .cluster(urls)
         .timeout(Duration::from_millis(200))
+        .lazy_connect(true)
         .build()
         .await
-        .expect("building never connects");
+        .expect("building lazily never connects");
     assert_unavailable(&store).await;
 }
 
@@ -80,6 +84,7 @@ async fn silent_server_times_out() {
         .url(format!("redis://127.0.0.1:{port}"))
         .timeout(Duration::from_millis(200))
         .connect_timeout(Duration::from_millis(200))
+        .lazy_connect(true)
         .build()
         .await
         .unwrap();

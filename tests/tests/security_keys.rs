@@ -195,7 +195,7 @@ async fn random_subjects_keep_one_slot_per_subject_on_the_cluster() {
     }
 }
 
-/// A store for `key_for` (it connects lazily, so no server is needed),
+/// A store for `key_for` (built with `lazy_connect`, so no server is needed),
 /// with the runtime it was built in.
 fn key_store() -> &'static (tokio::runtime::Runtime, RedisStore) {
     static STORE: std::sync::OnceLock<(tokio::runtime::Runtime, RedisStore)> =
@@ -206,7 +206,12 @@ fn key_store() -> &'static (tokio::runtime::Runtime, RedisStore) {
             .build()
             .unwrap();
         let store = runtime
-            .block_on(RedisStore::builder().url("redis://127.0.0.1:1").build())
+            .block_on(
+                RedisStore::builder()
+                    .url("redis://127.0.0.1:1")
+                    .lazy_connect(true)
+                    .build(),
+            )
             .unwrap();
         (runtime, store)
     })

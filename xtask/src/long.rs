@@ -8,7 +8,8 @@
 //!   3 masters with 1 replica each, then
 //!   `cargo run --release -p tollgate-tests --bin reliability -- ARGS`,
 //!   which kills and stalls servers, fails over and migrates slots under
-//!   load, and prints the reliability table.
+//!   load, fails a Sentinel-managed primary over (its own servers), and
+//!   prints the reliability table with the recovery times.
 //!
 //! Servers are announced with the variables the test runner uses
 //! (`TOLLGATE_REDIS_URL`, `TOLLGATE_REDIS_CLUSTER_URLS`, the tool paths),

@@ -8,13 +8,16 @@
 //! - `cargo xtask redis` starts the same servers for a local shell.
 //! - `cargo xtask bench <core|redis|http|all>` runs the criterion benches.
 //!
-//! The server management lives in [`redis`] so that later commands can
-//! reuse it. xtask is std-only, so it compiles in seconds.
+//! The server management lives in [`redis`] (plain servers) and
+//! [`secure`] (TLS, ACL and Sentinel) so that later commands can reuse it.
+//! xtask's only dependency is rcgen (test certificates), so it compiles in
+//! seconds once ring is built.
 
 mod args;
 mod long;
 mod redis;
 mod resp;
+mod secure;
 
 use std::ffi::OsString;
 use std::fmt;
@@ -25,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use args::{BenchTarget, Invocation, RedisOptions, TestOptions, USAGE};
 use redis::{Cluster, Standalone, Tools};
+use secure::{Secure, SentinelSet, TlsCluster};
 
 /// Masters of the Cluster that `test` and `redis` start.
 const CLUSTER_MASTERS: usize = 3;
@@ -143,9 +147,10 @@ fn run_test_stages(options: &TestOptions, tools: &Tools, stages: &mut Stages) ->
             },
         )?;
     }
-    let servers = stages.run("start Redis (standalone + 3-master Cluster)", || {
-        Servers::start(tools, CLUSTER_MASTERS, 0)
-    })?;
+    let servers = stages.run(
+        "start Redis (standalone, Cluster, TLS + ACL, TLS Cluster, Sentinel)",
+        || Servers::start(tools, CLUSTER_MASTERS, 0),
+    )?;
     let mut env = servers.env();
     env.extend(tools.env());
     for (name, value) in &env {
@@ -176,6 +181,12 @@ struct Servers {
     standalone: Option<Standalone>,
     /// The Cluster.
     cluster: Option<Cluster>,
+    /// The TLS Cluster (dropped before `secure`: it reads its certificates).
+    tls_cluster: Option<TlsCluster>,
+    /// The TLS servers with their ACL user.
+    secure: Option<Secure>,
+    /// The Sentinel-managed primary.
+    sentinel: Option<SentinelSet>,
 }
 
 impl Servers {
@@ -188,10 +199,25 @@ impl Servers {
         if replicas_per_master > 0 {
             eprintln!("    Cluster nodes:     {}", cluster.node_urls().join(" "));
         }
-        Ok(Self {
+        let mut servers = Self {
             standalone: Some(standalone),
             cluster: Some(cluster),
-        })
+            tls_cluster: None,
+            secure: None,
+            sentinel: None,
+        };
+        let secure = Secure::start(tools)?;
+        eprintln!(
+            "    TLS + ACL servers: started (TOLLGATE_REDIS_TLS_URL, TOLLGATE_REDIS_MTLS_URL)"
+        );
+        let tls_cluster = TlsCluster::start(tools, &secure)?;
+        eprintln!("    TLS Cluster:       3 masters (TOLLGATE_REDIS_TLS_CLUSTER_URLS)");
+        servers.tls_cluster = Some(tls_cluster);
+        servers.secure = Some(secure);
+        let sentinel = SentinelSet::start(tools)?;
+        eprintln!("    Sentinel set:      primary + replica + 3 Sentinels");
+        servers.sentinel = Some(sentinel);
+        Ok(servers)
     }
 
     /// `TOLLGATE_REDIS_URL` and `TOLLGATE_REDIS_CLUSTER_URLS`.
@@ -202,6 +228,15 @@ impl Servers {
         }
         if let Some(cluster) = &self.cluster {
             env.extend(cluster.env());
+        }
+        if let Some(secure) = &self.secure {
+            env.extend(secure.env());
+            if let Some(tls_cluster) = &self.tls_cluster {
+                env.extend(tls_cluster.env(secure));
+            }
+        }
+        if let Some(sentinel) = &self.sentinel {
+            env.extend(sentinel.env());
         }
         env
     }
@@ -217,6 +252,9 @@ impl Drop for Servers {
         if self.standalone.is_some() || self.cluster.is_some() {
             eprintln!("xtask: stopping the Redis servers");
         }
+        drop(self.sentinel.take());
+        drop(self.tls_cluster.take());
+        drop(self.secure.take());
         drop(self.standalone.take());
         drop(self.cluster.take());
     }

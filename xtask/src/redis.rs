@@ -260,9 +260,9 @@ impl Cluster {
 
 /// One supervised `redis-server` process.
 #[derive(Debug)]
-struct Server {
+pub(crate) struct Server {
     /// The client port.
-    port: u16,
+    pub(crate) port: u16,
     /// The server's working directory (`target/xtask/redis-<port>`).
     dir: PathBuf,
     /// The `sh` supervisor (see [`SUPERVISOR`]).
@@ -284,7 +284,7 @@ enum StartError {
 impl Server {
     /// Starts `redis-server` with `extra_args` on a free port, trying
     /// another port when the first one was taken meanwhile.
-    fn start(tools: &Tools, extra_args: &[&str]) -> Result<Self> {
+    pub(crate) fn start(tools: &Tools, extra_args: &[&str]) -> Result<Self> {
         for _ in 0..PORT_ATTEMPTS {
             let port = pick_port()?;
             match Self::start_on(tools, port, extra_args) {
@@ -407,7 +407,7 @@ impl Server {
     }
 
     /// The last lines of the server's log (or why it could not be read).
-    fn log_tail(&self) -> String {
+    pub(crate) fn log_tail(&self) -> String {
         let path = self.dir.join("redis.log");
         match fs::read_to_string(&path) {
             Ok(text) => tail(&text, 20),
@@ -416,7 +416,7 @@ impl Server {
     }
 
     /// Opens a control connection to this server.
-    fn connect(&self) -> Result<Connection> {
+    pub(crate) fn connect(&self) -> Result<Connection> {
         Connection::open(self.port, IO_TIMEOUT)
             .map_err(|e| Error::new(format!("could not connect to 127.0.0.1:{}: {e}", self.port)))
     }
@@ -669,7 +669,7 @@ pub(crate) fn xtask_dir() -> PathBuf {
 }
 
 /// `redis://127.0.0.1:<port>`.
-fn url(port: u16) -> String {
+pub(crate) fn url(port: u16) -> String {
     format!("redis://127.0.0.1:{port}")
 }
 
@@ -684,7 +684,7 @@ fn same_dir(a: &Path, b: &Path) -> bool {
 
 /// A path as text (lossy for non-UTF-8 paths, which servers would not
 /// accept in their arguments anyway).
-fn display(path: &Path) -> String {
+pub(crate) fn display(path: &Path) -> String {
     path.display().to_string()
 }
 

@@ -16,7 +16,7 @@ pub use tollgate_core::algorithms::THROTTLE_POLICY_NAME;
 /// use tollgate_redis::{RedisStore, ThrottleCallError};
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// let store = RedisStore::builder().url("redis://127.0.0.1").build().await?;
+/// let store = RedisStore::builder().url("redis://127.0.0.1").lazy_connect(true).build().await?;
 /// // A count of 0 is refused before anything is sent, as CL.THROTTLE does.
 /// let error = store.throttle("user123", 15, 0, 60, 1).await.unwrap_err();
 /// assert!(matches!(error, ThrottleCallError::Arguments(_)));

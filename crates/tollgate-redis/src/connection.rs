@@ -3,7 +3,7 @@
 //! mapping.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,10 +11,8 @@ use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
-use redis::{
-    AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError,
-    ServerErrorKind, Value,
-};
+use redis::sentinel::SentinelClient;
+use redis::{Cmd, ConnectionInfo, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::time::{timeout_at, Instant};
 use tollgate_core::StoreError;
 
@@ -26,87 +24,151 @@ use crate::scripts::LuaScript;
 const NOT_RUN_RETRIES: usize = 6;
 
 /// A standalone connection as the pool keeps it: a multiplexed connection
-/// and a flag its driver task sets when the socket closes, so the pool
-/// replaces dead connections without a round trip. A clone shares the
-/// connection and its flag.
+/// (from [`bb8_redis::RedisConnectionManager`] or a Sentinel's current
+/// primary), a flag set when a call on it met a dead socket, and the
+/// failure epoch it was last known good at. A clone shares the connection
+/// and its flags.
 #[derive(Clone)]
 pub(crate) struct StandaloneConnection {
     connection: MultiplexedConnection,
-    closed: Arc<AtomicBool>,
+    broken: Arc<AtomicBool>,
+    /// The manager's failure epoch when this connection last proved alive.
+    checked: Arc<AtomicU64>,
+    /// The manager's failure epoch (shared): bumped by every call that met
+    /// a dead socket.
+    epoch: Arc<AtomicU64>,
+    /// Replace this connection after a timeout (Sentinel: see
+    /// `Connection::timed_out`).
+    rediscover_on_timeout: bool,
 }
 
-/// Opens standalone connections for bb8.
+/// Where a standalone manager gets its connections.
+enum Source {
+    /// bb8-redis's manager for one server URL (or an application's
+    /// `redis::Client`).
+    Server(bb8_redis::RedisConnectionManager),
+    /// The primary a set of Sentinels names at the moment of connecting.
+    Sentinel(tokio::sync::Mutex<SentinelClient>),
+}
+
+/// Opens standalone connections for bb8: wraps
+/// [`bb8_redis::RedisConnectionManager`] (or a Sentinel client) to keep
+/// checkouts free of I/O.
 ///
-/// Not `bb8_redis::RedisConnectionManager`: that manager can only find a
-/// dead multiplexed connection with a `PING` per checkout (one more round
-/// trip per check) and otherwise keeps handing it out after a server
-/// restart. This one spawns the connection's driver itself and marks the
-/// connection broken the moment the driver ends.
+/// bb8-redis's own manager `PING`s on every checkout to find a dead
+/// multiplexed connection (one more round trip per check). This wrapper
+/// instead keeps a failure epoch: a call that meets a dead socket marks
+/// its connection broken (the pool drops it) and bumps the epoch, and only
+/// then does each older connection get one `PING` at its next checkout. So
+/// after a server restart the first call on a dead socket fails, the rest
+/// find fresh connections, and a healthy server costs no extra round trip.
 pub(crate) struct StandaloneManager {
-    info: ConnectionInfo,
+    source: Source,
     connect_timeout: Duration,
+    response_timeout: Duration,
+    epoch: Arc<AtomicU64>,
+    last_error: LastError,
+}
+
+/// The error of the last failed connection attempt (cleared by a success),
+/// so a call that finds no connection says why instead of only "timed out
+/// waiting for a connection from the pool".
+#[derive(Clone, Default)]
+pub(crate) struct LastError(Arc<std::sync::Mutex<Option<RedisError>>>);
+
+impl LastError {
+    fn record<T>(&self, result: &Result<T, RedisError>) {
+        let mut last = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *last = result.as_ref().err().cloned();
+    }
+
+    fn get(&self) -> Option<RedisError> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// "No connection": the pool found none within the deadline; the source is
+/// the last connection attempt's error.
+#[derive(Debug)]
+pub(crate) struct NoConnection {
+    last: RedisError,
+}
+
+impl fmt::Display for NoConnection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "no connection to Redis; nothing was sent; the last attempt to connect failed: {}",
+            self.last
+        )
+    }
+}
+
+impl std::error::Error for NoConnection {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.last)
+    }
 }
 
 impl StandaloneManager {
-    pub(crate) fn new(info: ConnectionInfo, connect_timeout: Duration) -> Self {
-        Self {
-            info,
+    /// A manager for one server.
+    pub(crate) fn server(
+        info: ConnectionInfo,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Result<Self, RedisError> {
+        Ok(Self::with_source(
+            Source::Server(bb8_redis::RedisConnectionManager::new(info)?),
             connect_timeout,
+            response_timeout,
+        ))
+    }
+
+    /// A manager for the primary `client`'s Sentinels name.
+    pub(crate) fn sentinel(
+        client: SentinelClient,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Self {
+        Self::with_source(
+            Source::Sentinel(tokio::sync::Mutex::new(client)),
+            connect_timeout,
+            response_timeout,
+        )
+    }
+
+    fn with_source(source: Source, connect_timeout: Duration, response_timeout: Duration) -> Self {
+        Self {
+            source,
+            connect_timeout,
+            response_timeout,
+            epoch: Arc::new(AtomicU64::new(0)),
+            last_error: LastError::default(),
         }
     }
 
-    async fn open(&self) -> Result<StandaloneConnection, RedisError> {
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(None)
-            .set_response_timeout(None);
-        let closed = Arc::new(AtomicBool::new(false));
-        let connection = match self.info.addr() {
-            ConnectionAddr::Tcp(host, port) => {
-                let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
-                stream.set_nodelay(true)?;
-                let (connection, driver) = MultiplexedConnection::new_with_config(
-                    self.info.redis_settings(),
-                    stream,
-                    config,
-                )
-                .await?;
-                spawn_driver(driver, Arc::clone(&closed));
-                connection
-            }
-            #[cfg(unix)]
-            ConnectionAddr::Unix(path) => {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                let (connection, driver) = MultiplexedConnection::new_with_config(
-                    self.info.redis_settings(),
-                    stream,
-                    config,
-                )
-                .await?;
-                spawn_driver(driver, Arc::clone(&closed));
-                connection
-            }
-            other => {
-                return Err(RedisError::from((
-                    ErrorKind::InvalidClientConfig,
-                    "unsupported address",
-                    format!(
-                        "{other}: tollgate-redis connects over TCP (redis://) or Unix sockets (redis+unix://)"
-                    ),
-                )))
-            }
-        };
-        Ok(StandaloneConnection { connection, closed })
+    /// The handle on this manager's last connection error.
+    pub(crate) fn last_error(&self) -> LastError {
+        self.last_error.clone()
     }
-}
 
-fn spawn_driver(
-    driver: impl std::future::Future<Output = ()> + Send + 'static,
-    closed: Arc<AtomicBool>,
-) {
-    tokio::spawn(async move {
-        driver.await;
-        closed.store(true, Ordering::Release);
-    });
+    async fn open(&self) -> Result<MultiplexedConnection, RedisError> {
+        match &self.source {
+            Source::Server(manager) => bb8::ManageConnection::connect(manager).await,
+            Source::Sentinel(client) => {
+                // Asks the Sentinels for the current primary each time: a
+                // connection opened after a failover goes to the new one.
+                let client = client.lock().await.async_get_client().await?;
+                client.get_multiplexed_async_connection().await
+            }
+        }
+    }
 }
 
 impl bb8::ManageConnection for StandaloneManager {
@@ -114,29 +176,71 @@ impl bb8::ManageConnection for StandaloneManager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Self::Connection, Self::Error> {
-        match tokio::time::timeout(self.connect_timeout, self.open()).await {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let opened = match tokio::time::timeout(self.connect_timeout, self.open()).await {
             Ok(result) => result,
             Err(_) => Err(RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!("connecting took longer than {:?}", self.connect_timeout),
             ))),
-        }
+        };
+        self.last_error.record(&opened);
+        let mut connection = opened?;
+        // The store's own deadline bounds every call; this only keeps
+        // redis-rs's default from cutting a longer one short.
+        connection.set_response_timeout(self.response_timeout);
+        Ok(StandaloneConnection {
+            connection,
+            broken: Arc::new(AtomicBool::new(false)),
+            checked: Arc::new(AtomicU64::new(epoch)),
+            epoch: Arc::clone(&self.epoch),
+            rediscover_on_timeout: matches!(self.source, Source::Sentinel(_)),
+        })
     }
 
     async fn is_valid(&self, connection: &mut Self::Connection) -> Result<(), Self::Error> {
-        if connection.closed.load(Ordering::Acquire) {
-            Err(RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::NotConnected,
-                "the connection was closed",
-            )))
-        } else {
-            Ok(())
+        if connection.broken.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        let epoch = self.epoch.load(Ordering::Acquire);
+        if connection.checked.load(Ordering::Acquire) >= epoch {
+            return Ok(());
+        }
+        // A call met a dead socket since this connection last proved
+        // alive (a restart or failover kills every socket at once): one
+        // PING before handing it out again.
+        let ping = redis::cmd("PING");
+        match tokio::time::timeout(
+            self.connect_timeout,
+            ping.query_async::<Value>(&mut connection.connection),
+        )
+        .await
+        {
+            Ok(Ok(_)) => {
+                connection.checked.fetch_max(epoch, Ordering::AcqRel);
+                Ok(())
+            }
+            Ok(Err(error)) => {
+                connection.broken.store(true, Ordering::Release);
+                Err(error)
+            }
+            Err(_) => {
+                connection.broken.store(true, Ordering::Release);
+                Err(closed())
+            }
         }
     }
 
     fn has_broken(&self, connection: &mut Self::Connection) -> bool {
-        connection.closed.load(Ordering::Acquire)
+        connection.broken.load(Ordering::Acquire)
     }
+}
+
+fn closed() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::NotConnected,
+        "the connection was closed",
+    ))
 }
 
 /// Opens Cluster connections for bb8. A `ClusterConnection` is itself
@@ -145,11 +249,20 @@ impl bb8::ManageConnection for StandaloneManager {
 /// checkout path as standalone.
 pub(crate) struct ClusterManager {
     client: ClusterClient,
+    last_error: LastError,
 }
 
 impl ClusterManager {
     pub(crate) fn new(client: ClusterClient) -> Self {
-        Self { client }
+        Self {
+            client,
+            last_error: LastError::default(),
+        }
+    }
+
+    /// The handle on this manager's last connection error.
+    pub(crate) fn last_error(&self) -> LastError {
+        self.last_error.clone()
     }
 }
 
@@ -158,7 +271,9 @@ impl bb8::ManageConnection for ClusterManager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Self::Connection, Self::Error> {
-        self.client.get_async_connection().await
+        let opened = self.client.get_async_connection().await;
+        self.last_error.record(&opened);
+        opened
     }
 
     async fn is_valid(&self, _connection: &mut Self::Connection) -> Result<(), Self::Error> {
@@ -170,18 +285,23 @@ impl bb8::ManageConnection for ClusterManager {
     }
 }
 
-/// The pool, standalone or Cluster.
+/// The pool: tollgate's own (standalone or Sentinel, or Cluster), or one
+/// the application built on bb8-redis.
 #[derive(Clone)]
 pub(crate) enum Pool {
-    Standalone(bb8::Pool<StandaloneManager>),
-    Cluster(bb8::Pool<ClusterManager>),
+    Standalone(bb8::Pool<StandaloneManager>, LastError),
+    Cluster(bb8::Pool<ClusterManager>, LastError),
+    /// The application's pool ([`RedisStoreBuilder::pool`](crate::RedisStoreBuilder::pool)):
+    /// its manager decides how dead connections are found.
+    External(bb8::Pool<bb8_redis::RedisConnectionManager>),
 }
 
 impl fmt::Debug for Pool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (kind, state) = match self {
-            Self::Standalone(pool) => ("standalone", pool.state()),
-            Self::Cluster(pool) => ("cluster", pool.state()),
+            Self::Standalone(pool, _) => ("standalone", pool.state()),
+            Self::Cluster(pool, _) => ("cluster", pool.state()),
+            Self::External(pool) => ("application's bb8-redis pool", pool.state()),
         };
         f.debug_struct("Pool")
             .field("kind", &kind)
@@ -196,18 +316,23 @@ impl fmt::Debug for Pool {
 pub(crate) enum Connection {
     Standalone(StandaloneConnection),
     Cluster(ClusterConnection),
+    External(MultiplexedConnection),
 }
 
 impl Pool {
     async fn checkout(&self) -> Result<Connection, StoreError> {
         match self {
-            Self::Standalone(pool) => {
-                let pooled = pool.get().await.map_err(pool_error)?;
+            Self::Standalone(pool, last) => {
+                let pooled = pool.get().await.map_err(|e| pool_error(e, Some(last)))?;
                 Ok(Connection::Standalone(pooled.clone()))
             }
-            Self::Cluster(pool) => {
-                let pooled = pool.get().await.map_err(pool_error)?;
+            Self::Cluster(pool, last) => {
+                let pooled = pool.get().await.map_err(|e| pool_error(e, Some(last)))?;
                 Ok(Connection::Cluster(pooled.clone()))
+            }
+            Self::External(pool) => {
+                let pooled = pool.get().await.map_err(|e| pool_error(e, None))?;
+                Ok(Connection::External(pooled.clone()))
             }
         }
     }
@@ -221,19 +346,30 @@ impl Pool {
     ) -> Result<Connection, StoreError> {
         match timeout_at(deadline, self.checkout()).await {
             Ok(result) => result,
-            Err(_) => Err(StoreError::unavailable(format!(
-                "no connection within {timeout:?}; nothing was sent"
-            ))),
+            Err(_) => Err(match self.last_error() {
+                Some(last) => StoreError::unavailable(NoConnection { last }),
+                None => StoreError::unavailable(format!(
+                    "no connection within {timeout:?}; nothing was sent"
+                )),
+            }),
+        }
+    }
+
+    fn last_error(&self) -> Option<RedisError> {
+        match self {
+            Self::Standalone(_, last) | Self::Cluster(_, last) => last.get(),
+            Self::External(_) => None,
         }
     }
 }
 
-fn pool_error(error: bb8::RunError<RedisError>) -> StoreError {
+fn pool_error(error: bb8::RunError<RedisError>, last: Option<&LastError>) -> StoreError {
     match error {
         bb8::RunError::User(error) => StoreError::unavailable(error),
-        bb8::RunError::TimedOut => {
-            StoreError::unavailable("timed out waiting for a connection from the pool")
-        }
+        bb8::RunError::TimedOut => match last.and_then(LastError::get) {
+            Some(last) => StoreError::unavailable(NoConnection { last }),
+            None => StoreError::unavailable("timed out waiting for a connection from the pool"),
+        },
     }
 }
 
@@ -242,6 +378,7 @@ impl Connection {
         match self {
             Self::Standalone(standalone) => cmd.query_async(&mut standalone.connection).await,
             Self::Cluster(connection) => cmd.query_async(connection).await,
+            Self::External(connection) => cmd.query_async(connection).await,
         }
     }
 
@@ -289,6 +426,7 @@ impl Connection {
         load.arg("LOAD").arg(script.source());
         match self {
             Self::Standalone(standalone) => load.query_async(&mut standalone.connection).await,
+            Self::External(connection) => load.query_async(connection).await,
             Self::Cluster(connection) => {
                 let route = match to {
                     Some(to) => to.route(),
@@ -305,11 +443,28 @@ impl Connection {
         }
     }
 
-    /// Marks a standalone connection broken after an I/O error so the pool
-    /// replaces it.
+    /// After a call timed out: a Sentinel-managed connection is replaced
+    /// (the next one asks the Sentinels where the primary is), since a
+    /// primary that stopped answering may be the one a failover is
+    /// replacing (with writes paused, or partitioned away). Other
+    /// connections stay: a slow server is not a dead one.
+    fn timed_out(&self) {
+        if let Self::Standalone(standalone) = self {
+            if standalone.rediscover_on_timeout {
+                self.mark_broken();
+            }
+        }
+    }
+
+    /// Marks a standalone connection broken after an I/O error (or a
+    /// `READONLY` from a demoted primary) so the pool replaces it, and
+    /// bumps the failure epoch so the other pooled connections are checked
+    /// once before their next use.
     fn mark_broken(&self) {
         if let Self::Standalone(standalone) = self {
-            standalone.closed.store(true, Ordering::Release);
+            if !standalone.broken.swap(true, Ordering::AcqRel) {
+                standalone.epoch.fetch_add(1, Ordering::AcqRel);
+            }
         }
     }
 }
@@ -387,6 +542,13 @@ fn classify(error: RedisError, connection: &Connection, timeout: Duration) -> Fa
                 None => Failure::Fail(StoreError::unavailable(error)),
             }
         }
+        // A primary demoted by a failover (Sentinel): refused before
+        // running; the connection goes, and the next one asks the
+        // Sentinels where the primary is now.
+        ErrorKind::Server(ServerErrorKind::ReadOnly) => {
+            connection.mark_broken();
+            Failure::Fail(StoreError::unavailable(error))
+        }
         // Refused before running: nothing was charged.
         ErrorKind::Server(
             ServerErrorKind::Moved
@@ -394,19 +556,28 @@ fn classify(error: RedisError, connection: &Connection, timeout: Duration) -> Fa
             | ServerErrorKind::ClusterDown
             | ServerErrorKind::MasterDown
             | ServerErrorKind::BusyLoading
-            | ServerErrorKind::ReadOnly
             | ServerErrorKind::NoPerm
             | ServerErrorKind::CrossSlot,
         )
         | ErrorKind::ClusterConnectionNotFound
         | ErrorKind::AuthenticationFailed
         | ErrorKind::InvalidClientConfig => Failure::Fail(StoreError::unavailable(error)),
+        // Not logged in (`NOAUTH`, after a server's password changed) or an
+        // ACL refusal, also of a command a script calls (the scripts call
+        // `TIME` and read before they write, so a refused script wrote
+        // nothing): refused before anything was charged.
+        _ if matches!(error.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+            || is_script_acl_refusal(&error) =>
+        {
+            Failure::Fail(StoreError::unavailable(error))
+        }
         // BUSY (another script runs too long) and OOM (refused at the first
         // write, so nothing was written) are refusals too.
         ErrorKind::Extension if matches!(error.code(), Some("BUSY" | "OOM" | "NOREPLICAS")) => {
             Failure::Fail(StoreError::unavailable(error))
         }
         ErrorKind::Io if error.is_timeout() => {
+            connection.timed_out();
             Failure::Fail(StoreError::Timeout { after: timeout })
         }
         ErrorKind::Io if error.is_connection_refusal() => {
@@ -421,6 +592,14 @@ fn classify(error: RedisError, connection: &Connection, timeout: Duration) -> Fa
             detail: error.to_string(),
         }),
     }
+}
+
+/// Whether the server refused a command a script called because of the
+/// user's ACL ("The user executing the script can't run this command").
+pub(crate) fn is_script_acl_refusal(error: &RedisError) -> bool {
+    error
+        .detail()
+        .is_some_and(|detail| detail.contains("can't run this command"))
 }
 
 /// Runs `evalsha` (an `EVALSHA` of `script` whose first key is
@@ -444,7 +623,10 @@ pub(crate) async fn eval(
             None => timeout_at(deadline, connection.query(evalsha)).await,
         };
         let error = match sent {
-            Err(_) => return Err(StoreError::Timeout { after: timeout }),
+            Err(_) => {
+                connection.timed_out();
+                return Err(StoreError::Timeout { after: timeout });
+            }
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(error)) => error,
         };
@@ -502,7 +684,10 @@ pub(crate) async fn query(pool: &Pool, timeout: Duration, cmd: &Cmd) -> Result<V
     let deadline = Instant::now() + timeout;
     let mut connection = pool.checkout_by(deadline, timeout).await?;
     match timeout_at(deadline, connection.query(cmd)).await {
-        Err(_) => Err(StoreError::Timeout { after: timeout }),
+        Err(_) => {
+            connection.timed_out();
+            Err(StoreError::Timeout { after: timeout })
+        }
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => match classify(error, &connection, timeout) {
             Failure::Fail(error) => Err(error),

@@ -1,6 +1,7 @@
-//! Redis and Redis Cluster store for tollgate: every algorithm is one atomic
-//! Lua script, with the same decisions as the in-memory store, so moving
-//! from one instance to many is a one-line change.
+//! Redis, Redis Cluster and Sentinel store for tollgate (TLS and ACL users
+//! included): every algorithm is one atomic Lua script, with the same
+//! decisions as the in-memory store, so moving from one instance to many is
+//! a one-line change.
 //!
 //! ```no_run
 //! use tollgate_core::{Policy, Store};
@@ -10,7 +11,9 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // Was: let store = MemoryStore::new();
 //! let store = RedisStore::builder().url("redis://127.0.0.1:6379").build().await?;
-//! store.ping().await?; // optional: fail at startup if Redis is down
+//! // build() connected and checked credentials and permissions;
+//! // ping() is there for health checks.
+//! store.ping().await?;
 //!
 //! let policies = [
 //!     Policy::per_second(10).name("per-second").build()?,
@@ -29,10 +32,81 @@
 //! Everything else is the same.
 //!
 //! Requirements: Redis 5 or later: scripts read `TIME` and then write,
-//! which needs effect replication, the default since Redis 5. The test
-//! suite runs against Redis 7.0 (Debian's `redis-server`); older versions
-//! and compatible servers such as Valkey are not tested. Connections are
-//! TCP (`redis://`) or Unix sockets (`redis+unix://`).
+//! which needs effect replication, the default since Redis 5.
+//!
+//! # Deployments
+//!
+//! | deployment | how | tested (`cargo xtask test`, Redis 7.0) |
+//! |---|---|---|
+//! | standalone | `.url("redis://host:6379")`, `redis+unix:///path` | yes |
+//! | TLS | `.url("rediss://host:6380")`, feature `tls`; `.tls_ca(pem)` for a private CA | yes: standalone with and without client certificates, and a 3-master Cluster (`tls-cluster yes`) |
+//! | mutual TLS | `.tls_client_cert(cert_pem, key_pem)` | yes |
+//! | ACL user | `redis://user:password@host`, or `.username(..)` / `.password(..)` | yes, a user allowed only [`ACL_COMMANDS`] (plus [`ACL_CLUSTER_COMMANDS`] on the TLS Cluster) |
+//! | password only (`requirepass`) | `redis://:password@host` | yes |
+//! | Redis Cluster | `.cluster([urls])` (`rediss://` for TLS) | yes (3 masters, failover, slot migration; TLS) |
+//! | Sentinel | `.sentinel("mymaster", ["redis://s1:26379", ...])` | yes (primary, replica, 3 Sentinels; `SENTINEL FAILOVER` and a killed primary) |
+//! | your own pool or client | `.pool(bb8_pool)`, `.client(redis::Client)`, `.cluster_client(ClusterClient)` | yes |
+//!
+//! Not tested: Valkey and other compatible servers, Redis 7.2 and later,
+//! Redis before 7.0, `rediss://` URLs for Sentinels (handed to redis-rs's
+//! Sentinel client with the same certificates, but the test Sentinels
+//! speak plain TCP), and
+//! managed services themselves (ElastiCache, Memorystore, Azure Cache,
+//! Redis Cloud, Upstash): they are TLS plus an ACL user or password, which
+//! is what the tests cover on a standalone server.
+//!
+//! ## TLS
+//!
+//! Enable the `tls` feature (`tollgate = { features = ["redis", "tls"] }`):
+//! rustls through redis-rs's `tokio-rustls-comp`, with the ring crypto
+//! provider (installed as rustls' process default by `build()` unless the
+//! application installed one). Server certificates are checked against the
+//! operating system's roots (`SSL_CERT_FILE` / `SSL_CERT_DIR` are honoured),
+//! or the Mozilla roots compiled in with `tls-webpki-roots`, or only the CA
+//! given to [`RedisStoreBuilder::tls_ca`]. `rediss://host#insecure` turns
+//! certificate checks off; it needs the `tls-insecure` feature and is for
+//! tests only. `rediss://` without the feature fails at `build()` with
+//! [`BuildError::TlsNotEnabled`], saying which feature to enable.
+//!
+//! ## ACL users
+//!
+//! The user needs its key prefix and [`ACL_COMMANDS`]:
+//!
+//! ```text
+//! ACL SETUSER app on >password ~tollgate:* +ping +evalsha +script|load +time +get +set +exists +del +hmget +hset +pexpire +pexpireat +zadd +zcount +zrangebyscore +zremrangebyscore +zrevrange
+//! ```
+//!
+//! On a Redis Cluster the user also needs [`ACL_CLUSTER_COMMANDS`]
+//! (`+cluster|slots +asking`).
+//!
+//! `build()` checks this: a user missing one of them is a
+//! [`BuildError::Permission`] naming the rule to grant (a missing `+get`
+//! would otherwise look like "no state" to the scripts and admit
+//! everything). `CONFIG GET` is optional (see "Failure semantics").
+//! Passwords never appear in `Debug` output, error messages or logs.
+//!
+//! ## Sentinel
+//!
+//! [`RedisStoreBuilder::sentinel`] takes the master name and some
+//! Sentinels. Each new connection asks the Sentinels for the current
+//! primary; a connection to a primary that was demoted (closed by
+//! Sentinel, `READONLY`) or stopped answering (a call timed out) is
+//! replaced, so the store follows a failover without a restart. `cargo
+//! xtask reliability` measured the first correct decision about 2 s after
+//! `SENTINEL FAILOVER` (writes paused first) and about 2.6 s after the
+//! primary was killed (`down-after-milliseconds 1000`), with no wrong
+//! decision. Redis replicates asynchronously: writes a primary
+//! acknowledged just before it died may be lost by any failover (a
+//! subject then gets a few more permits); pause writes (`CLIENT PAUSE
+//! WRITE`) before a planned failover to lose none.
+//!
+//! ## Your own pool or client
+//!
+//! [`RedisStoreBuilder::pool`] takes a `bb8::Pool<bb8_redis::RedisConnectionManager>`
+//! ([`bb8_redis`] is re-exported so versions match),
+//! [`RedisStoreBuilder::client`] a `redis::Client` and
+//! [`RedisStoreBuilder::cluster_client`] a `ClusterClient` (build it with
+//! `.retries(0)`: the store never resends a call that may have run).
 //!
 //! # Key layout
 //!
@@ -97,6 +171,25 @@
 //!
 //! # Failure semantics
 //!
+//! `build()` connects (unless [`RedisStoreBuilder::lazy_connect`]): it
+//! opens the pool, sends `PING`, runs a permission probe (every command the
+//! scripts call, on three keys of the prefix that the probe deletes again)
+//! and a peek, so an unreachable server, a TLS failure, refused
+//! credentials, a missing ACL permission or an unknown Sentinel master is a
+//! [`BuildError`] naming what to change, with redis-rs's error as its
+//! `source()`. With `lazy_connect(true)` these surface later as
+//! [`StoreError::Unavailable`](tollgate_core::StoreError::Unavailable),
+//! whose source chain holds the last connection error.
+//!
+//! A full Redis: with `maxmemory` set and `maxmemory-policy noeviction`,
+//! a full Redis refuses every write with `OOM`, so every check that
+//! charges fails with a store error. `build()` reads both settings where
+//! `CONFIG GET` is allowed (managed Redis often refuses it; then nothing is
+//! logged) and logs a `tracing` warning in that case. Every tollgate key
+//! has a TTL, so `maxmemory-policy volatile-ttl` is the one to use: Redis
+//! then frees the keys closest to expiring, which are the ones that matter
+//! least.
+//!
 //! Every call has one deadline ([`RedisStoreBuilder::timeout`], default
 //! 250 ms, measured: see [`DEFAULT_TIMEOUT`]) covering pool checkout, the
 //! script and any reload. What the errors mean, and their
@@ -143,12 +236,18 @@
 //! # Connections
 //!
 //! A [`bb8`] pool of [`pool_size`](RedisStoreBuilder::pool_size)
-//! multiplexed connections: a call takes a connection from the pool, clones
-//! its multiplexed handle and gives it back at once, so all concurrent calls
-//! pipeline over a few sockets. The pool's manager is tollgate's own rather
-//! than `bb8-redis`'s: it runs each connection's driver task itself and
-//! marks the connection broken the moment the socket closes, so a server
-//! restart costs only the calls in flight, without a `PING` per checkout.
+//! multiplexed connections opened by bb8-redis's
+//! `RedisConnectionManager` (or, for Sentinel, from the primary the
+//! Sentinels name): a call takes a connection from the pool, clones its
+//! multiplexed handle and gives it back at once, so all concurrent calls
+//! pipeline over a few sockets. bb8-redis alone would `PING` on every
+//! checkout to find a dead connection; tollgate wraps its manager instead:
+//! a call that meets a dead socket marks its connection broken (the pool
+//! replaces it) and bumps a failure epoch, and only then are the other
+//! pooled connections `PING`ed once before their next use. A healthy server
+//! costs no extra round trip; after a restart, the calls in flight and the
+//! first call to meet a dead socket fail, and later calls find fresh
+//! connections.
 //! On a Cluster the pool holds the redis crate's multiplexed
 //! `ClusterConnection`s (each with one connection per node, reconnecting
 //! and following slot changes on its own).
@@ -181,21 +280,31 @@
 //! # Ok(()) }
 //! ```
 
+mod builder;
 mod cell;
 mod connection;
+mod errors;
 mod limiter;
+mod redact;
 mod scripts;
 mod store;
+mod tls;
+mod verify;
 
-pub use cell::{ThrottleCallError, THROTTLE_POLICY_NAME};
-pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError, RateType, DEFAULT_KEEP_ALIVE};
-pub use store::{
-    BuildError, CheckFuture, ClockMode, RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_POOL_SIZE, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_PREFIX_LEN,
+pub use builder::{
+    RedisPool, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_PREFIX,
+    DEFAULT_TIMEOUT, MAX_PREFIX_LEN,
 };
+pub use cell::{ThrottleCallError, THROTTLE_POLICY_NAME};
+pub use errors::{BuildError, ACL_CLUSTER_COMMANDS, ACL_COMMANDS};
+pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError, RateType, DEFAULT_KEEP_ALIVE};
+pub use store::{CheckFuture, ClockMode, RedisStore};
 
 /// The `bb8` pool this crate uses, re-exported so versions never mismatch.
 pub use bb8;
+/// The bb8-redis connection manager underneath the pool, re-exported for
+/// [`RedisStoreBuilder::pool`] so versions never mismatch.
+pub use bb8_redis;
 /// The `redis` crate this crate uses, re-exported so versions never
 /// mismatch.
 pub use redis;

@@ -77,7 +77,7 @@ pub struct RateLimiterConfig {
 /// use tollgate_redis::{RateLimiterError, RedisStore};
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// let store = RedisStore::builder().url("redis://127.0.0.1").build().await?;
+/// let store = RedisStore::builder().url("redis://127.0.0.1").lazy_connect(true).build().await?;
 /// let limiter = store.rate_limiter("exports");
 /// // Zero permits are refused before anything is sent.
 /// let error = limiter.try_acquire(0).await.unwrap_err();
@@ -208,7 +208,7 @@ impl RedisStore {
     ///
     /// ```
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let store = tollgate_redis::RedisStore::builder().url("redis://127.0.0.1").build().await?;
+    /// let store = tollgate_redis::RedisStore::builder().url("redis://127.0.0.1").lazy_connect(true).build().await?;
     /// let a = store.rate_limiter("exports");
     /// let b = store.rate_limiter("exports");
     /// assert_eq!(a.name(), "exports");

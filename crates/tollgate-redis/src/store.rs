@@ -7,29 +7,15 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::cluster::ClusterClientBuilder;
-use redis::{Cmd, IntoConnectionInfo, RedisError, Value};
+use redis::{Cmd, RedisError, Value};
 use smallvec::SmallVec;
 use tollgate_core::{
     encode_subject, validate_check, Clock, Decision, Policy, Store, StoreError, Verdict,
 };
 
-use crate::connection::{self, ClusterManager, Pool, StandaloneManager};
-use crate::scripts::{self, LuaScript, ScriptCache};
-
-/// Default per-call timeout: [`RedisStoreBuilder::timeout`]. Chosen from
-/// measurements on a 2-core box (`latency` in tollgate's tests crate): with
-/// four busy threads and 1024 checks in flight the slowest check took
-/// 164 ms (3 030 of 338 690 over 100 ms, the old default, none over 250 ms).
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
-/// Default time to open a connection: [`RedisStoreBuilder::connect_timeout`].
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// Default number of pooled connections: [`RedisStoreBuilder::pool_size`].
-pub const DEFAULT_POOL_SIZE: u32 = 4;
-/// Default key prefix: [`RedisStoreBuilder::prefix`].
-pub const DEFAULT_PREFIX: &str = "tollgate";
-/// Longest key prefix accepted by [`RedisStoreBuilder::prefix`].
-pub const MAX_PREFIX_LEN: usize = 64;
+use crate::builder::RedisStoreBuilder;
+use crate::connection::{self, Pool};
+use crate::scripts::{LuaScript, ScriptCache};
 
 /// Where a [`RedisStore`] reads the time.
 ///
@@ -72,325 +58,13 @@ impl fmt::Debug for ClockMode {
     }
 }
 
-#[derive(Debug, Clone)]
-enum Target {
-    Standalone(String),
-    Cluster(Vec<String>),
-}
-
-/// Builder for a [`RedisStore`]; start with [`RedisStore::builder`].
-///
-/// ```
-/// use std::time::Duration;
-/// use tollgate_redis::RedisStore;
-///
-/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// // Building validates the settings; connections open in the background.
-/// let store = RedisStore::builder()
-///     .url("redis://127.0.0.1:6379")
-///     .prefix("myapp-limits")
-///     .pool_size(4)
-///     .timeout(Duration::from_millis(50))
-///     .hash_subjects(true) // subjects are API tokens: never store them
-///     .build()
-///     .await?;
-/// assert_eq!(store.prefix(), "myapp-limits");
-/// # Ok::<(), tollgate_redis::BuildError>(())
-/// # }).unwrap();
-/// ```
-#[derive(Debug, Clone)]
-#[must_use = "a RedisStoreBuilder does nothing until .build() is awaited"]
-pub struct RedisStoreBuilder {
-    target: Option<Target>,
-    pool_size: u32,
-    prefix: String,
-    timeout: Duration,
-    connect_timeout: Duration,
-    clock: ClockMode,
-    hash_subjects: bool,
-}
-
-impl Default for RedisStoreBuilder {
-    fn default() -> Self {
-        Self {
-            target: None,
-            pool_size: DEFAULT_POOL_SIZE,
-            prefix: DEFAULT_PREFIX.to_owned(),
-            timeout: DEFAULT_TIMEOUT,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            clock: ClockMode::Redis,
-            hash_subjects: false,
-        }
-    }
-}
-
-impl RedisStoreBuilder {
-    /// A standalone server (or a proxy such as Envoy or twemproxy that
-    /// forwards `EVALSHA`): `redis://[user:password@]host[:port][/db]` or
-    /// `redis+unix:///path/to/socket`. Replaces an earlier
-    /// [`cluster`](Self::cluster).
-    pub fn url(mut self, url: impl Into<String>) -> Self {
-        self.target = Some(Target::Standalone(url.into()));
-        self
-    }
-
-    /// A Redis Cluster, given the URLs of some of its nodes (the rest are
-    /// discovered). Replaces an earlier [`url`](Self::url).
-    pub fn cluster<I, S>(mut self, urls: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.target = Some(Target::Cluster(urls.into_iter().map(Into::into).collect()));
-        self
-    }
-
-    /// How many connections the pool keeps open (default
-    /// [`DEFAULT_POOL_SIZE`]). Connections are multiplexed: every call
-    /// pipelines on a shared connection, so a few are enough: with the
-    /// default 4, `cargo xtask bench redis` measured about 59,000 checks per
-    /// second from 50 tasks on a 2-core machine.
-    pub fn pool_size(mut self, pool_size: u32) -> Self {
-        self.pool_size = pool_size;
-        self
-    }
-
-    /// The first part of every key (default `tollgate`): keys are
-    /// `<prefix>:{<subject>}:<policy>`. 1 to [`MAX_PREFIX_LEN`] printable
-    /// ASCII characters without `{`, `}` or spaces.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// The most one call may take, pool checkout and any `NOSCRIPT` reload
-    /// included (default [`DEFAULT_TIMEOUT`], 250 ms: long enough that a
-    /// loaded machine does not time out healthy calls and fail open, short
-    /// enough that a stuck server is noticed; the tower layer's circuit
-    /// breaker then stops waiting on it). A call that times out returns
-    /// [`StoreError::Timeout`] and is not retried.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// The most opening one connection may take, in the background (default
-    /// [`DEFAULT_CONNECT_TIMEOUT`]). A call never waits longer than
-    /// [`timeout`](Self::timeout) for it.
-    pub fn connect_timeout(mut self, connect_timeout: Duration) -> Self {
-        self.connect_timeout = connect_timeout;
-        self
-    }
-
-    /// Where the time comes from (default [`ClockMode::Redis`]).
-    pub fn clock(mut self, clock: ClockMode) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    /// Hash every subject before it reaches Redis (default `false`): turn
-    /// this on when subjects are secrets such as API tokens. Subjects that
-    /// are long or have characters outside `A-Z a-z 0-9 . _ - : / @ + = ,`
-    /// are always hashed (see [`encode_subject`]).
-    pub fn hash_subjects(mut self, hash_subjects: bool) -> Self {
-        self.hash_subjects = hash_subjects;
-        self
-    }
-
-    /// Validates the configuration and creates the store. No connection is
-    /// awaited: connections open in the background, and calls fail with
-    /// [`StoreError::Unavailable`] while the server cannot be reached. Use
-    /// [`RedisStore::ping`] to check the server at startup.
-    ///
-    /// Must run inside a Tokio runtime (it spawns the pool's tasks).
-    ///
-    /// # Errors
-    ///
-    /// [`BuildError`] for a missing or invalid URL, prefix, pool size or
-    /// timeout.
-    pub async fn build(self) -> Result<RedisStore, BuildError> {
-        let Self {
-            target,
-            pool_size,
-            prefix,
-            timeout,
-            connect_timeout,
-            clock,
-            hash_subjects,
-        } = self;
-        validate_prefix(&prefix)?;
-        if pool_size == 0 {
-            return Err(BuildError::ZeroPoolSize);
-        }
-        if timeout.is_zero() {
-            return Err(BuildError::ZeroTimeout { field: "timeout" });
-        }
-        if connect_timeout.is_zero() {
-            return Err(BuildError::ZeroTimeout {
-                field: "connect_timeout",
-            });
-        }
-        fn pool_builder<M: bb8::ManageConnection>(
-            pool_size: u32,
-            timeout: Duration,
-        ) -> bb8::Builder<M> {
-            bb8::Pool::builder()
-                .max_size(pool_size)
-                .min_idle(pool_size)
-                // A dead connection is found without I/O (see
-                // StandaloneManager), so testing on checkout is free.
-                .test_on_check_out(true)
-                .retry_connection(false)
-                .connection_timeout(timeout)
-        }
-        let pool = match target {
-            None => return Err(BuildError::NoServer),
-            Some(Target::Standalone(url)) => {
-                let info = url.as_str().into_connection_info().map_err(|source| {
-                    BuildError::InvalidUrl {
-                        url: url.clone(),
-                        source,
-                    }
-                })?;
-                Pool::Standalone(
-                    pool_builder(pool_size, timeout)
-                        .build_unchecked(StandaloneManager::new(info, connect_timeout)),
-                )
-            }
-            Some(Target::Cluster(urls)) => {
-                if urls.is_empty() {
-                    return Err(BuildError::NoServer);
-                }
-                for url in &urls {
-                    url.as_str().into_connection_info().map_err(|source| {
-                        BuildError::InvalidUrl {
-                            url: url.clone(),
-                            source,
-                        }
-                    })?;
-                }
-                let client = ClusterClientBuilder::new(urls.clone())
-                    // Never resend a command that may have run: the store
-                    // itself resends only what the server proves did not
-                    // run (NOSCRIPT, MOVED, TRYAGAIN).
-                    .retries(0)
-                    .connection_timeout(connect_timeout)
-                    .response_timeout(timeout)
-                    .build()
-                    .map_err(|source| BuildError::InvalidUrl {
-                        url: urls.join(","),
-                        source,
-                    })?;
-                Pool::Cluster(
-                    pool_builder(pool_size, timeout).build_unchecked(ClusterManager::new(client)),
-                )
-            }
-        };
-        Ok(RedisStore {
-            inner: Arc::new(Inner {
-                pool,
-                prefix: prefix.into(),
-                timeout,
-                clock,
-                hash_subjects,
-                scripts: ScriptCache::new(),
-                limiter_script: scripts::limiter(),
-            }),
-        })
-    }
-}
-
-fn validate_prefix(prefix: &str) -> Result<(), BuildError> {
-    let valid = !prefix.is_empty()
-        && prefix.len() <= MAX_PREFIX_LEN
-        && prefix
-            .bytes()
-            .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}');
-    if valid {
-        Ok(())
-    } else {
-        Err(BuildError::InvalidPrefix {
-            prefix: prefix.chars().take(80).collect(),
-        })
-    }
-}
-
-/// Why a [`RedisStore`] could not be built. Each message says what to
-/// change.
-///
-/// ```
-/// use tollgate_redis::{BuildError, RedisStore};
-///
-/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// let error = RedisStore::builder().build().await.unwrap_err();
-/// assert!(matches!(error, BuildError::NoServer));
-///
-/// let error = RedisStore::builder()
-///     .url("redis://127.0.0.1")
-///     .prefix("has{brace")
-///     .build()
-///     .await
-///     .unwrap_err();
-/// assert!(error.to_string().contains("prefix"));
-/// # });
-/// ```
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum BuildError {
-    /// Neither [`RedisStoreBuilder::url`] nor
-    /// [`RedisStoreBuilder::cluster`] was given (or the Cluster list was
-    /// empty).
-    NoServer,
-    /// A URL could not be parsed.
-    InvalidUrl {
-        /// The URL (or the comma-separated Cluster URLs).
-        url: String,
-        /// The parser's error.
-        source: RedisError,
-    },
-    /// The key prefix was empty, too long, or had braces, spaces or control
-    /// characters.
-    InvalidPrefix {
-        /// The prefix given (at most 80 characters of it).
-        prefix: String,
-    },
-    /// The pool size was 0.
-    ZeroPoolSize,
-    /// A timeout was zero.
-    ZeroTimeout {
-        /// `timeout` or `connect_timeout`.
-        field: &'static str,
-    },
-}
-
-impl fmt::Display for BuildError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::NoServer => f.write_str("no Redis server given: call .url(\"redis://host:6379\") or .cluster([...]) on the builder"),
-            Self::InvalidUrl { url, source } => write!(f, "invalid Redis URL {url:?} ({source}): use redis://[user:password@]host[:port][/db] or redis+unix:///path"),
-            Self::InvalidPrefix { prefix } => write!(f, "invalid key prefix {prefix:?}: use 1 to {MAX_PREFIX_LEN} printable ASCII characters without braces or spaces"),
-            Self::ZeroPoolSize => f.write_str("pool size is 0: give at least 1 connection"),
-            Self::ZeroTimeout { field } => write!(f, "{field} is zero: give a positive duration"),
-        }
-    }
-}
-
-impl std::error::Error for BuildError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::InvalidUrl { source, .. } => Some(source),
-            _ => None,
-        }
-    }
-}
-
 pub(crate) struct Inner {
     pub(crate) pool: Pool,
-    prefix: Arc<str>,
+    pub(crate) prefix: Arc<str>,
     pub(crate) timeout: Duration,
-    clock: ClockMode,
-    hash_subjects: bool,
-    scripts: ScriptCache,
+    pub(crate) clock: ClockMode,
+    pub(crate) hash_subjects: bool,
+    pub(crate) scripts: ScriptCache,
     pub(crate) limiter_script: LuaScript,
 }
 
@@ -438,8 +112,12 @@ impl fmt::Debug for RedisStore {
 pub type CheckFuture = Pin<Box<dyn Future<Output = Result<Verdict, StoreError>> + Send + 'static>>;
 
 impl RedisStore {
-    /// A builder; give it [`url`](RedisStoreBuilder::url) or
-    /// [`cluster`](RedisStoreBuilder::cluster).
+    /// A builder; give it [`url`](RedisStoreBuilder::url),
+    /// [`cluster`](RedisStoreBuilder::cluster),
+    /// [`sentinel`](RedisStoreBuilder::sentinel),
+    /// [`client`](RedisStoreBuilder::client),
+    /// [`cluster_client`](RedisStoreBuilder::cluster_client) or
+    /// [`pool`](RedisStoreBuilder::pool).
     pub fn builder() -> RedisStoreBuilder {
         RedisStoreBuilder::default()
     }
@@ -450,8 +128,12 @@ impl RedisStore {
     ///
     /// ```
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// // Building connects lazily, so this runs without a server.
-    /// let store = tollgate_redis::RedisStore::builder().url("redis://127.0.0.1").build().await?;
+    /// // With lazy_connect, this runs without a server.
+    /// let store = tollgate_redis::RedisStore::builder()
+    ///     .url("redis://127.0.0.1")
+    ///     .lazy_connect(true)
+    ///     .build()
+    ///     .await?;
     /// assert_eq!(store.key_for("user:42", "api"), "tollgate:{user:42}:api");
     /// assert!(store.key_for("evil}{subject", "api").starts_with("tollgate:{#"));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -519,7 +201,11 @@ impl RedisStore {
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// use tollgate_core::Policy;
     ///
-    /// let store = tollgate_redis::RedisStore::builder().url("redis://127.0.0.1").build().await?;
+    /// let store = tollgate_redis::RedisStore::builder()
+    ///     .url("redis://127.0.0.1")
+    ///     .lazy_connect(true)
+    ///     .build()
+    ///     .await?;
     /// let sha = store.script_sha(&[Policy::per_second(10).build()?])?;
     /// assert_eq!(sha.len(), 40);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -797,15 +483,5 @@ mod tests {
             parse_verdict(allowed_with_retry, &[5]),
             Err(StoreError::Protocol { .. })
         ));
-    }
-
-    #[test]
-    fn prefixes_are_validated() {
-        assert!(validate_prefix("tollgate").is_ok());
-        assert!(validate_prefix("a:b-c").is_ok());
-        assert!(validate_prefix("").is_err());
-        assert!(validate_prefix("has{brace").is_err());
-        assert!(validate_prefix("has space").is_err());
-        assert!(validate_prefix(&"x".repeat(65)).is_err());
     }
 }

@@ -18,11 +18,16 @@
 //!
 //! Features: `tower` (default) re-exports [`tower`] (the layer), `axum` and
 //! `tonic` add framework integration, `redis` re-exports [`redis`] (the
-//! Redis store), `metrics` counts decisions through the `metrics` crate.
+//! Redis store: standalone, Cluster, Sentinel, ACL users, your own bb8-redis
+//! pool), `tls` adds `rediss://` (rustls; `tls-webpki-roots` trusts the
+//! compiled-in Mozilla roots instead of the system's, `tls-insecure` accepts
+//! `#insecure` URLs for tests), `metrics` counts decisions through the
+//! `metrics` crate.
 
 pub use tollgate_core::*;
 
-/// The Redis / Redis Cluster store (feature `redis`).
+/// The Redis store for standalone servers, Redis Cluster and Sentinel
+/// (feature `redis`; TLS with feature `tls`).
 #[cfg(feature = "redis")]
 pub mod redis {
     pub use tollgate_redis::*;

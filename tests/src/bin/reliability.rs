@@ -6,8 +6,11 @@
 //! Needs (as `cargo xtask reliability` sets them): `TOLLGATE_REDIS_URL`
 //! (a standalone server), `TOLLGATE_REDIS_CLUSTER_NODE_URLS` (every node of
 //! a Cluster whose masters have replicas; it kills masters) and
-//! `redis-server` (`TOLLGATE_REDIS_SERVER` or PATH) for servers of its own.
-//! Run with `cargo xtask reliability`.
+//! `redis-server` (`TOLLGATE_REDIS_SERVER` or PATH) for servers of its own
+//! (the `sentinel` scenario starts a primary, a replica and three
+//! Sentinels). Run with `cargo xtask reliability`; `RELIABILITY_ONLY=a,b`
+//! picks scenarios (`killed`, `slow`, `pool`, `cluster`, `abuse`,
+//! `sentinel`).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -15,10 +18,10 @@ use std::time::{Duration, Instant};
 use tollgate_core::{MemoryStore, WhenFull};
 use tollgate_redis::RedisStore;
 use tollgate_tests::reliability::{
-    admin, cluster_failover, command, fill_past_maxmemory, hot_subject, info_field, ipv6_rotation,
-    key_flood, kill_restart, master_with_replica, pool_exhaustion, slot_migration, slow_redis,
+    admin, cluster_failover, command, fill_past_maxmemory, hot_subject, info_field, ipv6_rotation, key_flood, kill_restart,
+    master_with_replica, pool_exhaustion, sentinel_failover, slot_migration, slow_redis,
     spoofed_forwarded_for, table, ClusterAdmin, ClusterNode, Failover, FailoverHow, FailureMode,
-    HotSubject, KillRestart, Load, Row, SlotMigration, SlowRedis, Slowdown,
+    HotSubject, KillRestart, Load, Row, SentinelFault, SlotMigration, SlowRedis, Slowdown,
 };
 use tollgate_tests::{redis_url, OwnedRedis};
 
@@ -249,6 +252,12 @@ async fn main() -> ExitCode {
     }
     if wanted("abuse") {
         abuse(&mut rows).await;
+    }
+    if wanted("sentinel") {
+        for fault in [SentinelFault::PlannedFailover, SentinelFault::KillPrimary] {
+            step(&format!("Sentinel: {fault:?}"));
+            rows.push(sentinel_failover(fault, 200, 200).await.row);
+        }
     }
 
     println!("\n{}", table(&rows));

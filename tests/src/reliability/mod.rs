@@ -17,6 +17,7 @@ mod counting;
 mod http;
 mod load;
 mod report;
+mod sentinel;
 mod standalone;
 
 pub use abuse::{
@@ -35,6 +36,7 @@ pub use load::{
     ReplyCounts, ReplyRecord, Running, StoreCall, SUBJECT_HEADER,
 };
 pub use report::{ms, table, Row};
+pub use sentinel::{sentinel_failover, SentinelFault, SentinelReport};
 pub use standalone::{
     kill_restart, pool_exhaustion, slow_redis, FailureMode, KillRestart, KillRestartReport,
     PoolReport, SlowRedis, SlowReport, Slowdown,

@@ -717,6 +717,7 @@ pub async fn pool_exhaustion(calls: usize) -> PoolReport {
         .pool_size(2)
         .timeout(timeout)
         .connect_timeout(Duration::from_millis(400))
+        .lazy_connect(true) // build() would refuse the black hole
         .build()
         .await
         .expect("the store builds");
@@ -744,6 +745,7 @@ pub async fn pool_exhaustion(calls: usize) -> PoolReport {
         .url(full.url())
         .pool_size(2)
         .timeout(timeout)
+        .lazy_connect(true) // build() would refuse the full server
         .build()
         .await
         .expect("the store builds");

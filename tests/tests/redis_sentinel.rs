@@ -1,0 +1,104 @@
+//! Redis Sentinel: a store built with `.sentinel(master, urls)` decides as
+//! a store on the primary does, an unknown master name fails at `build()`,
+//! and a failover (`SENTINEL FAILOVER`, and a killed primary) is followed
+//! without a restart and without a wrong decision.
+//!
+//! The shared Sentinel set comes from `cargo xtask test`
+//! (`TOLLGATE_REDIS_SENTINEL_URLS`, `TOLLGATE_REDIS_SENTINEL_MASTER`); the
+//! failover tests start their own ([`tollgate_tests::OwnedSentinelSet`]),
+//! since they take its primary away.
+
+mod redis_common;
+
+use std::time::Duration;
+
+use redis_common::{client, manual_clock, TEST_TIMEOUT};
+use tollgate_core::{Algorithm, Policy, Store};
+use tollgate_redis::{BuildError, RedisStore, RedisStoreBuilder};
+use tollgate_tests::reliability::{sentinel_failover, SentinelFault};
+use tollgate_tests::unique_prefix;
+
+async fn remaining_sequence(builder: RedisStoreBuilder) -> Vec<(bool, u64)> {
+    let clock = manual_clock();
+    let store = builder
+        .prefix(unique_prefix("sentinel"))
+        .timeout(TEST_TIMEOUT)
+        .clock(client(&clock))
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("the store should build: {e:#?}"));
+    let policies: Vec<Policy> = Algorithm::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, algorithm)| {
+            Policy::per(4, Duration::from_secs(3600))
+                .algorithm(*algorithm)
+                .name(format!("p{i}"))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut out = Vec::new();
+    for _ in 0..6 {
+        let verdict = store.check("subject", &policies, 1).await.unwrap();
+        out.extend(
+            verdict
+                .decisions()
+                .iter()
+                .map(|d| (d.is_allowed(), d.remaining())),
+        );
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn decisions_through_the_sentinels_equal_those_of_a_plain_server() {
+    let through_sentinels = remaining_sequence(RedisStore::builder().sentinel(
+        tollgate_tests::sentinel_master(),
+        tollgate_tests::sentinel_urls(),
+    ))
+    .await;
+    let plain = remaining_sequence(RedisStore::builder().url(tollgate_tests::redis_url())).await;
+    assert_eq!(through_sentinels, plain);
+    assert!(plain.iter().any(|(allowed, _)| !allowed), "{plain:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unknown_master_fails_at_build() {
+    let error = RedisStore::builder()
+        .sentinel("no-such-master", tollgate_tests::sentinel_urls())
+        .build()
+        .await
+        .unwrap_err();
+    match &error {
+        BuildError::UnknownSentinelMaster { master, .. } => assert_eq!(master, "no-such-master"),
+        other => panic!("expected UnknownSentinelMaster, got {other:#?}"),
+    }
+    assert!(error.to_string().contains("SENTINEL MASTERS"), "{error}");
+    assert!(std::error::Error::source(&error).is_some());
+}
+
+async fn assert_followed(fault: SentinelFault) {
+    let report = sentinel_failover(fault, 50, 50).await;
+    eprintln!("{fault:?}: {:?}", report.row);
+    let recovered = report
+        .recovered
+        .unwrap_or_else(|| panic!("{fault:?}: the store never recovered: {:?}", report.row));
+    eprintln!("{fault:?}: first correct decision {recovered:?} after the fault");
+    assert_eq!(report.row.wrong, 0, "{fault:?}: {:?}", report.row);
+    assert_eq!(report.failed_after, 0, "{fault:?}: {:?}", report.row);
+    assert!(
+        report.key_on_new_primary,
+        "{fault:?}: the subject's key is not on the new primary"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sentinel_failover_is_followed_without_a_wrong_decision() {
+    assert_followed(SentinelFault::PlannedFailover).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_primary_is_followed_without_a_wrong_decision() {
+    assert_followed(SentinelFault::KillPrimary).await;
+}
