@@ -49,6 +49,7 @@ const ACL_RULES: &[&str] = &[
     "+zadd",
     "+zcount",
     "+zrangebyscore",
+    "+zremrangebyrank",
     "+zremrangebyscore",
     "+zrevrange",
 ];

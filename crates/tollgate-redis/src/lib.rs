@@ -73,7 +73,7 @@
 //! The user needs its key prefix and [`ACL_COMMANDS`]:
 //!
 //! ```text
-//! ACL SETUSER app on >password ~tollgate:* +ping +evalsha +script|load +time +get +set +exists +del +hmget +hset +pexpire +pexpireat +zadd +zcount +zrangebyscore +zremrangebyscore +zrevrange
+//! ACL SETUSER app on >password ~tollgate:* +ping +evalsha +script|load +time +get +set +exists +del +hmget +hset +pexpire +pexpireat +zadd +zcount +zrangebyscore +zremrangebyrank +zremrangebyscore +zrevrange
 //! ```
 //!
 //! On a Redis Cluster the user also needs [`ACL_CLUSTER_COMMANDS`]

@@ -24,6 +24,7 @@ local calls = {
   {'ZCOUNT', KEYS[2], '0', '2'},
   {'ZRANGEBYSCORE', KEYS[2], '0', '2'},
   {'ZREVRANGE', KEYS[2], '0', '0'},
+  {'ZREMRANGEBYRANK', KEYS[2], '0', '-2'},
   {'ZREMRANGEBYSCORE', KEYS[2], '0', '2'},
   {'HSET', KEYS[3], 'probe', '1'},
   {'HMGET', KEYS[3], 'probe'},
