@@ -24,6 +24,11 @@
 //! IETF `RateLimit-Policy` / `RateLimit` fields (gRPC requests get status 8
 //! `RESOURCE_EXHAUSTED`); admitted responses carry `RateLimit` too.
 //!
+//! Layers stack: when an inner layer (say per user) already wrote
+//! `RateLimit` / `RateLimit-Policy`, an outer layer (say per token) appends
+//! its members to those lists, so the client sees every policy, innermost
+//! first; `Retry-After` becomes the larger of the two.
+//!
 //! # What to configure
 //!
 //! | need | use |
