@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Extensions, HeaderValue, Response, StatusCode};
 use tokio::time::Instant;
-use tollgate_core::{Decision, ErrorScope, MemoryStore, Store, StoreError, Verdict};
+use tollgate_core::{BoxCheckFuture, Decision, ErrorScope, Store, StoreError, Verdict};
 
 use crate::config::{FailurePolicy, HeaderMode, MissingKey, Mode};
 use crate::headers::RateLimitHeaders;
@@ -48,10 +48,13 @@ pub(crate) enum Next<St: Store> {
     Forward(Option<RateLimitHeaders>),
     /// Answer with this response.
     Respond(Response<Bytes>),
+    /// The store (or the fallback store) answered at once
+    /// ([`Store::check_now`]): hand this to `on_result`.
+    Ready(Result<Verdict, StoreError>),
     /// Wait for this check of the store.
     Check(St::CheckFuture),
     /// Wait for this check of the fallback store.
-    Fallback(<MemoryStore as Store>::CheckFuture),
+    Fallback(BoxCheckFuture),
     /// Wait until then, then do that.
     Wait(Instant, Then),
 }
@@ -137,7 +140,15 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         }
         ticket.fallback = false;
         let tier = self.tier(ticket);
-        Next::Check(self.store.check(&ticket.key, &tier.policies, ticket.cost))
+        // A synchronous store answers here; the future is for stores that
+        // wait.
+        match self
+            .store
+            .check_now(&ticket.key, &tier.policies, ticket.cost)
+        {
+            Some(result) => Next::Ready(result),
+            None => Next::Check(self.store.check(&ticket.key, &tier.policies, ticket.cost)),
+        }
     }
 
     /// The check timed out.
@@ -287,7 +298,10 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             FailurePolicy::Fallback(store) => {
                 ticket.fallback = true;
                 let tier = self.tier(ticket);
-                Next::Fallback(store.check(&ticket.key, &tier.policies, ticket.cost))
+                match store.check_now(&ticket.key, &tier.policies, ticket.cost) {
+                    Some(result) => Next::Ready(result),
+                    None => Next::Fallback(store.check(&ticket.key, &tier.policies, ticket.cost)),
+                }
             }
         }
     }

@@ -143,14 +143,24 @@ async fn dry_run_denials_are_counted_apart() {
     assert_eq!(totals.get("tollgate_denied_total{policy=minute}"), 0);
 }
 
-/// A store whose backend is always down.
+/// A store whose backend is always down. It answers at once
+/// (`check_now`), so the layer decides inside `call`, under the local
+/// recorder.
 struct Down;
 
 impl tollgate_core::Store for Down {
     type CheckFuture =
         std::future::Ready<Result<tollgate_core::Verdict, tollgate_core::StoreError>>;
-    fn check(&self, _: &str, _: &[Policy], _: u64) -> Self::CheckFuture {
-        std::future::ready(Err(tollgate_core::StoreError::unavailable(
+    fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
+        std::future::ready(self.check_now(subject, policies, cost).unwrap())
+    }
+    fn check_now(
+        &self,
+        _: &str,
+        _: &[Policy],
+        _: u64,
+    ) -> Option<Result<tollgate_core::Verdict, tollgate_core::StoreError>> {
+        Some(Err(tollgate_core::StoreError::unavailable(
             "connection refused",
         )))
     }
