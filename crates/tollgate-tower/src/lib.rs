@@ -45,7 +45,9 @@
 //!
 //! The layer needs a Tokio runtime with timers (for the check timeout and
 //! for waits). Features: `axum` (`ConnectInfo` peer addresses and
-//! `MatchedRoute`), `tonic` (Tonic's `TcpConnectInfo` peer addresses),
+//! `MatchedRoute`), `tonic` (Tonic's `TcpConnectInfo` peer addresses, and
+//! limited gRPC calls answered through `tonic::Status` with
+//! `google.rpc.RetryInfo` and `google.rpc.QuotaFailure` details),
 //! `metrics` (counters and a latency histogram per policy through the
 //! `metrics` crate: `tollgate_allowed_total`, `tollgate_denied_total`,
 //! `tollgate_dry_run_denied_total`, `tollgate_store_errors_total`,
