@@ -1037,7 +1037,7 @@ async fn grpc_requests_get_resource_exhausted() {
     assert_eq!(header(&headers, "content-type"), "application/grpc+proto");
     assert_eq!(header(&headers, "grpc-status"), "8");
     // Percent-encoded (Tonic, feature `tonic`, encodes spaces too).
-    let message = percent_encoding::percent_decode_str(&header(&headers, "grpc-message"))
+    let message = percent_encoding::percent_decode_str(header(&headers, "grpc-message"))
         .decode_utf8()
         .unwrap()
         .into_owned();
