@@ -588,6 +588,8 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
             }
             tiers.push(Tier::new(&name, policies)?);
         }
+        #[cfg(feature = "metrics")]
+        crate::observe::describe_metrics();
         Ok(self.into_layer(tiers))
     }
 

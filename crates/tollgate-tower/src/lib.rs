@@ -52,7 +52,7 @@
 //! `metrics` crate: `tollgate_allowed_total`, `tollgate_denied_total`,
 //! `tollgate_dry_run_denied_total`, `tollgate_store_errors_total`,
 //! `tollgate_fail_open_total`, `tollgate_store_latency_seconds`, each
-//! labelled `policy`).
+//! labelled `policy`, with help text and units: `describe_metrics`).
 //!
 //! # When the store fails
 //!
@@ -66,6 +66,9 @@
 //! at most once per second per layer with the count since the last log;
 //! the breaker logs opening (`warn`) and closing (`info`). Install a
 //! `tracing` subscriber to see them.
+
+// docs.rs shows which feature each item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod body;
 mod breaker;
@@ -86,6 +89,7 @@ pub use config::{ConfigError, FailurePolicy, HeaderMode, MissingKey, Mode};
 pub use future::ResponseFuture;
 pub use info::RateLimitInfo;
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use key::MatchedRoute;
 pub use key::{
     ApiKey, BearerToken, ClientIp, Global, Header, KeyExtractor, Method, Or, PeerIp, ProxyHeader,
@@ -95,4 +99,7 @@ pub use layer::{
     RateLimitLayer, RateLimitLayerBuilder, DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD,
     DEFAULT_CHECK_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY,
 };
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub use observe::describe_metrics;
 pub use service::RateLimit;

@@ -21,6 +21,8 @@ use tower::{Layer, Service, ServiceExt};
 #[derive(Default)]
 struct Totals {
     counters: Mutex<HashMap<String, Arc<AtomicU64>>>,
+    /// `name -> (unit, help)` from the `describe_*` calls.
+    described: Mutex<HashMap<String, (Option<Unit>, String)>>,
 }
 
 struct Handle(Arc<AtomicU64>);
@@ -60,9 +62,16 @@ impl Totals {
 }
 
 impl Recorder for Totals {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_counter(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.described
+            .lock()
+            .unwrap()
+            .insert(name.as_str().to_owned(), (unit, help.to_string()));
+    }
     fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.describe_counter(name, unit, help);
+    }
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
         Counter::from_arc(Arc::new(Handle(self.handle(key))))
     }
@@ -191,4 +200,32 @@ async fn store_errors_are_counted() {
     assert_eq!(totals.get("tollgate_store_errors_total{policy=minute}"), 2);
     assert_eq!(totals.get("tollgate_fail_open_total{policy=minute}"), 2);
     assert_eq!(totals.get("tollgate_allowed_total{policy=minute}"), 0);
+}
+
+#[test]
+fn every_metric_has_help_text_and_a_unit() {
+    let totals = Totals::default();
+    metrics::with_local_recorder(&totals, || {
+        RateLimitLayer::builder(MemoryStore::new())
+            .policy(Policy::per_minute(2).name("minute").build().unwrap())
+            .build()
+            .unwrap()
+    });
+    let described = totals.described.lock().unwrap();
+    // The table in the crate docs.
+    for (name, unit) in [
+        ("tollgate_allowed_total", Unit::Count),
+        ("tollgate_denied_total", Unit::Count),
+        ("tollgate_dry_run_denied_total", Unit::Count),
+        ("tollgate_store_errors_total", Unit::Count),
+        ("tollgate_fail_open_total", Unit::Count),
+        ("tollgate_store_latency_seconds", Unit::Seconds),
+    ] {
+        let (got, help) = described
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} is not described"));
+        assert_eq!(*got, Some(unit), "{name}");
+        assert!(help.len() > 20, "{name}: {help}");
+    }
+    assert_eq!(described.len(), 6, "{described:?}");
 }
