@@ -29,7 +29,9 @@ pin_project! {
     {
         #[pin]
         state: State<S::Future, St::CheckFuture>,
-        pending: Option<Pending<S, St, K, ReqBody>>,
+        // Boxed: only requests that wait (a store that answers later, a
+        // shaping delay) need it, and the fast path stays small to move.
+        pending: Option<Box<Pending<S, St, K, ReqBody>>>,
     }
 }
 
@@ -123,12 +125,12 @@ where
         request: Request<ReqBody>,
         ticket: Ticket,
     ) -> Self {
-        let mut pending = Some(Pending {
+        let mut pending = Some(Box::new(Pending {
             shared,
             inner,
             request,
             ticket,
-        });
+        }));
         Self {
             state: enter(next, &mut pending),
             pending,
@@ -139,7 +141,7 @@ where
 /// The state for `next`. Calling the inner service consumes `pending`.
 fn enter<S, St, K, ReqBody>(
     next: Next<St>,
-    pending: &mut Option<Pending<S, St, K, ReqBody>>,
+    pending: &mut Option<Box<Pending<S, St, K, ReqBody>>>,
 ) -> State<S::Future, St::CheckFuture>
 where
     S: Service<Request<ReqBody>>,
@@ -162,7 +164,7 @@ where
                 response: Some(response),
             }
         }
-        Next::Forward(headers) => match pending.take() {
+        Next::Forward(headers) => match pending.take().map(|p| *p) {
             Some(Pending {
                 mut inner, request, ..
             }) => State::Inner {

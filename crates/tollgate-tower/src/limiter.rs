@@ -101,12 +101,19 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         }
         let now = Instant::now();
         let tier = self.tier_index(parts);
-        let span = tracing::debug_span!(
-            "rate_limit",
-            key = %key,
-            tier = %self.tiers.get(tier).map_or("default", |t| &*t.name),
-            cost
-        );
+        // The span only when it is recorded: building one costs even with
+        // no subscriber (and more when `tracing`'s `log` feature is on in
+        // the tree).
+        let span = if tracing::enabled!(tracing::Level::DEBUG) {
+            tracing::debug_span!(
+                "rate_limit",
+                key = %key,
+                tier = %self.tiers.get(tier).map_or("default", |t| &*t.name),
+                cost
+            )
+        } else {
+            tracing::Span::none()
+        };
         let _entered = span.enter();
         let mut ticket = Ticket {
             key,
