@@ -66,14 +66,16 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         self.tiers.get(ticket.tier).unwrap_or(&self.tiers[0])
     }
 
-    /// The first step for a new request, and its ticket when it needs one.
-    pub(crate) fn start(&self, parts: &mut Parts) -> (Next<St>, Option<Ticket>) {
+    /// The first step for a new request; its ticket, when it needs one, is
+    /// written to `slot` (an out-parameter rather than a returned pair, so
+    /// the large values are not copied on the hot path).
+    pub(crate) fn start(&self, parts: &mut Parts, slot: &mut Option<Ticket>) -> Next<St> {
         let key = match self.key.extract(parts) {
             Some(key) => key,
             None => match &self.missing_key {
                 MissingKey::Skip => {
                     tracing::trace!("no rate-limit key; not limited");
-                    return (Next::Forward(None), None);
+                    return Next::Forward(None);
                 }
                 MissingKey::Reject { status, message } => {
                     if !self
@@ -90,14 +92,14 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                     }
                     tracing::debug!(%status, "no rate-limit key; rejected");
                     let grpc = grpc_content_type(&parts.headers);
-                    return (Next::Respond(response::plain(grpc, *status, message)), None);
+                    return Next::Respond(response::plain(grpc, *status, message));
                 }
                 MissingKey::Fallback(key) => key.to_string(),
             },
         };
         let cost = self.cost(parts);
         if cost == 0 {
-            return (Next::Forward(None), None);
+            return Next::Forward(None);
         }
         let now = Instant::now();
         let tier = self.tier_index(parts);
@@ -115,7 +117,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             tracing::Span::none()
         };
         let _entered = span.enter();
-        let mut ticket = Ticket {
+        let ticket = slot.insert(Ticket {
             key,
             tier,
             cost,
@@ -127,16 +129,14 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             grpc: grpc_content_type(&parts.headers),
             fallback: false,
             span: span.clone(),
-        };
+        });
         if let Some(cache) = &self.deny_cache {
             if let Some(verdict) = cache.get(ticket.tier, &ticket.key, cost, now) {
                 tracing::trace!(key = %ticket.key, "denied by the local deny cache");
-                let next = self.on_verdict(&mut ticket, &mut parts.extensions, verdict);
-                return (next, Some(ticket));
+                return self.on_verdict(ticket, &mut parts.extensions, verdict);
             }
         }
-        let next = self.ask_store(&mut ticket);
-        (next, Some(ticket))
+        self.ask_store(ticket)
     }
 
     /// Checks the store, unless the circuit breaker is open.

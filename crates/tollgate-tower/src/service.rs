@@ -113,7 +113,8 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let (mut parts, body) = request.into_parts();
-        let (mut next, mut ticket) = self.shared.start(&mut parts);
+        let mut ticket = None;
+        let mut next = self.shared.start(&mut parts, &mut ticket);
         // A store that answers synchronously does so through
         // `Store::check_now` (`Next::Ready`), so the request is decided here
         // and the inner service is called directly instead of being cloned
@@ -125,23 +126,23 @@ where
             }
         }
         let request = Request::from_parts(parts, body);
-        match (next, ticket) {
-            (Next::Forward(headers), _) => {
-                ResponseFuture::forward(self.inner.call(request), headers)
-            }
-            (Next::Respond(response), _) => ResponseFuture::respond(response),
-            (next, Some(ticket)) => {
-                // The inner service that was driven to readiness goes into
-                // the future; this service keeps a fresh clone.
-                let clone = self.inner.clone();
-                let inner = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::pending(next, Arc::clone(&self.shared), inner, request, ticket)
-            }
-            (_, None) => {
-                // `start` returns a ticket with every step that waits.
-                tracing::error!("rate limiter step without a ticket; request let through");
-                ResponseFuture::forward(self.inner.call(request), None)
-            }
+        match next {
+            Next::Forward(headers) => ResponseFuture::forward(self.inner.call(request), headers),
+            Next::Respond(response) => ResponseFuture::respond(response),
+            next => match ticket {
+                Some(ticket) => {
+                    // The inner service that was driven to readiness goes
+                    // into the future; this service keeps a fresh clone.
+                    let clone = self.inner.clone();
+                    let inner = std::mem::replace(&mut self.inner, clone);
+                    ResponseFuture::pending(next, Arc::clone(&self.shared), inner, request, ticket)
+                }
+                None => {
+                    // `start` writes a ticket with every step that waits.
+                    tracing::error!("rate limiter step without a ticket; request let through");
+                    ResponseFuture::forward(self.inner.call(request), None)
+                }
+            },
         }
     }
 }
