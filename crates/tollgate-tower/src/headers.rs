@@ -151,6 +151,14 @@ impl RateLimitHeaders {
         }
     }
 
+    /// Whether there is nothing to add.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.policy.is_none()
+            && self.ratelimit.is_none()
+            && self.legacy.is_none()
+            && self.retry_after.is_none()
+    }
+
     /// Adds the headers to a response.
     ///
     /// `RateLimit` and `RateLimit-Policy` are structured-field lists, so

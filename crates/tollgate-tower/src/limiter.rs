@@ -33,6 +33,12 @@ pub(crate) struct Ticket {
     pub(crate) span: tracing::Span,
 }
 
+/// Enters `span` unless it is the disabled span (a clone is entered, so
+/// the ticket that holds it stays free to change).
+fn enter_span(span: &tracing::Span) -> Option<tracing::span::EnteredSpan> {
+    (!span.is_none()).then(|| span.clone().entered())
+}
+
 /// What to do after a wait.
 #[derive(Debug)]
 pub(crate) enum Then {
@@ -116,7 +122,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         } else {
             tracing::Span::none()
         };
-        let _entered = span.enter();
+        let _entered = enter_span(&span);
         let ticket = slot.insert(Ticket {
             key,
             tier,
@@ -128,7 +134,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             },
             grpc: grpc_content_type(&parts.headers),
             fallback: false,
-            span: span.clone(),
+            span,
         });
         if let Some(cache) = &self.deny_cache {
             if let Some(verdict) = cache.get(ticket.tier, &ticket.key, cost, now) {
@@ -173,8 +179,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         extensions: &mut Extensions,
         result: Result<Verdict, StoreError>,
     ) -> Next<St> {
-        let span = ticket.span.clone();
-        let _entered = span.enter();
+        let _entered = enter_span(&ticket.span);
         let tier = self.tier(ticket);
         if ticket.fallback {
             return match result {
@@ -391,15 +396,17 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 }
                 Some(now + delay)
             };
-            let headers = self.headers(tier, &verdict, false);
+            // No headers to add (headers only on limited responses): no
+            // work on the response.
+            let headers = Some(self.headers(tier, &verdict, false)).filter(|h| !h.is_empty());
             if self.info_in_extensions {
                 extensions.insert(self.info(ticket, verdict));
             }
             match until {
-                None => Next::Forward(Some(headers)),
+                None => Next::Forward(headers),
                 Some(until) => {
                     tracing::trace!(?delay, "queued");
-                    Next::Wait(until, Then::Forward(Some(headers)))
+                    Next::Wait(until, Then::Forward(headers))
                 }
             }
         } else {
@@ -429,8 +436,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
 
     /// A wait ended.
     pub(crate) fn after_wait(&self, ticket: &mut Ticket, then: Then) -> Next<St> {
-        let span = ticket.span.clone();
-        let _entered = span.enter();
+        let _entered = enter_span(&ticket.span);
         match then {
             Then::Recheck => {
                 ticket.sent = Instant::now();
