@@ -58,30 +58,6 @@ fn reset_secs(decision: &Decision) -> u64 {
     ceil_secs(decision.retry_after().unwrap_or(decision.reset_after()))
 }
 
-/// Appends the decimal digits of `n` (without `core::fmt`: this runs on
-/// every request).
-fn push_u64(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        // `n % 10` is below 10, so the cast cannot truncate.
-        #[allow(clippy::cast_possible_truncation)]
-        let digit = (n % 10) as u8;
-        digits[i] = b'0' + digit;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
-}
-
-/// The number of decimal digits of `n`.
-fn digits(n: u64) -> usize {
-    n.checked_ilog10().map_or(1, |log| log as usize + 1)
-}
-
 /// `"<name>";r=` for each policy, computed once per tier.
 pub(crate) fn ratelimit_prefixes(policies: &[Policy]) -> Box<[Box<str>]> {
     policies
@@ -93,22 +69,25 @@ pub(crate) fn ratelimit_prefixes(policies: &[Policy]) -> Box<[Box<str>]> {
 /// `RateLimit: "burst";r=0;t=1, "daily";r=998;t=86400`, from the tier's
 /// [`ratelimit_prefixes`].
 pub(crate) fn ratelimit_value(prefixes: &[Box<str>], verdict: &Verdict) -> Option<HeaderValue> {
-    // The exact length, so the buffer becomes a `Bytes` without a second
-    // allocation.
-    let len: usize = prefixes
-        .iter()
-        .zip(verdict.decisions())
-        .map(|(prefix, d)| prefix.len() + digits(d.remaining()) + 3 + digits(reset_secs(d)) + 2)
+    // Digits by `itoa` (no `core::fmt`: this runs on every request), and
+    // the exact length first, so the buffer becomes a `Bytes` without a
+    // second allocation.
+    let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let pairs = || prefixes.iter().zip(verdict.decisions());
+    let len: usize = pairs()
+        .map(|(prefix, d)| {
+            prefix.len() + r.format(d.remaining()).len() + 3 + t.format(reset_secs(d)).len() + 2
+        })
         .sum();
     let mut out = Vec::with_capacity(len.saturating_sub(2));
-    for (prefix, decision) in prefixes.iter().zip(verdict.decisions()) {
+    for (prefix, decision) in pairs() {
         if !out.is_empty() {
             out.extend_from_slice(b", ");
         }
         out.extend_from_slice(prefix.as_bytes());
-        push_u64(&mut out, decision.remaining());
+        out.extend_from_slice(r.format(decision.remaining()).as_bytes());
         out.extend_from_slice(b";t=");
-        push_u64(&mut out, reset_secs(decision));
+        out.extend_from_slice(t.format(reset_secs(decision)).as_bytes());
     }
     HeaderValue::from_maybe_shared(Bytes::from(out)).ok()
 }
@@ -253,13 +232,18 @@ mod tests {
     }
 
     #[test]
-    fn decimal_digits() {
-        for n in [0, 7, 10, 99, 1234567890, u64::MAX] {
-            let mut out = Vec::new();
-            push_u64(&mut out, n);
-            assert_eq!(out, n.to_string().as_bytes());
-            assert_eq!(digits(n), out.len());
-        }
+    fn large_numbers_are_written_exactly() {
+        let verdict = Verdict::from_iter([Decision::allowed(
+            u64::MAX,
+            u64::MAX,
+            Duration::from_secs(1_000_000_007),
+        )]);
+        let value = ratelimit_value(&ratelimit_prefixes(&policies()[..1]), &verdict).unwrap();
+        assert_eq!(
+            value,
+            format!("\"burst\";r={};t=1000000007", u64::MAX).as_str()
+        );
+        assert_eq!(value.len(), value.as_bytes().len());
     }
 
     #[test]
