@@ -3,6 +3,11 @@
 //! under one in-process HTTP/1.1 load generator (Hyper client, a fixed
 //! number of keep-alive connections each with one request in flight).
 //!
+//! First, instructions per request over a bare handler (callgrind, in
+//! process, with tower_governor 0.8 beside tollgate: see
+//! `support/instructions.rs`; `TOLLGATE_BENCH_NO_CALLGRIND=1` skips it,
+//! `TOLLGATE_BENCH_CALLGRIND_ONLY=1` runs only it).
+//!
 //! Run with `cargo xtask bench http`, or
 //! `TOLLGATE_REDIS_URL=redis://127.0.0.1:6379 cargo bench -p tollgate-tower --bench http_throughput`.
 //! Without `TOLLGATE_REDIS_URL` the Redis column is skipped. Tune with
@@ -18,8 +23,10 @@
 //!
 //! The policy is far above the offered load (one million per second per
 //! client), so every request is checked and admitted: the numbers show the
-//! cost of the check, not of rejections. Each connection is one client
-//! (`x-client-id` header), so the store sees as many keys as connections.
+//! cost of the check, not of rejections. Requests are keyed by the default
+//! `PeerIp` (one key: every connection comes from 127.0.0.1), as
+//! tower_governor 0.8's `GovernorLayer` (`PeerIp`), measured beside it.
+//! The load generator runs in this process.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -27,12 +34,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use http::{HeaderName, Request, StatusCode};
+use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use tollgate_core::{MemoryStore, Policy, Store};
 use tollgate_redis::RedisStore;
-use tollgate_tower::{Header, HeaderMode, RateLimitLayer};
+use tollgate_tower::{HeaderMode, RateLimitLayer};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -49,8 +56,41 @@ fn policy() -> Policy {
         .expect("valid policy")
 }
 
+/// The bare handler.
 fn app() -> Router {
+    with_peer(handler())
+}
+
+fn handler() -> Router {
     Router::new().route("/", get(|| async { "Hello, World!" }))
+}
+
+/// For every configuration alike, outermost: the peer address copied from
+/// Axum's `ConnectInfo` into a `SocketAddr` extension, where `PeerIp` reads
+/// it without the `axum` feature.
+fn with_peer(router: Router) -> Router {
+    router.layer(axum::middleware::map_request(
+        |mut request: axum::extract::Request| async move {
+            if let Some(axum::extract::ConnectInfo(peer)) = request
+                .extensions()
+                .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                .copied()
+            {
+                request.extensions_mut().insert(peer);
+            }
+            request
+        },
+    ))
+}
+
+/// tower_governor 0.8 with the same generous limit, keyed by peer IP.
+fn governor() -> Router {
+    let config = tower_governor::governor::GovernorConfigBuilder::default()
+        .per_nanosecond(1)
+        .burst_size(1_000_000)
+        .finish()
+        .expect("valid governor config");
+    with_peer(handler().layer(tower_governor::GovernorLayer::new(config)))
 }
 
 fn limited<St: Store>(store: St) -> Router {
@@ -60,11 +100,10 @@ fn limited<St: Store>(store: St) -> Router {
 fn limited_with<St: Store>(store: St, headers: HeaderMode) -> Router {
     let layer = RateLimitLayer::builder(store)
         .policy(policy())
-        .key(Header::new(HeaderName::from_static("x-client-id")))
         .headers(headers)
         .build()
         .expect("valid layer");
-    app().layer(layer)
+    with_peer(handler().layer(layer))
 }
 
 async fn serve(app: Router) -> SocketAddr {
@@ -124,20 +163,18 @@ impl Run {
 }
 
 /// One keep-alive connection sending requests back to back until `end`.
-async fn connection(addr: SocketAddr, client_id: usize, end: Instant) -> Run {
+async fn connection(addr: SocketAddr, end: Instant) -> Run {
     let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
     stream.set_nodelay(true).expect("nodelay");
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .expect("handshake");
     tokio::spawn(conn);
-    let client_id = format!("client-{client_id}");
     let mut run = Run::default();
     let start = Instant::now();
     while Instant::now() < end {
         let request = Request::get("/")
             .header("host", "127.0.0.1")
-            .header("x-client-id", &client_id)
             .body(Empty::<Bytes>::new())
             .expect("valid request");
         let sent = Instant::now();
@@ -165,7 +202,7 @@ async fn load(addr: SocketAddr, concurrency: usize, duration: Duration) -> Run {
     let cpu_before = process_cpu();
     let end = Instant::now() + duration;
     let tasks: Vec<_> = (0..concurrency)
-        .map(|i| tokio::spawn(connection(addr, i, end)))
+        .map(|_| tokio::spawn(connection(addr, end)))
         .collect();
     let mut total = Run::default();
     for task in tasks {
@@ -240,8 +277,11 @@ async fn in_process_ns(app: Router, iterations: u32) -> f64 {
     for _ in 0..3 {
         let start = Instant::now();
         for i in 0..iterations {
+            // Eight clients, by peer address (as a server with
+            // `into_make_service_with_connect_info` sets it).
+            let peer = SocketAddr::from(([192, 0, 2, (i % 8) as u8], 4711));
             let request = Request::get("/")
-                .header("x-client-id", CLIENT_IDS[i as usize % CLIENT_IDS.len()])
+                .extension(axum::extract::ConnectInfo(peer))
                 .body(axum::body::Body::empty())
                 .expect("valid request");
             let response = app.clone().oneshot(request).await.expect("infallible");
@@ -251,8 +291,6 @@ async fn in_process_ns(app: Router, iterations: u32) -> f64 {
     }
     best
 }
-
-const CLIENT_IDS: [&str; 8] = ["c0", "c1", "c2", "c3", "c4", "c5", "c6", "c7"];
 
 async fn bench() {
     let secs: f64 = env_or("TOLLGATE_BENCH_SECS", 2.0);
@@ -272,6 +310,7 @@ async fn bench() {
             "  same, no headers",
             serve(limited_with(MemoryStore::new(), HeaderMode::LimitedOnly)).await,
         ),
+        Target::new("tower_governor 0.8", serve(governor()).await),
     ];
     match std::env::var("TOLLGATE_REDIS_URL") {
         Ok(url) if !url.is_empty() => {
@@ -375,7 +414,20 @@ async fn bench() {
     }
 }
 
+#[path = "support/instructions.rs"]
+mod instructions;
+
 fn main() {
+    if instructions::child() {
+        return;
+    }
+    // The stable figure first: instructions per request under callgrind.
+    if std::env::var_os("TOLLGATE_BENCH_NO_CALLGRIND").is_none() {
+        instructions::report();
+        if std::env::var_os("TOLLGATE_BENCH_CALLGRIND_ONLY").is_some() {
+            return;
+        }
+    }
     // `cargo bench` passes `--bench`; this harness takes no arguments.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

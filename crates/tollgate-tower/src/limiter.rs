@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Extensions, HeaderValue, Response, StatusCode};
 use tokio::time::Instant;
-use tollgate_core::{Decision, ErrorScope, MemoryStore, Store, StoreError, Verdict};
+use tollgate_core::{BoxCheckFuture, Decision, ErrorScope, Store, StoreError, Verdict};
 
 use crate::config::{FailurePolicy, HeaderMode, MissingKey, Mode};
 use crate::headers::RateLimitHeaders;
@@ -33,6 +33,12 @@ pub(crate) struct Ticket {
     pub(crate) span: tracing::Span,
 }
 
+/// Enters `span` unless it is the disabled span (a clone is entered, so
+/// the ticket that holds it stays free to change).
+fn enter_span(span: &tracing::Span) -> Option<tracing::span::EnteredSpan> {
+    (!span.is_none()).then(|| span.clone().entered())
+}
+
 /// What to do after a wait.
 #[derive(Debug)]
 pub(crate) enum Then {
@@ -48,10 +54,13 @@ pub(crate) enum Next<St: Store> {
     Forward(Option<RateLimitHeaders>),
     /// Answer with this response.
     Respond(Response<Bytes>),
+    /// The store (or the fallback store) answered at once
+    /// ([`Store::check_now`]): hand this to `on_result`.
+    Ready(Result<Verdict, StoreError>),
     /// Wait for this check of the store.
     Check(St::CheckFuture),
     /// Wait for this check of the fallback store.
-    Fallback(<MemoryStore as Store>::CheckFuture),
+    Fallback(BoxCheckFuture),
     /// Wait until then, then do that.
     Wait(Instant, Then),
 }
@@ -63,14 +72,16 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         self.tiers.get(ticket.tier).unwrap_or(&self.tiers[0])
     }
 
-    /// The first step for a new request, and its ticket when it needs one.
-    pub(crate) fn start(&self, parts: &mut Parts) -> (Next<St>, Option<Ticket>) {
+    /// The first step for a new request; its ticket, when it needs one, is
+    /// written to `slot` (an out-parameter rather than a returned pair, so
+    /// the large values are not copied on the hot path).
+    pub(crate) fn start(&self, parts: &mut Parts, slot: &mut Option<Ticket>) -> Next<St> {
         let key = match self.key.extract(parts) {
             Some(key) => key,
             None => match &self.missing_key {
                 MissingKey::Skip => {
                     tracing::trace!("no rate-limit key; not limited");
-                    return (Next::Forward(None), None);
+                    return Next::Forward(None);
                 }
                 MissingKey::Reject { status, message } => {
                     if !self
@@ -87,25 +98,32 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                     }
                     tracing::debug!(%status, "no rate-limit key; rejected");
                     let grpc = grpc_content_type(&parts.headers);
-                    return (Next::Respond(response::plain(grpc, *status, message)), None);
+                    return Next::Respond(response::plain(grpc, *status, message));
                 }
                 MissingKey::Fallback(key) => key.to_string(),
             },
         };
         let cost = self.cost(parts);
         if cost == 0 {
-            return (Next::Forward(None), None);
+            return Next::Forward(None);
         }
         let now = Instant::now();
         let tier = self.tier_index(parts);
-        let span = tracing::debug_span!(
-            "rate_limit",
-            key = %key,
-            tier = %self.tiers.get(tier).map_or("default", |t| &*t.name),
-            cost
-        );
-        let _entered = span.enter();
-        let mut ticket = Ticket {
+        // The span only when it is recorded: building one costs even with
+        // no subscriber (and more when `tracing`'s `log` feature is on in
+        // the tree).
+        let span = if tracing::enabled!(tracing::Level::DEBUG) {
+            tracing::debug_span!(
+                "rate_limit",
+                key = %key,
+                tier = %self.tiers.get(tier).map_or("default", |t| &*t.name),
+                cost
+            )
+        } else {
+            tracing::Span::none()
+        };
+        let _entered = enter_span(&span);
+        let ticket = slot.insert(Ticket {
             key,
             tier,
             cost,
@@ -116,17 +134,15 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             },
             grpc: grpc_content_type(&parts.headers),
             fallback: false,
-            span: span.clone(),
-        };
+            span,
+        });
         if let Some(cache) = &self.deny_cache {
             if let Some(verdict) = cache.get(ticket.tier, &ticket.key, cost, now) {
                 tracing::trace!(key = %ticket.key, "denied by the local deny cache");
-                let next = self.on_verdict(&mut ticket, &mut parts.extensions, verdict);
-                return (next, Some(ticket));
+                return self.on_verdict(ticket, &mut parts.extensions, verdict);
             }
         }
-        let next = self.ask_store(&mut ticket);
-        (next, Some(ticket))
+        self.ask_store(ticket)
     }
 
     /// Checks the store, unless the circuit breaker is open.
@@ -137,7 +153,15 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         }
         ticket.fallback = false;
         let tier = self.tier(ticket);
-        Next::Check(self.store.check(&ticket.key, &tier.policies, ticket.cost))
+        // A synchronous store answers here; the future is for stores that
+        // wait.
+        match self
+            .store
+            .check_now(&ticket.key, &tier.policies, ticket.cost)
+        {
+            Some(result) => Next::Ready(result),
+            None => Next::Check(self.store.check(&ticket.key, &tier.policies, ticket.cost)),
+        }
     }
 
     /// The check timed out.
@@ -155,8 +179,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         extensions: &mut Extensions,
         result: Result<Verdict, StoreError>,
     ) -> Next<St> {
-        let span = ticket.span.clone();
-        let _entered = span.enter();
+        let _entered = enter_span(&ticket.span);
         let tier = self.tier(ticket);
         if ticket.fallback {
             return match result {
@@ -287,7 +310,10 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             FailurePolicy::Fallback(store) => {
                 ticket.fallback = true;
                 let tier = self.tier(ticket);
-                Next::Fallback(store.check(&ticket.key, &tier.policies, ticket.cost))
+                match store.check_now(&ticket.key, &tier.policies, ticket.cost) {
+                    Some(result) => Next::Ready(result),
+                    None => Next::Fallback(store.check(&ticket.key, &tier.policies, ticket.cost)),
+                }
             }
         }
     }
@@ -370,15 +396,17 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 }
                 Some(now + delay)
             };
-            let headers = self.headers(tier, &verdict, false);
+            // No headers to add (headers only on limited responses): no
+            // work on the response.
+            let headers = Some(self.headers(tier, &verdict, false)).filter(|h| !h.is_empty());
             if self.info_in_extensions {
                 extensions.insert(self.info(ticket, verdict));
             }
             match until {
-                None => Next::Forward(Some(headers)),
+                None => Next::Forward(headers),
                 Some(until) => {
                     tracing::trace!(?delay, "queued");
-                    Next::Wait(until, Then::Forward(Some(headers)))
+                    Next::Wait(until, Then::Forward(headers))
                 }
             }
         } else {
@@ -408,8 +436,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
 
     /// A wait ended.
     pub(crate) fn after_wait(&self, ticket: &mut Ticket, then: Then) -> Next<St> {
-        let span = ticket.span.clone();
-        let _entered = span.enter();
+        let _entered = enter_span(&ticket.span);
         match then {
             Then::Recheck => {
                 ticket.sent = Instant::now();

@@ -24,17 +24,22 @@
 //! `#insecure` URLs for tests), `metrics` counts decisions through the
 //! `metrics` crate.
 
+// docs.rs shows which feature each item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub use tollgate_core::*;
 
 /// The Redis store for standalone servers, Redis Cluster and Sentinel
 /// (feature `redis`; TLS with feature `tls`).
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis {
     pub use tollgate_redis::*;
 }
 
 /// The tower layer (feature `tower`, on by default).
 #[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower {
     pub use tollgate_tower::*;
 }
