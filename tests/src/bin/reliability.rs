@@ -18,10 +18,11 @@ use std::time::{Duration, Instant};
 use tollgate_core::{MemoryStore, WhenFull};
 use tollgate_redis::RedisStore;
 use tollgate_tests::reliability::{
-    admin, cluster_failover, command, fill_past_maxmemory, hot_subject, info_field, ipv6_rotation, key_flood, kill_restart,
-    master_with_replica, pool_exhaustion, sentinel_failover, slot_migration, slow_redis,
-    spoofed_forwarded_for, table, ClusterAdmin, ClusterNode, Failover, FailoverHow, FailureMode,
-    HotSubject, KillRestart, Load, Row, SentinelFault, SlotMigration, SlowRedis, Slowdown,
+    admin, cluster_failover, command, fill_past_maxmemory, hot_subject, info_field, ipv6_rotation,
+    key_flood, kill_restart, master_with_replica, pool_exhaustion, sentinel_failover,
+    slot_migration, slow_redis, spoofed_forwarded_for, table, ClusterAdmin, ClusterNode, Failover,
+    FailoverHow, FailureMode, HotSubject, KillRestart, Load, Row, SentinelFault, SlotMigration,
+    SlowRedis, Slowdown,
 };
 use tollgate_tests::{redis_url, OwnedRedis};
 
