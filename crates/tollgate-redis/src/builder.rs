@@ -12,7 +12,7 @@ use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError};
 
 use crate::connection::{ClusterManager, Pool, StandaloneManager};
 use crate::errors::BuildError;
-use crate::redact::redact;
+use crate::redact::redact_url;
 use crate::scripts::{self, ScriptCache};
 use crate::store::{ClockMode, Inner, RedisStore};
 use crate::tls::TlsFiles;
@@ -48,15 +48,18 @@ enum Target {
 impl fmt::Debug for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Standalone(url) => f.debug_tuple("Standalone").field(&redact(url)).finish(),
+            Self::Standalone(url) => f.debug_tuple("Standalone").field(&redact_url(url)).finish(),
             Self::Cluster(urls) => f
                 .debug_tuple("Cluster")
-                .field(&urls.iter().map(|u| redact(u)).collect::<Vec<_>>())
+                .field(&urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>())
                 .finish(),
             Self::Sentinel { master, urls } => f
                 .debug_struct("Sentinel")
                 .field("master", master)
-                .field("urls", &urls.iter().map(|u| redact(u)).collect::<Vec<_>>())
+                .field(
+                    "urls",
+                    &urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>(),
+                )
                 .finish(),
             Self::Client(client) => f
                 .debug_tuple("Client")
@@ -396,7 +399,7 @@ impl RedisStoreBuilder {
                 let manager = StandaloneManager::server(info, self.connect_timeout, self.timeout)
                     .map_err(|source| invalid_url(&url, source))?;
                 let pool = self.standalone_pool(manager, &url, &user).await?;
-                Ok((pool, redact(&url), user))
+                Ok((pool, redact_url(&url), user))
             }
             Target::Client(client) => {
                 let info = client.get_connection_info().clone();
@@ -412,7 +415,10 @@ impl RedisStoreBuilder {
                 let (client, user) = self.sentinel_client(&master, &urls)?;
                 let description = format!(
                     "the primary {master:?} of the Sentinels {}",
-                    urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",")
+                    urls.iter()
+                        .map(|u| redact_url(u))
+                        .collect::<Vec<_>>()
+                        .join(",")
                 );
                 let manager =
                     StandaloneManager::sentinel(client, self.connect_timeout, self.timeout);
@@ -449,7 +455,11 @@ impl RedisStoreBuilder {
                     infos.push(self.with_auth(self.parse(url)?));
                 }
                 let user = user_of(&infos[0]);
-                let description = urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
+                let description = urls
+                    .iter()
+                    .map(|u| redact_url(u))
+                    .collect::<Vec<_>>()
+                    .join(",");
                 let builder = ClusterClientBuilder::new(infos)
                     // Never resend a command that may have run: the store
                     // itself resends only what the server proves did not
@@ -514,7 +524,7 @@ impl RedisStoreBuilder {
             .await
             .map(|pool| Pool::Standalone(pool, last))
             .map_err(|source| {
-                verify::connect_error(&redact(description), user, &self.prefix, source)
+                verify::connect_error(&redact_url(description), user, &self.prefix, source)
             })
     }
 
@@ -541,14 +551,18 @@ impl RedisStoreBuilder {
     fn parse(&self, url: &str) -> Result<ConnectionInfo, BuildError> {
         let scheme = url.split("://").next().unwrap_or_default();
         if matches!(scheme, "rediss" | "valkeys") && !cfg!(feature = "tls") {
-            return Err(BuildError::TlsNotEnabled { url: redact(url) });
+            return Err(BuildError::TlsNotEnabled {
+                url: redact_url(url),
+            });
         }
         let info = url
             .into_connection_info()
             .map_err(|source| invalid_url(url, source))?;
         if let ConnectionAddr::TcpTls { insecure: true, .. } = info.addr() {
             if !cfg!(feature = "tls-insecure") {
-                return Err(BuildError::InsecureTlsNotEnabled { url: redact(url) });
+                return Err(BuildError::InsecureTlsNotEnabled {
+                    url: redact_url(url),
+                });
             }
         }
         Ok(info)
@@ -571,7 +585,9 @@ impl RedisStoreBuilder {
             return Ok(info);
         }
         if !matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
-            return Err(BuildError::TlsSettingsWithoutTls { url: redact(url) });
+            return Err(BuildError::TlsSettingsWithoutTls {
+                url: redact_url(url),
+            });
         }
         #[cfg(feature = "tls")]
         {
@@ -581,7 +597,9 @@ impl RedisStoreBuilder {
         }
         #[cfg(not(feature = "tls"))]
         {
-            Err(BuildError::TlsNotEnabled { url: redact(url) })
+            Err(BuildError::TlsNotEnabled {
+                url: redact_url(url),
+            })
         }
     }
 
@@ -626,7 +644,11 @@ impl RedisStoreBuilder {
         }
         if self.tls.is_set() && tls.is_none() {
             return Err(BuildError::TlsSettingsWithoutTls {
-                url: urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(","),
+                url: urls
+                    .iter()
+                    .map(|u| redact_url(u))
+                    .collect::<Vec<_>>()
+                    .join(","),
             });
         }
         let invalid = |source| invalid_url(&urls.join(","), source);
@@ -692,7 +714,7 @@ fn with_cluster_certs(
 
 fn invalid_url(url: &str, source: RedisError) -> BuildError {
     BuildError::InvalidUrl {
-        url: redact(url),
+        url: redact_url(url),
         source,
     }
 }

@@ -298,6 +298,7 @@ pub use builder::{
 pub use cell::{ThrottleCallError, THROTTLE_POLICY_NAME};
 pub use errors::{BuildError, ACL_CLUSTER_COMMANDS, ACL_COMMANDS};
 pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError, RateType, DEFAULT_KEEP_ALIVE};
+pub use redact::redact_url;
 pub use store::{CheckFuture, ClockMode, RedisStore};
 
 /// The `bb8` pool this crate uses, re-exported so versions never mismatch.

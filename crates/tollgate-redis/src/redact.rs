@@ -1,9 +1,21 @@
 //! Passwords out of sight: URLs as they appear in errors, `Debug` output
 //! and logs.
 
-/// `url` with the password of its user part replaced by `***`, for
-/// messages and logs.
-pub(crate) fn redact(url: &str) -> String {
+/// `url` with its password (in the user part, or a `pass=` query
+/// parameter) replaced by `***`, for messages and logs. The store redacts
+/// every URL it prints; use this for the ones an application prints.
+///
+/// ```
+/// use tollgate_redis::redact_url;
+///
+/// assert_eq!(
+///     redact_url("rediss://app:s3cret@cache.internal:6380/0"),
+///     "rediss://app:***@cache.internal:6380/0"
+/// );
+/// assert_eq!(redact_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+/// ```
+#[must_use]
+pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
@@ -41,18 +53,18 @@ mod tests {
     #[test]
     fn passwords_are_redacted() {
         assert_eq!(
-            redact("redis://app:s3cret@10.0.0.1:6379/2"),
+            redact_url("redis://app:s3cret@10.0.0.1:6379/2"),
             "redis://app:***@10.0.0.1:6379/2"
         );
-        assert_eq!(redact("rediss://:s3cret@host"), "rediss://:***@host");
-        assert_eq!(redact("redis://app@host"), "redis://app@host");
-        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+        assert_eq!(redact_url("rediss://:s3cret@host"), "rediss://:***@host");
+        assert_eq!(redact_url("redis://app@host"), "redis://app@host");
+        assert_eq!(redact_url("redis://host:6379"), "redis://host:6379");
         assert_eq!(
-            redact("rediss://u:p%40ss@h#insecure"),
+            redact_url("rediss://u:p%40ss@h#insecure"),
             "rediss://u:***@h#insecure"
         );
         assert_eq!(
-            redact("redis+unix:///tmp/r.sock?user=a&pass=s3cret"),
+            redact_url("redis+unix:///tmp/r.sock?user=a&pass=s3cret"),
             "redis+unix:///tmp/r.sock?user=a&pass=***"
         );
     }

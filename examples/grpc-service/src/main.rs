@@ -18,7 +18,7 @@
 use std::error::Error;
 use std::net::SocketAddr;
 
-use tollgate::redis::RedisStore;
+use tollgate::redis::{redact_url, RedisStore};
 use tollgate::tower::{PeerIp, RateLimitLayer};
 use tollgate::{BoxStore, MemoryStore, Policy};
 use tonic::transport::server::TcpIncoming;
@@ -45,8 +45,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
             store
                 .ping()
                 .await
-                .map_err(|e| format!("cannot reach Redis at {url}: {e}"))?;
-            println!("state in Redis at {url}");
+                .map_err(|e| format!("cannot reach Redis at {}: {e}", redact_url(&url)))?;
+            println!("state in Redis at {}", redact_url(&url));
             BoxStore::new(store)
         }
         _ => BoxStore::new(MemoryStore::new()),

@@ -20,7 +20,7 @@ use http::{Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tollgate::redis::RedisStore;
+use tollgate::redis::{redact_url, RedisStore};
 use tollgate::tower::{PeerIp, RateLimitLayer};
 use tollgate::{MemoryStore, Policy, Store};
 use tower::{Layer, ServiceExt};
@@ -47,8 +47,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
             store
                 .ping()
                 .await
-                .map_err(|e| format!("cannot reach Redis at {url}: {e}"))?;
-            println!("state in Redis at {url}");
+                .map_err(|e| format!("cannot reach Redis at {}: {e}", redact_url(&url)))?;
+            println!("state in Redis at {}", redact_url(&url));
             run(store).await
         }
         _ => run(MemoryStore::new()).await,

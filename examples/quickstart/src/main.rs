@@ -29,7 +29,7 @@ use std::net::SocketAddr;
 
 use axum::routing::get;
 use axum::Router;
-use tollgate::redis::RedisStore;
+use tollgate::redis::{redact_url, RedisStore};
 use tollgate::tower::{ClientIp, KeyExtractor, PeerIp, RateLimitLayer};
 use tollgate::{MemoryStore, Policy, Store};
 
@@ -82,8 +82,15 @@ async fn with_store<K: KeyExtractor>(
             store
                 .ping()
                 .await
-                .map_err(|e| format!("cannot reach Redis at {url}: {e}"))?;
-            serve(store, key, policy, addr, &format!("Redis at {url}")).await
+                .map_err(|e| format!("cannot reach Redis at {}: {e}", redact_url(&url)))?;
+            serve(
+                store,
+                key,
+                policy,
+                addr,
+                &format!("Redis at {}", redact_url(&url)),
+            )
+            .await
         }
         _ => serve(MemoryStore::new(), key, policy, addr, "process memory").await,
     }

@@ -33,7 +33,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
 use http::StatusCode;
-use tollgate::redis::RedisStore;
+use tollgate::redis::{redact_url, RedisStore};
 use tollgate::tower::{BearerToken, MissingKey, RateLimitInfo, RateLimitLayer, User};
 use tollgate::{BoxStore, MemoryStore, Policy};
 
@@ -114,8 +114,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
             store
                 .ping()
                 .await
-                .map_err(|e| format!("cannot reach Redis at {url}: {e}"))?;
-            println!("state in Redis at {url}");
+                .map_err(|e| format!("cannot reach Redis at {}: {e}", redact_url(&url)))?;
+            println!("state in Redis at {}", redact_url(&url));
             BoxStore::new(store)
         }
         _ => {
