@@ -1,6 +1,8 @@
 //! End to end: a real Tonic gRPC server (the standard health service) with
 //! the rate-limit layer, called by a real Tonic client, with the memory
-//! store and with Redis. Limited calls fail with `RESOURCE_EXHAUSTED`.
+//! store and with Redis. Limited calls fail with `RESOURCE_EXHAUSTED`, and
+//! the client decodes `google.rpc.RetryInfo` and `QuotaFailure` from the
+//! status details.
 
 use std::net::SocketAddr;
 
@@ -13,6 +15,7 @@ use tonic::transport::Server;
 use tonic::Code;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
+use tonic_types::StatusExt;
 
 async fn serve<St: Store>(store: St) -> SocketAddr {
     let (_reporter, health) = tonic_health::server::health_reporter();
@@ -76,7 +79,33 @@ async fn limited_calls_fail_with_resource_exhausted<St: Store>(store: St) {
         .parse()
         .unwrap();
     assert!((1..=30).contains(&retry_after), "{retry_after}");
-    assert!(status.metadata().get("grpc-retry-pushback-ms").is_some());
+    let pushback: u64 = status
+        .metadata()
+        .get("grpc-retry-pushback-ms")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((retry_after - 1) * 1000 < pushback && pushback <= retry_after * 1000);
+    assert!(status.metadata().get("ratelimit").is_some());
+    assert!(status.metadata().get("ratelimit-policy").is_some());
+    // The standard details gRPC clients and retry policies read.
+    let retry = status
+        .get_details_retry_info()
+        .expect("google.rpc.RetryInfo in grpc-status-details-bin");
+    // The pushback header is the same delay in whole milliseconds.
+    assert_eq!(retry.retry_delay.unwrap().as_millis(), u128::from(pushback));
+    let quota = status
+        .get_details_quota_failure()
+        .expect("google.rpc.QuotaFailure in grpc-status-details-bin");
+    assert_eq!(quota.violations.len(), 1);
+    assert_eq!(quota.violations[0].subject, "grpc");
+    assert!(
+        quota.violations[0].description.contains("limit of 2 per"),
+        "{}",
+        quota.violations[0].description
+    );
 }
 
 #[tokio::test]

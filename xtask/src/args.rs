@@ -82,7 +82,8 @@ impl TestOptions {
                 || arg.starts_with("--package=")
                 || (arg.starts_with("-p") && arg.len() > 2)
         });
-        let mut args = vec!["test".to_owned()];
+        // One failing test binary must not hide the others' results.
+        let mut args = vec!["test".to_owned(), "--no-fail-fast".to_owned()];
         if !selects_packages {
             args.push("--workspace".to_owned());
         }
@@ -275,16 +276,28 @@ mod tests {
     #[test]
     fn cargo_test_args_keep_workspace_unless_packages_are_selected() {
         let args = |line: &str| test_options(line).cargo_test_args().join(" ");
-        assert_eq!(args("test"), "test --workspace");
-        assert_eq!(args("test -- --lib"), "test --workspace --lib");
-        assert_eq!(args("test -- -p tollgate-core"), "test -p tollgate-core");
-        assert_eq!(args("test -- -ptollgate-core"), "test -ptollgate-core");
+        assert_eq!(args("test"), "test --no-fail-fast --workspace");
+        assert_eq!(
+            args("test -- --lib"),
+            "test --no-fail-fast --workspace --lib"
+        );
+        assert_eq!(
+            args("test -- -p tollgate-core"),
+            "test --no-fail-fast -p tollgate-core"
+        );
+        assert_eq!(
+            args("test -- -ptollgate-core"),
+            "test --no-fail-fast -ptollgate-core"
+        );
         assert_eq!(
             args("test -- --package=tollgate-core"),
-            "test --package=tollgate-core"
+            "test --no-fail-fast --package=tollgate-core"
         );
         // `-p` after the test binaries' `--` is not a package selection.
-        assert_eq!(args("test -- -- -p"), "test --workspace -- -p");
+        assert_eq!(
+            args("test -- -- -p"),
+            "test --no-fail-fast --workspace -- -p"
+        );
     }
 
     #[test]

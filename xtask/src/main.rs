@@ -1,7 +1,8 @@
 //! `cargo xtask`: the project's task runner (see `cargo xtask help`).
 //!
 //! - `cargo xtask test` (alias `ci`) is the one test command of the README
-//!   and CI: formatting, clippy, then `cargo test --workspace` against real
+//!   and CI: formatting, clippy, rustdoc with `-D warnings`, then
+//!   `cargo test --no-fail-fast --workspace` against real
 //!   `redis-server` processes (a standalone server and a Redis Cluster)
 //!   started on free ports and announced through `TOLLGATE_REDIS_*`
 //!   environment variables.
@@ -107,7 +108,7 @@ fn test(options: &TestOptions) -> Result<()> {
         tools.server.display(),
         tools.server_version()
     );
-    let mut stages = Stages::new(if options.lint { 5 } else { 3 });
+    let mut stages = Stages::new(if options.lint { 6 } else { 3 });
     let result = run_test_stages(options, &tools, &mut stages);
     stages.print_summary();
     result
@@ -139,6 +140,17 @@ fn run_test_stages(options: &TestOptions, tools: &Tools, stages: &mut Stages) ->
                     ],
                     &[],
                     "clippy found problems (see above): fix them, then rerun `cargo xtask test`",
+                )
+            },
+        )?;
+        stages.run(
+            "RUSTDOCFLAGS=\"-D warnings\" cargo doc --workspace --no-deps --all-features",
+            || {
+                run_cargo(
+                    &["doc", "--workspace", "--no-deps", "--all-features"],
+                    &[("RUSTDOCFLAGS", "-D warnings".to_owned())],
+                    "rustdoc found problems (a broken intra-doc link, a bad code block): \
+                     fix them, then rerun `cargo xtask test`",
                 )
             },
         )?;

@@ -30,6 +30,7 @@
 //! | [`Algorithm::SlidingLog`] | one entry per permit | exact rolling window, small limits (≤ 10 000) |
 
 pub mod algorithms;
+mod boxed;
 mod clock;
 mod decision;
 mod error;
@@ -38,6 +39,7 @@ mod policy;
 mod store;
 mod subject;
 
+pub use boxed::{BoxCheckFuture, BoxResetFuture, BoxStore, DynStore};
 pub use clock::{Clock, FastClock, ManualClock, SystemClock};
 pub use decision::{Decision, Verdict};
 pub use error::{ErrorScope, StoreError};

@@ -751,6 +751,15 @@ impl Store for MemoryStore {
         }))
     }
 
+    fn check_now(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Option<Result<Verdict, StoreError>> {
+        Some(self.check(subject, policies, cost).into_inner())
+    }
+
     fn reset(
         &self,
         subject: &str,

@@ -14,7 +14,8 @@ use crate::{Policy, StoreError, Verdict};
 ///
 /// The check future is an associated type so middleware can name it without
 /// boxing; a store that answers synchronously uses
-/// [`std::future::Ready`].
+/// [`std::future::Ready`] and also answers through [`Store::check_now`].
+/// [`BoxStore`](crate::BoxStore) holds any store behind one type.
 ///
 /// [`MemoryStore`]: crate::MemoryStore
 ///
@@ -49,6 +50,27 @@ pub trait Store: Send + Sync + 'static {
     /// [`StoreError::CostTooHigh`] for bad requests; backend errors
     /// ([`StoreError::is_backend`]) otherwise.
     fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture;
+
+    /// Answers a check at once when the store can, without a future:
+    /// `Some(result)` is exactly what [`Store::check`] would have answered
+    /// (and has charged the permits); `None` means the store cannot answer
+    /// synchronously and nothing was done, so the caller uses
+    /// [`Store::check`].
+    ///
+    /// This is how middleware recognises a synchronous store (the
+    /// [`MemoryStore`](crate::MemoryStore) answers here; a network store
+    /// keeps the default `None`): a request decided now skips the waiting
+    /// future, and a [`BoxStore`](crate::BoxStore) needs no allocation.
+    /// Implement it only if it never blocks on I/O.
+    fn check_now(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Option<Result<Verdict, StoreError>> {
+        let _ = (subject, policies, cost);
+        None
+    }
 
     /// Reports the state of `policies` for `subject` without changing it
     /// (a check with cost 0).

@@ -70,7 +70,7 @@ impl RedisStore {
     /// `count` requests per `period` seconds, bursts of up to
     /// `max_burst + 1`, for a request of cost `quantity` (0 peeks). The
     /// state lives at `<prefix>:{<key>}:throttle`; it is the state of a GCRA
-    /// [`Policy`] named [`THROTTLE_POLICY_NAME`] with `limit = count`,
+    /// [`Policy`](tollgate_core::Policy) named [`THROTTLE_POLICY_NAME`] with `limit = count`,
     /// `period = period` seconds and `burst = max_burst + 1`, so
     /// `throttle` and [`Store::check`] with that policy share it.
     ///

@@ -3,6 +3,11 @@
 //! under one in-process HTTP/1.1 load generator (Hyper client, a fixed
 //! number of keep-alive connections each with one request in flight).
 //!
+//! First, instructions per request over a bare handler (callgrind, in
+//! process, with tower_governor 0.8 beside tollgate: see
+//! `support/instructions.rs`; `TOLLGATE_BENCH_NO_CALLGRIND=1` skips it,
+//! `TOLLGATE_BENCH_CALLGRIND_ONLY=1` runs only it).
+//!
 //! Run with `cargo xtask bench http`, or
 //! `TOLLGATE_REDIS_URL=redis://127.0.0.1:6379 cargo bench -p tollgate-tower --bench http_throughput`.
 //! Without `TOLLGATE_REDIS_URL` the Redis column is skipped. Tune with
@@ -375,7 +380,20 @@ async fn bench() {
     }
 }
 
+#[path = "support/instructions.rs"]
+mod instructions;
+
 fn main() {
+    if instructions::child() {
+        return;
+    }
+    // The stable figure first: instructions per request under callgrind.
+    if std::env::var_os("TOLLGATE_BENCH_NO_CALLGRIND").is_none() {
+        instructions::report();
+        if std::env::var_os("TOLLGATE_BENCH_CALLGRIND_ONLY").is_some() {
+            return;
+        }
+    }
     // `cargo bench` passes `--bench`; this harness takes no arguments.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

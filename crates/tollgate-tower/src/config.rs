@@ -4,11 +4,10 @@
 use std::borrow::Cow;
 use std::error::Error;
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
-use tollgate_core::{MemoryStore, StoreError};
+use tollgate_core::{BoxStore, Store, StoreError};
 
 /// What the layer does with a request the store denies.
 ///
@@ -74,18 +73,21 @@ pub enum FailurePolicy {
     /// Reject the request with `503 Service Unavailable` (gRPC status 14
     /// `UNAVAILABLE`).
     FailClosed,
-    /// Decide with this in-process store instead, with the same policies,
-    /// until the store answers again. Each instance then limits on its own,
-    /// so the combined limit across `n` instances is up to `n` times the
-    /// policy. If the fallback fails too, the request is let through.
-    Fallback(Arc<MemoryStore>),
+    /// Decide with this store instead, with the same policies, until the
+    /// store answers again: usually an in-process
+    /// [`MemoryStore`](tollgate_core::MemoryStore) (each instance then
+    /// limits on its own, so the combined limit across `n` instances is up
+    /// to `n` times the policy), but any store works (a second Redis, say).
+    /// If the fallback fails too, the request is let through.
+    Fallback(BoxStore),
 }
 
 impl FailurePolicy {
-    /// [`FailurePolicy::Fallback`] to `store`.
+    /// [`FailurePolicy::Fallback`] to `store`, any [`Store`] (for a store
+    /// that is already a [`BoxStore`], write `FailurePolicy::Fallback(store)`).
     #[must_use]
-    pub fn fallback(store: MemoryStore) -> Self {
-        Self::Fallback(Arc::new(store))
+    pub fn fallback<S: Store>(store: S) -> Self {
+        Self::Fallback(BoxStore::new(store))
     }
 }
 

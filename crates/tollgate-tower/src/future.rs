@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
-use tollgate_core::{MemoryStore, Store};
+use tollgate_core::{BoxCheckFuture, Store, StoreError, Verdict};
 use tower_service::Service;
 
 use crate::headers::RateLimitHeaders;
@@ -19,8 +19,6 @@ use crate::key::KeyExtractor;
 use crate::layer::Shared;
 use crate::limiter::{Next, Then, Ticket};
 use crate::RateLimitBody;
-
-type FallbackCheck = <MemoryStore as Store>::CheckFuture;
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).
@@ -31,7 +29,9 @@ pin_project! {
     {
         #[pin]
         state: State<S::Future, St::CheckFuture>,
-        pending: Option<Pending<S, St, K, ReqBody>>,
+        // Boxed: only requests that wait (a store that answers later, a
+        // shaping delay) need it, and the fast path stays small to move.
+        pending: Option<Box<Pending<S, St, K, ReqBody>>>,
     }
 }
 
@@ -46,8 +46,11 @@ pin_project! {
             timer: Option<Pin<Box<Sleep>>>,
         },
         Fallback {
-            #[pin]
-            check: FallbackCheck,
+            check: BoxCheckFuture,
+        },
+        // A store's answer that came at once (after a wait's recheck).
+        Ready {
+            result: Option<Result<Verdict, StoreError>>,
         },
         Wait {
             until: Instant,
@@ -82,6 +85,7 @@ where
         let state = match &self.state {
             State::Check { .. } => "checking",
             State::Fallback { .. } => "checking the fallback store",
+            State::Ready { .. } => "checked",
             State::Wait { .. } => "waiting",
             State::Inner { .. } => "calling the inner service",
             State::Done { .. } => "answered",
@@ -121,12 +125,12 @@ where
         request: Request<ReqBody>,
         ticket: Ticket,
     ) -> Self {
-        let mut pending = Some(Pending {
+        let mut pending = Some(Box::new(Pending {
             shared,
             inner,
             request,
             ticket,
-        });
+        }));
         Self {
             state: enter(next, &mut pending),
             pending,
@@ -137,7 +141,7 @@ where
 /// The state for `next`. Calling the inner service consumes `pending`.
 fn enter<S, St, K, ReqBody>(
     next: Next<St>,
-    pending: &mut Option<Pending<S, St, K, ReqBody>>,
+    pending: &mut Option<Box<Pending<S, St, K, ReqBody>>>,
 ) -> State<S::Future, St::CheckFuture>
 where
     S: Service<Request<ReqBody>>,
@@ -146,6 +150,9 @@ where
     match next {
         Next::Check(check) => State::Check { check, timer: None },
         Next::Fallback(check) => State::Fallback { check },
+        Next::Ready(result) => State::Ready {
+            result: Some(result),
+        },
         Next::Wait(until, then) => State::Wait {
             until,
             sleep: None,
@@ -157,7 +164,7 @@ where
                 response: Some(response),
             }
         }
-        Next::Forward(headers) => match pending.take() {
+        Next::Forward(headers) => match pending.take().map(|p| *p) {
             Some(Pending {
                 mut inner, request, ..
             }) => State::Inner {
@@ -223,8 +230,18 @@ where
                         }
                     }
                 }
+                StateProj::Ready { result } => {
+                    let Some((pending, result)) = this.pending.as_mut().zip(result.take()) else {
+                        return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
+                    };
+                    pending.shared.on_result(
+                        &mut pending.ticket,
+                        pending.request.extensions_mut(),
+                        result,
+                    )
+                }
                 StateProj::Fallback { check } => {
-                    let result = ready!(check.poll(cx));
+                    let result = ready!(check.as_mut().poll(cx));
                     let Some(pending) = this.pending.as_mut() else {
                         return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
                     };

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use http::header::{Entry, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use tollgate_core::{Decision, Policy, Verdict};
 
 pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -151,27 +151,82 @@ impl RateLimitHeaders {
         }
     }
 
-    /// Adds the headers a response does not already have.
+    /// Adds the headers to a response.
+    ///
+    /// `RateLimit` and `RateLimit-Policy` are structured-field lists, so
+    /// when an inner layer (or the handler) already wrote them this layer
+    /// appends its members: with stacked layers the client sees every
+    /// policy, innermost first. `Retry-After` becomes the larger of the two
+    /// (a value that is not a number of seconds, such as an HTTP date, is
+    /// kept). The legacy `X-RateLimit-*` headers describe one policy, so the
+    /// innermost layer's stay.
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
         headers.reserve(3);
-        let mut set = |name: &HeaderName, value: HeaderValue| {
-            headers.entry(name.clone()).or_insert(value);
-        };
         if let Some(value) = self.policy {
-            set(&RATELIMIT_POLICY, value);
+            append_list(headers, &RATELIMIT_POLICY, value);
         }
         if let Some(value) = self.ratelimit {
-            set(&RATELIMIT, value);
+            append_list(headers, &RATELIMIT, value);
         }
         if let Some(legacy) = self.legacy {
             let [limit, remaining, reset] = *legacy;
-            set(&X_RATELIMIT_LIMIT, limit);
-            set(&X_RATELIMIT_REMAINING, remaining);
-            set(&X_RATELIMIT_RESET, reset);
+            for (name, value) in [
+                (&X_RATELIMIT_LIMIT, limit),
+                (&X_RATELIMIT_REMAINING, remaining),
+                (&X_RATELIMIT_RESET, reset),
+            ] {
+                headers.entry(name.clone()).or_insert(value);
+            }
         }
         if let Some(value) = self.retry_after {
-            set(&RETRY_AFTER, value);
+            match headers.entry(RETRY_AFTER) {
+                Entry::Vacant(entry) => {
+                    entry.insert(value);
+                }
+                Entry::Occupied(mut entry) => {
+                    if let (Some(theirs), Some(ours)) =
+                        (delta_seconds(entry.get()), delta_seconds(&value))
+                    {
+                        if ours > theirs {
+                            entry.insert(value);
+                        }
+                    }
+                }
+            }
         }
+    }
+}
+
+/// A `Retry-After` in delta-seconds, or `None` for an HTTP date or junk.
+fn delta_seconds(value: &HeaderValue) -> Option<u64> {
+    std::str::from_utf8(value.as_bytes()).ok()?.parse().ok()
+}
+
+/// Sets `name` to `value`, or appends `value`'s members to the list already
+/// there (every line of it, joined into one line).
+fn append_list(headers: &mut HeaderMap, name: &HeaderName, value: HeaderValue) {
+    let mut entry = match headers.entry(name.clone()) {
+        Entry::Vacant(entry) => {
+            entry.insert(value);
+            return;
+        }
+        Entry::Occupied(entry) => entry,
+    };
+    let len: usize = entry.iter().map(|v| v.len() + 2).sum::<usize>() + value.len();
+    let mut joined = Vec::with_capacity(len);
+    for existing in entry.iter().chain(std::iter::once(&value)) {
+        let existing = existing.as_bytes().trim_ascii();
+        if existing.is_empty() {
+            continue;
+        }
+        if !joined.is_empty() {
+            joined.extend_from_slice(b", ");
+        }
+        joined.extend_from_slice(existing);
+    }
+    // Joined from valid header values with ", ", so it is one too.
+    if let Ok(joined) = HeaderValue::from_maybe_shared(Bytes::from(joined)) {
+        entry.insert(joined);
     }
 }
 
@@ -242,20 +297,53 @@ mod tests {
     }
 
     #[test]
-    fn apply_keeps_existing_headers() {
+    fn apply_appends_to_existing_lists() {
         let verdict = Verdict::from_iter([Decision::allowed(10, 3, Duration::from_millis(700))]);
         let mut map = HeaderMap::new();
-        map.insert(&RATELIMIT, HeaderValue::from_static("custom"));
+        map.insert(&RATELIMIT, HeaderValue::from_static("\"inner\";r=1;t=5"));
+        map.append(&RATELIMIT, HeaderValue::from_static("\"handler\";r=2;t=9"));
+        map.insert(&X_RATELIMIT_LIMIT, HeaderValue::from_static("7"));
         RateLimitHeaders::new(
             &ratelimit_prefixes(&policies()[..1]),
             policy_value(&policies()[..1]).as_ref(),
             &verdict,
-            false,
+            true,
         )
         .apply(&mut map);
-        assert_eq!(map[&RATELIMIT], "custom");
+        assert_eq!(map.get_all(&RATELIMIT).iter().count(), 1);
+        assert_eq!(
+            map[&RATELIMIT],
+            "\"inner\";r=1;t=5, \"handler\";r=2;t=9, \"burst\";r=3;t=1"
+        );
         assert_eq!(map[&RATELIMIT_POLICY], "\"burst\";q=10;w=1");
+        assert_eq!(map[&X_RATELIMIT_LIMIT], "7");
         assert!(!map.contains_key(RETRY_AFTER));
-        assert!(!map.contains_key(&X_RATELIMIT_LIMIT));
+    }
+
+    #[test]
+    fn retry_after_becomes_the_larger() {
+        let denied = |secs| {
+            Verdict::from_iter([Decision::denied(
+                10,
+                0,
+                Duration::from_secs(secs),
+                Duration::from_secs(secs),
+            )])
+        };
+        let prefixes = ratelimit_prefixes(&policies()[..1]);
+        for (existing, ours, expected) in [
+            ("5", 3, "5"),
+            ("5", 8, "8"),
+            (
+                "Wed, 21 Oct 2015 07:28:00 GMT",
+                8,
+                "Wed, 21 Oct 2015 07:28:00 GMT",
+            ),
+        ] {
+            let mut map = HeaderMap::new();
+            map.insert(RETRY_AFTER, HeaderValue::from_static(existing));
+            RateLimitHeaders::new(&prefixes, None, &denied(ours), false).apply(&mut map);
+            assert_eq!(map[RETRY_AFTER], expected, "{existing} vs {ours}");
+        }
     }
 }

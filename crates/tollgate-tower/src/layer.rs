@@ -539,8 +539,10 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     }
 
     /// Builds the response to limited HTTP requests (not gRPC ones, which
-    /// always get status 8). `Retry-After` and the rate-limit fields are
-    /// added unless the response already has them.
+    /// always get status 8). The layer then adds its rate-limit fields: it
+    /// appends its members to `RateLimit` / `RateLimit-Policy` lists the
+    /// response already has, keeps the larger `Retry-After`, and adds the
+    /// legacy `X-RateLimit-*` headers unless they are there.
     ///
     /// ```
     /// use http::{Response, StatusCode};
@@ -586,6 +588,8 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
             }
             tiers.push(Tier::new(&name, policies)?);
         }
+        #[cfg(feature = "metrics")]
+        crate::observe::describe_metrics();
         Ok(self.into_layer(tiers))
     }
 

@@ -24,6 +24,11 @@
 //! IETF `RateLimit-Policy` / `RateLimit` fields (gRPC requests get status 8
 //! `RESOURCE_EXHAUSTED`); admitted responses carry `RateLimit` too.
 //!
+//! Layers stack: when an inner layer (say per user) already wrote
+//! `RateLimit` / `RateLimit-Policy`, an outer layer (say per token) appends
+//! its members to those lists, so the client sees every policy, innermost
+//! first; `Retry-After` becomes the larger of the two.
+//!
 //! # What to configure
 //!
 //! | need | use |
@@ -40,12 +45,14 @@
 //!
 //! The layer needs a Tokio runtime with timers (for the check timeout and
 //! for waits). Features: `axum` (`ConnectInfo` peer addresses and
-//! `MatchedRoute`), `tonic` (Tonic's `TcpConnectInfo` peer addresses),
+//! `MatchedRoute`), `tonic` (Tonic's `TcpConnectInfo` peer addresses, and
+//! limited gRPC calls answered through `tonic::Status` with
+//! `google.rpc.RetryInfo` and `google.rpc.QuotaFailure` details),
 //! `metrics` (counters and a latency histogram per policy through the
 //! `metrics` crate: `tollgate_allowed_total`, `tollgate_denied_total`,
 //! `tollgate_dry_run_denied_total`, `tollgate_store_errors_total`,
 //! `tollgate_fail_open_total`, `tollgate_store_latency_seconds`, each
-//! labelled `policy`).
+//! labelled `policy`, with help text and units: `describe_metrics`).
 //!
 //! # When the store fails
 //!
@@ -59,6 +66,9 @@
 //! at most once per second per layer with the count since the last log;
 //! the breaker logs opening (`warn`) and closing (`info`). Install a
 //! `tracing` subscriber to see them.
+
+// docs.rs shows which feature each item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod body;
 mod breaker;
@@ -79,6 +89,7 @@ pub use config::{ConfigError, FailurePolicy, HeaderMode, MissingKey, Mode};
 pub use future::ResponseFuture;
 pub use info::RateLimitInfo;
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use key::MatchedRoute;
 pub use key::{
     ApiKey, BearerToken, ClientIp, Global, Header, KeyExtractor, Method, Or, PeerIp, ProxyHeader,
@@ -88,4 +99,7 @@ pub use layer::{
     RateLimitLayer, RateLimitLayerBuilder, DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD,
     DEFAULT_CHECK_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY,
 };
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub use observe::describe_metrics;
 pub use service::RateLimit;

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Extensions, HeaderValue, Response, StatusCode};
 use tokio::time::Instant;
-use tollgate_core::{Decision, ErrorScope, MemoryStore, Store, StoreError, Verdict};
+use tollgate_core::{BoxCheckFuture, Decision, ErrorScope, Store, StoreError, Verdict};
 
 use crate::config::{FailurePolicy, HeaderMode, MissingKey, Mode};
 use crate::headers::RateLimitHeaders;
@@ -48,10 +48,13 @@ pub(crate) enum Next<St: Store> {
     Forward(Option<RateLimitHeaders>),
     /// Answer with this response.
     Respond(Response<Bytes>),
+    /// The store (or the fallback store) answered at once
+    /// ([`Store::check_now`]): hand this to `on_result`.
+    Ready(Result<Verdict, StoreError>),
     /// Wait for this check of the store.
     Check(St::CheckFuture),
     /// Wait for this check of the fallback store.
-    Fallback(<MemoryStore as Store>::CheckFuture),
+    Fallback(BoxCheckFuture),
     /// Wait until then, then do that.
     Wait(Instant, Then),
 }
@@ -98,12 +101,19 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         }
         let now = Instant::now();
         let tier = self.tier_index(parts);
-        let span = tracing::debug_span!(
-            "rate_limit",
-            key = %key,
-            tier = %self.tiers.get(tier).map_or("default", |t| &*t.name),
-            cost
-        );
+        // The span only when it is recorded: building one costs even with
+        // no subscriber (and more when `tracing`'s `log` feature is on in
+        // the tree).
+        let span = if tracing::enabled!(tracing::Level::DEBUG) {
+            tracing::debug_span!(
+                "rate_limit",
+                key = %key,
+                tier = %self.tiers.get(tier).map_or("default", |t| &*t.name),
+                cost
+            )
+        } else {
+            tracing::Span::none()
+        };
         let _entered = span.enter();
         let mut ticket = Ticket {
             key,
@@ -137,7 +147,15 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         }
         ticket.fallback = false;
         let tier = self.tier(ticket);
-        Next::Check(self.store.check(&ticket.key, &tier.policies, ticket.cost))
+        // A synchronous store answers here; the future is for stores that
+        // wait.
+        match self
+            .store
+            .check_now(&ticket.key, &tier.policies, ticket.cost)
+        {
+            Some(result) => Next::Ready(result),
+            None => Next::Check(self.store.check(&ticket.key, &tier.policies, ticket.cost)),
+        }
     }
 
     /// The check timed out.
@@ -287,7 +305,10 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             FailurePolicy::Fallback(store) => {
                 ticket.fallback = true;
                 let tier = self.tier(ticket);
-                Next::Fallback(store.check(&ticket.key, &tier.policies, ticket.cost))
+                match store.check_now(&ticket.key, &tier.policies, ticket.cost) {
+                    Some(result) => Next::Ready(result),
+                    None => Next::Fallback(store.check(&ticket.key, &tier.policies, ticket.cost)),
+                }
             }
         }
     }

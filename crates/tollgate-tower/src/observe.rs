@@ -11,6 +11,47 @@
 
 use tollgate_core::Verdict;
 
+/// Registers the help text and unit of every tollgate metric with the
+/// installed `metrics` recorder (so a Prometheus exporter prints `# HELP`
+/// lines). [`RateLimitLayerBuilder::build`](crate::RateLimitLayerBuilder::build)
+/// calls it, so it only needs calling directly when the recorder is
+/// installed after the layer is built.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub fn describe_metrics() {
+    use metrics::{describe_counter, describe_histogram, Unit};
+    describe_counter!(
+        "tollgate_allowed_total",
+        Unit::Count,
+        "Requests a rate-limit policy admitted, per policy."
+    );
+    describe_counter!(
+        "tollgate_denied_total",
+        Unit::Count,
+        "Requests denied, counted for each policy that denied them."
+    );
+    describe_counter!(
+        "tollgate_dry_run_denied_total",
+        Unit::Count,
+        "Requests a dry-run layer would have denied (they were forwarded), per denying policy."
+    );
+    describe_counter!(
+        "tollgate_store_errors_total",
+        Unit::Count,
+        "Rate-limit checks the store failed to answer (errors and timeouts), per policy."
+    );
+    describe_counter!(
+        "tollgate_fail_open_total",
+        Unit::Count,
+        "Requests let through undecided because the store failed (fail-open), per policy."
+    );
+    describe_histogram!(
+        "tollgate_store_latency_seconds",
+        Unit::Seconds,
+        "Time from sending a rate-limit check to the store's answer, per policy."
+    );
+}
+
 use crate::layer::Tier;
 
 #[cfg(feature = "metrics")]

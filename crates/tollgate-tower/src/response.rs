@@ -12,6 +12,7 @@ use crate::headers::RateLimitHeaders;
 use crate::RateLimitInfo;
 
 static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+#[cfg(not(feature = "tonic"))]
 static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 static GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
@@ -63,21 +64,22 @@ fn grpc_code(status: StatusCode) -> u16 {
     }
 }
 
+/// What the gRPC spec percent-encodes in `grpc-message`: bytes outside
+/// visible ASCII and space, and `%` itself.
+#[cfg(not(feature = "tonic"))]
+const GRPC_MESSAGE_SET: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');
+
 /// Percent-encodes a `grpc-message` as the gRPC spec asks.
+#[cfg(not(feature = "tonic"))]
 fn grpc_message(message: &str) -> HeaderValue {
-    let mut out = String::with_capacity(message.len());
-    for byte in message.trim_end().bytes() {
-        if (0x20..=0x7e).contains(&byte) && byte != b'%' {
-            out.push(char::from(byte));
-        } else {
-            let _ = write!(out, "%{byte:02X}");
-        }
-    }
+    let encoded: std::borrow::Cow<'_, str> =
+        percent_encoding::utf8_percent_encode(message.trim_end(), GRPC_MESSAGE_SET).into();
     // Only visible ASCII remains, which is always a valid header value.
-    HeaderValue::from_str(&out).unwrap_or(HeaderValue::from_static("rate limited"))
+    HeaderValue::from_str(&encoded).unwrap_or(HeaderValue::from_static("rate limited"))
 }
 
 /// A trailers-only gRPC response: HTTP 200 with the status in the headers.
+#[cfg(not(feature = "tonic"))]
 fn grpc(content_type: HeaderValue, status: StatusCode, message: &str) -> Response<Bytes> {
     let mut response = Response::new(Bytes::new());
     let headers = response.headers_mut();
@@ -85,6 +87,62 @@ fn grpc(content_type: HeaderValue, status: StatusCode, message: &str) -> Respons
     headers.insert(GRPC_STATUS.clone(), HeaderValue::from(grpc_code(status)));
     headers.insert(GRPC_MESSAGE.clone(), grpc_message(message));
     response
+}
+
+/// A trailers-only gRPC response: HTTP 200 with the status in the headers,
+/// written by `tonic::Status` (which percent-encodes the message).
+#[cfg(feature = "tonic")]
+fn grpc(content_type: HeaderValue, status: StatusCode, message: &str) -> Response<Bytes> {
+    let code = tonic::Code::from_i32(i32::from(grpc_code(status)));
+    grpc_status(content_type, &tonic::Status::new(code, message.trim_end()))
+}
+
+/// The trailers-only response carrying `status` (code, message, details).
+#[cfg(feature = "tonic")]
+fn grpc_status(content_type: HeaderValue, status: &tonic::Status) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::new());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, content_type);
+    if status.add_header(headers).is_err() {
+        // Only a message or details that are not valid header values fail
+        // (tonic encodes both, so this is not expected): keep the code.
+        headers.insert(GRPC_STATUS.clone(), HeaderValue::from(status.code() as i32));
+    }
+    response
+}
+
+/// A limited gRPC request's status: `RESOURCE_EXHAUSTED` with
+/// `google.rpc.RetryInfo` (when to retry) and `google.rpc.QuotaFailure`
+/// (the binding policy as subject) in `grpc-status-details-bin`.
+#[cfg(feature = "tonic")]
+fn grpc_limited(content_type: HeaderValue, info: &RateLimitInfo, message: &str) -> Response<Bytes> {
+    use tonic_types::{ErrorDetails, StatusExt};
+    let mut details = ErrorDetails::with_retry_info(info.retry_after());
+    let policy = info.binding_policy();
+    let limit = info
+        .policies()
+        .iter()
+        .find(|p| p.name() == policy)
+        .map(|p| format!("limit of {} per {:?} exceeded", p.limit(), p.period()));
+    details.add_quota_failure_violation(
+        policy,
+        limit.unwrap_or_else(|| "rate limit exceeded".to_owned()),
+    );
+    let status = tonic::Status::with_error_details(
+        tonic::Code::ResourceExhausted,
+        message.trim_end(),
+        details,
+    );
+    grpc_status(content_type, &status)
+}
+
+#[cfg(not(feature = "tonic"))]
+fn grpc_limited(
+    content_type: HeaderValue,
+    _info: &RateLimitInfo,
+    message: &str,
+) -> Response<Bytes> {
+    grpc(content_type, StatusCode::TOO_MANY_REQUESTS, message)
 }
 
 fn text(status: StatusCode, message: impl Into<Bytes>) -> Response<Bytes> {
@@ -131,11 +189,7 @@ pub(crate) fn limited(
 ) -> Response<Bytes> {
     let mut response = match (grpc_type, body) {
         (Some(content_type), _) => {
-            let mut response = grpc(
-                content_type,
-                StatusCode::TOO_MANY_REQUESTS,
-                &limited_message(info),
-            );
+            let mut response = grpc_limited(content_type, info, &limited_message(info));
             if let Some(retry) = info.retry_after() {
                 let millis = u64::try_from(retry.as_millis()).unwrap_or(u64::MAX);
                 response
@@ -162,23 +216,31 @@ pub(crate) fn limited(
     response
 }
 
-/// An RFC 9457 problem document. Policy names are ASCII letters, digits,
-/// `_`, `-` and `.`, so they need no JSON escaping.
-fn problem_json(info: &RateLimitInfo) -> String {
-    let policy = info.binding_policy();
-    let mut json =
-        String::from(r#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"#);
-    let detail = limited_message(info);
-    let _ = write!(
-        json,
-        "\"{}\",\"policy\":\"{policy}\"",
-        detail.trim_end().replace('"', "\\\"")
-    );
-    if let Some(secs) = info.retry_after_secs() {
-        let _ = write!(json, ",\"retry_after\":{secs}");
+/// An RFC 9457 problem document for a limited request.
+fn problem_json(info: &RateLimitInfo) -> Vec<u8> {
+    problem_doc(
+        info.binding_policy(),
+        limited_message(info).trim_end(),
+        info.retry_after_secs(),
+    )
+}
+
+/// The problem document, written by `serde_json`, so any policy name or
+/// message (a `\`, a quote, a control character) is escaped correctly.
+fn problem_doc(policy: &str, detail: &str, retry_after: Option<u64>) -> Vec<u8> {
+    let mut doc = serde_json::json!({
+        "type": "about:blank",
+        "title": "Too Many Requests",
+        "status": 429,
+        "detail": detail,
+        "policy": policy,
+    });
+    if let (Some(secs), Some(map)) = (retry_after, doc.as_object_mut()) {
+        map.insert("retry_after".to_owned(), secs.into());
     }
-    json.push('}');
-    json
+    serde_json::to_vec(&doc).unwrap_or_else(|_| {
+        br#"{"type":"about:blank","title":"Too Many Requests","status":429}"#.to_vec()
+    })
 }
 
 #[cfg(test)]
@@ -200,8 +262,29 @@ mod tests {
 
     #[test]
     fn grpc_messages_are_percent_encoded() {
-        assert_eq!(grpc_message("50% off\n"), "50%25 off");
-        assert_eq!(grpc_message("caf\u{e9}"), "caf%C3%A9");
+        let message = |text| {
+            grpc(
+                HeaderValue::from_static("application/grpc"),
+                StatusCode::TOO_MANY_REQUESTS,
+                text,
+            )
+            .headers()["grpc-message"]
+                .clone()
+        };
+        // Tonic (feature `tonic`) also encodes spaces; both decode back.
+        for (text, encoded) in [
+            ("50% off\n", "50%25"),
+            ("caf\u{e9}", "caf%C3%A9"),
+            ("a\tb", "a%09b"),
+        ] {
+            let value = message(text);
+            assert!(value.to_str().unwrap().starts_with(encoded), "{value:?}");
+            assert!(value.as_bytes().iter().all(|b| (0x20..0x7f).contains(b)));
+            let decoded = percent_encoding::percent_decode(value.as_bytes())
+                .decode_utf8()
+                .unwrap();
+            assert_eq!(decoded, text.trim_end());
+        }
     }
 
     #[test]
@@ -221,11 +304,41 @@ mod tests {
 
     #[test]
     fn problem_json_is_json() {
-        let json = problem_json(&info());
+        let json: serde_json::Value = serde_json::from_slice(&problem_json(&info())).unwrap();
         assert_eq!(
             json,
-            r#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"Too many requests: rate limit \"api\" exceeded; retry in 2 seconds.","policy":"api","retry_after":2}"#
+            serde_json::json!({
+                "type": "about:blank",
+                "title": "Too Many Requests",
+                "status": 429,
+                "detail": "Too many requests: rate limit \"api\" exceeded; retry in 2 seconds.",
+                "policy": "api",
+                "retry_after": 2,
+            })
         );
+    }
+
+    #[test]
+    fn problem_json_escapes_backslashes_and_control_characters() {
+        // Policy names the core accepts need no escaping; a custom message
+        // or a future name rule might, so the writer must not care.
+        for text in [
+            "a\\b",
+            "tab\there",
+            "nl\nx",
+            "quote\"q",
+            "bell\u{7}",
+            "\\\"",
+        ] {
+            let bytes = problem_doc(text, &format!("limit {text} hit"), Some(3));
+            let json: serde_json::Value = serde_json::from_slice(&bytes)
+                .unwrap_or_else(|e| panic!("{text:?}: {e}: {}", String::from_utf8_lossy(&bytes)));
+            assert_eq!(json["policy"], text);
+            assert_eq!(json["detail"], format!("limit {text} hit"));
+            assert_eq!(json["retry_after"], 3);
+        }
+        let json: serde_json::Value = serde_json::from_slice(&problem_doc("p", "d", None)).unwrap();
+        assert!(json.get("retry_after").is_none());
     }
 
     #[test]

@@ -1,14 +1,12 @@
 //! The `RateLimit` service.
 
-use std::any::Any;
 use std::fmt;
-use std::future::{Future, Ready};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use http_body::Body;
-use tollgate_core::{Store, StoreError, Verdict};
+use tollgate_core::Store;
 use tower_service::Service;
 
 use crate::future::ResponseFuture;
@@ -116,24 +114,14 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let (mut parts, body) = request.into_parts();
         let (mut next, mut ticket) = self.shared.start(&mut parts);
-        // A store that answers synchronously (its future is
-        // `std::future::Ready`, as the memory store's is) is decided here,
-        // so the inner service is called directly instead of being cloned
+        // A store that answers synchronously does so through
+        // `Store::check_now` (`Next::Ready`), so the request is decided here
+        // and the inner service is called directly instead of being cloned
         // into a waiting future. Each step moves forward (check, fallback,
         // answer), so this ends after a few rounds.
         if let Some(ticket) = ticket.as_mut() {
-            loop {
-                next = match next {
-                    Next::Check(check) => match ready_now(check) {
-                        Ok(result) => self.shared.on_result(ticket, &mut parts.extensions, result),
-                        Err(check) => break next = Next::Check(check),
-                    },
-                    Next::Fallback(check) => match ready_now(check) {
-                        Ok(result) => self.shared.on_result(ticket, &mut parts.extensions, result),
-                        Err(check) => break next = Next::Fallback(check),
-                    },
-                    other => break next = other,
-                };
+            while let Next::Ready(result) = next {
+                next = self.shared.on_result(ticket, &mut parts.extensions, result);
             }
         }
         let request = Request::from_parts(parts, body);
@@ -155,28 +143,5 @@ where
                 ResponseFuture::forward(self.inner.call(request), None)
             }
         }
-    }
-}
-
-/// The result of `future` if it is a [`std::future::Ready`], else the
-/// future itself, untouched.
-fn ready_now<F>(future: F) -> Result<Result<Verdict, StoreError>, F>
-where
-    F: Future<Output = Result<Verdict, StoreError>> + 'static,
-{
-    let mut slot = Some(future);
-    let any: &mut dyn Any = &mut slot;
-    if let Some(ready) = any
-        .downcast_mut::<Option<Ready<Result<Verdict, StoreError>>>>()
-        .and_then(Option::take)
-    {
-        return Ok(ready.into_inner());
-    }
-    match slot {
-        Some(future) => Err(future),
-        // Unreachable: the slot is only emptied when it held a `Ready`.
-        None => Ok(Err(StoreError::Protocol {
-            detail: "the rate limiter lost a store answer".to_owned(),
-        })),
     }
 }

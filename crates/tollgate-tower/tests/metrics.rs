@@ -21,6 +21,8 @@ use tower::{Layer, Service, ServiceExt};
 #[derive(Default)]
 struct Totals {
     counters: Mutex<HashMap<String, Arc<AtomicU64>>>,
+    /// `name -> (unit, help)` from the `describe_*` calls.
+    described: Mutex<HashMap<String, (Option<Unit>, String)>>,
 }
 
 struct Handle(Arc<AtomicU64>);
@@ -60,9 +62,16 @@ impl Totals {
 }
 
 impl Recorder for Totals {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_counter(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.described
+            .lock()
+            .unwrap()
+            .insert(name.as_str().to_owned(), (unit, help.to_string()));
+    }
     fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.describe_counter(name, unit, help);
+    }
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
         Counter::from_arc(Arc::new(Handle(self.handle(key))))
     }
@@ -143,14 +152,24 @@ async fn dry_run_denials_are_counted_apart() {
     assert_eq!(totals.get("tollgate_denied_total{policy=minute}"), 0);
 }
 
-/// A store whose backend is always down.
+/// A store whose backend is always down. It answers at once
+/// (`check_now`), so the layer decides inside `call`, under the local
+/// recorder.
 struct Down;
 
 impl tollgate_core::Store for Down {
     type CheckFuture =
         std::future::Ready<Result<tollgate_core::Verdict, tollgate_core::StoreError>>;
-    fn check(&self, _: &str, _: &[Policy], _: u64) -> Self::CheckFuture {
-        std::future::ready(Err(tollgate_core::StoreError::unavailable(
+    fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
+        std::future::ready(self.check_now(subject, policies, cost).unwrap())
+    }
+    fn check_now(
+        &self,
+        _: &str,
+        _: &[Policy],
+        _: u64,
+    ) -> Option<Result<tollgate_core::Verdict, tollgate_core::StoreError>> {
+        Some(Err(tollgate_core::StoreError::unavailable(
             "connection refused",
         )))
     }
@@ -181,4 +200,32 @@ async fn store_errors_are_counted() {
     assert_eq!(totals.get("tollgate_store_errors_total{policy=minute}"), 2);
     assert_eq!(totals.get("tollgate_fail_open_total{policy=minute}"), 2);
     assert_eq!(totals.get("tollgate_allowed_total{policy=minute}"), 0);
+}
+
+#[test]
+fn every_metric_has_help_text_and_a_unit() {
+    let totals = Totals::default();
+    metrics::with_local_recorder(&totals, || {
+        RateLimitLayer::builder(MemoryStore::new())
+            .policy(Policy::per_minute(2).name("minute").build().unwrap())
+            .build()
+            .unwrap()
+    });
+    let described = totals.described.lock().unwrap();
+    // The table in the crate docs.
+    for (name, unit) in [
+        ("tollgate_allowed_total", Unit::Count),
+        ("tollgate_denied_total", Unit::Count),
+        ("tollgate_dry_run_denied_total", Unit::Count),
+        ("tollgate_store_errors_total", Unit::Count),
+        ("tollgate_fail_open_total", Unit::Count),
+        ("tollgate_store_latency_seconds", Unit::Seconds),
+    ] {
+        let (got, help) = described
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} is not described"));
+        assert_eq!(*got, Some(unit), "{name}");
+        assert!(help.len() > 20, "{name}: {help}");
+    }
+    assert_eq!(described.len(), 6, "{described:?}");
 }

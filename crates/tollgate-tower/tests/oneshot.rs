@@ -1036,10 +1036,14 @@ async fn grpc_requests_get_resource_exhausted() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(header(&headers, "content-type"), "application/grpc+proto");
     assert_eq!(header(&headers, "grpc-status"), "8");
+    // Percent-encoded (Tonic, feature `tonic`, encodes spaces too).
+    let message = percent_encoding::percent_decode_str(header(&headers, "grpc-message"))
+        .decode_utf8()
+        .unwrap()
+        .into_owned();
     assert!(
-        header(&headers, "grpc-message").contains("rate limit"),
-        "{}",
-        header(&headers, "grpc-message")
+        message.contains("rate limit \"rpc\" exceeded; retry in 60 seconds"),
+        "{message}"
     );
     assert_eq!(header(&headers, "retry-after"), "60");
     let pushback: u64 = header(&headers, "grpc-retry-pushback-ms").parse().unwrap();

@@ -20,16 +20,21 @@
 //! `tonic` add framework integration, `redis` re-exports [`redis`] (the
 //! Redis store), `metrics` counts decisions through the `metrics` crate.
 
+// docs.rs shows which feature each item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub use tollgate_core::*;
 
 /// The Redis / Redis Cluster store (feature `redis`).
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis {
     pub use tollgate_redis::*;
 }
 
 /// The tower layer (feature `tower`, on by default).
 #[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower {
     pub use tollgate_tower::*;
 }

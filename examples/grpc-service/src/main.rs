@@ -4,7 +4,9 @@
 //! The service is the standard gRPC health service (`grpc.health.v1.Health`,
 //! from `tonic-health`), so the example needs no `.proto` compiler. At start
 //! a client in the same process calls it four times against a limit of
-//! three per minute; the fourth call fails with `RESOURCE_EXHAUSTED`. The
+//! three per minute; the fourth call fails with `RESOURCE_EXHAUSTED`, and
+//! the client reads `google.rpc.RetryInfo` and `QuotaFailure` from the
+//! status details (`tonic_types::StatusExt`). The
 //! server keeps running on 127.0.0.1:50051 (or `PORT`) for your own client.
 //! State lives in process memory, or in Redis when `REDIS_URL` is set; logs
 //! go to stderr (`RUST_LOG`):
@@ -18,11 +20,12 @@ use std::net::SocketAddr;
 
 use tollgate::redis::RedisStore;
 use tollgate::tower::{PeerIp, RateLimitLayer};
-use tollgate::{MemoryStore, Policy, Store};
+use tollgate::{BoxStore, MemoryStore, Policy};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
+use tonic_types::StatusExt;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
@@ -34,7 +37,9 @@ async fn main() -> Result<(), Box<dyn Error>> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    match std::env::var("REDIS_URL") {
+    // Picked at start-up; `BoxStore` holds either store, so `run` is not
+    // generic.
+    let store = match std::env::var("REDIS_URL") {
         Ok(url) if !url.is_empty() => {
             let store = RedisStore::builder().url(&url).build().await?;
             store
@@ -42,13 +47,14 @@ async fn main() -> Result<(), Box<dyn Error>> {
                 .await
                 .map_err(|e| format!("cannot reach Redis at {url}: {e}"))?;
             println!("state in Redis at {url}");
-            run(store).await
+            BoxStore::new(store)
         }
-        _ => run(MemoryStore::new()).await,
-    }
+        _ => BoxStore::new(MemoryStore::new()),
+    };
+    run(store).await
 }
 
-async fn run<St: Store>(store: St) -> Result<(), Box<dyn Error>> {
+async fn run(store: BoxStore) -> Result<(), Box<dyn Error>> {
     let policy = Policy::per_minute(3).name("grpc").build()?;
     let layer = RateLimitLayer::builder(store)
         .policy(policy)
@@ -93,15 +99,17 @@ async fn run<St: Store>(store: St) -> Result<(), Box<dyn Error>> {
                 );
             }
             Err(status) => {
+                // The standard details, as gRPC clients read them.
                 let retry = status
-                    .metadata()
-                    .get("retry-after")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("?");
+                    .get_details_retry_info()
+                    .and_then(|info| info.retry_delay);
+                let quota = status.get_details_quota_failure();
+                let violation = quota.as_ref().and_then(|q| q.violations.first());
                 println!(
-                    "call {call}: {:?}: {} (retry after {retry} s)",
+                    "call {call}: {:?}: {} (RetryInfo: {retry:?}; QuotaFailure: {:?})",
                     status.code(),
-                    status.message()
+                    status.message(),
+                    violation.map(|v| (&v.subject, &v.description)),
                 );
             }
         }

@@ -10,8 +10,12 @@
 //!    quota). Free: 5 per minute and 50 per day; pro: 60 per minute and
 //!    10 000 per day.
 //!
+//! Each response lists both layers' policies in `RateLimit` and
+//! `RateLimit-Policy` (the outer layer appends to the inner one's lists).
+//!
 //! State lives in process memory, or in Redis when `REDIS_URL` is set (so
-//! several instances share one limit). Logs go to stderr (`RUST_LOG`).
+//! several instances share one limit), picked at start-up into a
+//! `BoxStore` so the app is not generic over the store. Logs go to stderr (`RUST_LOG`).
 //! Listens on 127.0.0.1:3000 or the port in `PORT`. Try:
 //!
 //! ```text
@@ -31,7 +35,7 @@ use axum::{Extension, Router};
 use http::StatusCode;
 use tollgate::redis::RedisStore;
 use tollgate::tower::{BearerToken, MissingKey, RateLimitInfo, RateLimitLayer, User};
-use tollgate::{MemoryStore, Policy, Store};
+use tollgate::{BoxStore, MemoryStore, Policy};
 
 /// The authenticated user, put in the extensions by `authenticate`.
 #[derive(Debug, Clone)]
@@ -102,7 +106,9 @@ async fn main() -> Result<(), Box<dyn Error>> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    match std::env::var("REDIS_URL") {
+    // The store is picked at start-up; `BoxStore` holds either, so nothing
+    // below is generic over it.
+    let store = match std::env::var("REDIS_URL") {
         Ok(url) if !url.is_empty() => {
             let store = RedisStore::builder().url(&url).build().await?;
             store
@@ -110,17 +116,18 @@ async fn main() -> Result<(), Box<dyn Error>> {
                 .await
                 .map_err(|e| format!("cannot reach Redis at {url}: {e}"))?;
             println!("state in Redis at {url}");
-            serve(store).await
+            BoxStore::new(store)
         }
         _ => {
             println!("state in process memory (set REDIS_URL to share it)");
-            serve(MemoryStore::new()).await
+            BoxStore::new(MemoryStore::new())
         }
-    }
+    };
+    serve(store).await
 }
 
 /// Both layers share `store` (a clone shares its state).
-async fn serve<St: Store + Clone>(store: St) -> Result<(), Box<dyn Error>> {
+async fn serve(store: BoxStore) -> Result<(), Box<dyn Error>> {
     // Per token, before authentication; requests without a token get 401.
     let per_token = RateLimitLayer::builder(store.clone())
         .policy(Policy::per_second(20).name("token-burst").build()?)

@@ -59,7 +59,10 @@ impl Default for Grouping {
 impl Grouping {
     fn key(self, ip: IpAddr) -> String {
         match ip.to_canonical() {
-            IpAddr::V4(v4) if self.v4_prefix >= 32 => v4.to_string(),
+            // The common case, on every request: written by hand into a
+            // string of the exact size (`to_string` goes through
+            // `core::fmt` and grows its buffer).
+            IpAddr::V4(v4) if self.v4_prefix >= 32 => ipv4_key(v4),
             IpAddr::V4(v4) => {
                 let mask = u32::MAX
                     .checked_shl(32 - u32::from(self.v4_prefix))
@@ -82,6 +85,31 @@ impl Grouping {
             }
         }
     }
+}
+
+/// `a.b.c.d`, as `Ipv4Addr::to_string` writes it, with one allocation of
+/// the exact length.
+fn ipv4_key(ip: Ipv4Addr) -> String {
+    let octets = ip.octets();
+    let len = octets
+        .iter()
+        .map(|&o| 1 + usize::from(o >= 10) + usize::from(o >= 100))
+        .sum::<usize>()
+        + 3;
+    let mut out = String::with_capacity(len);
+    for (i, &octet) in octets.iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        if octet >= 100 {
+            out.push(char::from(b'0' + octet / 100));
+        }
+        if octet >= 10 {
+            out.push(char::from(b'0' + octet / 10 % 10));
+        }
+        out.push(char::from(b'0' + octet % 10));
+    }
+    out
 }
 
 /// Keys on the IP address of the connection's peer.
@@ -590,6 +618,21 @@ mod tests {
             let (mut parts, ()) = Request::get("/").extension(SocketAddr::new(peer.into(), 1)).body(()).unwrap().into_parts();
             parts.headers.insert("x-forwarded-for", value);
             proptest::prop_assert_eq!(trusted().extract(&parts), Some(peer.to_string()));
+        }
+    }
+
+    #[test]
+    fn ipv4_keys_are_written_as_display_writes_them() {
+        for ip in [
+            Ipv4Addr::new(0, 0, 0, 0),
+            Ipv4Addr::new(192, 0, 2, 1),
+            Ipv4Addr::new(10, 99, 100, 255),
+            Ipv4Addr::new(255, 255, 255, 255),
+            Ipv4Addr::new(1, 20, 203, 9),
+        ] {
+            let key = ipv4_key(ip);
+            assert_eq!(key, ip.to_string());
+            assert_eq!(key.capacity(), key.len(), "{key}: one exact allocation");
         }
     }
 }

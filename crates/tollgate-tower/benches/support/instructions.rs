@@ -1,0 +1,190 @@
+//! Instructions per request over a bare handler, counted by callgrind in
+//! process: requests through an Axum `Router` with `oneshot`, the peer
+//! address in the extensions (as `SocketAddr` and as `ConnectInfo`), a
+//! generous policy so every request passes. Configurations: bare, tollgate
+//! on `MemoryStore` with default headers, the same with headers only on
+//! limited responses, a `BoxStore` around the memory store, and
+//! tower_governor 0.8's `GovernorLayer` (`PeerIp`, its defaults).
+//!
+//! The bench re-runs itself under `valgrind --tool=callgrind` once per
+//! configuration (`TOLLGATE_CALLGRIND_CHILD=<config>:<n>`); after 100
+//! warm-up requests, only the function running the measured requests is
+//! counted (`--toggle-collect`), so start-up and lazy initialisation are
+//! excluded.
+
+use std::net::SocketAddr;
+use std::process::Command;
+
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use axum::Router;
+use http::Request;
+use http_body_util::BodyExt;
+use tollgate_core::{BoxStore, MemoryStore, Policy};
+use tollgate_tower::{HeaderMode, RateLimitLayer};
+use tower::ServiceExt;
+
+const CHILD: &str = "TOLLGATE_CALLGRIND_CHILD";
+const CONFIGS: [&str; 5] = [
+    "bare",
+    "tollgate",
+    "tollgate-limited-only",
+    "tollgate-boxed",
+    "governor",
+];
+
+fn router(config: &str) -> Router {
+    let app = Router::new().route("/", get(|| async { "Hello, World!" }));
+    let policy = || {
+        Policy::per_second(1_000_000)
+            .name("bench")
+            .build()
+            .expect("valid policy")
+    };
+    fn tollgate<St: tollgate_core::Store>(
+        store: St,
+        policy: Policy,
+        headers: HeaderMode,
+    ) -> RateLimitLayer<St> {
+        RateLimitLayer::builder(store)
+            .policy(policy)
+            .headers(headers)
+            .build()
+            .expect("valid layer")
+    }
+    match config {
+        "tollgate" => app.layer(tollgate(MemoryStore::new(), policy(), HeaderMode::All)),
+        "tollgate-boxed" => app.layer(tollgate(
+            BoxStore::new(MemoryStore::new()),
+            policy(),
+            HeaderMode::All,
+        )),
+        "tollgate-limited-only" => app.layer(tollgate(
+            MemoryStore::new(),
+            policy(),
+            HeaderMode::LimitedOnly,
+        )),
+        "governor" => {
+            let config = tower_governor::governor::GovernorConfigBuilder::default()
+                .per_nanosecond(1)
+                .burst_size(1_000_000)
+                .finish()
+                .expect("valid governor config");
+            app.layer(tower_governor::GovernorLayer::new(config))
+        }
+        _ => app,
+    }
+}
+
+/// The child: `n` requests through `config`'s router.
+pub(crate) fn child() -> bool {
+    let Ok(spec) = std::env::var(CHILD) else {
+        return false;
+    };
+    let (config, n) = spec.split_once(':').expect("<config>:<n>");
+    let n: u32 = n.parse().expect("a request count");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("tokio runtime");
+    let app = router(config);
+    // Warm-up outside the counted function: lazy initialisation (clock
+    // calibration, first allocations) varies with wall time under valgrind.
+    runtime.block_on(requests(&app, config, 100));
+    tollgate_callgrind_measured(&runtime, &app, config, n);
+    true
+}
+
+/// The counted section (`--toggle-collect` names it).
+#[inline(never)]
+fn tollgate_callgrind_measured(
+    runtime: &tokio::runtime::Runtime,
+    app: &Router,
+    config: &str,
+    n: u32,
+) {
+    runtime.block_on(requests(app, config, n));
+}
+
+async fn requests(app: &Router, config: &str, n: u32) {
+    let peer: SocketAddr = "192.0.2.1:4711".parse().expect("address");
+    for _ in 0..n {
+        let request = Request::get("/")
+            .extension(peer)
+            .extension(ConnectInfo(peer))
+            .body(axum::body::Body::empty())
+            .expect("request");
+        let response = app.clone().oneshot(request).await.expect("infallible");
+        assert!(
+            response.status().is_success(),
+            "{config}: {}",
+            response.status()
+        );
+        let body = response.into_body().collect().await.expect("body");
+        std::hint::black_box(body);
+    }
+}
+
+/// Total instructions of one child run, or why not.
+fn instructions(config: &str, n: u32) -> Result<u64, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let out = std::env::temp_dir().join(format!(
+        "tollgate-callgrind-{}-{config}-{n}.out",
+        std::process::id()
+    ));
+    let output = Command::new("valgrind")
+        .arg("--tool=callgrind")
+        .arg("--collect-atstart=no")
+        .arg("--toggle-collect=*tollgate_callgrind_measured*")
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .arg(&exe)
+        .env(CHILD, format!("{config}:{n}"))
+        .output()
+        .map_err(|e| format!("cannot run valgrind (install it: apt-get install valgrind): {e}"))?;
+    let _ = std::fs::remove_file(&out);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        return Err(format!("valgrind failed: {stderr}"));
+    }
+    stderr
+        .lines()
+        .find_map(|line| line.split("Collected :").nth(1))
+        .and_then(|n| n.trim().parse().ok())
+        .ok_or_else(|| format!("no 'Collected' line in valgrind's output: {stderr}"))
+}
+
+/// Prints the table: instructions per request, and added over bare.
+pub(crate) fn report() {
+    const REQUESTS: u32 = 2000;
+    println!("instructions per request (callgrind, in process, Axum Router oneshot, PeerIp):");
+    let mut bare = None;
+    let mut governor_added = None;
+    let mut rows = Vec::new();
+    for config in CONFIGS {
+        let per_request = match instructions(config, REQUESTS) {
+            Ok(total) => total / u64::from(REQUESTS),
+            Err(e) => {
+                println!("  skipped: {e}");
+                return;
+            }
+        };
+        let base = *bare.get_or_insert(per_request);
+        let added = per_request.saturating_sub(base);
+        if config == "governor" {
+            governor_added = Some(added);
+        }
+        rows.push((config, per_request, added));
+    }
+    println!(
+        "  {:<24} {:>12} {:>12} {:>14}",
+        "configuration", "per request", "added", "vs governor"
+    );
+    for (config, per_request, added) in rows {
+        let ratio = governor_added
+            .filter(|g| *g > 0)
+            .map_or(String::from("-"), |g| {
+                format!("{:.2}x", added as f64 / g as f64)
+            });
+        println!("  {config:<24} {per_request:>12} {added:>12} {ratio:>14}");
+    }
+}
