@@ -191,7 +191,8 @@ pub(super) enum TatCharge {
 
 /// A GCRA charge of `cost > 0` on the TAT `tat_us` of a policy whose
 /// emission interval is `interval` whole microseconds: [`gcra_fast`] with
-/// `L` cancelled out of every span, so admitting takes no division. `None`
+/// `L` cancelled out of every span, so admitting takes no division and
+/// denying one (for the whole costs left). `None`
 /// where an intermediate would overflow (the caller takes the general path).
 #[inline(always)]
 pub(super) fn tat_charge(
@@ -211,11 +212,13 @@ pub(super) fn tat_charge(
     }
     let span = ahead.checked_add(cost.checked_mul(interval)?)?;
     if span > full {
-        // Denials write nothing: their figures come from the reference
-        // arithmetic.
-        let state = GcraState { tat_us, tat_rem: 0 };
-        let denied = gcra_fast(policy, Some(state), now_us, cost)?;
-        return Some(TatCharge::Denied(denied.decision));
+        // Denials write nothing. Their figures are those of the reference
+        // with `L` cancelled out as well (every span is a multiple of it):
+        // the wait until the span fits, the whole costs left below the
+        // capacity, and the time until the TAT is reached.
+        let remaining = full.saturating_sub(ahead) / interval;
+        let decision = Decision::denied_us(policy.capacity(), remaining, span - full, ahead);
+        return Some(TatCharge::Denied(decision));
     }
     Some(TatCharge::Admitted(now_us.checked_add(span)?))
 }
