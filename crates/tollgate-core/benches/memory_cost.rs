@@ -37,8 +37,17 @@ use governor::{Quota, RateLimiter};
 use tollgate_core::{MemoryStore, Policy, Store};
 
 const CHILD: &str = "TOLLGATE_BENCH_CHILD";
-const TOLLGATE_BURST: u64 = 400_000_000;
-const GOVERNOR_BURST: u32 = 1_000_000_000;
+/// The whole-interval quota: one per 10 min with this burst (tollgate:
+/// burst × period within 2^52 µs; governor: within 2^64 ns). Long enough
+/// that no state filled before the counted section expires during it, even
+/// when filling a million keys under valgrind on a loaded machine takes
+/// minutes (an expired state would be swept and inserted again, which is
+/// not what the case measures); the burst outlasts every run's checks.
+const WHOLE_PERIOD: Duration = Duration::from_secs(600);
+const WHOLE_BURST: u32 = 4_000_000;
+/// The fractional quota: three per 10 s, burst 4·10^8 (each key's state
+/// moves 3.33 s ahead per check, so it stays live between two visits).
+const FRACTIONAL_BURST: u32 = 400_000_000;
 
 type FoldGovernor = RateLimiter<
     String,
@@ -50,7 +59,7 @@ type SipGovernor = governor::DefaultKeyedRateLimiter<String>;
 /// The quota of a case.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Quota_ {
-    /// One per 10 s (a whole number of microseconds), never denied.
+    /// One per 10 min (a whole number of microseconds), never denied.
     Whole,
     /// Three per 10 s (3.33… s between permits), never denied.
     Fractional,
@@ -148,22 +157,23 @@ impl Limiter for Baseline {
 
 fn tollgate_policy(quota: Quota_) -> Policy {
     let builder = match quota {
-        Quota_::Whole => Policy::per(1, Duration::from_secs(10)).burst(TOLLGATE_BURST),
-        Quota_::Fractional => Policy::per(3, Duration::from_secs(10)).burst(TOLLGATE_BURST),
+        Quota_::Whole => Policy::per(1, WHOLE_PERIOD).burst(WHOLE_BURST.into()),
+        Quota_::Fractional => {
+            Policy::per(3, Duration::from_secs(10)).burst(FRACTIONAL_BURST.into())
+        }
         Quota_::Denied => Policy::per_hour(1),
     };
     builder.name("bench").build().expect("a valid policy")
 }
 
 fn governor_quota(quota: Quota_) -> Quota {
-    let burst = NonZeroU32::new(GOVERNOR_BURST).expect("non-zero");
     match quota {
-        Quota_::Whole => Quota::with_period(Duration::from_secs(10))
+        Quota_::Whole => Quota::with_period(WHOLE_PERIOD)
             .expect("non-zero")
-            .allow_burst(burst),
+            .allow_burst(NonZeroU32::new(WHOLE_BURST).expect("non-zero")),
         Quota_::Fractional => Quota::with_period(Duration::from_nanos(3_333_333_333))
             .expect("non-zero")
-            .allow_burst(burst),
+            .allow_burst(NonZeroU32::new(FRACTIONAL_BURST).expect("non-zero")),
         Quota_::Denied => Quota::per_hour(NonZeroU32::new(1).expect("non-zero")),
     }
 }
