@@ -160,25 +160,20 @@ pub(super) fn gcra_fast(
 }
 
 thread_local! {
-    /// Hot-path charges on this thread since its last sweep, and how many
-    /// sweeps it made.
-    static HOT_OPS: std::cell::Cell<(u32, usize)> = const { std::cell::Cell::new((0, 0)) };
+    /// Hot-path charges on this thread: every [`SWEEP_EVERY`]-th sweeps.
+    static HOT_OPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// Counts a hot-path charge. Every [`SWEEP_EVERY`]-th on this thread, the
 /// number of sweeps this thread made before, which picks the shard to
-/// sweep.
-#[inline]
+/// sweep. One counter, so the common case is a load, an add, a store and
+/// a test.
+#[inline(always)]
 pub(super) fn hot_tick() -> Option<usize> {
     HOT_OPS.with(|cell| {
-        let (ops, sweeps) = cell.get();
-        if ops + 1 < SWEEP_EVERY {
-            cell.set((ops + 1, sweeps));
-            None
-        } else {
-            cell.set((0, sweeps.wrapping_add(1)));
-            Some(sweeps)
-        }
+        let ops = cell.get().wrapping_add(1);
+        cell.set(ops);
+        (ops % u64::from(SWEEP_EVERY) == 0).then(|| (ops / u64::from(SWEEP_EVERY) - 1) as usize)
     })
 }
 
