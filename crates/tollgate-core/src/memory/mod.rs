@@ -37,7 +37,10 @@
 //! is also its expiry. A one-policy GCRA charge of a subject that holds
 //! only such a state runs under the shard's **read** lock and replaces the
 //! TAT by compare-and-swap, with the arithmetic of [`algorithms::check`]
-//! rearranged so that admitting takes no division (a property test holds
+//! rearranged so that admitting takes no division under the lock (one after
+//! it, for `remaining`) and a denial one, all in
+//! whole microseconds (`ALGORITHMS.md`, "MemoryStore's whole-interval fast
+//! path"; a property test holds
 //! the two equal). Charges of any subjects in one shard, including the same
 //! subject, then proceed in parallel, and stay exact: a swap that lost to
 //! another recomputes from the TAT that won. A subject whose swap lost
