@@ -24,8 +24,10 @@ Commands:
         --replicas N  replicas per master (default 0)
         --no-stdin    ignore stdin: run until interrupted or killed
   bench <core|redis|http|all> [-- <criterion args>]
-        Run the criterion benches (redis and http against a fresh local
-        redis-server): core = tollgate-core memory_vs_governor,
+        Run the benches (redis and http against a fresh local
+        redis-server): core = tollgate-core memory_cost (MemoryStore vs
+        governor: instructions per check under callgrind, resident bytes
+        per key, interleaved wall-clock ratios; needs valgrind),
         redis = tollgate-redis redis_throughput,
         http = tollgate-tower http_throughput.
   reliability
@@ -116,7 +118,7 @@ impl Default for RedisOptions {
 /// What `cargo xtask bench` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum BenchTarget {
-    /// `tollgate-core`'s `memory_vs_governor`.
+    /// `tollgate-core`'s `memory_cost` (callgrind, RSS, wall-clock ratios).
     Core,
     /// `tollgate-redis`'s `redis_throughput` (needs a server).
     Redis,

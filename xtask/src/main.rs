@@ -324,7 +324,7 @@ impl Bench {
             BenchTarget::Core | BenchTarget::All => Self {
                 package: "tollgate-core",
                 dir: "crates/tollgate-core",
-                name: "memory_vs_governor",
+                name: "memory_cost",
                 needs_redis: false,
             },
             BenchTarget::Redis => Self {
@@ -499,6 +499,10 @@ mod tests {
         assert_eq!(
             Bench::of(BenchTarget::Redis).source(),
             "crates/tollgate-redis/benches/redis_throughput.rs"
+        );
+        assert_eq!(
+            Bench::of(BenchTarget::Core).source(),
+            "crates/tollgate-core/benches/memory_cost.rs"
         );
         assert!(!Bench::of(BenchTarget::Core).needs_redis);
         assert!(Bench::of(BenchTarget::Http).needs_redis);
