@@ -183,11 +183,13 @@
 
 mod cell;
 mod connection;
+mod functions;
 mod limiter;
 mod scripts;
 mod store;
 
 pub use cell::{ThrottleCallError, THROTTLE_POLICY_NAME};
+pub use functions::CallPath;
 pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError, RateType, DEFAULT_KEEP_ALIVE};
 pub use store::{
     BuildError, CheckFuture, ClockMode, RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT,

@@ -3,10 +3,17 @@
 -- All numbers are non-negative integers at most 2^53, exact in Lua's
 -- doubles (ALGORITHMS.md, "Magnitudes"). A stored value that does not parse,
 -- or holds a number past 2^53, is no state.
--- Numbers passed to redis.call are formatted with fmt(): Lua's default
--- number-to-string conversion prints 14 significant digits and would round
--- a microsecond timestamp.
-local floor = math.floor
+-- Numbers joined into a string are formatted with fmt(): Lua's `..`
+-- prints 14 significant digits and would round a microsecond timestamp.
+-- A number passed to redis.call on its own needs no fmt(): Redis converts
+-- it with %.17g, exact for every integer below 2^53 (held by a test in
+-- tests/tests/redis_lean.rs).
+-- floor(x) without math.floor: a Redis Functions library runs its top
+-- level with no globals but `redis`, so nothing may be looked up there.
+-- x - x % 1 is exact for every double (Lua's % is x - floor(x)).
+local function floor(x)
+  return x - x % 1
+end
 
 -- a div b, for 0 <= a <= 2^53 and b >= 1.
 local function div(a, b)
@@ -60,10 +67,10 @@ local function tolerance(full_reset)
   return full_reset
 end
 
--- Writes a string state that expires at expires_us (microseconds).
+-- Writes a string state that expires at expires_us (microseconds): one
+-- call (SET ... PXAT, Redis 6.2 and later).
 local function put(key, value, expires_us)
-  redis.call('SET', key, value)
-  redis.call('PEXPIREAT', key, fmt(ceil_div(expires_us, 1000)))
+  redis.call('SET', key, value, 'PXAT', ceil_div(expires_us, 1000))
 end
 
 -- The bucket algorithms' time unit and permit size (ALGORITHMS.md,
