@@ -617,10 +617,20 @@ impl RedisStore {
         }
         self.push_now(&mut cmd);
         cmd.arg(cost);
+        // Each policy as one argument, `<limit>:<period_us>:<capacity>`:
+        // the library parses a policy once, not on every call.
+        let mut buffer = String::with_capacity(64);
         for policy in policies {
-            cmd.arg(policy.limit())
-                .arg(policy.period_micros())
-                .arg(policy.capacity());
+            use std::fmt::Write as _;
+            buffer.clear();
+            let _ = write!(
+                buffer,
+                "{}:{}:{}",
+                policy.limit(),
+                policy.period_micros(),
+                policy.capacity()
+            );
+            cmd.arg(buffer.as_str());
         }
         let capacities: SmallVec<[u64; 2]> = policies.iter().map(Policy::capacity).collect();
         let algorithms: SmallVec<[Algorithm; 2]> = if script.is_function() {

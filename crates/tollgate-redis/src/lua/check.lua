@@ -6,8 +6,9 @@
 -- a Redis Function with o = 1 (its ARGV[1] names the plan; library.lua).
 -- KEYS[i]: the state key of policy i.
 -- ARGV[o+1]: now in microseconds since the epoch, or '' to read Redis TIME.
--- ARGV[o+2]: the cost. ARGV[o+3i], ARGV[o+3i+1], ARGV[o+3i+2]: limit,
--- period in microseconds and capacity of policy i.
+-- ARGV[o+2]: the cost. ARGV[o+2+i]: policy i as
+-- "<limit>:<period_us>:<capacity>" (one argument: a library parses it once,
+-- prelude.lua's policy_of).
 -- Reply: five integers per policy: allowed (1/0), remaining, retry_after_us
 -- (-1 for none), reset_after_us, delay_us.
 --
@@ -17,7 +18,7 @@
 -- written nothing, rather than create one.
 local function check(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
   local n = #KEYS
-  if n ~= #PLAN or #ARGV ~= o + 2 + 3 * n then
+  if n ~= #PLAN or #ARGV ~= o + 2 + n then
     return redis.error_reply('ERR tollgate: script called with ' .. n .. ' keys and ' .. (#ARGV - o) .. ' arguments for ' .. #PLAN .. ' policies')
   end
   local now
@@ -31,8 +32,11 @@ local function check(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
   local decisions = {}
   local all = true
   for i = 1, n do
-    local j = o + 3 * i
-    local d = PLAN[i](KEYS[i], tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), now, cost)
+    local L, P, B = policy_of(ARGV[o + 2 + i])
+    if L == nil then
+      return redis.error_reply('ERR tollgate: policy ' .. i .. ' is not <limit>:<period_us>:<capacity>')
+    end
+    local d = PLAN[i](KEYS[i], L, P, B, now, cost)
     decisions[i] = d
     if not d[1] then
       all = false
@@ -43,8 +47,8 @@ local function check(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
     -- their state as it stays: as a peek does.
     for i = 1, n do
       if decisions[i][1] then
-        local j = o + 3 * i
-        decisions[i] = PLAN[i](KEYS[i], tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), now, 0)
+        local L, P, B = policy_of(ARGV[o + 2 + i])
+        decisions[i] = PLAN[i](KEYS[i], L, P, B, now, 0)
       end
     end
   end
@@ -62,7 +66,7 @@ local function check(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
       if d[9] ~= nil then
         d[9]()
       elseif d[6] ~= nil then
-        redis.call('SET', d[6], d[7], 'PXAT', ceil_div(d[8], 1000))
+        redis.call('SET', d[6], d[7], 'PXAT', fmt(ceil_div(d[8], 1000)))
       end
     end
   end

@@ -103,10 +103,10 @@ local function pair_step(us, rem, S, I, B, now, c)
 end
 
 -- The value stored for the time us + rem/S: GCRA's plain integer when rem
--- is 0 (passed to redis.call as a number, exact below 2^53), else a string.
+-- is 0, else a tagged string.
 local function pair_value(tag, us, rem)
   if rem == 0 and tag == 'gcra' then
-    return us
+    return fmt(us)
   end
   return tag .. ':' .. fmt(us) .. ':' .. fmt(rem)
 end
