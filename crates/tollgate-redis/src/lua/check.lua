@@ -29,6 +29,32 @@ local function check(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
     now = tonumber(ARGV[o + 1])
   end
   local cost = tonumber(ARGV[o + 2])
+  if n == 1 then
+    -- One policy (the common case): no table of decisions, and the reply
+    -- built in one constructor.
+    local L, P, B = policy_of(ARGV[o + 3])
+    if L == nil then
+      return redis.error_reply('ERR tollgate: policy 1 is not <limit>:<period_us>:<capacity>')
+    end
+    local d = PLAN[1](KEYS[1], L, P, B, now, cost)
+    if d[1] then
+      if cost > 0 then
+        if d[9] ~= nil then
+          if NO_NEW_KEYS and redis.call('EXISTS', KEYS[1]) == 0 then
+            return redis.status_reply('NOROOM')
+          end
+          d[9]()
+        elseif d[6] ~= nil then
+          if NO_NEW_KEYS and redis.call('EXISTS', KEYS[1]) == 0 then
+            return redis.status_reply('NOROOM')
+          end
+          redis.call('SET', d[6], d[7], 'PXAT', fmt(ceil_div(d[8], 1000)))
+        end
+      end
+      return { 1, d[2], d[3], d[4], d[5] }
+    end
+    return { 0, d[2], d[3], d[4], d[5] }
+  end
   local decisions = {}
   local all = true
   for i = 1, n do
