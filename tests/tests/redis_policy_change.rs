@@ -148,9 +148,18 @@ async fn corrupt_values_are_no_state_and_heal_on_the_next_admit() {
             String::new(),
         ];
         if algorithm == Algorithm::Gcra {
-            // GCRA's plain-integer state (issue 10): anything but a whole
-            // number below 2^53 is no state.
-            for plain in ["9007199254740993", "-5", "1.5", "inf", "nan", "1e400", " "] {
+            // GCRA's hexadecimal state (issue 10): anything but hex digits
+            // for a number below 2^53 is no state.
+            for plain in [
+                "20000000000000",
+                "-5",
+                "1.5",
+                "inf",
+                "nan",
+                "ffffffffffffffffff",
+                " ",
+                "x1",
+            ] {
                 values.push(plain.to_owned());
             }
         }
@@ -177,8 +186,8 @@ async fn corrupt_values_are_no_state_and_heal_on_the_next_admit() {
                 "{algorithm} over {value:?}"
             );
             let stored: String = raw.get(&key).unwrap();
-            // GCRA writes a whole time as a plain integer (issue 10).
-            let plain = algorithm == Algorithm::Gcra && stored.parse::<u64>().is_ok();
+            // GCRA writes a whole time as a hexadecimal integer (issue 10).
+            let plain = algorithm == Algorithm::Gcra && u64::from_str_radix(&stored, 16).is_ok();
             assert!(
                 (plain || stored.starts_with(&format!("{tag}:"))) && stored != *value,
                 "{algorithm}: {value:?} not overwritten: {stored:?}"

@@ -53,7 +53,7 @@
 //!
 //! | algorithm | type | value |
 //! |---|---|---|
-//! | GCRA | string | `<tat_us>`, the theoretical arrival time, when it is a whole microsecond (the usual case); else `gcra:<tat_us>:<rem>`, `tat_us + rem/L`. Both forms are read (earlier versions wrote `gcra:<tat_us>:0`) |
+//! | GCRA | string | the theoretical arrival time in hexadecimal microseconds when it is a whole microsecond (the usual case: Lua reads hex with `strtoul`, a 16-digit decimal with `strtod`'s slow path); else `gcra:<tat_us>:<rem>` (decimal), `tat_us + rem/L`. Both forms are read (earlier versions wrote `gcra:<tat_us>:0`) |
 //! | leaky bucket (queue) | string | `leaky_queue:<free_us>:<rem>`: when the queue is empty, `free_us + rem/L` |
 //! | token bucket | string | `token_bucket:<level>:<last_us>`: tokens × period in µs, refilled at `last_us` |
 //! | leaky bucket (meter) | string | `leaky_meter:<level>:<last_us>`: water × period in µs, at `last_us` |
@@ -63,7 +63,7 @@
 //!
 //! ```text
 //! $ redis-cli GET 'tollgate:{user:42}:per-second'
-//! "1700000000150000"
+//! "60a24182089f0"
 //! $ redis-cli PTTL 'tollgate:{user:42}:per-second'
 //! (integer) 100
 //! ```

@@ -1,8 +1,8 @@
 -- GCRA and the time-pair arithmetic shared with the leaky bucket queue.
 -- State: the time us + rem/S microseconds (S, I = bucket_scale(L, P, B):
--- S = L and I = P when exact). GCRA stores it as the plain integer us when
+-- S = L and I = P when exact). GCRA stores it as us in hexadecimal when
 -- rem is 0 (the common case: what Lua reads cheapest), else as the string
--- "gcra:<us>:<rem>"; the leaky bucket queue always as
+-- "gcra:<us>:<rem>" (decimal); the leaky bucket queue always as
 -- "leaky_queue:<us>:<rem>". Both forms are read (a Redis written by an
 -- earlier version holds "gcra:<us>:0").
 
@@ -13,10 +13,12 @@ local function pair_parse(value, tag, S)
     return nil, nil
   end
   if tag == 'gcra' then
-    local us = tonumber(value)
+    -- Hexadecimal: tonumber(v, 16) is strtoul, while a 16-digit decimal
+    -- takes strtod's slow path (about 4,000 server instructions).
+    local us = tonumber(value, 16)
     if us ~= nil then
-      -- NaN fails us >= 0; fractions, negatives and 2^53 on are no state.
-      if us >= 0 and us < 2 * MAX and us == floor(us) then
+      -- 2^53 on (a negative wraps there too) is no state.
+      if us < 2 * MAX then
         return us, 0
       end
       return nil, nil
@@ -102,11 +104,11 @@ local function pair_step(us, rem, S, I, B, now, c)
   return false, div(cap - span_old, I), ceil_div(span_old - (cap - charge), S), ceil_div(span_old, S), 0, nil, nil, repair_us, repair_rem
 end
 
--- The value stored for the time us + rem/S: GCRA's plain integer when rem
--- is 0, else a tagged string.
+-- The value stored for the time us + rem/S: GCRA's hexadecimal integer
+-- when rem is 0, else a tagged string.
 local function pair_value(tag, us, rem)
   if rem == 0 and tag == 'gcra' then
-    return fmt(us)
+    return string.format('%x', us)
   end
   return tag .. ':' .. fmt(us) .. ':' .. fmt(rem)
 end
