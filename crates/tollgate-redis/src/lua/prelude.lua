@@ -105,10 +105,7 @@ end
 -- "Magnitudes"; Policy::emission_interval in Rust): time in 1/S us, a
 -- permit I units. (L, P) when B x P <= 2^52; else S = 2^k for the largest
 -- k with L x 2^k <= 2^53 and B x I <= 2^52, I = ceil(P x 2^k / L).
-local function bucket_scale(L, P, B)
-  if B * P <= MAX then
-    return L, P
-  end
+local function bucket_scale_of(L, P, B)
   local q = floor(P / L)
   local r = P - q * L
   local s, i = L, P
@@ -121,6 +118,38 @@ local function bucket_scale(L, P, B)
     s, i = scale, inc
     scale = scale * 2
   end
+  return s, i
+end
+
+-- A library keeps the scales it computed (SCALES[L][P][B] = {S, I}; the
+-- loop runs up to 53 times), forgotten past 4096.
+local SCALES = {}
+local scale_count = 0
+local function bucket_scale(L, P, B)
+  if B * P <= MAX then
+    return L, P
+  end
+  local by_l = SCALES[L]
+  local by_p = by_l and by_l[P]
+  local known = by_p and by_p[B]
+  if known ~= nil then
+    return known[1], known[2]
+  end
+  local s, i = bucket_scale_of(L, P, B)
+  if scale_count >= 4096 then
+    SCALES, scale_count = {}, 0
+    by_l, by_p = nil, nil
+  end
+  if by_l == nil then
+    by_l = {}
+    SCALES[L] = by_l
+  end
+  if by_p == nil then
+    by_p = {}
+    by_l[P] = by_p
+  end
+  by_p[B] = { s, i }
+  scale_count = scale_count + 1
   return s, i
 end
 
