@@ -24,9 +24,12 @@ Commands:
         --replicas N  replicas per master (default 0)
         --no-stdin    ignore stdin: run until interrupted or killed
   bench <core|redis|http|all> [-- <criterion args>]
-        Run the criterion benches (redis and http against a fresh local
+        Run the benches (redis and http against a fresh local
         redis-server): core = tollgate-core memory_vs_governor,
-        redis = tollgate-redis redis_throughput,
+        redis = tollgate-redis redis_throughput (starts its own
+        redis-server pinned to core 0: server instructions per check by
+        callgrind and checks/s, tollgate vs the peer scripts of
+        ../shared/bench; needs valgrind and taskset; about 4 minutes),
         http = tollgate-tower http_throughput.
   reliability
         Fault and abuse scenarios against a standalone server and a Cluster
