@@ -66,8 +66,8 @@ impl PathState {
 }
 
 /// Whether an error says the server refuses Redis Functions (an unknown
-/// `FCALL`/`FUNCTION` command on Redis before 7, or an ACL without them),
-/// having run nothing.
+/// `FCALL`/`FUNCTION` command on Redis before 7, an ACL without them, or a
+/// library it would not register), having run nothing.
 pub(crate) fn functions_refused(error: &StoreError) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(error) = source {
@@ -81,6 +81,11 @@ pub(crate) fn functions_refused(error: &StoreError) -> bool {
 
 fn refusal(code: Option<&str>, text: &str) -> bool {
     let text = text.to_ascii_lowercase();
+    if text.contains("error registering functions") {
+        // The server would not take the library (a Lua it runs differently):
+        // scripts still work there.
+        return true;
+    }
     let names_functions = text.contains("'fcall") || text.contains("'function");
     match code {
         Some("NOPERM") => names_functions,
@@ -107,6 +112,10 @@ mod tests {
             "ERR unknown command 'FCALL', with args beginning with: 'x'"
         ));
         assert!(!refusal(Some("NOPERM"), "No permissions to access a key"));
+        assert!(refusal(
+            Some("ERR"),
+            "Error registering functions: ERR user_function:13: Script attempted to access nonexistent global variable 'math'"
+        ));
         assert!(!refusal(
             Some("OOM"),
             "command not allowed when used memory > 'maxmemory'"

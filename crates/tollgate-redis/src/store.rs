@@ -902,6 +902,42 @@ mod tests {
     }
 
     #[test]
+    fn the_evalsha_fallback_keeps_every_argument_but_the_plan() {
+        let script = scripts::compose(&[Algorithm::Gcra, Algorithm::FixedWindow]).unwrap();
+        let mut fcall = redis::cmd("FCALL");
+        fcall
+            .arg("tollgate_x_check")
+            .arg(2)
+            .arg("k1")
+            .arg("k2")
+            .arg("ae")
+            .arg("")
+            .arg(1)
+            .arg("5:1000000:5")
+            .arg("9:60000000:9");
+        let evalsha = evalsha_from_fcall(&script, &fcall, 2);
+        let args: Vec<Vec<u8>> = evalsha
+            .args_iter()
+            .filter_map(|arg| match arg {
+                redis::Arg::Simple(bytes) => Some(bytes.to_vec()),
+                _ => None,
+            })
+            .collect();
+        let expected: Vec<&[u8]> = vec![
+            b"EVALSHA",
+            script.sha().as_bytes(),
+            b"2",
+            b"k1",
+            b"k2",
+            b"",
+            b"1",
+            b"5:1000000:5",
+            b"9:60000000:9",
+        ];
+        assert_eq!(args, expected);
+    }
+
+    #[test]
     fn prefixes_are_validated() {
         assert!(validate_prefix("tollgate").is_ok());
         assert!(validate_prefix("a:b-c").is_ok());
