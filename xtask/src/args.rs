@@ -28,7 +28,10 @@ Commands:
         redis-server): core = tollgate-core memory_cost (MemoryStore vs
         governor: instructions per check under callgrind, resident bytes
         per key, interleaved wall-clock ratios; needs valgrind),
-        redis = tollgate-redis redis_throughput,
+        redis = tollgate-redis redis_throughput (starts its own
+        redis-server pinned to core 0: server instructions per check by
+        callgrind and checks/s, tollgate vs the peer scripts of
+        ../shared/bench; needs valgrind and taskset; about 4 minutes),
         http = tollgate-tower http_throughput.
   reliability
         Fault and abuse scenarios against a standalone server and a Cluster

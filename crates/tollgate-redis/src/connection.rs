@@ -412,7 +412,8 @@ impl Connection {
         }
     }
 
-    /// Loads `script`. On a Cluster, on the node that answered `NOSCRIPT`:
+    /// Loads `script` (`SCRIPT LOAD`, or `FUNCTION LOAD REPLACE` of the
+    /// library holding a function). On a Cluster, on the node that answered `NOSCRIPT`:
     /// the redirection's target if any, else the master serving `key`'s
     /// slot (a fan-out to every master would fail whenever any other master
     /// is down).
@@ -422,8 +423,7 @@ impl Connection {
         key: &str,
         to: Option<&Redirect>,
     ) -> Result<Value, RedisError> {
-        let mut load = redis::cmd("SCRIPT");
-        load.arg("LOAD").arg(script.source());
+        let load = script.load_cmd();
         match self {
             Self::Standalone(standalone) => load.query_async(&mut standalone.connection).await,
             Self::External(connection) => load.query_async(connection).await,
@@ -602,9 +602,18 @@ pub(crate) fn is_script_acl_refusal(error: &RedisError) -> bool {
         .is_some_and(|detail| detail.contains("can't run this command"))
 }
 
+/// Whether a server answered `FCALL` with "Function not found".
+fn function_missing(error: &RedisError) -> bool {
+    error.code() == Some("ERR")
+        && error
+            .detail()
+            .is_some_and(|detail| detail.starts_with("Function not found"))
+}
+
 /// Runs `evalsha` (an `EVALSHA` of `script` whose first key is
-/// `first_key`), and after `NOSCRIPT` a `SCRIPT LOAD` and the `EVALSHA`
-/// again. Nothing that may have run is sent twice. Everything, pool
+/// `first_key`, or an `FCALL` of a function), and after `NOSCRIPT` (or
+/// "Function not found") a `SCRIPT LOAD` (`FUNCTION LOAD REPLACE`) and the
+/// call again. Nothing that may have run is sent twice. Everything, pool
 /// checkout included, shares one deadline of `timeout`.
 pub(crate) async fn eval(
     pool: &Pool,
@@ -630,9 +639,15 @@ pub(crate) async fn eval(
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(error)) => error,
         };
-        let (why, error) = match classify(error, &connection, timeout) {
-            Failure::Fail(error) => return Err(error),
-            Failure::NotRun { why, error } => (why, error),
+        let (why, error) = if script.is_function() && function_missing(&error) {
+            // `FCALL` of a function the node does not have (FUNCTION
+            // FLUSH, a restart, a failover, a new node): nothing ran.
+            (NotRun::NoScript, error)
+        } else {
+            match classify(error, &connection, timeout) {
+                Failure::Fail(error) => return Err(error),
+                Failure::NotRun { why, error } => (why, error),
+            }
         };
         attempts += 1;
         if attempts > NOT_RUN_RETRIES {
@@ -640,7 +655,10 @@ pub(crate) async fn eval(
         }
         match why {
             NotRun::NoScript => {
-                tracing::debug!(sha = script.sha(), "NOSCRIPT: loading the script");
+                tracing::debug!(
+                    name = script.sha(),
+                    "NOSCRIPT or no such function: loading it"
+                );
                 match timeout_at(
                     deadline,
                     connection.load(script, first_key, redirected.as_ref()),

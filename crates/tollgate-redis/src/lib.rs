@@ -31,8 +31,13 @@
 //! `RedisStore::builder().cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])`.
 //! Everything else is the same.
 //!
-//! Requirements: Redis 5 or later: scripts read `TIME` and then write,
-//! which needs effect replication, the default since Redis 5.
+//! Requirements: Redis 6.2 or later (a write is one `SET … PXAT`; scripts
+//! read `TIME` and then write, which needs effect replication). On Redis 7
+//! checks run as Redis Functions; elsewhere, or for an ACL user without
+//! `FCALL`/`FUNCTION`, as scripts ([`CallPath`]). The test
+//! suite runs against Redis 7.0 (Debian's `redis-server`); older versions
+//! and compatible servers such as Valkey are not tested. Connections are
+//! TCP (`redis://`) or Unix sockets (`redis+unix://`).
 //!
 //! # Deployments
 //!
@@ -125,7 +130,7 @@
 //!
 //! | algorithm | type | value |
 //! |---|---|---|
-//! | GCRA | string | `gcra:<tat_us>:<rem>`: theoretical arrival time `tat_us + rem/L` |
+//! | GCRA | string | the theoretical arrival time in hexadecimal microseconds when it is a whole microsecond (the usual case: Lua reads hex with `strtoul`, a 16-digit decimal with `strtod`'s slow path); else `gcra:<tat_us>:<rem>` (decimal), `tat_us + rem/L`. Both forms are read (earlier versions wrote `gcra:<tat_us>:0`) |
 //! | leaky bucket (queue) | string | `leaky_queue:<free_us>:<rem>`: when the queue is empty, `free_us + rem/L` |
 //! | token bucket | string | `token_bucket:<level>:<last_us>`: tokens × period in µs, refilled at `last_us` |
 //! | leaky bucket (meter) | string | `leaky_meter:<level>:<last_us>`: water × period in µs, at `last_us` |
@@ -135,12 +140,13 @@
 //!
 //! ```text
 //! $ redis-cli GET 'tollgate:{user:42}:per-second'
-//! "gcra:1700000000150000:0"
+//! "60a24182089f0"
 //! $ redis-cli PTTL 'tollgate:{user:42}:per-second'
 //! (integer) 100
 //! ```
 //!
-//! Every write sets the key's expiry (`PEXPIREAT`, milliseconds rounded up)
+//! Every write sets the key's expiry in the same call (`SET … PXAT`,
+//! milliseconds rounded up; the sliding log's `PEXPIREAT`)
 //! to the moment the state is back to full, when forgetting it changes
 //! nothing: no key is immortal and none lives longer than it matters.
 //! Denials and peeks write nothing. A state of another algorithm (a policy
@@ -152,12 +158,20 @@
 //!
 //! # Scripts
 //!
-//! One Lua source per algorithm (in `src/lua/`), composed into one script per
-//! combination of algorithms a check uses (a GCRA and a fixed-window policy
-//! together make one script), cached by SHA-1 and called with `EVALSHA`. On
-//! `NOSCRIPT` (after a restart or `SCRIPT FLUSH`), the store sends
-//! `SCRIPT LOAD` and the `EVALSHA` again: `NOSCRIPT` proves the script did
-//! not run. The arithmetic is integer microseconds throughout, exact in
+//! One Lua source per algorithm (in `src/lua/`). By default they are one
+//! Redis Functions library, `tollgate_<hash of its source>`
+//! ([`RedisStore::library_name`]), loaded once per node with `FUNCTION LOAD
+//! REPLACE` and called with `FCALL` (`FCALL_RO` for a peek), the plan of
+//! algorithms passed as one letter per policy: helpers and tables are built
+//! once, at load. A node without it (after `FUNCTION FLUSH`, a restart
+//! without persistence, a failover, a new Cluster node) answers "Function
+//! not found", which proves the call did not run: the store loads the
+//! library there and sends the call again. When a server refuses `FCALL`
+//! or `FUNCTION` (Redis before 7, an ACL without them) the store falls back
+//! for good to scripts ([`CallPath::Evalsha`], [`RedisStore::call_path`]):
+//! the sources composed into one script per combination of algorithms a
+//! check uses, cached by SHA-1 and called with `EVALSHA`; on `NOSCRIPT` the
+//! store sends `SCRIPT LOAD` and the `EVALSHA` again. The arithmetic is integer microseconds throughout, exact in
 //! Lua's doubles (policies keep every product below 2^53), and follows
 //! tollgate-core's `ALGORITHMS.md` line by line; a differential test holds
 //! the Redis and memory stores equal.
@@ -284,6 +298,7 @@ mod builder;
 mod cell;
 mod connection;
 mod errors;
+mod functions;
 mod limiter;
 mod redact;
 mod scripts;
@@ -297,6 +312,7 @@ pub use builder::{
 };
 pub use cell::{ThrottleCallError, THROTTLE_POLICY_NAME};
 pub use errors::{BuildError, ACL_CLUSTER_COMMANDS, ACL_COMMANDS};
+pub use functions::CallPath;
 pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError, RateType, DEFAULT_KEEP_ALIVE};
 pub use redact::redact_url;
 pub use store::{CheckFuture, ClockMode, RedisStore};

@@ -1,10 +1,15 @@
-//! The Lua sources and the scripts composed from them.
+//! The Lua sources, the scripts composed from them (EVALSHA) and the
+//! Redis Functions library holding them all (FCALL).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
+use redis::Cmd;
+
 use smallvec::SmallVec;
 use tollgate_core::{Algorithm, LeakyMode, StoreError};
+
+use crate::functions::PathState;
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 const GCRA: &str = include_str!("lua/gcra.lua");
@@ -16,6 +21,7 @@ const SLIDING_WINDOW: &str = include_str!("lua/sliding_window.lua");
 const SLIDING_LOG: &str = include_str!("lua/sliding_log.lua");
 const CHECK: &str = include_str!("lua/check.lua");
 const LIMITER: &str = include_str!("lua/limiter.lua");
+const LIBRARY: &str = include_str!("lua/library.lua");
 
 /// The algorithm sources in the order they are concatenated (the queue
 /// uses the GCRA arithmetic, so GCRA comes first).
@@ -40,6 +46,29 @@ enum Part {
     SlidingLog,
 }
 
+/// The letter naming an algorithm in a Functions call's plan (`CODES` in
+/// library.lua).
+fn code(algorithm: Algorithm) -> Result<char, StoreError> {
+    Ok(match algorithm {
+        Algorithm::Gcra => 'a',
+        Algorithm::LeakyBucket(LeakyMode::Queue) => 'b',
+        Algorithm::TokenBucket => 'c',
+        Algorithm::LeakyBucket(LeakyMode::Meter) => 'd',
+        Algorithm::FixedWindow => 'e',
+        Algorithm::SlidingWindow => 'f',
+        Algorithm::SlidingLog => 'g',
+        other => return Err(unknown(other)),
+    })
+}
+
+fn unknown(algorithm: Algorithm) -> StoreError {
+    StoreError::Protocol {
+        detail: format!(
+            "algorithm {algorithm} has no Redis script in this version of tollgate-redis; upgrade tollgate-redis to match tollgate-core"
+        ),
+    }
+}
+
 /// The Lua function name and the source parts an algorithm needs.
 fn parts(algorithm: Algorithm) -> Result<(&'static str, &'static [Part]), StoreError> {
     Ok(match algorithm {
@@ -52,31 +81,27 @@ fn parts(algorithm: Algorithm) -> Result<(&'static str, &'static [Part]), StoreE
         Algorithm::FixedWindow => ("fixed_window", &[Part::FixedWindow]),
         Algorithm::SlidingWindow => ("sliding_window", &[Part::SlidingWindow]),
         Algorithm::SlidingLog => ("sliding_log", &[Part::SlidingLog]),
-        other => {
-            return Err(StoreError::Protocol {
-                detail: format!(
-                    "algorithm {other} has no Redis script in this version of tollgate-redis; upgrade tollgate-redis to match tollgate-core"
-                ),
-            })
-        }
+        other => return Err(unknown(other)),
     })
 }
 
-/// A script: its source and SHA-1 (what EVALSHA names it by), and for a
-/// check script its allow-oom twin.
+/// Something the server runs by name: a script (EVALSHA, named by its
+/// SHA-1) or a function of the tollgate library (FCALL), with the source
+/// that defines it, and for a check its allow-oom twin.
 #[derive(Debug, Clone)]
 pub(crate) struct LuaScript {
     source: Arc<str>,
     sha: Arc<str>,
+    function: bool,
     allow_oom: Option<Arc<LuaScript>>,
 }
 
 /// The first line of the allow-oom twin of a check script: Redis 7 runs it
 /// (and its writes) even at `maxmemory` with `noeviction`.
 const ALLOW_OOM_SHEBANG: &str = "#!lua flags=allow-oom\n";
-/// The line of `check.lua` that the allow-oom twin turns on.
-const NO_NEW_KEYS_OFF: &str = "local NO_NEW_KEYS = false\n";
-const NO_NEW_KEYS_ON: &str = "local NO_NEW_KEYS = true\n";
+/// The last line of a check script and of its allow-oom twin.
+const RUN_CHECK: &str = "return check(PLAN, KEYS, ARGV, 0, false)\n";
+const RUN_CHECK_NO_NEW_KEYS: &str = "return check(PLAN, KEYS, ARGV, 0, true)\n";
 
 impl LuaScript {
     fn new(source: String) -> Self {
@@ -84,8 +109,30 @@ impl LuaScript {
         Self {
             source: source.into(),
             sha,
+            function: false,
             allow_oom: None,
         }
+    }
+
+    /// Whether this is a function (FCALL) rather than a script (EVALSHA).
+    pub(crate) fn is_function(&self) -> bool {
+        self.function
+    }
+
+    /// The command that makes the server know this script or function:
+    /// `SCRIPT LOAD`, or `FUNCTION LOAD REPLACE` of the whole library.
+    pub(crate) fn load_cmd(&self) -> Cmd {
+        let mut cmd = if self.function {
+            let mut cmd = redis::cmd("FUNCTION");
+            cmd.arg("LOAD").arg("REPLACE");
+            cmd
+        } else {
+            let mut cmd = redis::cmd("SCRIPT");
+            cmd.arg("LOAD");
+            cmd
+        };
+        cmd.arg(&*self.source);
+        cmd
     }
 
     /// The check script's twin for a Redis that refused it for lack of
@@ -96,10 +143,13 @@ impl LuaScript {
         self.allow_oom.as_deref()
     }
 
+    #[cfg(test)]
     pub(crate) fn source(&self) -> &str {
         &self.source
     }
 
+    /// What the call names it by: the SHA-1 of a script, the name of a
+    /// function.
     pub(crate) fn sha(&self) -> &str {
         &self.sha
     }
@@ -136,10 +186,8 @@ pub(crate) fn compose(plan: &[Algorithm]) -> Result<LuaScript, StoreError> {
     }
     source.push_str("}\n");
     source.push_str(CHECK);
-    let twin = format!(
-        "{ALLOW_OOM_SHEBANG}{}",
-        source.replacen(NO_NEW_KEYS_OFF, NO_NEW_KEYS_ON, 1)
-    );
+    let twin = format!("{ALLOW_OOM_SHEBANG}{source}{RUN_CHECK_NO_NEW_KEYS}");
+    source.push_str(RUN_CHECK);
     let mut script = LuaScript::new(source);
     script.allow_oom = Some(Arc::new(LuaScript::new(twin)));
     Ok(script)
@@ -154,6 +202,71 @@ pub(crate) fn limiter() -> LuaScript {
     LuaScript::new(source)
 }
 
+/// The tollgate Redis Functions library: every algorithm and the check,
+/// loaded once per node (`FUNCTION LOAD REPLACE`) and named after a hash
+/// of its source (`tollgate_<12 hex digits>`), so versions never clash.
+#[derive(Debug, Clone)]
+pub(crate) struct Library {
+    name: Arc<str>,
+    /// A check (`FCALL`); its allow-oom twin is the OOM function.
+    check: LuaScript,
+    /// A peek (`FCALL_RO`, declared `no-writes`).
+    peek: LuaScript,
+}
+
+impl Library {
+    fn new() -> Self {
+        let mut body = String::with_capacity(32 * 1024);
+        body.push_str(PRELUDE);
+        for (_, text) in SOURCES {
+            body.push_str(text);
+        }
+        body.push_str(CHECK);
+        body.push_str(LIBRARY);
+        let hash = redis::Script::new(&body).get_hash().to_owned();
+        let name = format!("tollgate_{}", &hash[..12]);
+        let source: Arc<str> = format!(
+            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM = '{name}_check', '{name}_peek', '{name}_oom'\n{body}"
+        )
+        .into();
+        let function = |suffix: &str| LuaScript {
+            source: Arc::clone(&source),
+            sha: format!("{name}_{suffix}").into(),
+            function: true,
+            allow_oom: None,
+        };
+        let mut check = function("check");
+        check.allow_oom = Some(Arc::new(function("oom")));
+        Self {
+            check,
+            peek: function("peek"),
+            name: name.into(),
+        }
+    }
+
+    /// The library's name, `tollgate_<hash>`.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The function for a check (`peek`: cost 0, `FCALL_RO`).
+    pub(crate) fn function(&self, peek: bool) -> &LuaScript {
+        if peek {
+            &self.peek
+        } else {
+            &self.check
+        }
+    }
+
+    /// The plan argument: one letter per policy.
+    pub(crate) fn plan(
+        plan: impl Iterator<Item = Algorithm>,
+    ) -> Result<SmallVec<[u8; 8]>, StoreError> {
+        plan.map(|algorithm| code(algorithm).map(|c| c as u8))
+            .collect()
+    }
+}
+
 type Plan = SmallVec<[Algorithm; 4]>;
 
 /// Composed scripts by algorithm combination. Single-policy scripts are
@@ -162,6 +275,8 @@ type Plan = SmallVec<[Algorithm; 4]>;
 pub(crate) struct ScriptCache {
     single: HashMap<Algorithm, LuaScript>,
     combined: RwLock<HashMap<Plan, LuaScript>>,
+    library: Library,
+    path: PathState,
 }
 
 impl ScriptCache {
@@ -173,7 +288,19 @@ impl ScriptCache {
         Self {
             single,
             combined: RwLock::new(HashMap::new()),
+            library: Library::new(),
+            path: PathState::default(),
         }
+    }
+
+    /// How checks are called now.
+    pub(crate) fn path(&self) -> &PathState {
+        &self.path
+    }
+
+    /// The Redis Functions library.
+    pub(crate) fn library(&self) -> &Library {
+        &self.library
     }
 
     /// The script for these algorithms, in this order.
@@ -215,6 +342,8 @@ mod tests {
         assert!(script
             .source()
             .contains("local PLAN = {ALG.leaky_queue, ALG.gcra, ALG.fixed_window}"));
+        assert!(script.source().ends_with(RUN_CHECK));
+        assert!(!script.is_function());
         assert!(!script.source().contains("ALG.sliding_log ="));
         assert_eq!(script.sha().len(), 40);
     }
@@ -222,11 +351,11 @@ mod tests {
     #[test]
     fn the_allow_oom_twin_declares_the_flag_and_refuses_new_keys() {
         let script = compose(&[Algorithm::Gcra, Algorithm::SlidingLog]).unwrap();
-        assert_eq!(script.source().matches(NO_NEW_KEYS_OFF).count(), 1);
+        assert_eq!(script.source().matches(RUN_CHECK).count(), 1);
         let twin = script.allow_oom().expect("a check script has a twin");
         assert!(twin.source().starts_with(ALLOW_OOM_SHEBANG));
-        assert!(twin.source().contains(NO_NEW_KEYS_ON));
-        assert!(!twin.source().contains(NO_NEW_KEYS_OFF));
+        assert!(twin.source().ends_with(RUN_CHECK_NO_NEW_KEYS));
+        assert!(!twin.source().contains(RUN_CHECK));
         assert_ne!(twin.sha(), script.sha());
         assert!(twin.allow_oom().is_none());
         assert!(limiter().allow_oom().is_none());
@@ -242,5 +371,32 @@ mod tests {
             .get([Algorithm::Gcra, Algorithm::FixedWindow].into_iter())
             .unwrap();
         assert_eq!(again.sha(), a.sha());
+    }
+
+    #[test]
+    fn the_library_names_its_version_and_every_algorithm_has_a_letter() {
+        let library = Library::new();
+        assert!(library.name().starts_with("tollgate_"));
+        assert_eq!(library.name().len(), "tollgate_".len() + 12);
+        let check = library.function(false);
+        assert!(check.is_function());
+        assert_eq!(check.sha(), format!("{}_check", library.name()));
+        assert_eq!(
+            library.function(true).sha(),
+            format!("{}_peek", library.name())
+        );
+        let oom = check.allow_oom().expect("the check has an OOM twin");
+        assert_eq!(oom.sha(), format!("{}_oom", library.name()));
+        assert!(check
+            .source()
+            .starts_with(&format!("#!lua name={}\n", library.name())));
+        let letters = Library::plan(Algorithm::ALL.into_iter()).unwrap();
+        assert_eq!(letters.len(), Algorithm::ALL.len());
+        for letter in &letters {
+            assert!(LIBRARY.contains(&format!("{} = ALG.", *letter as char)));
+        }
+        let load = check.load_cmd();
+        let args: Vec<_> = load.args_iter().collect();
+        assert_eq!(args.len(), 4);
     }
 }

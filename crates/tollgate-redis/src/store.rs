@@ -10,12 +10,13 @@ use std::time::Duration;
 use redis::{Cmd, RedisError, Value};
 use smallvec::SmallVec;
 use tollgate_core::{
-    encode_subject, validate_check, Clock, Decision, Policy, Store, StoreError, Verdict,
+    encode_subject, validate_check, Algorithm, Clock, Decision, Policy, Store, StoreError, Verdict,
 };
 
 use crate::builder::RedisStoreBuilder;
 use crate::connection::{self, Pool};
-use crate::scripts::{LuaScript, ScriptCache};
+use crate::functions::{self, CallPath};
+use crate::scripts::{self, LuaScript, ScriptCache};
 
 /// Where a [`RedisStore`] reads the time.
 ///
@@ -104,6 +105,7 @@ impl fmt::Debug for RedisStore {
             .field("timeout", &self.inner.timeout)
             .field("clock", &self.inner.clock)
             .field("hash_subjects", &self.inner.hash_subjects)
+            .field("call_path", &self.call_path())
             .finish_non_exhaustive()
     }
 }
@@ -225,6 +227,34 @@ impl RedisStore {
             .to_owned())
     }
 
+    /// How checks are called: [`CallPath::Functions`] (the default), or
+    /// [`CallPath::Evalsha`] once a server refused `FCALL` or `FUNCTION`
+    /// (Redis before 7, an ACL without them). The store starts on Redis
+    /// Functions and falls back at the first refusal, for good: `build()`
+    /// never waits on the server, so the first check (or
+    /// [`ping`](Self::ping)) finds out.
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// use tollgate_redis::{CallPath, RedisStore};
+    ///
+    /// let store = RedisStore::builder().url("redis://127.0.0.1").build().await?;
+    /// assert_eq!(store.call_path(), CallPath::Functions);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn call_path(&self) -> CallPath {
+        self.inner.scripts.path().get()
+    }
+
+    /// The name of the Redis Functions library this version loads,
+    /// `tollgate_<hash of its source>` (what `FUNCTION LIST` shows).
+    #[must_use]
+    pub fn library_name(&self) -> &str {
+        self.inner.scripts.library().name()
+    }
+
     fn check_future(
         &self,
         subject: &str,
@@ -232,12 +262,25 @@ impl RedisStore {
         cost: u64,
     ) -> Result<CheckFuture, StoreError> {
         validate_check(policies, cost)?;
-        let script = self
-            .inner
-            .scripts
-            .get(policies.iter().map(Policy::algorithm))?;
+        let path = self.call_path();
+        let (script, plan) = match path {
+            CallPath::Evalsha => (
+                self.inner
+                    .scripts
+                    .get(policies.iter().map(Policy::algorithm))?,
+                SmallVec::new(),
+            ),
+            _ => (
+                self.inner.scripts.library().function(cost == 0).clone(),
+                scripts::Library::plan(policies.iter().map(Policy::algorithm))?,
+            ),
+        };
         let subject = self.subject(subject);
-        let mut cmd = redis::cmd("EVALSHA");
+        let mut cmd = if script.is_function() {
+            redis::cmd(if cost == 0 { "FCALL_RO" } else { "FCALL" })
+        } else {
+            redis::cmd("EVALSHA")
+        };
         cmd.arg(script.sha()).arg(policies.len());
         // One buffer for every key: `<prefix>:{<subject>}:` once, then each
         // policy's name in turn. validate_check refused an empty list, so
@@ -255,29 +298,84 @@ impl RedisStore {
                 first_key.push_str(&key);
             }
         }
+        if script.is_function() {
+            cmd.arg(plan.as_slice());
+        }
         self.push_now(&mut cmd);
         cmd.arg(cost);
+        // Each policy as one argument, `<limit>:<period_us>:<capacity>`:
+        // the library parses a policy once, not on every call.
+        let mut buffer = String::with_capacity(64);
         for policy in policies {
-            cmd.arg(policy.limit())
-                .arg(policy.period_micros())
-                .arg(policy.capacity());
+            use std::fmt::Write as _;
+            buffer.clear();
+            let _ = write!(
+                buffer,
+                "{}:{}:{}",
+                policy.limit(),
+                policy.period_micros(),
+                policy.capacity()
+            );
+            cmd.arg(buffer.as_str());
         }
         let capacities: SmallVec<[u64; 2]> = policies.iter().map(Policy::capacity).collect();
+        let algorithms: SmallVec<[Algorithm; 2]> = if script.is_function() {
+            policies.iter().map(Policy::algorithm).collect()
+        } else {
+            SmallVec::new()
+        };
         let inner = Arc::clone(&self.inner);
         Ok(Box::pin(async move {
-            let value =
-                match connection::eval(&inner.pool, inner.timeout, &script, &cmd, &first_key).await
-                {
-                    // Refused at its first write, so nothing was charged:
-                    // once more, allowed to update held subjects only.
-                    Err(error) if is_oom(&error) => {
-                        check_out_of_memory(&inner, &script, &cmd, &first_key, error).await?
-                    }
-                    other => other?,
-                };
+            let value = match run(&inner, &script, &cmd, &first_key).await {
+                // Redis refused FCALL or FUNCTION LOAD, so nothing ran:
+                // EVALSHA from now on, this check first.
+                Err(error) if script.is_function() && functions::functions_refused(&error) => {
+                    inner.scripts.path().fall_back();
+                    let script = inner.scripts.get(algorithms.iter().copied())?;
+                    let evalsha = evalsha_from_fcall(&script, &cmd, algorithms.len());
+                    run(&inner, &script, &evalsha, &first_key).await?
+                }
+                other => other?,
+            };
             parse_verdict(value, &capacities)
         }))
     }
+}
+
+/// Runs a check; one refused with `OOM` runs once more as its allow-oom
+/// twin.
+async fn run(
+    inner: &Inner,
+    script: &LuaScript,
+    cmd: &Cmd,
+    first_key: &str,
+) -> Result<Value, StoreError> {
+    match connection::eval(&inner.pool, inner.timeout, script, cmd, first_key).await {
+        // Refused at its first write (a script) or before running (a
+        // function), so nothing was charged: once more, allowed to update
+        // held subjects only.
+        Err(error) if is_oom(&error) => {
+            check_out_of_memory(inner, script, cmd, first_key, error).await
+        }
+        other => other,
+    }
+}
+
+/// The `EVALSHA` of `script` with the arguments of an `FCALL` (`FCALL name
+/// numkeys keys... plan now cost ...`), without the plan.
+#[cold]
+fn evalsha_from_fcall(script: &LuaScript, fcall: &Cmd, keys: usize) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.sha());
+    for (i, arg) in fcall.args_iter().enumerate().skip(2) {
+        if i == 3 + keys {
+            continue;
+        }
+        if let redis::Arg::Simple(bytes) = arg {
+            cmd.arg(bytes);
+        }
+    }
+    cmd
 }
 
 /// How long a subject Redis has no memory for is told to wait: Redis frees
@@ -317,7 +415,11 @@ async fn check_out_of_memory(
     let Some(twin) = script.allow_oom() else {
         return Err(refused);
     };
-    let mut retry = redis::cmd("EVALSHA");
+    let mut retry = redis::cmd(if twin.is_function() {
+        "FCALL"
+    } else {
+        "EVALSHA"
+    });
     retry.arg(twin.sha());
     for arg in cmd.args_iter().skip(2) {
         if let redis::Arg::Simple(bytes) = arg {
@@ -483,5 +585,41 @@ mod tests {
             parse_verdict(allowed_with_retry, &[5]),
             Err(StoreError::Protocol { .. })
         ));
+    }
+
+    #[test]
+    fn the_evalsha_fallback_keeps_every_argument_but_the_plan() {
+        let script = scripts::compose(&[Algorithm::Gcra, Algorithm::FixedWindow]).unwrap();
+        let mut fcall = redis::cmd("FCALL");
+        fcall
+            .arg("tollgate_x_check")
+            .arg(2)
+            .arg("k1")
+            .arg("k2")
+            .arg("ae")
+            .arg("")
+            .arg(1)
+            .arg("5:1000000:5")
+            .arg("9:60000000:9");
+        let evalsha = evalsha_from_fcall(&script, &fcall, 2);
+        let args: Vec<Vec<u8>> = evalsha
+            .args_iter()
+            .filter_map(|arg| match arg {
+                redis::Arg::Simple(bytes) => Some(bytes.to_vec()),
+                _ => None,
+            })
+            .collect();
+        let expected: Vec<&[u8]> = vec![
+            b"EVALSHA",
+            script.sha().as_bytes(),
+            b"2",
+            b"k1",
+            b"k2",
+            b"",
+            b"1",
+            b"5:1000000:5",
+            b"9:60000000:9",
+        ];
+        assert_eq!(args, expected);
     }
 }

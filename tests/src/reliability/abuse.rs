@@ -69,7 +69,8 @@ pub struct HotPhase {
     /// Store calls for the hot subject that did not admit (denials the
     /// store had to make).
     pub hot_store_denials: u64,
-    /// `EVALSHA` calls Redis executed in the phase (all subjects).
+    /// Checks Redis executed in the phase (all subjects): `FCALL`,
+    /// `FCALL_RO` and `EVALSHA` calls.
     pub evalsha_calls: u64,
     /// Other subjects' requests admitted.
     pub others_admitted: u64,
@@ -257,7 +258,11 @@ async fn hot_phase(
         .iter()
         .filter(|r| r.subject == "hot-abuser" && r.outcome != Outcome::Allowed)
         .count() as u64;
-    phase.evalsha_calls = command_calls(&info(server_url, "commandstats").await, "evalsha");
+    let commandstats = info(server_url, "commandstats").await;
+    phase.evalsha_calls = ["evalsha", "fcall", "fcall_ro"]
+        .iter()
+        .map(|command| command_calls(&commandstats, command))
+        .sum();
     phase
 }
 
@@ -305,7 +310,7 @@ pub async fn hot_subject(server_url: &str, config: &HotSubject) -> HotReport {
     row.wrong = others_wrong + hot_wrong;
     for phase in phases.iter().skip(1) {
         row.note(format!(
-            "deny cache {}: {} hot requests, {} denied, {} reached Redis ({} of them denials) → {:.4} store calls per denied request; EVALSHA executed by Redis: {}",
+            "deny cache {}: {} hot requests, {} denied, {} reached Redis ({} of them denials) → {:.4} store calls per denied request; checks executed by Redis (FCALL, FCALL_RO, EVALSHA): {}",
             if phase.cache { "on " } else { "off" },
             phase.hot_requests,
             phase.hot_denied,

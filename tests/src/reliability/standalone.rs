@@ -138,8 +138,9 @@ pub struct KillRestartReport {
     /// From the restart to the first admitted answer over HTTP (`None`
     /// with a fallback, whose admissions look the same).
     pub recovered_http: Option<Duration>,
-    /// `SCRIPT LOAD`s the restarted server received (the store reloading
-    /// its scripts after `NOSCRIPT`).
+    /// `FUNCTION LOAD`s and `SCRIPT LOAD`s the restarted server received
+    /// (the store reloading its library or scripts after "Function not
+    /// found" or `NOSCRIPT`).
     pub script_loads: u64,
     /// Successful store decisions after the restart.
     pub decisions_after: u64,
@@ -255,7 +256,10 @@ pub async fn kill_restart(server: &mut OwnedRedis, config: &KillRestart) -> Kill
         .iter()
         .map(|r| r.done.saturating_duration_since(restarted_at))
         .min();
-    let script_loads = command_calls(&info(&server.url(), "commandstats").await, "script|load");
+    // The library (FUNCTION LOAD) or scripts (SCRIPT LOAD, the EVALSHA path).
+    let commandstats = info(&server.url(), "commandstats").await;
+    let script_loads =
+        command_calls(&commandstats, "script|load") + command_calls(&commandstats, "function|load");
     // Over HTTP: the first answer admitted by the store after the restart
     // (without a fallback, an admitted answer is the store's decision).
     let recovered_http = (config.mode != FailureMode::Fallback)

@@ -18,10 +18,52 @@ pub(crate) fn manual_clock() -> ManualClock {
     ManualClock::new(SystemClock.now_micros() + 86_400_000_000)
 }
 
+/// Whether the tests run on the `EVALSHA` path (`TOLLGATE_REDIS_CALL_PATH=evalsha`):
+/// the stores then connect as [`EVALSHA_USER`], an ACL user without
+/// `FCALL`, `FCALL_RO` and `FUNCTION`, so they fall back at their first
+/// check. Otherwise they take the default Redis Functions path.
+pub(crate) fn evalsha_path() -> bool {
+    std::env::var("TOLLGATE_REDIS_CALL_PATH").is_ok_and(|path| path == "evalsha")
+}
+
+/// The ACL user of the `EVALSHA` path (on the throwaway test servers).
+pub(crate) const EVALSHA_USER: &str = "tollgate-test-evalsha";
+
+/// Creates (or resets) `user` on the server at `url`, allowed everything
+/// but Redis Functions, and returns `url` logged in as that user.
+pub(crate) fn without_functions(url: &str, user: &str) -> String {
+    let mut connection = raw(url);
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(user)
+        .arg("reset")
+        .arg("on")
+        .arg(">no-functions")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-fcall")
+        .arg("-fcall_ro")
+        .arg("-function")
+        .query(&mut connection)
+        .unwrap_or_else(|e| panic!("ACL SETUSER {user} on {url}: {e}"));
+    url.replacen("redis://", &format!("redis://{user}:no-functions@"), 1)
+}
+
+/// The URL a test store uses for `url`: as is, or as [`EVALSHA_USER`] on
+/// the `EVALSHA` path.
+pub(crate) fn path_url(url: String) -> String {
+    if evalsha_path() {
+        without_functions(&url, EVALSHA_USER)
+    } else {
+        url
+    }
+}
+
 /// A store on the standalone test server.
 pub(crate) async fn standalone(prefix: &str, clock: ClockMode) -> RedisStore {
     RedisStore::builder()
-        .url(tollgate_tests::redis_url())
+        .url(path_url(tollgate_tests::redis_url()))
         .prefix(prefix)
         .timeout(TEST_TIMEOUT)
         .clock(clock)
@@ -33,7 +75,12 @@ pub(crate) async fn standalone(prefix: &str, clock: ClockMode) -> RedisStore {
 /// A store on the test Cluster.
 pub(crate) async fn cluster(prefix: &str, clock: ClockMode) -> RedisStore {
     RedisStore::builder()
-        .cluster(tollgate_tests::cluster_urls())
+        .cluster(
+            tollgate_tests::cluster_urls()
+                .into_iter()
+                .map(path_url)
+                .collect::<Vec<_>>(),
+        )
         .prefix(prefix)
         .timeout(TEST_TIMEOUT)
         .clock(clock)

@@ -1,12 +1,28 @@
 -- GCRA and the time-pair arithmetic shared with the leaky bucket queue.
--- State: the string "<tag>:<us>:<rem>", the time us + rem/S microseconds
--- (S, I = bucket_scale(L, P, B): S = L and I = P when exact).
+-- State: the time us + rem/S microseconds (S, I = bucket_scale(L, P, B):
+-- S = L and I = P when exact). GCRA stores it as us in hexadecimal when
+-- rem is 0 (the common case: what Lua reads cheapest), else as the string
+-- "gcra:<us>:<rem>" (decimal); the leaky bucket queue always as
+-- "leaky_queue:<us>:<rem>". Both forms are read (a Redis written by an
+-- earlier version holds "gcra:<us>:0").
 
--- Parses "<tag>:<us>:<rem>"; a rem >= S (left by a policy with another
--- scale) is carried into us. Anything else is no state.
+-- Parses a state; a rem >= S (left by a policy with another scale) is
+-- carried into us. Anything else is no state.
 local function pair_parse(value, tag, S)
   if value == nil then
     return nil, nil
+  end
+  if tag == 'gcra' then
+    -- Hexadecimal: tonumber(v, 16) is strtoul, while a 16-digit decimal
+    -- takes strtod's slow path (about 4,000 server instructions).
+    local us = tonumber(value, 16)
+    if us ~= nil then
+      -- 2^53 on (a negative wraps there too) is no state.
+      if us < 2 * MAX then
+        return us, 0
+      end
+      return nil, nil
+    end
   end
   local a, b = string.match(value, '^' .. tag .. ':(%d+):(%d+)$')
   if a == nil then
@@ -88,6 +104,15 @@ local function pair_step(us, rem, S, I, B, now, c)
   return false, div(cap - span_old, I), ceil_div(span_old - (cap - charge), S), ceil_div(span_old, S), 0, nil, nil, repair_us, repair_rem
 end
 
+-- The value stored for the time us + rem/S: GCRA's hexadecimal integer
+-- when rem is 0, else a tagged string.
+local function pair_value(tag, us, rem)
+  if rem == 0 and tag == 'gcra' then
+    return string.format('%x', us)
+  end
+  return tag .. ':' .. fmt(us) .. ':' .. fmt(rem)
+end
+
 -- The GCRA-family step on key: parses, steps, writes a repair on a charge,
 -- and builds the decision table.
 local function pair_alg(tag, key, L, P, B, now, c, queue)
@@ -100,12 +125,12 @@ local function pair_alg(tag, key, L, P, B, now, c, queue)
   if repair_us ~= nil and c > 0 then
     -- A charge writes the clamped time whatever the verdict; an admission
     -- overwrites it below.
-    put(key, tag .. ':' .. fmt(repair_us) .. ':' .. fmt(repair_rem), now + ceil_div(B * I, S))
+    put(key, pair_value(tag, repair_us, repair_rem), now + ceil_div(B * I, S))
   end
   if new_us == nil then
     return { ok, remaining, retry, reset, delay }
   end
-  return { ok, remaining, retry, reset, delay, key, tag .. ':' .. fmt(new_us) .. ':' .. fmt(new_rem), now + reset }
+  return { ok, remaining, retry, reset, delay, key, pair_value(tag, new_us, new_rem), now + reset }
 end
 
 ALG.gcra = function(key, L, P, B, now, c)

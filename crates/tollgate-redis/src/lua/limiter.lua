@@ -4,7 +4,7 @@
 -- KEYS[1]: the configuration hash (fields rate, interval_us, type).
 -- KEYS[2]: the state shared by all clients (type 'overall').
 -- KEYS[3]: this client's state (type 'per_client').
--- State values are GCRA states ("gcra:<us>:<rem>"), limit = capacity = rate,
+-- State values are GCRA states (gcra.lua), limit = capacity = rate,
 -- period = interval. Changing the rate keeps them (ALGORITHMS.md: a stored
 -- rem >= S is carried into us; a time further ahead than the new rate can
 -- leave is clamped).
@@ -60,11 +60,10 @@ local ok, remaining, retry, reset, _, new_us, new_rem, repair_us, repair_rem = p
 if new_us == nil and repair_us ~= nil and permits > 0 then
   -- A time further ahead than this rate can leave (a rate lowered, a
   -- corrupt value): clamped, and written back.
-  put(key, 'gcra:' .. fmt(repair_us) .. ':' .. fmt(repair_rem), now + ceil_div(rate * I, S))
+  put(key, pair_value('gcra', repair_us, repair_rem), now + ceil_div(rate * I, S))
 end
 if new_us ~= nil then
-  redis.call('SET', key, 'gcra:' .. fmt(new_us) .. ':' .. fmt(new_rem))
-  redis.call('PEXPIREAT', key, fmt(ceil_div(now + reset, 1000)))
+  put(key, pair_value('gcra', new_us, new_rem), now + reset)
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
 end
 local status = 0

@@ -1,0 +1,361 @@
+//! Redis Functions (issue 10): the default call path, the `EVALSHA`
+//! fallback for an ACL without functions, reloading after `FUNCTION FLUSH`
+//! and after a Cluster failover, the allow-oom function on both paths, and
+//! the lean state (one write per admitted check, none for a denial or a
+//! peek; numbers passed to Redis exactly).
+
+mod redis_common;
+
+use std::time::Duration;
+
+use tollgate_core::{Algorithm, Policy, Store, StoreError};
+use tollgate_redis::{CallPath, ClockMode, RedisStore};
+use tollgate_tests::reliability::{crc16_slot, master_with_replica, OwnedCluster};
+use tollgate_tests::{unique_prefix, OwnedRedis};
+
+fn every_algorithm() -> Vec<Policy> {
+    Algorithm::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, algorithm)| {
+            Policy::per(1_000, Duration::from_secs(3600))
+                .algorithm(*algorithm)
+                .name(format!("p{i}"))
+                .build()
+                .unwrap()
+        })
+        .collect()
+}
+
+async fn store(url: String) -> RedisStore {
+    RedisStore::builder()
+        .url(url)
+        .prefix(unique_prefix("functions"))
+        .timeout(redis_common::TEST_TIMEOUT)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// Deletes an ACL user when dropped, even when the test fails.
+struct AclUser {
+    url: String,
+    name: String,
+}
+
+impl Drop for AclUser {
+    fn drop(&mut self) {
+        let mut raw = redis_common::raw(&self.url);
+        let _: redis::RedisResult<i64> = redis::cmd("ACL")
+            .arg("DELUSER")
+            .arg(&self.name)
+            .query(&mut raw);
+    }
+}
+
+fn libraries(url: &str) -> String {
+    let mut raw = redis_common::raw(url);
+    let value: redis::Value = redis::cmd("FUNCTION").arg("LIST").query(&mut raw).unwrap();
+    format!("{value:?}")
+}
+
+/// Checks `subject` once on every algorithm and asserts the count goes on.
+async fn check_counts(store: &RedisStore, subject: &str, policies: &[Policy], nth: u64) {
+    let verdict = store
+        .check(subject, policies, 1)
+        .await
+        .unwrap_or_else(|e| panic!("check {nth} of {subject}: {e}"));
+    assert!(verdict.is_allowed(), "check {nth} of {subject}");
+    for decision in verdict.decisions() {
+        assert_eq!(
+            decision.remaining(),
+            1_000 - nth,
+            "check {nth} of {subject}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn functions_are_the_default_and_the_library_is_loaded() {
+    let server = OwnedRedis::start(&[]);
+    let store = store(server.url()).await;
+    assert_eq!(store.call_path(), CallPath::Functions);
+    let policies = every_algorithm();
+    for nth in 1..=3 {
+        check_counts(&store, "a", &policies, nth).await;
+    }
+    // A peek (FCALL_RO on the no-writes function) charges nothing.
+    let peek = store.check("a", &policies, 0).await.unwrap();
+    assert_eq!(peek.decisions()[0].remaining(), 997);
+    check_counts(&store, "a", &policies, 4).await;
+    assert_eq!(store.call_path(), CallPath::Functions);
+    assert!(format!("{store:?}").contains("Functions"));
+    assert!(libraries(&server.url()).contains(store.library_name()));
+    // Checks ran as functions: no script was ever loaded.
+    let mut raw = redis_common::raw(&server.url());
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut raw)
+        .unwrap();
+    assert!(info.contains("cmdstat_fcall:"), "{info}");
+    assert!(info.contains("cmdstat_fcall_ro:"), "{info}");
+    assert!(!info.contains("cmdstat_evalsha:"), "{info}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acl_without_functions_falls_back_to_evalsha() {
+    let url = tollgate_tests::redis_url();
+    let name = unique_prefix("tollgate-no-fn");
+    let user = AclUser {
+        url: url.clone(),
+        name: name.clone(),
+    };
+    let store = store(redis_common::without_functions(&url, &name)).await;
+    assert_eq!(
+        store.call_path(),
+        CallPath::Functions,
+        "decided at the first check"
+    );
+    let policies = every_algorithm();
+    // The first check finds out (FCALL refused: nothing ran) and runs on
+    // EVALSHA at once; the counts are exact from the start.
+    for nth in 1..=3 {
+        check_counts(&store, "a", &policies, nth).await;
+        assert_eq!(store.call_path(), CallPath::Evalsha);
+    }
+    let peek = store.check("a", &policies[..1], 0).await.unwrap();
+    assert_eq!(peek.decisions()[0].remaining(), 997);
+    assert!(format!("{store:?}").contains("Evalsha"));
+    // Other policy combinations go straight to EVALSHA.
+    check_counts(&store, "b", &policies[2..4], 1).await;
+    drop(user);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn function_flush_mid_run_is_survived() {
+    let server = OwnedRedis::start(&[]);
+    let store = store(server.url()).await;
+    let policies = every_algorithm();
+    let mut raw = redis_common::raw(&server.url());
+    for nth in 1..=30_u64 {
+        if nth % 10 == 5 {
+            let () = redis::cmd("FUNCTION").arg("FLUSH").query(&mut raw).unwrap();
+            assert!(!libraries(&server.url()).contains(store.library_name()));
+        }
+        // Reloaded, never replayed: the count goes on by one.
+        check_counts(&store, "subject", &policies, nth).await;
+        check_counts(&store, &format!("single-{nth}"), &policies[..1], 1).await;
+    }
+    assert_eq!(store.call_path(), CallPath::Functions);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn function_flush_on_the_cluster_is_survived() {
+    let store = redis_common::cluster(&unique_prefix("fn-cluster"), ClockMode::Redis).await;
+    let policies = every_algorithm();
+    let subjects = ["a", "b", "c", "d", "e", "f"];
+    for round in 1..=3_u64 {
+        for url in tollgate_tests::cluster_urls() {
+            let mut raw = redis_common::raw(&url);
+            let () = redis::cmd("FUNCTION").arg("FLUSH").query(&mut raw).unwrap();
+        }
+        for subject in subjects {
+            check_counts(&store, subject, &policies, round).await;
+        }
+    }
+}
+
+/// A failover to a node without the library (flushed after its promotion,
+/// as a node that never had it): the check is redirected there, the
+/// library loaded, the count goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failover_to_a_node_without_the_library_is_survived() {
+    let cluster = OwnedCluster::start(3, 1).await;
+    let admin = cluster.admin();
+    let (master, replica) = master_with_replica(&admin.nodes().await).expect("a replica");
+    let store = RedisStore::builder()
+        .cluster(cluster.urls())
+        .prefix(unique_prefix("fn-failover"))
+        .timeout(redis_common::TEST_TIMEOUT)
+        .build()
+        .await
+        .unwrap();
+    let policies = every_algorithm();
+    let subjects: Vec<String> = (0..)
+        .map(|i| format!("s{i}"))
+        .filter(|s| master.serves(crc16_slot(s.as_bytes())))
+        .take(3)
+        .collect();
+    for subject in &subjects {
+        check_counts(&store, subject, &policies, 1).await;
+    }
+    let mut raw = redis_common::raw(&replica.url);
+    let () = redis::cmd("CLUSTER")
+        .arg("FAILOVER")
+        .query(&mut raw)
+        .unwrap();
+    let mut promoted = false;
+    for _ in 0..300 {
+        let nodes = admin.nodes().await;
+        if nodes
+            .iter()
+            .any(|n| n.id == replica.id && n.master && !n.slots.is_empty())
+        {
+            promoted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(promoted, "the replica was not promoted within 30 s");
+    let () = redis::cmd("FUNCTION").arg("FLUSH").query(&mut raw).unwrap();
+    for subject in &subjects {
+        // MOVED to the new master, "Function not found" there, loaded,
+        // run once: the state replicated before the failover goes on.
+        check_counts(&store, subject, &policies, 2).await;
+    }
+    assert!(libraries(&replica.url).contains(store.library_name()));
+}
+
+/// The allow-oom twin on both paths: at maxmemory, a held subject is
+/// checked exactly and a new one is refused with OutOfMemory.
+#[tokio::test(flavor = "multi_thread")]
+async fn out_of_memory_on_both_paths() {
+    let server = OwnedRedis::start(&["--maxmemory-policy", "noeviction"]);
+    let functions = store(server.url()).await;
+    let evalsha = store(redis_common::without_functions(&server.url(), "no-fn")).await;
+    let policies = every_algorithm();
+    check_counts(&functions, "held-f", &policies, 1).await;
+    check_counts(&evalsha, "held-e", &policies, 1).await;
+    assert_eq!(evalsha.call_path(), CallPath::Evalsha);
+    let mut raw = redis_common::raw(&server.url());
+    for i in 0..64 {
+        let () = redis::cmd("SET")
+            .arg(format!("filler:{i}"))
+            .arg(vec![b'x'; 64 << 10])
+            .query(&mut raw)
+            .unwrap();
+    }
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("3mb")
+        .query(&mut raw)
+        .unwrap();
+    for (store, held) in [(&functions, "held-f"), (&evalsha, "held-e")] {
+        check_counts(store, held, &policies, 2).await;
+        let fresh = store.check("fresh", &policies, 1).await;
+        assert!(
+            matches!(fresh, Err(StoreError::OutOfMemory { .. })),
+            "{:?}: {fresh:?}",
+            store.call_path()
+        );
+    }
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query(&mut raw)
+        .unwrap();
+}
+
+/// Lean calls: an admitted single-policy check writes once (SET ... PXAT,
+/// no PEXPIREAT); a denial and a peek write nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_write_per_admitted_check_and_none_for_denials_or_peeks() {
+    let server = OwnedRedis::start(&[]);
+    let store = store(server.url()).await;
+    let mut raw = redis_common::raw(&server.url());
+    let calls = |raw: &mut redis::Connection, command: &str| -> u64 {
+        let info: String = redis::cmd("INFO").arg("commandstats").query(raw).unwrap();
+        info.lines()
+            .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+    ] {
+        let policy = [Policy::per_minute(2)
+            .algorithm(algorithm)
+            .name("lean")
+            .build()
+            .unwrap()];
+        let subject = format!("lean-{algorithm}");
+        let () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(&mut raw)
+            .unwrap();
+        assert!(store
+            .check(&subject, &policy, 1)
+            .await
+            .unwrap()
+            .is_allowed());
+        assert!(store
+            .check(&subject, &policy, 1)
+            .await
+            .unwrap()
+            .is_allowed());
+        assert_eq!(calls(&mut raw, "set"), 2, "{algorithm}: one SET per admit");
+        assert_eq!(
+            calls(&mut raw, "pexpireat"),
+            0,
+            "{algorithm}: PXAT, not PEXPIREAT"
+        );
+        assert!(!store
+            .check(&subject, &policy, 1)
+            .await
+            .unwrap()
+            .is_allowed());
+        store.check(&subject, &policy, 0).await.unwrap();
+        assert_eq!(
+            calls(&mut raw, "set"),
+            2,
+            "{algorithm}: a denial and a peek write nothing"
+        );
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(store.key_for(&subject, "lean"))
+            .query(&mut raw)
+            .unwrap();
+        // At most two periods (the sliding window keeps the previous one).
+        assert!(ttl > 0 && ttl <= 121_000, "{algorithm}: PTTL {ttl}");
+    }
+}
+
+/// What the Lua relies on: a number passed to redis.call on its own reaches
+/// Redis exactly for every integer below 2^53 (%.17g), while `..` rounds.
+#[test]
+fn redis_converts_lua_integers_below_2_pow_53_exactly() {
+    let mut raw = redis_common::raw(&tollgate_tests::redis_url());
+    let key = unique_prefix("lua-number");
+    for n in [
+        0_u64,
+        1,
+        999_999,
+        1_700_000_000_123_457,
+        (1 << 53) - 1,
+        1 << 52,
+        (1 << 52) + 1,
+    ] {
+        let stored: String = redis::cmd("EVAL")
+            .arg("redis.call('SET', KEYS[1], tonumber(ARGV[1]), 'PX', 60000) return redis.call('GET', KEYS[1])")
+            .arg(1)
+            .arg(&key)
+            .arg(n)
+            .query(&mut raw)
+            .unwrap();
+        assert_eq!(stored, n.to_string());
+    }
+    let joined: String = redis::cmd("EVAL")
+        .arg("return '' .. tonumber(ARGV[1])")
+        .arg(0)
+        .arg(1_700_000_000_123_457_u64)
+        .query(&mut raw)
+        .unwrap();
+    assert_ne!(
+        joined, "1700000000123457",
+        "`..` rounds: fmt() stays for strings"
+    );
+}
