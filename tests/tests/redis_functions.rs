@@ -80,6 +80,11 @@ async fn functions_are_the_default_and_the_library_is_loaded() {
     let server = OwnedRedis::start(&[]);
     let store = store(server.url()).await;
     assert_eq!(store.call_path(), CallPath::Functions);
+    // build() ran its permission probe as a script; count from here on.
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut redis_common::raw(&server.url()))
+        .unwrap();
     let policies = every_algorithm();
     for nth in 1..=3 {
         check_counts(&store, "a", &policies, nth).await;
@@ -111,14 +116,11 @@ async fn an_acl_without_functions_falls_back_to_evalsha() {
         name: name.clone(),
     };
     let store = store(redis_common::without_functions(&url, &name)).await;
-    assert_eq!(
-        store.call_path(),
-        CallPath::Functions,
-        "decided at the first check"
-    );
+    // build() checks the store with a peek, which finds out (FCALL_RO
+    // refused: nothing ran): the path is chosen at build().
+    assert_eq!(store.call_path(), CallPath::Evalsha, "chosen at build()");
     let policies = every_algorithm();
-    // The first check finds out (FCALL refused: nothing ran) and runs on
-    // EVALSHA at once; the counts are exact from the start.
+    // The counts are exact from the first check on.
     for nth in 1..=3 {
         check_counts(&store, "a", &policies, nth).await;
         assert_eq!(store.call_path(), CallPath::Evalsha);
@@ -128,6 +130,53 @@ async fn an_acl_without_functions_falls_back_to_evalsha() {
     assert!(format!("{store:?}").contains("Evalsha"));
     // Other policy combinations go straight to EVALSHA.
     check_counts(&store, "b", &policies[2..4], 1).await;
+    drop(user);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acl_user_granted_the_documented_function_rules_runs_on_functions() {
+    // What the tollgate-redis docs and README tell an ACL user to grant for
+    // the Functions path: ACL_COMMANDS plus these three rules.
+    const FUNCTION_RULES: [&str; 3] = ["+fcall", "+fcall_ro", "+function|load"];
+    let url = tollgate_tests::redis_url();
+    let name = unique_prefix("tollgate-fn-user");
+    let prefix = unique_prefix("functions-acl");
+    let user = AclUser {
+        url: url.clone(),
+        name: name.clone(),
+    };
+    let mut setuser = redis::cmd("ACL");
+    setuser
+        .arg("SETUSER")
+        .arg(&name)
+        .arg("reset")
+        .arg("on")
+        .arg(">with-functions")
+        .arg(format!("~{prefix}:*"));
+    for rule in tollgate_redis::ACL_COMMANDS
+        .split(' ')
+        .chain(FUNCTION_RULES)
+    {
+        setuser.arg(rule);
+    }
+    let () = setuser
+        .query(&mut redis_common::raw(&url))
+        .unwrap_or_else(|e| panic!("ACL SETUSER {name}: {e}"));
+    let store = RedisStore::builder()
+        .url(url.replacen("redis://", &format!("redis://{name}:with-functions@"), 1))
+        .prefix(&prefix)
+        .timeout(redis_common::TEST_TIMEOUT)
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("the documented grant builds: {e}"));
+    let policies = every_algorithm();
+    for nth in 1..=3 {
+        check_counts(&store, "a", &policies, nth).await;
+    }
+    let peek = store.check("a", &policies[..1], 0).await.unwrap();
+    assert_eq!(peek.decisions()[0].remaining(), 997);
+    assert_eq!(store.call_path(), CallPath::Functions);
+    assert!(libraries(&url).contains(store.library_name()));
     drop(user);
 }
 

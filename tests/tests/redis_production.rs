@@ -535,5 +535,15 @@ async fn an_axum_app_limits_over_tls_as_an_acl_user() {
     // The state is on the server, read over plain TCP as the same user.
     let mut raw = redis_common::raw(&tollgate_tests::acl_url());
     let value: String = redis::cmd("GET").arg(&key).query(&mut raw).unwrap();
-    assert!(value.starts_with("gcra:"), "{key} = {value}");
+    // A whole-microsecond GCRA state: the theoretical arrival time in hex,
+    // within the minute the five requests spent.
+    let tat_us = u64::from_str_radix(&value, 16).unwrap_or_else(|e| panic!("{key} = {value}: {e}"));
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    assert!(
+        tat_us > now_us && tat_us <= now_us + 60_000_000,
+        "{key} = {value} ({tat_us} µs), now {now_us}"
+    );
 }

@@ -82,7 +82,10 @@
 //! ```
 //!
 //! On a Redis Cluster the user also needs [`ACL_CLUSTER_COMMANDS`]
-//! (`+cluster|slots +asking`).
+//! (`+cluster|slots +asking`). [`ACL_COMMANDS`] runs checks as `EVALSHA`
+//! scripts; add `+fcall +fcall_ro +function|load` for the Redis Functions
+//! path, which costs the server less per check ([`RedisStore::call_path`]
+//! tells which one a store uses).
 //!
 //! `build()` checks this: a user missing one of them is a
 //! [`BuildError::Permission`] naming the rule to grant (a missing `+get`
