@@ -112,7 +112,8 @@ fn test(options: &TestOptions) -> Result<()> {
         tools.server.display(),
         tools.server_version()
     );
-    let mut stages = Stages::new(if options.lint { 6 } else { 3 });
+    let evalsha_stage = usize::from(options.cargo_args.is_empty());
+    let mut stages = Stages::new(if options.lint { 6 } else { 3 } + evalsha_stage);
     let result = run_test_stages(options, &tools, &mut stages);
     stages.print_summary();
     result
@@ -179,12 +180,46 @@ fn run_test_stages(options: &TestOptions, tools: &Tools, stages: &mut Stages) ->
              `cargo xtask test --no-lint -- -p <crate>`",
         )
     });
+    // The full run also decides the Redis correctness suites on the EVALSHA
+    // fallback (Redis Functions are the default path above).
+    let evalsha_result = if options.cargo_args.is_empty() {
+        let mut evalsha_env = env.clone();
+        evalsha_env.push(("TOLLGATE_REDIS_CALL_PATH", "evalsha".to_owned()));
+        let mut args = vec!["test", "--no-fail-fast", "-p", "tollgate-tests"];
+        for suite in EVALSHA_SUITES {
+            args.extend(["--test", suite]);
+        }
+        stages.run(&format!("cargo {} (EVALSHA path)", args.join(" ")), || {
+            run_cargo(
+                &args,
+                &evalsha_env,
+                "the Redis suites failed on the EVALSHA path (see above); rerun with \
+                 TOLLGATE_REDIS_CALL_PATH=evalsha after `cargo xtask redis`",
+            )
+        })
+    } else {
+        Ok(())
+    };
     stages.run("stop Redis", || {
         servers.stop();
         Ok(())
     })?;
-    test_result
+    test_result.and(evalsha_result)
 }
+
+/// The Redis suites that `test` runs a second time on the `EVALSHA` path
+/// (`TOLLGATE_REDIS_CALL_PATH=evalsha`: their stores log in as an ACL user
+/// without Redis Functions).
+const EVALSHA_SUITES: [&str; 8] = [
+    "redis_differential",
+    "redis_compat",
+    "redis_ttl",
+    "redis_policy_change",
+    "redis_magnitudes",
+    "redis_bad_input",
+    "redis_concurrency",
+    "redis_restart",
+];
 
 /// The servers `test` and `redis` start; dropping them stops them.
 #[derive(Debug)]

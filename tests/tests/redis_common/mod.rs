@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::{Clock, ManualClock, SystemClock};
-use tollgate_redis::{ClockMode, RedisStore};
+use tollgate_redis::{CallPath, ClockMode, RedisStore};
 
 /// Generous per-call timeout: tests share two cores with builds and other
 /// tests, and a timeout would make counts uncertain.
@@ -62,19 +62,20 @@ pub(crate) fn path_url(url: String) -> String {
 
 /// A store on the standalone test server.
 pub(crate) async fn standalone(prefix: &str, clock: ClockMode) -> RedisStore {
-    RedisStore::builder()
+    let store = RedisStore::builder()
         .url(path_url(tollgate_tests::redis_url()))
         .prefix(prefix)
         .timeout(TEST_TIMEOUT)
         .clock(clock)
         .build()
         .await
-        .expect("the store should build")
+        .expect("the store should build");
+    on_the_chosen_path(store)
 }
 
 /// A store on the test Cluster.
 pub(crate) async fn cluster(prefix: &str, clock: ClockMode) -> RedisStore {
-    RedisStore::builder()
+    let store = RedisStore::builder()
         .cluster(
             tollgate_tests::cluster_urls()
                 .into_iter()
@@ -86,7 +87,21 @@ pub(crate) async fn cluster(prefix: &str, clock: ClockMode) -> RedisStore {
         .clock(clock)
         .build()
         .await
-        .expect("the store should build")
+        .expect("the store should build");
+    on_the_chosen_path(store)
+}
+
+/// `store`, after checking that `build()` put it on the path this run
+/// tests (`TOLLGATE_REDIS_CALL_PATH`), so a suite never passes on the
+/// other path by mistake.
+fn on_the_chosen_path(store: RedisStore) -> RedisStore {
+    let expected = if evalsha_path() {
+        CallPath::Evalsha
+    } else {
+        CallPath::Functions
+    };
+    assert_eq!(store.call_path(), expected, "{store:?}");
+    store
 }
 
 /// A client clock mode on `clock`.
