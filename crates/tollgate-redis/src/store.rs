@@ -230,15 +230,21 @@ impl RedisStore {
     /// How checks are called: [`CallPath::Functions`] (the default), or
     /// [`CallPath::Evalsha`] once a server refused `FCALL` or `FUNCTION`
     /// (Redis before 7, an ACL without them). The store starts on Redis
-    /// Functions and falls back at the first refusal, for good: `build()`
-    /// never waits on the server, so the first check (or
-    /// [`ping`](Self::ping)) finds out.
+    /// Functions and falls back at the first refusal, for good. `build()`
+    /// checks the store with a peek, so the path is chosen there; with
+    /// [`lazy_connect(true)`](RedisStoreBuilder::lazy_connect) the first
+    /// check (or [`ping`](Self::ping)) finds out.
     ///
     /// ```
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// use tollgate_redis::{CallPath, RedisStore};
     ///
-    /// let store = RedisStore::builder().url("redis://127.0.0.1").build().await?;
+    /// // Without a server (lazy): Functions until a server refuses them.
+    /// let store = RedisStore::builder()
+    ///     .url("redis://127.0.0.1")
+    ///     .lazy_connect(true)
+    ///     .build()
+    ///     .await?;
     /// assert_eq!(store.call_path(), CallPath::Functions);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
