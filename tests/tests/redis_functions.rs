@@ -13,20 +13,6 @@ use tollgate_redis::{CallPath, ClockMode, RedisStore};
 use tollgate_tests::reliability::{crc16_slot, master_with_replica, OwnedCluster};
 use tollgate_tests::{unique_prefix, OwnedRedis};
 
-fn every_algorithm() -> Vec<Policy> {
-    Algorithm::ALL
-        .iter()
-        .enumerate()
-        .map(|(i, algorithm)| {
-            Policy::per(1_000, Duration::from_secs(3600))
-                .algorithm(*algorithm)
-                .name(format!("p{i}"))
-                .build()
-                .unwrap()
-        })
-        .collect()
-}
-
 async fn store(url: String) -> RedisStore {
     RedisStore::builder()
         .url(url)
@@ -85,7 +71,7 @@ async fn functions_are_the_default_and_the_library_is_loaded() {
         .arg("RESETSTAT")
         .query(&mut redis_common::raw(&server.url()))
         .unwrap();
-    let policies = every_algorithm();
+    let policies = redis_common::every_algorithm();
     for nth in 1..=3 {
         check_counts(&store, "a", &policies, nth).await;
     }
@@ -119,7 +105,7 @@ async fn an_acl_without_functions_falls_back_to_evalsha() {
     // build() checks the store with a peek, which finds out (FCALL_RO
     // refused: nothing ran): the path is chosen at build().
     assert_eq!(store.call_path(), CallPath::Evalsha, "chosen at build()");
-    let policies = every_algorithm();
+    let policies = redis_common::every_algorithm();
     // The counts are exact from the first check on.
     for nth in 1..=3 {
         check_counts(&store, "a", &policies, nth).await;
@@ -169,7 +155,7 @@ async fn an_acl_user_granted_the_documented_function_rules_runs_on_functions() {
         .build()
         .await
         .unwrap_or_else(|e| panic!("the documented grant builds: {e}"));
-    let policies = every_algorithm();
+    let policies = redis_common::every_algorithm();
     for nth in 1..=3 {
         check_counts(&store, "a", &policies, nth).await;
     }
@@ -184,7 +170,7 @@ async fn an_acl_user_granted_the_documented_function_rules_runs_on_functions() {
 async fn function_flush_mid_run_is_survived() {
     let server = OwnedRedis::start(&[]);
     let store = store(server.url()).await;
-    let policies = every_algorithm();
+    let policies = redis_common::every_algorithm();
     let mut raw = redis_common::raw(&server.url());
     for nth in 1..=30_u64 {
         if nth % 10 == 5 {
@@ -201,7 +187,7 @@ async fn function_flush_mid_run_is_survived() {
 #[tokio::test(flavor = "multi_thread")]
 async fn function_flush_on_the_cluster_is_survived() {
     let store = redis_common::cluster(&unique_prefix("fn-cluster"), ClockMode::Redis).await;
-    let policies = every_algorithm();
+    let policies = redis_common::every_algorithm();
     let subjects = ["a", "b", "c", "d", "e", "f"];
     for round in 1..=3_u64 {
         for url in tollgate_tests::cluster_urls() {
@@ -229,7 +215,7 @@ async fn a_failover_to_a_node_without_the_library_is_survived() {
         .build()
         .await
         .unwrap();
-    let policies = every_algorithm();
+    let policies = redis_common::every_algorithm();
     let subjects: Vec<String> = (0..)
         .map(|i| format!("s{i}"))
         .filter(|s| master.serves(crc16_slot(s.as_bytes())))
@@ -272,7 +258,7 @@ async fn out_of_memory_on_both_paths() {
     let server = OwnedRedis::start(&["--maxmemory-policy", "noeviction"]);
     let functions = store(server.url()).await;
     let evalsha = store(redis_common::without_functions(&server.url(), "no-fn")).await;
-    let policies = every_algorithm();
+    let policies = redis_common::every_algorithm();
     check_counts(&functions, "held-f", &policies, 1).await;
     check_counts(&evalsha, "held-e", &policies, 1).await;
     assert_eq!(evalsha.call_path(), CallPath::Evalsha);

@@ -8,23 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, Policy, Store};
+use tollgate_core::Store;
 use tollgate_redis::RedisStore;
 use tollgate_tests::{unique_prefix, OwnedRedis};
-
-fn policies() -> Vec<Policy> {
-    Algorithm::ALL
-        .iter()
-        .enumerate()
-        .map(|(i, algorithm)| {
-            Policy::per(1_000, Duration::from_secs(3600))
-                .algorithm(*algorithm)
-                .name(format!("p{i}"))
-                .build()
-                .unwrap()
-        })
-        .collect()
-}
 
 async fn store(url: String) -> RedisStore {
     RedisStore::builder()
@@ -42,7 +28,7 @@ async fn script_flush_mid_run_is_survived() {
     // On the EVALSHA path (TOLLGATE_REDIS_CALL_PATH=evalsha) as a user
     // without functions; redis_functions.rs flushes the functions.
     let store = store(redis_common::path_url(server.url())).await;
-    let policies = policies();
+    let policies = redis_common::every_algorithm();
     let mut raw = redis_common::raw(&server.url());
     for i in 0..30_u64 {
         if i % 10 == 5 {
@@ -67,7 +53,7 @@ async fn script_flush_mid_run_is_survived() {
 async fn killed_and_restarted_server_is_survived() {
     let mut server = OwnedRedis::start(&[]);
     let store = store(server.url()).await;
-    let policies = policies();
+    let policies = redis_common::every_algorithm();
     store.check("warm", &policies, 1).await.unwrap();
 
     // Hammer in the background while the server goes down and comes back.
@@ -132,7 +118,7 @@ async fn script_flush_on_the_cluster_is_survived() {
         tollgate_redis::ClockMode::Redis,
     )
     .await;
-    let policies = policies();
+    let policies = redis_common::every_algorithm();
     let subjects = ["a", "b", "c", "d", "e", "f"];
     for round in 0..3_u64 {
         for url in tollgate_tests::cluster_urls() {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Clock, ManualClock, SystemClock};
+use tollgate_core::{Algorithm, Clock, ManualClock, Policy, SystemClock};
 use tollgate_redis::{CallPath, ClockMode, RedisStore};
 
 /// Generous per-call timeout: tests share two cores with builds and other
@@ -102,6 +102,21 @@ fn on_the_chosen_path(store: RedisStore) -> RedisStore {
     };
     assert_eq!(store.call_path(), expected, "{store:?}");
     store
+}
+
+/// One policy of every algorithm, 1 000 per hour each, named `p0`, `p1`, …
+pub(crate) fn every_algorithm() -> Vec<Policy> {
+    Algorithm::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, algorithm)| {
+            Policy::per(1_000, Duration::from_secs(3600))
+                .algorithm(*algorithm)
+                .name(format!("p{i}"))
+                .build()
+                .unwrap()
+        })
+        .collect()
 }
 
 /// A client clock mode on `clock`.
