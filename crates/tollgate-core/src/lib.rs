@@ -32,6 +32,7 @@
 pub mod algorithms;
 mod boxed;
 mod clock;
+mod concurrency;
 mod decision;
 mod error;
 mod memory;
@@ -41,6 +42,10 @@ mod subject;
 
 pub use boxed::{BoxCheckFuture, BoxResetFuture, BoxStore, DynStore};
 pub use clock::{Clock, FastClock, ManualClock, SystemClock};
+pub use concurrency::{
+    ConcurrencyPolicy, ConcurrencyPolicyBuilder, ConcurrencyPolicyError, Lease, LeaseDecision,
+    LeaseId, LeaseStore, MAX_IN_FLIGHT, MAX_LEASE_TTL, MIN_LEASE_TTL,
+};
 pub use decision::{Decision, Verdict};
 pub use error::{ErrorScope, StoreError};
 pub use memory::{MemoryStore, MemoryStoreBuilder, WhenFull, DEFAULT_MAX_KEYS};

@@ -12,6 +12,7 @@ use crate::{Algorithm, Decision, LeakyMode, Policy};
 mod fixed_window;
 mod gcra;
 mod leaky_bucket;
+pub mod lease;
 mod sliding_log;
 mod sliding_window;
 mod token_bucket;

@@ -269,6 +269,8 @@ struct Inner {
     when_full: WhenFull,
     /// Entries held over all shards (live or expired but not yet swept).
     len: AtomicUsize,
+    /// Leases of concurrency policies (`lease.rs`).
+    leases: lease::Leases,
 }
 
 /// The clock, with the default [`FastClock`] dispatched statically (it is
@@ -608,6 +610,7 @@ impl Inner {
 
 mod builder;
 mod fast;
+mod lease;
 mod sweep;
 mod table;
 #[cfg(test)]
