@@ -382,18 +382,18 @@ impl LeaseDecision {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_core::{ConcurrencyPolicy, LeaseStore, MemoryStore};
+/// use tollgate_core::{ConcurrencyPolicy, LeaseId, LeaseStore, MemoryStore};
 ///
 /// # futures::executor::block_on(async {
 /// let store = MemoryStore::new();
 /// let policy = ConcurrencyPolicy::max_in_flight(1).lease_ttl(Duration::from_secs(30)).build()?;
-/// let first = store.acquire("tenant-a", &policy).await?;
+/// let first = store.acquire("tenant-a", &policy, LeaseId::generate()).await?;
 /// let lease = first.lease().expect("the first permit is free");
-/// assert!(!store.acquire("tenant-a", &policy).await?.is_granted());
-/// assert!(store.acquire("tenant-b", &policy).await?.is_granted());
+/// assert!(!store.acquire("tenant-a", &policy, LeaseId::generate()).await?.is_granted());
+/// assert!(store.acquire("tenant-b", &policy, LeaseId::generate()).await?.is_granted());
 /// assert!(store.renew("tenant-a", &policy, lease.id()).await?.is_some());
 /// assert!(store.release("tenant-a", &policy, lease.id()).await?);
-/// assert!(store.acquire("tenant-a", &policy).await?.is_granted());
+/// assert!(store.acquire("tenant-a", &policy, LeaseId::generate()).await?.is_granted());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```
@@ -401,15 +401,23 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// The future of [`LeaseStore::acquire`].
     type AcquireFuture: Future<Output = Result<LeaseDecision, StoreError>> + Send + 'static;
 
-    /// Acquires a permit for `subject`: prunes expired leases, and grants a
-    /// new lease (expiring `lease_ttl` from now) when fewer than
-    /// `max_in_flight` are live.
+    /// Acquires a permit for `subject` under the id `lease` (a fresh
+    /// [`LeaseId::generate`]): prunes expired leases, and grants a new lease
+    /// (expiring `lease_ttl` from now) when fewer than `max_in_flight` are
+    /// live. The caller picks the id so that it can release a lease whose
+    /// acquire timed out (it may have been granted); an id already held is
+    /// renewed, not counted twice.
     ///
     /// # Errors
     ///
     /// Backend errors, and [`StoreError::Full`] for a new subject of a full
     /// memory store.
-    fn acquire(&self, subject: &str, policy: &ConcurrencyPolicy) -> Self::AcquireFuture;
+    fn acquire(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> Self::AcquireFuture;
 
     /// Answers an acquire at once when the store can (the memory store);
     /// `None` means use [`LeaseStore::acquire`] (nothing was done).
@@ -417,8 +425,9 @@ pub trait LeaseStore: Send + Sync + 'static {
         &self,
         subject: &str,
         policy: &ConcurrencyPolicy,
+        lease: LeaseId,
     ) -> Option<Result<LeaseDecision, StoreError>> {
-        let _ = (subject, policy);
+        let _ = (subject, policy, lease);
         None
     }
 
@@ -445,16 +454,22 @@ pub trait LeaseStore: Send + Sync + 'static {
 impl<T: LeaseStore> LeaseStore for Arc<T> {
     type AcquireFuture = T::AcquireFuture;
 
-    fn acquire(&self, subject: &str, policy: &ConcurrencyPolicy) -> Self::AcquireFuture {
-        (**self).acquire(subject, policy)
+    fn acquire(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> Self::AcquireFuture {
+        (**self).acquire(subject, policy, lease)
     }
 
     fn acquire_now(
         &self,
         subject: &str,
         policy: &ConcurrencyPolicy,
+        lease: LeaseId,
     ) -> Option<Result<LeaseDecision, StoreError>> {
-        (**self).acquire_now(subject, policy)
+        (**self).acquire_now(subject, policy, lease)
     }
 
     fn renew(

@@ -78,7 +78,7 @@
 //! The user needs its key prefix and [`ACL_COMMANDS`]:
 //!
 //! ```text
-//! ACL SETUSER app on >password ~tollgate:* +ping +evalsha +script|load +time +get +set +exists +del +hmget +hset +pexpire +pexpireat +zadd +zcount +zrangebyscore +zremrangebyrank +zremrangebyscore +zrevrange
+//! ACL SETUSER app on >password ~tollgate:* +ping +evalsha +script|load +time +get +set +exists +del +hmget +hset +pexpire +pexpireat +zadd +zcount +zrangebyscore +zremrangebyrank +zremrangebyscore +zrevrange +zcard +zscore +zrem
 //! ```
 //!
 //! On a Redis Cluster the user also needs [`ACL_CLUSTER_COMMANDS`]
@@ -302,6 +302,7 @@ mod cell;
 mod connection;
 mod errors;
 mod functions;
+mod lease;
 mod limiter;
 mod redact;
 mod scripts;
@@ -316,6 +317,7 @@ pub use builder::{
 pub use cell::{ThrottleCallError, THROTTLE_POLICY_NAME};
 pub use errors::{BuildError, ACL_CLUSTER_COMMANDS, ACL_COMMANDS};
 pub use functions::CallPath;
+pub use lease::AcquireFuture as LeaseAcquireFuture;
 pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError, RateType, DEFAULT_KEEP_ALIVE};
 pub use redact::redact_url;
 pub use store::{CheckFuture, ClockMode, RedisStore};

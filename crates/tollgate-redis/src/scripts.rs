@@ -22,6 +22,7 @@ const SLIDING_LOG: &str = include_str!("lua/sliding_log.lua");
 const CHECK: &str = include_str!("lua/check.lua");
 const LIMITER: &str = include_str!("lua/limiter.lua");
 const LIBRARY: &str = include_str!("lua/library.lua");
+const LEASE: &str = include_str!("lua/lease.lua");
 
 /// The algorithm sources in the order they are concatenated (the queue
 /// uses the GCRA arithmetic, so GCRA comes first).
@@ -202,6 +203,15 @@ pub(crate) fn limiter() -> LuaScript {
     LuaScript::new(source)
 }
 
+/// The lease script of concurrency policies (EVALSHA path).
+pub(crate) fn lease() -> LuaScript {
+    let mut source = String::with_capacity(8 * 1024);
+    source.push_str(PRELUDE);
+    source.push_str(LEASE);
+    source.push_str("return lease(KEYS, ARGV)\n");
+    LuaScript::new(source)
+}
+
 /// The tollgate Redis Functions library: every algorithm and the check,
 /// loaded once per node (`FUNCTION LOAD REPLACE`) and named after a hash
 /// of its source (`tollgate_<12 hex digits>`), so versions never clash.
@@ -212,6 +222,8 @@ pub(crate) struct Library {
     check: LuaScript,
     /// A peek (`FCALL_RO`, declared `no-writes`).
     peek: LuaScript,
+    /// Acquire, renew and release of leases (lease.lua).
+    lease: LuaScript,
 }
 
 impl Library {
@@ -222,11 +234,12 @@ impl Library {
             body.push_str(text);
         }
         body.push_str(CHECK);
+        body.push_str(LEASE);
         body.push_str(LIBRARY);
         let hash = redis::Script::new(&body).get_hash().to_owned();
         let name = format!("tollgate_{}", &hash[..12]);
         let source: Arc<str> = format!(
-            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM = '{name}_check', '{name}_peek', '{name}_oom'\n{body}"
+            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_LEASE = '{name}_check', '{name}_peek', '{name}_oom', '{name}_lease'\n{body}"
         )
         .into();
         let function = |suffix: &str| LuaScript {
@@ -240,6 +253,7 @@ impl Library {
         Self {
             check,
             peek: function("peek"),
+            lease: function("lease"),
             name: name.into(),
         }
     }
@@ -256,6 +270,11 @@ impl Library {
         } else {
             &self.check
         }
+    }
+
+    /// The lease function (`FCALL`).
+    pub(crate) fn lease(&self) -> &LuaScript {
+        &self.lease
     }
 
     /// The plan argument: one letter per policy.

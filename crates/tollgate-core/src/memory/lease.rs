@@ -145,10 +145,10 @@ impl Leases {
         &self,
         subject: &str,
         policy: &ConcurrencyPolicy,
+        id: LeaseId,
         now_us: u64,
     ) -> Result<LeaseDecision, StoreError> {
         let key = Self::key(subject, policy);
-        let id = LeaseId::generate();
         let mut earliest = None;
         for attempt in 0..2 {
             let mut shard = self.shard(&key);
@@ -218,12 +218,12 @@ impl MemoryStore {
     /// [`MemoryStore::max_keys`].
     ///
     /// ```
-    /// use tollgate_core::{ConcurrencyPolicy, LeaseStore, MemoryStore};
+    /// use tollgate_core::{ConcurrencyPolicy, LeaseId, LeaseStore, MemoryStore};
     ///
     /// # futures::executor::block_on(async {
     /// let store = MemoryStore::new();
     /// let policy = ConcurrencyPolicy::max_in_flight(2).build()?;
-    /// let lease = store.acquire("alice", &policy).await?.lease().unwrap();
+    /// let lease = store.acquire("alice", &policy, LeaseId::generate()).await?.lease().unwrap();
     /// assert_eq!(store.lease_subjects(), 1);
     /// store.release("alice", &policy, lease.id()).await?;
     /// assert_eq!(store.lease_subjects(), 0);
@@ -239,17 +239,23 @@ impl MemoryStore {
 impl LeaseStore for MemoryStore {
     type AcquireFuture = Ready<Result<LeaseDecision, StoreError>>;
 
-    fn acquire(&self, subject: &str, policy: &ConcurrencyPolicy) -> Self::AcquireFuture {
+    fn acquire(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> Self::AcquireFuture {
         let now = self.inner.clock.now_micros();
-        ready(self.inner.leases.acquire(subject, policy, now))
+        ready(self.inner.leases.acquire(subject, policy, lease, now))
     }
 
     fn acquire_now(
         &self,
         subject: &str,
         policy: &ConcurrencyPolicy,
+        lease: LeaseId,
     ) -> Option<Result<LeaseDecision, StoreError>> {
-        Some(self.acquire(subject, policy).into_inner())
+        Some(self.acquire(subject, policy, lease).into_inner())
     }
 
     fn renew(
@@ -298,11 +304,18 @@ mod tests {
         let clock = ManualClock::new(T0);
         let store = MemoryStore::with_clock(clock.clone());
         let p = policy(2);
-        let a = block_on(store.acquire("a", &p)).unwrap().lease().unwrap();
-        assert!(block_on(store.acquire("a", &p)).unwrap().is_granted());
-        let denied = block_on(store.acquire("a", &p)).unwrap();
+        let a = block_on(store.acquire("a", &p, LeaseId::generate()))
+            .unwrap()
+            .lease()
+            .unwrap();
+        assert!(block_on(store.acquire("a", &p, LeaseId::generate()))
+            .unwrap()
+            .is_granted());
+        let denied = block_on(store.acquire("a", &p, LeaseId::generate())).unwrap();
         assert_eq!(denied.retry_after(), Some(Duration::from_secs(1)));
-        assert!(block_on(store.acquire("b", &p)).unwrap().is_granted());
+        assert!(block_on(store.acquire("b", &p, LeaseId::generate()))
+            .unwrap()
+            .is_granted());
         clock.advance(Duration::from_millis(600));
         assert_eq!(
             block_on(store.renew("a", &p, a.id())).unwrap(),
@@ -310,7 +323,7 @@ mod tests {
         );
         clock.advance(Duration::from_millis(400));
         // The second lease of "a" expired; the renewed one holds.
-        let d = block_on(store.acquire("a", &p)).unwrap();
+        let d = block_on(store.acquire("a", &p, LeaseId::generate())).unwrap();
         assert!(d.is_granted());
         assert_eq!(d.in_flight(), 2);
         assert!(block_on(store.release("a", &p, a.id())).unwrap());
@@ -328,19 +341,25 @@ mod tests {
             .build();
         let p = policy(1);
         for i in 0..100 {
-            assert!(block_on(store.acquire(&format!("s{i}"), &p))
-                .unwrap()
-                .is_granted());
+            assert!(
+                block_on(store.acquire(&format!("s{i}"), &p, LeaseId::generate()))
+                    .unwrap()
+                    .is_granted()
+            );
         }
         assert_eq!(store.lease_subjects(), 100);
-        let full = block_on(store.acquire("new", &p)).unwrap_err();
+        let full = block_on(store.acquire("new", &p, LeaseId::generate())).unwrap_err();
         assert!(
             matches!(full, StoreError::Full { retry_after, .. } if retry_after == Duration::from_secs(1))
         );
         // Held subjects are still limited exactly.
-        assert!(!block_on(store.acquire("s0", &p)).unwrap().is_granted());
+        assert!(!block_on(store.acquire("s0", &p, LeaseId::generate()))
+            .unwrap()
+            .is_granted());
         clock.advance(Duration::from_secs(1));
-        assert!(block_on(store.acquire("new", &p)).unwrap().is_granted());
+        assert!(block_on(store.acquire("new", &p, LeaseId::generate()))
+            .unwrap()
+            .is_granted());
         assert_eq!(store.lease_subjects(), 1);
     }
 
@@ -354,7 +373,7 @@ mod tests {
         let p = policy(1);
         for round in 0..20 {
             for i in 0..1_000 {
-                block_on(store.acquire(&format!("r{round}-{i}"), &p)).unwrap();
+                block_on(store.acquire(&format!("r{round}-{i}"), &p, LeaseId::generate())).unwrap();
             }
             clock.advance(Duration::from_secs(2));
         }
@@ -366,10 +385,16 @@ mod tests {
         let store = MemoryStore::new();
         let p = policy(1);
         let long = "x".repeat(10_000);
-        assert!(block_on(store.acquire(&long, &p)).unwrap().is_granted());
-        assert!(!block_on(store.acquire(&long, &p)).unwrap().is_granted());
+        assert!(block_on(store.acquire(&long, &p, LeaseId::generate()))
+            .unwrap()
+            .is_granted());
+        assert!(!block_on(store.acquire(&long, &p, LeaseId::generate()))
+            .unwrap()
+            .is_granted());
         let other = "y".repeat(10_000);
-        assert!(block_on(store.acquire(&other, &p)).unwrap().is_granted());
+        assert!(block_on(store.acquire(&other, &p, LeaseId::generate()))
+            .unwrap()
+            .is_granted());
         assert_eq!(super::Leases::key(&long, &p).len(), "c".len() + 1 + 33);
     }
 
@@ -404,8 +429,8 @@ mod tests {
             for op in ops {
                 match op {
                     Op::Acquire(s) => {
-                        let got = block_on(store.acquire(&format!("s{s}"), &p)).unwrap();
-                        let id = got.lease().map_or(LeaseId::generate(), |l| l.id());
+                        let id = LeaseId::generate();
+                        let got = block_on(store.acquire(&format!("s{s}"), &p, id)).unwrap();
                         let want = model::acquire(&p, &mut states[s as usize], now, id);
                         prop_assert_eq!(got, want);
                         if got.is_granted() { held.push((s, id)); }

@@ -1,6 +1,7 @@
 -- The tollgate Redis Functions library's registrations (after the prelude,
 -- every algorithm and check.lua; scripts.rs adds the `#!lua name=` line
--- and the versioned function names FN_CHECK, FN_PEEK and FN_OOM).
+-- and the versioned function names FN_CHECK, FN_PEEK, FN_OOM and
+-- FN_LEASE).
 -- Everything above runs once, at FUNCTION LOAD: a call builds no helper.
 --
 -- ARGV[1] names the plan, one letter per policy (CODES, the order of
@@ -46,3 +47,6 @@ redis.register_function{ function_name = FN_PEEK,
 redis.register_function{ function_name = FN_OOM,
   callback = function(keys, args) return call(keys, args, true) end,
   flags = { 'allow-oom' } }
+-- Leases of concurrency policies (lease.lua): acquire, renew, release.
+redis.register_function{ function_name = FN_LEASE,
+  callback = function(keys, args) return lease(keys, args) end }

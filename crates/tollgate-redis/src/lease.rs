@@ -1,0 +1,149 @@
+//! The [`LeaseStore`] impl of [`RedisStore`]: each acquire, renew and
+//! release is one atomic call of `lua/lease.lua` (the library's
+//! `<library>_lease` function, or its script on the EVALSHA path) on the
+//! subject's lease set `<prefix>:{<subject>}:<policy>`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+
+use redis::{Cmd, Value};
+use tollgate_core::{ConcurrencyPolicy, Lease, LeaseDecision, LeaseId, LeaseStore, StoreError};
+
+use crate::connection;
+use crate::functions::{self, CallPath};
+use crate::scripts::{self, LuaScript};
+use crate::store::{ints, protocol, Inner};
+use crate::RedisStore;
+
+/// The future of [`RedisStore`]'s [`LeaseStore::acquire`].
+pub type AcquireFuture =
+    Pin<Box<dyn Future<Output = Result<LeaseDecision, StoreError>> + Send + 'static>>;
+
+/// The lease script (EVALSHA path), composed once per process.
+fn lease_script() -> &'static LuaScript {
+    static SCRIPT: OnceLock<LuaScript> = OnceLock::new();
+    SCRIPT.get_or_init(scripts::lease)
+}
+
+impl RedisStore {
+    /// The lease call: `<op> <now> <max> <ttl_us> <id>` on the subject's
+    /// lease key; its reply as four integers.
+    fn lease_call(
+        &self,
+        op: &'static str,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        id: LeaseId,
+    ) -> impl Future<Output = Result<[i64; 4], StoreError>> + Send + 'static {
+        let key = self.key_for(subject, policy.name());
+        let mut args = Cmd::new();
+        args.arg(op);
+        self.push_now(&mut args);
+        args.arg(policy.limit())
+            .arg(policy.lease_ttl_micros())
+            .arg(id.to_string());
+        let inner = Arc::clone(&self.inner);
+        async move {
+            let value = match inner.scripts.path().get() {
+                CallPath::Evalsha => evalsha(&inner, &key, &args).await?,
+                _ => {
+                    let function = inner.scripts.library().lease().clone();
+                    let mut cmd = redis::cmd("FCALL");
+                    cmd.arg(function.sha()).arg(1).arg(key.as_str());
+                    append(&mut cmd, &args);
+                    match connection::eval(&inner.pool, inner.timeout, &function, &cmd, &key).await
+                    {
+                        // Redis refused FCALL or FUNCTION LOAD: nothing ran.
+                        Err(error) if functions::functions_refused(&error) => {
+                            inner.scripts.path().fall_back();
+                            evalsha(&inner, &key, &args).await?
+                        }
+                        other => other?,
+                    }
+                }
+            };
+            match value {
+                Value::Array(items) => ints::<4>(&items),
+                other => Err(protocol(format!(
+                    "the lease script answered {other:?}, not four integers"
+                ))),
+            }
+        }
+    }
+}
+
+fn append(cmd: &mut Cmd, args: &Cmd) {
+    for arg in args.args_iter() {
+        if let redis::Arg::Simple(bytes) = arg {
+            cmd.arg(bytes);
+        }
+    }
+}
+
+async fn evalsha(inner: &Inner, key: &str, args: &Cmd) -> Result<Value, StoreError> {
+    let script = lease_script();
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.sha()).arg(1).arg(key);
+    append(&mut cmd, args);
+    connection::eval(&inner.pool, inner.timeout, script, &cmd, key).await
+}
+
+fn non_negative(n: i64, what: &str) -> Result<u64, StoreError> {
+    u64::try_from(n).map_err(|_| protocol(format!("the lease script answered {what} = {n}")))
+}
+
+impl LeaseStore for RedisStore {
+    type AcquireFuture = AcquireFuture;
+
+    fn acquire(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        id: LeaseId,
+    ) -> Self::AcquireFuture {
+        let max = policy.limit();
+        let call = self.lease_call("a", subject, policy, id);
+        Box::pin(async move {
+            let [granted, in_flight, expiry, now] = call.await?;
+            let in_flight = non_negative(in_flight, "in_flight")?;
+            let expiry = non_negative(expiry, "expiry")?;
+            let now = non_negative(now, "now")?;
+            Ok(if granted == 1 {
+                LeaseDecision::granted(Lease::new(id, expiry), in_flight, max)
+            } else {
+                LeaseDecision::denied(in_flight, max, expiry.saturating_sub(now))
+            })
+        })
+    }
+
+    fn renew(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send + 'static {
+        let call = self.lease_call("r", subject, policy, lease);
+        async move {
+            let [live, _, expiry, _] = call.await?;
+            Ok(if live == 1 {
+                Some(non_negative(expiry, "expiry")?)
+            } else {
+                None
+            })
+        }
+    }
+
+    fn release(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'static {
+        let call = self.lease_call("d", subject, policy, lease);
+        async move {
+            let [released, ..] = call.await?;
+            Ok(released == 1)
+        }
+    }
+}
