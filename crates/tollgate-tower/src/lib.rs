@@ -72,6 +72,7 @@
 
 mod body;
 mod breaker;
+mod concurrency;
 mod config;
 mod deny_cache;
 mod future;
@@ -85,6 +86,10 @@ mod response;
 mod service;
 
 pub use body::RateLimitBody;
+pub use concurrency::{
+    ConcurrencyLimit, ConcurrencyLimitBody, ConcurrencyLimitFuture, ConcurrencyLimitLayer,
+    ConcurrencyLimitLayerBuilder,
+};
 pub use config::{ConfigError, FailurePolicy, HeaderMode, MissingKey, Mode};
 pub use future::ResponseFuture;
 pub use info::RateLimitInfo;
