@@ -167,7 +167,9 @@ impl<St: LeaseStore, K> Shared<St, K> {
         let secs = retry_after.map(|r| ceil_secs(r).max(1));
         if let Some(secs) = secs {
             let unit = if secs == 1 { "second" } else { "seconds" };
-            message.push_str(&format!("; a permit frees within {secs} {unit}"));
+            message.push_str(&format!(
+                "; a permit frees when a running request ends, or in {secs} {unit} unless its lease is renewed"
+            ));
         }
         message.push_str(".\n");
         let mut response = plain(ticket.grpc.clone(), StatusCode::TOO_MANY_REQUESTS, &message);
