@@ -628,3 +628,98 @@ async fn grpc_requests_get_resource_exhausted() {
     assert!(denied.headers().contains_key("grpc-retry-pushback-ms"));
     drop(held);
 }
+
+/// At maxmemory with `noeviction`, on both call paths: a subject holding
+/// leases still acquires, renews and releases (the allow-oom twin); a new
+/// subject is refused with `OutOfMemory` (the layer answers `429`).
+#[tokio::test(flavor = "multi_thread")]
+async fn out_of_memory_keeps_held_subjects_and_refuses_new_ones() {
+    use tollgate_core::StoreError;
+    use tollgate_redis::CallPath;
+
+    let server = tollgate_tests::OwnedRedis::start(&["--maxmemory-policy", "noeviction"]);
+    let build = |url: String| async move {
+        RedisStore::builder()
+            .url(url)
+            .prefix(unique_prefix("lease-oom"))
+            .timeout(redis_common::TEST_TIMEOUT)
+            .build()
+            .await
+            .unwrap()
+    };
+    let functions = build(server.url()).await;
+    let evalsha = build(redis_common::without_functions(&server.url(), "no-fn")).await;
+    assert_eq!(functions.call_path(), CallPath::Functions);
+    assert_eq!(evalsha.call_path(), CallPath::Evalsha);
+    let policy = ConcurrencyPolicy::max_in_flight(3)
+        .lease_ttl(Duration::from_secs(60))
+        .name("oom")
+        .build()
+        .unwrap();
+    let mut held = Vec::new();
+    for store in [&functions, &evalsha] {
+        let lease = store
+            .acquire("held", &policy, LeaseId::generate())
+            .await
+            .unwrap()
+            .lease()
+            .unwrap();
+        held.push(lease.id());
+    }
+    let mut raw = redis_common::raw(&server.url());
+    for i in 0..64 {
+        let () = redis::cmd("SET")
+            .arg(format!("filler:{i}"))
+            .arg(vec![b'x'; 64 << 10])
+            .query(&mut raw)
+            .unwrap();
+    }
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("3mb")
+        .query(&mut raw)
+        .unwrap();
+    for (store, first) in [(&functions, held[0]), (&evalsha, held[1])] {
+        let path = store.call_path();
+        let second = store
+            .acquire("held", &policy, LeaseId::generate())
+            .await
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert!(second.is_granted(), "{path}");
+        assert_eq!(second.in_flight(), 2, "{path}");
+        assert!(
+            store.renew("held", &policy, first).await.unwrap().is_some(),
+            "{path}"
+        );
+        assert!(
+            store.release("held", &policy, first).await.unwrap(),
+            "{path}"
+        );
+        let fresh = store.acquire("fresh", &policy, LeaseId::generate()).await;
+        assert!(
+            matches!(fresh, Err(StoreError::OutOfMemory { .. })),
+            "{path}: {fresh:?}"
+        );
+    }
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query(&mut raw)
+        .unwrap();
+}
+
+#[test]
+fn a_fallback_store_is_refused_at_build() {
+    let error = ConcurrencyLimitLayer::builder(MemoryStore::new())
+        .policy(concurrency_policy(Duration::from_secs(30)))
+        .on_store_failure(tollgate_tower::FailurePolicy::fallback(MemoryStore::new()))
+        .build()
+        .unwrap_err();
+    assert!(matches!(
+        error,
+        tollgate_tower::ConfigError::FallbackNotSupported
+    ));
+    assert!(error.to_string().contains("FailOpen"));
+}

@@ -6,6 +6,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use redis::{Cmd, Value};
 use tollgate_core::{ConcurrencyPolicy, Lease, LeaseDecision, LeaseId, LeaseStore, StoreError};
@@ -28,14 +29,15 @@ fn lease_script() -> &'static LuaScript {
 
 impl RedisStore {
     /// The lease call: `<op> <now> <max> <ttl_us> <id>` on the subject's
-    /// lease key; its reply as four integers.
+    /// lease key; its reply as four integers, or `None` for `NOROOM` (an
+    /// acquire at maxmemory that would create the key).
     fn lease_call(
         &self,
         op: &'static str,
         subject: &str,
         policy: &ConcurrencyPolicy,
         id: LeaseId,
-    ) -> impl Future<Output = Result<[i64; 4], StoreError>> + Send + 'static {
+    ) -> impl Future<Output = Result<Option<[i64; 4]>, StoreError>> + Send + 'static {
         let key = self.key_for(subject, policy.name());
         let mut args = Cmd::new();
         args.arg(op);
@@ -46,25 +48,22 @@ impl RedisStore {
         let inner = Arc::clone(&self.inner);
         async move {
             let value = match inner.scripts.path().get() {
-                CallPath::Evalsha => evalsha(&inner, &key, &args).await?,
+                CallPath::Evalsha => run(&inner, lease_script(), &key, &args).await?,
                 _ => {
                     let function = inner.scripts.library().lease().clone();
-                    let mut cmd = redis::cmd("FCALL");
-                    cmd.arg(function.sha()).arg(1).arg(key.as_str());
-                    append(&mut cmd, &args);
-                    match connection::eval(&inner.pool, inner.timeout, &function, &cmd, &key).await
-                    {
+                    match run(&inner, &function, &key, &args).await {
                         // Redis refused FCALL or FUNCTION LOAD: nothing ran.
                         Err(error) if functions::functions_refused(&error) => {
                             inner.scripts.path().fall_back();
-                            evalsha(&inner, &key, &args).await?
+                            run(&inner, lease_script(), &key, &args).await?
                         }
                         other => other?,
                     }
                 }
             };
             match value {
-                Value::Array(items) => ints::<4>(&items),
+                Value::Array(items) => ints::<4>(&items).map(Some),
+                Value::SimpleString(status) if status == "NOROOM" => Ok(None),
                 other => Err(protocol(format!(
                     "the lease script answered {other:?}, not four integers"
                 ))),
@@ -81,12 +80,59 @@ fn append(cmd: &mut Cmd, args: &Cmd) {
     }
 }
 
-async fn evalsha(inner: &Inner, key: &str, args: &Cmd) -> Result<Value, StoreError> {
-    let script = lease_script();
-    let mut cmd = redis::cmd("EVALSHA");
+/// One call of `script` (a function: `FCALL`; a script: `EVALSHA`); one
+/// refused with `OOM` (nothing was written but pruning) runs once more as
+/// its allow-oom twin.
+async fn run(
+    inner: &Inner,
+    script: &LuaScript,
+    key: &str,
+    args: &Cmd,
+) -> Result<Value, StoreError> {
+    match call(inner, script, key, args).await {
+        Err(error) if is_oom(&error) => match script.allow_oom() {
+            Some(twin) => call(inner, twin, key, args).await,
+            None => Err(error),
+        },
+        other => other,
+    }
+}
+
+async fn call(
+    inner: &Inner,
+    script: &LuaScript,
+    key: &str,
+    args: &Cmd,
+) -> Result<Value, StoreError> {
+    let mut cmd = redis::cmd(if script.is_function() {
+        "FCALL"
+    } else {
+        "EVALSHA"
+    });
     cmd.arg(script.sha()).arg(1).arg(key);
     append(&mut cmd, args);
     connection::eval(&inner.pool, inner.timeout, script, &cmd, key).await
+}
+
+/// Whether Redis refused a call for lack of memory (`OOM`).
+fn is_oom(error: &StoreError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = source {
+        if let Some(redis) = error.downcast_ref::<redis::RedisError>() {
+            if redis.code() == Some("OOM") {
+                return true;
+            }
+        }
+        source = error.source();
+    }
+    matches!(error, StoreError::Protocol { detail } if detail.contains("OOM command not allowed"))
+}
+
+/// How long a subject Redis has no memory for is told to wait.
+const OUT_OF_MEMORY_RETRY: Duration = Duration::from_secs(1);
+
+fn no_room() -> StoreError {
+    protocol("the lease script answered NOROOM to a renewal or release".to_owned())
 }
 
 fn non_negative(n: i64, what: &str) -> Result<u64, StoreError> {
@@ -105,7 +151,12 @@ impl LeaseStore for RedisStore {
         let max = policy.limit();
         let call = self.lease_call("a", subject, policy, id);
         Box::pin(async move {
-            let [granted, in_flight, expiry, now] = call.await?;
+            let Some([granted, in_flight, expiry, now]) = call.await? else {
+                // At maxmemory, for a subject Redis holds no lease of.
+                return Err(StoreError::OutOfMemory {
+                    retry_after: OUT_OF_MEMORY_RETRY,
+                });
+            };
             let in_flight = non_negative(in_flight, "in_flight")?;
             let expiry = non_negative(expiry, "expiry")?;
             let now = non_negative(now, "now")?;
@@ -125,7 +176,7 @@ impl LeaseStore for RedisStore {
     ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send + 'static {
         let call = self.lease_call("r", subject, policy, lease);
         async move {
-            let [live, _, expiry, _] = call.await?;
+            let [live, _, expiry, _] = call.await?.ok_or_else(no_room)?;
             Ok(if live == 1 {
                 Some(non_negative(expiry, "expiry")?)
             } else {
@@ -142,7 +193,7 @@ impl LeaseStore for RedisStore {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'static {
         let call = self.lease_call("d", subject, policy, lease);
         async move {
-            let [released, ..] = call.await?;
+            let [released, ..] = call.await?.ok_or_else(no_room)?;
             Ok(released == 1)
         }
     }

@@ -204,12 +204,16 @@ pub(crate) fn limiter() -> LuaScript {
 }
 
 /// The lease script of concurrency policies (EVALSHA path).
+/// Its allow-oom twin (run after `OOM`) refuses to create a key.
 pub(crate) fn lease() -> LuaScript {
     let mut source = String::with_capacity(8 * 1024);
     source.push_str(PRELUDE);
     source.push_str(LEASE);
-    source.push_str("return lease(KEYS, ARGV)\n");
-    LuaScript::new(source)
+    let twin = format!("{ALLOW_OOM_SHEBANG}{source}return lease(KEYS, ARGV, true)\n");
+    source.push_str("return lease(KEYS, ARGV, false)\n");
+    let mut script = LuaScript::new(source);
+    script.allow_oom = Some(Arc::new(LuaScript::new(twin)));
+    script
 }
 
 /// The tollgate Redis Functions library: every algorithm and the check,
@@ -239,7 +243,7 @@ impl Library {
         let hash = redis::Script::new(&body).get_hash().to_owned();
         let name = format!("tollgate_{}", &hash[..12]);
         let source: Arc<str> = format!(
-            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_LEASE = '{name}_check', '{name}_peek', '{name}_oom', '{name}_lease'\n{body}"
+            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_LEASE, FN_LEASE_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_lease', '{name}_lease_oom'\n{body}"
         )
         .into();
         let function = |suffix: &str| LuaScript {
@@ -250,10 +254,12 @@ impl Library {
         };
         let mut check = function("check");
         check.allow_oom = Some(Arc::new(function("oom")));
+        let mut lease = function("lease");
+        lease.allow_oom = Some(Arc::new(function("lease_oom")));
         Self {
             check,
             peek: function("peek"),
-            lease: function("lease"),
+            lease,
             name: name.into(),
         }
     }

@@ -1,7 +1,7 @@
 -- The tollgate Redis Functions library's registrations (after the prelude,
 -- every algorithm and check.lua; scripts.rs adds the `#!lua name=` line
--- and the versioned function names FN_CHECK, FN_PEEK, FN_OOM and
--- FN_LEASE).
+-- and the versioned function names FN_CHECK, FN_PEEK, FN_OOM, FN_LEASE
+-- and FN_LEASE_OOM).
 -- Everything above runs once, at FUNCTION LOAD: a call builds no helper.
 --
 -- ARGV[1] names the plan, one letter per policy (CODES, the order of
@@ -49,4 +49,9 @@ redis.register_function{ function_name = FN_OOM,
   flags = { 'allow-oom' } }
 -- Leases of concurrency policies (lease.lua): acquire, renew, release.
 redis.register_function{ function_name = FN_LEASE,
-  callback = function(keys, args) return lease(keys, args) end }
+  callback = function(keys, args) return lease(keys, args, false) end }
+-- Its allow-oom twin: renewals and releases run at maxmemory, and an
+-- acquire that would create a key answers NOROOM instead.
+redis.register_function{ function_name = FN_LEASE_OOM,
+  callback = function(keys, args) return lease(keys, args, true) end,
+  flags = { 'allow-oom' } }
