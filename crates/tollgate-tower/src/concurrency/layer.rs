@@ -45,6 +45,13 @@ impl<St, K> fmt::Debug for Shared<St, K> {
 /// request renews its lease every third of the TTL; a crashed instance's
 /// leases expire after the TTL. See the [crate docs](crate#concurrency-limits).
 ///
+/// A denied request gets `429` with `Retry-After` (when the earliest live
+/// lease expires unless renewed) and no `RateLimit` fields, which describe
+/// rates; stacked under a [`RateLimitLayer`](crate::RateLimitLayer), the
+/// outer layer adds its own. Requests without a key follow
+/// [`MissingKey`]; a failing store follows the failure policy, except a
+/// store with no room for a new subject, which denies.
+///
 /// Clones share one configuration and store.
 ///
 /// ```
