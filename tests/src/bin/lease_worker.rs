@@ -7,6 +7,8 @@
 //!                   --tasks K --requests R --counter KEY
 //! ```
 //!
+//! `--cluster U1,U2,...` instead of `--url U` runs on a Redis Cluster.
+//!
 //! `hold` acquires `N` leases of `S` (Redis clock) and prints
 //! `held <latest expiry in µs>`, then waits to be killed.
 //!
@@ -70,6 +72,45 @@ fn main() -> ExitCode {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Where the Redis is.
+enum Target {
+    Url(String),
+    Cluster(Vec<String>),
+}
+
+/// A connection for the handlers' counter, on either kind of server.
+#[derive(Clone)]
+enum Counter {
+    Standalone(redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Counter {
+    async fn open(target: &Target) -> Result<Self, BoxError> {
+        Ok(match target {
+            Target::Url(url) => Self::Standalone(
+                redis::Client::open(url.as_str())?
+                    .get_multiplexed_async_connection()
+                    .await?,
+            ),
+            Target::Cluster(urls) => Self::Cluster(
+                redis::cluster::ClusterClient::new(urls.clone())?
+                    .get_async_connection()
+                    .await?,
+            ),
+        })
+    }
+
+    async fn add(&mut self, key: &str, by: i64) -> Result<i64, redis::RedisError> {
+        let mut cmd = redis::cmd("INCRBY");
+        cmd.arg(key).arg(by);
+        match self {
+            Self::Standalone(c) => cmd.query_async(c).await,
+            Self::Cluster(c) => cmd.query_async(c).await,
+        }
+    }
+}
+
 async fn run(mode: &str, options: &HashMap<String, String>) -> Result<(), BoxError> {
     let get = |name: &str| {
         options
@@ -78,10 +119,17 @@ async fn run(mode: &str, options: &HashMap<String, String>) -> Result<(), BoxErr
             .ok_or_else(|| format!("missing --{name}"))
     };
     let number = |name: &str| -> Result<u64, BoxError> { Ok(get(name)?.parse::<u64>()?) };
-    let url = get("url")?;
+    let target = match (get("url"), get("cluster")) {
+        (Ok(url), Err(_)) => Target::Url(url),
+        (Err(_), Ok(urls)) => Target::Cluster(urls.split(',').map(str::to_owned).collect()),
+        _ => return Err("give exactly one of --url and --cluster".into()),
+    };
     let subject = get("subject")?;
-    let store = RedisStore::builder()
-        .url(url.clone())
+    let builder = match &target {
+        Target::Url(url) => RedisStore::builder().url(url.clone()),
+        Target::Cluster(urls) => RedisStore::builder().cluster(urls.clone()),
+    };
+    let store = builder
         .prefix(get("prefix")?)
         .timeout(Duration::from_secs(10))
         .build()
@@ -105,7 +153,7 @@ async fn run(mode: &str, options: &HashMap<String, String>) -> Result<(), BoxErr
             std::future::pending::<()>().await;
             Ok(())
         }
-        "load" => load(store, policy, &url, &subject, options).await,
+        "load" => load(store, policy, &target, &subject, options).await,
         other => Err(format!("unknown mode {other:?}: hold or load").into()),
     }
 }
@@ -113,7 +161,7 @@ async fn run(mode: &str, options: &HashMap<String, String>) -> Result<(), BoxErr
 async fn load(
     store: RedisStore,
     policy: ConcurrencyPolicy,
-    url: &str,
+    target: &Target,
     subject: &str,
     options: &HashMap<String, String>,
 ) -> Result<(), BoxError> {
@@ -130,9 +178,7 @@ async fn load(
         .ok_or("missing --counter")?
         .as_str()
         .into();
-    let redis = redis::Client::open(url)?
-        .get_multiplexed_async_connection()
-        .await?;
+    let redis = Counter::open(target).await?;
     let max_inside = Arc::new(AtomicI64::new(0));
     let subject = subject.to_owned();
     let layer = ConcurrencyLimitLayer::builder(store)
@@ -148,17 +194,10 @@ async fn load(
             let counter = Arc::clone(&counter);
             let max_inside = Arc::clone(&max_inside);
             async move {
-                let inside: i64 = redis::cmd("INCR")
-                    .arg(&*counter)
-                    .query_async(&mut redis)
-                    .await
-                    .unwrap_or(i64::MAX);
+                let inside = redis.add(&counter, 1).await.unwrap_or(i64::MAX);
                 max_inside.fetch_max(inside, Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(5)).await;
-                let _: Result<i64, _> = redis::cmd("DECR")
-                    .arg(&*counter)
-                    .query_async(&mut redis)
-                    .await;
+                let _ = redis.add(&counter, -1).await;
                 Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
             }
         })
