@@ -255,13 +255,19 @@ fn three_processes_never_exceed_max_in_flight_on_the_cluster() {
     processes_never_exceed_max_in_flight(["--cluster", &urls.join(",")]);
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_killed_process_gives_its_leases_back_by_the_ttl() {
-    let prefix = unique_prefix("lease-kill");
-    let url = path_url(redis_url());
+/// A `lease_worker hold` process on `target` takes every permit and is
+/// SIGKILLed; its leases come back by their TTL on Redis' clock (`TIME`
+/// of `time_url`), and not before.
+async fn a_killed_process_gives_its_leases_back(
+    target: [&str; 2],
+    store: RedisStore,
+    time_url: &str,
+) {
+    let prefix = store.prefix().to_owned();
     let mut child = Command::new(env!("CARGO_BIN_EXE_lease_worker"))
         .arg("hold")
-        .args(["--url", &url, "--prefix", &prefix, "--subject", "tenant-k"])
+        .args(target)
+        .args(["--prefix", &prefix, "--subject", "tenant-k"])
         .args(["--max", "2", "--ttl-ms", "1500"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -282,13 +288,12 @@ async fn a_killed_process_gives_its_leases_back_by_the_ttl() {
     child.kill().expect("SIGKILL"); // Child::kill is SIGKILL on Unix
     child.wait().unwrap();
 
-    let store = redis_common::standalone(&prefix, ClockMode::Redis).await;
     let policy = ConcurrencyPolicy::max_in_flight(2)
         .lease_ttl(Duration::from_millis(1500))
         .name("workers")
         .build()
         .unwrap();
-    let mut connection = redis_common::raw(&redis_url());
+    let mut connection = redis_common::raw(time_url);
     let mut denied_while_held = 0;
     loop {
         let before = server_now(&mut connection);
@@ -313,6 +318,24 @@ async fn a_killed_process_gives_its_leases_back_by_the_ttl() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     println!("denied {denied_while_held} times while the dead process's leases were live");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_process_gives_its_leases_back_by_the_ttl() {
+    let store = redis_common::standalone(&unique_prefix("lease-kill"), ClockMode::Redis).await;
+    let url = path_url(redis_url());
+    a_killed_process_gives_its_leases_back(["--url", &url], store, &redis_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_process_gives_its_leases_back_by_the_ttl_on_the_cluster() {
+    let store = redis_common::cluster(&unique_prefix("lease-kill"), ClockMode::Redis).await;
+    let urls: Vec<String> = tollgate_tests::cluster_urls()
+        .into_iter()
+        .map(path_url)
+        .collect();
+    let time_url = tollgate_tests::cluster_urls()[0].clone();
+    a_killed_process_gives_its_leases_back(["--cluster", &urls.join(",")], store, &time_url).await;
 }
 
 // ---------------------------------------------------------------- the layer
