@@ -28,6 +28,11 @@
 //! | [`Algorithm::FixedWindow`] | counter | "N per calendar minute/day", quotas that reset at a known time |
 //! | [`Algorithm::SlidingWindow`] | two counters | window semantics without the boundary burst |
 //! | [`Algorithm::SlidingLog`] | one entry per permit | exact rolling window, small limits (≤ 10 000) |
+//!
+//! Besides rates, a [`ConcurrencyPolicy`] limits a subject to N permits in
+//! flight, each a lease that expires unless renewed
+//! ([`algorithms::lease`]); [`MemoryStore`] and `tollgate-redis`'s
+//! `RedisStore` hold leases through the [`LeaseStore`] trait.
 
 pub mod algorithms;
 mod boxed;
