@@ -301,6 +301,7 @@ mod builder;
 mod cell;
 mod connection;
 mod errors;
+mod fast;
 mod functions;
 mod limiter;
 mod redact;
