@@ -110,7 +110,18 @@ fn fast_decision(policy: &Policy, reply: i64, cost: u64) -> Result<Decision, Sto
         tat_us: ahead,
         tat_rem: 0,
     });
-    let decision = algorithms::check(policy, Some(&state), 0, cost).decision;
+    let step = algorithms::check(policy, Some(&state), 0, cost);
+    let decision = step.decision;
+    // The function hands a state it would clamp (a repair, the only write
+    // a denial makes) to the general check, so such a lead is never its
+    // answer.
+    let repaired = !decision.is_allowed() && step.new_state.is_some();
+    if repaired {
+        return Err(store::protocol(format!(
+            "the fast GCRA function answered a lead of {ahead} µs, beyond what the policy allows; \
+             is the library from another tollgate-redis version?"
+        )));
+    }
     if decision.is_allowed() != admitted {
         return Err(store::protocol(format!(
             "the fast GCRA function answered {reply}, which {} for this policy; \
