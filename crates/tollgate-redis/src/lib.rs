@@ -301,6 +301,7 @@
 mod builder;
 mod cell;
 mod connection;
+mod env;
 mod errors;
 mod fast;
 mod functions;
@@ -316,6 +317,7 @@ pub use builder::{
     DEFAULT_TIMEOUT, MAX_PREFIX_LEN,
 };
 pub use cell::{ThrottleCallError, THROTTLE_POLICY_NAME};
+pub use env::store_from_env;
 pub use errors::{BuildError, ACL_CLUSTER_COMMANDS, ACL_COMMANDS};
 pub use functions::CallPath;
 pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError, RateType, DEFAULT_KEEP_ALIVE};
