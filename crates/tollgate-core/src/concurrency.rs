@@ -88,6 +88,18 @@ impl ConcurrencyPolicy {
 }
 
 /// Builds a [`ConcurrencyPolicy`]; see [`ConcurrencyPolicy::max_in_flight`].
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_core::ConcurrencyPolicy;
+///
+/// let builder = ConcurrencyPolicy::max_in_flight(20).name("llm");
+/// // Renewed every 20 s while a request runs; a crashed holder's permits
+/// // come back within a minute.
+/// let policy = builder.lease_ttl(Duration::from_secs(60)).build()?;
+/// assert_eq!(policy.lease_ttl_micros(), 60_000_000);
+/// # Ok::<(), tollgate_core::ConcurrencyPolicyError>(())
+/// ```
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct ConcurrencyPolicyBuilder {
@@ -146,6 +158,18 @@ impl ConcurrencyPolicyBuilder {
 
 /// Why a [`ConcurrencyPolicy`] could not be built. Each message says what
 /// to change.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_core::{ConcurrencyPolicy, ConcurrencyPolicyError};
+///
+/// let err = ConcurrencyPolicy::max_in_flight(5)
+///     .lease_ttl(Duration::from_millis(1))
+///     .build()
+///     .unwrap_err();
+/// assert!(matches!(err, ConcurrencyPolicyError::LeaseTtl { .. }));
+/// assert!(err.to_string().contains("lease_ttl"));
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ConcurrencyPolicyError {
@@ -261,6 +285,15 @@ fn mix(mut z: u64) -> u64 {
 }
 
 /// A granted permit: its id and when it expires unless renewed.
+///
+/// ```
+/// use tollgate_core::{Lease, LeaseId};
+///
+/// let id = LeaseId::generate();
+/// let lease = Lease::new(id, 1_700_000_030_000_000);
+/// assert_eq!(lease.id(), id);
+/// assert_eq!(lease.expires_at_micros(), 1_700_000_030_000_000);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Lease {
     id: LeaseId,

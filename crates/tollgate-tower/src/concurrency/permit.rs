@@ -160,6 +160,32 @@ pin_project! {
     /// It is an [`http_body::Body`] with `Data = Bytes` and the inner body's
     /// error, so Axum, Tonic and Hyper accept it as they accept the inner
     /// body.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use http::{Request, Response};
+    /// use http_body_util::{BodyExt, Full};
+    /// use tollgate_core::{ConcurrencyPolicy, MemoryStore};
+    /// use tollgate_tower::{ConcurrencyLimitLayer, Global};
+    /// use tower::{Layer, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = ConcurrencyLimitLayer::builder(MemoryStore::new())
+    ///     .policy(ConcurrencyPolicy::max_in_flight(1).build()?)
+    ///     .key(Global)
+    ///     .build()?;
+    /// let service = layer.layer(tower::service_fn(|_: Request<Full<bytes::Bytes>>| async {
+    ///     Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::from("report"))))
+    /// }));
+    /// let response = service.clone().oneshot(Request::new(Full::default())).await?;
+    /// // Reading the body to its end releases the permit.
+    /// let body = response.into_body().collect().await?.to_bytes();
+    /// assert_eq!(&body[..], b"report");
+    /// let next = service.oneshot(Request::new(Full::default())).await?;
+    /// assert_eq!(next.status(), http::StatusCode::OK);
+    /// # Ok(()) }
+    /// ```
     pub struct ConcurrencyLimitBody<B> {
         #[pin]
         kind: Kind<B>,
