@@ -105,7 +105,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::future::{ready, Ready};
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crossbeam_utils::CachePadded;
@@ -116,8 +116,9 @@ use smallvec::SmallVec;
 use crate::algorithms::{self, GcraState, State, Step};
 
 pub use self::builder::MemoryStoreBuilder;
+use self::entry::{Body, Entry};
 use self::fast::check_policy;
-use self::table::{same_name, Entry, Key, Shard, ShardLock, Slot, SlotState};
+use self::table::{intern, same_name, Key, Shard, ShardLock};
 use crate::{
     validate_check, Algorithm, Clock, Decision, FastClock, Policy, Store, StoreError, Verdict,
     MAX_PLAIN_SUBJECT_LEN,
@@ -414,14 +415,7 @@ impl MemoryStore {
             let shard = shard.read();
             bytes += shard.table.allocation_size();
             bytes += shard.names.capacity() * std::mem::size_of::<Arc<str>>();
-            for entry in shard.table.iter() {
-                if entry.key.spilled() {
-                    bytes += entry.key.capacity();
-                }
-                if entry.slots.spilled() {
-                    bytes += entry.slots.capacity() * std::mem::size_of::<Slot>();
-                }
-            }
+            bytes += shard.table.iter().map(Entry::heap_bytes).sum::<usize>();
         }
         bytes
     }
@@ -485,15 +479,14 @@ impl MemoryStore {
         let key = key.as_bytes();
         let inner = &*self.inner;
         let hash = inner.hash_key(key);
-        let mut shard = inner.shard(hash).write();
+        let mut guard = inner.shard(hash).write();
+        let shard = &mut *guard;
         shard.demote_if_hot(hash);
         let hot = shard.hot_tat.load(Ordering::Relaxed);
-        let Ok(mut entry) = shard.table.find_entry(hash, |e| e.key.as_slice() == key) else {
+        let Ok(mut entry) = shard.table.find_entry(hash, |e| e.key.matches(key)) else {
             return;
         };
-        let slots = &mut entry.get_mut().slots;
-        slots.retain(|slot| !policies.iter().any(|p| p.name() == &*slot.policy));
-        if slots.is_empty() {
+        if entry.get_mut().forget(&shard.names, policies) {
             entry.remove();
             inner.forget(1);
         } else {
@@ -578,7 +571,7 @@ impl Inner {
 
     /// The hasher hashbrown needs when it moves entries.
     fn rehash(&self) -> impl Fn(&Entry) -> u64 + '_ {
-        |entry| self.hash_key(&entry.key)
+        |entry| self.hash_key(entry.key.as_slice())
     }
 
     /// Records that `removed` entries left the store.
@@ -607,6 +600,7 @@ impl Inner {
 }
 
 mod builder;
+mod entry;
 mod fast;
 mod sweep;
 mod table;
