@@ -142,6 +142,8 @@ pub struct Policy {
     limit: u64,
     period_us: u64,
     burst: Option<u64>,
+    /// `burst` or else `limit` (read on every check).
+    capacity: u64,
     /// Bucket algorithms: time is counted in units of `1 / scale` µs and a
     /// permit costs `increment` units (`scale = limit`, `increment = period`
     /// when exact). Window algorithms: `scale = limit`,
@@ -338,10 +340,7 @@ impl Policy {
     /// algorithms. A cost above this is an error, never a silent denial.
     #[must_use]
     pub const fn capacity(&self) -> u64 {
-        match self.burst {
-            Some(burst) => burst,
-            None => self.limit,
-        }
+        self.capacity
     }
 }
 
@@ -483,6 +482,7 @@ impl PolicyBuilder {
             limit,
             period_us,
             burst,
+            capacity: burst.unwrap_or(limit),
             scale,
             increment,
             weight_unit_us,

@@ -355,7 +355,7 @@ impl Shard {
         now: u64,
         cost: u64,
     ) -> Option<(TatCharge, bool)> {
-        let entry = self.table.get_bucket(self.find(hash, key)?)?;
+        let entry = self.table.find(hash, |entry| entry.key.matches(key))?;
         let (name, cell, hot) = match &entry.body {
             Body::Tat { name, tat } => (*name, tat, false),
             Body::Hot { name } => (*name, &self.hot_tat, true),
