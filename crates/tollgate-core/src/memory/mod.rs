@@ -508,8 +508,14 @@ impl Store for MemoryStore {
                 return ready(Err(err));
             }
         }
-        let key = Key::new(subject);
-        let key = key.as_bytes();
+        // A short subject is its own key (no `Key` to build and match on).
+        let hashed;
+        let key = if subject.len() <= MAX_PLAIN_SUBJECT_LEN {
+            subject.as_bytes()
+        } else {
+            hashed = Key::hashed(subject);
+            &hashed[..]
+        };
         let hash = self.inner.hash_key(key);
         // Read before locking to keep the critical section short. Two
         // concurrent checks may then apply their times out of order; every
