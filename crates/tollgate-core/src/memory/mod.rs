@@ -2,9 +2,10 @@
 //! [`Store`] impl and the bound ([`DEFAULT_MAX_KEYS`], [`WhenFull`]).
 //!
 //! The rest lives by concern, so a reader can change one without reading
-//! the others: `table.rs` (keys, entries, slots, a shard and the general
-//! path under its write lock), `fast.rs` (the GCRA fast path under the read
-//! lock and the hot slot), `sweep.rs` (sweeps, purges, eviction, room across
+//! the others: `entry.rs` (what a subject's entry holds: its key, its
+//! compact GCRA form and its general form), `table.rs` (a shard and the
+//! general path under its write lock), `fast.rs` (the GCRA fast path under
+//! the read lock and the hot slot), `sweep.rs` (sweeps, purges, eviction, room across
 //! shards) and `builder.rs` ([`MemoryStoreBuilder`]).
 //!
 //! # Layout
@@ -14,9 +15,12 @@
 //! stored in the table itself: a lookup reads a group of control bytes and
 //! then the entry, two dependent memory accesses. (A dense `Vec` of entries
 //! behind a table of positions holds less memory but adds a third access,
-//! and measured slower at a million subjects.) An entry is one subject: its
-//! key and one slot (policy name, algorithm state) per policy that has
-//! charged it. The subject's hash
+//! and measured slower at a million subjects.) An entry is one subject, in
+//! 40 bytes: its key (inline up to 22 bytes), and either the compact form
+//! (one GCRA state, its TAT packed into one atomic word, and the index of
+//! its policy's name among the shard's interned names) or a boxed list of
+//! slots (policy name, algorithm state, expiry) for anything else. The
+//! subject's hash
 //! picks the shard, so every policy of one subject sits behind one lock and
 //! a multi-policy check is one critical section under the write lock: every
 //! policy's [`algorithms::check`] is computed first and the new states are
@@ -25,23 +29,24 @@
 //! The subject is hashed once per call; the same hash picks the shard (from
 //! high bits) and the bucket (hashbrown uses the low bits and the top
 //! seven). A lookup borrows the caller's `&str` and allocates nothing; only
-//! a new subject may allocate (its key when longer than 24 bytes, and its
-//! list of slots when it has more than one policy; policy names are
-//! shared). An entry is 96 bytes plus those allocations.
+//! a new subject may allocate (its key when longer than 22 bytes, and its
+//! list of slots when it is not in the compact form; policy names are
+//! shared). An entry is 40 bytes plus those allocations.
 //!
 //! # The GCRA hot path
 //!
-//! A GCRA state whose TAT has no fraction of a microsecond (every state of
-//! a policy whose emission interval `period / limit` is whole, such as ten
-//! per second or a thousand per minute) is kept as one [`AtomicU64`], which
-//! is also its expiry. A one-policy GCRA charge of a subject that holds
-//! only such a state runs under the shard's **read** lock and replaces the
-//! TAT by compare-and-swap, with the arithmetic of [`algorithms::check`]
-//! rearranged so that admitting takes no division under the lock (one after
-//! it, for `remaining`) and a denial one, all in
-//! whole microseconds (`ALGORITHMS.md`, "MemoryStore's whole-interval fast
-//! path"; a property test holds
-//! the two equal). Charges of any subjects in one shard, including the same
+//! A subject's single GCRA state is kept as one [`AtomicU64`], its TAT
+//! packed as 52 bits of whole microseconds and 12 of fraction (every state
+//! of a policy whose emission interval `period / limit` is whole, such as
+//! ten per second, and of any policy whose limit is below 4096, such as
+//! three per ten seconds), which also gives its expiry. A one-policy GCRA
+//! charge of a subject that holds only such a state runs under the shard's
+//! **read** lock and replaces the TAT by compare-and-swap, with the
+//! arithmetic of [`algorithms::check`] split into whole microseconds and a
+//! fraction, with the policy's constants computed when it is built, so that
+//! admitting takes no division under the lock (one after it, for
+//! `remaining`) and a denial one (`ALGORITHMS.md`, "MemoryStore's GCRA fast
+//! path"; a property test holds the two equal). Charges of any subjects in one shard, including the same
 //! subject, then proceed in parallel, and stay exact: a swap that lost to
 //! another recomputes from the TAT that won. A subject whose swap lost
 //! becomes its shard's *hot slot*: its TAT moves (under the write lock)
@@ -50,8 +55,8 @@
 //! entry before touching the subject, and a sweep frees it with the entry.
 //! One subject per shard holds the hot slot, until its state expires.
 //! Everything else (new subjects,
-//! other algorithms, several policies, fractional TATs, peeks) takes the
-//! write lock, with GCRA on a `u64` fast path there too.
+//! other algorithms, several policies, TATs that do not pack, peeks) takes
+//! the write lock, with GCRA on a `u64` fast path there too.
 //!
 //! # Expiry and sweeping
 //!
@@ -70,11 +75,11 @@
 //!   paid for by the entries freed, which were each inserted once). When
 //!   the cursor completes a pass over a table that is more than three
 //!   quarters empty, the table shrinks.
-//!   Hot-path charges count per thread instead of per shard (so they write
-//!   nothing shared): every [`SWEEP_EVERY`]-th on a thread sweeps a shard,
-//!   taking the shards in turn rather than the one charged (a traffic
-//!   pattern that repeats every [`SWEEP_EVERY`] charges would otherwise
-//!   reach the same few shards).
+//!   Hot-path charges count in their own per-shard counter, on the cache
+//!   line the read lock writes anyway, by a load and a store rather than a
+//!   read-modify-write (two threads may count one charge): every
+//!   [`SWEEP_EVERY`]-th sweeps a shard, taking the shards in turn from the
+//!   one charged (so one busy subject keeps every shard swept).
 //! - **Sweep before growth.** When inserting a subject would make a shard's
 //!   table grow, the whole shard is swept first; if that frees less than an
 //!   eighth of it, the table grows at once, so the next such sweep is at
@@ -147,10 +152,10 @@ const MAKE_ROOM_ATTEMPTS: usize = 4;
 /// The number of subjects a [`MemoryStore`] holds at most unless its
 /// builder says otherwise: 262 144 (2^18).
 ///
-/// A held subject with a key of up to 24 bytes and one policy costs 97
-/// bytes in its shard's table (the entry and one control byte), and a table
-/// is between 7/16 and 7/8 full, so the default bound keeps a store under
-/// about 60 MB ([`MemoryStore::bytes_per_entry`]; measure with
+/// A held subject with a key of up to 22 bytes and one GCRA policy costs
+/// 41 bytes in its shard's table (the entry and one control byte), and a
+/// table is between 7/16 and 7/8 full, so the default bound keeps a store
+/// under about 25 MB ([`MemoryStore::bytes_per_entry`]; measure with
 /// [`MemoryStore::memory_bytes`]). Size it to the subjects active within
 /// your longest policy's period: a store at its bound evicts (or denies,
 /// per [`WhenFull`]) rather than grow.
@@ -384,19 +389,19 @@ impl MemoryStore {
     }
 
     /// Bytes a held subject takes in its shard's table: its entry and one
-    /// control byte (97 on 64-bit targets). Tables are between 7/16 and
+    /// control byte (41 on 64-bit targets). Tables are between 7/16 and
     /// 7/8 full, so a subject costs between about 1.14 and 2.3 times this;
-    /// a key longer than 24 bytes adds its length (keys longer than
+    /// a key longer than 22 bytes adds its length (keys longer than
     /// [`MAX_PLAIN_SUBJECT_LEN`] are stored as 33 bytes), and a subject
-    /// charged by more than one policy moves its slots to the heap, 56
-    /// bytes per policy. Multiply by [`MemoryStore::max_keys`] to size a
-    /// store.
+    /// with other states than one GCRA state (several policies, other
+    /// algorithms) moves them to the heap: 24 bytes and 56 per policy.
+    /// Multiply by [`MemoryStore::max_keys`] to size a store.
     ///
     /// ```
     /// use tollgate_core::MemoryStore;
     ///
     /// let worst = MemoryStore::bytes_per_entry() * 16 / 7 * tollgate_core::DEFAULT_MAX_KEYS;
-    /// assert!(worst < 64 << 20, "the default bound stays under 64 MiB");
+    /// assert!(worst < 32 << 20, "the default bound stays under 32 MiB");
     /// ```
     #[must_use]
     pub const fn bytes_per_entry() -> usize {
