@@ -378,3 +378,29 @@ fn the_hot_slot_holds_the_state_exactly_through_every_path() {
         10
     );
 }
+
+#[test]
+fn stored_keys_match_exactly_their_own_bytes() {
+    use super::entry::StoredKey;
+    // Every length around the inline limit and the word sizes, and a
+    // difference at every position (the inline compare uses overlapping
+    // word loads).
+    for len in 0..=40 {
+        let key: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+        let stored = StoredKey::new(&key);
+        assert_eq!(stored.as_slice(), &key[..]);
+        assert!(stored.matches(&key), "len {len}");
+        assert_eq!(stored.heap_bytes() > 0, len > 22, "len {len}");
+        for at in 0..len {
+            let mut other = key.clone();
+            other[at] ^= 1;
+            assert!(!stored.matches(&other), "len {len}, byte {at}");
+        }
+        let mut longer = key.clone();
+        longer.push(0);
+        assert!(!stored.matches(&longer), "len {len} + NUL");
+        if len > 0 {
+            assert!(!stored.matches(&key[..len - 1]), "len {len} − 1");
+        }
+    }
+}
