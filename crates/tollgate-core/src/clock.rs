@@ -76,8 +76,10 @@ impl Clock for FastClock {
     }
 }
 
-/// The process-wide state behind [`FastClock`].
-struct Counter {
+/// The process-wide state behind [`FastClock`] (the memory store holds a
+/// reference, so that reading it checks no `OnceLock`).
+#[derive(Debug)]
+pub(crate) struct Counter {
     clock: quanta::Clock,
     /// The counter's reading at creation; elapsed time is measured from it.
     origin: u64,
@@ -94,7 +96,7 @@ struct Counter {
 }
 
 impl Counter {
-    fn global() -> &'static Self {
+    pub(crate) fn global() -> &'static Self {
         static COUNTER: OnceLock<Counter> = OnceLock::new();
         COUNTER.get_or_init(|| {
             let clock = quanta::Clock::new();
@@ -115,7 +117,7 @@ impl Counter {
     }
 
     #[inline]
-    fn now_micros(&self) -> u64 {
+    pub(crate) fn now_micros(&self) -> u64 {
         // A counter behind its origin (never, with an invariant counter)
         // reads as the origin, as in quanta.
         let ticks = self.clock.raw().saturating_sub(self.origin);

@@ -119,13 +119,14 @@ use sha2::{Digest, Sha256};
 use smallvec::SmallVec;
 
 use crate::algorithms::{self, GcraState, State, Step};
+use crate::clock::Counter;
 
 pub use self::builder::MemoryStoreBuilder;
 use self::entry::{Body, Entry};
 use self::fast::check_policy;
 use self::table::{intern, same_name, Key, Shard, ShardLock};
 use crate::{
-    validate_check, Algorithm, Clock, Decision, FastClock, Policy, Store, StoreError, Verdict,
+    validate_check, Algorithm, Clock, Decision, Policy, Store, StoreError, Verdict,
     MAX_PLAIN_SUBJECT_LEN,
 };
 
@@ -215,7 +216,7 @@ pub enum WhenFull {
 /// lock shared and update the state by compare-and-swap. Every policy of one
 /// subject lives in one shard: a multi-policy check is all or nothing.
 ///
-/// Time comes from the [`FastClock`] unless the builder is given another
+/// Time comes from the [`FastClock`](crate::FastClock) unless the builder is given another
 /// clock.
 ///
 /// Cloning is cheap and **shares state**: clones see and charge the same
@@ -277,11 +278,11 @@ struct Inner {
     len: AtomicUsize,
 }
 
-/// The clock, with the default [`FastClock`] dispatched statically (it is
+/// The clock, with the default [`FastClock`](crate::FastClock) dispatched statically (it is
 /// read on every check).
 #[derive(Debug, Clone)]
 enum StoreClock {
-    Fast,
+    Fast(&'static Counter),
     Custom(Arc<dyn Clock>),
 }
 
@@ -289,7 +290,7 @@ impl StoreClock {
     #[inline]
     fn now_micros(&self) -> u64 {
         match self {
-            Self::Fast => FastClock.now_micros(),
+            Self::Fast(counter) => counter.now_micros(),
             Self::Custom(clock) => clock.now_micros(),
         }
     }
@@ -314,7 +315,7 @@ impl fmt::Debug for MemoryStore {
 }
 
 impl MemoryStore {
-    /// A store on the [`FastClock`] with default sharding, holding at most
+    /// A store on the [`FastClock`](crate::FastClock) with default sharding, holding at most
     /// [`DEFAULT_MAX_KEYS`] subjects (evicting per
     /// [`WhenFull::EvictNearestFull`] beyond; see
     /// [`MemoryStoreBuilder::unbounded`] to opt out).
@@ -513,6 +514,12 @@ impl Store for MemoryStore {
                 return ready(Err(err));
             }
         }
+        // Read before locking to keep the critical section short
+        // (and first: fewer values live across the counter's read). Two
+        // concurrent checks may then apply their times out of order; every
+        // algorithm handles a time earlier than its state's (it never admits
+        // more than it would have at the later time).
+        let now = self.inner.clock.now_micros();
         // A short subject is its own key (no `Key` to build and match on).
         let hashed;
         let key = if subject.len() <= MAX_PLAIN_SUBJECT_LEN {
@@ -522,11 +529,6 @@ impl Store for MemoryStore {
             &hashed[..]
         };
         let hash = self.inner.hash_key(key);
-        // Read before locking to keep the critical section short. Two
-        // concurrent checks may then apply their times out of order; every
-        // algorithm handles a time earlier than its state's (it never admits
-        // more than it would have at the later time).
-        let now = self.inner.clock.now_micros();
         // One policy, the common case, carries a `Decision` until the very
         // end rather than a `Verdict` (twice its size).
         if let [policy] = policies {
