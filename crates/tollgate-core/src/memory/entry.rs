@@ -141,12 +141,12 @@ pub(super) enum Body {
     /// the policy named `names[name]` in the shard's interned names, its
     /// TAT packed ([`pack`]), which also gives its expiry
     /// ([`packed_expiry`]).
-    Tat { name: u8, tat: AtomicU64 },
+    Tat { name: PolicyRef, tat: AtomicU64 },
     /// A `Tat` kept in its shard's [`Shard::hot_tat`] instead, on the cache
     /// line of the shard's lock word: a subject charged by several threads
     /// at once is moved there, so that each charge contends for one cache
     /// line rather than two. At most one per shard.
-    Hot { name: u8 },
+    Hot { name: PolicyRef },
     /// Any other states (several policies, other algorithms, a GCRA state
     /// the compact form cannot hold, a policy name the shard does not
     /// intern): one slot per policy that charged the subject and has not
@@ -165,12 +165,59 @@ pub(super) struct Slot {
     pub(super) expires_at_us: u64,
 }
 
-/// The position of `policy` among the shard's interned `names`.
+/// Which policy a compact entry's state is of: the position of its name
+/// among the shard's interned names, and the address of that interned name
+/// (below 2^48, as on every 64-bit platform Rust runs on today; a name
+/// elsewhere is not interned this way), kept in the entry's padding. The
+/// shard holds the interned name as long as it lives, so a policy whose
+/// name is at that address has that name: the fast path compares one word
+/// and reads no shared memory (a policy built apart, with a copy of the
+/// name, is compared by its characters).
+#[derive(Clone, Copy)]
+pub(super) struct PolicyRef {
+    pub(super) index: u8,
+    address: [u8; 6],
+}
+
+/// The address of a policy's name, as [`PolicyRef`] compares it.
 #[inline(always)]
-fn is_named(names: &[Arc<str>], name: u8, policy: &Arc<str>) -> bool {
-    names
-        .get(usize::from(name))
-        .is_some_and(|interned| same_name(interned, policy))
+fn address_of(name: &Arc<str>) -> u64 {
+    Arc::as_ptr(name).cast::<u8>() as usize as u64
+}
+
+impl PolicyRef {
+    /// The reference to the interned name at `index`, if its address fits.
+    fn new(names: &[Arc<str>], index: usize) -> Option<Self> {
+        let address = address_of(names.get(index)?);
+        let index = u8::try_from(index).ok()?;
+        let bytes = address.to_le_bytes();
+        (address >> 48 == 0).then_some(Self {
+            index,
+            address: [bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5]],
+        })
+    }
+
+    /// Whether this is `policy`'s name.
+    #[inline(always)]
+    pub(super) fn is(self, names: &[Arc<str>], policy: &Arc<str>) -> bool {
+        let a = self.address;
+        let address = u64::from_le_bytes([a[0], a[1], a[2], a[3], a[4], a[5], 0, 0]);
+        address == address_of(policy) || self.is_by_characters(names, policy)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn is_by_characters(self, names: &[Arc<str>], policy: &Arc<str>) -> bool {
+        names
+            .get(usize::from(self.index))
+            .is_some_and(|interned| same_name(interned, policy))
+    }
+}
+
+/// Whether a compact entry's state is `policy`'s.
+#[inline(always)]
+fn is_named(names: &[Arc<str>], name: PolicyRef, policy: &Arc<str>) -> bool {
+    name.is(names, policy)
 }
 
 /// The state of a compact entry, unless it expired.
@@ -185,7 +232,7 @@ impl Body {
         let policy = intern(names, policy);
         if let Some(packed) = compact(&state, expires_at_us) {
             let name = names.iter().position(|name| Arc::ptr_eq(name, &policy));
-            if let Some(name) = name.and_then(|name| u8::try_from(name).ok()) {
+            if let Some(name) = name.and_then(|name| PolicyRef::new(names, name)) {
                 return Self::Tat {
                     name,
                     tat: AtomicU64::new(packed),
@@ -306,7 +353,7 @@ impl Entry {
         };
         if let Some((name, packed)) = expanded {
             let mut slots = Vec::with_capacity(2);
-            if let Some(interned) = names.get(usize::from(name)) {
+            if let Some(interned) = names.get(usize::from(name.index)) {
                 let (tat_us, tat_rem) = unpack(packed);
                 slots.push(Slot {
                     policy: Arc::clone(interned),
@@ -358,7 +405,7 @@ impl Entry {
             let name = names
                 .iter()
                 .position(|name| Arc::ptr_eq(name, &slot.policy))
-                .and_then(|name| u8::try_from(name).ok());
+                .and_then(|name| PolicyRef::new(names, name));
             if let (Some(name), Some(packed)) = (name, compact(&slot.state, slot.expires_at_us)) {
                 self.body = Body::Tat {
                     name,

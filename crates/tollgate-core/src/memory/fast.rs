@@ -325,11 +325,7 @@ impl Shard {
         let Body::Tat { name, tat } = &entry.body else {
             return;
         };
-        if !self
-            .names
-            .get(usize::from(*name))
-            .is_some_and(|interned| same_name(interned, policy.shared_name()))
-        {
+        if !name.is(&self.names, policy.shared_name()) {
             return;
         }
         let packed = tat.load(Ordering::Relaxed);
@@ -361,11 +357,7 @@ impl Shard {
             Body::Hot { name } => (*name, &self.hot_tat, true),
             Body::Slots(_) => return None,
         };
-        if !self
-            .names
-            .get(usize::from(name))
-            .is_some_and(|interned| same_name(interned, policy.shared_name()))
-        {
+        if !name.is(&self.names, policy.shared_name()) {
             return None;
         }
         let mut contended = false;

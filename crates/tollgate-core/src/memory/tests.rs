@@ -209,7 +209,7 @@ fn slots_of_unused_policies_are_dropped_once_expired() {
     let Body::Tat { name, .. } = entry.body else {
         panic!("not compact");
     };
-    assert_eq!(&*shard.names[usize::from(name)], "new");
+    assert_eq!(&*shard.names[usize::from(name.index)], "new");
 }
 
 /// Every entry is found by its key in its own shard, and the store
@@ -403,4 +403,23 @@ fn stored_keys_match_exactly_their_own_bytes() {
             assert!(!stored.matches(&key[..len - 1]), "len {len} − 1");
         }
     }
+}
+
+#[test]
+fn a_policy_built_apart_with_the_same_name_shares_the_state() {
+    // The fast path recognises the interned name by its address; a policy
+    // built apart holds a copy of the name, compared by its characters.
+    let store = MemoryStore::with_clock(ManualClock::new(T0));
+    let first = [Policy::per_second(2).name("api").build().unwrap()];
+    let apart = [Policy::per_second(2).name("api").build().unwrap()];
+    let other = [Policy::per_second(2).name("web").build().unwrap()];
+    assert!(check(&store, "alice", &first, 1).is_allowed());
+    assert!(check(&store, "alice", &apart, 1).is_allowed());
+    assert!(!check(&store, "alice", &first, 1).is_allowed());
+    assert!(!check(&store, "alice", &apart, 1).is_allowed());
+    assert_eq!(
+        check(&store, "alice", &other, 1).decisions()[0].remaining(),
+        1
+    );
+    assert!(!check(&store, "alice", &apart, 1).is_allowed());
 }
