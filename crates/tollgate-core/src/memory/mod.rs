@@ -17,8 +17,9 @@
 //! behind a table of positions holds less memory but adds a third access,
 //! and measured slower at a million subjects.) An entry is one subject, in
 //! 40 bytes: its key (inline up to 22 bytes), and either the compact form
-//! (one GCRA state, its TAT packed into one atomic word, and the index of
-//! its policy's name among the shard's interned names) or a boxed list of
+//! (one GCRA state, its TAT packed into one atomic word, and the index and
+//! address of its policy's name among the shard's interned names, so that
+//! the fast path recognises the policy by one comparison) or a boxed list of
 //! slots (policy name, algorithm state, expiry) for anything else. The
 //! subject's hash
 //! picks the shard, so every policy of one subject sits behind one lock and
