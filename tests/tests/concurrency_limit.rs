@@ -154,7 +154,7 @@ async fn the_lease_key_expires_with_its_last_lease_and_goes_when_empty() {
         .unwrap()
         .lease()
         .unwrap();
-    let key = store.key_for("tenant", "keys");
+    let key = store.lease_key_for("tenant", "keys");
     assert!(key.contains("{tenant}"), "{key}");
     let mut connection = redis_common::raw(&redis_url());
     let expire_ms: i64 = redis::cmd("PEXPIRETIME")
@@ -540,7 +540,7 @@ async fn renewals_keep_a_long_request_past_its_ttl() {
         .key(Global)
         .build()
         .unwrap();
-    let key = store.key_for("global", "one");
+    let key = store.lease_key_for("global", "one");
     let handler_store = store.clone();
     let handler_policy = policy.clone();
     let service = layer.layer(tower::service_fn(move |_: Request<Full<Bytes>>| {

@@ -111,11 +111,9 @@ pub struct ConcurrencyPolicyBuilder {
 impl ConcurrencyPolicyBuilder {
     /// Names the policy (1 to 64 ASCII letters, digits, `_`, `-`, `.`).
     ///
-    /// In Redis the leases live at `<prefix>:{<subject>}:<name>`, the key a
-    /// rate-limit [`Policy`](crate::Policy) of that name would use for the
-    /// same subject: give concurrency and rate policies keyed on the same
-    /// subjects different names (a clash is answered as a store error for
-    /// that subject, `WRONGTYPE`).
+    /// In Redis the leases live at `<prefix>:{<subject>}:lease:<name>`, a
+    /// key no rate-limit [`Policy`](crate::Policy) uses, so a concurrency
+    /// policy and a rate policy may share a name.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self

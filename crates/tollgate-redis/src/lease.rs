@@ -28,6 +28,31 @@ fn lease_script() -> &'static LuaScript {
 }
 
 impl RedisStore {
+    /// The Redis key of `subject`'s leases under the concurrency policy
+    /// `policy_name`: `<prefix>:{<subject>}:lease:<policy_name>`. Policy
+    /// names hold no `:`, so no rate policy's key (`<prefix>:{<subject>}:<name>`)
+    /// is ever a lease key, whatever the two policies are called.
+    ///
+    /// ```
+    /// # futures::executor::block_on(async {
+    /// let store = tollgate_redis::RedisStore::builder()
+    ///     .url("redis://127.0.0.1")
+    ///     .lazy_connect(true)
+    ///     .build()
+    ///     .await?;
+    /// assert_eq!(store.lease_key_for("tenant-7", "exports"), "tollgate:{tenant-7}:lease:exports");
+    /// assert_ne!(store.lease_key_for("tenant-7", "api"), store.key_for("tenant-7", "api"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn lease_key_for(&self, subject: &str, policy_name: &str) -> String {
+        let mut name = String::with_capacity(6 + policy_name.len());
+        name.push_str("lease:");
+        name.push_str(policy_name);
+        self.key_for(subject, &name)
+    }
+
     /// The lease call: `<op> <now> <max> <ttl_us> <id>` on the subject's
     /// lease key; its reply as four integers, or `None` for `NOROOM` (an
     /// acquire at maxmemory that would create the key).
@@ -38,7 +63,7 @@ impl RedisStore {
         policy: &ConcurrencyPolicy,
         id: LeaseId,
     ) -> impl Future<Output = Result<Option<[i64; 4]>, StoreError>> + Send + 'static {
-        let key = self.key_for(subject, policy.name());
+        let key = self.lease_key_for(subject, policy.name());
         let mut args = Cmd::new();
         args.arg(op);
         self.push_now(&mut args);

@@ -140,7 +140,7 @@
 //! | fixed window | string | `fixed_window:<window_start_us>:<count>` |
 //! | sliding window | string | `sliding_window:<window_start_us>:<previous>:<current>` |
 //! | sliding log | sorted set | one member `<time_us>:<n>` per admitted permit, scored by its time; `n` counts permits admitted at that same time, so members never collide |
-//! | concurrency leases ([`ConcurrencyPolicy`](tollgate_core::ConcurrencyPolicy)) | sorted set | one member per live lease, its id in 32 hex digits, scored by its expiry; pruned at every call, the key expiring with its last lease ([`LeaseStore`](tollgate_core::LeaseStore): one atomic `FCALL`/`EVALSHA` per acquire, renewal and release) |
+//! | concurrency leases ([`ConcurrencyPolicy`](tollgate_core::ConcurrencyPolicy)), at `<prefix>:{<subject>}:lease:<name>` ([`RedisStore::lease_key_for`]) | sorted set | one member per live lease, its id in 32 hex digits, scored by its expiry; pruned at every call, the key expiring with its last lease ([`LeaseStore`](tollgate_core::LeaseStore): one atomic `FCALL`/`EVALSHA` per acquire, renewal and release) |
 //!
 //! ```text
 //! $ redis-cli GET 'tollgate:{user:42}:per-second'
