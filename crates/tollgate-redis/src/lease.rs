@@ -34,7 +34,8 @@ impl RedisStore {
     /// is ever a lease key, whatever the two policies are called.
     ///
     /// ```
-    /// # futures::executor::block_on(async {
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// // With lazy_connect, this runs without a server.
     /// let store = tollgate_redis::RedisStore::builder()
     ///     .url("redis://127.0.0.1")
     ///     .lazy_connect(true)
