@@ -10,7 +10,7 @@ use tollgate_core::{BoxCheckFuture, Decision, ErrorScope, Store, StoreError, Ver
 
 use crate::config::{FailurePolicy, HeaderMode, MissingKey, Mode};
 use crate::headers::RateLimitHeaders;
-use crate::key::KeyExtractor;
+use crate::key::{KeyBuf, KeyExtractor};
 use crate::layer::{Shared, Tier};
 use crate::response::{self, grpc_content_type};
 use crate::{observe, RateLimitInfo};
@@ -18,7 +18,8 @@ use crate::{observe, RateLimitInfo};
 /// One request on its way through the limiter.
 #[derive(Debug)]
 pub(crate) struct Ticket {
-    pub(crate) key: String,
+    /// The key, inline for IP keys (no `String` per request).
+    pub(crate) key: KeyBuf,
     pub(crate) tier: usize,
     pub(crate) cost: u64,
     /// When the current check was sent.
@@ -76,9 +77,9 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     /// written to `slot` (an out-parameter rather than a returned pair, so
     /// the large values are not copied on the hot path).
     pub(crate) fn start(&self, parts: &mut Parts, slot: &mut Option<Ticket>) -> Next<St> {
-        let key = match self.key.extract(parts) {
-            Some(key) => key,
-            None => match &self.missing_key {
+        let mut key = KeyBuf::new();
+        if !self.key.extract_into(parts, &mut key) {
+            match &self.missing_key {
                 MissingKey::Skip => {
                     tracing::trace!("no rate-limit key; not limited");
                     return Next::Forward(None);
@@ -100,9 +101,12 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                     let grpc = grpc_content_type(&parts.headers);
                     return Next::Respond(response::plain(grpc, *status, message));
                 }
-                MissingKey::Fallback(key) => key.to_string(),
-            },
-        };
+                MissingKey::Fallback(fallback) => {
+                    key.clear();
+                    key.push_str(fallback);
+                }
+            }
+        }
         let cost = self.cost(parts);
         if cost == 0 {
             return Next::Forward(None);
@@ -345,7 +349,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     fn info(&self, ticket: &mut Ticket, verdict: Verdict) -> RateLimitInfo {
         let tier = self.tier(ticket);
         RateLimitInfo::new(
-            std::mem::take(&mut ticket.key),
+            std::mem::take(&mut ticket.key).into_string(),
             std::sync::Arc::clone(&tier.name),
             std::sync::Arc::clone(&tier.policies),
             verdict,
