@@ -30,14 +30,16 @@ pub(crate) struct Ticket {
     pub(crate) grpc: Option<HeaderValue>,
     /// Whether the current check goes to the fallback store.
     pub(crate) fallback: bool,
-    /// The `rate_limit` span the request's events belong to.
-    pub(crate) span: tracing::Span,
+    /// The `rate_limit` span the request's events belong to; `None` (no
+    /// span object to drop or enter) unless `debug` is enabled.
+    pub(crate) span: Option<tracing::Span>,
 }
 
-/// Enters `span` unless it is the disabled span (a clone is entered, so
-/// the ticket that holds it stays free to change).
-fn enter_span(span: &tracing::Span) -> Option<tracing::span::EnteredSpan> {
-    (!span.is_none()).then(|| span.clone().entered())
+/// Enters `span` if there is one (a clone is entered, so the ticket that
+/// holds it stays free to change).
+#[inline]
+fn enter_span(span: &Option<tracing::Span>) -> Option<tracing::span::EnteredSpan> {
+    span.as_ref().map(|span| span.clone().entered())
 }
 
 /// What to do after a wait.
@@ -117,14 +119,14 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         // no subscriber (and more when `tracing`'s `log` feature is on in
         // the tree).
         let span = if tracing::enabled!(tracing::Level::DEBUG) {
-            tracing::debug_span!(
+            Some(tracing::debug_span!(
                 "rate_limit",
                 key = %key,
                 tier = %self.tiers.get(tier).map_or("default", |t| &*t.name),
                 cost
-            )
+            ))
         } else {
-            tracing::Span::none()
+            None
         };
         let _entered = enter_span(&span);
         let ticket = slot.insert(Ticket {
