@@ -341,9 +341,11 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             RateLimitHeaders::default()
         };
         if limited {
-            headers.retry_after = verdict
-                .retry_after()
-                .map(|d| HeaderValue::from(crate::headers::ceil_secs(d)));
+            headers.set_retry_after(
+                verdict
+                    .retry_after()
+                    .map(|d| HeaderValue::from(crate::headers::ceil_secs(d))),
+            );
         }
         headers
     }
