@@ -35,13 +35,6 @@ pub(crate) struct Ticket {
     pub(crate) span: Option<tracing::Span>,
 }
 
-/// Enters `span` if there is one (a clone is entered, so the ticket that
-/// holds it stays free to change).
-#[inline]
-fn enter_span(span: &Option<tracing::Span>) -> Option<tracing::span::EnteredSpan> {
-    span.as_ref().map(|span| span.clone().entered())
-}
-
 /// What to do after a wait.
 #[derive(Debug)]
 pub(crate) enum Then {
@@ -128,7 +121,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         } else {
             None
         };
-        let _entered = enter_span(&span);
+        let _entered = span.as_ref().map(|span| span.clone().entered());
         let ticket = slot.insert(Ticket {
             key,
             tier,
@@ -185,7 +178,22 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         extensions: &mut Extensions,
         result: Result<Verdict, StoreError>,
     ) -> Next<St> {
-        let _entered = enter_span(&ticket.span);
+        // Without a span (`debug` off), no guard to create and drop.
+        match &ticket.span {
+            None => self.on_result_in_span(ticket, extensions, result),
+            Some(span) => {
+                let _entered = span.clone().entered();
+                self.on_result_in_span(ticket, extensions, result)
+            }
+        }
+    }
+
+    fn on_result_in_span(
+        &self,
+        ticket: &mut Ticket,
+        extensions: &mut Extensions,
+        result: Result<Verdict, StoreError>,
+    ) -> Next<St> {
         let tier = self.tier(ticket);
         if ticket.fallback {
             return match result {
@@ -444,7 +452,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
 
     /// A wait ended.
     pub(crate) fn after_wait(&self, ticket: &mut Ticket, then: Then) -> Next<St> {
-        let _entered = enter_span(&ticket.span);
+        let _entered = ticket.span.as_ref().map(|span| span.clone().entered());
         match then {
             Then::Recheck => {
                 ticket.sent = Instant::now();
