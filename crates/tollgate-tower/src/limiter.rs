@@ -141,7 +141,27 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 return self.on_verdict(ticket, &mut parts.extensions, verdict);
             }
         }
-        self.ask_store(ticket)
+        self.ask_store_or_decide(ticket, &mut parts.extensions)
+    }
+
+    /// [`ask_store`](Self::ask_store) for a new request, deciding at once
+    /// when the store answers synchronously: the decision is returned
+    /// straight to `call` rather than as a [`Next::Ready`] that `call`
+    /// moves back into `on_result`.
+    fn ask_store_or_decide(&self, ticket: &mut Ticket, extensions: &mut Extensions) -> Next<St> {
+        if !self.breaker.allow() {
+            tracing::debug!("store skipped: circuit breaker open");
+            return self.on_failure(ticket);
+        }
+        ticket.fallback = false;
+        let tier = self.tier(ticket);
+        match self
+            .store
+            .check_now(&ticket.key, &tier.policies, ticket.cost)
+        {
+            Some(result) => self.on_result(ticket, extensions, result),
+            None => Next::Check(self.store.check(&ticket.key, &tier.policies, ticket.cost)),
+        }
     }
 
     /// Checks the store, unless the circuit breaker is open.
