@@ -212,7 +212,8 @@ mod tests {
         assert_eq!(key.as_str(), format!("{full}é"));
         key.clear();
         assert_eq!(key, "");
-        write!(key, "{}-{}", 1, "two").unwrap();
+        let two = "two";
+        write!(key, "{}-{two}", 1).unwrap();
         assert_eq!(key.into_string(), "1-two");
     }
 
