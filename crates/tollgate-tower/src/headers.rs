@@ -1,11 +1,12 @@
 //! Header values: `Retry-After`, the IETF `RateLimit` / `RateLimit-Policy`
 //! structured fields, and the legacy `X-RateLimit-*` headers.
 
+use std::cell::RefCell;
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use arrayvec::ArrayVec;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{Entry, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use tollgate_core::{Decision, Policy, Verdict};
 
@@ -77,7 +78,7 @@ pub(crate) fn ratelimit_value(prefixes: &[Box<str>], verdict: &Verdict) -> Optio
     if write_ratelimit(prefixes, verdict, |part| {
         stack.try_extend_from_slice(part).is_ok()
     }) {
-        return HeaderValue::from_maybe_shared(Bytes::copy_from_slice(&stack)).ok();
+        return HeaderValue::from_maybe_shared(arena_bytes(&stack)).ok();
     }
     let mut heap = Vec::new();
     write_ratelimit(prefixes, verdict, |part| {
@@ -86,6 +87,32 @@ pub(crate) fn ratelimit_value(prefixes: &[Box<str>], verdict: &Verdict) -> Optio
     });
     HeaderValue::from_maybe_shared(Bytes::from(heap)).ok()
 }
+
+/// Bytes of a chunk of this thread's arena, so that values built on every
+/// request share one allocation per [`ARENA_CHUNK`] bytes instead of one
+/// each (a value costs a reference count; the chunk is freed when its last
+/// value is dropped). A value holds at most its chunk alive, so a
+/// response kept for long keeps at most one chunk.
+fn arena_bytes(data: &[u8]) -> Bytes {
+    thread_local! {
+        static ARENA: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+    }
+    ARENA
+        .try_with(|arena| {
+            let mut arena = arena.try_borrow_mut().ok()?;
+            if arena.capacity() < data.len() {
+                *arena = BytesMut::with_capacity(ARENA_CHUNK.max(data.len()));
+            }
+            arena.extend_from_slice(data);
+            Some(arena.split().freeze())
+        })
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| Bytes::copy_from_slice(data))
+}
+
+/// The size of an arena chunk: room for some 40 `RateLimit` values.
+const ARENA_CHUNK: usize = 1024;
 
 /// Writes the `RateLimit` value part by part through `push`, stopping
 /// (and returning `false`) when `push` does.
@@ -303,6 +330,26 @@ mod tests {
             format!("\"burst\";r={};t=1000000007", u64::MAX).as_str()
         );
         assert_eq!(value.len(), value.as_bytes().len());
+    }
+
+    #[test]
+    fn arena_values_stay_intact_across_chunks() {
+        let prefixes = ratelimit_prefixes(&policies()[..1]);
+        // Far more than one chunk's worth, all alive at once, plus one
+        // longer than a chunk.
+        let values: Vec<(u64, HeaderValue)> = (0..500u64)
+            .map(|r| {
+                let verdict =
+                    Verdict::from_iter([Decision::allowed(1000, r * 7919, Duration::from_secs(1))]);
+                (r * 7919, ratelimit_value(&prefixes, &verdict).unwrap())
+            })
+            .collect();
+        for (remaining, value) in &values {
+            assert_eq!(value, format!("\"burst\";r={remaining};t=1").as_str());
+        }
+        let long = vec![b'x'; ARENA_CHUNK * 2];
+        assert_eq!(arena_bytes(&long), long);
+        assert_eq!(values[0].1, "\"burst\";r=0;t=1");
     }
 
     #[test]
