@@ -19,11 +19,11 @@
 //! Run with `cargo xtask bench http`, or
 //! `TOLLGATE_REDIS_URL=redis://127.0.0.1:6379 cargo bench -p tollgate-tower --bench http_throughput`.
 //! Without `TOLLGATE_REDIS_URL` the Redis column is skipped. Tune with
-//! `TOLLGATE_BENCH_SECS` (seconds per measurement, default 2),
-//! `TOLLGATE_BENCH_ROUNDS` (default 5; the configurations take turns, and
-//! medians over rounds are reported, the ratio as the median of per-round
-//! ratios to the bare server) and `TOLLGATE_BENCH_CONCURRENCY`
-//! (connections, default 64).
+//! `TOLLGATE_BENCH_SECS` (seconds per measurement; default 3 with wrk, 2
+//! in process), `TOLLGATE_BENCH_ROUNDS` (default 5; the configurations take
+//! turns, and medians over rounds are reported, the ratio as the median of
+//! per-round ratios to the bare server) and `TOLLGATE_BENCH_CONCURRENCY`
+//! (connections; default 32 with wrk, 64 in process).
 //!
 //! A fourth configuration, the memory-store layer with
 //! `HeaderMode::LimitedOnly`, shows how much of the cost is the two
@@ -33,8 +33,8 @@
 //! client), so every request is checked and admitted: the numbers show the
 //! cost of the check, not of rejections. Requests are keyed by the default
 //! `PeerIp` (one key: every connection comes from 127.0.0.1), as
-//! tower_governor 0.8's `GovernorLayer` (`PeerIp`), measured beside it.
-//! The load generator runs in this process.
+//! tower_governor 0.8's `GovernorLayer` (`PeerIp`, a burst of one million
+//! and one permit per nanosecond: equally generous), measured beside it.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

@@ -4,8 +4,10 @@
 //! configuration on its own port, and `wrk` (one thread, pinned to CPU 1)
 //! loads one configuration at a time, the configurations taking turns
 //! round after round (bare, tollgate, tower_governor, ...). Reported: the
-//! median and range over rounds, and the median of per-round ratios to
-//! the bare server.
+//! median and range over rounds, the median of per-round ratios to the
+//! bare server, and the server's CPU time per request (from
+//! `/proc/<pid>/stat`), which other load on the machine disturbs less than
+//! throughput.
 //!
 //! Tune with `TOLLGATE_BENCH_SECS` (seconds per measurement, default 3),
 //! `TOLLGATE_BENCH_ROUNDS` (default 5) and `TOLLGATE_BENCH_CONCURRENCY`
@@ -33,6 +35,9 @@ pub(crate) fn available() -> bool {
 /// One wrk run.
 struct Sample {
     per_second: f64,
+    requests: u64,
+    /// The server's CPU time (user + system) per request, in microseconds.
+    cpu_us: f64,
     p50_us: f64,
     p99_us: f64,
     errors: u64,
@@ -54,6 +59,8 @@ fn micros(text: &str) -> Option<f64> {
 fn parse(output: &str) -> Option<Sample> {
     let mut sample = Sample {
         per_second: f64::NAN,
+        requests: 0,
+        cpu_us: f64::NAN,
         p50_us: f64::NAN,
         p99_us: f64::NAN,
         errors: 0,
@@ -62,6 +69,7 @@ fn parse(output: &str) -> Option<Sample> {
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.as_slice() {
             ["Requests/sec:", value] => sample.per_second = value.parse().ok()?,
+            [n, "requests", "in", ..] => sample.requests = n.parse().ok()?,
             ["50%", value] => sample.p50_us = micros(value)?,
             ["99%", value] => sample.p99_us = micros(value)?,
             ["Non-2xx", "or", "3xx", "responses:", n] => sample.errors += n.parse::<u64>().ok()?,
@@ -72,7 +80,19 @@ fn parse(output: &str) -> Option<Sample> {
     sample.per_second.is_finite().then_some(sample)
 }
 
-fn wrk(port: u16, connections: usize, secs: f64) -> Sample {
+/// CPU time (user + system) process `pid` has used, in clock ticks (100
+/// per second on Linux).
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let mut fields = rest.split(' ').skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+fn wrk(server: u32, port: u16, connections: usize, secs: f64) -> Sample {
+    let before = cpu_ticks(server);
     let output = Command::new("taskset")
         .args(["-c", "1", "wrk", "-t1", "--latency"])
         .arg(format!("-c{connections}"))
@@ -80,8 +100,15 @@ fn wrk(port: u16, connections: usize, secs: f64) -> Sample {
         .arg(format!("http://127.0.0.1:{port}/"))
         .output()
         .expect("run wrk");
+    let after = cpu_ticks(server);
     let text = String::from_utf8_lossy(&output.stdout);
-    parse(&text).unwrap_or_else(|| panic!("cannot read wrk's output: {text}"))
+    let mut sample = parse(&text).unwrap_or_else(|| panic!("cannot read wrk's output: {text}"));
+    if let (Some(before), Some(after)) = (before, after) {
+        if sample.requests > 0 {
+            sample.cpu_us = (after - before) as f64 * 1e4 / sample.requests as f64;
+        }
+    }
+    sample
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -114,6 +141,7 @@ pub(crate) fn report(configs: &[&str]) {
         .spawn()
         .expect("start the server");
     let stdout = child.stdout.take().expect("the server's stdout");
+    let pid = child.id();
     let _server = Server(child);
     // The server prints `<config> <port>` per configuration, then `ready`.
     let mut ports = Vec::new();
@@ -133,24 +161,27 @@ pub(crate) fn report(configs: &[&str]) {
          wrk -t1 -c{connections} on CPU 1, {secs} s per run, {rounds} rounds taking turns"
     );
     for (_, port) in &ports {
-        let _ = wrk(*port, connections, 1.0);
+        let _ = wrk(pid, *port, connections, 1.0);
     }
     let mut samples: Vec<Vec<Sample>> = ports.iter().map(|_| Vec::new()).collect();
     for round in 0..rounds {
         for ((config, port), runs) in ports.iter().zip(&mut samples) {
-            let sample = wrk(*port, connections, secs);
+            let sample = wrk(pid, *port, connections, secs);
             eprintln!(
-                "  round {} {config:<24} {:>9.0} req/s  p50 {:>7.0} µs  p99 {:>7.0} µs",
+                "  round {} {config:<24} {:>9.0} req/s  server CPU {:>5.2} µs/request  p50 {:>7.0} µs  p99 {:>7.0} µs",
                 round + 1,
                 sample.per_second,
+                sample.cpu_us,
                 sample.p50_us,
                 sample.p99_us
             );
             runs.push(sample);
         }
     }
-    println!("| configuration | req/s (median) | range | vs bare (median of rounds) | p50 | p99 | errors |");
-    println!("|---|---:|---|---:|---:|---:|---:|");
+    println!(
+        "| configuration | req/s (median) | range | vs bare (median of rounds) | server CPU µs/request (median, range) | p50 | p99 | errors |"
+    );
+    println!("|---|---:|---|---:|---:|---:|---:|---:|");
     for ((config, _), runs) in ports.iter().zip(&samples) {
         let rates: Vec<f64> = runs.iter().map(|s| s.per_second).collect();
         let (low, high) = rates
@@ -164,30 +195,18 @@ pub(crate) fn report(configs: &[&str]) {
         let (rlow, rhigh) = ratios
             .iter()
             .fold((f64::MAX, f64::MIN), |(l, h), r| (l.min(*r), h.max(*r)));
+        let cpu: Vec<f64> = runs.iter().map(|s| s.cpu_us).collect();
+        let (clow, chigh) = cpu
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(l, h), c| (l.min(*c), h.max(*c)));
         println!(
-            "| {config} | {:.0} | {low:.0}–{high:.0} | {:.3} ({rlow:.3}–{rhigh:.3}) | {:.0} µs | {:.0} µs | {} |",
+            "| {config} | {:.0} | {low:.0}–{high:.0} | {:.3} ({rlow:.3}–{rhigh:.3}) | {:.2} ({clow:.2}–{chigh:.2}) | {:.0} µs | {:.0} µs | {} |",
             median(rates.clone()),
             median(ratios),
+            median(cpu.clone()),
             median(runs.iter().map(|s| s.p50_us).collect()),
             median(runs.iter().map(|s| s.p99_us).collect()),
             runs.iter().map(|s| s.errors).sum::<u64>()
-        );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn reads_wrk_output() {
-        let sample = super::parse(
-            "  Latency Distribution\n     50%  812.00us\n     99%    1.20ms\n\
-             Requests/sec:  41234.56\nNon-2xx or 3xx responses: 3\n",
-        )
-        .unwrap();
-        assert_eq!(sample.per_second, 41234.56);
-        assert_eq!(
-            (sample.p50_us, sample.p99_us, sample.errors),
-            (812.0, 1200.0, 3)
         );
     }
 }
