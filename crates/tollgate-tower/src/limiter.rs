@@ -434,7 +434,12 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             };
             // No headers to add (headers only on limited responses): no
             // work on the response.
-            let headers = Some(self.headers(tier, &verdict, false)).filter(|h| !h.is_empty());
+            // (An admitted response gets fields only with `HeaderMode::All`.)
+            let headers = if self.header_mode == HeaderMode::All {
+                Some(self.headers(tier, &verdict, false)).filter(|h| !h.is_empty())
+            } else {
+                None
+            };
             if self.info_in_extensions {
                 extensions.insert(self.info(ticket, verdict));
             }
