@@ -150,7 +150,7 @@ impl RedisStore {
         encode_subject(subject, self.inner.hash_subjects)
     }
 
-    fn key(&self, encoded_subject: &str, policy_name: &str) -> String {
+    pub(crate) fn key(&self, encoded_subject: &str, policy_name: &str) -> String {
         let prefix = &*self.inner.prefix;
         let mut key =
             String::with_capacity(prefix.len() + encoded_subject.len() + policy_name.len() + 4);
@@ -269,6 +269,12 @@ impl RedisStore {
     ) -> Result<CheckFuture, StoreError> {
         validate_check(policies, cost)?;
         let path = self.call_path();
+        if path != CallPath::Evalsha {
+            if let Some(script) = self.inner.scripts.library().fast_gcra(policies, cost) {
+                let script = script.clone();
+                return Ok(self.fast_gcra_future(script, subject, &policies[0], cost));
+            }
+        }
         let (script, plan) = match path {
             CallPath::Evalsha => (
                 self.inner
@@ -350,7 +356,7 @@ impl RedisStore {
 
 /// Runs a check; one refused with `OOM` runs once more as its allow-oom
 /// twin.
-async fn run(
+pub(crate) async fn run(
     inner: &Inner,
     script: &LuaScript,
     cmd: &Cmd,
@@ -474,7 +480,7 @@ impl Store for RedisStore {
 }
 
 /// Parses the check script's reply: five integers per policy.
-fn parse_verdict(value: Value, capacities: &[u64]) -> Result<Verdict, StoreError> {
+pub(crate) fn parse_verdict(value: Value, capacities: &[u64]) -> Result<Verdict, StoreError> {
     let items = match value {
         Value::Array(items) => items,
         other => return Err(protocol(format!("expected an array, got {other:?}"))),
