@@ -1,21 +1,29 @@
 //! Requests per second and latency of a hello-world Axum server: bare, with
-//! the rate-limit layer on the memory store, and with the layer on Redis,
-//! under one in-process HTTP/1.1 load generator (Hyper client, a fixed
-//! number of keep-alive connections each with one request in flight).
+//! the rate-limit layer on the memory store (default headers, and headers
+//! only on limited responses), with tower_governor 0.8, and with the layer
+//! on Redis.
 //!
 //! First, instructions per request over a bare handler (callgrind, in
 //! process, with tower_governor 0.8 beside tollgate: see
 //! `support/instructions.rs`; `TOLLGATE_BENCH_NO_CALLGRIND=1` skips it,
-//! `TOLLGATE_BENCH_CALLGRIND_ONLY=1` runs only it).
+//! `TOLLGATE_BENCH_CALLGRIND_ONLY=1` runs only it): the stable figure.
+//!
+//! Then requests per second with `wrk` out of process, the server pinned
+//! to CPU 0 and wrk to CPU 1, the configurations taking turns (see
+//! `support/wrk.rs`). Without `wrk` (`apt-get install wrk`) or `taskset`,
+//! or with `TOLLGATE_BENCH_IN_PROCESS=1`, the older in-process run below
+//! is used instead: one HTTP/1.1 load generator in this process (Hyper
+//! client, a fixed number of keep-alive connections each with one request
+//! in flight), sharing the cores with the server.
 //!
 //! Run with `cargo xtask bench http`, or
 //! `TOLLGATE_REDIS_URL=redis://127.0.0.1:6379 cargo bench -p tollgate-tower --bench http_throughput`.
 //! Without `TOLLGATE_REDIS_URL` the Redis column is skipped. Tune with
-//! `TOLLGATE_BENCH_SECS` (seconds per measurement, default 2),
-//! `TOLLGATE_BENCH_ROUNDS` (default 5; the configurations take turns, and
-//! medians over rounds are reported, the ratio as the median of per-round
-//! ratios to the bare server) and `TOLLGATE_BENCH_CONCURRENCY`
-//! (connections, default 64).
+//! `TOLLGATE_BENCH_SECS` (seconds per measurement; default 3 with wrk, 2
+//! in process), `TOLLGATE_BENCH_ROUNDS` (default 5; the configurations take
+//! turns, and medians over rounds are reported, the ratio as the median of
+//! per-round ratios to the bare server) and `TOLLGATE_BENCH_CONCURRENCY`
+//! (connections; default 32 with wrk, 64 in process).
 //!
 //! A fourth configuration, the memory-store layer with
 //! `HeaderMode::LimitedOnly`, shows how much of the cost is the two
@@ -25,8 +33,8 @@
 //! client), so every request is checked and admitted: the numbers show the
 //! cost of the check, not of rejections. Requests are keyed by the default
 //! `PeerIp` (one key: every connection comes from 127.0.0.1), as
-//! tower_governor 0.8's `GovernorLayer` (`PeerIp`), measured beside it.
-//! The load generator runs in this process.
+//! tower_governor 0.8's `GovernorLayer` (`PeerIp`, a burst of one million
+//! and one permit per nanosecond: equally generous), measured beside it.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -416,9 +424,56 @@ async fn bench() {
 
 #[path = "support/instructions.rs"]
 mod instructions;
+#[path = "support/wrk.rs"]
+mod wrk;
+
+/// The router of one configuration of the out-of-process run.
+async fn router(config: &str) -> Router {
+    match config {
+        "tollgate" => limited(MemoryStore::new()),
+        "tollgate-limited-only" => limited_with(MemoryStore::new(), HeaderMode::LimitedOnly),
+        "governor" => governor(),
+        "tollgate-redis" => {
+            let url = std::env::var("TOLLGATE_REDIS_URL").expect("TOLLGATE_REDIS_URL");
+            let nanos = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            let store = RedisStore::builder()
+                .url(&url)
+                .prefix(format!("bench-http-{nanos}"))
+                .pool_size(16)
+                .build()
+                .await
+                .expect("valid Redis configuration");
+            limited(store)
+        }
+        _ => app(),
+    }
+}
+
+/// The server child of the out-of-process run: every configuration on its
+/// own port, on one Tokio thread, until killed.
+fn serve_child() -> bool {
+    let Ok(configs) = std::env::var(wrk::SERVE) else {
+        return false;
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async {
+        for config in configs.split(',') {
+            let addr = serve(router(config).await).await;
+            println!("{config} {}", addr.port());
+        }
+        println!("ready");
+        std::future::pending::<()>().await;
+    });
+    true
+}
 
 fn main() {
-    if instructions::child() {
+    if instructions::child() || serve_child() {
         return;
     }
     // The stable figure first: instructions per request under callgrind.
@@ -428,6 +483,15 @@ fn main() {
             return;
         }
     }
+    if std::env::var_os("TOLLGATE_BENCH_IN_PROCESS").is_none() && wrk::available() {
+        let mut configs = vec!["bare", "tollgate", "tollgate-limited-only", "governor"];
+        if std::env::var("TOLLGATE_REDIS_URL").is_ok_and(|url| !url.is_empty()) {
+            configs.push("tollgate-redis");
+        }
+        wrk::report(&configs);
+        return;
+    }
+    eprintln!("wrk or taskset not found (apt-get install wrk): the load generator runs in process");
     // `cargo bench` passes `--bench`; this harness takes no arguments.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

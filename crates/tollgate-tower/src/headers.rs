@@ -1,10 +1,12 @@
 //! Header values: `Retry-After`, the IETF `RateLimit` / `RateLimit-Policy`
 //! structured fields, and the legacy `X-RateLimit-*` headers.
 
+use std::cell::RefCell;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use bytes::Bytes;
+use arrayvec::ArrayVec;
+use bytes::{Bytes, BytesMut};
 use http::header::{Entry, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use tollgate_core::{Decision, Policy, Verdict};
 
@@ -69,36 +71,85 @@ pub(crate) fn ratelimit_prefixes(policies: &[Policy]) -> Box<[Box<str>]> {
 /// `RateLimit: "burst";r=0;t=1, "daily";r=998;t=86400`, from the tier's
 /// [`ratelimit_prefixes`].
 pub(crate) fn ratelimit_value(prefixes: &[Box<str>], verdict: &Verdict) -> Option<HeaderValue> {
-    // Digits by `itoa` (no `core::fmt`: this runs on every request), and
-    // the exact length first, so the buffer becomes a `Bytes` without a
-    // second allocation.
-    let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
-    let pairs = || prefixes.iter().zip(verdict.decisions());
-    let len: usize = pairs()
-        .map(|(prefix, d)| {
-            prefix.len() + r.format(d.remaining()).len() + 3 + t.format(reset_secs(d)).len() + 2
-        })
-        .sum();
-    let mut out = Vec::with_capacity(len.saturating_sub(2));
-    for (prefix, decision) in pairs() {
-        if !out.is_empty() {
-            out.extend_from_slice(b", ");
-        }
-        out.extend_from_slice(prefix.as_bytes());
-        out.extend_from_slice(r.format(decision.remaining()).as_bytes());
-        out.extend_from_slice(b";t=");
-        out.extend_from_slice(t.format(reset_secs(decision)).as_bytes());
+    // Digits by `itoa` (no `core::fmt`: this runs on every request) into a
+    // stack buffer, then one allocation of the exact length; a value too
+    // long for the buffer (many policies with long names) goes to the heap.
+    let mut stack = ArrayVec::<u8, 160>::new();
+    if write_ratelimit(prefixes, verdict, |part| {
+        stack.try_extend_from_slice(part).is_ok()
+    }) {
+        return HeaderValue::from_maybe_shared(arena_bytes(&stack)).ok();
     }
-    HeaderValue::from_maybe_shared(Bytes::from(out)).ok()
+    let mut heap = Vec::new();
+    write_ratelimit(prefixes, verdict, |part| {
+        heap.extend_from_slice(part);
+        true
+    });
+    HeaderValue::from_maybe_shared(Bytes::from(heap)).ok()
 }
 
-/// The headers a response gets, computed once per request.
+/// Bytes of a chunk of this thread's arena, so that values built on every
+/// request share one allocation per [`ARENA_CHUNK`] bytes instead of one
+/// each (a value costs a reference count; the chunk is freed when its last
+/// value is dropped). A value holds at most its chunk alive, so a
+/// response kept for long keeps at most one chunk.
+fn arena_bytes(data: &[u8]) -> Bytes {
+    thread_local! {
+        static ARENA: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+    }
+    ARENA
+        .try_with(|arena| {
+            let mut arena = arena.try_borrow_mut().ok()?;
+            if arena.capacity() < data.len() {
+                *arena = BytesMut::with_capacity(ARENA_CHUNK.max(data.len()));
+            }
+            arena.extend_from_slice(data);
+            Some(arena.split().freeze())
+        })
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| Bytes::copy_from_slice(data))
+}
+
+/// The size of an arena chunk: room for some 40 `RateLimit` values.
+const ARENA_CHUNK: usize = 1024;
+
+/// Writes the `RateLimit` value part by part through `push`, stopping
+/// (and returning `false`) when `push` does.
+fn write_ratelimit(
+    prefixes: &[Box<str>],
+    verdict: &Verdict,
+    mut push: impl FnMut(&[u8]) -> bool,
+) -> bool {
+    let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
+    for (i, (prefix, decision)) in prefixes.iter().zip(verdict.decisions()).enumerate() {
+        if !((i == 0 || push(b", "))
+            && push(prefix.as_bytes())
+            && push(r.format(decision.remaining()).as_bytes())
+            && push(b";t=")
+            && push(t.format(reset_secs(decision)).as_bytes()))
+        {
+            return false;
+        }
+    }
+    true
+}
+
+/// The headers a response gets, computed once per request. Small, since
+/// an admitted request's future carries it: the fields only limited
+/// responses (`Retry-After`) or the legacy option need are boxed.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RateLimitHeaders {
     pub(crate) policy: Option<HeaderValue>,
     pub(crate) ratelimit: Option<HeaderValue>,
-    pub(crate) legacy: Option<Box<[HeaderValue; 3]>>,
-    pub(crate) retry_after: Option<HeaderValue>,
+    rare: Option<Box<Rare>>,
+}
+
+/// The fields of [`RateLimitHeaders`] an admitted response usually lacks.
+#[derive(Debug, Clone, Default)]
+struct Rare {
+    legacy: Option<[HeaderValue; 3]>,
+    retry_after: Option<HeaderValue>,
 }
 
 impl RateLimitHeaders {
@@ -114,28 +165,60 @@ impl RateLimitHeaders {
             .flatten()
             .map(|i| &verdict.decisions()[i])
             .map(|binding| {
-                Box::new([
+                [
                     HeaderValue::from(binding.limit()),
                     HeaderValue::from(binding.remaining()),
                     HeaderValue::from(reset_secs(binding)),
-                ])
+                ]
             });
-        Self {
+        // An admitted verdict has no `retry_after`: skip the walk.
+        let retry_after = if verdict.is_allowed() {
+            None
+        } else {
+            verdict.retry_after()
+        };
+        let mut headers = Self {
             policy: policy_header.cloned(),
             ratelimit: ratelimit_value(prefixes, verdict),
-            legacy,
-            retry_after: verdict
-                .retry_after()
-                .map(|d| HeaderValue::from(ceil_secs(d))),
+            rare: None,
+        };
+        if legacy.is_some() || retry_after.is_some() {
+            headers.rare = Some(Box::new(Rare {
+                legacy,
+                retry_after: retry_after.map(|d| HeaderValue::from(ceil_secs(d))),
+            }));
         }
+        headers
+    }
+
+    /// Sets (or clears) `Retry-After`.
+    pub(crate) fn set_retry_after(&mut self, value: Option<HeaderValue>) {
+        match (&mut self.rare, value) {
+            (Some(rare), value) => rare.retry_after = value,
+            (None, None) => {}
+            (rare @ None, Some(value)) => {
+                *rare = Some(Box::new(Rare {
+                    legacy: None,
+                    retry_after: Some(value),
+                }));
+            }
+        }
+    }
+
+    /// The `Retry-After` value, if any.
+    #[cfg(test)]
+    pub(crate) fn retry_after(&self) -> Option<&HeaderValue> {
+        self.rare.as_ref()?.retry_after.as_ref()
     }
 
     /// Whether there is nothing to add.
     pub(crate) fn is_empty(&self) -> bool {
         self.policy.is_none()
             && self.ratelimit.is_none()
-            && self.legacy.is_none()
-            && self.retry_after.is_none()
+            && self
+                .rare
+                .as_ref()
+                .is_none_or(|rare| rare.legacy.is_none() && rare.retry_after.is_none())
     }
 
     /// Adds the headers to a response.
@@ -148,15 +231,16 @@ impl RateLimitHeaders {
     /// kept). The legacy `X-RateLimit-*` headers describe one policy, so the
     /// innermost layer's stay.
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
-        headers.reserve(3);
         if let Some(value) = self.policy {
             append_list(headers, &RATELIMIT_POLICY, value);
         }
         if let Some(value) = self.ratelimit {
             append_list(headers, &RATELIMIT, value);
         }
-        if let Some(legacy) = self.legacy {
-            let [limit, remaining, reset] = *legacy;
+        let Some(rare) = self.rare else {
+            return;
+        };
+        if let Some([limit, remaining, reset]) = rare.legacy {
             for (name, value) in [
                 (&X_RATELIMIT_LIMIT, limit),
                 (&X_RATELIMIT_REMAINING, remaining),
@@ -165,7 +249,7 @@ impl RateLimitHeaders {
                 headers.entry(name.clone()).or_insert(value);
             }
         }
-        if let Some(value) = self.retry_after {
+        if let Some(value) = rare.retry_after {
             match headers.entry(RETRY_AFTER) {
                 Entry::Vacant(entry) => {
                     entry.insert(value);
@@ -191,17 +275,19 @@ fn delta_seconds(value: &HeaderValue) -> Option<u64> {
 
 /// Sets `name` to `value`, or appends `value`'s members to the list already
 /// there (every line of it, joined into one line).
-fn append_list(headers: &mut HeaderMap, name: &HeaderName, value: HeaderValue) {
-    let mut entry = match headers.entry(name.clone()) {
-        Entry::Vacant(entry) => {
-            entry.insert(value);
-            return;
-        }
+fn append_list(headers: &mut HeaderMap, name: &'static HeaderName, value: HeaderValue) {
+    // One lookup in the common case (no such field yet): `append` says
+    // whether there was one.
+    if !headers.append(name, value) {
+        return;
+    }
+    let mut entry = match headers.entry(name) {
         Entry::Occupied(entry) => entry,
+        Entry::Vacant(_) => return,
     };
-    let len: usize = entry.iter().map(|v| v.len() + 2).sum::<usize>() + value.len();
+    let len: usize = entry.iter().map(|v| v.len() + 2).sum();
     let mut joined = Vec::with_capacity(len);
-    for existing in entry.iter().chain(std::iter::once(&value)) {
+    for existing in entry.iter() {
         let existing = existing.as_bytes().trim_ascii();
         if existing.is_empty() {
             continue;
@@ -247,6 +333,26 @@ mod tests {
     }
 
     #[test]
+    fn arena_values_stay_intact_across_chunks() {
+        let prefixes = ratelimit_prefixes(&policies()[..1]);
+        // Far more than one chunk's worth, all alive at once, plus one
+        // longer than a chunk.
+        let values: Vec<(u64, HeaderValue)> = (0..500u64)
+            .map(|r| {
+                let verdict =
+                    Verdict::from_iter([Decision::allowed(1000, r * 7919, Duration::from_secs(1))]);
+                (r * 7919, ratelimit_value(&prefixes, &verdict).unwrap())
+            })
+            .collect();
+        for (remaining, value) in &values {
+            assert_eq!(value, format!("\"burst\";r={remaining};t=1").as_str());
+        }
+        let long = vec![b'x'; ARENA_CHUNK * 2];
+        assert_eq!(arena_bytes(&long), long);
+        assert_eq!(values[0].1, "\"burst\";r=0;t=1");
+    }
+
+    #[test]
     fn rounding_is_upward() {
         assert_eq!(ceil_secs(Duration::ZERO), 0);
         assert_eq!(ceil_secs(Duration::from_nanos(1)), 1);
@@ -276,8 +382,8 @@ mod tests {
             assert_eq!(list.len(), 2);
         }
         let headers = RateLimitHeaders::new(&ratelimit_prefixes(&policies()), None, &verdict, true);
-        assert_eq!(headers.retry_after.unwrap(), "2");
-        let [limit, remaining, reset] = *headers.legacy.unwrap();
+        assert_eq!(headers.retry_after().unwrap(), "2");
+        let [limit, remaining, reset] = headers.rare.unwrap().legacy.unwrap();
         assert_eq!(
             (limit, remaining, reset),
             (

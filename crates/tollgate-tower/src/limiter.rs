@@ -10,7 +10,7 @@ use tollgate_core::{BoxCheckFuture, Decision, ErrorScope, Store, StoreError, Ver
 
 use crate::config::{FailurePolicy, HeaderMode, MissingKey, Mode};
 use crate::headers::RateLimitHeaders;
-use crate::key::KeyExtractor;
+use crate::key::{KeyBuf, KeyExtractor};
 use crate::layer::{Shared, Tier};
 use crate::response::{self, grpc_content_type};
 use crate::{observe, RateLimitInfo};
@@ -18,7 +18,8 @@ use crate::{observe, RateLimitInfo};
 /// One request on its way through the limiter.
 #[derive(Debug)]
 pub(crate) struct Ticket {
-    pub(crate) key: String,
+    /// The key, inline for IP keys (no `String` per request).
+    pub(crate) key: KeyBuf,
     pub(crate) tier: usize,
     pub(crate) cost: u64,
     /// When the current check was sent.
@@ -29,14 +30,9 @@ pub(crate) struct Ticket {
     pub(crate) grpc: Option<HeaderValue>,
     /// Whether the current check goes to the fallback store.
     pub(crate) fallback: bool,
-    /// The `rate_limit` span the request's events belong to.
-    pub(crate) span: tracing::Span,
-}
-
-/// Enters `span` unless it is the disabled span (a clone is entered, so
-/// the ticket that holds it stays free to change).
-fn enter_span(span: &tracing::Span) -> Option<tracing::span::EnteredSpan> {
-    (!span.is_none()).then(|| span.clone().entered())
+    /// The `rate_limit` span the request's events belong to; `None` (no
+    /// span object to drop or enter) unless `debug` is enabled.
+    pub(crate) span: Option<tracing::Span>,
 }
 
 /// What to do after a wait.
@@ -76,9 +72,9 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     /// written to `slot` (an out-parameter rather than a returned pair, so
     /// the large values are not copied on the hot path).
     pub(crate) fn start(&self, parts: &mut Parts, slot: &mut Option<Ticket>) -> Next<St> {
-        let key = match self.key.extract(parts) {
-            Some(key) => key,
-            None => match &self.missing_key {
+        let mut key = KeyBuf::new();
+        if !self.key.extract_into(parts, &mut key) {
+            match &self.missing_key {
                 MissingKey::Skip => {
                     tracing::trace!("no rate-limit key; not limited");
                     return Next::Forward(None);
@@ -100,9 +96,12 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                     let grpc = grpc_content_type(&parts.headers);
                     return Next::Respond(response::plain(grpc, *status, message));
                 }
-                MissingKey::Fallback(key) => key.to_string(),
-            },
-        };
+                MissingKey::Fallback(fallback) => {
+                    key.clear();
+                    key.push_str(fallback);
+                }
+            }
+        }
         let cost = self.cost(parts);
         if cost == 0 {
             return Next::Forward(None);
@@ -113,16 +112,16 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         // no subscriber (and more when `tracing`'s `log` feature is on in
         // the tree).
         let span = if tracing::enabled!(tracing::Level::DEBUG) {
-            tracing::debug_span!(
+            Some(tracing::debug_span!(
                 "rate_limit",
                 key = %key,
                 tier = %self.tiers.get(tier).map_or("default", |t| &*t.name),
                 cost
-            )
+            ))
         } else {
-            tracing::Span::none()
+            None
         };
-        let _entered = enter_span(&span);
+        let _entered = span.as_ref().map(|span| span.clone().entered());
         let ticket = slot.insert(Ticket {
             key,
             tier,
@@ -142,7 +141,27 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 return self.on_verdict(ticket, &mut parts.extensions, verdict);
             }
         }
-        self.ask_store(ticket)
+        self.ask_store_or_decide(ticket, &mut parts.extensions)
+    }
+
+    /// [`ask_store`](Self::ask_store) for a new request, deciding at once
+    /// when the store answers synchronously: the decision is returned
+    /// straight to `call` rather than as a [`Next::Ready`] that `call`
+    /// moves back into `on_result`.
+    fn ask_store_or_decide(&self, ticket: &mut Ticket, extensions: &mut Extensions) -> Next<St> {
+        if !self.breaker.allow() {
+            tracing::debug!("store skipped: circuit breaker open");
+            return self.on_failure(ticket);
+        }
+        ticket.fallback = false;
+        let tier = self.tier(ticket);
+        match self
+            .store
+            .check_now(&ticket.key, &tier.policies, ticket.cost)
+        {
+            Some(result) => self.on_result(ticket, extensions, result),
+            None => Next::Check(self.store.check(&ticket.key, &tier.policies, ticket.cost)),
+        }
     }
 
     /// Checks the store, unless the circuit breaker is open.
@@ -179,7 +198,22 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         extensions: &mut Extensions,
         result: Result<Verdict, StoreError>,
     ) -> Next<St> {
-        let _entered = enter_span(&ticket.span);
+        // Without a span (`debug` off), no guard to create and drop.
+        match &ticket.span {
+            None => self.on_result_in_span(ticket, extensions, result),
+            Some(span) => {
+                let _entered = span.clone().entered();
+                self.on_result_in_span(ticket, extensions, result)
+            }
+        }
+    }
+
+    fn on_result_in_span(
+        &self,
+        ticket: &mut Ticket,
+        extensions: &mut Extensions,
+        result: Result<Verdict, StoreError>,
+    ) -> Next<St> {
         let tier = self.tier(ticket);
         if ticket.fallback {
             return match result {
@@ -335,9 +369,11 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             RateLimitHeaders::default()
         };
         if limited {
-            headers.retry_after = verdict
-                .retry_after()
-                .map(|d| HeaderValue::from(crate::headers::ceil_secs(d)));
+            headers.set_retry_after(
+                verdict
+                    .retry_after()
+                    .map(|d| HeaderValue::from(crate::headers::ceil_secs(d))),
+            );
         }
         headers
     }
@@ -345,7 +381,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     fn info(&self, ticket: &mut Ticket, verdict: Verdict) -> RateLimitInfo {
         let tier = self.tier(ticket);
         RateLimitInfo::new(
-            std::mem::take(&mut ticket.key),
+            std::mem::take(&mut ticket.key).into_string(),
             std::sync::Arc::clone(&tier.name),
             std::sync::Arc::clone(&tier.policies),
             verdict,
@@ -398,7 +434,12 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             };
             // No headers to add (headers only on limited responses): no
             // work on the response.
-            let headers = Some(self.headers(tier, &verdict, false)).filter(|h| !h.is_empty());
+            // (An admitted response gets fields only with `HeaderMode::All`.)
+            let headers = if self.header_mode == HeaderMode::All {
+                Some(self.headers(tier, &verdict, false)).filter(|h| !h.is_empty())
+            } else {
+                None
+            };
             if self.info_in_extensions {
                 extensions.insert(self.info(ticket, verdict));
             }
@@ -436,7 +477,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
 
     /// A wait ended.
     pub(crate) fn after_wait(&self, ticket: &mut Ticket, then: Then) -> Next<St> {
-        let _entered = enter_span(&ticket.span);
+        let _entered = ticket.span.as_ref().map(|span| span.clone().entered());
         match then {
             Then::Recheck => {
                 ticket.sent = Instant::now();

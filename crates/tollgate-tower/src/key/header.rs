@@ -4,7 +4,7 @@ use http::header::{HeaderName, AUTHORIZATION};
 use http::request::Parts;
 use tollgate_core::{hash_subject, is_plain};
 
-use super::KeyExtractor;
+use super::{extract_via_buf, KeyBuf, KeyExtractor};
 
 /// Keys on the value of a request header, for example a tenant id set by a
 /// trusted gateway.
@@ -37,14 +37,21 @@ impl Header {
 
 impl KeyExtractor for Header {
     fn extract(&self, request: &Parts) -> Option<String> {
-        let value = request.headers.get(&self.name)?.as_bytes();
+        extract_via_buf(self, request)
+    }
+
+    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+        let Some(value) = request.headers.get(&self.name).map(|v| v.as_bytes()) else {
+            return false;
+        };
         if value.is_empty() {
-            return None;
+            return false;
         }
         match std::str::from_utf8(value) {
-            Ok(text) if is_plain(text) => Some(text.to_owned()),
-            _ => Some(hash_subject(value)),
+            Ok(text) if is_plain(text) => key.push_str(text),
+            _ => key.push_string(hash_subject(value)),
         }
+        true
     }
 }
 

@@ -6,11 +6,12 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
+use arrayvec::ArrayString;
 use http::header::{HeaderName, FORWARDED};
 use http::request::Parts;
 use ipnet::IpNet;
 
-use super::KeyExtractor;
+use super::{extract_via_buf, KeyBuf, KeyExtractor};
 
 /// Most proxy hops [`ClientIp`] walks past before it stops trusting a header.
 const MAX_HOPS: usize = 64;
@@ -57,59 +58,65 @@ impl Default for Grouping {
 }
 
 impl Grouping {
-    fn key(self, ip: IpAddr) -> String {
+    /// Writes the key of `ip` into `out`: no `String`, and for a whole IPv4
+    /// address (the default) no `core::fmt` either.
+    fn write_key(self, ip: IpAddr, out: &mut KeyBuf) {
         match ip.to_canonical() {
-            // The common case, on every request: written by hand into a
-            // string of the exact size (`to_string` goes through
-            // `core::fmt` and grows its buffer).
-            IpAddr::V4(v4) if self.v4_prefix >= 32 => ipv4_key(v4),
+            IpAddr::V4(v4) if self.v4_prefix >= 32 => push_ipv4(v4, out),
             IpAddr::V4(v4) => {
                 let mask = u32::MAX
                     .checked_shl(32 - u32::from(self.v4_prefix))
                     .unwrap_or(0);
-                let net = Ipv4Addr::from(u32::from(v4) & mask);
-                let mut key = net.to_string();
-                let _ = write!(key, "/{}", self.v4_prefix);
-                key
+                push_ipv4(Ipv4Addr::from(u32::from(v4) & mask), out);
+                push_prefix_len(self.v4_prefix, out);
             }
-            IpAddr::V6(v6) if self.v6_prefix >= 128 => v6.to_string(),
+            // Writing to a `KeyBuf` cannot fail.
+            IpAddr::V6(v6) if self.v6_prefix >= 128 => {
+                let _ = write!(out, "{v6}");
+            }
             IpAddr::V6(v6) => {
                 let mask = u128::MAX
                     .checked_shl(128 - u32::from(self.v6_prefix))
                     .unwrap_or(0);
-                let net = Ipv6Addr::from(u128::from(v6) & mask);
-                let mut key = net.to_string();
-                // Writing to a String cannot fail.
-                let _ = write!(key, "/{}", self.v6_prefix);
-                key
+                let _ = write!(out, "{}", Ipv6Addr::from(u128::from(v6) & mask));
+                push_prefix_len(self.v6_prefix, out);
             }
         }
     }
 }
 
-/// `a.b.c.d`, as `Ipv4Addr::to_string` writes it, with one allocation of
-/// the exact length.
-fn ipv4_key(ip: Ipv4Addr) -> String {
-    let octets = ip.octets();
-    let len = octets
-        .iter()
-        .map(|&o| 1 + usize::from(o >= 10) + usize::from(o >= 100))
-        .sum::<usize>()
-        + 3;
-    let mut out = String::with_capacity(len);
-    for (i, &octet) in octets.iter().enumerate() {
+/// `a.b.c.d`, as `Ipv4Addr`'s `Display` writes it: digits pushed into a
+/// stack buffer, then one copy into `out` (no `core::fmt`, no UTF-8 check).
+fn push_ipv4(ip: Ipv4Addr, out: &mut KeyBuf) {
+    let mut text = ArrayString::<15>::new();
+    for (i, octet) in ip.octets().into_iter().enumerate() {
         if i > 0 {
-            out.push('.');
+            let _ = text.try_push('.');
         }
-        if octet >= 100 {
-            out.push(char::from(b'0' + octet / 100));
-        }
-        if octet >= 10 {
-            out.push(char::from(b'0' + octet / 10 % 10));
-        }
-        out.push(char::from(b'0' + octet % 10));
+        push_decimal(octet, &mut text);
     }
-    out
+    out.push_str(&text);
+}
+
+/// `/bits`.
+fn push_prefix_len(bits: u8, out: &mut KeyBuf) {
+    let mut text = ArrayString::<4>::new();
+    let _ = text.try_push('/');
+    push_decimal(bits, &mut text);
+    out.push_str(&text);
+}
+
+/// `n` in decimal. The callers' buffers have room for every octet (15
+/// bytes for an address, 4 for `/bits`), so no push fails.
+fn push_decimal<const N: usize>(n: u8, text: &mut ArrayString<N>) {
+    let digit = |d: u8| char::from(b'0' + d);
+    if n >= 100 {
+        let _ = text.try_push(digit(n / 100));
+    }
+    if n >= 10 {
+        let _ = text.try_push(digit(n / 10 % 10));
+    }
+    let _ = text.try_push(digit(n % 10));
 }
 
 /// Keys on the IP address of the connection's peer.
@@ -171,7 +178,17 @@ impl PeerIp {
 
 impl KeyExtractor for PeerIp {
     fn extract(&self, request: &Parts) -> Option<String> {
-        peer_ip(request).map(|ip| self.grouping.key(ip))
+        extract_via_buf(self, request)
+    }
+
+    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+        match peer_ip(request) {
+            Some(ip) => {
+                self.grouping.write_key(ip, key);
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -351,7 +368,17 @@ impl ClientIp {
 
 impl KeyExtractor for ClientIp {
     fn extract(&self, request: &Parts) -> Option<String> {
-        self.client(request).map(|ip| self.grouping.key(ip))
+        extract_via_buf(self, request)
+    }
+
+    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+        match self.client(request) {
+            Some(ip) => {
+                self.grouping.write_key(ip, key);
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -459,6 +486,15 @@ mod tests {
             "10.0.0.0/8".parse().unwrap(),
             "2001:db8:ffff::/48".parse().unwrap(),
         ])
+    }
+
+    impl Grouping {
+        fn key(self, ip: IpAddr) -> String {
+            let mut key = KeyBuf::new();
+            self.write_key(ip, &mut key);
+            assert!(key.is_inline(), "{key}: an IP key fits inline");
+            key.into_string()
+        }
     }
 
     #[test]
@@ -630,9 +666,39 @@ mod tests {
             Ipv4Addr::new(255, 255, 255, 255),
             Ipv4Addr::new(1, 20, 203, 9),
         ] {
-            let key = ipv4_key(ip);
-            assert_eq!(key, ip.to_string());
-            assert_eq!(key.capacity(), key.len(), "{key}: one exact allocation");
+            let mut key = KeyBuf::new();
+            push_ipv4(ip, &mut key);
+            assert_eq!(key.as_str(), ip.to_string());
+        }
+        let widest = Grouping {
+            v4_prefix: 32,
+            v6_prefix: 128,
+        };
+        let ip: IpAddr = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe".parse().unwrap();
+        assert_eq!(widest.key(ip), ip.to_string());
+    }
+
+    #[test]
+    fn decimals_are_every_octet() {
+        for n in 0..=255u8 {
+            let mut text = ArrayString::<3>::new();
+            push_decimal(n, &mut text);
+            assert_eq!(text.as_str(), n.to_string());
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn every_ipv4_key_is_its_display_form(bits: u32, prefix in 0u8..=32) {
+            let ip = Ipv4Addr::from(bits);
+            let g = Grouping { v4_prefix: prefix, v6_prefix: 56 };
+            let expected = if prefix == 32 {
+                ip.to_string()
+            } else {
+                let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+                format!("{}/{prefix}", Ipv4Addr::from(bits & mask))
+            };
+            proptest::prop_assert_eq!(g.key(IpAddr::V4(ip)), expected);
         }
     }
 }

@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 
 use http::request::Parts;
 
-use super::KeyExtractor;
+use super::{KeyBuf, KeyExtractor};
 
 /// Keys on an authenticated user that an earlier layer (your authentication
 /// middleware) inserted into the request extensions, as any type you name;
@@ -67,6 +67,15 @@ where
     fn extract(&self, request: &Parts) -> Option<String> {
         request.extensions.get::<T>().map(ToString::to_string)
     }
+
+    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+        use std::fmt::Write as _;
+        match request.extensions.get::<T>() {
+            // Writing to a `KeyBuf` only fails if `T`'s `Display` does.
+            Some(user) => write!(key, "{user}").is_ok(),
+            None => false,
+        }
+    }
 }
 
 /// One key for every request: the limit is shared by all callers.
@@ -84,6 +93,11 @@ pub struct Global;
 impl KeyExtractor for Global {
     fn extract(&self, _request: &Parts) -> Option<String> {
         Some("global".to_owned())
+    }
+
+    fn extract_into(&self, _request: &Parts, key: &mut KeyBuf) -> bool {
+        key.push_str("global");
+        true
     }
 }
 
@@ -103,6 +117,11 @@ pub struct Method;
 impl KeyExtractor for Method {
     fn extract(&self, request: &Parts) -> Option<String> {
         Some(request.method.as_str().to_owned())
+    }
+
+    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+        key.push_str(request.method.as_str());
+        true
     }
 }
 
@@ -135,5 +154,15 @@ impl KeyExtractor for MatchedRoute {
             .extensions
             .get::<axum::extract::MatchedPath>()
             .map(|path| path.as_str().to_owned())
+    }
+
+    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+        match request.extensions.get::<axum::extract::MatchedPath>() {
+            Some(path) => {
+                key.push_str(path.as_str());
+                true
+            }
+            None => false,
+        }
     }
 }

@@ -1,11 +1,13 @@
 //! Key extractors: who a request is counted against.
 
+mod buf;
 mod header;
 mod ip;
 mod misc;
 
 use std::fmt;
 
+pub use buf::KeyBuf;
 use http::request::Parts;
 use tollgate_core::{hash_subject, is_plain};
 
@@ -52,6 +54,56 @@ pub trait KeyExtractor: Send + Sync + 'static {
     /// The key for this request, or `None` when it carries none.
     fn extract(&self, request: &Parts) -> Option<String>;
 
+    /// Writes the key for this request into `key` and returns `true`, or
+    /// returns `false` when the request carries none (what `key` then
+    /// holds is unspecified). `key` is empty when the layer calls this.
+    ///
+    /// The layer calls this method, not [`extract`](Self::extract): the
+    /// shipped extractors write into the [`KeyBuf`] in place, so keying a
+    /// request by IP address allocates nothing. The default calls
+    /// `extract` and moves its `String` into `key`, so an extractor only
+    /// needs `extract`; implement both (with the same key) to save the
+    /// allocation.
+    ///
+    /// ```
+    /// use http::{request::Parts, Request};
+    /// use tollgate_tower::{KeyBuf, KeyExtractor};
+    ///
+    /// struct Tenant;
+    /// impl KeyExtractor for Tenant {
+    ///     fn extract(&self, request: &Parts) -> Option<String> {
+    ///         let mut key = KeyBuf::new();
+    ///         self.extract_into(request, &mut key).then(|| key.into_string())
+    ///     }
+    ///     fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+    ///         match request.headers.get("x-tenant").and_then(|v| v.to_str().ok()) {
+    ///             Some(tenant) => {
+    ///                 key.push_str("tenant:");
+    ///                 key.push_str(tenant);
+    ///                 true
+    ///             }
+    ///             None => false,
+    ///         }
+    ///     }
+    /// }
+    ///
+    /// let (parts, ()) = Request::get("/").header("x-tenant", "acme").body(()).unwrap().into_parts();
+    /// let mut key = KeyBuf::new();
+    /// assert!(Tenant.extract_into(&parts, &mut key));
+    /// assert_eq!(key.as_str(), "tenant:acme");
+    /// assert!(key.is_inline());
+    /// assert_eq!(Tenant.extract(&parts).as_deref(), Some("tenant:acme"));
+    /// ```
+    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+        match self.extract(request) {
+            Some(string) => {
+                key.push_string(string);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Uses `fallback` when `self` yields no key.
     fn or<F>(self, fallback: F) -> Or<Self, F>
     where
@@ -94,6 +146,26 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
             .extract(request)
             .or_else(|| self.fallback.extract(request))
     }
+
+    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+        if self.first.extract_into(request, key) {
+            return true;
+        }
+        key.clear();
+        self.fallback.extract_into(request, key)
+    }
+}
+
+/// `extract` through `extract_into`, for the shipped extractors that
+/// write in place.
+pub(crate) fn extract_via_buf<K: KeyExtractor + ?Sized>(
+    extractor: &K,
+    request: &Parts,
+) -> Option<String> {
+    let mut key = KeyBuf::new();
+    extractor
+        .extract_into(request, &mut key)
+        .then(|| key.into_string())
 }
 
 /// Appends one component of a combined key, separated by `,`.
@@ -102,14 +174,14 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
 /// anything else is replaced by its hash, which starts with `#` and so can
 /// never equal a plain component. The joined key is therefore unambiguous:
 /// two different tuples of components never produce the same key.
-fn push_component(out: &mut String, component: &str) {
+fn push_component(out: &mut KeyBuf, component: &str) {
     if !out.is_empty() {
-        out.push(',');
+        out.push_str(",");
     }
     if is_plain(component) && !component.contains(',') {
         out.push_str(component);
     } else {
-        out.push_str(&hash_subject(component.as_bytes()));
+        out.push_string(hash_subject(component.as_bytes()));
     }
 }
 
@@ -119,13 +191,20 @@ macro_rules! tuple_extractor {
         #[allow(non_snake_case)]
         impl<$($name: KeyExtractor),+> KeyExtractor for ($($name,)+) {
             fn extract(&self, request: &Parts) -> Option<String> {
+                extract_via_buf(self, request)
+            }
+
+            fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
                 let ($($name,)+) = self;
-                let mut key = String::new();
+                let mut component = KeyBuf::new();
                 $(
-                    let component = $name.extract(request)?;
-                    push_component(&mut key, &component);
+                    component.clear();
+                    if !$name.extract_into(request, &mut component) {
+                        return false;
+                    }
+                    push_component(key, &component);
                 )+
-                Some(key)
+                true
             }
         }
     };
