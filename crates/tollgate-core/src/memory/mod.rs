@@ -119,8 +119,8 @@ pub use self::builder::MemoryStoreBuilder;
 use self::fast::check_policy;
 use self::table::{same_name, Entry, Key, Shard, ShardLock, Slot, SlotState};
 use crate::{
-    validate_check, Algorithm, Clock, Decision, FastClock, Policy, Store, StoreError, Verdict,
-    MAX_PLAIN_SUBJECT_LEN,
+    validate_charge, validate_check, Algorithm, Clock, Decision, FastClock, Policy, Store,
+    StoreError, Verdict, MAX_PLAIN_SUBJECT_LEN,
 };
 
 /// Operations on a shard between two incremental sweeps.
@@ -548,6 +548,15 @@ impl Store for MemoryStore {
         Some(self.check(subject, policies, cost).into_inner())
     }
 
+    fn charge(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> impl std::future::Future<Output = Result<Verdict, StoreError>> + Send + 'static {
+        ready(self.charge_now(subject, policies, cost))
+    }
+
     fn reset(
         &self,
         subject: &str,
@@ -607,6 +616,7 @@ impl Inner {
 }
 
 mod builder;
+mod charge;
 mod fast;
 mod sweep;
 mod table;
