@@ -299,6 +299,7 @@
 
 mod builder;
 mod cell;
+mod charge;
 mod connection;
 mod errors;
 mod functions;

@@ -150,7 +150,7 @@ impl RedisStore {
         encode_subject(subject, self.inner.hash_subjects)
     }
 
-    fn key(&self, encoded_subject: &str, policy_name: &str) -> String {
+    pub(crate) fn key(&self, encoded_subject: &str, policy_name: &str) -> String {
         let prefix = &*self.inner.prefix;
         let mut key =
             String::with_capacity(prefix.len() + encoded_subject.len() + policy_name.len() + 4);
@@ -350,7 +350,7 @@ impl RedisStore {
 
 /// Runs a check; one refused with `OOM` runs once more as its allow-oom
 /// twin.
-async fn run(
+pub(crate) async fn run(
     inner: &Inner,
     script: &LuaScript,
     cmd: &Cmd,
@@ -370,7 +370,7 @@ async fn run(
 /// The `EVALSHA` of `script` with the arguments of an `FCALL` (`FCALL name
 /// numkeys keys... plan now cost ...`), without the plan.
 #[cold]
-fn evalsha_from_fcall(script: &LuaScript, fcall: &Cmd, keys: usize) -> Cmd {
+pub(crate) fn evalsha_from_fcall(script: &LuaScript, fcall: &Cmd, keys: usize) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.sha());
     for (i, arg) in fcall.args_iter().enumerate().skip(2) {
@@ -451,6 +451,19 @@ impl Store for RedisStore {
         }
     }
 
+    /// One atomic script call for every policy (charge.lua; `FCALL` of the
+    /// library's charge function, or `EVALSHA` on that path). See
+    /// [`Store::charge`].
+    fn charge(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> impl Future<Output = Result<Verdict, StoreError>> + Send + 'static {
+        let future = self.charge_future(subject, policies, cost);
+        async move { future?.await }
+    }
+
     fn reset(
         &self,
         subject: &str,
@@ -474,7 +487,7 @@ impl Store for RedisStore {
 }
 
 /// Parses the check script's reply: five integers per policy.
-fn parse_verdict(value: Value, capacities: &[u64]) -> Result<Verdict, StoreError> {
+pub(crate) fn parse_verdict(value: Value, capacities: &[u64]) -> Result<Verdict, StoreError> {
     let items = match value {
         Value::Array(items) => items,
         other => return Err(protocol(format!("expected an array, got {other:?}"))),

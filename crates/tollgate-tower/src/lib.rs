@@ -72,6 +72,7 @@
 
 mod body;
 mod breaker;
+mod charge;
 mod config;
 mod deny_cache;
 mod future;
@@ -85,6 +86,7 @@ mod response;
 mod service;
 
 pub use body::RateLimitBody;
+pub use charge::Charge;
 pub use config::{ConfigError, FailurePolicy, HeaderMode, MissingKey, Mode};
 pub use future::ResponseFuture;
 pub use info::RateLimitInfo;

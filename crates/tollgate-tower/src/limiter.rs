@@ -103,10 +103,16 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 MissingKey::Fallback(key) => key.to_string(),
             },
         };
-        let cost = self.cost(parts);
-        if cost == 0 {
-            return Next::Forward(None);
-        }
+        // Charging after the response: only a peek now.
+        let cost = if self.charge.is_some() {
+            0
+        } else {
+            let cost = self.cost(parts);
+            if cost == 0 {
+                return Next::Forward(None);
+            }
+            cost
+        };
         let now = Instant::now();
         let tier = self.tier_index(parts);
         // The span only when it is recorded: building one costs even with
@@ -372,6 +378,9 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     ) -> Next<St> {
         let tier = self.tier(ticket);
         if verdict.is_allowed() {
+            if let Some(charge) = extensions.get::<crate::Charge>() {
+                charge.admit(&ticket.key, ticket.tier, ticket.fallback);
+            }
             observe::allowed(tier);
             let delay = verdict.delay();
             if self.mode == Mode::DryRun {

@@ -1,0 +1,304 @@
+//! Charging after the response: the [`Charge`] handle a handler uses to add
+//! or refund cost, and the step of the response future that charges the
+//! store once the inner service has answered
+//! ([`RateLimitLayerBuilder::charge_from_response`](crate::RateLimitLayerBuilder::charge_from_response)).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+
+use http::Response;
+use tollgate_core::{ErrorScope, Store, StoreError, Verdict};
+
+use crate::config::FailurePolicy;
+use crate::layer::Shared;
+
+/// What decides a request's cost from its response head.
+pub(crate) type ChargeFn = Box<dyn Fn(&http::response::Parts) -> u64 + Send + Sync>;
+
+/// A handle on the cost charged for this request once its response is
+/// ready, found in the request's extensions when the layer charges after
+/// the response
+/// ([`charge_from_response`](crate::RateLimitLayerBuilder::charge_from_response)).
+///
+/// The amount charged is the response's cost (what the layer's function
+/// computes from the response head), replaced by [`Charge::set`] if a
+/// handler called it, plus every [`Charge::add`], minus every
+/// [`Charge::refund`], and never below 0. It is charged **once**, after the
+/// response head is ready and before the response is returned, so the
+/// subject's next request sees it. A request the layer denied, or let
+/// through without a verdict (a failing store with
+/// [`FailurePolicy::FailOpen`]), is not charged.
+///
+/// Clones share one amount (an `Arc` inside), so a handler may hand it to
+/// the tasks doing the work.
+///
+/// ```
+/// use std::convert::Infallible;
+/// use std::net::SocketAddr;
+/// use bytes::Bytes;
+/// use http::{Request, Response, StatusCode};
+/// use http_body_util::Full;
+/// use tollgate_core::{MemoryStore, Policy};
+/// use tollgate_tower::{Charge, RateLimitLayer};
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // 100 "units of work" per minute; the handler knows what it spent.
+/// let layer = RateLimitLayer::builder(MemoryStore::new())
+///     .policy(Policy::per_minute(100).name("work").build()?)
+///     .charge_from_response(|_parts| 0)
+///     .build()?;
+/// let service = layer.layer(service_fn(|req: Request<()>| async move {
+///     if let Some(charge) = req.extensions().get::<Charge>() {
+///         charge.add(150); // more than the whole budget: a debt
+///         charge.refund(30);
+///     }
+///     Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("done"))))
+/// }));
+/// let peer: SocketAddr = "192.0.2.1:4711".parse()?;
+/// let request = || Request::get("/").extension(peer).body(()).unwrap();
+///
+/// assert_eq!(service.clone().oneshot(request()).await?.status(), StatusCode::OK);
+/// // 120 charged against 100 per minute: denied before the handler runs.
+/// let denied = service.oneshot(request()).await?;
+/// assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Default)]
+pub struct Charge {
+    inner: Arc<Mutex<Amount>>,
+}
+
+#[derive(Debug, Default)]
+struct Amount {
+    /// Replaces the response's cost when set.
+    set: Option<u64>,
+    /// Added minus refunded.
+    delta: i128,
+    /// Who is charged, once a verdict admitted the request.
+    subject: Option<Subject>,
+}
+
+/// The subject a verdict admitted: its key, tier and store.
+#[derive(Debug, Clone)]
+struct Subject {
+    key: String,
+    tier: usize,
+    fallback: bool,
+}
+
+impl fmt::Debug for Charge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let amount = self.lock();
+        f.debug_struct("Charge")
+            .field("set", &amount.set)
+            .field("delta", &amount.delta)
+            .field("admitted", &amount.subject.is_some())
+            .finish()
+    }
+}
+
+impl Charge {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Amount> {
+        // A handler that panicked while holding it left a plain number.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds `cost` permits to what is charged after the response.
+    pub fn add(&self, cost: u64) {
+        self.lock().delta += i128::from(cost);
+    }
+
+    /// Takes `cost` permits off what is charged after the response (never
+    /// below 0 in total: a refund cannot give back permits charged by
+    /// earlier requests).
+    pub fn refund(&self, cost: u64) {
+        self.lock().delta -= i128::from(cost);
+    }
+
+    /// Sets what is charged after the response to `cost`, in place of the
+    /// response's cost and of earlier adds and refunds (later ones still
+    /// count).
+    pub fn set(&self, cost: u64) {
+        let mut amount = self.lock();
+        amount.set = Some(cost);
+        amount.delta = 0;
+    }
+
+    /// Records the subject a verdict admitted (the limiter, before the
+    /// inner service is called).
+    pub(crate) fn admit(&self, key: &str, tier: usize, fallback: bool) {
+        self.lock().subject = Some(Subject {
+            key: key.to_owned(),
+            tier,
+            fallback,
+        });
+    }
+
+    /// The amount to charge, given the response's cost, and to whom; `None`
+    /// when the request was not admitted by a verdict or nothing is owed.
+    fn finish(&self, from_response: u64) -> Option<(Subject, u64)> {
+        let mut amount = self.lock();
+        let subject = amount.subject.take()?;
+        let base = amount.set.unwrap_or(from_response);
+        let total = (i128::from(base) + amount.delta).clamp(0, i128::from(u64::MAX));
+        let total = u64::try_from(total).unwrap_or(u64::MAX);
+        (total > 0).then_some((subject, total))
+    }
+}
+
+type ChargeFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The post-response step of a request of a layer that charges after the
+/// response: holds the response while its charge is sent.
+pub(crate) struct PostCharge<R, St, K> {
+    shared: Arc<Shared<St, K>>,
+    handle: Charge,
+    response: Option<R>,
+    charging: Option<ChargeFuture>,
+}
+
+impl<B, St: Store, K: Send + Sync + 'static> PostCharge<Response<B>, St, K> {
+    pub(crate) fn new(shared: Arc<Shared<St, K>>, handle: Charge) -> Box<Self> {
+        Box::new(Self {
+            shared,
+            handle,
+            response: None,
+            charging: None,
+        })
+    }
+
+    /// Starts charging for `response`: `Err(response)` when there is
+    /// nothing to charge (it is returned at once), else `Ok(())` and
+    /// [`PostCharge::poll`] gives the response back once charged.
+    pub(crate) fn begin(&mut self, response: Response<B>) -> Result<(), Response<B>> {
+        let (parts, body) = response.into_parts();
+        let from_response = self.shared.charge.as_ref().map_or(0, |cost| cost(&parts));
+        let response = Response::from_parts(parts, body);
+        let Some((subject, cost)) = self.handle.finish(from_response) else {
+            return Err(response);
+        };
+        self.charging = Some(Box::pin(charge(Arc::clone(&self.shared), subject, cost)));
+        self.response = Some(response);
+        Ok(())
+    }
+
+    /// Waits for the charge; then the response.
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Response<B>>> {
+        if let Some(charging) = self.charging.as_mut() {
+            ready!(charging.as_mut().poll(cx));
+            self.charging = None;
+        }
+        Poll::Ready(self.response.take())
+    }
+}
+
+/// Charges `cost` to `subject` in the store that admitted it, within the
+/// layer's timeout. A failure is logged and, when the store as a whole
+/// fails, counted by the circuit breaker; with
+/// [`FailurePolicy::Fallback`] a failed charge of the main store goes to
+/// the fallback store. The response is never lost nor changed.
+async fn charge<St: Store, K: Send + Sync + 'static>(
+    shared: Arc<Shared<St, K>>,
+    subject: Subject,
+    cost: u64,
+) {
+    let Some(tier) = shared.tiers.get(subject.tier).or(shared.tiers.first()) else {
+        return;
+    };
+    let policies = Arc::clone(&tier.policies);
+    let fallback = match &shared.failure {
+        FailurePolicy::Fallback(store) => Some(store),
+        _ => None,
+    };
+    if !subject.fallback {
+        let result = within(
+            shared.timeout,
+            shared.store.charge(&subject.key, &policies, cost),
+        )
+        .await;
+        let error = match result {
+            Ok(verdict) => {
+                shared.breaker.success();
+                trace_charged(&subject, cost, &verdict);
+                return;
+            }
+            Err(error) => error,
+        };
+        if error.scope() == ErrorScope::Store {
+            shared.breaker.failure();
+        }
+        tracing::warn!(%error, key = %subject.key, cost, "charging after the response failed");
+        if fallback.is_none() {
+            return;
+        }
+    }
+    if let Some(store) = fallback {
+        match within(shared.timeout, store.charge(&subject.key, &policies, cost)).await {
+            Ok(verdict) => trace_charged(&subject, cost, &verdict),
+            Err(error) => {
+                tracing::warn!(%error, key = %subject.key, cost, "charging the fallback store after the response failed");
+            }
+        }
+    }
+}
+
+fn trace_charged(subject: &Subject, cost: u64, verdict: &Verdict) {
+    tracing::debug!(key = %subject.key, cost, allowed_next = verdict.is_allowed(), retry_after = ?verdict.retry_after(), "charged after the response");
+}
+
+/// `future`, or a timeout error after `after`.
+async fn within(
+    after: std::time::Duration,
+    future: impl Future<Output = Result<Verdict, StoreError>>,
+) -> Result<Verdict, StoreError> {
+    tokio::time::timeout(after, future)
+        .await
+        .unwrap_or(Err(StoreError::Timeout { after }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_amount_is_set_added_refunded_and_never_negative() {
+        let charge = Charge::new();
+        assert!(charge.finish(10).is_none(), "not admitted: nothing charged");
+        charge.admit("k", 0, false);
+        charge.add(5);
+        charge.refund(2);
+        let (subject, total) = charge.finish(10).unwrap();
+        assert_eq!((subject.key.as_str(), total), ("k", 13));
+        assert!(charge.finish(10).is_none(), "charged once");
+
+        let charge = Charge::new();
+        charge.admit("k", 0, false);
+        charge.add(100);
+        charge.set(7);
+        charge.add(1);
+        assert_eq!(charge.finish(1_000).unwrap().1, 8);
+
+        let charge = Charge::new();
+        charge.admit("k", 0, false);
+        charge.refund(u64::MAX);
+        charge.refund(u64::MAX);
+        assert!(charge.finish(3).is_none());
+        let clone = Charge::new();
+        clone.admit("k", 0, false);
+        let shared = clone.clone();
+        shared.add(u64::MAX);
+        clone.add(u64::MAX);
+        drop(shared);
+        assert_eq!(clone.finish(u64::MAX).unwrap().1, u64::MAX);
+        assert!(format!("{clone:?}").contains("Charge"));
+    }
+}
