@@ -461,3 +461,42 @@ async fn redis_refuses_to_charge_other_algorithms() {
     let err = redis.charge("s", &window, 1).await.unwrap_err();
     assert!(err.to_string().contains("sliding_log"), "{err}");
 }
+
+/// A charged key expires when it is back to full: its TTL is the charge's
+/// `reset_after`, at most twice the full reset (here 30 minutes), on
+/// Redis' own clock.
+#[tokio::test]
+async fn a_charged_key_expires_when_back_to_full() {
+    let store = standalone(
+        &unique_prefix("charge-ttl"),
+        tollgate_redis::ClockMode::Redis,
+    )
+    .await;
+    let mut connection = redis_common::raw(&tollgate_tests::redis_url());
+    for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        let policies = [Policy::per(5, Duration::from_secs(900))
+            .algorithm(algorithm)
+            .name(format!("ttl-{algorithm}"))
+            .build()
+            .unwrap()];
+        let verdict = store.charge("s", &policies, 100).await.unwrap();
+        let reset = verdict.decisions()[0].reset_after();
+        assert_eq!(reset, Duration::from_secs(1_800), "{algorithm}");
+        let key = store.key_for("s", policies[0].name());
+        let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut connection).unwrap();
+        assert!(
+            pttl > 1_790_000 && pttl <= 1_800_001,
+            "{algorithm}: PTTL {pttl} ms of {key}"
+        );
+        // A zero charge writes nothing and changes nothing.
+        let again = store.charge("s", &policies, 0).await.unwrap();
+        assert!(again.decisions()[0].reset_after() <= reset);
+        let untouched = store.charge("t", &policies, 0).await.unwrap();
+        assert!(untouched.is_allowed());
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(store.key_for("t", policies[0].name()))
+            .query(&mut connection)
+            .unwrap();
+        assert_eq!(exists, 0, "{algorithm}");
+    }
+}

@@ -40,7 +40,19 @@ pub const fn supports_charge(algorithm: Algorithm) -> bool {
 
 /// Charges `cost` permits to `state` at `now_us` after the fact: never
 /// denied, the state may go past empty into a debt of at most one full
-/// capacity (the bound in the [module docs](self)). The step's decision is
+/// capacity.
+///
+/// **The debt bound.** With `F` the policy's full reset (`capacity ×
+/// period / limit`), right after any charge the subject is back to full
+/// capacity within `2·F` (`reset_after`, and the state's expiry) and a
+/// cost-1 request is admitted again within `F` plus one emission interval
+/// (`period / limit`): 5 per 15 minutes locks a subject out for at most 18
+/// minutes, whatever the cost. A state already further ahead (clocks that
+/// disagree, within the tolerance of ALGORITHMS.md, "Changing a policy")
+/// is left as it is. Charged times stay below 2^53 µs since the epoch (the
+/// year 2255).
+///
+/// The step's decision is
 /// the state *after* the charge as a peek reports it (is a cost-1 request
 /// admitted now? how many remain? when is it full again?), and `new_state`
 /// is what to write (`None` when nothing changes: a cost of 0, or a state
