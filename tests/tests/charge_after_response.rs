@@ -64,12 +64,22 @@ fn peer() -> SocketAddr {
     "198.51.100.7:50000".parse().unwrap()
 }
 
-fn status_and_retry<B>(response: &Response<B>) -> (StatusCode, Option<String>) {
-    let retry = response
-        .headers()
-        .get("retry-after")
-        .map(|v| v.to_str().unwrap().to_owned());
-    (response.status(), retry)
+/// What a client sees of a response: its status, `Retry-After` and
+/// `RateLimit` (on admitted responses, the state after the charge).
+type Outcome = (StatusCode, Option<String>, Option<String>);
+
+fn status_and_retry<B>(response: &Response<B>) -> Outcome {
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    (
+        response.status(),
+        header("retry-after"),
+        header("ratelimit"),
+    )
 }
 
 /// The key of a login: the peer IP and the username header.
@@ -84,7 +94,7 @@ fn ip_and_username(parts: &Parts) -> Option<String> {
 /// failure is refused before the handler, other usernames are unaffected,
 /// and the lock lifts one emission interval (3 minutes) after the fifth
 /// failure's worth of time has passed. Returns the outcomes.
-async fn failed_logins(backend: Backend) -> Vec<(StatusCode, Option<String>)> {
+async fn failed_logins(backend: Backend) -> Vec<Outcome> {
     let clock = manual_clock();
     let stores = stores(backend, &clock, "charge-login", 2).await;
     let handled = Arc::new(AtomicU64::new(0));
@@ -188,9 +198,13 @@ async fn the_sixth_failed_login_is_refused_everywhere_alike() {
         assert_eq!(outcomes, &seen[0].1, "{backend:?} disagrees with memory");
     }
     // The sixth failure waits one emission interval: 3 minutes.
+    assert_eq!(seen[0].1[5].0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(seen[0].1[5].1.as_deref(), Some("180"));
+    // The fifth failure's response reports what it left: nothing, for 3
+    // minutes.
     assert_eq!(
-        seen[0].1[5],
-        (StatusCode::TOO_MANY_REQUESTS, Some("180".into()))
+        seen[0].1[4].2.as_deref(),
+        Some("\"failed-logins\";r=0;t=180")
     );
 }
 
@@ -198,7 +212,7 @@ async fn the_sixth_failed_login_is_refused_everywhere_alike() {
 /// reporting what it used in `x-tokens-used` (3 000, 4 000, 5 000, …),
 /// with a `Charge` handle adjusting by `x-add` / `x-refund` request
 /// headers. Returns the outcomes.
-async fn llm(backend: Backend, algorithm: Algorithm) -> Vec<(StatusCode, Option<String>)> {
+async fn llm(backend: Backend, algorithm: Algorithm) -> Vec<Outcome> {
     let clock = manual_clock();
     let stores = stores(backend, &clock, "charge-llm", 1).await;
     let store = stores.into_iter().next().unwrap();
@@ -258,19 +272,21 @@ async fn llm(backend: Backend, algorithm: Algorithm) -> Vec<(StatusCode, Option<
         outcomes.push(outcome.clone());
         outcome
     };
+    let mut third = None;
     for tokens in [3_000, 4_000, 5_000] {
-        assert_eq!(
-            call("key-1", tokens, &[]).await.0,
-            StatusCode::OK,
-            "{backend:?}"
-        );
+        let outcome = call("key-1", tokens, &[]).await;
+        assert_eq!(outcome.0, StatusCode::OK, "{backend:?}");
+        third = Some(outcome);
     }
     // 12 000 used: 2 000 in debt. The fourth waits for 2 001 tokens, 6 ms
     // each: 12.006 s.
     let fourth = call("key-1", 1_000, &[]).await;
+    assert_eq!(fourth.0, StatusCode::TOO_MANY_REQUESTS, "{backend:?}");
+    assert_eq!(fourth.1.as_deref(), Some("13"), "{backend:?}");
+    // The third response reported the debt it left.
     assert_eq!(
-        fourth,
-        (StatusCode::TOO_MANY_REQUESTS, Some("13".into())),
+        third.and_then(|outcome| outcome.2).as_deref(),
+        Some("\"tokens\";r=0;t=13"),
         "{backend:?}"
     );
     // Another key is unaffected.

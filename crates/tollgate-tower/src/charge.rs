@@ -7,12 +7,14 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 
 use http::Response;
 use tollgate_core::{ErrorScope, Store, StoreError, Verdict};
 
 use crate::config::FailurePolicy;
+use crate::headers::RateLimitHeaders;
+use crate::key::KeyExtractor;
 use crate::layer::Shared;
 
 /// What decides a request's cost from its response head.
@@ -155,7 +157,7 @@ impl Charge {
     }
 }
 
-type ChargeFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+type ChargeFuture = Pin<Box<dyn Future<Output = Option<Verdict>> + Send>>;
 
 /// The post-response step of a request of a layer that charges after the
 /// response: holds the response while its charge is sent.
@@ -164,40 +166,80 @@ pub(crate) struct PostCharge<R, St, K> {
     handle: Charge,
     response: Option<R>,
     charging: Option<ChargeFuture>,
+    /// The headers of the peek, for a response whose charge failed.
+    headers: Option<RateLimitHeaders>,
+    /// The tier charged.
+    tier: usize,
 }
 
-impl<B, St: Store, K: Send + Sync + 'static> PostCharge<Response<B>, St, K> {
+impl<B, St: Store, K: KeyExtractor> PostCharge<Response<B>, St, K> {
     pub(crate) fn new(shared: Arc<Shared<St, K>>, handle: Charge) -> Box<Self> {
         Box::new(Self {
             shared,
             handle,
             response: None,
             charging: None,
+            headers: None,
+            tier: 0,
         })
     }
 
-    /// Starts charging for `response`: `Err(response)` when there is
-    /// nothing to charge (it is returned at once), else `Ok(())` and
-    /// [`PostCharge::poll`] gives the response back once charged.
-    pub(crate) fn begin(&mut self, response: Response<B>) -> Result<(), Response<B>> {
-        let (parts, body) = response.into_parts();
+    /// Starts charging for `response`, whose peek gave `headers`:
+    /// `Err(response)`, with `headers` applied, when there is nothing to
+    /// charge (it is returned at once), else `Ok(())` and
+    /// [`PostCharge::poll`] gives the response back once charged, with the
+    /// headers of the state after the charge.
+    pub(crate) fn begin(
+        &mut self,
+        response: Response<B>,
+        headers: Option<RateLimitHeaders>,
+    ) -> Result<(), Response<B>> {
+        let (mut parts, body) = response.into_parts();
         let from_response = self.shared.charge.as_ref().map_or(0, |cost| cost(&parts));
-        let response = Response::from_parts(parts, body);
         let Some((subject, cost)) = self.handle.finish(from_response) else {
-            return Err(response);
+            if let Some(headers) = headers {
+                headers.apply(&mut parts.headers);
+            }
+            return Err(Response::from_parts(parts, body));
         };
+        self.tier = subject.tier;
+        self.headers = headers;
         self.charging = Some(Box::pin(charge(Arc::clone(&self.shared), subject, cost)));
-        self.response = Some(response);
+        self.response = Some(Response::from_parts(parts, body));
         Ok(())
     }
 
-    /// Waits for the charge; then the response.
+    /// Waits for the charge; then the response, with the rate-limit headers
+    /// of the state the charge left (those of the peek when it failed).
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Response<B>>> {
+        let mut headers = self.headers.take();
         if let Some(charging) = self.charging.as_mut() {
-            ready!(charging.as_mut().poll(cx));
+            let charged = match charging.as_mut().poll(cx) {
+                Poll::Ready(charged) => charged,
+                Poll::Pending => {
+                    self.headers = headers;
+                    return Poll::Pending;
+                }
+            };
             self.charging = None;
+            // Headers only where the peek wrote some (the header mode):
+            // the same fields, of the state after the charge.
+            if let (Some(verdict), Some(_)) = (charged, &headers) {
+                let tier = self
+                    .shared
+                    .tiers
+                    .get(self.tier)
+                    .or(self.shared.tiers.first());
+                if let Some(tier) = tier {
+                    headers = Some(self.shared.headers(tier, &verdict, false));
+                }
+            }
         }
-        Poll::Ready(self.response.take())
+        let mut response = self.response.take();
+        if let (Some(response), Some(headers)) = (response.as_mut(), headers) {
+            headers.apply(response.headers_mut());
+        }
+        Poll::Ready(response)
     }
 }
 
@@ -210,10 +252,8 @@ async fn charge<St: Store, K: Send + Sync + 'static>(
     shared: Arc<Shared<St, K>>,
     subject: Subject,
     cost: u64,
-) {
-    let Some(tier) = shared.tiers.get(subject.tier).or(shared.tiers.first()) else {
-        return;
-    };
+) -> Option<Verdict> {
+    let tier = shared.tiers.get(subject.tier).or(shared.tiers.first())?;
     let policies = Arc::clone(&tier.policies);
     let fallback = match &shared.failure {
         FailurePolicy::Fallback(store) => Some(store),
@@ -229,7 +269,7 @@ async fn charge<St: Store, K: Send + Sync + 'static>(
             Ok(verdict) => {
                 shared.breaker.success();
                 trace_charged(&subject, cost, &verdict);
-                return;
+                return Some(verdict);
             }
             Err(error) => error,
         };
@@ -237,16 +277,17 @@ async fn charge<St: Store, K: Send + Sync + 'static>(
             shared.breaker.failure();
         }
         tracing::warn!(%error, key = %subject.key, cost, "charging after the response failed");
-        if fallback.is_none() {
-            return;
-        }
+        fallback?;
     }
-    if let Some(store) = fallback {
-        match within(shared.timeout, store.charge(&subject.key, &policies, cost)).await {
-            Ok(verdict) => trace_charged(&subject, cost, &verdict),
-            Err(error) => {
-                tracing::warn!(%error, key = %subject.key, cost, "charging the fallback store after the response failed");
-            }
+    let store = fallback?;
+    match within(shared.timeout, store.charge(&subject.key, &policies, cost)).await {
+        Ok(verdict) => {
+            trace_charged(&subject, cost, &verdict);
+            Some(verdict)
+        }
+        Err(error) => {
+            tracing::warn!(%error, key = %subject.key, cost, "charging the fallback store after the response failed");
+            None
         }
     }
 }

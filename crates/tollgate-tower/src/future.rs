@@ -216,18 +216,23 @@ where
             let next = match this.state.as_mut().project() {
                 StateProj::Inner { future, headers } => {
                     let mut response = ready!(future.poll(cx))?;
-                    if let Some(headers) = headers.take() {
-                        headers.apply(response.headers_mut());
-                    }
+                    let headers = headers.take();
                     let response = match this.charge.as_mut() {
-                        Some(charge) => match charge.begin(response) {
+                        // The headers then describe the state after the
+                        // charge (or, if there is none, these).
+                        Some(charge) => match charge.begin(response, headers) {
                             Ok(()) => {
                                 this.state.set(State::Charging);
                                 continue;
                             }
                             Err(response) => response,
                         },
-                        None => response,
+                        None => {
+                            if let Some(headers) = headers {
+                                headers.apply(response.headers_mut());
+                            }
+                            response
+                        }
                     };
                     return Poll::Ready(Ok(response.map(RateLimitBody::inner)));
                 }

@@ -452,7 +452,13 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// so the subject's next request sees it. A handler can change the
     /// amount through the [`Charge`](crate::Charge) handle in the request's
     /// extensions. Rate-limit headers on an admitted response describe the
-    /// peek, before the charge.
+    /// state after the charge (or the peek, if the charge failed).
+    ///
+    /// The peek and the charge are two steps: concurrent requests of one
+    /// subject may all pass the peek while the first is still running, and
+    /// each is then charged in full. That is what the debt is for: however
+    /// many there are, the subject's lock-out stays within the bound above.
+    /// To also cap how many run at once, stack a concurrency limit.
     ///
     /// When the charge fails, the response is returned all the same and the
     /// failure logged (at `warn`); a store-wide failure counts toward the
@@ -495,9 +501,13 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// let peer: SocketAddr = "192.0.2.1:4711".parse()?;
     /// let request = || Request::post("/v1/complete").extension(peer).body(()).unwrap();
     ///
-    /// assert_eq!(service.clone().oneshot(request()).await?.status(), StatusCode::OK);
-    /// // 6 000 left 4 000: admitted, and charged 6 000 more (2 000 of debt).
-    /// assert_eq!(service.clone().oneshot(request()).await?.status(), StatusCode::OK);
+    /// let first = service.clone().oneshot(request()).await?;
+    /// assert_eq!(first.status(), StatusCode::OK);
+    /// // The headers describe the state after the charge.
+    /// assert_eq!(first.headers()["ratelimit"], "\"tokens\";r=4000;t=36");
+    /// // 4 000 left: admitted, and charged 6 000 more (2 000 of debt).
+    /// let second = service.clone().oneshot(request()).await?;
+    /// assert_eq!(second.headers()["ratelimit"], "\"tokens\";r=0;t=13");
     /// let denied = service.oneshot(request()).await?;
     /// assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
     /// assert_eq!(denied.headers()["retry-after"], "13"); // 2 001 tokens at 6 ms

@@ -81,7 +81,9 @@
 //! into a debt paid back by waiting, capped at one full capacity beyond
 //! empty: one response locks a subject out for at most the policy's full
 //! reset plus one emission interval. A handler adds or refunds cost through
-//! the [`Charge`] handle in the request extensions. Only GCRA (the default)
+//! the [`Charge`] handle in the request extensions; an admitted
+//! response's `RateLimit` fields describe the state after the charge.
+//! Only GCRA (the default)
 //! and token-bucket policies can be charged after the fact; `build()`
 //! refuses the others with [`ConfigError::ChargeAfterResponse`].
 //!

@@ -324,7 +324,12 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         }
     }
 
-    fn headers(&self, tier: &Tier, verdict: &Verdict, limited: bool) -> RateLimitHeaders {
+    pub(crate) fn headers(
+        &self,
+        tier: &Tier,
+        verdict: &Verdict,
+        limited: bool,
+    ) -> RateLimitHeaders {
         let fields = match self.header_mode {
             HeaderMode::All => true,
             HeaderMode::LimitedOnly => limited,
