@@ -460,6 +460,11 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// many there are, the subject's lock-out stays within the bound above.
     /// To also cap how many run at once, stack a concurrency limit.
     ///
+    /// The function sees the response *head*: a gRPC status, sent in the
+    /// trailers, is not in it (a gRPC handler reports its cost through the
+    /// [`Charge`](crate::Charge) handle instead), and the charge is made
+    /// before the body is streamed.
+    ///
     /// When the charge fails, the response is returned all the same and the
     /// failure logged (at `warn`); a store-wide failure counts toward the
     /// circuit breaker, and with [`FailurePolicy::Fallback`] the charge
