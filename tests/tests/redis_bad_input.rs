@@ -211,3 +211,39 @@ async fn foreign_values_under_a_key_count_as_no_state() {
         }
     }
 }
+
+/// An error Redis answers for a check (here its scripts' `TIME` renamed
+/// away) reaches the caller as `StoreError::Rejected` with the redis-rs
+/// error as its `source()`, scoped to the subject: not a store-wide
+/// failure that would open a circuit breaker.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_error_redis_answers_keeps_the_redis_error_as_its_source() {
+    let server = tollgate_tests::OwnedRedis::start(&["--rename-command", "TIME", "TIME_renamed"]);
+    let store = RedisStore::builder()
+        .url(redis_common::path_url(server.url()))
+        .prefix(unique_prefix("rejected"))
+        .timeout(redis_common::TEST_TIMEOUT)
+        // build()'s probe would refuse this server at once.
+        .lazy_connect(true)
+        .build()
+        .await
+        .unwrap();
+    for algorithm in [Algorithm::Gcra, Algorithm::SlidingLog] {
+        let policies = [policy(algorithm, "api", 5)];
+        let error = store.check("s", &policies, 1).await.unwrap_err();
+        assert!(
+            matches!(error, StoreError::Rejected { .. }),
+            "{algorithm}: {error:?}"
+        );
+        assert_eq!(error.scope(), tollgate_core::ErrorScope::Subject);
+        let source = std::error::Error::source(&error).expect("a source");
+        let redis = source
+            .downcast_ref::<redis::RedisError>()
+            .unwrap_or_else(|| panic!("{algorithm}: source is not a RedisError: {source:?}"));
+        assert!(
+            redis.to_string().to_ascii_lowercase().contains("unknown"),
+            "{algorithm}: {redis}"
+        );
+        assert!(error.to_string().contains("refused"), "{error}");
+    }
+}

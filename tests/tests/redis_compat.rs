@@ -331,28 +331,7 @@ async fn limiter_on_the_cluster() {
     assert!(limiter.delete().await.unwrap());
 }
 
-/// Known `CL.THROTTLE` replies (redis-cell's README and a real redis-cell
-/// 0.5.0, quoted in issue 11), each row a call on the named key in order:
-/// (key, max_burst, count, period, quantity, ms after the start, reply).
-/// The same table runs against `algorithms::throttle` in tollgate-core's
-/// `throttle_redis_cell` tests.
-/// (key, max_burst, count, period, quantity, ms after the start, reply).
-type Row = (&'static str, u64, u64, u64, u64, u64, [i64; 5]);
-
-const KNOWN: &[Row] = &[
-    ("a", 3, 60, 1, 1, 0, [0, 4, 3, -1, 1]),
-    ("c", 15, 30, 60, 1, 0, [0, 16, 15, -1, 2]),
-    ("c", 15, 30, 60, 1, 0, [0, 16, 14, -1, 4]),
-    ("b", 0, 10, 1, 1, 0, [0, 1, 0, -1, 1]),
-    ("b", 0, 10, 1, 1, 0, [1, 1, 0, 1, 1]),
-    ("b", 0, 10, 1, 1, 100, [0, 1, 0, -1, 1]),
-    ("b", 0, 10, 1, 0, 150, [0, 1, 0, -1, 1]),
-    ("b", 0, 10, 1, 2, 150, [1, 1, 0, -1, 1]),
-    ("d", 4, 1, 1, 5, 0, [0, 5, 0, -1, 5]),
-    ("d", 4, 1, 1, 1, 500, [1, 5, 0, 1, 5]),
-    ("d", 4, 1, 1, 1, 999, [1, 5, 0, 1, 5]),
-    ("d", 4, 1, 1, 1, 1_000, [0, 5, 0, -1, 5]),
-];
+include!("../../crates/tollgate-core/tests/common/cl_throttle_known.rs");
 
 /// `RedisStore::throttle` gives redis-cell 0.5's replies, rounding included.
 #[tokio::test(flavor = "multi_thread")]

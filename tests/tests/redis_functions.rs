@@ -262,6 +262,13 @@ async fn out_of_memory_on_both_paths() {
     check_counts(&functions, "held-f", &policies, 1).await;
     check_counts(&evalsha, "held-e", &policies, 1).await;
     assert_eq!(evalsha.call_path(), CallPath::Evalsha);
+    // One whole-microsecond GCRA policy: the fast function and its twin.
+    let fast = [Policy::per_hour(1_000).name("fast").build().unwrap()];
+    assert!(functions
+        .check("held-fast", &fast, 1)
+        .await
+        .unwrap()
+        .is_allowed());
     let mut raw = redis_common::raw(&server.url());
     for i in 0..64 {
         let () = redis::cmd("SET")
@@ -285,6 +292,14 @@ async fn out_of_memory_on_both_paths() {
             store.call_path()
         );
     }
+    let held = functions.check("held-fast", &fast, 1).await.unwrap();
+    assert!(held.is_allowed());
+    assert_eq!(held.decisions()[0].remaining(), 998);
+    let fresh = functions.check("fresh-fast", &fast, 1).await;
+    assert!(
+        matches!(fresh, Err(StoreError::OutOfMemory { .. })),
+        "{fresh:?}"
+    );
     let () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("maxmemory")
@@ -393,4 +408,135 @@ fn redis_converts_lua_integers_below_2_pow_53_exactly() {
         joined, "1700000000123457",
         "`..` rounds: fmt() stays for strings"
     );
+}
+
+/// The next `FCALL` line a `MONITOR` connection prints.
+fn next_fcall(monitor: &mut std::io::BufReader<std::net::TcpStream>) -> String {
+    use std::io::BufRead as _;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let read = monitor.read_line(&mut line).expect("a MONITOR line");
+        assert!(read > 0, "MONITOR closed");
+        if line.contains("\"FCALL") {
+            return line;
+        }
+    }
+}
+
+/// One GCRA policy with a whole-microsecond interval takes the fast
+/// function (one integer back); anything else the general check. Every
+/// state the fast function cannot read itself (a tagged state with a
+/// remainder, a time further ahead than the tolerance, a value of another
+/// type, garbage) is handed to the general check inside the same call, and
+/// the decisions and stored states equal the EVALSHA path's, step by step.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fast_gcra_function_agrees_with_the_general_check() {
+    use std::io::Write as _;
+    use std::sync::Arc;
+
+    use tollgate_core::Clock as _;
+
+    let server = OwnedRedis::start(&[]);
+    let clock = redis_common::manual_clock();
+    let build = |url: String, label: &str| {
+        RedisStore::builder()
+            .url(url)
+            .prefix(unique_prefix(label))
+            .timeout(redis_common::TEST_TIMEOUT)
+            .clock(ClockMode::Client(Arc::new(clock.clone())))
+            .build()
+    };
+    let fast = build(server.url(), "fast").await.unwrap();
+    let general = build(
+        redis_common::without_functions(&server.url(), "no-fn-fast"),
+        "general",
+    )
+    .await
+    .unwrap();
+    assert_eq!(fast.call_path(), CallPath::Functions);
+    assert_eq!(general.call_path(), CallPath::Evalsha);
+
+    let address = server
+        .url()
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_owned();
+    let stream = std::net::TcpStream::connect(&address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    (&stream).write_all(b"MONITOR\r\n").unwrap();
+    let mut monitor = std::io::BufReader::new(stream);
+    let mut raw = redis_common::raw(&server.url());
+
+    let whole = [Policy::per_second(100).burst(5).name("p").build().unwrap()];
+    let fractional = [Policy::per_second(3).burst(5).name("p").build().unwrap()];
+    let set = |raw: &mut redis::Connection, store: &RedisStore, value: redis::Value| {
+        let key = store.key_for("s", "p");
+        let _: () = redis::cmd("DEL").arg(&key).query(raw).unwrap();
+        match value {
+            redis::Value::BulkString(bytes) => {
+                let () = redis::cmd("SET").arg(&key).arg(bytes).query(raw).unwrap();
+            }
+            redis::Value::Array(_) => {
+                let _: i64 = redis::cmd("RPUSH").arg(&key).arg("x").query(raw).unwrap();
+            }
+            _ => {}
+        }
+    };
+    let stored = |raw: &mut redis::Connection, store: &RedisStore| -> Option<String> {
+        redis::cmd("GET")
+            .arg(store.key_for("s", "p"))
+            .query(raw)
+            .ok()
+            .flatten()
+    };
+    let now = clock.now_micros();
+    let starts: [(&str, redis::Value); 6] = [
+        ("absent", redis::Value::Nil),
+        (
+            "ahead",
+            redis::Value::BulkString(format!("{:x}", now + 30_000).into_bytes()),
+        ),
+        (
+            "beyond the tolerance",
+            redis::Value::BulkString(format!("{:x}", now + 10_000_000).into_bytes()),
+        ),
+        (
+            "tagged remainder",
+            redis::Value::BulkString(format!("gcra:{}:2", now + 20_000).into_bytes()),
+        ),
+        ("garbage", redis::Value::BulkString(b"not a state".to_vec())),
+        ("another type", redis::Value::Array(Vec::new())),
+    ];
+    for (label, start) in starts {
+        set(&mut raw, &fast, start.clone());
+        set(&mut raw, &general, start);
+        for step in 0..8 {
+            let a = fast.check("s", &whole, 1).await;
+            let line = next_fcall(&mut monitor);
+            assert!(line.contains("_gcra\""), "{label}, step {step}: {line}");
+            let b = general.check("s", &whole, 1).await;
+            match (&a, &b) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{label}, step {step}"),
+                (Err(_), Err(_)) => {}
+                _ => panic!("{label}, step {step}: {a:?} / {b:?}"),
+            }
+            if label != "another type" {
+                assert_eq!(
+                    stored(&mut raw, &fast),
+                    stored(&mut raw, &general),
+                    "{label}, step {step}"
+                );
+            }
+            clock.advance(Duration::from_millis(3));
+        }
+    }
+
+    // A fractional interval, two policies or a peek: the general check.
+    fast.check("s", &fractional, 1).await.unwrap();
+    assert!(next_fcall(&mut monitor).contains("_check\""));
+    fast.check("s", &whole, 0).await.unwrap();
+    assert!(next_fcall(&mut monitor).contains("_peek\""));
 }

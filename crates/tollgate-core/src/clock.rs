@@ -76,11 +76,17 @@ impl Clock for FastClock {
     }
 }
 
-/// The process-wide state behind [`FastClock`].
-struct Counter {
+/// The process-wide state behind [`FastClock`] (the memory store holds a
+/// reference, so that reading it checks no `OnceLock`).
+#[derive(Debug)]
+pub(crate) struct Counter {
     clock: quanta::Clock,
     /// The counter's reading at creation; elapsed time is measured from it.
     origin: u64,
+    /// Microseconds per 2^42 counter ticks, from quanta's calibration:
+    /// elapsed time is one multiplication and a shift (quanta's own
+    /// conversion gives nanoseconds, which would then be divided).
+    micros_per_2_42_ticks: u64,
     /// Wall-clock microseconds minus elapsed microseconds (wrapping): the
     /// wall clock is `elapsed + offset`.
     offset_us: AtomicU64,
@@ -90,14 +96,18 @@ struct Counter {
 }
 
 impl Counter {
-    fn global() -> &'static Self {
+    pub(crate) fn global() -> &'static Self {
         static COUNTER: OnceLock<Counter> = OnceLock::new();
         COUNTER.get_or_init(|| {
             let clock = quanta::Clock::new();
             let origin = clock.raw();
+            // 2^42 ticks are over 10 minutes at 6 GHz: at least 2^29 µs,
+            // so the rounding below is under 2 ppb.
+            let micros_per_2_42_ticks = clock.delta_as_nanos(0, 1 << 42) / 1_000;
             let counter = Counter {
                 clock,
                 origin,
+                micros_per_2_42_ticks,
                 offset_us: AtomicU64::new(0),
                 resync_at_us: AtomicU64::new(0),
             };
@@ -107,8 +117,13 @@ impl Counter {
     }
 
     #[inline]
-    fn now_micros(&self) -> u64 {
-        let elapsed_us = self.clock.delta_as_nanos(self.origin, self.clock.raw()) / 1_000;
+    pub(crate) fn now_micros(&self) -> u64 {
+        // A counter behind its origin (never, with an invariant counter)
+        // reads as the origin, as in quanta.
+        let ticks = self.clock.raw().saturating_sub(self.origin);
+        // Below 2^64 · 2^33 >> 42 = 2^55: the cast is exact.
+        let elapsed_us =
+            ((u128::from(ticks) * u128::from(self.micros_per_2_42_ticks)) >> 42) as u64;
         let resync_at_us = self.resync_at_us.load(Ordering::Relaxed);
         if elapsed_us >= resync_at_us {
             self.resync(elapsed_us, resync_at_us);

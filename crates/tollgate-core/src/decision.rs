@@ -3,8 +3,6 @@
 use std::fmt;
 use std::time::Duration;
 
-use smallvec::SmallVec;
-
 /// What one policy decided for one check.
 ///
 /// Durations are kept in whole microseconds, the precision every algorithm
@@ -197,26 +195,48 @@ impl Decision {
 /// assert_eq!(verdict.retry_after(), Some(Duration::from_secs(30)));
 /// assert_eq!(verdict.binding().limit(), 1000);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Verdict {
-    decisions: SmallVec<[Decision; 2]>,
-    /// Whether every decision admits (kept, not recomputed: callers ask on
-    /// every request).
-    allowed: bool,
+    decisions: Decisions,
+}
+
+/// A verdict's decisions: one (the common case, 48 bytes with no
+/// allocation, which stores return on every check), or any other number.
+#[derive(Clone, PartialEq, Eq)]
+enum Decisions {
+    One(Decision),
+    /// Never one decision. Whether all admit is kept, not recomputed:
+    /// callers ask on every request.
+    Many {
+        decisions: Vec<Decision>,
+        allowed: bool,
+    },
+}
+
+impl fmt::Debug for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Verdict")
+            .field("decisions", &self.decisions())
+            .field("allowed", &self.is_allowed())
+            .finish()
+    }
 }
 
 impl FromIterator<Decision> for Verdict {
     fn from_iter<I: IntoIterator<Item = Decision>>(iter: I) -> Self {
-        // Pushing one by one rather than `SmallVec`'s own `collect`, which
-        // costs more for the one or two decisions a verdict holds; stores
-        // build a verdict on every check.
-        let mut decisions = SmallVec::new();
-        let mut allowed = true;
-        for decision in iter {
-            allowed &= decision.is_allowed();
-            decisions.push(decision);
-        }
-        Self { decisions, allowed }
+        let mut iter = iter.into_iter();
+        let decisions = match (iter.next(), iter.next()) {
+            (Some(one), None) => Decisions::One(one),
+            (first, second) => {
+                let mut decisions: Vec<Decision> = first.into_iter().chain(second).collect();
+                decisions.extend(iter);
+                Decisions::Many {
+                    allowed: decisions.iter().all(Decision::is_allowed),
+                    decisions,
+                }
+            }
+        };
+        Self { decisions }
     }
 }
 
@@ -224,25 +244,30 @@ impl Verdict {
     /// A verdict of one decision, built without an iterator (the memory
     /// store's hot path).
     #[inline]
-    pub(crate) fn from_one(decision: Decision) -> Self {
-        let mut decisions = SmallVec::new();
-        decisions.push(decision);
+    pub(crate) const fn from_one(decision: Decision) -> Self {
         Self {
-            allowed: decision.is_allowed(),
-            decisions,
+            decisions: Decisions::One(decision),
         }
     }
 
     /// Whether every policy admitted the request (and so all were charged).
     #[must_use]
+    #[inline]
     pub fn is_allowed(&self) -> bool {
-        self.allowed
+        match &self.decisions {
+            Decisions::One(decision) => decision.is_allowed(),
+            Decisions::Many { allowed, .. } => *allowed,
+        }
     }
 
     /// One decision per policy, in the order the policies were given.
     #[must_use]
+    #[inline]
     pub fn decisions(&self) -> &[Decision] {
-        &self.decisions
+        match &self.decisions {
+            Decisions::One(decision) => std::slice::from_ref(decision),
+            Decisions::Many { decisions, .. } => decisions,
+        }
     }
 
     /// The decision that matters most: when denied, the denying decision
@@ -256,26 +281,29 @@ impl Verdict {
     pub fn binding(&self) -> &Decision {
         static EMPTY: Decision = Decision::allowed(0, 0, Duration::ZERO);
         let denied = self
-            .decisions
+            .decisions()
             .iter()
             .filter(|d| !d.is_allowed())
             .max_by_key(|d| d.retry_after());
         denied
-            .or_else(|| self.decisions.iter().min_by_key(|d| d.remaining))
+            .or_else(|| self.decisions().iter().min_by_key(|d| d.remaining))
             .unwrap_or(&EMPTY)
     }
 
     /// When denied, the longest `retry_after` among the denying policies.
     #[must_use]
     pub fn retry_after(&self) -> Option<Duration> {
-        self.decisions.iter().filter_map(|d| d.retry_after()).max()
+        self.decisions()
+            .iter()
+            .filter_map(|d| d.retry_after())
+            .max()
     }
 
     /// The longest queueing delay among the policies (zero unless a leaky
     /// bucket in queue mode is involved).
     #[must_use]
     pub fn delay(&self) -> Duration {
-        self.decisions
+        self.decisions()
             .iter()
             .map(Decision::delay)
             .max()

@@ -75,6 +75,14 @@ pub enum StoreError {
         /// Why it is refused and what to do instead.
         detail: String,
     },
+    /// The backend refused this request with an error of its own (for
+    /// Redis: a script error, a key of another type, a command it does not
+    /// know); the backend's error is the [`source()`](Error::source).
+    /// Nothing was charged by the refused command.
+    Rejected {
+        /// The backend's error.
+        source: BoxError,
+    },
     /// The backend answered with something this version does not understand.
     Protocol {
         /// What was wrong.
@@ -86,6 +94,13 @@ impl StoreError {
     /// Wraps a backend error that happened before anything was sent.
     pub fn unavailable(source: impl Into<BoxError>) -> Self {
         Self::Unavailable {
+            source: source.into(),
+        }
+    }
+
+    /// Wraps a backend's refusal of this request.
+    pub fn rejected(source: impl Into<BoxError>) -> Self {
+        Self::Rejected {
             source: source.into(),
         }
     }
@@ -130,7 +145,7 @@ impl StoreError {
             | Self::NoPolicies
             | Self::DuplicatePolicy { .. }
             | Self::Unsupported { .. } => ErrorScope::Request,
-            Self::Protocol { .. } => ErrorScope::Subject,
+            Self::Protocol { .. } | Self::Rejected { .. } => ErrorScope::Subject,
             Self::Full { .. } | Self::OutOfMemory { .. } => ErrorScope::NoRoom,
             Self::Timeout { .. } | Self::Unavailable { .. } | Self::OutcomeUnknown { .. } => {
                 ErrorScope::Store
@@ -166,7 +181,7 @@ impl StoreError {
 /// | scope | errors | the layer answers | circuit breaker |
 /// |---|---|---|---|
 /// | `Request` | [`StoreError::CostTooHigh`], [`StoreError::NoPolicies`], [`StoreError::DuplicatePolicy`], [`StoreError::Unsupported`] (and a subject or key too long, where a store refuses one) | `429` without `Retry-After`: the request can never be admitted | not counted |
-/// | `Subject` | [`StoreError::Protocol`]: a reply or stored value of one subject that does not parse (a Redis key of the wrong type, a script error) | this request alone by its failure policy (fail-open lets **this** request through, counted and logged) | not counted |
+/// | `Subject` | [`StoreError::Rejected`] (the backend refused this request: a Redis key of the wrong type, a script error; its error is the `source()`), [`StoreError::Protocol`] (a reply that does not parse) | this request alone by its failure policy (fail-open lets **this** request through, counted and logged) | not counted |
 /// | `NoRoom` | [`StoreError::Full`] (a `MemoryStore` at its bound told to deny), [`StoreError::OutOfMemory`] (Redis at `maxmemory` + `noeviction`, for a subject it does not hold) | denied: `429` with `Retry-After` (or `503`, if the layer is told so); **never** let through, whatever the failure policy | not counted |
 /// | `Store` | [`StoreError::Timeout`], [`StoreError::Unavailable`] (connection refused, `CLUSTERDOWN`, `LOADING`, `BUSY`, `MASTERDOWN`, `READONLY`, authentication), [`StoreError::OutcomeUnknown`] (connection lost mid-call) | the failure policy | counted |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -196,6 +211,7 @@ impl fmt::Display for StoreError {
             Self::Unavailable { source } => write!(f, "the store is unavailable ({source}); nothing was charged: check that the backend is running and reachable"),
             Self::OutcomeUnknown { source } => write!(f, "the store failed mid-call ({source}); the check may have been applied and was not retried"),
             Self::Unsupported { operation, detail } => write!(f, "{operation} is not supported: {detail}"),
+            Self::Rejected { source } => write!(f, "the store refused the check ({source}); check that the backend and tollgate versions match and that nothing else writes tollgate's keys"),
             Self::Protocol { detail } => write!(f, "the store sent an unexpected reply: {detail}; check that the backend and tollgate versions match"),
         }
     }
@@ -204,7 +220,9 @@ impl fmt::Display for StoreError {
 impl Error for StoreError {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
         match self {
-            Self::Unavailable { source } | Self::OutcomeUnknown { source } => Some(&**source),
+            Self::Unavailable { source }
+            | Self::OutcomeUnknown { source }
+            | Self::Rejected { source } => Some(&**source),
             _ => None,
         }
     }

@@ -142,6 +142,8 @@ pub struct Policy {
     limit: u64,
     period_us: u64,
     burst: Option<u64>,
+    /// `burst` or else `limit` (read on every check).
+    capacity: u64,
     /// Bucket algorithms: time is counted in units of `1 / scale` µs and a
     /// permit costs `increment` units (`scale = limit`, `increment = period`
     /// when exact). Window algorithms: `scale = limit`,
@@ -151,10 +153,48 @@ pub struct Policy {
     /// Sliding window: the unit (µs, a power of ten dividing the period) in
     /// which the previous window's weight is counted; 1 when exact.
     weight_unit_us: u64,
-    /// `increment / scale` when that is a whole number of microseconds,
-    /// else 0 (derived from the fields above; the memory store's GCRA hot
-    /// path needs no division with it).
-    interval_us: u64,
+    /// Derived from the fields above: what the memory store's GCRA hot
+    /// path needs so that it divides by nothing.
+    gcra: GcraConsts,
+}
+
+/// A bucket policy's magnitudes split into whole microseconds and
+/// remainders in units of `1 / scale` µs (ALGORITHMS.md, "MemoryStore's
+/// GCRA fast path"), computed once when the policy is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub(crate) struct GcraConsts {
+    /// `increment / scale`: the emission interval's whole microseconds.
+    pub(crate) interval_us: u64,
+    /// `increment % scale`: its fraction, in units.
+    pub(crate) interval_rem: u64,
+    /// `full = capacity × increment` (at most 2^52 for a bucket policy).
+    pub(crate) full: u64,
+    /// `full / scale` and `full % scale`.
+    pub(crate) full_us: u64,
+    pub(crate) full_rem: u64,
+    /// `ceil(full / scale)` and the clock tolerance beyond it,
+    /// `max(ceil(full / scale), 1 s)`: a TAT further ahead than their sum
+    /// is clamped by the reference.
+    pub(crate) full_ceil_us: u64,
+    pub(crate) tolerance_us: u64,
+}
+
+impl GcraConsts {
+    fn of(scale: u64, increment: u64, capacity: u64) -> Self {
+        // `scale` is at least 1; the product saturates only for policies
+        // that are not buckets (which never use these).
+        let full = capacity.saturating_mul(increment);
+        let full_ceil_us = full.div_ceil(scale);
+        Self {
+            interval_us: increment / scale,
+            interval_rem: increment % scale,
+            full,
+            full_us: full / scale,
+            full_rem: full % scale,
+            full_ceil_us,
+            tolerance_us: full_ceil_us.max(1_000_000),
+        }
+    }
 }
 
 impl fmt::Debug for Policy {
@@ -209,13 +249,10 @@ impl Policy {
         &self.name
     }
 
-    /// The time between two permits in whole microseconds, when it is one.
-    pub(crate) const fn whole_interval_micros(&self) -> Option<u64> {
-        if self.interval_us == 0 {
-            None
-        } else {
-            Some(self.interval_us)
-        }
+    /// The GCRA fast path's precomputed magnitudes.
+    #[inline(always)]
+    pub(crate) const fn gcra_consts(&self) -> &GcraConsts {
+        &self.gcra
     }
 
     /// How the bucket algorithms (GCRA, token bucket, leaky bucket) count
@@ -303,10 +340,7 @@ impl Policy {
     /// algorithms. A cost above this is an error, never a silent denial.
     #[must_use]
     pub const fn capacity(&self) -> u64 {
-        match self.burst {
-            Some(burst) => burst,
-            None => self.limit,
-        }
+        self.capacity
     }
 }
 
@@ -448,15 +482,12 @@ impl PolicyBuilder {
             limit,
             period_us,
             burst,
+            capacity: burst.unwrap_or(limit),
             scale,
             increment,
             weight_unit_us,
             // `scale` is at least 1 here.
-            interval_us: if increment % scale == 0 {
-                increment / scale
-            } else {
-                0
-            },
+            gcra: GcraConsts::of(scale, increment, burst.unwrap_or(limit)),
         })
     }
 }

@@ -198,10 +198,12 @@ fn concurrent_checks_on_a_moving_clock_never_exceed_the_rate() {
 
 #[test]
 fn gcra_charges_are_exact_whether_or_not_the_interval_is_whole_microseconds() {
-    // 60 s / 1000 is 60 ms, a whole number of microseconds: known subjects
-    // are charged under a read lock by compare-and-swap. 60 s / 7 is not,
-    // and takes the locked path. Both must admit exactly the burst.
-    for limit in [1_000, 7] {
+    // 60 s / 1000 is 60 ms, a whole number of microseconds, and 60 s / 7
+    // is not: known subjects of both are charged under a read lock by
+    // compare-and-swap (the fraction, in sevenths, packs beside the TAT).
+    // 60 s / 7001 leaves fractions up to 7000, which do not pack, and
+    // takes the locked path. All must admit exactly the burst.
+    for limit in [1_000, 7, 7_001] {
         let store = MemoryStore::with_clock(ManualClock::new(T0));
         let policies = [Policy::per_minute(limit).build().unwrap()];
         let admitted = AtomicU64::new(0);

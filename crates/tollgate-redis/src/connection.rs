@@ -588,9 +588,7 @@ fn classify(error: RedisError, connection: &Connection, timeout: Duration) -> Fa
             connection.mark_broken();
             Failure::Fail(StoreError::outcome_unknown(error))
         }
-        _ => Failure::Fail(StoreError::Protocol {
-            detail: error.to_string(),
-        }),
+        _ => Failure::Fail(StoreError::rejected(error)),
     }
 }
 

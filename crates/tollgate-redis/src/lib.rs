@@ -225,7 +225,8 @@
 //! | [`StoreError::Timeout`](tollgate_core::StoreError::Timeout) | the script was sent and no answer came in time: it may have run | `Store` |
 //! | [`StoreError::OutcomeUnknown`](tollgate_core::StoreError::OutcomeUnknown) | the connection broke mid-call: the script may have run | `Store` |
 //! | [`StoreError::OutOfMemory`](tollgate_core::StoreError::OutOfMemory) | Redis is at `maxmemory` with `noeviction` and the subject holds no key: nothing was charged | `NoRoom` (denied, never let through) |
-//! | [`StoreError::Protocol`](tollgate_core::StoreError::Protocol) | a reply of the wrong shape or a script error (for example a key of the wrong type) | `Subject` |
+//! | [`StoreError::Rejected`](tollgate_core::StoreError::Rejected) | Redis answered the call with an error (a script error, a command it does not know); the redis-rs error is the `source()` | `Subject` |
+//! | [`StoreError::Protocol`](tollgate_core::StoreError::Protocol) | a reply of the wrong shape (another tollgate-redis version's library?) | `Subject` |
 //!
 //! **Out of memory.** At `maxmemory` with `noeviction`, Redis refuses a
 //! script at its first write with `OOM`, so nothing was charged. The store
@@ -241,7 +242,7 @@
 //! `MemoryStore` that denies. OOM is not an outage: the circuit breaker
 //! stays closed and held subjects stay exact. Redis before 7 does not
 //! know the `#!lua` line; there the retry fails as a script error
-//! (`Protocol`), for that request alone.
+//! (`Rejected`), for that request alone.
 //!
 //! A call that may have run is never sent again (that would charge twice);
 //! only calls the server proves it did not run (`NOSCRIPT`, `MOVED`, `ASK`,
@@ -307,7 +308,9 @@ mod builder;
 mod cell;
 mod charge;
 mod connection;
+mod env;
 mod errors;
+mod fast;
 mod functions;
 mod limiter;
 mod redact;
@@ -321,6 +324,7 @@ pub use builder::{
     DEFAULT_TIMEOUT, MAX_PREFIX_LEN,
 };
 pub use cell::{ThrottleCallError, THROTTLE_POLICY_NAME};
+pub use env::store_from_env;
 pub use errors::{BuildError, ACL_CLUSTER_COMMANDS, ACL_COMMANDS};
 pub use functions::CallPath;
 pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError, RateType, DEFAULT_KEEP_ALIVE};

@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 use redis::Cmd;
 
 use smallvec::SmallVec;
-use tollgate_core::{Algorithm, LeakyMode, StoreError};
+use tollgate_core::{Algorithm, LeakyMode, Policy, StoreError};
 
 use crate::functions::PathState;
 
@@ -250,6 +250,9 @@ pub(crate) struct Library {
     check: LuaScript,
     /// A peek (`FCALL_RO`, declared `no-writes`).
     peek: LuaScript,
+    /// The one-policy GCRA check of a whole-microsecond policy
+    /// ([`Library::fast_gcra`]); its allow-oom twin is `gcra_oom`.
+    gcra: LuaScript,
     /// A post-charge (charge.lua, `FCALL`).
     charge: LuaScript,
 }
@@ -268,7 +271,7 @@ impl Library {
         let hash = redis::Script::new(&body).get_hash().to_owned();
         let name = format!("tollgate_{}", &hash[..12]);
         let source: Arc<str> = format!(
-            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_CHARGE = '{name}_check', '{name}_peek', '{name}_oom', '{name}_charge'\n{body}"
+            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_CHARGE = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_charge'\n{body}"
         )
         .into();
         let function = |suffix: &str| LuaScript {
@@ -279,9 +282,12 @@ impl Library {
         };
         let mut check = function("check");
         check.allow_oom = Some(Arc::new(function("oom")));
+        let mut gcra = function("gcra");
+        gcra.allow_oom = Some(Arc::new(function("gcra_oom")));
         Self {
             check,
             peek: function("peek"),
+            gcra,
             charge: function("charge"),
             name: name.into(),
         }
@@ -304,6 +310,29 @@ impl Library {
     /// The post-charge function.
     pub(crate) fn charge_function(&self) -> &LuaScript {
         &self.charge
+    }
+
+    /// The fast GCRA function and its argument
+    /// (`<limit>:<period_us>:<capacity>:<cost>`) when a check can take it:
+    /// one GCRA policy whose emission interval is a whole number of
+    /// microseconds and whose `capacity × period` is exact in Lua, with a
+    /// cost of at least 1 (ALGORITHMS.md, "The Redis fast path").
+    pub(crate) fn fast_gcra(&self, policies: &[Policy], cost: u64) -> Option<&LuaScript> {
+        let [policy] = policies else {
+            return None;
+        };
+        let (limit, period) = (policy.limit(), policy.period_micros());
+        let fits = policy.algorithm() == Algorithm::Gcra
+            && cost >= 1
+            && cost <= policy.capacity()
+            && limit >= 1
+            && period % limit == 0
+            && policy.emission_interval() == (limit, period)
+            && policy
+                .capacity()
+                .checked_mul(period)
+                .is_some_and(|product| product <= tollgate_core::MAX_MAGNITUDE);
+        fits.then_some(&self.gcra)
     }
 
     /// The plan argument: one letter per policy.

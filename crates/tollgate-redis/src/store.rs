@@ -269,6 +269,12 @@ impl RedisStore {
     ) -> Result<CheckFuture, StoreError> {
         validate_check(policies, cost)?;
         let path = self.call_path();
+        if path != CallPath::Evalsha {
+            if let Some(script) = self.inner.scripts.library().fast_gcra(policies, cost) {
+                let script = script.clone();
+                return Ok(self.fast_gcra_future(script, subject, &policies[0], cost));
+            }
+        }
         let (script, plan) = match path {
             CallPath::Evalsha => (
                 self.inner

@@ -18,9 +18,9 @@
 use std::error::Error;
 use std::net::SocketAddr;
 
-use tollgate::redis::{redact_url, RedisStore};
+use tollgate::redis::store_from_env;
 use tollgate::tower::{PeerIp, RateLimitLayer};
-use tollgate::{BoxStore, MemoryStore, Policy};
+use tollgate::{BoxStore, Policy};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};
 use tonic_health::pb::health_client::HealthClient;
@@ -39,18 +39,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .init();
     // Picked at start-up; `BoxStore` holds either store, so `run` is not
     // generic.
-    let store = match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => {
-            let store = RedisStore::builder().url(&url).build().await?;
-            store
-                .ping()
-                .await
-                .map_err(|e| format!("cannot reach Redis at {}: {e}", redact_url(&url)))?;
-            println!("state in Redis at {}", redact_url(&url));
-            BoxStore::new(store)
-        }
-        _ => BoxStore::new(MemoryStore::new()),
-    };
+    let store = store_from_env("REDIS_URL").await?;
     run(store).await
 }
 

@@ -20,9 +20,9 @@ use http::{Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tollgate::redis::{redact_url, RedisStore};
+use tollgate::redis::store_from_env;
 use tollgate::tower::{PeerIp, RateLimitLayer};
-use tollgate::{MemoryStore, Policy, Store};
+use tollgate::{BoxStore, Policy};
 use tower::{Layer, ServiceExt};
 
 async fn hello(_request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
@@ -41,21 +41,11 @@ async fn main() -> Result<(), Box<dyn Error>> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => {
-            let store = RedisStore::builder().url(&url).build().await?;
-            store
-                .ping()
-                .await
-                .map_err(|e| format!("cannot reach Redis at {}: {e}", redact_url(&url)))?;
-            println!("state in Redis at {}", redact_url(&url));
-            run(store).await
-        }
-        _ => run(MemoryStore::new()).await,
-    }
+    // Redis when REDIS_URL holds a URL, else process memory.
+    run(store_from_env("REDIS_URL").await?).await
 }
 
-async fn run<St: Store>(store: St) -> Result<(), Box<dyn Error>> {
+async fn run(store: BoxStore) -> Result<(), Box<dyn Error>> {
     let layer = RateLimitLayer::builder(store)
         .policy(Policy::per_second(1).burst(2).name("hyper").build()?)
         .key(PeerIp::new())

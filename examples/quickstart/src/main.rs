@@ -29,9 +29,9 @@ use std::net::SocketAddr;
 
 use axum::routing::get;
 use axum::Router;
-use tollgate::redis::{redact_url, RedisStore};
+use tollgate::redis::store_from_env;
 use tollgate::tower::{ClientIp, KeyExtractor, PeerIp, RateLimitLayer};
-use tollgate::{MemoryStore, Policy, Store};
+use tollgate::{BoxStore, Policy};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
@@ -54,6 +54,10 @@ async fn main() -> Result<(), Box<dyn Error>> {
     };
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
 
+    // Redis when REDIS_URL holds a URL, else process memory; one type
+    // either way, so nothing below is generic over the store.
+    let store = store_from_env("REDIS_URL").await?;
+
     match std::env::var("TRUSTED_PROXIES") {
         Ok(networks) if !networks.is_empty() => {
             let networks = networks
@@ -65,43 +69,17 @@ async fn main() -> Result<(), Box<dyn Error>> {
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             println!("client IP read from X-Forwarded-For behind {networks:?}");
-            with_store(ClientIp::trusting(networks), policy, addr).await
+            serve(store, ClientIp::trusting(networks), policy, addr).await
         }
-        _ => with_store(PeerIp::new(), policy, addr).await,
+        _ => serve(store, PeerIp::new(), policy, addr).await,
     }
 }
 
-async fn with_store<K: KeyExtractor>(
+async fn serve<K: KeyExtractor>(
+    store: BoxStore,
     key: K,
     policy: Policy,
     addr: SocketAddr,
-) -> Result<(), Box<dyn Error>> {
-    match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => {
-            let store = RedisStore::builder().url(&url).build().await?;
-            store
-                .ping()
-                .await
-                .map_err(|e| format!("cannot reach Redis at {}: {e}", redact_url(&url)))?;
-            serve(
-                store,
-                key,
-                policy,
-                addr,
-                &format!("Redis at {}", redact_url(&url)),
-            )
-            .await
-        }
-        _ => serve(MemoryStore::new(), key, policy, addr, "process memory").await,
-    }
-}
-
-async fn serve<St: Store, K: KeyExtractor>(
-    store: St,
-    key: K,
-    policy: Policy,
-    addr: SocketAddr,
-    store_name: &str,
 ) -> Result<(), Box<dyn Error>> {
     let layer = RateLimitLayer::builder(store)
         .policy(policy.clone())
@@ -117,7 +95,7 @@ async fn serve<St: Store, K: KeyExtractor>(
         listener.local_addr()?
     );
     println!(
-        "policy {:?}: {} requests per {} s per client ({}), state in {store_name}",
+        "policy {:?}: {} requests per {} s per client ({})",
         policy.name(),
         policy.limit(),
         policy.period().as_secs(),

@@ -33,9 +33,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
 use http::StatusCode;
-use tollgate::redis::{redact_url, RedisStore};
+use tollgate::redis::store_from_env;
 use tollgate::tower::{BearerToken, MissingKey, RateLimitInfo, RateLimitLayer, User};
-use tollgate::{BoxStore, MemoryStore, Policy};
+use tollgate::{BoxStore, Policy};
 
 /// The authenticated user, put in the extensions by `authenticate`.
 #[derive(Debug, Clone)]
@@ -108,21 +108,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .init();
     // The store is picked at start-up; `BoxStore` holds either, so nothing
     // below is generic over it.
-    let store = match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => {
-            let store = RedisStore::builder().url(&url).build().await?;
-            store
-                .ping()
-                .await
-                .map_err(|e| format!("cannot reach Redis at {}: {e}", redact_url(&url)))?;
-            println!("state in Redis at {}", redact_url(&url));
-            BoxStore::new(store)
-        }
-        _ => {
-            println!("state in process memory (set REDIS_URL to share it)");
-            BoxStore::new(MemoryStore::new())
-        }
-    };
+    let store = store_from_env("REDIS_URL").await?;
     serve(store).await
 }
 

@@ -55,7 +55,8 @@ pub enum FailureKind {
     Unavailable,
     /// [`StoreError::OutcomeUnknown`]: the connection broke mid-call.
     OutcomeUnknown,
-    /// [`StoreError::Protocol`]: an unexpected reply.
+    /// [`StoreError::Protocol`] or [`StoreError::Rejected`]: an unexpected
+    /// reply, or an error Redis answered.
     Protocol,
     /// [`StoreError::Full`] or a request error (cost, policies).
     Other,
@@ -69,7 +70,7 @@ impl FailureKind {
             StoreError::Timeout { .. } => Self::Timeout,
             StoreError::Unavailable { .. } => Self::Unavailable,
             StoreError::OutcomeUnknown { .. } => Self::OutcomeUnknown,
-            StoreError::Protocol { .. } => Self::Protocol,
+            StoreError::Protocol { .. } | StoreError::Rejected { .. } => Self::Protocol,
             _ => Self::Other,
         }
     }

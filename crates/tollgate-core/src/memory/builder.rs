@@ -28,7 +28,9 @@ pub struct MemoryStoreBuilder {
 impl Default for MemoryStoreBuilder {
     fn default() -> Self {
         Self {
-            clock: StoreClock::Fast,
+            // The first reading calibrates the counter (under a
+            // millisecond): paid here rather than on the first check.
+            clock: StoreClock::Fast(Counter::global()),
             shards: None,
             max_keys: Some(DEFAULT_MAX_KEYS),
             when_full: WhenFull::default(),
@@ -37,7 +39,7 @@ impl Default for MemoryStoreBuilder {
 }
 
 impl MemoryStoreBuilder {
-    /// Reads time from `clock` instead of the [`FastClock`] (pass
+    /// Reads time from `clock` instead of the [`FastClock`](crate::FastClock) (pass
     /// [`SystemClock`](crate::SystemClock) to read `SystemTime` on every
     /// check). Pass a clone
     /// of a [`ManualClock`](crate::ManualClock) to drive time in tests.
@@ -85,11 +87,6 @@ impl MemoryStoreBuilder {
     /// Builds the store.
     #[must_use]
     pub fn build(self) -> MemoryStore {
-        if let StoreClock::Fast = self.clock {
-            // The first reading calibrates the counter (under a
-            // millisecond): pay it here rather than on the first check.
-            let _ = FastClock.now_micros();
-        }
         let shards = self
             .shards
             .unwrap_or_else(|| {

@@ -42,11 +42,12 @@ impl Shard {
         let hot = self.hot_tat.load(Ordering::Relaxed);
         let index = self.find(hash, key);
         let entry = index.and_then(|index| self.table.get_bucket(index));
+        let names = &self.names;
         let steps: SmallVec<[Step; 2]> = policies
             .iter()
             .map(|policy| {
                 let state =
-                    entry.and_then(|entry| entry.live_state(policy.shared_name(), now, hot));
+                    entry.and_then(|entry| entry.live_state(names, policy.shared_name(), now, hot));
                 // `validate_charge` refused the algorithms without a
                 // charge; were one to come through, it is only peeked.
                 algorithms::charge(policy, state.as_deref(), now, cost)
@@ -62,11 +63,10 @@ impl Shard {
             for (policy, step) in policies.iter().zip(steps) {
                 if let Some(state) = step.new_state {
                     let name = policy.shared_name();
-                    let position = entry.slot(name);
-                    entry.write(names, position, name, state, step.expires_at_us);
+                    entry.write(names, name, state, step.expires_at_us, hot);
                 }
             }
-            entry.refresh(now, hot);
+            entry.refresh(names, now);
         };
         match index.and_then(|index| self.table.get_bucket_mut(index)) {
             Some(entry) => {
@@ -75,7 +75,7 @@ impl Shard {
                 self.note_expiry(expires_at_us);
             }
             None => {
-                let mut entry = Entry::new(key);
+                let mut entry = Entry::empty(key);
                 apply(&mut entry, &mut self.names);
                 self.insert(inner, hash, entry, now)?;
             }

@@ -1,15 +1,17 @@
 //! The GCRA fast path: the charge of a known subject under the shard's
-//! read lock by compare-and-swap, the division-free arithmetic it uses,
+//! read lock by compare-and-swap, the division-free arithmetic it uses
+//! on a packed TAT (whole or fractional emission intervals),
 //! the `u64` GCRA of the general path, and the shard's hot slot (see
 //! "The GCRA hot path" in the module docs).
 
+use super::entry::{pack, packed_expiry, unpack};
 use super::*;
 
 impl MemoryStore {
     /// The hot path: a GCRA charge of a subject whose only state is a
-    /// [`SlotState::Tat`] of this policy, made under the shard's read lock
-    /// by compare-and-swap. `None` (having changed nothing) for everything
-    /// else, which takes the general path.
+    /// compact [`Body::Tat`] of this policy, made under the shard's read
+    /// lock by compare-and-swap. `None` (having changed nothing) for
+    /// everything else, which takes the general path.
     #[inline(always)]
     pub(super) fn charge_known_gcra(
         &self,
@@ -22,35 +24,60 @@ impl MemoryStore {
         if policy.algorithm() != Algorithm::Gcra || cost == 0 {
             return None;
         }
-        let interval = policy.whole_interval_micros()?;
         let inner = &*self.inner;
         let lock = inner.shard(hash);
         let shard = lock.read();
-        let (charged, promote) = shard.charge_known_gcra(hash, key, policy, interval, now, cost)?;
+        let (charged, promote) = shard.charge_known_gcra(hash, key, policy, now, cost)?;
+        // Every `SWEEP_EVERY`-th fast-path charge of a shard sweeps a
+        // shard, taking them in turn from this one (so that one busy
+        // subject keeps every shard swept). The count is a load and a store
+        // on the cache line the read lock has just written: no shared line
+        // is added, and two threads may count one charge (a sweep then
+        // comes a little later).
+        let ops = shard.hot_ops.load(Ordering::Relaxed).wrapping_add(1);
+        shard.hot_ops.store(ops, Ordering::Relaxed);
         drop(shard);
-        if promote {
-            lock.write().promote(hash, key, policy, now);
-        }
-        // These charges count towards sweeps per thread rather than per
-        // shard (a shared counter would be written on every charge): every
-        // `SWEEP_EVERY`-th charge on a thread sweeps a shard, taking the
-        // shards in turn rather than the one charged, so that no traffic
-        // pattern can leave a shard unswept.
-        if let Some(turn) = hot_tick() {
-            // Looked at under the read lock first: a write lock would stop
-            // the shard's other readers even when there is nothing to do.
-            let target = &inner.shards[turn & inner.shard_mask];
-            if target.read().min_expires_at_us <= now {
-                let freed = target.write().sweep_some(inner, now);
-                inner.forget(freed);
-            }
+        let sweep = ops.is_multiple_of(SWEEP_EVERY);
+        if promote || sweep {
+            let turn = sweep.then_some((ops / SWEEP_EVERY) as usize);
+            Self::after_charge(inner, lock, promote, turn, hash, key, policy, now);
         }
         // The figures of an admission are computed after the lock is let
         // go.
         Some(match charged {
             TatCharge::Denied(decision) => decision,
-            TatCharge::Admitted(new_tat_us) => tat_admitted(policy, interval, new_tat_us, now),
+            TatCharge::Admitted(packed) => tat_admitted(policy, packed, now),
         })
+    }
+
+    /// What a fast-path charge leaves for the write lock: making its
+    /// subject the hot slot, or the sweep of the shard `turn` shards on
+    /// from its own.
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn after_charge(
+        inner: &Inner,
+        lock: &ShardLock,
+        promote: bool,
+        turn: Option<usize>,
+        hash: u64,
+        key: &[u8],
+        policy: &Policy,
+        now: u64,
+    ) {
+        if promote {
+            lock.write().promote(hash, key, policy, now);
+        }
+        if let Some(turn) = turn {
+            let target = &inner.shards[(inner.shard_index(hash) + turn) & inner.shard_mask];
+            // Looked at under the read lock first: a write lock would stop
+            // the shard's other readers even when there is nothing to do.
+            if target.read().min_expires_at_us <= now {
+                let freed = target.write().sweep_some(inner, now);
+                inner.forget(freed);
+            }
+        }
     }
 }
 
@@ -159,79 +186,96 @@ pub(super) fn gcra_fast(
     })
 }
 
-thread_local! {
-    /// Hot-path charges on this thread: every [`SWEEP_EVERY`]-th sweeps.
-    static HOT_OPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-/// Counts a hot-path charge. Every [`SWEEP_EVERY`]-th on this thread, the
-/// number of sweeps this thread made before, which picks the shard to
-/// sweep. One counter, so the common case is a load, an add, a store and
-/// a test.
-#[inline(always)]
-pub(super) fn hot_tick() -> Option<usize> {
-    HOT_OPS.with(|cell| {
-        let ops = cell.get().wrapping_add(1);
-        cell.set(ops);
-        (ops % u64::from(SWEEP_EVERY) == 0).then(|| (ops / u64::from(SWEEP_EVERY) - 1) as usize)
-    })
-}
-
-/// What a GCRA charge does to a [`SlotState::Tat`].
+/// What a GCRA charge does to a packed TAT.
 pub(super) enum TatCharge {
-    /// Admitted: the new TAT.
+    /// Admitted: the new packed TAT.
     Admitted(u64),
     Denied(Decision),
 }
 
-/// A GCRA charge of `cost > 0` on the TAT `tat_us` of a policy whose
-/// emission interval is `interval` whole microseconds: [`gcra_fast`] with
-/// `L` cancelled out of every span, so admitting takes no division and
-/// denying one (for the whole costs left). `None`
-/// where an intermediate would overflow (the caller takes the general path).
+/// A GCRA charge of `cost > 0` on the packed TAT `packed` (`ALGORITHMS.md`,
+/// "MemoryStore's GCRA fast path"): [`gcra_fast`] with every span kept as
+/// whole microseconds and a remainder in units of `1 / scale` µs, using
+/// the policy's precomputed [`GcraConsts`](crate::policy::GcraConsts), so
+/// that admitting divides by nothing (unless a cost above 1 carries a
+/// fraction) and denying divides once (for the whole costs left). `None`
+/// where the reference must decide (a fraction not below the scale, a TAT
+/// it would clamp, a TAT the packing cannot hold).
 #[inline(always)]
 pub(super) fn tat_charge(
     policy: &Policy,
-    interval: u64,
-    tat_us: u64,
+    packed: u64,
     now_us: u64,
     cost: u64,
 ) -> Option<TatCharge> {
-    let full = policy.capacity().checked_mul(interval)?;
-    // A TAT in the past is the same as no state (so an expired slot needs
-    // no telling apart). One further ahead than the policy can leave is
-    // clamped, and written back, by the reference.
-    let ahead = tat_us.saturating_sub(now_us);
-    if ahead.saturating_sub(full) > full.max(1_000_000) {
+    let g = policy.gcra_consts();
+    let (scale, period) = policy.emission_interval();
+    let (tat_us, tat_rem) = unpack(packed);
+    if tat_rem >= scale {
         return None;
     }
-    let span = ahead.checked_add(cost.checked_mul(interval)?)?;
-    if span > full {
-        // Denials write nothing. Their figures are those of the reference
-        // with `L` cancelled out as well (every span is a multiple of it):
-        // the wait until the span fits, the whole costs left below the
-        // capacity, and the time until the TAT is reached.
-        let remaining = full.saturating_sub(ahead) / interval;
-        let decision = Decision::denied_us(policy.capacity(), remaining, span - full, ahead);
+    // A TAT in the past is the same as no state (so an expired entry needs
+    // no telling apart): `tat_us + tat_rem / scale >= now` exactly when
+    // `tat_us >= now`.
+    let (ahead, ahead_rem) = if tat_us >= now_us {
+        (tat_us - now_us, tat_rem)
+    } else {
+        (0, 0)
+    };
+    // Further ahead than the policy can leave, beyond the clock tolerance:
+    // the reference clamps it and writes the repair.
+    if ahead.saturating_sub(g.full_ceil_us) > g.tolerance_us {
+        return None;
+    }
+    // The span after the charge, `span_old + cost · increment`, as whole
+    // microseconds and a remainder below the scale. Every term is below
+    // 2^54 (the capacity times the increment is at most 2^52).
+    let mut new_rem = ahead_rem + cost * g.interval_rem;
+    let mut new_ahead = ahead + cost * g.interval_us;
+    if new_rem >= scale {
+        if cost == 1 {
+            new_rem -= scale;
+            new_ahead += 1;
+        } else {
+            new_ahead += new_rem / scale;
+            new_rem %= scale;
+        }
+    }
+    if new_ahead > g.full_us || (new_ahead == g.full_us && new_rem > g.full_rem) {
+        // Denials write nothing. Their figures are the reference's: the
+        // wait until the span fits (`span_new − full`, rounded up to a
+        // microsecond), the whole costs left below the capacity, and the
+        // time until the TAT is reached (rounded up).
+        let (over_us, over_rem) = if new_rem >= g.full_rem {
+            (new_ahead - g.full_us, new_rem - g.full_rem)
+        } else {
+            // `new_ahead > full_us` here.
+            (new_ahead - g.full_us - 1, new_rem + scale - g.full_rem)
+        };
+        let retry_after = over_us + u64::from(over_rem > 0);
+        let remaining = g.full.saturating_sub(ahead * scale + ahead_rem) / period;
+        let reset_after = ahead + u64::from(ahead_rem > 0);
+        let decision = Decision::denied_us(policy.capacity(), remaining, retry_after, reset_after);
         return Some(TatCharge::Denied(decision));
     }
-    Some(TatCharge::Admitted(now_us.checked_add(span)?))
+    Some(TatCharge::Admitted(pack(
+        now_us.checked_add(new_ahead)?,
+        new_rem,
+    )?))
 }
 
 /// The decision of an admitting [`tat_charge`] that moved the TAT to
-/// `new_tat_us`.
+/// `packed`.
 #[inline(always)]
-pub(super) fn tat_admitted(
-    policy: &Policy,
-    interval: u64,
-    new_tat_us: u64,
-    now_us: u64,
-) -> Decision {
-    let capacity = policy.capacity();
-    // `tat_charge` checked `span <= capacity · interval` without overflow.
-    let span = new_tat_us - now_us;
-    let remaining = (capacity * interval - span) / interval;
-    Decision::allowed_us(capacity, remaining, span)
+pub(super) fn tat_admitted(policy: &Policy, packed: u64, now_us: u64) -> Decision {
+    let (scale, period) = policy.emission_interval();
+    let full = policy.gcra_consts().full;
+    let (tat_us, tat_rem) = unpack(packed);
+    // `tat_charge` checked `span <= full` (at most 2^52) with `tat_us >= now`.
+    let ahead = tat_us - now_us;
+    let span = ahead * scale + tat_rem;
+    let remaining = (full - span) / period;
+    Decision::allowed_us(policy.capacity(), remaining, ahead + u64::from(tat_rem > 0))
 }
 
 impl Shard {
@@ -252,51 +296,49 @@ impl Shard {
         let Some(hash) = self.hot_hash.take() else {
             return;
         };
-        let tat_us = self.hot_tat.load(Ordering::Relaxed);
+        let packed = self.hot_tat.load(Ordering::Relaxed);
         if let Some(entry) = self.table.find_mut(hash, Entry::is_hot) {
-            for slot in &mut entry.slots {
-                if slot.is_hot() {
-                    slot.state = SlotState::Tat(AtomicU64::new(tat_us));
-                }
+            if let Body::Hot { name } = entry.body {
+                entry.body = Body::Tat {
+                    name,
+                    tat: AtomicU64::new(packed),
+                };
             }
         }
     }
 
-    /// Makes `key`'s slot the shard's hot slot, after hot-path charges of it
-    /// met one another; unless another live subject holds it (no
+    /// Makes `key`'s entry the shard's hot slot, after fast-path charges of
+    /// it met one another; unless another live subject holds it (no
     /// ping-pong between two busy subjects of one shard).
     #[cold]
     #[inline(never)]
     pub(super) fn promote(&mut self, hash: u64, key: &[u8], policy: &Policy, now: u64) {
         if self.hot_hash.is_some() {
-            if self.hot_tat.load(Ordering::Relaxed) > now {
+            if packed_expiry(self.hot_tat.load(Ordering::Relaxed)) > now {
                 return;
             }
             self.demote();
         }
-        let Some(entry) = self.table.find_mut(hash, |e| e.key.as_slice() == key) else {
+        let Some(entry) = self.table.find_mut(hash, |e| e.key.matches(key)) else {
             return;
         };
-        let [slot] = &mut *entry.slots else {
+        let Body::Tat { name, tat } = &entry.body else {
             return;
         };
-        let SlotState::Tat(tat) = &slot.state else {
-            return;
-        };
-        if !same_name(&slot.policy, policy.shared_name()) {
+        if !name.is(&self.names, policy.shared_name()) {
             return;
         }
-        let tat_us = tat.load(Ordering::Relaxed);
-        slot.state = SlotState::Hot;
-        self.hot_tat.store(tat_us, Ordering::Relaxed);
+        let packed = tat.load(Ordering::Relaxed);
+        entry.body = Body::Hot { name: *name };
+        self.hot_tat.store(packed, Ordering::Relaxed);
         self.hot_hash = Some(hash);
     }
 
     /// See [`MemoryStore::charge_known_gcra`]. Under the read lock: the
     /// TAT is replaced by compare-and-swap, so charges of different
     /// subjects in one shard, and of one subject, proceed together. It
-    /// neither counts towards a sweep nor lowers the shard's least expiry
-    /// (a charge only moves a TAT later), so it writes nothing else.
+    /// never lowers the shard's least expiry (a charge only moves a TAT
+    /// later).
     ///
     /// Also says whether the subject should become the shard's hot slot:
     /// when its swap lost to another thread's.
@@ -306,40 +348,36 @@ impl Shard {
         hash: u64,
         key: &[u8],
         policy: &Policy,
-        interval: u64,
         now: u64,
         cost: u64,
     ) -> Option<(TatCharge, bool)> {
-        let entry = self.table.get_bucket(self.find(hash, key)?)?;
-        let [slot] = &*entry.slots else {
-            return None;
+        let entry = self.table.find(hash, |entry| entry.key.matches(key))?;
+        let (name, cell, hot) = match &entry.body {
+            Body::Tat { name, tat } => (*name, tat, false),
+            Body::Hot { name } => (*name, &self.hot_tat, true),
+            Body::Slots(_) => return None,
         };
-        let (cell, hot) = match &slot.state {
-            SlotState::Tat(cell) => (cell, false),
-            SlotState::Hot => (&self.hot_tat, true),
-            SlotState::Other { .. } => return None,
-        };
-        if !same_name(&slot.policy, policy.shared_name()) {
+        if !name.is(&self.names, policy.shared_name()) {
             return None;
         }
         let mut contended = false;
-        let mut tat_us = cell.load(Ordering::Acquire);
+        let mut packed = cell.load(Ordering::Acquire);
         loop {
-            match tat_charge(policy, interval, tat_us, now, cost)? {
+            match tat_charge(policy, packed, now, cost)? {
                 denied @ TatCharge::Denied(_) => return Some((denied, false)),
-                TatCharge::Admitted(new_tat_us) => {
+                TatCharge::Admitted(new_packed) => {
                     match cell.compare_exchange_weak(
-                        tat_us,
-                        new_tat_us,
+                        packed,
+                        new_packed,
                         Ordering::AcqRel,
                         Ordering::Acquire,
                     ) {
                         // The figures are computed by the caller, to keep
                         // the window between load and swap short.
-                        Ok(_) => return Some((TatCharge::Admitted(new_tat_us), contended && !hot)),
+                        Ok(_) => return Some((TatCharge::Admitted(new_packed), contended && !hot)),
                         Err(current) => {
-                            contended |= current != tat_us;
-                            tat_us = current;
+                            contended |= current != packed;
+                            packed = current;
                         }
                     }
                 }

@@ -2,9 +2,10 @@
 //! [`Store`] impl and the bound ([`DEFAULT_MAX_KEYS`], [`WhenFull`]).
 //!
 //! The rest lives by concern, so a reader can change one without reading
-//! the others: `table.rs` (keys, entries, slots, a shard and the general
-//! path under its write lock), `fast.rs` (the GCRA fast path under the read
-//! lock and the hot slot), `sweep.rs` (sweeps, purges, eviction, room across
+//! the others: `entry.rs` (what a subject's entry holds: its key, its
+//! compact GCRA form and its general form), `table.rs` (a shard and the
+//! general path under its write lock), `fast.rs` (the GCRA fast path under
+//! the read lock and the hot slot), `sweep.rs` (sweeps, purges, eviction, room across
 //! shards) and `builder.rs` ([`MemoryStoreBuilder`]).
 //!
 //! # Layout
@@ -14,9 +15,13 @@
 //! stored in the table itself: a lookup reads a group of control bytes and
 //! then the entry, two dependent memory accesses. (A dense `Vec` of entries
 //! behind a table of positions holds less memory but adds a third access,
-//! and measured slower at a million subjects.) An entry is one subject: its
-//! key and one slot (policy name, algorithm state) per policy that has
-//! charged it. The subject's hash
+//! and measured slower at a million subjects.) An entry is one subject, in
+//! 40 bytes: its key (inline up to 22 bytes), and either the compact form
+//! (one GCRA state, its TAT packed into one atomic word, and the index and
+//! address of its policy's name among the shard's interned names, so that
+//! the fast path recognises the policy by one comparison) or a boxed list of
+//! slots (policy name, algorithm state, expiry) for anything else. The
+//! subject's hash
 //! picks the shard, so every policy of one subject sits behind one lock and
 //! a multi-policy check is one critical section under the write lock: every
 //! policy's [`algorithms::check`] is computed first and the new states are
@@ -25,23 +30,24 @@
 //! The subject is hashed once per call; the same hash picks the shard (from
 //! high bits) and the bucket (hashbrown uses the low bits and the top
 //! seven). A lookup borrows the caller's `&str` and allocates nothing; only
-//! a new subject may allocate (its key when longer than 24 bytes, and its
-//! list of slots when it has more than one policy; policy names are
-//! shared). An entry is 96 bytes plus those allocations.
+//! a new subject may allocate (its key when longer than 22 bytes, and its
+//! list of slots when it is not in the compact form; policy names are
+//! shared). An entry is 40 bytes plus those allocations.
 //!
 //! # The GCRA hot path
 //!
-//! A GCRA state whose TAT has no fraction of a microsecond (every state of
-//! a policy whose emission interval `period / limit` is whole, such as ten
-//! per second or a thousand per minute) is kept as one [`AtomicU64`], which
-//! is also its expiry. A one-policy GCRA charge of a subject that holds
-//! only such a state runs under the shard's **read** lock and replaces the
-//! TAT by compare-and-swap, with the arithmetic of [`algorithms::check`]
-//! rearranged so that admitting takes no division under the lock (one after
-//! it, for `remaining`) and a denial one, all in
-//! whole microseconds (`ALGORITHMS.md`, "MemoryStore's whole-interval fast
-//! path"; a property test holds
-//! the two equal). Charges of any subjects in one shard, including the same
+//! A subject's single GCRA state is kept as one [`AtomicU64`], its TAT
+//! packed as 52 bits of whole microseconds and 12 of fraction (every state
+//! of a policy whose emission interval `period / limit` is whole, such as
+//! ten per second, and of any policy whose limit is below 4096, such as
+//! three per ten seconds), which also gives its expiry. A one-policy GCRA
+//! charge of a subject that holds only such a state runs under the shard's
+//! **read** lock and replaces the TAT by compare-and-swap, with the
+//! arithmetic of [`algorithms::check`] split into whole microseconds and a
+//! fraction, with the policy's constants computed when it is built, so that
+//! admitting takes no division under the lock (one after it, for
+//! `remaining`) and a denial one (`ALGORITHMS.md`, "MemoryStore's GCRA fast
+//! path"; a property test holds the two equal). Charges of any subjects in one shard, including the same
 //! subject, then proceed in parallel, and stay exact: a swap that lost to
 //! another recomputes from the TAT that won. A subject whose swap lost
 //! becomes its shard's *hot slot*: its TAT moves (under the write lock)
@@ -50,8 +56,8 @@
 //! entry before touching the subject, and a sweep frees it with the entry.
 //! One subject per shard holds the hot slot, until its state expires.
 //! Everything else (new subjects,
-//! other algorithms, several policies, fractional TATs, peeks) takes the
-//! write lock, with GCRA on a `u64` fast path there too.
+//! other algorithms, several policies, TATs that do not pack, peeks) takes
+//! the write lock, with GCRA on a `u64` fast path there too.
 //!
 //! # Expiry and sweeping
 //!
@@ -70,11 +76,11 @@
 //!   paid for by the entries freed, which were each inserted once). When
 //!   the cursor completes a pass over a table that is more than three
 //!   quarters empty, the table shrinks.
-//!   Hot-path charges count per thread instead of per shard (so they write
-//!   nothing shared): every [`SWEEP_EVERY`]-th on a thread sweeps a shard,
-//!   taking the shards in turn rather than the one charged (a traffic
-//!   pattern that repeats every [`SWEEP_EVERY`] charges would otherwise
-//!   reach the same few shards).
+//!   Hot-path charges count in their own per-shard counter, on the cache
+//!   line the read lock writes anyway, by a load and a store rather than a
+//!   read-modify-write (two threads may count one charge): every
+//!   [`SWEEP_EVERY`]-th sweeps a shard, taking the shards in turn from the
+//!   one charged (so one busy subject keeps every shard swept).
 //! - **Sweep before growth.** When inserting a subject would make a shard's
 //!   table grow, the whole shard is swept first; if that frees less than an
 //!   eighth of it, the table grows at once, so the next such sweep is at
@@ -105,7 +111,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::future::{ready, Ready};
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crossbeam_utils::CachePadded;
@@ -114,13 +120,15 @@ use sha2::{Digest, Sha256};
 use smallvec::SmallVec;
 
 use crate::algorithms::{self, GcraState, State, Step};
+use crate::clock::Counter;
 
 pub use self::builder::MemoryStoreBuilder;
+use self::entry::{Body, Entry};
 use self::fast::check_policy;
-use self::table::{same_name, Entry, Key, Shard, ShardLock, Slot, SlotState};
+use self::table::{intern, same_name, Key, Shard, ShardLock};
 use crate::{
-    validate_charge, validate_check, Algorithm, Clock, Decision, FastClock, Policy, Store,
-    StoreError, Verdict, MAX_PLAIN_SUBJECT_LEN,
+    validate_charge, validate_check, Algorithm, Clock, Decision, Policy, Store, StoreError,
+    Verdict, MAX_PLAIN_SUBJECT_LEN,
 };
 
 /// Operations on a shard between two incremental sweeps.
@@ -146,10 +154,10 @@ const MAKE_ROOM_ATTEMPTS: usize = 4;
 /// The number of subjects a [`MemoryStore`] holds at most unless its
 /// builder says otherwise: 262 144 (2^18).
 ///
-/// A held subject with a key of up to 24 bytes and one policy costs 97
-/// bytes in its shard's table (the entry and one control byte), and a table
-/// is between 7/16 and 7/8 full, so the default bound keeps a store under
-/// about 60 MB ([`MemoryStore::bytes_per_entry`]; measure with
+/// A held subject with a key of up to 22 bytes and one GCRA policy costs
+/// 41 bytes in its shard's table (the entry and one control byte), and a
+/// table is between 7/16 and 7/8 full, so the default bound keeps a store
+/// under about 25 MB ([`MemoryStore::bytes_per_entry`]; measure with
 /// [`MemoryStore::memory_bytes`]). Size it to the subjects active within
 /// your longest policy's period: a store at its bound evicts (or denies,
 /// per [`WhenFull`]) rather than grow.
@@ -209,7 +217,7 @@ pub enum WhenFull {
 /// lock shared and update the state by compare-and-swap. Every policy of one
 /// subject lives in one shard: a multi-policy check is all or nothing.
 ///
-/// Time comes from the [`FastClock`] unless the builder is given another
+/// Time comes from the [`FastClock`](crate::FastClock) unless the builder is given another
 /// clock.
 ///
 /// Cloning is cheap and **shares state**: clones see and charge the same
@@ -271,11 +279,11 @@ struct Inner {
     len: AtomicUsize,
 }
 
-/// The clock, with the default [`FastClock`] dispatched statically (it is
+/// The clock, with the default [`FastClock`](crate::FastClock) dispatched statically (it is
 /// read on every check).
 #[derive(Debug, Clone)]
 enum StoreClock {
-    Fast,
+    Fast(&'static Counter),
     Custom(Arc<dyn Clock>),
 }
 
@@ -283,7 +291,7 @@ impl StoreClock {
     #[inline]
     fn now_micros(&self) -> u64 {
         match self {
-            Self::Fast => FastClock.now_micros(),
+            Self::Fast(counter) => counter.now_micros(),
             Self::Custom(clock) => clock.now_micros(),
         }
     }
@@ -308,7 +316,7 @@ impl fmt::Debug for MemoryStore {
 }
 
 impl MemoryStore {
-    /// A store on the [`FastClock`] with default sharding, holding at most
+    /// A store on the [`FastClock`](crate::FastClock) with default sharding, holding at most
     /// [`DEFAULT_MAX_KEYS`] subjects (evicting per
     /// [`WhenFull::EvictNearestFull`] beyond; see
     /// [`MemoryStoreBuilder::unbounded`] to opt out).
@@ -383,19 +391,19 @@ impl MemoryStore {
     }
 
     /// Bytes a held subject takes in its shard's table: its entry and one
-    /// control byte (97 on 64-bit targets). Tables are between 7/16 and
+    /// control byte (41 on 64-bit targets). Tables are between 7/16 and
     /// 7/8 full, so a subject costs between about 1.14 and 2.3 times this;
-    /// a key longer than 24 bytes adds its length (keys longer than
+    /// a key longer than 22 bytes adds its length (keys longer than
     /// [`MAX_PLAIN_SUBJECT_LEN`] are stored as 33 bytes), and a subject
-    /// charged by more than one policy moves its slots to the heap, 56
-    /// bytes per policy. Multiply by [`MemoryStore::max_keys`] to size a
-    /// store.
+    /// with other states than one GCRA state (several policies, other
+    /// algorithms) moves them to the heap: 24 bytes and 56 per policy.
+    /// Multiply by [`MemoryStore::max_keys`] to size a store.
     ///
     /// ```
     /// use tollgate_core::MemoryStore;
     ///
     /// let worst = MemoryStore::bytes_per_entry() * 16 / 7 * tollgate_core::DEFAULT_MAX_KEYS;
-    /// assert!(worst < 64 << 20, "the default bound stays under 64 MiB");
+    /// assert!(worst < 32 << 20, "the default bound stays under 32 MiB");
     /// ```
     #[must_use]
     pub const fn bytes_per_entry() -> usize {
@@ -414,14 +422,7 @@ impl MemoryStore {
             let shard = shard.read();
             bytes += shard.table.allocation_size();
             bytes += shard.names.capacity() * std::mem::size_of::<Arc<str>>();
-            for entry in shard.table.iter() {
-                if entry.key.spilled() {
-                    bytes += entry.key.capacity();
-                }
-                if entry.slots.spilled() {
-                    bytes += entry.slots.capacity() * std::mem::size_of::<Slot>();
-                }
-            }
+            bytes += shard.table.iter().map(Entry::heap_bytes).sum::<usize>();
         }
         bytes
     }
@@ -485,15 +486,14 @@ impl MemoryStore {
         let key = key.as_bytes();
         let inner = &*self.inner;
         let hash = inner.hash_key(key);
-        let mut shard = inner.shard(hash).write();
+        let mut guard = inner.shard(hash).write();
+        let shard = &mut *guard;
         shard.demote_if_hot(hash);
         let hot = shard.hot_tat.load(Ordering::Relaxed);
-        let Ok(mut entry) = shard.table.find_entry(hash, |e| e.key.as_slice() == key) else {
+        let Ok(mut entry) = shard.table.find_entry(hash, |e| e.key.matches(key)) else {
             return;
         };
-        let slots = &mut entry.get_mut().slots;
-        slots.retain(|slot| !policies.iter().any(|p| p.name() == &*slot.policy));
-        if slots.is_empty() {
+        if entry.get_mut().forget(&shard.names, policies) {
             entry.remove();
             inner.forget(1);
         } else {
@@ -515,14 +515,21 @@ impl Store for MemoryStore {
                 return ready(Err(err));
             }
         }
-        let key = Key::new(subject);
-        let key = key.as_bytes();
-        let hash = self.inner.hash_key(key);
-        // Read before locking to keep the critical section short. Two
+        // Read before locking to keep the critical section short
+        // (and first: fewer values live across the counter's read). Two
         // concurrent checks may then apply their times out of order; every
         // algorithm handles a time earlier than its state's (it never admits
         // more than it would have at the later time).
         let now = self.inner.clock.now_micros();
+        // A short subject is its own key (no `Key` to build and match on).
+        let hashed;
+        let key = if subject.len() <= MAX_PLAIN_SUBJECT_LEN {
+            subject.as_bytes()
+        } else {
+            hashed = Key::hashed(subject);
+            &hashed[..]
+        };
+        let hash = self.inner.hash_key(key);
         // One policy, the common case, carries a `Decision` until the very
         // end rather than a `Verdict` (twice its size).
         if let [policy] = policies {
@@ -587,7 +594,7 @@ impl Inner {
 
     /// The hasher hashbrown needs when it moves entries.
     fn rehash(&self) -> impl Fn(&Entry) -> u64 + '_ {
-        |entry| self.hash_key(&entry.key)
+        |entry| self.hash_key(entry.key.as_slice())
     }
 
     /// Records that `removed` entries left the store.
@@ -617,6 +624,7 @@ impl Inner {
 
 mod builder;
 mod charge;
+mod entry;
 mod fast;
 mod sweep;
 mod table;

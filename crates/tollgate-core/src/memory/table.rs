@@ -1,6 +1,7 @@
-//! The table: stored keys, entries and their per-policy slots, a shard
-//! (its lock, hash table and bookkeeping) and the general path that checks
-//! and inserts subjects under the shard's write lock.
+//! The table: the subject as looked up ([`Key`]), a shard (its lock, hash
+//! table and bookkeeping) and the general path that checks and inserts
+//! subjects under the shard's write lock. What an entry holds is in
+//! `entry.rs`.
 
 use super::*;
 
@@ -64,179 +65,17 @@ impl ShardLock {
     }
 }
 
-/// One subject.
-pub(super) struct Entry {
-    /// Inline up to 24 bytes (most user ids, IP addresses, e-mail
-    /// addresses): a lookup compares it without leaving the entry.
-    pub(super) key: SmallVec<[u8; 24]>,
-    /// One per policy that charged the subject and has not expired (save
-    /// for policies no longer used, until the next write drops them).
-    pub(super) slots: SmallVec<[Slot; 1]>,
-}
-
-/// One policy's state for one subject.
-pub(super) struct Slot {
-    /// Shared with the shard's other slots of the same policy.
-    pub(super) policy: Arc<str>,
-    pub(super) state: SlotState,
-}
-
-/// A slot's state, and when it expires.
-pub(super) enum SlotState {
-    /// A GCRA state without a fraction of a microsecond (every state of a
-    /// policy whose emission interval is a whole number of microseconds):
-    /// its TAT, which is also when it expires. The hot path charges it under
-    /// the shard's read lock, by compare-and-swap.
-    Tat(AtomicU64),
-    /// A `Tat` state kept in its shard's [`Shard::hot_tat`] instead, on the
-    /// cache line of the shard's lock word: a subject charged by several
-    /// threads at once is moved there, so that each charge contends for one
-    /// cache line rather than two. At most one slot per shard, always the
-    /// only slot of its entry.
-    Hot,
-    /// Any other state.
-    Other { state: State, expires_at_us: u64 },
-}
-
-impl SlotState {
-    pub(super) fn new(state: State, expires_at_us: u64) -> Self {
-        match state {
-            State::Gcra(GcraState { tat_us, tat_rem: 0 }) if tat_us == expires_at_us => {
-                Self::Tat(AtomicU64::new(tat_us))
-            }
-            state => Self::Other {
-                state,
-                expires_at_us,
-            },
-        }
-    }
-}
-
-impl Slot {
-    /// When the state expires; `hot` is the shard's [`Shard::hot_tat`].
-    #[inline]
-    pub(super) fn expires_at_us(&self, hot: u64) -> u64 {
-        match &self.state {
-            SlotState::Tat(tat) => tat.load(Ordering::Acquire),
-            SlotState::Hot => hot,
-            SlotState::Other { expires_at_us, .. } => *expires_at_us,
-        }
-    }
-
-    /// The state, unless it expired (an expired state is no state).
-    #[inline]
-    pub(super) fn live_state(&self, now: u64, hot: u64) -> Option<Cow<'_, State>> {
-        let tat_us = match &self.state {
-            SlotState::Tat(tat) => tat.load(Ordering::Acquire),
-            SlotState::Hot => hot,
-            SlotState::Other {
-                state,
-                expires_at_us,
-            } => return (*expires_at_us > now).then_some(Cow::Borrowed(state)),
-        };
-        (tat_us > now).then_some(Cow::Owned(State::Gcra(GcraState { tat_us, tat_rem: 0 })))
-    }
-
-    /// Whether this is its shard's hot slot.
-    pub(super) fn is_hot(&self) -> bool {
-        matches!(self.state, SlotState::Hot)
-    }
-}
-
-impl Entry {
-    /// A new subject's entry, without slots yet.
-    pub(super) fn new(key: &[u8]) -> Self {
-        Self {
-            key: SmallVec::from_slice(key),
-            slots: SmallVec::new(),
-        }
-    }
-
-    /// The latest expiry of the slots: from then on the entry is absent.
-    /// `hot` is the shard's [`Shard::hot_tat`].
-    #[inline]
-    pub(super) fn expires_at_us(&self, hot: u64) -> u64 {
-        match &*self.slots {
-            [slot] => slot.expires_at_us(hot),
-            slots => slots
-                .iter()
-                .map(|slot| slot.expires_at_us(hot))
-                .max()
-                .unwrap_or(0),
-        }
-    }
-
-    /// Whether the entry holds its shard's hot slot.
-    pub(super) fn is_hot(&self) -> bool {
-        self.slots.iter().any(Slot::is_hot)
-    }
-
-    /// The position of `policy`'s slot.
-    #[inline]
-    pub(super) fn slot(&self, policy: &Arc<str>) -> Option<usize> {
-        self.slots
-            .iter()
-            .position(|slot| same_name(&slot.policy, policy))
-    }
-
-    /// The state `policy` left, unless it expired.
-    #[inline]
-    pub(super) fn live_state(
-        &self,
-        policy: &Arc<str>,
-        now: u64,
-        hot: u64,
-    ) -> Option<Cow<'_, State>> {
-        self.slots[self.slot(policy)?].live_state(now, hot)
-    }
-
-    /// Stores `state` as `policy`'s, in the slot at `position` if known.
-    #[inline(always)]
-    pub(super) fn write(
-        &mut self,
-        names: &mut Vec<Arc<str>>,
-        position: Option<usize>,
-        policy: &Arc<str>,
-        state: State,
-        expires_at_us: u64,
-    ) {
-        match position.and_then(|position| self.slots.get_mut(position)) {
-            Some(slot) => slot.state = SlotState::new(state, expires_at_us),
-            None => self.add_slot(names, policy, state, expires_at_us),
-        }
-    }
-
-    #[inline(never)]
-    pub(super) fn add_slot(
-        &mut self,
-        names: &mut Vec<Arc<str>>,
-        policy: &Arc<str>,
-        state: State,
-        expires_at_us: u64,
-    ) {
-        self.slots.push(Slot {
-            policy: intern(names, policy),
-            state: SlotState::new(state, expires_at_us),
-        });
-    }
-
-    /// After writes: drops the slots that expired (policies no longer used
-    /// with this subject).
-    #[inline]
-    pub(super) fn refresh(&mut self, now: u64, hot: u64) {
-        if self.slots.len() > 1 {
-            self.slots.retain(|slot| slot.expires_at_us(hot) > now);
-        }
-    }
-}
-
 // `repr(C)`: `hot_tat` comes first, on the cache line of the lock word
 // (the lock's few bytes precede the shard in its `RwLock`).
 #[repr(C)]
 pub(super) struct Shard {
-    /// The TAT of the shard's hot slot ([`SlotState::Hot`]), if it has
+    /// The packed TAT of the shard's hot slot ([`Body::Hot`]), if it has
     /// one; charged under the read lock by compare-and-swap.
     pub(super) hot_tat: AtomicU64,
+    /// Fast-path charges of this shard (counted without a read-modify-write:
+    /// two threads may count one), on the cache line the read lock writes
+    /// anyway; every [`SWEEP_EVERY`]-th sweeps the shard.
+    pub(super) hot_ops: AtomicU32,
     /// The hash of the subject that holds the hot slot.
     pub(super) hot_hash: Option<u64>,
     pub(super) table: HashTable<Entry>,
@@ -283,6 +122,7 @@ impl Shard {
     pub(super) fn new() -> Self {
         Self {
             hot_tat: AtomicU64::new(0),
+            hot_ops: AtomicU32::new(0),
             hot_hash: None,
             table: HashTable::new(),
             ops: 0,
@@ -298,7 +138,7 @@ impl Shard {
     #[inline(always)]
     pub(super) fn find(&self, hash: u64, key: &[u8]) -> Option<usize> {
         self.table
-            .find_bucket_index(hash, |entry| entry.key.as_slice() == key)
+            .find_bucket_index(hash, |entry| entry.key.matches(key))
     }
 
     /// The common case, one policy: no intermediate list of steps, and the
@@ -326,20 +166,17 @@ impl Shard {
         let Some(entry) = index.and_then(|index| self.table.get_bucket_mut(index)) else {
             let step = check_policy(policy, None, now, cost);
             if let (true, Some(state)) = (cost > 0, step.new_state) {
-                let mut entry = Entry::new(key);
-                entry.write(&mut self.names, None, name, state, step.expires_at_us);
-                entry.refresh(now, hot);
+                let entry = Entry::new(&mut self.names, key, name, state, step.expires_at_us);
                 self.insert(inner, hash, entry, now)?;
             }
             self.tick(inner, now);
             return Ok(step.decision);
         };
-        let position = entry.slot(name);
-        let state = position.and_then(|position| entry.slots[position].live_state(now, hot));
+        let state = entry.live_state(&self.names, name, now, hot);
         let step = check_policy(policy, state.as_deref(), now, cost);
         if let (true, Some(state)) = (cost > 0, step.new_state) {
-            entry.write(&mut self.names, position, name, state, step.expires_at_us);
-            entry.refresh(now, hot);
+            entry.write(&mut self.names, name, state, step.expires_at_us, hot);
+            entry.refresh(&self.names, now);
             let expires_at_us = entry.expires_at_us(hot);
             self.note_expiry(expires_at_us);
         }
@@ -365,11 +202,12 @@ impl Shard {
         let hot = self.hot_tat.load(Ordering::Relaxed);
         let index = self.find(hash, key);
         let entry = index.and_then(|index| self.table.get_bucket(index));
+        let names = &self.names;
         let mut steps: SmallVec<[Step; 2]> = policies
             .iter()
             .map(|policy| {
                 let state =
-                    entry.and_then(|entry| entry.live_state(policy.shared_name(), now, hot));
+                    entry.and_then(|entry| entry.live_state(names, policy.shared_name(), now, hot));
                 check_policy(policy, state.as_deref(), now, cost)
             })
             .collect();
@@ -379,8 +217,8 @@ impl Shard {
             // only a repair).
             for (policy, step) in policies.iter().zip(steps.iter_mut()) {
                 if step.decision.is_allowed() {
-                    let state =
-                        entry.and_then(|entry| entry.live_state(policy.shared_name(), now, hot));
+                    let state = entry
+                        .and_then(|entry| entry.live_state(names, policy.shared_name(), now, hot));
                     *step = check_policy(policy, state.as_deref(), now, 0);
                 }
             }
@@ -397,11 +235,10 @@ impl Shard {
             for (policy, step) in policies.iter().zip(steps) {
                 if let Some(state) = step.new_state {
                     let name = policy.shared_name();
-                    let position = entry.slot(name);
-                    entry.write(names, position, name, state, step.expires_at_us);
+                    entry.write(names, name, state, step.expires_at_us, hot);
                 }
             }
-            entry.refresh(now, hot);
+            entry.refresh(names, now);
         };
         match index.and_then(|index| self.table.get_bucket_mut(index)) {
             Some(entry) => {
@@ -410,7 +247,7 @@ impl Shard {
                 self.note_expiry(expires_at_us);
             }
             None => {
-                let mut entry = Entry::new(key);
+                let mut entry = Entry::empty(key);
                 apply(&mut entry, &mut self.names);
                 self.insert(inner, hash, entry, now)?;
             }

@@ -1,5 +1,6 @@
 //! Unit tests of the memory store's internals (table, sweeps, hot slot).
 
+use super::entry::{pack, packed_expiry, unpack, Slot};
 use super::fast::{tat_admitted, tat_charge, TatCharge};
 use super::*;
 use crate::ManualClock;
@@ -72,58 +73,88 @@ proptest! {
         prop_assert_eq!(fast, reference);
     }
 
-    /// The hot path's division-free GCRA is the reference GCRA, for
-    /// every state it can meet.
+    /// The fast path's division-free GCRA on a packed TAT is the
+    /// reference GCRA, for every state it can meet, with whole and
+    /// fractional emission intervals.
     #[test]
     fn tat_charge_is_the_reference(
-        interval in prop_oneof![1..10u64, 1..1_000_000u64],
-        limit in prop_oneof![1..10u64, 1..1_000u64],
-        extra_burst in prop_oneof![Just(0u64), 0..100u64],
-        now in prop_oneof![0..1_000u64, T0..T0 + 1, u64::MAX - 1_000..=u64::MAX],
+        period in prop_oneof![1..10u64, 1..1_000_000u64, 1..100_000_000_000u64],
+        limit in prop_oneof![1..10u64, 1..1_000u64, 1..10_000u64],
+        whole in proptest::bool::ANY,
+        extra_burst in prop_oneof![Just(0u64), 0..100u64, 0..1_000_000u64],
+        now in prop_oneof![0..1_000u64, T0..T0 + 1, (1u64 << 52) - 1_000..1 << 52],
         tat_offset in prop_oneof![
             -5_000_000_000i64..5_000_000_000,
+            -100i64..100,
             i64::MIN..i64::MAX,
         ],
+        rem_seed: u64,
         cost_seed: u64,
     ) {
-        let Some(period) = interval.checked_mul(limit) else {
-            return Ok(());
-        };
+        // Half the cases with a whole emission interval.
+        let period = if whole { period.saturating_mul(limit) } else { period };
         let Ok(policy) = Policy::per(limit, Duration::from_micros(period))
             .burst(limit.saturating_add(extra_burst))
             .build()
         else {
             return Ok(());
         };
-        prop_assert_eq!(policy.whole_interval_micros(), Some(interval));
+        let (scale, _) = policy.emission_interval();
         let tat_us = now.saturating_add_signed(tat_offset);
+        // Mostly a fraction below the scale, sometimes one left by a
+        // policy with a larger scale.
+        let tat_rem = rem_seed % (scale + scale / 8 + 1);
+        let Some(packed) = pack(tat_us, tat_rem) else {
+            return Ok(());
+        };
         let cost = 1 + cost_seed % policy.capacity();
-        let state = State::Gcra(GcraState { tat_us, tat_rem: 0 });
+        let state = State::Gcra(GcraState { tat_us, tat_rem });
         let reference = algorithms::check(&policy, Some(&state), now, cost);
-        match tat_charge(&policy, interval, tat_us, now, cost) {
+        match tat_charge(&policy, packed, now, cost) {
             None => {}
             Some(TatCharge::Denied(decision)) => {
                 prop_assert_eq!(decision, reference.decision);
                 prop_assert_eq!(reference.new_state, None);
             }
-            Some(TatCharge::Admitted(new_tat_us)) => {
-                let decision = tat_admitted(&policy, interval, new_tat_us, now);
+            Some(TatCharge::Admitted(new_packed)) => {
+                let decision = tat_admitted(&policy, new_packed, now);
                 prop_assert_eq!(decision, reference.decision);
-                let written = State::Gcra(GcraState { tat_us: new_tat_us, tat_rem: 0 });
+                let (tat_us, tat_rem) = unpack(new_packed);
+                let written = State::Gcra(GcraState { tat_us, tat_rem });
                 prop_assert_eq!(reference.new_state, Some(written));
-                prop_assert_eq!(reference.expires_at_us, new_tat_us);
+                prop_assert_eq!(reference.expires_at_us, packed_expiry(new_packed));
             }
         }
     }
 }
 
 #[test]
-fn an_entry_is_96_bytes() {
+fn the_fast_path_takes_fractional_intervals() {
+    // Three per ten seconds: 3.33… s between permits.
+    let policy = Policy::per(3, Duration::from_secs(10))
+        .burst(5)
+        .build()
+        .unwrap();
+    let mut packed = pack(T0, 0).unwrap();
+    for _ in 0..5 {
+        match tat_charge(&policy, packed, T0, 1) {
+            Some(TatCharge::Admitted(next)) => packed = next,
+            _ => panic!("the fast path declined"),
+        }
+    }
+    assert_eq!(unpack(packed), (T0 + 16_666_666, 2));
+    assert!(matches!(
+        tat_charge(&policy, packed, T0, 1),
+        Some(TatCharge::Denied(_))
+    ));
+}
+
+#[test]
+fn an_entry_is_40_bytes() {
     // The module docs promise it; the table's footprint follows it.
-    assert_eq!(std::mem::size_of::<Entry>(), 96);
-    assert_eq!(MemoryStore::bytes_per_entry(), 97);
-    // `bytes_per_entry` says a subject with several policies adds a
-    // slot of 56 bytes per policy.
+    assert_eq!(std::mem::size_of::<Entry>(), 40);
+    assert_eq!(MemoryStore::bytes_per_entry(), 41);
+    // `bytes_per_entry` says what a subject in the general form adds.
     assert_eq!(std::mem::size_of::<Slot>(), 56);
 }
 
@@ -174,8 +205,11 @@ fn slots_of_unused_policies_are_dropped_once_expired() {
         .table
         .get_bucket(shard.find(hash, b"alice").unwrap())
         .unwrap();
-    assert_eq!(entry.slots.len(), 1);
-    assert_eq!(&*entry.slots[0].policy, "new");
+    // Back in the compact form, of the new policy.
+    let Body::Tat { name, .. } = entry.body else {
+        panic!("not compact");
+    };
+    assert_eq!(&*shard.names[usize::from(name.index)], "new");
 }
 
 /// Every entry is found by its key in its own shard, and the store
@@ -185,12 +219,12 @@ fn assert_consistent(store: &MemoryStore) {
     for (index, shard) in store.inner.shards.iter().enumerate() {
         let shard = shard.write();
         for entry in shard.table.iter() {
-            let hash = store.inner.hash_key(&entry.key);
+            let hash = store.inner.hash_key(entry.key.as_slice());
             assert_eq!(store.inner.shard_index(hash), index);
             let found = shard
                 .table
-                .get_bucket(shard.find(hash, &entry.key).unwrap());
-            assert_eq!(found.unwrap().key, entry.key);
+                .get_bucket(shard.find(hash, entry.key.as_slice()).unwrap());
+            assert_eq!(found.unwrap().key.as_slice(), entry.key.as_slice());
         }
         total += shard.table.len();
     }
@@ -251,9 +285,8 @@ fn charges_of_one_hot_subject_sweep_every_shard() {
     clock.advance(Duration::from_secs(1));
     // One subject, always the same shard, on the hot path (a whole
     // interval): 40 000 charges make 625 sweeps, taken in turn over the
-    // 8 shards, each up to 16 chunks of 128 entries.
+    // 8 shards from its own, each up to 16 chunks of 128 entries.
     let hot = [Policy::per_second(1_000_000).name("hot").build().unwrap()];
-    assert_eq!(hot[0].whole_interval_micros(), Some(1));
     for _ in 0..40_000 {
         check(&store, "hot", &hot, 1);
         clock.advance(Duration::from_micros(1));
@@ -344,4 +377,49 @@ fn the_hot_slot_holds_the_state_exactly_through_every_path() {
         check(&store, "alice", &policies, 0).decisions()[0].remaining(),
         10
     );
+}
+
+#[test]
+fn stored_keys_match_exactly_their_own_bytes() {
+    use super::entry::StoredKey;
+    // Every length around the inline limit and the word sizes, and a
+    // difference at every position (the inline compare uses overlapping
+    // word loads).
+    for len in 0..=40 {
+        let key: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+        let stored = StoredKey::new(&key);
+        assert_eq!(stored.as_slice(), &key[..]);
+        assert!(stored.matches(&key), "len {len}");
+        assert_eq!(stored.heap_bytes() > 0, len > 22, "len {len}");
+        for at in 0..len {
+            let mut other = key.clone();
+            other[at] ^= 1;
+            assert!(!stored.matches(&other), "len {len}, byte {at}");
+        }
+        let mut longer = key.clone();
+        longer.push(0);
+        assert!(!stored.matches(&longer), "len {len} + NUL");
+        if len > 0 {
+            assert!(!stored.matches(&key[..len - 1]), "len {len} − 1");
+        }
+    }
+}
+
+#[test]
+fn a_policy_built_apart_with_the_same_name_shares_the_state() {
+    // The fast path recognises the interned name by its address; a policy
+    // built apart holds a copy of the name, compared by its characters.
+    let store = MemoryStore::with_clock(ManualClock::new(T0));
+    let first = [Policy::per_second(2).name("api").build().unwrap()];
+    let apart = [Policy::per_second(2).name("api").build().unwrap()];
+    let other = [Policy::per_second(2).name("web").build().unwrap()];
+    assert!(check(&store, "alice", &first, 1).is_allowed());
+    assert!(check(&store, "alice", &apart, 1).is_allowed());
+    assert!(!check(&store, "alice", &first, 1).is_allowed());
+    assert!(!check(&store, "alice", &apart, 1).is_allowed());
+    assert_eq!(
+        check(&store, "alice", &other, 1).decisions()[0].remaining(),
+        1
+    );
+    assert!(!check(&store, "alice", &apart, 1).is_allowed());
 }

@@ -1,0 +1,446 @@
+//! What a shard stores per subject: the stored key ([`StoredKey`]), the
+//! 40-byte [`Entry`] with its compact form (one GCRA state, its TAT packed
+//! into one word) and its general form (a list of [`Slot`]s), and the
+//! packed TAT that both the fast path and the general path read.
+
+use super::*;
+
+/// Bits of a packed TAT that hold its fraction (`tat_rem`, in units of
+/// `1 / scale` µs); the 52 above hold `tat_us`.
+pub(super) const REM_BITS: u32 = 12;
+/// The fraction of a packed TAT.
+pub(super) const REM_MASK: u64 = (1 << REM_BITS) - 1;
+/// Longest key stored inside the entry.
+pub(super) const INLINE_KEY: usize = 22;
+
+/// `(tat_us, tat_rem)` packed into one word when it fits: `tat_us` below
+/// 2^52 µs (the year 2112) and `tat_rem` below 2^12.
+#[inline(always)]
+pub(super) fn pack(tat_us: u64, tat_rem: u64) -> Option<u64> {
+    (tat_us >> (64 - REM_BITS) == 0 && tat_rem <= REM_MASK).then_some(tat_us << REM_BITS | tat_rem)
+}
+
+/// The `(tat_us, tat_rem)` of a packed TAT.
+#[inline(always)]
+pub(super) fn unpack(packed: u64) -> (u64, u64) {
+    (packed >> REM_BITS, packed & REM_MASK)
+}
+
+/// When a packed TAT's state expires: the TAT rounded up to a whole
+/// microsecond (as [`algorithms::check`] reports it).
+#[inline(always)]
+pub(super) fn packed_expiry(packed: u64) -> u64 {
+    (packed >> REM_BITS) + u64::from(packed & REM_MASK != 0)
+}
+
+/// The packed TAT of a state the compact form can hold: a GCRA state that
+/// expires when its TAT is reached and that [`pack`] fits.
+fn compact(state: &State, expires_at_us: u64) -> Option<u64> {
+    match state {
+        State::Gcra(GcraState { tat_us, tat_rem })
+            if tat_us.checked_add(u64::from(*tat_rem != 0)) == Some(expires_at_us) =>
+        {
+            pack(*tat_us, *tat_rem)
+        }
+        _ => None,
+    }
+}
+
+/// A subject as a shard stores it: up to [`INLINE_KEY`] bytes inside the
+/// entry (user ids, IPv4 addresses, short e-mail addresses), longer keys
+/// (and the 33-byte form of hashed subjects) on the heap. 24 bytes.
+pub(super) enum StoredKey {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Heap(Box<[u8]>),
+}
+
+impl StoredKey {
+    pub(super) fn new(key: &[u8]) -> Self {
+        match u8::try_from(key.len()) {
+            Ok(len) if key.len() <= INLINE_KEY => {
+                let mut bytes = [0; INLINE_KEY];
+                bytes[..key.len()].copy_from_slice(key);
+                Self::Inline { len, bytes }
+            }
+            _ => Self::Heap(key.into()),
+        }
+    }
+
+    #[inline(always)]
+    pub(super) fn as_slice(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or(&[]),
+            Self::Heap(bytes) => bytes,
+        }
+    }
+
+    /// Whether this is `key`. An inline key is compared by a few
+    /// overlapping word loads rather than a call to `memcmp`.
+    #[inline(always)]
+    pub(super) fn matches(&self, key: &[u8]) -> bool {
+        match self {
+            Self::Inline { len, bytes } => {
+                usize::from(*len) == key.len()
+                    && bytes
+                        .get(..key.len())
+                        .is_some_and(|stored| short_eq(stored, key))
+            }
+            Self::Heap(bytes) => **bytes == *key,
+        }
+    }
+
+    /// Bytes held outside the entry.
+    pub(super) fn heap_bytes(&self) -> usize {
+        match self {
+            Self::Inline { .. } => 0,
+            Self::Heap(bytes) => bytes.len(),
+        }
+    }
+}
+
+/// `a == b` for two slices of the same length, at most [`INLINE_KEY`].
+#[inline(always)]
+fn short_eq(a: &[u8], b: &[u8]) -> bool {
+    #[inline(always)]
+    fn word(s: &[u8], at: usize) -> u64 {
+        s.get(at..at + 8)
+            .and_then(|w| w.try_into().ok())
+            .map_or(0, u64::from_ne_bytes)
+    }
+    #[inline(always)]
+    fn half(s: &[u8], at: usize) -> u32 {
+        s.get(at..at + 4)
+            .and_then(|w| w.try_into().ok())
+            .map_or(0, u32::from_ne_bytes)
+    }
+    let n = b.len();
+    if n != a.len() {
+        return false;
+    }
+    if n >= 8 {
+        // Words at 0, at n − 8 and (past 16 bytes) at 8 cover every byte.
+        word(a, 0) == word(b, 0)
+            && word(a, n - 8) == word(b, n - 8)
+            && (n <= 16 || word(a, 8) == word(b, 8))
+    } else if n >= 4 {
+        half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4)
+    } else {
+        a == b
+    }
+}
+
+/// One subject: 40 bytes (a test holds it there).
+pub(super) struct Entry {
+    pub(super) key: StoredKey,
+    pub(super) body: Body,
+}
+
+/// A subject's states.
+pub(super) enum Body {
+    /// The compact form, which the fast path charges: one GCRA state, of
+    /// the policy named `names[name]` in the shard's interned names, its
+    /// TAT packed ([`pack`]), which also gives its expiry
+    /// ([`packed_expiry`]).
+    Tat { name: PolicyRef, tat: AtomicU64 },
+    /// A `Tat` kept in its shard's [`Shard::hot_tat`] instead, on the cache
+    /// line of the shard's lock word: a subject charged by several threads
+    /// at once is moved there, so that each charge contends for one cache
+    /// line rather than two. At most one per shard.
+    Hot { name: PolicyRef },
+    /// Any other states (several policies, other algorithms, a GCRA state
+    /// the compact form cannot hold, a policy name the shard does not
+    /// intern): one slot per policy that charged the subject and has not
+    /// expired (save for policies no longer used, until the next write
+    /// drops them). Boxed so that the entry stays at 40 bytes (a `Vec`
+    /// is 24).
+    #[allow(clippy::box_collection)]
+    Slots(Box<Vec<Slot>>),
+}
+
+/// One policy's state for one subject, in the general form.
+pub(super) struct Slot {
+    /// Shared with the shard's other slots of the same policy.
+    pub(super) policy: Arc<str>,
+    pub(super) state: State,
+    pub(super) expires_at_us: u64,
+}
+
+/// Which policy a compact entry's state is of: the position of its name
+/// among the shard's interned names, and the address of that interned name
+/// (below 2^48, as on every 64-bit platform Rust runs on today; a name
+/// elsewhere is not interned this way), kept in the entry's padding. The
+/// shard holds the interned name as long as it lives, so a policy whose
+/// name is at that address has that name: the fast path compares one word
+/// and reads no shared memory (a policy built apart, with a copy of the
+/// name, is compared by its characters).
+#[derive(Clone, Copy)]
+pub(super) struct PolicyRef {
+    pub(super) index: u8,
+    address: [u8; 6],
+}
+
+/// The address of a policy's name, as [`PolicyRef`] compares it.
+#[inline(always)]
+fn address_of(name: &Arc<str>) -> u64 {
+    Arc::as_ptr(name).cast::<u8>() as usize as u64
+}
+
+impl PolicyRef {
+    /// The reference to the interned name at `index`, if its address fits.
+    fn new(names: &[Arc<str>], index: usize) -> Option<Self> {
+        let address = address_of(names.get(index)?);
+        let index = u8::try_from(index).ok()?;
+        let bytes = address.to_le_bytes();
+        (address >> 48 == 0).then_some(Self {
+            index,
+            address: [bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5]],
+        })
+    }
+
+    /// Whether this is `policy`'s name.
+    #[inline(always)]
+    pub(super) fn is(self, names: &[Arc<str>], policy: &Arc<str>) -> bool {
+        let a = self.address;
+        let address = u64::from_le_bytes([a[0], a[1], a[2], a[3], a[4], a[5], 0, 0]);
+        address == address_of(policy) || self.is_by_characters(names, policy)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn is_by_characters(self, names: &[Arc<str>], policy: &Arc<str>) -> bool {
+        names
+            .get(usize::from(self.index))
+            .is_some_and(|interned| same_name(interned, policy))
+    }
+}
+
+/// Whether a compact entry's state is `policy`'s.
+#[inline(always)]
+fn is_named(names: &[Arc<str>], name: PolicyRef, policy: &Arc<str>) -> bool {
+    name.is(names, policy)
+}
+
+/// The state of a compact entry, unless it expired.
+fn compact_state(packed: u64, now: u64) -> Option<Cow<'static, State>> {
+    let (tat_us, tat_rem) = unpack(packed);
+    (packed_expiry(packed) > now).then_some(Cow::Owned(State::Gcra(GcraState { tat_us, tat_rem })))
+}
+
+impl Body {
+    /// The body of a subject whose first state is `state`.
+    fn one(names: &mut Vec<Arc<str>>, policy: &Arc<str>, state: State, expires_at_us: u64) -> Self {
+        let policy = intern(names, policy);
+        if let Some(packed) = compact(&state, expires_at_us) {
+            let name = names.iter().position(|name| Arc::ptr_eq(name, &policy));
+            if let Some(name) = name.and_then(|name| PolicyRef::new(names, name)) {
+                return Self::Tat {
+                    name,
+                    tat: AtomicU64::new(packed),
+                };
+            }
+        }
+        Self::Slots(Box::new(vec![Slot {
+            policy,
+            state,
+            expires_at_us,
+        }]))
+    }
+}
+
+impl Entry {
+    /// A new subject's entry holding `policy`'s first state.
+    pub(super) fn new(
+        names: &mut Vec<Arc<str>>,
+        key: &[u8],
+        policy: &Arc<str>,
+        state: State,
+        expires_at_us: u64,
+    ) -> Self {
+        Self {
+            key: StoredKey::new(key),
+            body: Body::one(names, policy, state, expires_at_us),
+        }
+    }
+
+    /// A new subject's entry without states yet (several policies).
+    pub(super) fn empty(key: &[u8]) -> Self {
+        Self {
+            key: StoredKey::new(key),
+            body: Body::Slots(Box::default()),
+        }
+    }
+
+    /// The latest expiry of the states: from then on the entry is absent.
+    /// `hot` is the shard's [`Shard::hot_tat`].
+    #[inline]
+    pub(super) fn expires_at_us(&self, hot: u64) -> u64 {
+        match &self.body {
+            Body::Tat { tat, .. } => packed_expiry(tat.load(Ordering::Acquire)),
+            Body::Hot { .. } => packed_expiry(hot),
+            Body::Slots(slots) => slots
+                .iter()
+                .map(|slot| slot.expires_at_us)
+                .max()
+                .unwrap_or(0),
+        }
+    }
+
+    /// Whether the entry holds its shard's hot slot.
+    pub(super) fn is_hot(&self) -> bool {
+        matches!(self.body, Body::Hot { .. })
+    }
+
+    /// The state `policy` left, unless it expired.
+    #[inline]
+    pub(super) fn live_state(
+        &self,
+        names: &[Arc<str>],
+        policy: &Arc<str>,
+        now: u64,
+        hot: u64,
+    ) -> Option<Cow<'_, State>> {
+        match &self.body {
+            Body::Tat { name, tat } if is_named(names, *name, policy) => {
+                compact_state(tat.load(Ordering::Acquire), now)
+            }
+            Body::Hot { name } if is_named(names, *name, policy) => compact_state(hot, now),
+            Body::Tat { .. } | Body::Hot { .. } => None,
+            Body::Slots(slots) => slots
+                .iter()
+                .find(|slot| same_name(&slot.policy, policy))
+                .filter(|slot| slot.expires_at_us > now)
+                .map(|slot| Cow::Borrowed(&slot.state)),
+        }
+    }
+
+    /// Stores `state` as `policy`'s. `hot` is the shard's
+    /// [`Shard::hot_tat`] (the general path demotes its subject first, so
+    /// it is never this entry's).
+    #[inline(always)]
+    pub(super) fn write(
+        &mut self,
+        names: &mut Vec<Arc<str>>,
+        policy: &Arc<str>,
+        state: State,
+        expires_at_us: u64,
+        hot: u64,
+    ) {
+        if let Body::Tat { name, tat } = &mut self.body {
+            if is_named(names, *name, policy) {
+                if let Some(packed) = compact(&state, expires_at_us) {
+                    *tat.get_mut() = packed;
+                    return;
+                }
+            }
+        }
+        self.write_slot(names, policy, state, expires_at_us, hot);
+    }
+
+    /// [`Entry::write`] in the general form.
+    #[inline(never)]
+    fn write_slot(
+        &mut self,
+        names: &mut Vec<Arc<str>>,
+        policy: &Arc<str>,
+        state: State,
+        expires_at_us: u64,
+        hot: u64,
+    ) {
+        let expanded = match &self.body {
+            Body::Slots(_) => None,
+            Body::Tat { name, tat } => Some((*name, tat.load(Ordering::Relaxed))),
+            Body::Hot { name } => Some((*name, hot)),
+        };
+        if let Some((name, packed)) = expanded {
+            let mut slots = Vec::with_capacity(2);
+            if let Some(interned) = names.get(usize::from(name.index)) {
+                let (tat_us, tat_rem) = unpack(packed);
+                slots.push(Slot {
+                    policy: Arc::clone(interned),
+                    state: State::Gcra(GcraState { tat_us, tat_rem }),
+                    expires_at_us: packed_expiry(packed),
+                });
+            }
+            self.body = Body::Slots(Box::new(slots));
+        }
+        let Body::Slots(slots) = &mut self.body else {
+            return;
+        };
+        match slots
+            .iter_mut()
+            .find(|slot| same_name(&slot.policy, policy))
+        {
+            Some(slot) => {
+                slot.state = state;
+                slot.expires_at_us = expires_at_us;
+            }
+            None => slots.push(Slot {
+                policy: intern(names, policy),
+                state,
+                expires_at_us,
+            }),
+        }
+    }
+
+    /// After writes: drops the slots that expired (policies no longer used
+    /// with this subject), and returns to the compact form when one state
+    /// it can hold is left.
+    #[inline]
+    pub(super) fn refresh(&mut self, names: &[Arc<str>], now: u64) {
+        let Body::Slots(slots) = &mut self.body else {
+            return;
+        };
+        if slots.len() > 1 {
+            slots.retain(|slot| slot.expires_at_us > now);
+        }
+        self.compact(names);
+    }
+
+    /// Returns to the compact form when one state it can hold is left.
+    fn compact(&mut self, names: &[Arc<str>]) {
+        let Body::Slots(slots) = &self.body else {
+            return;
+        };
+        if let [slot] = &slots[..] {
+            let name = names
+                .iter()
+                .position(|name| Arc::ptr_eq(name, &slot.policy))
+                .and_then(|name| PolicyRef::new(names, name));
+            if let (Some(name), Some(packed)) = (name, compact(&slot.state, slot.expires_at_us)) {
+                self.body = Body::Tat {
+                    name,
+                    tat: AtomicU64::new(packed),
+                };
+            }
+        }
+    }
+
+    /// Forgets the states of `policies`; whether none is left.
+    pub(super) fn forget(&mut self, names: &[Arc<str>], policies: &[Policy]) -> bool {
+        let empty = match &mut self.body {
+            Body::Tat { name, .. } | Body::Hot { name } => policies
+                .iter()
+                .any(|policy| is_named(names, *name, policy.shared_name())),
+            Body::Slots(slots) => {
+                slots.retain(|slot| !policies.iter().any(|p| p.name() == &*slot.policy));
+                slots.is_empty()
+            }
+        };
+        if !empty {
+            self.compact(names);
+        }
+        empty
+    }
+
+    /// Bytes the entry holds outside itself.
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.key.heap_bytes()
+            + match &self.body {
+                Body::Slots(slots) => {
+                    std::mem::size_of::<Vec<Slot>>()
+                        + slots.capacity() * std::mem::size_of::<Slot>()
+                }
+                _ => 0,
+            }
+    }
+}
