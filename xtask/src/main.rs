@@ -210,7 +210,7 @@ fn run_test_stages(options: &TestOptions, tools: &Tools, stages: &mut Stages) ->
 /// The Redis suites that `test` runs a second time on the `EVALSHA` path
 /// (`TOLLGATE_REDIS_CALL_PATH=evalsha`: their stores log in as an ACL user
 /// without Redis Functions).
-const EVALSHA_SUITES: [&str; 9] = [
+const EVALSHA_SUITES: [&str; 10] = [
     "charge_after_response",
     "redis_differential",
     "redis_compat",
@@ -220,6 +220,7 @@ const EVALSHA_SUITES: [&str; 9] = [
     "redis_bad_input",
     "redis_concurrency",
     "redis_restart",
+    "concurrency_limit",
 ];
 
 /// The servers `test` and `redis` start; dropping them stops them.

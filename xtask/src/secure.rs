@@ -52,6 +52,9 @@ const ACL_RULES: &[&str] = &[
     "+zremrangebyrank",
     "+zremrangebyscore",
     "+zrevrange",
+    "+zcard",
+    "+zscore",
+    "+zrem",
 ];
 /// What [`ACL_USER`] may do besides [`ACL_RULES`] on a Cluster node:
 /// `tollgate_redis::ACL_CLUSTER_COMMANDS`.

@@ -28,10 +28,16 @@
 //! | [`Algorithm::FixedWindow`] | counter | "N per calendar minute/day", quotas that reset at a known time |
 //! | [`Algorithm::SlidingWindow`] | two counters | window semantics without the boundary burst |
 //! | [`Algorithm::SlidingLog`] | one entry per permit | exact rolling window, small limits (≤ 10 000) |
+//!
+//! Besides rates, a [`ConcurrencyPolicy`] limits a subject to N permits in
+//! flight, each a lease that expires unless renewed
+//! ([`algorithms::lease`]); [`MemoryStore`] and `tollgate-redis`'s
+//! `RedisStore` hold leases through the [`LeaseStore`] trait.
 
 pub mod algorithms;
 mod boxed;
 mod clock;
+mod concurrency;
 mod decision;
 mod error;
 mod memory;
@@ -41,6 +47,10 @@ mod subject;
 
 pub use boxed::{BoxCheckFuture, BoxResetFuture, BoxStore, DynStore};
 pub use clock::{Clock, FastClock, ManualClock, SystemClock};
+pub use concurrency::{
+    ConcurrencyPolicy, ConcurrencyPolicyBuilder, ConcurrencyPolicyError, Lease, LeaseDecision,
+    LeaseId, LeaseStore, MAX_IN_FLIGHT, MAX_LEASE_TTL, MIN_LEASE_TTL,
+};
 pub use decision::{Decision, Verdict};
 pub use error::{ErrorScope, StoreError};
 pub use memory::{MemoryStore, MemoryStoreBuilder, WhenFull, DEFAULT_MAX_KEYS};

@@ -609,7 +609,7 @@ fn largest_accepted(accepts: impl Fn(u64) -> bool, refused: u64) -> u64 {
     good
 }
 
-fn validate_name(name: &str) -> Result<(), PolicyError> {
+pub(crate) fn validate_name(name: &str) -> Result<(), PolicyError> {
     let valid = !name.is_empty()
         && name.len() <= MAX_POLICY_NAME_LEN
         && name

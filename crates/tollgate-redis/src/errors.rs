@@ -14,7 +14,7 @@ use crate::builder::MAX_PREFIX_LEN;
 /// `HMGET` for the rate limiter's configuration, `PING`) and the ones its
 /// scripts call. `CONFIG GET` is optional (see the crate docs, "Failure
 /// semantics").
-pub const ACL_COMMANDS: &str = "+ping +evalsha +script|load +time +get +set +exists +del +hmget +hset +pexpire +pexpireat +zadd +zcount +zrangebyscore +zremrangebyrank +zremrangebyscore +zrevrange";
+pub const ACL_COMMANDS: &str = "+ping +evalsha +script|load +time +get +set +exists +del +hmget +hset +pexpire +pexpireat +zadd +zcount +zrangebyscore +zremrangebyrank +zremrangebyscore +zrevrange +zcard +zscore +zrem";
 
 /// What an ACL user needs besides [`ACL_COMMANDS`] on a Redis Cluster: the
 /// Cluster client reads the slot map (`CLUSTER SLOTS`) and follows
@@ -22,7 +22,7 @@ pub const ACL_COMMANDS: &str = "+ping +evalsha +script|load +time +get +set +exi
 pub const ACL_CLUSTER_COMMANDS: &str = "+cluster|slots +asking";
 
 /// The commands tollgate's scripts call (the tail of [`ACL_COMMANDS`]).
-pub(crate) const SCRIPT_COMMANDS: &str = "+time +get +set +exists +del +hmget +hset +pexpire +pexpireat +zadd +zcount +zrangebyscore +zremrangebyrank +zremrangebyscore +zrevrange";
+pub(crate) const SCRIPT_COMMANDS: &str = "+time +get +set +exists +del +hmget +hset +pexpire +pexpireat +zadd +zcount +zrangebyscore +zremrangebyrank +zremrangebyscore +zrevrange +zcard +zscore +zrem";
 
 /// Why a [`RedisStore`](crate::RedisStore) could not be built. Each
 /// message says what to change; errors from Redis keep the redis-rs error

@@ -78,7 +78,7 @@
 //! The user needs its key prefix and [`ACL_COMMANDS`]:
 //!
 //! ```text
-//! ACL SETUSER app on >password ~tollgate:* +ping +evalsha +script|load +time +get +set +exists +del +hmget +hset +pexpire +pexpireat +zadd +zcount +zrangebyscore +zremrangebyrank +zremrangebyscore +zrevrange
+//! ACL SETUSER app on >password ~tollgate:* +ping +evalsha +script|load +time +get +set +exists +del +hmget +hset +pexpire +pexpireat +zadd +zcount +zrangebyscore +zremrangebyrank +zremrangebyscore +zrevrange +zcard +zscore +zrem
 //! ```
 //!
 //! On a Redis Cluster the user also needs [`ACL_CLUSTER_COMMANDS`]
@@ -140,6 +140,7 @@
 //! | fixed window | string | `fixed_window:<window_start_us>:<count>` |
 //! | sliding window | string | `sliding_window:<window_start_us>:<previous>:<current>` |
 //! | sliding log | sorted set | one member `<time_us>:<n>` per admitted permit, scored by its time; `n` counts permits admitted at that same time, so members never collide |
+//! | concurrency leases ([`ConcurrencyPolicy`](tollgate_core::ConcurrencyPolicy)) | sorted set | one member per live lease, its id in 32 hex digits, scored by its expiry; pruned at every call, the key expiring with its last lease ([`LeaseStore`](tollgate_core::LeaseStore): one atomic `FCALL`/`EVALSHA` per acquire, renewal and release) |
 //!
 //! ```text
 //! $ redis-cli GET 'tollgate:{user:42}:per-second'
@@ -312,6 +313,7 @@ mod env;
 mod errors;
 mod fast;
 mod functions;
+mod lease;
 mod limiter;
 mod redact;
 mod scripts;
@@ -327,6 +329,7 @@ pub use cell::{ThrottleCallError, THROTTLE_POLICY_NAME};
 pub use env::store_from_env;
 pub use errors::{BuildError, ACL_CLUSTER_COMMANDS, ACL_COMMANDS};
 pub use functions::CallPath;
+pub use lease::AcquireFuture as LeaseAcquireFuture;
 pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError, RateType, DEFAULT_KEEP_ALIVE};
 pub use redact::redact_url;
 pub use store::{CheckFuture, ClockMode, RedisStore};

@@ -24,6 +24,7 @@ const LIMITER: &str = include_str!("lua/limiter.lua");
 const LIBRARY: &str = include_str!("lua/library.lua");
 const CHARGE: &str = include_str!("lua/charge.lua");
 const CHARGE_LIBRARY: &str = include_str!("lua/charge_library.lua");
+const LEASE: &str = include_str!("lua/lease.lua");
 
 /// The algorithm sources in the order they are concatenated (the queue
 /// uses the GCRA arithmetic, so GCRA comes first).
@@ -240,6 +241,19 @@ pub(crate) fn limiter() -> LuaScript {
     LuaScript::new(source)
 }
 
+/// The lease script of concurrency policies (EVALSHA path).
+/// Its allow-oom twin (run after `OOM`) refuses to create a key.
+pub(crate) fn lease() -> LuaScript {
+    let mut source = String::with_capacity(8 * 1024);
+    source.push_str(PRELUDE);
+    source.push_str(LEASE);
+    let twin = format!("{ALLOW_OOM_SHEBANG}{source}return lease(KEYS, ARGV, true)\n");
+    source.push_str("return lease(KEYS, ARGV, false)\n");
+    let mut script = LuaScript::new(source);
+    script.allow_oom = Some(Arc::new(LuaScript::new(twin)));
+    script
+}
+
 /// The tollgate Redis Functions library: every algorithm and the check,
 /// loaded once per node (`FUNCTION LOAD REPLACE`) and named after a hash
 /// of its source (`tollgate_<12 hex digits>`), so versions never clash.
@@ -255,6 +269,8 @@ pub(crate) struct Library {
     gcra: LuaScript,
     /// A post-charge (charge.lua, `FCALL`).
     charge: LuaScript,
+    /// Acquire, renew and release of leases (lease.lua).
+    lease: LuaScript,
 }
 
 impl Library {
@@ -266,12 +282,13 @@ impl Library {
         }
         body.push_str(CHECK);
         body.push_str(CHARGE);
+        body.push_str(LEASE);
         body.push_str(LIBRARY);
         body.push_str(CHARGE_LIBRARY);
         let hash = redis::Script::new(&body).get_hash().to_owned();
         let name = format!("tollgate_{}", &hash[..12]);
         let source: Arc<str> = format!(
-            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_CHARGE = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_charge'\n{body}"
+            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge'\n{body}"
         )
         .into();
         let function = |suffix: &str| LuaScript {
@@ -284,11 +301,14 @@ impl Library {
         check.allow_oom = Some(Arc::new(function("oom")));
         let mut gcra = function("gcra");
         gcra.allow_oom = Some(Arc::new(function("gcra_oom")));
+        let mut lease = function("lease");
+        lease.allow_oom = Some(Arc::new(function("lease_oom")));
         Self {
             check,
             peek: function("peek"),
             gcra,
             charge: function("charge"),
+            lease,
             name: name.into(),
         }
     }
@@ -310,6 +330,11 @@ impl Library {
     /// The post-charge function.
     pub(crate) fn charge_function(&self) -> &LuaScript {
         &self.charge
+    }
+
+    /// The lease function (`FCALL`).
+    pub(crate) fn lease(&self) -> &LuaScript {
+        &self.lease
     }
 
     /// The fast GCRA function and its argument

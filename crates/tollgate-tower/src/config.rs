@@ -229,6 +229,9 @@ pub enum ConfigError {
         /// What the store would refuse.
         source: Option<StoreError>,
     },
+    /// A [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) was given
+    /// [`FailurePolicy::Fallback`], whose rate-limit store holds no leases.
+    FallbackNotSupported,
 }
 
 impl fmt::Display for ConfigError {
@@ -258,6 +261,9 @@ impl fmt::Display for ConfigError {
             ),
             Self::ZeroTimeout => f.write_str(
                 "the check timeout is zero, so every check would fail: use a positive timeout such as 250 ms",
+            ),
+            Self::FallbackNotSupported => f.write_str(
+                "a concurrency limit cannot fall back to a rate-limit store: use FailurePolicy::FailOpen or FailurePolicy::FailClosed",
             ),
         }
     }

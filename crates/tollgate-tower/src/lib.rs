@@ -43,6 +43,7 @@
 //! | requests without a key | [`MissingKey`] |
 //! | headers and bodies | [`HeaderMode`], [`RateLimitLayerBuilder::legacy_headers`], [`RateLimitLayerBuilder::problem_json`], [`RateLimitLayerBuilder::on_limited`] |
 //! | the decision in handlers | [`RateLimitLayerBuilder::info_in_extensions`], [`RateLimitInfo`] |
+//! | at most N requests running per key | [`ConcurrencyLimitLayer`] (see [Concurrency limits](#concurrency-limits)) |
 //!
 //! The layer needs a Tokio runtime with timers (for the check timeout and
 //! for waits). Features: `axum` (`ConnectInfo` peer addresses and
@@ -67,6 +68,71 @@
 //! at most once per second per layer with the count since the last log;
 //! the breaker logs opening (`warn`) and closing (`info`). Install a
 //! `tracing` subscriber to see them.
+//!
+//! # Concurrency limits
+//!
+//! A rate limit caps how often requests *start*; a slow endpoint (exports,
+//! reports, LLM calls) also needs a cap on how many *run at once* per
+//! tenant. [`ConcurrencyLimitLayer`] allows each key at most
+//! `max_in_flight` requests in flight and answers the others `429` (gRPC
+//! `RESOURCE_EXHAUSTED`), with the same key extractors, missing-key
+//! handling and fail-open / fail-closed choice as [`RateLimitLayer`], and
+//! stacks with it:
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{routing::post, Router};
+//! use http::HeaderName;
+//! use tollgate_core::{ConcurrencyPolicy, MemoryStore, Policy};
+//! use tollgate_tower::{ConcurrencyLimitLayer, Header, RateLimitLayer};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MemoryStore::new(); // or a RedisStore shared by every instance
+//! let tenant = Header::new(HeaderName::from_static("x-tenant"));
+//! // At most 2 exports running per tenant; a lease lives 30 s unless renewed.
+//! let running = ConcurrencyLimitLayer::builder(store.clone())
+//!     .policy(ConcurrencyPolicy::max_in_flight(2).lease_ttl(Duration::from_secs(30)).name("exports").build()?)
+//!     .key(tenant.clone())
+//!     .build()?;
+//! // And at most 10 started per minute per tenant.
+//! let started = RateLimitLayer::builder(store)
+//!     .policy(Policy::per_minute(10).name("exports-per-minute").build()?)
+//!     .key(tenant)
+//!     .build()?;
+//! let app: Router = Router::new()
+//!     .route("/exports", post(|| async { "exported" }))
+//!     .layer(running) // inner: runs only for requests the rate limit admitted
+//!     .layer(started);
+//! # let _ = app; Ok(()) }
+//! ```
+//!
+//! Each admitted request holds a **lease** (an id with an expiry) from a
+//! [`LeaseStore`](tollgate_core::LeaseStore):
+//!
+//! - it is released when the response body has been sent in full, when the
+//!   body fails or is dropped, when the inner service fails, and when the
+//!   request's future is dropped (the client disconnected, a timeout layer
+//!   gave up): a permit is never leaked by a cancelled request;
+//! - while the request runs, a task renews it every third of the lease TTL,
+//!   so a request may run longer than the TTL;
+//! - if the instance holding it dies, the lease expires after the TTL and
+//!   the permit comes back by itself.
+//!
+//! Releases and renewals run on the Tokio runtime (a permit dropped outside
+//! one releases at once on the memory store; a Redis lease then expires
+//! with its TTL). A denied request's `Retry-After` is the time until the
+//! earliest live lease expires unless its holder renews it: the latest a
+//! permit comes back without renewals (a release frees one sooner).
+//!
+//! How it differs from tower's `ConcurrencyLimitLayer`: tower's limits the
+//! whole service in one process and applies **backpressure** (`poll_ready`
+//! waits for a permit, requests queue); this one is **keyed** (one limit
+//! per tenant, user or IP), **answers `429`** at once instead of queueing,
+//! is **shared across instances** through a `RedisStore` (one atomic Lua
+//! call per acquire, renew and release), and its permits are **leases
+//! that expire**, so a crashed instance cannot hold them forever. Use
+//! tower's to protect a process from overload, this one for fairness
+//! between tenants.
 
 //! # Charging after the response
 //!
@@ -126,6 +192,7 @@
 mod body;
 mod breaker;
 mod charge;
+mod concurrency;
 mod config;
 mod deny_cache;
 mod future;
@@ -140,6 +207,10 @@ mod service;
 
 pub use body::RateLimitBody;
 pub use charge::Charge;
+pub use concurrency::{
+    ConcurrencyLimit, ConcurrencyLimitBody, ConcurrencyLimitFuture, ConcurrencyLimitLayer,
+    ConcurrencyLimitLayerBuilder,
+};
 pub use config::{ConfigError, FailurePolicy, HeaderMode, MissingKey, Mode};
 pub use future::ResponseFuture;
 pub use info::RateLimitInfo;

@@ -2,7 +2,9 @@
 //!
 //! Exact rate limiting for Rust services: one set of algorithms that behaves
 //! the same in process memory and in Redis (standalone or Cluster), and a
-//! tower `RateLimitLayer` for Axum, Tonic and Hyper.
+//! tower `RateLimitLayer` for Axum, Tonic and Hyper; plus keyed
+//! concurrency limits (`ConcurrencyPolicy`, leases in memory or Redis, and
+//! the tower `ConcurrencyLimitLayer`).
 //!
 //! ```
 //! use tollgate::{MemoryStore, Policy, Store};

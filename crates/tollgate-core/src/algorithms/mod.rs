@@ -13,6 +13,7 @@ mod charge;
 mod fixed_window;
 mod gcra;
 mod leaky_bucket;
+pub mod lease;
 mod sliding_log;
 mod sliding_window;
 mod token_bucket;

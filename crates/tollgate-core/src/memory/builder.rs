@@ -105,6 +105,7 @@ impl MemoryStoreBuilder {
                 max_keys: self.max_keys,
                 when_full: self.when_full,
                 len: AtomicUsize::new(0),
+                leases: super::lease::Leases::new(self.max_keys),
             }),
         }
     }

@@ -277,6 +277,8 @@ struct Inner {
     when_full: WhenFull,
     /// Entries held over all shards (live or expired but not yet swept).
     len: AtomicUsize,
+    /// Leases of concurrency policies (`lease.rs`).
+    leases: lease::Leases,
 }
 
 /// The clock, with the default [`FastClock`](crate::FastClock) dispatched statically (it is
@@ -626,6 +628,7 @@ mod builder;
 mod charge;
 mod entry;
 mod fast;
+mod lease;
 mod sweep;
 mod table;
 #[cfg(test)]

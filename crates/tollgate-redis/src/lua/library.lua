@@ -1,7 +1,7 @@
 -- The tollgate Redis Functions library's registrations (after the prelude,
 -- every algorithm and check.lua; scripts.rs adds the `#!lua name=` line
--- and the versioned function names FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA and
--- FN_GCRA_OOM).
+-- and the versioned function names FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA,
+-- FN_GCRA_OOM, FN_LEASE and FN_LEASE_OOM).
 -- Everything above runs once, at FUNCTION LOAD: a call builds no helper.
 --
 -- ARGV[1] names the plan, one letter per policy (CODES, the order of
@@ -46,6 +46,14 @@ redis.register_function{ function_name = FN_PEEK,
 -- The allow-oom twin (check.lua, NO_NEW_KEYS).
 redis.register_function{ function_name = FN_OOM,
   callback = function(keys, args) return call(keys, args, true) end,
+  flags = { 'allow-oom' } }
+-- Leases of concurrency policies (lease.lua): acquire, renew, release.
+redis.register_function{ function_name = FN_LEASE,
+  callback = function(keys, args) return lease(keys, args, false) end }
+-- Its allow-oom twin: renewals and releases run at maxmemory, and an
+-- acquire that would create a key answers NOROOM instead.
+redis.register_function{ function_name = FN_LEASE_OOM,
+  callback = function(keys, args) return lease(keys, args, true) end,
   flags = { 'allow-oom' } }
 
 -- The one-policy GCRA check (cost >= 1) of a policy whose emission interval
