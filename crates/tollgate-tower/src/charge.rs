@@ -246,8 +246,8 @@ impl<B, St: Store, K: KeyExtractor> PostCharge<Response<B>, St, K> {
 /// Charges `cost` to `subject` in the store that admitted it, within the
 /// layer's timeout. A failure is logged and, when the store as a whole
 /// fails, counted by the circuit breaker; with
-/// [`FailurePolicy::Fallback`] a failed charge of the main store goes to
-/// the fallback store. The response is never lost nor changed.
+/// [`FailurePolicy::Fallback`] a charge the main store failed (not one it
+/// refused) goes to the fallback store. The response is never lost.
 async fn charge<St: Store, K: Send + Sync + 'static>(
     shared: Arc<Shared<St, K>>,
     subject: Subject,
@@ -277,6 +277,12 @@ async fn charge<St: Store, K: Send + Sync + 'static>(
             shared.breaker.failure();
         }
         tracing::warn!(%error, key = %subject.key, cost, "charging after the response failed");
+        // The fallback store takes what the failure policy sends it: the
+        // store's failures (store-wide or this subject's), not a request
+        // it refuses.
+        if matches!(error.scope(), ErrorScope::Request) {
+            return None;
+        }
         fallback?;
     }
     let store = fallback?;
@@ -402,5 +408,58 @@ mod layer_tests {
                 .to_bytes();
             assert_eq!(body, "kept");
         }
+    }
+
+    /// A store that checks in memory but whose charges fail as an
+    /// unreachable store's do.
+    struct DownForCharges(MemoryStore);
+
+    impl Store for DownForCharges {
+        type CheckFuture = std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<Verdict, StoreError>> + Send>,
+        >;
+
+        fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
+            Box::pin(self.0.check(subject, policies, cost))
+        }
+
+        fn charge(
+            &self,
+            _subject: &str,
+            _policies: &[Policy],
+            _cost: u64,
+        ) -> impl std::future::Future<Output = Result<Verdict, StoreError>> + Send + 'static
+        {
+            std::future::ready(Err(StoreError::unavailable("connection refused")))
+        }
+
+        fn reset(
+            &self,
+            subject: &str,
+            policies: &[Policy],
+        ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static {
+            self.0.reset(subject, policies)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_charge_goes_to_the_fallback_store() {
+        let fallback = MemoryStore::new();
+        let policies = [Policy::per_minute(10).name("p").build().unwrap()];
+        let layer = RateLimitLayer::builder(DownForCharges(MemoryStore::new()))
+            .policies(policies.clone())
+            .charge_from_response(|_| 4)
+            .on_store_failure(crate::FailurePolicy::fallback(fallback.clone()))
+            .build()
+            .unwrap();
+        let service = layer.layer(service_fn(|_req: Request<()>| async {
+            Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from("kept"))))
+        }));
+        let peer: SocketAddr = "192.0.2.1:4711".parse().unwrap();
+        let request = Request::get("/").extension(peer).body(()).unwrap();
+        let response = service.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let peek = fallback.peek("192.0.2.1", &policies).await.unwrap();
+        assert_eq!(peek.decisions()[0].remaining(), 6);
     }
 }
