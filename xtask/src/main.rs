@@ -210,7 +210,8 @@ fn run_test_stages(options: &TestOptions, tools: &Tools, stages: &mut Stages) ->
 /// The Redis suites that `test` runs a second time on the `EVALSHA` path
 /// (`TOLLGATE_REDIS_CALL_PATH=evalsha`: their stores log in as an ACL user
 /// without Redis Functions).
-const EVALSHA_SUITES: [&str; 9] = [
+const EVALSHA_SUITES: [&str; 10] = [
+    "charge_after_response",
     "redis_differential",
     "redis_compat",
     "redis_ttl",

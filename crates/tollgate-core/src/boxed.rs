@@ -29,6 +29,9 @@ pub trait DynStore: Send + Sync + 'static {
         cost: u64,
     ) -> Option<Result<Verdict, StoreError>>;
 
+    /// [`Store::charge`], its future boxed.
+    fn charge_boxed(&self, subject: &str, policies: &[Policy], cost: u64) -> BoxCheckFuture;
+
     /// [`Store::reset`], its future boxed.
     fn reset_boxed(&self, subject: &str, policies: &[Policy]) -> BoxResetFuture;
 
@@ -48,6 +51,10 @@ impl<S: Store> DynStore for S {
         cost: u64,
     ) -> Option<Result<Verdict, StoreError>> {
         self.check_now(subject, policies, cost)
+    }
+
+    fn charge_boxed(&self, subject: &str, policies: &[Policy], cost: u64) -> BoxCheckFuture {
+        Box::pin(self.charge(subject, policies, cost))
     }
 
     fn reset_boxed(&self, subject: &str, policies: &[Policy]) -> BoxResetFuture {
@@ -130,6 +137,15 @@ impl Store for BoxStore {
         self.inner.check_now_dyn(subject, policies, cost)
     }
 
+    fn charge(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> impl Future<Output = Result<Verdict, StoreError>> + Send + 'static {
+        self.inner.charge_boxed(subject, policies, cost)
+    }
+
     fn reset(
         &self,
         subject: &str,
@@ -181,6 +197,24 @@ mod tests {
         futures::executor::block_on(store.reset("a", &p)).unwrap();
         assert!(store.check_now("a", &p, 1).unwrap().unwrap().is_allowed());
         assert!(format!("{store:?}").contains("MemoryStore"));
+    }
+
+    #[test]
+    fn charge_is_forwarded_and_refused_by_stores_without_it() {
+        let store = BoxStore::new(MemoryStore::new());
+        let p = policies();
+        let after = futures::executor::block_on(store.charge("a", &p, 5)).unwrap();
+        assert!(!after.is_allowed());
+        let deferred = BoxStore::new(Deferred(MemoryStore::new()));
+        let err = futures::executor::block_on(deferred.charge("a", &p, 1)).unwrap_err();
+        assert!(matches!(
+            err,
+            StoreError::Unsupported {
+                operation: "charge",
+                ..
+            }
+        ));
+        assert!(err.to_string().contains("Deferred"), "{err}");
     }
 
     #[test]

@@ -65,6 +65,16 @@ pub enum StoreError {
         /// The underlying error.
         source: BoxError,
     },
+    /// The store, or a policy's algorithm, does not support the operation
+    /// asked for (for example [`Store::charge`](crate::Store::charge) on a
+    /// store without post-charging, or on a fixed-window policy). Nothing
+    /// was changed; the same call fails the same way every time.
+    Unsupported {
+        /// What was asked for, e.g. `"charge"`.
+        operation: &'static str,
+        /// Why it is refused and what to do instead.
+        detail: String,
+    },
     /// The backend refused this request with an error of its own (for
     /// Redis: a script error, a key of another type, a command it does not
     /// know); the backend's error is the [`source()`](Error::source).
@@ -131,9 +141,10 @@ impl StoreError {
         // Every variant is listed (no wildcard): a new variant must be
         // classified here, on purpose.
         match self {
-            Self::CostTooHigh { .. } | Self::NoPolicies | Self::DuplicatePolicy { .. } => {
-                ErrorScope::Request
-            }
+            Self::CostTooHigh { .. }
+            | Self::NoPolicies
+            | Self::DuplicatePolicy { .. }
+            | Self::Unsupported { .. } => ErrorScope::Request,
             Self::Protocol { .. } | Self::Rejected { .. } => ErrorScope::Subject,
             Self::Full { .. } | Self::OutOfMemory { .. } => ErrorScope::NoRoom,
             Self::Timeout { .. } | Self::Unavailable { .. } | Self::OutcomeUnknown { .. } => {
@@ -169,7 +180,7 @@ impl StoreError {
 ///
 /// | scope | errors | the layer answers | circuit breaker |
 /// |---|---|---|---|
-/// | `Request` | [`StoreError::CostTooHigh`], [`StoreError::NoPolicies`], [`StoreError::DuplicatePolicy`] (and a subject or key too long, where a store refuses one) | `429` without `Retry-After`: the request can never be admitted | not counted |
+/// | `Request` | [`StoreError::CostTooHigh`], [`StoreError::NoPolicies`], [`StoreError::DuplicatePolicy`], [`StoreError::Unsupported`] (and a subject or key too long, where a store refuses one) | `429` without `Retry-After`: the request can never be admitted | not counted |
 /// | `Subject` | [`StoreError::Rejected`] (the backend refused this request: a Redis key of the wrong type, a script error; its error is the `source()`), [`StoreError::Protocol`] (a reply that does not parse) | this request alone by its failure policy (fail-open lets **this** request through, counted and logged) | not counted |
 /// | `NoRoom` | [`StoreError::Full`] (a `MemoryStore` at its bound told to deny), [`StoreError::OutOfMemory`] (Redis at `maxmemory` + `noeviction`, for a subject it does not hold) | denied: `429` with `Retry-After` (or `503`, if the layer is told so); **never** let through, whatever the failure policy | not counted |
 /// | `Store` | [`StoreError::Timeout`], [`StoreError::Unavailable`] (connection refused, `CLUSTERDOWN`, `LOADING`, `BUSY`, `MASTERDOWN`, `READONLY`, authentication), [`StoreError::OutcomeUnknown`] (connection lost mid-call) | the failure policy | counted |
@@ -199,6 +210,7 @@ impl fmt::Display for StoreError {
             Self::Timeout { after } => write!(f, "the store did not answer within {after:?}; the check was not retried (it may have been applied): check the backend's health or raise the timeout"),
             Self::Unavailable { source } => write!(f, "the store is unavailable ({source}); nothing was charged: check that the backend is running and reachable"),
             Self::OutcomeUnknown { source } => write!(f, "the store failed mid-call ({source}); the check may have been applied and was not retried"),
+            Self::Unsupported { operation, detail } => write!(f, "{operation} is not supported: {detail}"),
             Self::Rejected { source } => write!(f, "the store refused the check ({source}); check that the backend and tollgate versions match and that nothing else writes tollgate's keys"),
             Self::Protocol { detail } => write!(f, "the store sent an unexpected reply: {detail}; check that the backend and tollgate versions match"),
         }

@@ -58,7 +58,7 @@ pub use policy::{
     Algorithm, LeakyMode, Policy, PolicyBuilder, PolicyError, MAX_MAGNITUDE, MAX_POLICY_NAME_LEN,
     SLIDING_LOG_MAX_LIMIT,
 };
-pub use store::{validate_check, Store};
+pub use store::{validate_charge, validate_check, Store};
 pub use subject::{
     encode_subject, hash_subject, is_plain, HASHED_SUBJECT_PREFIX, MAX_PLAIN_SUBJECT_LEN,
 };

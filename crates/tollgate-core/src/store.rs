@@ -78,6 +78,62 @@ pub trait Store: Send + Sync + 'static {
         self.check(subject, policies, 0)
     }
 
+    /// Charges `cost` permits to every policy of `subject` **after the
+    /// fact** ("post-charging"): never denied, it may take the subject past
+    /// its limit into a debt, paid back by waiting, of at most one full
+    /// capacity beyond empty (so one charge locks a subject out for at most
+    /// the policy's full reset plus one emission interval; see
+    /// [`algorithms::charge`](crate::algorithms::charge) and ALGORITHMS.md,
+    /// "Charging after the response"). For costs known only once a request
+    /// has run: the tokens a response used, a failed login.
+    ///
+    /// Returns the state after the charge as a peek reports it: allowed
+    /// when a cost-1 request would be admitted now, with `remaining`,
+    /// `retry_after` and `reset_after`. A cost of 0 changes nothing. One
+    /// call is one atomic step for all the policies.
+    ///
+    /// Supported for [`Algorithm::Gcra`](crate::Algorithm::Gcra) and
+    /// [`Algorithm::TokenBucket`](crate::Algorithm::TokenBucket) policies
+    /// ([`validate_charge`]). The default implementation answers
+    /// [`StoreError::Unsupported`]: a store opts in by overriding it
+    /// ([`MemoryStore`](crate::MemoryStore) and `RedisStore` do).
+    ///
+    /// ```
+    /// use tollgate_core::{MemoryStore, Policy, Store};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let store = MemoryStore::new();
+    /// let policies = [Policy::per_minute(5).name("failed-logins").build()?];
+    /// let after = store.charge("203.0.113.7/alice", &policies, 5).await?;
+    /// assert!(!after.is_allowed());
+    /// assert!(!store.peek("203.0.113.7/alice", &policies).await?.is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unsupported`] for a store or an algorithm without
+    /// post-charging; [`StoreError::NoPolicies`] and
+    /// [`StoreError::DuplicatePolicy`] as [`Store::check`]; backend errors
+    /// otherwise. (A cost above the capacity is no error: it charges up to
+    /// the debt bound.)
+    fn charge(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> impl Future<Output = Result<Verdict, StoreError>> + Send + 'static {
+        let _ = (subject, policies, cost);
+        std::future::ready(Err(StoreError::Unsupported {
+            operation: "charge",
+            detail: format!(
+                "the store {} does not support charging after the fact; use MemoryStore or RedisStore, or implement Store::charge",
+                std::any::type_name::<Self>()
+            ),
+        }))
+    }
+
     /// Forgets the state of `policies` for `subject`: its next check sees
     /// full capacity.
     fn reset(
@@ -112,4 +168,41 @@ pub fn validate_check(policies: &[Policy], cost: u64) -> Result<(), StoreError> 
         }
     }
     Ok(())
+}
+
+/// Validates a post-charge ([`Store::charge`]) the way every store must:
+/// no policies, duplicate names, and algorithms without post-charging
+/// (anything but GCRA and the token bucket) are refused. The cost is not
+/// limited.
+///
+/// ```
+/// use tollgate_core::{validate_charge, Algorithm, Policy};
+///
+/// let gcra = Policy::per_minute(10).build()?;
+/// assert!(validate_charge(&[gcra]).is_ok());
+/// let window = Policy::per_minute(10).algorithm(Algorithm::FixedWindow).build()?;
+/// let err = validate_charge(&[window]).unwrap_err();
+/// assert!(err.to_string().contains("fixed_window"), "{err}");
+/// # Ok::<(), tollgate_core::PolicyError>(())
+/// ```
+///
+/// # Errors
+///
+/// As [`Store::charge`] documents for bad requests.
+pub fn validate_charge(policies: &[Policy]) -> Result<(), StoreError> {
+    validate_check(policies, 0)?;
+    match policies
+        .iter()
+        .find(|policy| !crate::algorithms::supports_charge(policy.algorithm()))
+    {
+        Some(policy) => Err(StoreError::Unsupported {
+            operation: "charge",
+            detail: format!(
+                "policy {:?} uses the {} algorithm, which cannot be charged after the fact; give it Algorithm::Gcra (the default) or Algorithm::TokenBucket",
+                policy.name(),
+                policy.algorithm()
+            ),
+        }),
+        None => Ok(()),
+    }
 }

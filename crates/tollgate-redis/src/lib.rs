@@ -180,6 +180,12 @@
 //! tollgate-core's `ALGORITHMS.md` line by line; a differential test holds
 //! the Redis and memory stores equal.
 //!
+//! A post-charge ([`Store::charge`](tollgate_core::Store::charge): a cost
+//! known after the fact, charged into a debt capped at one full capacity
+//! beyond empty; GCRA and the token bucket) is one call of `charge.lua`:
+//! the library's `tollgate_<hash>_charge` function, or its own composed
+//! script on the `EVALSHA` path. Checks run the same code as without it.
+//!
 //! # Clock modes
 //!
 //! [`ClockMode::Redis`] (the default) reads Redis' `TIME` inside the script:
@@ -301,6 +307,7 @@
 
 mod builder;
 mod cell;
+mod charge;
 mod connection;
 mod env;
 mod errors;

@@ -22,6 +22,8 @@ const SLIDING_LOG: &str = include_str!("lua/sliding_log.lua");
 const CHECK: &str = include_str!("lua/check.lua");
 const LIMITER: &str = include_str!("lua/limiter.lua");
 const LIBRARY: &str = include_str!("lua/library.lua");
+const CHARGE: &str = include_str!("lua/charge.lua");
+const CHARGE_LIBRARY: &str = include_str!("lua/charge_library.lua");
 const LEASE: &str = include_str!("lua/lease.lua");
 
 /// The algorithm sources in the order they are concatenated (the queue
@@ -194,6 +196,42 @@ pub(crate) fn compose(plan: &[Algorithm]) -> Result<LuaScript, StoreError> {
     Ok(script)
 }
 
+/// The last line of a post-charge script.
+const RUN_CHARGE: &str = "return charge(PLAN, KEYS, ARGV, 0)\n";
+
+/// Composes the post-charge script (charge.lua) for a list of algorithms,
+/// each GCRA or the token bucket.
+pub(crate) fn compose_charge(plan: &[Algorithm]) -> Result<LuaScript, StoreError> {
+    let mut source = String::with_capacity(12 * 1024);
+    source.push_str(PRELUDE);
+    // charge.lua answers with the algorithms' peeks: both are included.
+    for (part, text) in SOURCES {
+        if matches!(part, Part::Gcra | Part::TokenBucket) {
+            source.push_str(text);
+        }
+    }
+    source.push_str(CHARGE);
+    source.push_str("local PLAN = {");
+    for (i, algorithm) in plan.iter().enumerate() {
+        if i > 0 {
+            source.push_str(", ");
+        }
+        source.push_str(match algorithm {
+            Algorithm::Gcra => "CHG.gcra",
+            Algorithm::TokenBucket => "CHG.token_bucket",
+            other => {
+                return Err(StoreError::Unsupported {
+                    operation: "charge",
+                    detail: format!("the {other} algorithm cannot be charged after the fact; use Algorithm::Gcra or Algorithm::TokenBucket"),
+                })
+            }
+        });
+    }
+    source.push_str("}\n");
+    source.push_str(RUN_CHARGE);
+    Ok(LuaScript::new(source))
+}
+
 /// The rate limiter's script (GCRA with its configuration in a hash).
 pub(crate) fn limiter() -> LuaScript {
     let mut source = String::with_capacity(8 * 1024);
@@ -229,6 +267,8 @@ pub(crate) struct Library {
     /// The one-policy GCRA check of a whole-microsecond policy
     /// ([`Library::fast_gcra`]); its allow-oom twin is `gcra_oom`.
     gcra: LuaScript,
+    /// A post-charge (charge.lua, `FCALL`).
+    charge: LuaScript,
     /// Acquire, renew and release of leases (lease.lua).
     lease: LuaScript,
 }
@@ -241,12 +281,14 @@ impl Library {
             body.push_str(text);
         }
         body.push_str(CHECK);
+        body.push_str(CHARGE);
         body.push_str(LEASE);
         body.push_str(LIBRARY);
+        body.push_str(CHARGE_LIBRARY);
         let hash = redis::Script::new(&body).get_hash().to_owned();
         let name = format!("tollgate_{}", &hash[..12]);
         let source: Arc<str> = format!(
-            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom'\n{body}"
+            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge'\n{body}"
         )
         .into();
         let function = |suffix: &str| LuaScript {
@@ -265,6 +307,7 @@ impl Library {
             check,
             peek: function("peek"),
             gcra,
+            charge: function("charge"),
             lease,
             name: name.into(),
         }
@@ -282,6 +325,11 @@ impl Library {
         } else {
             &self.check
         }
+    }
+
+    /// The post-charge function.
+    pub(crate) fn charge_function(&self) -> &LuaScript {
+        &self.charge
     }
 
     /// The lease function (`FCALL`).
@@ -329,6 +377,8 @@ type Plan = SmallVec<[Algorithm; 4]>;
 pub(crate) struct ScriptCache {
     single: HashMap<Algorithm, LuaScript>,
     combined: RwLock<HashMap<Plan, LuaScript>>,
+    /// Post-charge scripts by algorithm combination, composed on first use.
+    charges: RwLock<HashMap<Plan, LuaScript>>,
     library: Library,
     path: PathState,
 }
@@ -342,6 +392,7 @@ impl ScriptCache {
         Self {
             single,
             combined: RwLock::new(HashMap::new()),
+            charges: RwLock::new(HashMap::new()),
             library: Library::new(),
             path: PathState::default(),
         }
@@ -377,6 +428,25 @@ impl ScriptCache {
         let script = compose(&plan)?;
         let mut combined = self.combined.write().unwrap_or_else(|e| e.into_inner());
         Ok(combined.entry(plan).or_insert(script).clone())
+    }
+}
+
+impl ScriptCache {
+    /// The post-charge script for these algorithms, in this order.
+    pub(crate) fn get_charge(
+        &self,
+        plan: impl Iterator<Item = Algorithm>,
+    ) -> Result<LuaScript, StoreError> {
+        let plan: Plan = plan.collect();
+        {
+            let charges = self.charges.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(script) = charges.get(&plan) {
+                return Ok(script.clone());
+            }
+        }
+        let script = compose_charge(&plan)?;
+        let mut charges = self.charges.write().unwrap_or_else(|e| e.into_inner());
+        Ok(charges.entry(plan).or_insert(script).clone())
     }
 }
 

@@ -376,7 +376,7 @@ pub(crate) async fn run(
 /// The `EVALSHA` of `script` with the arguments of an `FCALL` (`FCALL name
 /// numkeys keys... plan now cost ...`), without the plan.
 #[cold]
-fn evalsha_from_fcall(script: &LuaScript, fcall: &Cmd, keys: usize) -> Cmd {
+pub(crate) fn evalsha_from_fcall(script: &LuaScript, fcall: &Cmd, keys: usize) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.sha());
     for (i, arg) in fcall.args_iter().enumerate().skip(2) {
@@ -455,6 +455,19 @@ impl Store for RedisStore {
             Ok(future) => future,
             Err(error) => Box::pin(std::future::ready(Err(error))),
         }
+    }
+
+    /// One atomic script call for every policy (charge.lua; `FCALL` of the
+    /// library's charge function, or `EVALSHA` on that path). See
+    /// [`Store::charge`].
+    fn charge(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> impl Future<Output = Result<Verdict, StoreError>> + Send + 'static {
+        let future = self.charge_future(subject, policies, cost);
+        async move { future?.await }
     }
 
     fn reset(

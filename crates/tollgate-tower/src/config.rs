@@ -217,6 +217,18 @@ pub enum ConfigError {
     },
     /// The check timeout was zero.
     ZeroTimeout,
+    /// The layer charges after the response
+    /// ([`charge_from_response`](crate::RateLimitLayerBuilder::charge_from_response))
+    /// but a tier has a policy whose algorithm cannot be charged after the
+    /// fact (`source` says which), or a per-request
+    /// [`cost`](crate::RateLimitLayerBuilder::cost) was set too (`tier` and
+    /// `source` are then `None`).
+    ChargeAfterResponse {
+        /// The tier with the policy that cannot be charged.
+        tier: Option<String>,
+        /// What the store would refuse.
+        source: Option<StoreError>,
+    },
     /// A [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) was given
     /// [`FailurePolicy::Fallback`], whose rate-limit store holds no leases.
     FallbackNotSupported,
@@ -237,6 +249,16 @@ impl fmt::Display for ConfigError {
             Self::InvalidPolicies { tier, source } => {
                 write!(f, "the policies of tier {tier:?} cannot be checked together: {source}")
             }
+            Self::ChargeAfterResponse { tier: Some(tier), source } => {
+                write!(f, "tier {tier:?} cannot be charged after the response")?;
+                if let Some(source) = source {
+                    write!(f, ": {source}")?;
+                }
+                Ok(())
+            }
+            Self::ChargeAfterResponse { tier: None, .. } => f.write_str(
+                "charge_from_response and cost cannot be combined: the cost is decided after the response; drop .cost(..), or add a fixed amount in charge_from_response's function",
+            ),
             Self::ZeroTimeout => f.write_str(
                 "the check timeout is zero, so every check would fail: use a positive timeout such as 250 ms",
             ),
@@ -251,6 +273,10 @@ impl Error for ConfigError {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
         match self {
             Self::InvalidPolicies { source, .. } => Some(source),
+            Self::ChargeAfterResponse {
+                source: Some(source),
+                ..
+            } => Some(source),
             _ => None,
         }
     }

@@ -14,6 +14,7 @@ use tokio::time::{Instant, Sleep};
 use tollgate_core::{BoxCheckFuture, Store, StoreError, Verdict};
 use tower_service::Service;
 
+use crate::charge::PostCharge;
 use crate::headers::RateLimitHeaders;
 use crate::key::KeyExtractor;
 use crate::layer::Shared;
@@ -32,6 +33,8 @@ pin_project! {
         // Boxed: only requests that wait (a store that answers later, a
         // shaping delay) need it, and the fast path stays small to move.
         pending: Option<Box<Pending<S, St, K, ReqBody>>>,
+        // Charging after the response (charge.rs), when the layer does.
+        charge: Option<Box<PostCharge<S::Response, St, K>>>,
     }
 }
 
@@ -65,6 +68,9 @@ pin_project! {
         Done {
             response: Option<Response<Bytes>>,
         },
+        // The inner service answered; its response waits in `charge`
+        // while the cost is charged.
+        Charging,
     }
 }
 
@@ -89,6 +95,7 @@ where
             State::Wait { .. } => "waiting",
             State::Inner { .. } => "calling the inner service",
             State::Done { .. } => "answered",
+            State::Charging => "charging after the response",
         };
         f.debug_struct("ResponseFuture")
             .field("state", &state)
@@ -106,6 +113,7 @@ where
         Self {
             state: State::Inner { future, headers },
             pending: None,
+            charge: None,
         }
     }
 
@@ -115,6 +123,7 @@ where
                 response: Some(response),
             },
             pending: None,
+            charge: None,
         }
     }
 
@@ -134,7 +143,14 @@ where
         Self {
             state: enter(next, &mut pending),
             pending,
+            charge: None,
         }
+    }
+
+    /// Charges after the response with `charge`.
+    pub(crate) fn with_charge(mut self, charge: Box<PostCharge<S::Response, St, K>>) -> Self {
+        self.charge = Some(charge);
+        self
     }
 }
 
@@ -200,10 +216,35 @@ where
             let next = match this.state.as_mut().project() {
                 StateProj::Inner { future, headers } => {
                     let mut response = ready!(future.poll(cx))?;
-                    if let Some(headers) = headers.take() {
-                        headers.apply(response.headers_mut());
-                    }
+                    let headers = headers.take();
+                    let response = match this.charge.as_mut() {
+                        // The headers then describe the state after the
+                        // charge (or, if there is none, these).
+                        Some(charge) => match charge.begin(response, headers) {
+                            Ok(()) => {
+                                this.state.set(State::Charging);
+                                continue;
+                            }
+                            Err(response) => response,
+                        },
+                        None => {
+                            if let Some(headers) = headers {
+                                headers.apply(response.headers_mut());
+                            }
+                            response
+                        }
+                    };
                     return Poll::Ready(Ok(response.map(RateLimitBody::inner)));
+                }
+                StateProj::Charging => {
+                    let charged = match this.charge.as_mut() {
+                        Some(charge) => ready!(charge.poll(cx)),
+                        None => None,
+                    };
+                    return Poll::Ready(match charged {
+                        Some(response) => Ok(response.map(RateLimitBody::inner)),
+                        None => Ok(missing_request().map(RateLimitBody::own)),
+                    });
                 }
                 StateProj::Done { response } => {
                     let response = response.take().unwrap_or_else(missing_request);

@@ -37,6 +37,7 @@
 //! | several limits at once | [`RateLimitLayerBuilder::policy`] several times (checked atomically) |
 //! | plans / tiers | [`RateLimitLayerBuilder::tier`] and [`RateLimitLayerBuilder::tier_by`] |
 //! | expensive requests | [`RateLimitLayerBuilder::cost`] |
+//! | a cost known only after the response (failed logins, LLM tokens) | [`RateLimitLayerBuilder::charge_from_response`], [`Charge`] |
 //! | try before enforcing, or delay instead of reject | [`Mode`] |
 //! | the store is down | [`FailurePolicy`], [`RateLimitLayerBuilder::check_timeout`], [`RateLimitLayerBuilder::circuit_breaker`] |
 //! | requests without a key | [`MissingKey`] |
@@ -133,11 +134,64 @@
 //! tower's to protect a process from overload, this one for fairness
 //! between tenants.
 
+//! # Charging after the response
+//!
+//! Some costs are known only once the handler has run: a failed login (a
+//! successful one should cost nothing), the tokens an LLM response used.
+//! [`RateLimitLayerBuilder::charge_from_response`] computes the cost from
+//! the response head; before the handler runs the layer only peeks (a
+//! subject with no permit left gets the usual `429` and never reaches the
+//! handler), and once the response head is ready it charges the cost with
+//! [`Store::charge`](tollgate_core::Store::charge), awaiting it before the
+//! response is returned. The charge may take the subject past its limit
+//! into a debt paid back by waiting, capped at one full capacity beyond
+//! empty: one response locks a subject out for at most the policy's full
+//! reset plus one emission interval. A handler adds or refunds cost through
+//! the [`Charge`] handle in the request extensions; an admitted
+//! response's `RateLimit` fields describe the state after the charge.
+//! Only GCRA (the default)
+//! and token-bucket policies can be charged after the fact; `build()`
+//! refuses the others with [`ConfigError::ChargeAfterResponse`].
+//!
+//! ```
+//! use std::net::SocketAddr;
+//! use axum::{http::{HeaderMap, HeaderName, StatusCode}, routing::post, Router};
+//! use tollgate_core::{MemoryStore, Policy};
+//! use tollgate_tower::{ApiKey, Header, PeerIp, RateLimitLayer};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // 5 failed logins per 15 minutes per (IP, username); successes are free.
+//! let failed_logins = RateLimitLayer::builder(MemoryStore::new())
+//!     .policy(Policy::per(5, std::time::Duration::from_secs(900)).name("failed-logins").build()?)
+//!     .key((PeerIp::new(), Header::new(HeaderName::from_static("x-username"))))
+//!     .charge_from_response(|parts| u64::from(parts.status == StatusCode::UNAUTHORIZED))
+//!     .build()?;
+//! // 10 000 tokens per minute per API key, as each response reports them.
+//! let tokens = RateLimitLayer::builder(MemoryStore::new())
+//!     .policy(Policy::per_minute(10_000).name("tokens").build()?)
+//!     .key(ApiKey::new())
+//!     .charge_from_response(|parts| {
+//!         parts.headers.get("x-tokens-used")
+//!             .and_then(|v| v.to_str().ok()?.parse().ok())
+//!             .unwrap_or(0)
+//!     })
+//!     .build()?;
+//! let app: Router = Router::new()
+//!     .route("/login", post(|| async { StatusCode::UNAUTHORIZED }).layer(failed_logins))
+//!     .route("/v1/complete", post(|| async {
+//!         let mut headers = HeaderMap::new();
+//!         headers.insert("x-tokens-used", 3_000.into());
+//!         (headers, "…")
+//!     }).layer(tokens));
+//! # let _ = app; Ok(()) }
+//! ```
+//!
 // docs.rs shows which feature each item needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod body;
 mod breaker;
+mod charge;
 mod concurrency;
 mod config;
 mod deny_cache;
@@ -152,6 +206,7 @@ mod response;
 mod service;
 
 pub use body::RateLimitBody;
+pub use charge::Charge;
 pub use concurrency::{
     ConcurrencyLimit, ConcurrencyLimitBody, ConcurrencyLimitFuture, ConcurrencyLimitLayer,
     ConcurrencyLimitLayerBuilder,

@@ -102,10 +102,16 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 }
             }
         }
-        let cost = self.cost(parts);
-        if cost == 0 {
-            return Next::Forward(None);
-        }
+        // Charging after the response: only a peek now.
+        let cost = if self.charge.is_some() {
+            0
+        } else {
+            let cost = self.cost(parts);
+            if cost == 0 {
+                return Next::Forward(None);
+            }
+            cost
+        };
         let now = Instant::now();
         let tier = self.tier_index(parts);
         // The span only when it is recorded: building one costs even with
@@ -352,7 +358,12 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         }
     }
 
-    fn headers(&self, tier: &Tier, verdict: &Verdict, limited: bool) -> RateLimitHeaders {
+    pub(crate) fn headers(
+        &self,
+        tier: &Tier,
+        verdict: &Verdict,
+        limited: bool,
+    ) -> RateLimitHeaders {
         let fields = match self.header_mode {
             HeaderMode::All => true,
             HeaderMode::LimitedOnly => limited,
@@ -408,6 +419,9 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     ) -> Next<St> {
         let tier = self.tier(ticket);
         if verdict.is_allowed() {
+            if let Some(charge) = extensions.get::<crate::Charge>() {
+                charge.admit(&ticket.key, ticket.tier, ticket.fallback);
+            }
             observe::allowed(tier);
             let delay = verdict.delay();
             if self.mode == Mode::DryRun {

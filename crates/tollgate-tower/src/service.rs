@@ -9,6 +9,7 @@ use http_body::Body;
 use tollgate_core::Store;
 use tower_service::Service;
 
+use crate::charge::{Charge, PostCharge};
 use crate::future::ResponseFuture;
 use crate::key::KeyExtractor;
 use crate::layer::Shared;
@@ -113,6 +114,13 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let (mut parts, body) = request.into_parts();
+        // Charging after the response: a handle for the handler, and the
+        // post-response step.
+        let charge = self.shared.charge.is_some().then(|| {
+            let handle = Charge::new();
+            parts.extensions.insert(handle.clone());
+            PostCharge::new(Arc::clone(&self.shared), handle)
+        });
         let mut ticket = None;
         let mut next = self.shared.start(&mut parts, &mut ticket);
         // A store that answers synchronously does so through
@@ -126,7 +134,7 @@ where
             }
         }
         let request = Request::from_parts(parts, body);
-        match next {
+        let future = match next {
             Next::Forward(headers) => ResponseFuture::forward(self.inner.call(request), headers),
             Next::Respond(response) => ResponseFuture::respond(response),
             next => match ticket {
@@ -143,6 +151,10 @@ where
                     ResponseFuture::forward(self.inner.call(request), None)
                 }
             },
+        };
+        match charge {
+            Some(charge) => future.with_charge(charge),
+            None => future,
         }
     }
 }

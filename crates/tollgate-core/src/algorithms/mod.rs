@@ -9,6 +9,7 @@ use std::collections::VecDeque;
 
 use crate::{Algorithm, Decision, LeakyMode, Policy};
 
+mod charge;
 mod fixed_window;
 mod gcra;
 mod leaky_bucket;
@@ -17,6 +18,7 @@ mod sliding_log;
 mod sliding_window;
 mod token_bucket;
 
+pub use charge::{charge, supports_charge};
 pub use gcra::{
     throttle, throttle_policy, throttle_reply, ThrottleError, ThrottleReply, THROTTLE_POLICY_NAME,
 };

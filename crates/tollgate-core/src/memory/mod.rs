@@ -127,8 +127,8 @@ use self::entry::{Body, Entry};
 use self::fast::check_policy;
 use self::table::{intern, same_name, Key, Shard, ShardLock};
 use crate::{
-    validate_check, Algorithm, Clock, Decision, Policy, Store, StoreError, Verdict,
-    MAX_PLAIN_SUBJECT_LEN,
+    validate_charge, validate_check, Algorithm, Clock, Decision, Policy, Store, StoreError,
+    Verdict, MAX_PLAIN_SUBJECT_LEN,
 };
 
 /// Operations on a shard between two incremental sweeps.
@@ -557,6 +557,15 @@ impl Store for MemoryStore {
         Some(self.check(subject, policies, cost).into_inner())
     }
 
+    fn charge(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> impl std::future::Future<Output = Result<Verdict, StoreError>> + Send + 'static {
+        ready(self.charge_now(subject, policies, cost))
+    }
+
     fn reset(
         &self,
         subject: &str,
@@ -616,6 +625,7 @@ impl Inner {
 }
 
 mod builder;
+mod charge;
 mod entry;
 mod fast;
 mod lease;

@@ -1,0 +1,26 @@
+-- The post-charge's registration in the tollgate Redis Functions library
+-- (after library.lua; scripts.rs adds FN_CHARGE). ARGV[1] names the plan,
+-- one letter per policy as library.lua's CODES (GCRA and the token bucket
+-- only); the rest is charge.lua's arguments.
+local CHARGE_CODES = { a = CHG.gcra, c = CHG.token_bucket }
+local CHARGE_PLANS = {}
+redis.register_function{ function_name = FN_CHARGE,
+  callback = function(keys, args)
+    local code = args[1]
+    local p = CHARGE_PLANS[code]
+    if p == nil then
+      if type(code) ~= 'string' or #code == 0 or #code > 64 then
+        return redis.error_reply('ERR tollgate: unknown charge plan; upgrade tollgate-redis')
+      end
+      p = {}
+      for i = 1, #code do
+        local alg = CHARGE_CODES[string.sub(code, i, i)]
+        if alg == nil then
+          return redis.error_reply('ERR tollgate: this algorithm cannot be charged after the fact; use GCRA or the token bucket')
+        end
+        p[i] = alg
+      end
+      CHARGE_PLANS[code] = p
+    end
+    return charge(p, keys, args, 1)
+  end }
