@@ -101,6 +101,18 @@ impl Counter {
         })
     }
 
+    /// Creates the counter at 0 with a TTL unless another process did:
+    /// every key a test leaves must expire (`redis_ttl` audits the
+    /// servers while the suites run).
+    async fn create(&mut self, key: &str) -> Result<(), redis::RedisError> {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(0).arg("NX").arg("EX").arg(600);
+        match self {
+            Self::Standalone(c) => cmd.query_async::<Option<String>>(c).await.map(drop),
+            Self::Cluster(c) => cmd.query_async::<Option<String>>(c).await.map(drop),
+        }
+    }
+
     async fn add(&mut self, key: &str, by: i64) -> Result<i64, redis::RedisError> {
         let mut cmd = redis::cmd("INCRBY");
         cmd.arg(key).arg(by);
@@ -178,7 +190,8 @@ async fn load(
         .ok_or("missing --counter")?
         .as_str()
         .into();
-    let redis = Counter::open(target).await?;
+    let mut redis = Counter::open(target).await?;
+    redis.create(&counter).await?;
     let max_inside = Arc::new(AtomicI64::new(0));
     let subject = subject.to_owned();
     let layer = ConcurrencyLimitLayer::builder(store)
