@@ -198,6 +198,8 @@ pub(crate) fn compose(plan: &[Algorithm]) -> Result<LuaScript, StoreError> {
 
 /// The last line of a post-charge script.
 const RUN_CHARGE: &str = "return charge(PLAN, KEYS, ARGV, 0)\n";
+/// The last line of its allow-oom twin.
+const RUN_CHARGE_NO_NEW_KEYS: &str = "return charge(PLAN, KEYS, ARGV, 0, true)\n";
 
 /// Composes the post-charge script (charge.lua) for a list of algorithms,
 /// each GCRA or the token bucket.
@@ -228,8 +230,11 @@ pub(crate) fn compose_charge(plan: &[Algorithm]) -> Result<LuaScript, StoreError
         });
     }
     source.push_str("}\n");
+    let twin = format!("{ALLOW_OOM_SHEBANG}{source}{RUN_CHARGE_NO_NEW_KEYS}");
     source.push_str(RUN_CHARGE);
-    Ok(LuaScript::new(source))
+    let mut script = LuaScript::new(source);
+    script.allow_oom = Some(Arc::new(LuaScript::new(twin)));
+    Ok(script)
 }
 
 /// The rate limiter's script (GCRA with its configuration in a hash).
@@ -288,7 +293,7 @@ impl Library {
         let hash = redis::Script::new(&body).get_hash().to_owned();
         let name = format!("tollgate_{}", &hash[..12]);
         let source: Arc<str> = format!(
-            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge'\n{body}"
+            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom'\n{body}"
         )
         .into();
         let function = |suffix: &str| LuaScript {
@@ -303,11 +308,13 @@ impl Library {
         gcra.allow_oom = Some(Arc::new(function("gcra_oom")));
         let mut lease = function("lease");
         lease.allow_oom = Some(Arc::new(function("lease_oom")));
+        let mut charge = function("charge");
+        charge.allow_oom = Some(Arc::new(function("charge_oom")));
         Self {
             check,
             peek: function("peek"),
             gcra,
-            charge: function("charge"),
+            charge,
             lease,
             name: name.into(),
         }

@@ -126,7 +126,7 @@ CHG.token_bucket = function(key, L, P, B, now, c)
   return ALG.token_bucket(key, L, P, B, now, 0)
 end
 
-local function charge(PLAN, KEYS, ARGV, o)
+local function charge(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
   local n = #KEYS
   if n ~= #PLAN or #ARGV ~= o + 2 + n then
     return redis.error_reply('ERR tollgate: charge called with ' .. n .. ' keys and ' .. (#ARGV - o) .. ' arguments for ' .. #PLAN .. ' policies')
@@ -149,6 +149,17 @@ local function charge(PLAN, KEYS, ARGV, o)
       return redis.error_reply('ERR tollgate: policy ' .. i .. ' is not <limit>:<period_us>:<capacity>')
     end
     policies[i] = { L, P, B }
+  end
+  if NO_NEW_KEYS and cost > 0 then
+    -- The allow-oom twin (run after Redis refused the charge with OOM, at
+    -- maxmemory + noeviction): held subjects are charged exactly; one
+    -- whose key would have to be created is answered NOROOM, nothing
+    -- written.
+    for i = 1, n do
+      if redis.call('EXISTS', KEYS[i]) == 0 then
+        return redis.status_reply('NOROOM')
+      end
+    end
   end
   local reply = {}
   for i = 1, n do
