@@ -59,27 +59,7 @@ impl Shard {
             self.tick(inner, now);
             return Ok(verdict);
         }
-        let apply = |entry: &mut Entry, names: &mut Vec<Arc<str>>| {
-            for (policy, step) in policies.iter().zip(steps) {
-                if let Some(state) = step.new_state {
-                    let name = policy.shared_name();
-                    entry.write(names, name, state, step.expires_at_us, hot);
-                }
-            }
-            entry.refresh(names, now);
-        };
-        match index.and_then(|index| self.table.get_bucket_mut(index)) {
-            Some(entry) => {
-                apply(entry, &mut self.names);
-                let expires_at_us = entry.expires_at_us(hot);
-                self.note_expiry(expires_at_us);
-            }
-            None => {
-                let mut entry = Entry::empty(key);
-                apply(&mut entry, &mut self.names);
-                self.insert(inner, hash, entry, now)?;
-            }
-        }
+        self.write_steps(inner, hash, key, index, policies.iter().zip(steps), now)?;
         self.tick(inner, now);
         Ok(verdict)
     }

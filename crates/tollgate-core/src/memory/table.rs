@@ -231,8 +231,26 @@ impl Shard {
             self.tick(inner, now);
             return Ok(verdict);
         }
+        self.write_steps(inner, hash, key, index, policies.iter().zip(steps), now)?;
+        self.tick(inner, now);
+        Ok(verdict)
+    }
+
+    /// Writes the new states of `steps` (each policy with its step) to the
+    /// subject's entry at `index`, or to a new entry when there is none,
+    /// and notes when it expires. Shared by checks and post-charges.
+    pub(super) fn write_steps<'p>(
+        &mut self,
+        inner: &Inner,
+        hash: u64,
+        key: &[u8],
+        index: Option<usize>,
+        steps: impl Iterator<Item = (&'p Policy, Step)>,
+        now: u64,
+    ) -> Result<(), StoreError> {
+        let hot = self.hot_tat.load(Ordering::Relaxed);
         let apply = |entry: &mut Entry, names: &mut Vec<Arc<str>>| {
-            for (policy, step) in policies.iter().zip(steps) {
+            for (policy, step) in steps {
                 if let Some(state) = step.new_state {
                     let name = policy.shared_name();
                     entry.write(names, name, state, step.expires_at_us, hot);
@@ -252,8 +270,7 @@ impl Shard {
                 self.insert(inner, hash, entry, now)?;
             }
         }
-        self.tick(inner, now);
-        Ok(verdict)
+        Ok(())
     }
 
     #[inline(never)]
