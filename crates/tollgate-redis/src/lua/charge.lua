@@ -63,17 +63,9 @@ CHG.token_bucket = function(key, L, P, B, now, c)
   local S, I = bucket_scale(L, P, B)
   local full = B * I
   local level, last = full, now
-  local stored_level, stored_last = nil, nil
-  local value = read_string(key)
-  if value ~= nil then
-    local a, b = string.match(value, '^token_bucket:(%d+):(%d+)$')
-    if a ~= nil then
-      local l, t = num(a), num(b)
-      if l ~= nil and t ~= nil then
-        level, last = l, t
-        stored_level, stored_last = l, t
-      end
-    end
+  local stored_level, stored_last = token_bucket_read(key)
+  if stored_level ~= nil then
+    level, last = stored_level, stored_last
   end
   if level > full then
     level = full
@@ -131,13 +123,7 @@ local function charge(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
   if n ~= #PLAN or #ARGV ~= o + 2 + n then
     return redis.error_reply('ERR tollgate: charge called with ' .. n .. ' keys and ' .. (#ARGV - o) .. ' arguments for ' .. #PLAN .. ' policies')
   end
-  local now
-  if ARGV[o + 1] == '' then
-    local time = redis.call('TIME')
-    now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-  else
-    now = tonumber(ARGV[o + 1])
-  end
+  local now = now_of(ARGV[o + 1])
   local cost = tonumber(ARGV[o + 2])
   if cost == nil or cost < 0 then
     return redis.error_reply('ERR tollgate: the charge is not a non-negative integer')

@@ -21,13 +21,7 @@ local function check(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
   if n ~= #PLAN or #ARGV ~= o + 2 + n then
     return redis.error_reply('ERR tollgate: script called with ' .. n .. ' keys and ' .. (#ARGV - o) .. ' arguments for ' .. #PLAN .. ' policies')
   end
-  local now
-  if ARGV[o + 1] == '' then
-    local time = redis.call('TIME')
-    now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-  else
-    now = tonumber(ARGV[o + 1])
-  end
+  local now = now_of(ARGV[o + 1])
   local cost = tonumber(ARGV[o + 2])
   if n == 1 then
     -- One policy (the common case): no table of decisions, and the reply

@@ -29,13 +29,7 @@ local function lease(KEYS, ARGV, NO_NEW_KEYS)
     return redis.error_reply('ERR tollgate: lease called with ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments; upgrade tollgate-redis')
   end
   local key = KEYS[1]
-  local now
-  if ARGV[2] == '' then
-    local time = redis.call('TIME')
-    now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-  else
-    now = tonumber(ARGV[2])
-  end
+  local now = now_of(ARGV[2])
   local max, ttl, id = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
   if now == nil or max == nil or ttl == nil then
     return redis.error_reply('ERR tollgate: lease arguments are not numbers')

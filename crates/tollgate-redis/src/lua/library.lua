@@ -101,6 +101,7 @@ local function gcra_fast(keys, args, no_new_keys)
   if f == nil then
     return redis.error_reply('ERR tollgate: fast GCRA argument is not <limit>:<period_us>:<capacity>:<cost>; upgrade tollgate-redis')
   end
+  -- now_of (prelude.lua) inlined: the fast path saves the Lua call.
   local now
   if args[2] == nil then
     local time = redis.call('TIME')

@@ -47,13 +47,7 @@ local permits = tonumber(ARGV[3])
 if permits > rate then
   return { -2, 0, -1, 0, rate, interval, kind_code }
 end
-local now
-if ARGV[2] == '' then
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-else
-  now = tonumber(ARGV[2])
-end
+local now = now_of(ARGV[2])
 local S, I = bucket_scale(rate, interval, rate)
 local us, rem = pair_parse(read_string(key), 'gcra', S)
 local ok, remaining, retry, reset, _, new_us, new_rem, repair_us, repair_rem = pair_step(us, rem, S, I, rate, now, permits)

@@ -71,6 +71,17 @@ local function tolerance(full_reset)
   return full_reset
 end
 
+-- Now in microseconds since the epoch: Redis' TIME when the client sent ''
+-- (the default: every instance sees one clock), else the client's clock
+-- (ClockMode::Client, for tests).
+local function now_of(arg)
+  if arg == '' then
+    local time = redis.call('TIME')
+    return tonumber(time[1]) * 1000000 + tonumber(time[2])
+  end
+  return tonumber(arg)
+end
+
 -- Writes a string state that expires at expires_us (microseconds): one
 -- call (SET ... PXAT, Redis 6.2 and later).
 local function put(key, value, expires_us)

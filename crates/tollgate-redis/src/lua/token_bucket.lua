@@ -1,19 +1,31 @@
 -- Token bucket. level = tokens x I; refill S units per microsecond
 -- (S, I = bucket_scale(L, P, B): S = L and I = P when exact).
 -- State: the string "token_bucket:<level>:<last_us>".
+-- The stored level and last of key, or nil when it holds no readable
+-- token-bucket state (also read by charge.lua).
+local function token_bucket_read(key)
+  local value = read_string(key)
+  if value == nil then
+    return nil
+  end
+  local a, b = string.match(value, '^token_bucket:(%d+):(%d+)$')
+  if a == nil then
+    return nil
+  end
+  local l, t = num(a), num(b)
+  if l == nil or t == nil then
+    return nil
+  end
+  return l, t
+end
+
 ALG.token_bucket = function(key, L, P, B, now, c)
   local S, I = bucket_scale(L, P, B)
   local full = B * I
   local level, last = full, now
-  local value = read_string(key)
-  if value ~= nil then
-    local a, b = string.match(value, '^token_bucket:(%d+):(%d+)$')
-    if a ~= nil then
-      local l, t = num(a), num(b)
-      if l ~= nil and t ~= nil then
-        level, last = l, t
-      end
-    end
+  local l, t = token_bucket_read(key)
+  if l ~= nil then
+    level, last = l, t
   end
   if level > full then
     level = full
