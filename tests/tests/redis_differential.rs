@@ -100,11 +100,74 @@ fn case_with(first: Algorithm) -> impl Strategy<Value = (Vec<Policy>, Vec<Op>)> 
     })
 }
 
+/// Plain connections to every server the store's keys may live on (one
+/// standalone server, or each Cluster master: a key's owner answers, the
+/// others redirect).
+fn nodes(cluster: bool) -> Vec<redis::Connection> {
+    let urls = if cluster {
+        tollgate_tests::cluster_urls()
+    } else {
+        vec![tollgate_tests::redis_url()]
+    };
+    urls.iter().map(|url| redis_common::raw(url)).collect()
+}
+
+/// `key`'s `PEXPIRETIME` (ms; -2 when there is no key), asked of the node
+/// that owns it.
+fn pexpiretime(nodes: &mut [redis::Connection], key: &str) -> Result<i64, TestCaseError> {
+    for node in nodes.iter_mut() {
+        match redis::cmd("PEXPIRETIME").arg(key).query::<i64>(node) {
+            Ok(at) => return Ok(at),
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Moved) => {}
+            Err(e) => return Err(TestCaseError::fail(format!("PEXPIRETIME {key}: {e}"))),
+        }
+    }
+    Err(TestCaseError::fail(format!("no node owns {key}")))
+}
+
+/// Forgets, in both stores, each state whose expiry the manual clock has
+/// reached. A client-clock key stays in Redis until Redis' own clock
+/// passes its `PXAT` (a day ahead here), while `MemoryStore` drops a
+/// subject's expired states whenever it next writes that subject; a clock
+/// that then jumps back before the expiry would find the state in one store
+/// and not in the other, both correct (an expired state is a full one, so
+/// only a clock going back can tell them apart). Forgetting on both sides
+/// holds them to the one contract: a state is gone once its expiry passed.
+/// `PXAT` rounds the expiry up to the millisecond, so a key whose `PXAT`
+/// is within a millisecond of now may already be gone from memory: it is
+/// forgotten too.
+fn forget_expired(
+    runtime: &tokio::runtime::Runtime,
+    nodes: &mut [redis::Connection],
+    stores: (&RedisStore, &MemoryStore),
+    subject: &str,
+    policies: &[Policy],
+    now_us: u64,
+) -> Result<(), TestCaseError> {
+    let (redis, memory) = stores;
+    for policy in policies {
+        let key = redis.key_for(subject, policy.name());
+        let Ok(at_ms) = u64::try_from(pexpiretime(nodes, &key)?) else {
+            continue;
+        };
+        if at_ms.saturating_mul(1000) <= now_us.saturating_add(1000) {
+            runtime
+                .block_on(redis.reset(subject, std::slice::from_ref(policy)))
+                .map_err(|e| TestCaseError::fail(format!("Redis reset failed: {e}")))?;
+            runtime
+                .block_on(memory.reset(subject, std::slice::from_ref(policy)))
+                .map_err(|e| TestCaseError::fail(format!("memory reset failed: {e}")))?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs one case: a fresh subject and memory store, the clock restarted a
-/// day ahead of the wall clock, then every op on both stores.
+/// day ahead of the wall clock, then every op on both stores (and after
+/// each, the states that expired forgotten in both: [`forget_expired`]).
 fn run_case(
     runtime: &tokio::runtime::Runtime,
-    redis: &RedisStore,
+    (redis, nodes): (&RedisStore, &mut [redis::Connection]),
     clock: &ManualClock,
     subject: &str,
     policies: &[Policy],
@@ -157,6 +220,7 @@ fn run_case(
                 }
             }
         }
+        forget_expired(runtime, nodes, (redis, &memory), subject, policies, now)?;
     }
     Ok(())
 }
@@ -182,10 +246,19 @@ fn differential(
         ..Config::default()
     });
     let case_number = std::sync::atomic::AtomicU64::new(0);
+    let nodes = std::cell::RefCell::new(nodes(cluster));
     let result = runner.run(&strategy, |(policies, ops)| {
         let n = case_number.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let subject = format!("subject-{n}");
-        run_case(&runtime, &redis, &clock, &subject, &policies, &ops)
+        let mut nodes = nodes.borrow_mut();
+        run_case(
+            &runtime,
+            (&redis, &mut nodes),
+            &clock,
+            &subject,
+            &policies,
+            &ops,
+        )
     });
     if let Err(error) = result {
         panic!("RedisStore and MemoryStore disagree: {error}");
@@ -370,6 +443,7 @@ fn the_found_flake_is_a_regression_test() {
         &unique_prefix("diff-flake"),
         client(&clock),
     ));
+    let mut nodes = nodes(false);
     let limit = u64::from(u32::MAX);
     // The longest period that kept limit × period within 2^52 before.
     let period_us = (1_u64 << 52) / limit;
@@ -416,7 +490,7 @@ fn the_found_flake_is_a_regression_test() {
         let subject = format!("flake-{algorithm}");
         run_case(
             &runtime,
-            &redis,
+            (&redis, &mut nodes),
             &clock,
             &subject,
             std::slice::from_ref(&policy),
@@ -508,4 +582,67 @@ fn gcd(a: u64, b: u64) -> u64 {
     } else {
         gcd(b, a % b)
     }
+}
+
+/// A case the differential found: after a denial by another policy wrote
+/// the subject's entry, the memory store had dropped a fixed window that
+/// had expired; the clock then went back 666 s, before that expiry, and
+/// Redis (which keeps the key until its own clock passes the `PXAT`) still
+/// read the window while memory did not. `run_case` now forgets expired
+/// states in both stores (`forget_expired`); without that this failed every
+/// time.
+#[test]
+fn a_clock_back_past_an_expired_state_is_a_regression_test() {
+    let runtime = tokio::runtime::Runtime::new().expect("a Tokio runtime");
+    let clock = manual_clock();
+    let redis = runtime.block_on(redis_common::standalone(
+        &unique_prefix("diff-expired"),
+        client(&clock),
+    ));
+    let mut nodes = nodes(false);
+    let build = |builder: tollgate_core::PolicyBuilder| builder.build().expect("valid");
+    let policies = [
+        build(
+            Policy::per(6, Duration::from_micros(999_983))
+                .algorithm(Algorithm::FixedWindow)
+                .name("p0"),
+        ),
+        build(
+            Policy::per(7, Duration::from_secs(3600))
+                .algorithm(Algorithm::LeakyBucket(LeakyMode::Meter))
+                .burst(3)
+                .name("p1"),
+        ),
+        build(
+            Policy::per(6, Duration::from_secs(3600))
+                .algorithm(Algorithm::SlidingLog)
+                .name("p2"),
+        ),
+    ];
+    let check = |step, cost| Op::Check { step, cost };
+    let ops = [
+        check(0, 1),
+        check(0, 1),
+        check(47, 1),
+        check(3_579_845_024, 1),
+        check(400, 0),
+        check(1_011_087_248, 0),
+        Op::Reset { step: 0 },
+        check(0, 1),
+        check(-2_476_484_117, 9),
+        check(0, 1),
+        check(273_437_402, 1),
+        check(0, 1),
+        check(-665_840_118, 1),
+        check(1_133_572_553, 0),
+    ];
+    run_case(
+        &runtime,
+        (&redis, &mut nodes),
+        &clock,
+        "expired-then-back",
+        &policies,
+        &ops,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
 }
