@@ -302,12 +302,17 @@ impl Verdict {
     /// The longest queueing delay among the policies (zero unless a leaky
     /// bucket in queue mode is involved).
     #[must_use]
+    #[inline]
     pub fn delay(&self) -> Duration {
-        self.decisions()
-            .iter()
-            .map(Decision::delay)
-            .max()
-            .unwrap_or_default()
+        match &self.decisions {
+            // Asked on every admitted request: no iterator for one policy.
+            Decisions::One(decision) => decision.delay(),
+            Decisions::Many { decisions, .. } => decisions
+                .iter()
+                .map(Decision::delay)
+                .max()
+                .unwrap_or_default(),
+        }
     }
 }
 

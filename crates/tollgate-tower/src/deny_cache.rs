@@ -63,6 +63,12 @@ impl DenyCache {
         self.shards.get(tier * SHARDS + index)
     }
 
+    /// Whether no denial is held (then [`get`](Self::get) answers `None`
+    /// and the caller need not read the clock).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Relaxed) == 0
+    }
+
     /// The denial still in force for `key` at `now` for a request of `cost`,
     /// with its durations counted down to `now`.
     pub(crate) fn get(&self, tier: usize, key: &str, cost: u64, now: Instant) -> Option<Verdict> {

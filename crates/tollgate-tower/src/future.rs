@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
+use http::request::Parts;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
@@ -78,7 +79,10 @@ pin_project! {
 struct Pending<S, St, K, ReqBody> {
     shared: Arc<Shared<St, K>>,
     inner: S,
-    request: Request<ReqBody>,
+    // The request in its parts, so the limiter can read the headers while
+    // it writes the extensions.
+    parts: Parts,
+    body: ReqBody,
     ticket: Ticket,
 }
 
@@ -131,13 +135,14 @@ where
         next: Next<St>,
         shared: Arc<Shared<St, K>>,
         inner: S,
-        request: Request<ReqBody>,
+        (parts, body): (Parts, ReqBody),
         ticket: Ticket,
     ) -> Self {
         let mut pending = Some(Box::new(Pending {
             shared,
             inner,
-            request,
+            parts,
+            body,
             ticket,
         }));
         Self {
@@ -182,9 +187,12 @@ where
         }
         Next::Forward(headers) => match pending.take().map(|p| *p) {
             Some(Pending {
-                mut inner, request, ..
+                mut inner,
+                parts,
+                body,
+                ..
             }) => State::Inner {
-                future: inner.call(request),
+                future: inner.call(Request::from_parts(parts, body)),
                 headers,
             },
             None => State::Done {
@@ -257,7 +265,7 @@ where
                     match check.poll(cx) {
                         Poll::Ready(result) => pending.shared.on_result(
                             &mut pending.ticket,
-                            pending.request.extensions_mut(),
+                            &mut pending.parts,
                             result,
                         ),
                         Poll::Pending => {
@@ -267,7 +275,7 @@ where
                             ready!(timer.as_mut().poll(cx));
                             pending
                                 .shared
-                                .on_timeout(&mut pending.ticket, pending.request.extensions_mut())
+                                .on_timeout(&mut pending.ticket, &mut pending.parts)
                         }
                     }
                 }
@@ -275,22 +283,18 @@ where
                     let Some((pending, result)) = this.pending.as_mut().zip(result.take()) else {
                         return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
                     };
-                    pending.shared.on_result(
-                        &mut pending.ticket,
-                        pending.request.extensions_mut(),
-                        result,
-                    )
+                    pending
+                        .shared
+                        .on_result(&mut pending.ticket, &mut pending.parts, result)
                 }
                 StateProj::Fallback { check } => {
                     let result = ready!(check.as_mut().poll(cx));
                     let Some(pending) = this.pending.as_mut() else {
                         return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
                     };
-                    pending.shared.on_result(
-                        &mut pending.ticket,
-                        pending.request.extensions_mut(),
-                        result,
-                    )
+                    pending
+                        .shared
+                        .on_result(&mut pending.ticket, &mut pending.parts, result)
                 }
                 StateProj::Wait { until, sleep, then } => {
                     let until = *until;
@@ -301,7 +305,9 @@ where
                         return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
                     };
                     let then = then.take().unwrap_or(Then::Forward(None));
-                    pending.shared.after_wait(&mut pending.ticket, then)
+                    pending
+                        .shared
+                        .after_wait(&mut pending.ticket, &pending.parts.headers, then)
                 }
             };
             let state = enter(next, this.pending);

@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{Extensions, HeaderValue, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use tokio::time::Instant;
 use tollgate_core::{BoxCheckFuture, Decision, ErrorScope, Store, StoreError, Verdict};
 
@@ -22,17 +22,29 @@ pub(crate) struct Ticket {
     pub(crate) key: KeyBuf,
     pub(crate) tier: usize,
     pub(crate) cost: u64,
-    /// When the current check was sent.
-    pub(crate) sent: Instant,
+    /// When the check being waited for was sent; `None` while no store
+    /// future is pending (a store that answers at once needs no clock).
+    pub(crate) sent: Option<Instant>,
     /// In shape mode, the latest time the request may be forwarded.
     pub(crate) deadline: Option<Instant>,
-    /// The request's content type if it is a gRPC request.
-    pub(crate) grpc: Option<HeaderValue>,
     /// Whether the current check goes to the fallback store.
     pub(crate) fallback: bool,
     /// The `rate_limit` span the request's events belong to; `None` (no
     /// span object to drop or enter) unless `debug` is enabled.
     pub(crate) span: Option<tracing::Span>,
+}
+
+/// How the store's answer for a new request came, before its ticket is
+/// written.
+enum Answer {
+    /// The deny cache holds a denial.
+    Cached(Verdict),
+    /// The circuit breaker is open: the store is not asked.
+    BreakerOpen,
+    /// The store answered at once.
+    Now(Result<Verdict, StoreError>),
+    /// The store answers later, through its future.
+    Later,
 }
 
 /// What to do after a wait.
@@ -112,7 +124,6 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             }
             cost
         };
-        let now = Instant::now();
         let tier = self.tier_index(parts);
         // The span only when it is recorded: building one costs even with
         // no subscriber (and more when `tracing`'s `log` feature is on in
@@ -128,88 +139,159 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             None
         };
         let _entered = span.as_ref().map(|span| span.clone().entered());
+        // A denial held by the deny cache (only answers that took a round
+        // trip are held), else the store, unless the breaker is open.
+        let cached = self
+            .deny_cache
+            .as_ref()
+            .filter(|cache| !cache.is_empty())
+            .and_then(|cache| cache.get(tier, &key, cost, Instant::now()));
+        let answer = match cached {
+            Some(verdict) => Answer::Cached(verdict),
+            None if !self.breaker.allow() => Answer::BreakerOpen,
+            None => match self.check_now(tier, &key, cost) {
+                Some(Ok(verdict)) if span.is_none() => {
+                    // The common case of a store that answers at once: an
+                    // admitted request that needs nothing more than its
+                    // headers is forwarded with no ticket written.
+                    if let Some(next) = self.forward_at_once(tier, &verdict) {
+                        return next;
+                    }
+                    Answer::Now(Ok(verdict))
+                }
+                Some(result) => Answer::Now(result),
+                None => Answer::Later,
+            },
+        };
+        // The clock only where it is read: the shaping deadline here, a
+        // check sent to a store that answers later, a non-empty deny cache.
+        let deadline = match self.mode {
+            Mode::Shape { max_wait } => Some(Instant::now() + max_wait),
+            _ => None,
+        };
         let ticket = slot.insert(Ticket {
             key,
             tier,
             cost,
-            sent: now,
-            deadline: match self.mode {
-                Mode::Shape { max_wait } => Some(now + max_wait),
-                _ => None,
-            },
-            grpc: grpc_content_type(&parts.headers),
+            sent: None,
+            deadline,
             fallback: false,
             span,
         });
-        if let Some(cache) = &self.deny_cache {
-            if let Some(verdict) = cache.get(ticket.tier, &ticket.key, cost, now) {
+        match answer {
+            Answer::Cached(verdict) => {
                 tracing::trace!(key = %ticket.key, "denied by the local deny cache");
-                return self.on_verdict(ticket, &mut parts.extensions, verdict);
+                self.on_verdict(ticket, parts, verdict)
             }
-        }
-        self.ask_store_or_decide(ticket, &mut parts.extensions)
-    }
-
-    /// [`ask_store`](Self::ask_store) for a new request, deciding at once
-    /// when the store answers synchronously: the decision is returned
-    /// straight to `call` rather than as a [`Next::Ready`] that `call`
-    /// moves back into `on_result`.
-    fn ask_store_or_decide(&self, ticket: &mut Ticket, extensions: &mut Extensions) -> Next<St> {
-        if !self.breaker.allow() {
-            tracing::debug!("store skipped: circuit breaker open");
-            return self.on_failure(ticket);
-        }
-        ticket.fallback = false;
-        let tier = self.tier(ticket);
-        match self
-            .store
-            .check_now(&ticket.key, &tier.policies, ticket.cost)
-        {
-            Some(result) => self.on_result(ticket, extensions, result),
-            None => Next::Check(self.store.check(&ticket.key, &tier.policies, ticket.cost)),
+            Answer::BreakerOpen => {
+                tracing::debug!("store skipped: circuit breaker open");
+                self.on_failure(ticket, &parts.headers)
+            }
+            // Decided at once: straight to `call`, rather than as a
+            // `Next::Ready` that `call` moves back into `on_result`.
+            Answer::Now(result) => self.on_result(ticket, parts, result),
+            Answer::Later => self.check_later(ticket),
         }
     }
 
-    /// Checks the store, unless the circuit breaker is open.
-    fn ask_store(&self, ticket: &mut Ticket) -> Next<St> {
+    /// The store's answer now, if it answers synchronously
+    /// ([`Store::check_now`]).
+    #[inline]
+    fn check_now(&self, tier: usize, key: &str, cost: u64) -> Option<Result<Verdict, StoreError>> {
+        let tier = self.tiers.get(tier)?;
+        #[cfg(feature = "metrics")]
+        let begun = Instant::now();
+        let result = self.store.check_now(key, &tier.policies, cost);
+        #[cfg(feature = "metrics")]
+        if result.is_some() {
+            observe::store_latency(tier, begun.elapsed());
+        }
+        result
+    }
+
+    /// Sends the check to a store that answers later.
+    fn check_later(&self, ticket: &mut Ticket) -> Next<St> {
+        ticket.sent = Some(Instant::now());
+        let tier = self.tier(ticket);
+        Next::Check(self.store.check(&ticket.key, &tier.policies, ticket.cost))
+    }
+
+    /// Forwards an admitted verdict the store gave at once, when forwarding
+    /// needs nothing from a ticket: no queueing delay, no dry run, no
+    /// [`RateLimitInfo`] or [`Charge`](crate::Charge) in the extensions.
+    /// `None` leaves the verdict to [`on_verdict`](Self::on_verdict).
+    #[inline]
+    fn forward_at_once(&self, tier: usize, verdict: &Verdict) -> Option<Next<St>> {
+        let tier = self.tiers.get(tier)?;
+        if !verdict.is_allowed()
+            || !verdict.delay().is_zero()
+            || self.mode == Mode::DryRun
+            || self.info_in_extensions
+            || self.charge.is_some()
+        {
+            return None;
+        }
+        self.store_answered();
+        observe::allowed(tier);
+        Some(Next::Forward(self.admitted_headers(tier, verdict)))
+    }
+
+    /// The store answered: closes the circuit breaker if it was open.
+    fn store_answered(&self) {
+        if self.breaker.success() {
+            tracing::info!("rate-limit store answers again; circuit breaker closed");
+        }
+    }
+
+    /// The headers of an admitted response: fields only with
+    /// [`HeaderMode::All`], else none (no work on the response).
+    fn admitted_headers(&self, tier: &Tier, verdict: &Verdict) -> Option<RateLimitHeaders> {
+        if self.header_mode == HeaderMode::All {
+            Some(self.headers(tier, verdict, false)).filter(|h| !h.is_empty())
+        } else {
+            None
+        }
+    }
+
+    /// Checks the store again (after a shaping wait), unless the circuit
+    /// breaker is open. A store that answers at once answers here, as
+    /// [`Next::Ready`].
+    fn ask_store(&self, ticket: &mut Ticket, headers: &HeaderMap) -> Next<St> {
         if !self.breaker.allow() {
             tracing::debug!("store skipped: circuit breaker open");
-            return self.on_failure(ticket);
+            return self.on_failure(ticket, headers);
         }
         ticket.fallback = false;
-        let tier = self.tier(ticket);
-        // A synchronous store answers here; the future is for stores that
-        // wait.
-        match self
-            .store
-            .check_now(&ticket.key, &tier.policies, ticket.cost)
-        {
+        ticket.sent = None;
+        match self.check_now(ticket.tier, &ticket.key, ticket.cost) {
             Some(result) => Next::Ready(result),
-            None => Next::Check(self.store.check(&ticket.key, &tier.policies, ticket.cost)),
+            None => self.check_later(ticket),
         }
     }
 
     /// The check timed out.
-    pub(crate) fn on_timeout(&self, ticket: &mut Ticket, extensions: &mut Extensions) -> Next<St> {
+    pub(crate) fn on_timeout(&self, ticket: &mut Ticket, parts: &mut Parts) -> Next<St> {
         let error = StoreError::Timeout {
             after: self.timeout,
         };
-        self.on_result(ticket, extensions, Err(error))
+        self.on_result(ticket, parts, Err(error))
     }
 
-    /// The store (or the fallback store) answered.
+    /// The store (or the fallback store) answered. `parts` are the
+    /// request's: its extensions get the [`RateLimitInfo`], its headers
+    /// say whether an answer must be a gRPC one.
     pub(crate) fn on_result(
         &self,
         ticket: &mut Ticket,
-        extensions: &mut Extensions,
+        parts: &mut Parts,
         result: Result<Verdict, StoreError>,
     ) -> Next<St> {
         // Without a span (`debug` off), no guard to create and drop.
         match &ticket.span {
-            None => self.on_result_in_span(ticket, extensions, result),
+            None => self.on_result_in_span(ticket, parts, result),
             Some(span) => {
                 let _entered = span.clone().entered();
-                self.on_result_in_span(ticket, extensions, result)
+                self.on_result_in_span(ticket, parts, result)
             }
         }
     }
@@ -217,14 +299,16 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     fn on_result_in_span(
         &self,
         ticket: &mut Ticket,
-        extensions: &mut Extensions,
+        parts: &mut Parts,
         result: Result<Verdict, StoreError>,
     ) -> Next<St> {
         let tier = self.tier(ticket);
         if ticket.fallback {
             return match result {
-                Ok(verdict) => self.on_verdict(ticket, extensions, verdict),
-                Err(error) if error.scope() == ErrorScope::NoRoom => self.no_room(ticket, &error),
+                Ok(verdict) => self.on_verdict(ticket, parts, verdict),
+                Err(error) if error.scope() == ErrorScope::NoRoom => {
+                    self.no_room(&parts.headers, &error)
+                }
                 Err(error) => {
                     tracing::error!(%error, "the fallback store failed too; request let through");
                     self.let_through(tier);
@@ -233,18 +317,20 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             };
         }
         #[cfg(feature = "metrics")]
-        observe::store_latency(tier, ticket.sent.elapsed());
+        if let Some(sent) = ticket.sent {
+            observe::store_latency(tier, sent.elapsed());
+        }
         let error = match result {
             Ok(verdict) => {
-                if self.breaker.success() {
-                    tracing::info!("rate-limit store answers again; circuit breaker closed");
-                }
-                if !verdict.is_allowed() {
-                    if let Some(cache) = &self.deny_cache {
-                        cache.insert(ticket.tier, &ticket.key, ticket.cost, &verdict, ticket.sent);
+                self.store_answered();
+                // Only answers that took a round trip are cached: a store
+                // that answers at once is as quick as the cache.
+                if let Some((cache, sent)) = self.deny_cache.as_ref().zip(ticket.sent) {
+                    if !verdict.is_allowed() {
+                        cache.insert(ticket.tier, &ticket.key, ticket.cost, &verdict, sent);
                     }
                 }
-                return self.on_verdict(ticket, extensions, verdict);
+                return self.on_verdict(ticket, parts, verdict);
             }
             Err(error) => error,
         };
@@ -259,17 +345,17 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 } else {
                     self.log_error(&error);
                 }
-                self.on_failure(ticket)
+                self.on_failure(ticket, &parts.headers)
             }
             ErrorScope::NoRoom => {
                 observe::store_error(tier);
-                self.no_room(ticket, &error)
+                self.no_room(&parts.headers, &error)
             }
             ErrorScope::Subject => {
                 observe::store_error(tier);
                 tracing::debug!(%error, key = %ticket.key, "rate-limit check failed for this subject alone; its failure policy applies to this request");
                 self.log_error(&error);
-                self.on_failure(ticket)
+                self.on_failure(ticket, &parts.headers)
             }
             // `ErrorScope::Request` and any scope this version does not
             // know: the request itself cannot be checked.
@@ -277,7 +363,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 tracing::error!(%error, key = %ticket.key, "rate-limit check refused");
                 let message = format!("{error}\n");
                 Next::Respond(response::plain(
-                    ticket.grpc.take(),
+                    grpc_content_type(&parts.headers),
                     StatusCode::TOO_MANY_REQUESTS,
                     &message,
                 ))
@@ -288,15 +374,15 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     /// A new subject the store has no room for: denied, whatever the
     /// failure policy (letting it through would leave every fresh identity
     /// of a flood unlimited), with the store's `Retry-After`.
-    fn no_room(&self, ticket: &mut Ticket, error: &StoreError) -> Next<St> {
+    fn no_room(&self, headers: &HeaderMap, error: &StoreError) -> Next<St> {
         if self.mode == Mode::DryRun {
             // A dry run never rejects: it reports what enforcing would do.
-            tracing::info!(%error, key = %ticket.key, "dry run: would have been denied (no room for a new subject)");
+            tracing::info!(%error, "dry run: would have been denied (no room for a new subject)");
             return Next::Forward(None);
         }
-        tracing::debug!(%error, key = %ticket.key, "no room for a new subject; denied");
+        tracing::debug!(%error, "no room for a new subject; denied");
         let mut response = response::plain(
-            ticket.grpc.take(),
+            grpc_content_type(headers),
             self.no_room_status,
             "the rate limiter cannot take on new clients right now; retry later\n",
         );
@@ -336,14 +422,14 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
 
     /// The store failed, or is skipped (breaker open): apply the failure
     /// policy.
-    fn on_failure(&self, ticket: &mut Ticket) -> Next<St> {
+    fn on_failure(&self, ticket: &mut Ticket, headers: &HeaderMap) -> Next<St> {
         match &self.failure {
             FailurePolicy::FailOpen => {
                 self.let_through(self.tier(ticket));
                 Next::Forward(None)
             }
             FailurePolicy::FailClosed => Next::Respond(response::plain(
-                ticket.grpc.take(),
+                grpc_content_type(headers),
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the rate limiter is unavailable; retry later\n",
             )),
@@ -400,11 +486,11 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         )
     }
 
-    fn limited(&self, ticket: &mut Ticket, verdict: Verdict) -> Next<St> {
+    fn limited(&self, ticket: &mut Ticket, headers: &HeaderMap, verdict: Verdict) -> Next<St> {
         let tier = self.tier(ticket);
         observe::denied(tier, &verdict);
+        let grpc = grpc_content_type(headers);
         let headers = self.headers(tier, &verdict, true);
-        let grpc = ticket.grpc.take();
         let info = self.info(ticket, verdict);
         tracing::debug!(key = %info.key(), policy = info.binding_policy(), retry_after = ?info.retry_after(), "rate limited");
         Next::Respond(response::limited(&self.body, grpc, &info, headers))
@@ -414,13 +500,16 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     pub(crate) fn on_verdict(
         &self,
         ticket: &mut Ticket,
-        extensions: &mut Extensions,
+        parts: &mut Parts,
         verdict: Verdict,
     ) -> Next<St> {
         let tier = self.tier(ticket);
+        let extensions = &mut parts.extensions;
         if verdict.is_allowed() {
-            if let Some(charge) = extensions.get::<crate::Charge>() {
-                charge.admit(&ticket.key, ticket.tier, ticket.fallback);
+            if self.charge.is_some() {
+                if let Some(charge) = extensions.get::<crate::Charge>() {
+                    charge.admit(&ticket.key, ticket.tier, ticket.fallback);
+                }
             }
             observe::allowed(tier);
             let delay = verdict.delay();
@@ -442,18 +531,11 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                         ?delay,
                         "queue delay longer than the shaping limit; rejected"
                     );
-                    return self.limited(ticket, delayed_as_denied(&verdict));
+                    return self.limited(ticket, &parts.headers, delayed_as_denied(&verdict));
                 }
                 Some(now + delay)
             };
-            // No headers to add (headers only on limited responses): no
-            // work on the response.
-            // (An admitted response gets fields only with `HeaderMode::All`.)
-            let headers = if self.header_mode == HeaderMode::All {
-                Some(self.headers(tier, &verdict, false)).filter(|h| !h.is_empty())
-            } else {
-                None
-            };
+            let headers = self.admitted_headers(tier, &verdict);
             if self.info_in_extensions {
                 extensions.insert(self.info(ticket, verdict));
             }
@@ -481,22 +563,24 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                             tracing::trace!(?retry, "shaping: waiting to retry");
                             Next::Wait(now + retry, Then::Recheck)
                         }
-                        _ => self.limited(ticket, verdict),
+                        _ => self.limited(ticket, &parts.headers, verdict),
                     }
                 }
-                Mode::Enforce => self.limited(ticket, verdict),
+                Mode::Enforce => self.limited(ticket, &parts.headers, verdict),
             }
         }
     }
 
     /// A wait ended.
-    pub(crate) fn after_wait(&self, ticket: &mut Ticket, then: Then) -> Next<St> {
+    pub(crate) fn after_wait(
+        &self,
+        ticket: &mut Ticket,
+        headers: &HeaderMap,
+        then: Then,
+    ) -> Next<St> {
         let _entered = ticket.span.as_ref().map(|span| span.clone().entered());
         match then {
-            Then::Recheck => {
-                ticket.sent = Instant::now();
-                self.ask_store(ticket)
-            }
+            Then::Recheck => self.ask_store(ticket, headers),
             Then::Forward(headers) => Next::Forward(headers),
         }
     }

@@ -130,12 +130,13 @@ where
         // answer), so this ends after a few rounds.
         if let Some(ticket) = ticket.as_mut() {
             while let Next::Ready(result) = next {
-                next = self.shared.on_result(ticket, &mut parts.extensions, result);
+                next = self.shared.on_result(ticket, &mut parts, result);
             }
         }
-        let request = Request::from_parts(parts, body);
         let future = match next {
-            Next::Forward(headers) => ResponseFuture::forward(self.inner.call(request), headers),
+            Next::Forward(headers) => {
+                ResponseFuture::forward(self.inner.call(Request::from_parts(parts, body)), headers)
+            }
             Next::Respond(response) => ResponseFuture::respond(response),
             next => match ticket {
                 Some(ticket) => {
@@ -143,12 +144,18 @@ where
                     // into the future; this service keeps a fresh clone.
                     let clone = self.inner.clone();
                     let inner = std::mem::replace(&mut self.inner, clone);
-                    ResponseFuture::pending(next, Arc::clone(&self.shared), inner, request, ticket)
+                    ResponseFuture::pending(
+                        next,
+                        Arc::clone(&self.shared),
+                        inner,
+                        (parts, body),
+                        ticket,
+                    )
                 }
                 None => {
                     // `start` writes a ticket with every step that waits.
                     tracing::error!("rate limiter step without a ticket; request let through");
-                    ResponseFuture::forward(self.inner.call(request), None)
+                    ResponseFuture::forward(self.inner.call(Request::from_parts(parts, body)), None)
                 }
             },
         };

@@ -713,6 +713,34 @@ async fn reset_clears_the_store_and_the_deny_cache() {
 }
 
 #[tokio::test]
+async fn a_store_that_answers_at_once_is_asked_every_time_no_denial_is_cached() {
+    // The memory store answers through `Store::check_now`: no round trip
+    // for the deny cache to save, so its denials are not held, and a reset
+    // made on the store itself (not through the layer) counts at once.
+    let store = MemoryStore::new();
+    let p = policy(1, "api");
+    let layer = RateLimitLayer::builder(store.clone())
+        .policy(p.clone())
+        .build()
+        .unwrap();
+    let app = app(layer);
+    assert_eq!(send(&app, get_from("192.0.2.1")).await.0, StatusCode::OK);
+    let (status, headers, _) = send(&app, get_from("192.0.2.1")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&headers, "retry-after"), "60");
+    store.reset("192.0.2.1", &[p]).await.unwrap();
+    assert_eq!(
+        send(&app, get_from("192.0.2.1")).await.0,
+        StatusCode::OK,
+        "the store's reset is seen by the next request"
+    );
+    assert_eq!(
+        send(&app, get_from("192.0.2.1")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
 async fn missing_key_reject_skip_and_fallback() {
     let no_peer = || Request::get("/").body(Body::empty()).unwrap();
     // Default: 400 with a message.
