@@ -46,6 +46,28 @@ impl<B> RateLimitBody<B> {
     }
 }
 
+impl<B: From<Bytes>> RateLimitBody<B> {
+    /// The body as the inner service's body type: the inner body itself,
+    /// or the layer's own bytes through `B::from` (what
+    /// [`KeepBodyLayer`](crate::KeepBodyLayer) does to every response).
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http_body_util::Full;
+    /// use tollgate_tower::RateLimitBody;
+    ///
+    /// # fn unwrap(body: RateLimitBody<Full<Bytes>>) -> Full<Bytes> {
+    /// body.into_body()
+    /// # }
+    /// ```
+    pub fn into_body(self) -> B {
+        match self.kind {
+            Kind::Inner { body } => body,
+            Kind::Own { data } => B::from(data.unwrap_or_default()),
+        }
+    }
+}
+
 impl<B> fmt::Debug for RateLimitBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
@@ -102,6 +124,17 @@ mod tests {
         assert_eq!(collected, "slow down");
         let empty = RateLimitBody::<http_body_util::Empty<Bytes>>::own(Bytes::new());
         assert!(empty.is_end_stream());
+    }
+
+    #[tokio::test]
+    async fn into_body_keeps_the_inner_body_and_converts_the_own_one() {
+        let inner = RateLimitBody::inner(http_body_util::Full::new(Bytes::from_static(b"hi")));
+        let inner: http_body_util::Full<Bytes> = inner.into_body();
+        assert_eq!(inner.collect().await.unwrap().to_bytes(), "hi");
+        let own = RateLimitBody::<http_body_util::Full<Bytes>>::own(Bytes::from_static(b"429"));
+        assert_eq!(own.into_body().collect().await.unwrap().to_bytes(), "429");
+        let empty = RateLimitBody::<http_body_util::Full<Bytes>>::own(Bytes::new());
+        assert!(empty.into_body().is_end_stream());
     }
 
     #[tokio::test]

@@ -182,7 +182,7 @@ where
         Next::Respond(response) => {
             *pending = None;
             State::Done {
-                response: Some(response),
+                response: Some(*response),
             }
         }
         Next::Forward(headers) => match pending.take().map(|p| *p) {

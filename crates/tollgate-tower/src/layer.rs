@@ -18,7 +18,7 @@ use crate::deny_cache::DenyCache;
 use crate::headers::{policy_value, ratelimit_prefixes};
 use crate::key::{KeyExtractor, PeerIp};
 use crate::response::LimitedBody;
-use crate::{RateLimit, RateLimitInfo};
+use crate::{KeepBodyLayer, RateLimit, RateLimitInfo};
 
 /// Default bound on one store check: 500 ms, above a `RedisStore`'s own
 /// per-call default (250 ms), so that the store's own timeout answers
@@ -257,6 +257,26 @@ impl<St: Store, K> RateLimitLayer<St, K> {
     #[must_use]
     pub fn store(&self) -> &Arc<St> {
         &self.shared.store
+    }
+
+    /// This layer with responses in the inner service's own body type
+    /// (`From<Bytes>`, as Axum's `Body` is) instead of
+    /// [`RateLimitBody`](crate::RateLimitBody), so
+    /// Axum does not box a wrapper body per response: see
+    /// [`KeepBodyLayer`]. Clones of the layer still share its store,
+    /// configuration and deny cache.
+    ///
+    /// ```
+    /// use axum::{routing::get, Router};
+    /// use tollgate_core::{MemoryStore, Policy};
+    /// use tollgate_tower::RateLimitLayer;
+    ///
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Policy::per_second(5).build().unwrap());
+    /// let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(layer.keep_body());
+    /// # let _ = app;
+    /// ```
+    pub fn keep_body(self) -> KeepBodyLayer<Self> {
+        KeepBodyLayer::new(self)
     }
 
     /// The default policies.
@@ -582,6 +602,11 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// exact: nothing but a reset can admit a denied subject sooner. A reset
     /// done through another instance is seen here only when the entry
     /// expires.
+    ///
+    /// Only answers that took a round trip are held: a store that answers
+    /// at once ([`Store::check_now`](tollgate_core::Store::check_now), as
+    /// [`MemoryStore`](tollgate_core::MemoryStore) does) is as quick as the
+    /// cache, so it is asked every time.
     pub fn deny_cache(mut self, capacity: usize) -> Self {
         self.deny_cache = (capacity > 0).then_some(capacity);
         self

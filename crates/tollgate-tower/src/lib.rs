@@ -198,6 +198,7 @@ mod deny_cache;
 mod future;
 mod headers;
 mod info;
+mod keep_body;
 mod key;
 mod layer;
 mod limiter;
@@ -214,6 +215,7 @@ pub use concurrency::{
 pub use config::{ConfigError, FailurePolicy, HeaderMode, MissingKey, Mode};
 pub use future::ResponseFuture;
 pub use info::RateLimitInfo;
+pub use keep_body::{KeepBody, KeepBodyFuture, KeepBodyLayer};
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use key::MatchedRoute;

@@ -60,8 +60,9 @@ pub(crate) enum Then {
 pub(crate) enum Next<St: Store> {
     /// Call the inner service; add these headers to its response.
     Forward(Option<RateLimitHeaders>),
-    /// Answer with this response.
-    Respond(Response<Bytes>),
+    /// Answer with this response (boxed: it is rare, and would make every
+    /// step twice as large to move).
+    Respond(Box<Response<Bytes>>),
     /// The store (or the fallback store) answered at once
     /// ([`Store::check_now`]): hand this to `on_result`.
     Ready(Result<Verdict, StoreError>),
@@ -106,7 +107,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                     }
                     tracing::debug!(%status, "no rate-limit key; rejected");
                     let grpc = grpc_content_type(&parts.headers);
-                    return Next::Respond(response::plain(grpc, *status, message));
+                    return Next::Respond(Box::new(response::plain(grpc, *status, message)));
                 }
                 MissingKey::Fallback(fallback) => {
                     key.clear();
@@ -362,11 +363,11 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             _ => {
                 tracing::error!(%error, key = %ticket.key, "rate-limit check refused");
                 let message = format!("{error}\n");
-                Next::Respond(response::plain(
+                Next::Respond(Box::new(response::plain(
                     grpc_content_type(&parts.headers),
                     StatusCode::TOO_MANY_REQUESTS,
                     &message,
-                ))
+                )))
             }
         }
     }
@@ -392,7 +393,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 HeaderValue::from(crate::headers::ceil_secs(retry_after).max(1)),
             );
         }
-        Next::Respond(response)
+        Next::Respond(Box::new(response))
     }
 
     /// Logs a store error at `warn`, at most once per second per layer with
@@ -428,11 +429,11 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 self.let_through(self.tier(ticket));
                 Next::Forward(None)
             }
-            FailurePolicy::FailClosed => Next::Respond(response::plain(
+            FailurePolicy::FailClosed => Next::Respond(Box::new(response::plain(
                 grpc_content_type(headers),
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the rate limiter is unavailable; retry later\n",
-            )),
+            ))),
             FailurePolicy::Fallback(store) => {
                 ticket.fallback = true;
                 let tier = self.tier(ticket);
@@ -493,7 +494,9 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         let headers = self.headers(tier, &verdict, true);
         let info = self.info(ticket, verdict);
         tracing::debug!(key = %info.key(), policy = info.binding_policy(), retry_after = ?info.retry_after(), "rate limited");
-        Next::Respond(response::limited(&self.body, grpc, &info, headers))
+        Next::Respond(Box::new(response::limited(
+            &self.body, grpc, &info, headers,
+        )))
     }
 
     /// A verdict from the store, the fallback store or the deny cache.

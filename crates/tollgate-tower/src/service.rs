@@ -137,7 +137,7 @@ where
             Next::Forward(headers) => {
                 ResponseFuture::forward(self.inner.call(Request::from_parts(parts, body)), headers)
             }
-            Next::Respond(response) => ResponseFuture::respond(response),
+            Next::Respond(response) => ResponseFuture::respond(*response),
             next => match ticket {
                 Some(ticket) => {
                     // The inner service that was driven to readiness goes

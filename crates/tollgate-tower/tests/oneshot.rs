@@ -22,7 +22,7 @@ use tollgate_tower::{
     ApiKey, BearerToken, ClientIp, FailurePolicy, Global, Header, HeaderMode, KeyExtractor,
     MatchedRoute, Method, MissingKey, PeerIp, RateLimitInfo, RateLimitLayer, User,
 };
-use tower::{Service, ServiceExt};
+use tower::{Layer, Service, ServiceExt};
 
 type BoxCheck = Pin<Box<dyn Future<Output = Result<Verdict, StoreError>> + Send>>;
 
@@ -738,6 +738,58 @@ async fn a_store_that_answers_at_once_is_asked_every_time_no_denial_is_cached() 
         send(&app, get_from("192.0.2.1")).await.0,
         StatusCode::TOO_MANY_REQUESTS
     );
+}
+
+#[tokio::test]
+async fn keep_body_answers_in_the_inner_body_type() {
+    // Directly around a service answering Axum's `Body`: the layer's
+    // responses are that type too, not a wrapper (a compile-time check).
+    let layer = RateLimitLayer::builder(MemoryStore::new())
+        .policy(policy(1, "api"))
+        .problem_json()
+        .build()
+        .unwrap()
+        .keep_body();
+    let service = layer.layer(tower::service_fn(|_: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::from("hello")))
+    }));
+    let admitted: Response<Body> = service
+        .clone()
+        .oneshot(get_from("192.0.2.1"))
+        .await
+        .unwrap();
+    assert_eq!(admitted.status(), StatusCode::OK);
+    assert_eq!(header(admitted.headers(), "ratelimit"), "\"api\";r=0;t=60");
+    let body = admitted.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "hello", "the handler's body, passed on as it is");
+
+    let limited: Response<Body> = service.oneshot(get_from("192.0.2.1")).await.unwrap();
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(limited.headers(), "retry-after"), "60");
+    assert_eq!(
+        header(limited.headers(), "content-type"),
+        "application/problem+json"
+    );
+    let body = limited.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        problem["status"], 429,
+        "the layer's own body, converted: {problem}"
+    );
+
+    // And in a Router, as the bench and the README use it.
+    let router = app_keep_body();
+    assert_eq!(send(&router, get_from("192.0.2.9")).await.0, StatusCode::OK);
+    let (status, headers, _) = send(&router, get_from("192.0.2.9")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&headers, "retry-after"), "60");
+}
+
+fn app_keep_body() -> Router {
+    let layer = RateLimitLayer::new(MemoryStore::new(), policy(1, "api"));
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer.keep_body())
 }
 
 #[tokio::test]

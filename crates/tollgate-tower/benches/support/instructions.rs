@@ -3,8 +3,10 @@
 //! address in the extensions (as `SocketAddr` and as `ConnectInfo`), a
 //! generous policy so every request passes. Configurations: bare, tollgate
 //! on `MemoryStore` with default headers, the same with headers only on
-//! limited responses, a `BoxStore` around the memory store, and
-//! tower_governor 0.8's `GovernorLayer` (`PeerIp`, its defaults).
+//! limited responses, both again with `keep_body()` (responses in Axum's
+//! own `Body`, which Axum does not box again), a `BoxStore` around the
+//! memory store, and tower_governor 0.8's `GovernorLayer` (`PeerIp`, its
+//! defaults).
 //!
 //! The bench re-runs itself under `valgrind --tool=callgrind` once per
 //! configuration (`TOLLGATE_CALLGRIND_CHILD=<config>:<n>`); after 100
@@ -25,10 +27,12 @@ use tollgate_tower::{HeaderMode, RateLimitLayer};
 use tower::ServiceExt;
 
 const CHILD: &str = "TOLLGATE_CALLGRIND_CHILD";
-const CONFIGS: [&str; 5] = [
+const CONFIGS: [&str; 7] = [
     "bare",
     "tollgate",
     "tollgate-limited-only",
+    "tollgate-keep-body",
+    "tollgate-keep-body-limited-only",
     "tollgate-boxed",
     "governor",
 ];
@@ -64,6 +68,12 @@ fn router(config: &str) -> Router {
             policy(),
             HeaderMode::LimitedOnly,
         )),
+        "tollgate-keep-body" => {
+            app.layer(tollgate(MemoryStore::new(), policy(), HeaderMode::All).keep_body())
+        }
+        "tollgate-keep-body-limited-only" => {
+            app.layer(tollgate(MemoryStore::new(), policy(), HeaderMode::LimitedOnly).keep_body())
+        }
         "governor" => {
             let config = tower_governor::governor::GovernorConfigBuilder::default()
                 .per_nanosecond(1)
@@ -176,7 +186,7 @@ pub(crate) fn report() {
         rows.push((config, per_request, added));
     }
     println!(
-        "  {:<24} {:>12} {:>12} {:>14}",
+        "  {:<32} {:>12} {:>12} {:>14}",
         "configuration", "per request", "added", "vs governor"
     );
     for (config, per_request, added) in rows {
@@ -185,6 +195,6 @@ pub(crate) fn report() {
             .map_or(String::from("-"), |g| {
                 format!("{:.2}x", added as f64 / g as f64)
             });
-        println!("  {config:<24} {per_request:>12} {added:>12} {ratio:>14}");
+        println!("  {config:<32} {per_request:>12} {added:>12} {ratio:>14}");
     }
 }
