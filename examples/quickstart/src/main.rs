@@ -85,9 +85,11 @@ async fn serve<K: KeyExtractor>(
         .policy(policy.clone())
         .key(key)
         .build()?;
+    // `keep_body`: responses stay in Axum's own `Body`, so Axum does not
+    // box a wrapper body on every response (the cheapest way on Axum).
     let app = Router::new()
         .route("/", get(|| async { "Hello from tollgate!\n" }))
-        .layer(layer);
+        .layer(layer.keep_body());
 
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!(
