@@ -25,9 +25,11 @@
 //! per-round ratios to the bare server) and `TOLLGATE_BENCH_CONCURRENCY`
 //! (connections; default 32 with wrk, 64 in process).
 //!
-//! A fourth configuration, the memory-store layer with
-//! `HeaderMode::LimitedOnly`, shows how much of the cost is the two
-//! `RateLimit` header lines on every admitted response.
+//! Two more configurations of the memory-store layer: with
+//! `HeaderMode::LimitedOnly`, showing how much of the cost is the two
+//! `RateLimit` header lines on every admitted response, and with
+//! `keep_body()` (default headers), whose responses stay in Axum's own
+//! `Body` so Axum does not box a wrapper body per response.
 //!
 //! The policy is far above the offered load (one million per second per
 //! client), so every request is checked and admitted: the numbers show the
@@ -432,6 +434,13 @@ async fn router(config: &str) -> Router {
     match config {
         "tollgate" => limited(MemoryStore::new()),
         "tollgate-limited-only" => limited_with(MemoryStore::new(), HeaderMode::LimitedOnly),
+        "tollgate-keep-body" => {
+            let layer = RateLimitLayer::builder(MemoryStore::new())
+                .policy(policy())
+                .build()
+                .expect("valid layer");
+            with_peer(handler().layer(layer.keep_body()))
+        }
         "governor" => governor(),
         "tollgate-redis" => {
             let url = std::env::var("TOLLGATE_REDIS_URL").expect("TOLLGATE_REDIS_URL");
@@ -484,7 +493,13 @@ fn main() {
         }
     }
     if std::env::var_os("TOLLGATE_BENCH_IN_PROCESS").is_none() && wrk::available() {
-        let mut configs = vec!["bare", "tollgate", "tollgate-limited-only", "governor"];
+        let mut configs = vec![
+            "bare",
+            "tollgate",
+            "tollgate-limited-only",
+            "tollgate-keep-body",
+            "governor",
+        ];
         if std::env::var("TOLLGATE_REDIS_URL").is_ok_and(|url| !url.is_empty()) {
             configs.push("tollgate-redis");
         }
