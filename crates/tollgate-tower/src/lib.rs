@@ -44,6 +44,7 @@
 //! | headers and bodies | [`HeaderMode`], [`RateLimitLayerBuilder::legacy_headers`], [`RateLimitLayerBuilder::problem_json`], [`RateLimitLayerBuilder::on_limited`] |
 //! | the decision in handlers | [`RateLimitLayerBuilder::info_in_extensions`], [`RateLimitInfo`] |
 //! | at most N requests running per key | [`ConcurrencyLimitLayer`] (see [Concurrency limits](#concurrency-limits)) |
+//! | the cheapest responses on Axum (no wrapper body for Axum to box) | [`RateLimitLayer::keep_body`] |
 //!
 //! The layer needs a Tokio runtime with timers (for the check timeout and
 //! for waits). Features: `axum` (`ConnectInfo` peer addresses and

@@ -133,11 +133,15 @@ where
                 next = self.shared.on_result(ticket, &mut parts, result);
             }
         }
-        let future = match next {
-            Next::Forward(headers) => {
-                ResponseFuture::forward(self.inner.call(Request::from_parts(parts, body)), headers)
-            }
-            Next::Respond(response) => ResponseFuture::respond(*response),
+        // Each arm builds the returned future in one go (see
+        // `ResponseFuture::forward`).
+        match next {
+            Next::Forward(headers) => ResponseFuture::forward(
+                self.inner.call(Request::from_parts(parts, body)),
+                headers,
+                charge,
+            ),
+            Next::Respond(response) => ResponseFuture::respond(*response, charge),
             next => match ticket {
                 Some(ticket) => {
                     // The inner service that was driven to readiness goes
@@ -150,18 +154,19 @@ where
                         inner,
                         (parts, body),
                         ticket,
+                        charge,
                     )
                 }
                 None => {
                     // `start` writes a ticket with every step that waits.
                     tracing::error!("rate limiter step without a ticket; request let through");
-                    ResponseFuture::forward(self.inner.call(Request::from_parts(parts, body)), None)
+                    ResponseFuture::forward(
+                        self.inner.call(Request::from_parts(parts, body)),
+                        None,
+                        charge,
+                    )
                 }
             },
-        };
-        match charge {
-            Some(charge) => future.with_charge(charge),
-            None => future,
         }
     }
 }
