@@ -103,6 +103,19 @@ fn governor() -> Router {
     with_peer(handler().layer(tower_governor::GovernorLayer::new(config)))
 }
 
+/// The same with `use_headers()`: `x-ratelimit-limit` and
+/// `x-ratelimit-remaining` on every admitted response, as tollgate's
+/// default headers.
+fn governor_with_headers() -> Router {
+    let config = tower_governor::governor::GovernorConfigBuilder::default()
+        .per_nanosecond(1)
+        .burst_size(1_000_000)
+        .use_headers()
+        .finish()
+        .expect("valid governor config");
+    with_peer(handler().layer(tower_governor::GovernorLayer::new(config)))
+}
+
 fn limited<St: Store>(store: St) -> Router {
     limited_with(store, HeaderMode::All)
 }
@@ -442,6 +455,7 @@ async fn router(config: &str) -> Router {
             with_peer(handler().layer(layer.keep_body()))
         }
         "governor" => governor(),
+        "governor-headers" => governor_with_headers(),
         "tollgate-redis" => {
             let url = std::env::var("TOLLGATE_REDIS_URL").expect("TOLLGATE_REDIS_URL");
             let nanos = SystemTime::now()
@@ -499,6 +513,7 @@ fn main() {
             "tollgate-limited-only",
             "tollgate-keep-body",
             "governor",
+            "governor-headers",
         ];
         if std::env::var("TOLLGATE_REDIS_URL").is_ok_and(|url| !url.is_empty()) {
             configs.push("tollgate-redis");

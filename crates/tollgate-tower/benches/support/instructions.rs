@@ -6,7 +6,8 @@
 //! limited responses, both again with `keep_body()` (responses in Axum's
 //! own `Body`, which Axum does not box again), a `BoxStore` around the
 //! memory store, and tower_governor 0.8's `GovernorLayer` (`PeerIp`, its
-//! defaults).
+//! defaults; and with `use_headers()`, which adds `x-ratelimit-limit` and
+//! `x-ratelimit-remaining` to every admitted response).
 //!
 //! The bench re-runs itself under `valgrind --tool=callgrind` once per
 //! configuration (`TOLLGATE_CALLGRIND_CHILD=<config>:<n>`); after 100
@@ -27,7 +28,7 @@ use tollgate_tower::{HeaderMode, RateLimitLayer};
 use tower::ServiceExt;
 
 const CHILD: &str = "TOLLGATE_CALLGRIND_CHILD";
-const CONFIGS: [&str; 7] = [
+const CONFIGS: [&str; 8] = [
     "bare",
     "tollgate",
     "tollgate-limited-only",
@@ -35,6 +36,7 @@ const CONFIGS: [&str; 7] = [
     "tollgate-keep-body-limited-only",
     "tollgate-boxed",
     "governor",
+    "governor-headers",
 ];
 
 fn router(config: &str) -> Router {
@@ -78,6 +80,18 @@ fn router(config: &str) -> Router {
             let config = tower_governor::governor::GovernorConfigBuilder::default()
                 .per_nanosecond(1)
                 .burst_size(1_000_000)
+                .finish()
+                .expect("valid governor config");
+            app.layer(tower_governor::GovernorLayer::new(config))
+        }
+        "governor-headers" => {
+            // `use_headers`: `x-ratelimit-limit` and `x-ratelimit-remaining`
+            // on every admitted response, the same work as tollgate's two
+            // default fields.
+            let config = tower_governor::governor::GovernorConfigBuilder::default()
+                .per_nanosecond(1)
+                .burst_size(1_000_000)
+                .use_headers()
                 .finish()
                 .expect("valid governor config");
             app.layer(tower_governor::GovernorLayer::new(config))
@@ -163,38 +177,44 @@ fn instructions(config: &str, n: u32) -> Result<u64, String> {
         .ok_or_else(|| format!("no 'Collected' line in valgrind's output: {stderr}"))
 }
 
-/// Prints the table: instructions per request, and added over bare.
+/// Prints the table: instructions per request, added over bare, and the
+/// ratio of that to tower_governor's (without and with its headers).
 pub(crate) fn report() {
     const REQUESTS: u32 = 2000;
     println!("instructions per request (callgrind, in process, Axum Router oneshot, PeerIp):");
-    let mut bare = None;
-    let mut governor_added = None;
     let mut rows = Vec::new();
     for config in CONFIGS {
-        let per_request = match instructions(config, REQUESTS) {
-            Ok(total) => total / u64::from(REQUESTS),
+        match instructions(config, REQUESTS) {
+            Ok(total) => rows.push((config, total / u64::from(REQUESTS))),
             Err(e) => {
                 println!("  skipped: {e}");
                 return;
             }
-        };
-        let base = *bare.get_or_insert(per_request);
-        let added = per_request.saturating_sub(base);
-        if config == "governor" {
-            governor_added = Some(added);
         }
-        rows.push((config, per_request, added));
     }
+    let bare = rows.first().map_or(0, |row| row.1);
+    let added_by = |name: &str| {
+        rows.iter()
+            .find(|row| row.0 == name)
+            .map(|row| row.1.saturating_sub(bare))
+            .filter(|added| *added > 0)
+    };
+    let (governor, with_headers) = (added_by("governor"), added_by("governor-headers"));
+    let ratio = |added: u64, to: Option<u64>| {
+        to.map_or(String::from("-"), |to| {
+            format!("{:.2}x", added as f64 / to as f64)
+        })
+    };
     println!(
-        "  {:<32} {:>12} {:>12} {:>14}",
-        "configuration", "per request", "added", "vs governor"
+        "  {:<32} {:>12} {:>12} {:>14} {:>22}",
+        "configuration", "per request", "added", "vs governor", "vs governor+headers"
     );
-    for (config, per_request, added) in rows {
-        let ratio = governor_added
-            .filter(|g| *g > 0)
-            .map_or(String::from("-"), |g| {
-                format!("{:.2}x", added as f64 / g as f64)
-            });
-        println!("  {config:<32} {per_request:>12} {added:>12} {ratio:>14}");
+    for &(config, per_request) in &rows {
+        let added = per_request.saturating_sub(bare);
+        println!(
+            "  {config:<32} {per_request:>12} {added:>12} {:>14} {:>22}",
+            ratio(added, governor),
+            ratio(added, with_headers)
+        );
     }
 }
