@@ -5,13 +5,16 @@
 //! held gives them back by the TTL (on Redis' clock); a cancelled request,
 //! a dropped body and a client that disconnects release their permit;
 //! renewals keep a long request's lease past its TTL; the layer stacks
-//! with `RateLimitLayer`.
+//! with `RateLimitLayer`; a layer over `BoxStore::with_leases(RedisStore)`
+//! (the store an app picks at start-up) never runs more than
+//! `max_in_flight` at once.
 
 mod concurrency_limit_layer;
 mod redis_common;
 
 use std::convert::Infallible;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +24,9 @@ use http_body_util::{BodyExt, Full};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis_common::{client, manual_clock, path_url};
-use tollgate_core::{Clock, ConcurrencyPolicy, LeaseId, LeaseStore, ManualClock, MemoryStore};
+use tollgate_core::{
+    BoxStore, Clock, ConcurrencyPolicy, LeaseId, LeaseStore, ManualClock, MemoryStore,
+};
 use tollgate_redis::{ClockMode, RedisStore};
 use tollgate_tests::{redis_url, unique_prefix};
 use tollgate_tower::{ConcurrencyLimitLayer, Global};
@@ -473,6 +478,177 @@ async fn redis_cluster_cancelled_requests_release() {
     let url = tollgate_tests::cluster_urls()[0].clone();
     let now = move || server_now(&mut redis_common::raw(&url));
     cancelled_request_releases(store, now).await;
+}
+
+// ---------------------------------------------------------------- boxed
+
+/// Requests inside the handler now, and the most there ever were at once.
+#[derive(Clone, Default)]
+struct Inside {
+    now: Arc<AtomicU64>,
+    most: Arc<AtomicU64>,
+}
+
+/// A handler that counts itself in `inside`, signals `entered`, waits for
+/// a permit of `gate`, pauses `pause` (to overlap with other requests),
+/// and counts itself out before it answers (so before its lease is
+/// released).
+fn counting_handler(
+    inside: Inside,
+    entered: tokio::sync::mpsc::UnboundedSender<()>,
+    gate: Arc<tokio::sync::Semaphore>,
+    pause: Duration,
+) -> impl tower::Service<
+    Request<Full<Bytes>>,
+    Response = Response<Full<Bytes>>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone {
+    tower::service_fn(move |_: Request<Full<Bytes>>| {
+        let inside = inside.clone();
+        let entered = entered.clone();
+        let gate = Arc::clone(&gate);
+        async move {
+            let now = inside.now.fetch_add(1, Ordering::SeqCst) + 1;
+            inside.most.fetch_max(now, Ordering::SeqCst);
+            let _ = entered.send(());
+            gate.acquire().await.unwrap().forget();
+            tokio::time::sleep(pause).await;
+            inside.now.fetch_sub(1, Ordering::SeqCst);
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+        }
+    })
+}
+
+/// Sends one request through `service` and reads its whole body (the
+/// permit is released once the body has been sent); the status.
+async fn status_after_body<S, B>(service: S) -> StatusCode
+where
+    S: tower::Service<Request<Full<Bytes>>, Response = Response<B>, Error = Infallible>,
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let response = service
+        .oneshot(Request::new(Full::new(Bytes::new())))
+        .await
+        .unwrap();
+    let status = response.status();
+    response.into_body().collect().await.unwrap();
+    status
+}
+
+/// A `ConcurrencyLimitLayer` over `BoxStore::with_leases(redis)`: with
+/// `max_in_flight` requests held inside the handler, every other request
+/// is `429` and Redis itself refuses a permit; once they finish, their
+/// permits come back (released through the box, before the TTL); under a
+/// burst of concurrent requests no more than `max_in_flight` are ever
+/// inside the handler at once.
+async fn boxed_redis_never_exceeds_max_in_flight(redis: RedisStore, now: impl Fn() -> u64) {
+    const MAX: u64 = 2;
+    const BURST: usize = 24;
+    let store = BoxStore::with_leases(redis);
+    assert!(store.supports_leases(), "{store:?}");
+    let policy = ConcurrencyPolicy::max_in_flight(MAX)
+        .lease_ttl(Duration::from_secs(60))
+        .name("boxed")
+        .build()
+        .unwrap();
+    let layer = ConcurrencyLimitLayer::builder(store.clone())
+        .policy(policy.clone())
+        .key(Global)
+        .build()
+        .unwrap();
+    let started = now();
+
+    // Hold MAX requests inside.
+    let inside = Inside::default();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (entered_tx, mut entered) = tokio::sync::mpsc::unbounded_channel();
+    let service = layer.layer(counting_handler(
+        inside.clone(),
+        entered_tx,
+        Arc::clone(&gate),
+        Duration::ZERO,
+    ));
+    let held: Vec<_> = (0..MAX)
+        .map(|_| tokio::spawn(status_after_body(service.clone())))
+        .collect();
+    for _ in 0..MAX {
+        // A guard against a hang (a held request denied never enters),
+        // not a timing assertion.
+        tokio::time::timeout(Duration::from_secs(30), entered.recv())
+            .await
+            .expect("each of the first MAX requests enters the handler")
+            .unwrap();
+    }
+    for _ in 0..4 {
+        let denied = service
+            .clone()
+            .oneshot(Request::new(Full::new(Bytes::new())))
+            .await
+            .unwrap();
+        assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(denied.headers().contains_key(http::header::RETRY_AFTER));
+    }
+    assert_eq!(inside.now.load(Ordering::SeqCst), MAX);
+    let direct = store
+        .acquire("global", &policy, LeaseId::generate())
+        .await
+        .unwrap();
+    assert!(!direct.is_granted(), "Redis holds MAX leases: {direct:?}");
+    assert_eq!(direct.in_flight(), MAX);
+    gate.add_permits(MAX as usize);
+    for task in held {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(inside.most.load(Ordering::SeqCst), MAX);
+    assert_released(&store, &policy, "global", &now, started + 60_000_000).await;
+
+    // A burst: never more than MAX inside at once.
+    let inside = Inside::default();
+    let gate = Arc::new(tokio::sync::Semaphore::new(BURST));
+    let (entered_tx, _entered) = tokio::sync::mpsc::unbounded_channel();
+    let service = layer.layer(counting_handler(
+        inside.clone(),
+        entered_tx,
+        gate,
+        Duration::from_millis(20),
+    ));
+    let burst: Vec<_> = (0..BURST)
+        .map(|_| tokio::spawn(status_after_body(service.clone())))
+        .collect();
+    let (mut admitted, mut limited) = (0, 0);
+    for task in burst {
+        match task.await.unwrap() {
+            StatusCode::OK => admitted += 1,
+            StatusCode::TOO_MANY_REQUESTS => limited += 1,
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    let most = inside.most.load(Ordering::SeqCst);
+    assert!(
+        most <= MAX,
+        "{most} requests were inside at once (max {MAX})"
+    );
+    assert_eq!(admitted + limited, BURST);
+    assert!(admitted > 0);
+    println!("burst through a boxed RedisStore: admitted {admitted}, limited {limited}, most inside {most}");
+    assert_released(&store, &policy, "global", &now, started + 60_000_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_boxed_redis_store_never_runs_more_than_max_in_flight() {
+    let redis = redis_common::standalone(&unique_prefix("lease-boxed"), ClockMode::Redis).await;
+    let now = move || server_now(&mut redis_common::raw(&redis_url()));
+    boxed_redis_never_exceeds_max_in_flight(redis, now).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_boxed_redis_cluster_store_never_runs_more_than_max_in_flight() {
+    let redis = redis_common::cluster(&unique_prefix("lease-boxed"), ClockMode::Redis).await;
+    let url = tollgate_tests::cluster_urls()[0].clone();
+    let now = move || server_now(&mut redis_common::raw(&url));
+    boxed_redis_never_exceeds_max_in_flight(redis, now).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

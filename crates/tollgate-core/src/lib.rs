@@ -45,7 +45,10 @@ mod policy;
 mod store;
 mod subject;
 
-pub use boxed::{BoxCheckFuture, BoxResetFuture, BoxStore, DynStore};
+pub use boxed::{
+    BoxAcquireFuture, BoxCheckFuture, BoxReleaseFuture, BoxRenewFuture, BoxResetFuture, BoxStore,
+    DynStore,
+};
 pub use clock::{Clock, FastClock, ManualClock, SystemClock};
 pub use concurrency::{
     ConcurrencyPolicy, ConcurrencyPolicyBuilder, ConcurrencyPolicyError, Lease, LeaseDecision,

@@ -1,6 +1,7 @@
 //! `store_from_env`: the store an application picks at start-up from one
 //! environment variable (Redis when it holds a URL, process memory when it
-//! is unset), behind one type.
+//! is unset), behind one type that holds rate limits and concurrency
+//! leases.
 
 use tollgate_core::{BoxStore, MemoryStore};
 
@@ -11,14 +12,17 @@ use crate::{redact_url, BuildError, RedisStore};
 /// takes: `redis://`, `rediss://`, `redis+unix://`) when it is set and not
 /// empty, else a [`MemoryStore`] with its defaults. Both
 /// come as a [`BoxStore`], so the application is not generic over the
-/// store.
+/// store, boxed [with their leases](BoxStore::with_leases): the one store
+/// serves a `RateLimitLayer` ([`Store`](tollgate_core::Store)) and a
+/// `ConcurrencyLimitLayer` ([`LeaseStore`](tollgate_core::LeaseStore)).
 ///
 /// The Redis store is built with its defaults and connected at once, so a
 /// wrong URL or an unreachable server fails here, at start-up, with a
 /// message that says what to change. Where the state lives is logged at
 /// `info` (the URL with its password replaced by `***`). For a key prefix,
 /// TLS files, a pool size or timeouts, build the store yourself with
-/// [`RedisStore::builder`] and pass it to [`BoxStore::new`].
+/// [`RedisStore::builder`] and pass it to [`BoxStore::with_leases`] (or to
+/// [`BoxStore::new`] if it needs no concurrency limits).
 ///
 /// # Errors
 ///
@@ -26,7 +30,8 @@ use crate::{redact_url, BuildError, RedisStore};
 /// when the variable holds a URL.
 ///
 /// ```
-/// use tollgate_core::{Policy, Store};
+/// use std::time::Duration;
+/// use tollgate_core::{ConcurrencyPolicy, LeaseId, LeaseStore, Policy, Store};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -35,6 +40,11 @@ use crate::{redact_url, BuildError, RedisStore};
 /// let policies = [Policy::per_minute(1).name("api").build()?];
 /// assert!(store.check("alice", &policies, 1).await?.is_allowed());
 /// assert!(!store.check("alice", &policies, 1).await?.is_allowed());
+/// // The same store holds concurrency leases.
+/// assert!(store.supports_leases());
+/// let running = ConcurrencyPolicy::max_in_flight(1).lease_ttl(Duration::from_secs(30)).build()?;
+/// assert!(store.acquire("alice", &running, LeaseId::generate()).await?.is_granted());
+/// assert!(!store.acquire("alice", &running, LeaseId::generate()).await?.is_granted());
 /// # Ok(()) }
 /// ```
 pub async fn store_from_env(var: &str) -> Result<BoxStore, BuildError> {
@@ -45,13 +55,13 @@ pub async fn store_from_env(var: &str) -> Result<BoxStore, BuildError> {
                 "rate-limit state in Redis at {} ({var})",
                 redact_url(url.trim())
             );
-            Ok(BoxStore::new(store))
+            Ok(BoxStore::with_leases(store))
         }
         _ => {
             tracing::info!(
                 "rate-limit state in process memory; set {var} to a redis:// URL to share it between instances"
             );
-            Ok(BoxStore::new(MemoryStore::new()))
+            Ok(BoxStore::with_leases(MemoryStore::new()))
         }
     }
 }

@@ -1,6 +1,10 @@
 //! Allocations per request through the layer, counted by `dhat`: a
 //! `BoxStore` costs at most one allocation more per check than the store
-//! it holds (none for the memory store, which answers through `check_now`).
+//! it holds (none for the memory store, which answers through `check_now`,
+//! whether boxed with or without its leases); a memory store boxed with its
+//! leases acquires through `acquire_now` without allocating, and through a
+//! `ConcurrencyLimitLayer` costs at most one allocation more per request
+//! than unboxed (the boxed release future).
 //! Its own binary (no harness): `dhat` counts the whole process.
 
 use std::convert::Infallible;
@@ -11,8 +15,11 @@ use std::pin::Pin;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
-use tollgate_core::{BoxStore, MemoryStore, Policy, Store, StoreError, Verdict};
-use tollgate_tower::RateLimitLayer;
+use tollgate_core::{
+    BoxStore, ConcurrencyPolicy, LeaseId, LeaseStore, MemoryStore, Policy, Store, StoreError,
+    Verdict,
+};
+use tollgate_tower::{ConcurrencyLimitLayer, Global, RateLimitLayer};
 use tower::{service_fn, Layer, ServiceExt};
 
 #[global_allocator]
@@ -70,6 +77,75 @@ fn allocations_per_request<St: Store>(runtime: &tokio::runtime::Runtime, store: 
     per_request.round()
 }
 
+/// Allocations per request (rounded) through a `ConcurrencyLimitLayer` on
+/// `store`, after a warm-up; each response is dropped, so its permit is
+/// released before the next request.
+fn allocations_per_leased_request<St: LeaseStore>(
+    runtime: &tokio::runtime::Runtime,
+    store: St,
+) -> f64 {
+    let policy = ConcurrencyPolicy::max_in_flight(1_000)
+        .name("generous")
+        .build()
+        .unwrap();
+    let layer = ConcurrencyLimitLayer::builder(store)
+        .policy(policy)
+        .key(Global)
+        .build()
+        .unwrap();
+    let service = layer.layer(service_fn(|_req: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+    }));
+    let run = |n: u64| {
+        for _ in 0..n {
+            let request = Request::get("/").body(()).unwrap();
+            let response = runtime.block_on(service.clone().oneshot(request)).unwrap();
+            assert_eq!(response.status(), 200);
+        }
+    };
+    run(10);
+    let before = dhat::HeapStats::get().total_blocks;
+    run(REQUESTS);
+    let after = dhat::HeapStats::get().total_blocks;
+    #[allow(clippy::cast_precision_loss)]
+    let per_request = (after - before) as f64 / REQUESTS as f64;
+    per_request.round()
+}
+
+/// Allocations per `acquire_now` on `store` (rounded), for one subject
+/// that keeps one lease held throughout; each lease is released again
+/// outside the count (a boxed store boxes its release future).
+fn allocations_per_acquire_now<St: LeaseStore>(store: &St) -> f64 {
+    let policy = ConcurrencyPolicy::max_in_flight(10)
+        .name("direct")
+        .build()
+        .unwrap();
+    let acquire = || {
+        let id = LeaseId::generate();
+        let decision = store
+            .acquire_now("s", &policy, id)
+            .expect("answered at once")
+            .unwrap();
+        assert!(decision.is_granted());
+        id
+    };
+    let _held = acquire();
+    let mut counted = 0;
+    for round in 0..10 + REQUESTS {
+        let before = dhat::HeapStats::get().total_blocks;
+        let id = acquire();
+        let after = dhat::HeapStats::get().total_blocks;
+        // After a warm-up of ten.
+        if round >= 10 {
+            counted += after - before;
+        }
+        drop(store.release("s", &policy, id));
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let per_call = counted as f64 / REQUESTS as f64;
+    per_call.round()
+}
+
 fn main() {
     let _profiler = dhat::Profiler::builder().testing().build();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -81,14 +157,42 @@ fn main() {
     let deferred = allocations_per_request(&runtime, Deferred(MemoryStore::new()));
     let boxed_deferred =
         allocations_per_request(&runtime, BoxStore::new(Deferred(MemoryStore::new())));
+    let leased_memory =
+        allocations_per_request(&runtime, BoxStore::with_leases(MemoryStore::new()));
+    let acquire_memory = allocations_per_acquire_now(&MemoryStore::new());
+    let acquire_boxed = allocations_per_acquire_now(&BoxStore::with_leases(MemoryStore::new()));
+    let concurrency_memory = allocations_per_leased_request(&runtime, MemoryStore::new());
+    let concurrency_boxed =
+        allocations_per_leased_request(&runtime, BoxStore::with_leases(MemoryStore::new()));
     println!(
         "allocations per request: memory {memory}, boxed memory {boxed_memory}, \
-         deferred {deferred}, boxed deferred {boxed_deferred}"
+         deferred {deferred}, boxed deferred {boxed_deferred}, \
+         memory boxed with leases {leased_memory}; acquire_now: memory {acquire_memory}, \
+         boxed with leases {acquire_boxed}; concurrency limit: memory {concurrency_memory}, \
+         boxed with leases {concurrency_boxed}"
     );
     assert!(memory > 0.0, "the count sees the request's allocations");
     assert!(
         boxed_memory <= memory,
         "a boxed memory store answers through check_now without allocating: {boxed_memory} > {memory}"
+    );
+    assert!(
+        leased_memory <= memory,
+        "a memory store boxed with its leases checks without allocating: {leased_memory} > {memory}"
+    );
+    assert!(
+        acquire_boxed <= acquire_memory,
+        "a memory store boxed with its leases acquires through acquire_now without allocating: \
+         {acquire_boxed} > {acquire_memory}"
+    );
+    assert!(
+        concurrency_memory > 0.0,
+        "the count sees the request's allocations"
+    );
+    assert!(
+        concurrency_boxed <= concurrency_memory + 1.0,
+        "a memory store boxed with its leases costs at most one allocation more per request \
+         (its release future, boxed): {concurrency_boxed} > {concurrency_memory} + 1"
     );
     assert!(
         boxed_deferred <= deferred + 1.0,

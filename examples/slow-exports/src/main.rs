@@ -7,7 +7,11 @@
 //!
 //! State lives in process memory, or in Redis when `REDIS_URL` is set
 //! (`REDIS_URL=redis://127.0.0.1:6379 cargo run -p slow-exports`): then
-//! every instance shares both limits. The server listens on
+//! every instance shares both limits. Either way it is one
+//! [`BoxStore`](tollgate::BoxStore) from
+//! [`store_from_env`], boxed with its leases, so one store serves both
+//! layers and nothing is generic over it (where the state lives is logged
+//! at start-up). The server listens on
 //! 127.0.0.1:3001, or on the port in `PORT`. Each export takes
 //! `EXPORT_SECS` seconds (default 5). Try three at once for one tenant:
 //!
@@ -26,9 +30,9 @@ use std::time::Duration;
 use axum::http::{HeaderName, StatusCode};
 use axum::routing::post;
 use axum::Router;
-use tollgate::redis::{redact_url, RedisStore};
+use tollgate::redis::store_from_env;
 use tollgate::tower::{ConcurrencyLimitLayer, Header, MissingKey, RateLimitLayer};
-use tollgate::{ConcurrencyPolicy, LeaseStore, MemoryStore, Policy, Store};
+use tollgate::{BoxStore, ConcurrencyPolicy, Policy};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
@@ -51,26 +55,13 @@ async fn main() -> Result<(), Box<dyn Error>> {
         Err(_) => 5,
     };
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => {
-            let store = RedisStore::builder().url(&url).build().await?;
-            store
-                .ping()
-                .await
-                .map_err(|e| format!("cannot reach Redis at {}: {e}", redact_url(&url)))?;
-            let name = format!("Redis at {}", redact_url(&url));
-            serve(store, addr, export_secs, &name).await
-        }
-        _ => serve(MemoryStore::new(), addr, export_secs, "process memory").await,
-    }
+    // Redis when REDIS_URL holds a URL (connected now, so a wrong URL fails
+    // here), else process memory; one type either way, with leases.
+    let store = store_from_env("REDIS_URL").await?;
+    serve(store, addr, export_secs).await
 }
 
-async fn serve<St: Store + LeaseStore + Clone>(
-    store: St,
-    addr: SocketAddr,
-    export_secs: u64,
-    store_name: &str,
-) -> Result<(), Box<dyn Error>> {
+async fn serve(store: BoxStore, addr: SocketAddr, export_secs: u64) -> Result<(), Box<dyn Error>> {
     let tenant = Header::new(HeaderName::from_static("x-tenant"));
     let missing = MissingKey::reject(StatusCode::BAD_REQUEST, "send an x-tenant header\n");
     // At most two exports running per tenant. A lease lives 30 s unless the
@@ -106,7 +97,7 @@ async fn serve<St: Store + LeaseStore + Clone>(
 
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!(
-        "slow-exports listening on http://{}/exports (state in {store_name})",
+        "slow-exports listening on http://{}/exports",
         listener.local_addr()?
     );
     println!("per tenant (x-tenant header): 2 exports running at once, 10 started per minute; each takes {export_secs} s");
