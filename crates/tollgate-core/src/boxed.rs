@@ -328,14 +328,6 @@ impl BoxStore {
             inner: Arc::new(WithLeases(store)),
         }
     }
-
-    /// Whether the box holds the store's leases ([`BoxStore::with_leases`]);
-    /// when `false`, every [`LeaseStore`] call answers
-    /// [`StoreError::Unsupported`].
-    #[must_use]
-    pub fn supports_leases(&self) -> bool {
-        self.inner.supports_leases()
-    }
 }
 
 impl fmt::Debug for BoxStore {
@@ -391,6 +383,13 @@ impl Store for BoxStore {
 /// built with [`BoxStore::new`].
 impl LeaseStore for BoxStore {
     type AcquireFuture = BoxAcquireFuture;
+
+    /// `true` for a box built with [`BoxStore::with_leases`]; a box built
+    /// with [`BoxStore::new`] answers every lease call
+    /// [`StoreError::Unsupported`].
+    fn supports_leases(&self) -> bool {
+        self.inner.supports_leases()
+    }
 
     fn acquire(
         &self,

@@ -232,6 +232,14 @@ pub enum ConfigError {
     /// A [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) was given
     /// [`FailurePolicy::Fallback`], whose rate-limit store holds no leases.
     FallbackNotSupported,
+    /// A [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) was given a
+    /// store that holds no leases
+    /// ([`LeaseStore::supports_leases`](tollgate_core::LeaseStore::supports_leases)
+    /// is `false`: a `BoxStore` built with `BoxStore::new`).
+    LeasesNotSupported {
+        /// The store's type.
+        store: &'static str,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -264,6 +272,10 @@ impl fmt::Display for ConfigError {
             ),
             Self::FallbackNotSupported => f.write_str(
                 "a concurrency limit cannot fall back to a rate-limit store: use FailurePolicy::FailOpen or FailurePolicy::FailClosed",
+            ),
+            Self::LeasesNotSupported { store } => write!(
+                f,
+                "the store {store} holds no concurrency leases: box it with BoxStore::with_leases(store) (MemoryStore and RedisStore hold leases), or give the layer the store itself",
             ),
         }
     }

@@ -96,6 +96,34 @@ fn a_fallback_store_is_refused_at_build() {
     assert!(error.to_string().contains("FailOpen"));
 }
 
+#[test]
+fn a_boxed_store_without_leases_is_refused_at_build() {
+    // `BoxStore::new` keeps only the rate-limit methods: every lease call
+    // would be answered Unsupported, so the layer refuses it up front.
+    let error = ConcurrencyLimitLayer::builder(tollgate_core::BoxStore::new(MemoryStore::new()))
+        .policy(concurrency_policy(Duration::from_secs(30)))
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            tollgate_tower::ConfigError::LeasesNotSupported { store } if store.contains("BoxStore")
+        ),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains("BoxStore::with_leases"),
+        "{error}"
+    );
+    // Boxed with its leases, the same store builds.
+    assert!(
+        ConcurrencyLimitLayer::builder(tollgate_core::BoxStore::with_leases(MemoryStore::new()))
+            .policy(concurrency_policy(Duration::from_secs(30)))
+            .build()
+            .is_ok()
+    );
+}
+
 /// A lease store whose acquires are granted at once (in memory) but
 /// answered only when `answer` is notified: an acquire under way.
 #[derive(Clone)]
