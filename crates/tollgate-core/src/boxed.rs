@@ -65,7 +65,7 @@ pub trait DynStore: Send + Sync + 'static {
 
     /// Whether the lease methods reach a [`LeaseStore`] (`false`: they
     /// answer [`StoreError::Unsupported`]).
-    fn supports_leases(&self) -> bool {
+    fn supports_leases_dyn(&self) -> bool {
         false
     }
 
@@ -198,7 +198,7 @@ impl<S: Store + LeaseStore> DynStore for WithLeases<S> {
         std::any::type_name::<S>()
     }
 
-    fn supports_leases(&self) -> bool {
+    fn supports_leases_dyn(&self) -> bool {
         true
     }
 
@@ -334,7 +334,7 @@ impl fmt::Debug for BoxStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("BoxStore")
             .field(&self.inner.type_name())
-            .field(&if self.inner.supports_leases() {
+            .field(&if self.inner.supports_leases_dyn() {
                 "with leases"
             } else {
                 "without leases"
@@ -388,7 +388,7 @@ impl LeaseStore for BoxStore {
     /// with [`BoxStore::new`] answers every lease call
     /// [`StoreError::Unsupported`].
     fn supports_leases(&self) -> bool {
-        self.inner.supports_leases()
+        self.inner.supports_leases_dyn()
     }
 
     fn acquire(
