@@ -111,6 +111,18 @@ pub trait DynStore: Send + Sync + 'static {
         ))))
     }
 
+    /// [`LeaseStore::release_now`]. By default
+    /// [`StoreError::Unsupported`], at once.
+    fn release_now_dyn(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> Option<Result<bool, StoreError>> {
+        let _ = (subject, policy, lease);
+        Some(Err(no_leases("release", self.type_name())))
+    }
+
     /// [`LeaseStore::release`], its future boxed. By default
     /// [`StoreError::Unsupported`].
     fn release_boxed(
@@ -227,6 +239,15 @@ impl<S: Store + LeaseStore> DynStore for WithLeases<S> {
         lease: LeaseId,
     ) -> BoxRenewFuture {
         Box::pin(self.0.renew(subject, policy, lease))
+    }
+
+    fn release_now_dyn(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> Option<Result<bool, StoreError>> {
+        self.0.release_now(subject, policy, lease)
     }
 
     fn release_boxed(
@@ -407,6 +428,15 @@ impl LeaseStore for BoxStore {
         lease: LeaseId,
     ) -> Option<Result<LeaseDecision, StoreError>> {
         self.inner.acquire_now_dyn(subject, policy, lease)
+    }
+
+    fn release_now(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> Option<Result<bool, StoreError>> {
+        self.inner.release_now_dyn(subject, policy, lease)
     }
 
     fn renew(

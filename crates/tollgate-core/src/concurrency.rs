@@ -487,6 +487,20 @@ pub trait LeaseStore: Send + Sync + 'static {
         lease: LeaseId,
     ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send + 'static;
 
+    /// Releases at once when the store can (the memory store):
+    /// `Some(result)` is what [`LeaseStore::release`] would have answered,
+    /// and the lease is released; `None` means use `release` (nothing was
+    /// done). Lets a caller skip boxing a future that is already done.
+    fn release_now(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> Option<Result<bool, StoreError>> {
+        let _ = (subject, policy, lease);
+        None
+    }
+
     /// Gives a lease back. `Ok(true)` when it was live and is now released,
     /// `Ok(false)` when it had already expired or been released.
     fn release(
@@ -520,6 +534,15 @@ impl<T: LeaseStore> LeaseStore for Arc<T> {
         lease: LeaseId,
     ) -> Option<Result<LeaseDecision, StoreError>> {
         (**self).acquire_now(subject, policy, lease)
+    }
+
+    fn release_now(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> Option<Result<bool, StoreError>> {
+        (**self).release_now(subject, policy, lease)
     }
 
     fn renew(

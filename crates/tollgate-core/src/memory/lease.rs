@@ -268,14 +268,26 @@ impl LeaseStore for MemoryStore {
         ready(Ok(self.inner.leases.renew(subject, policy, lease, now)))
     }
 
+    fn release_now(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> Option<Result<bool, StoreError>> {
+        let now = self.inner.clock.now_micros();
+        Some(Ok(self.inner.leases.release(subject, policy, lease, now)))
+    }
+
     fn release(
         &self,
         subject: &str,
         policy: &ConcurrencyPolicy,
         lease: LeaseId,
     ) -> impl std::future::Future<Output = Result<bool, StoreError>> + Send + 'static {
-        let now = self.inner.clock.now_micros();
-        ready(Ok(self.inner.leases.release(subject, policy, lease, now)))
+        ready(
+            self.release_now(subject, policy, lease)
+                .unwrap_or(Ok(false)),
+        )
     }
 }
 
@@ -297,6 +309,30 @@ mod tests {
             .name("c")
             .build()
             .unwrap()
+    }
+
+    #[test]
+    fn release_now_releases_at_once_and_once() {
+        let store = MemoryStore::with_clock(ManualClock::new(T0));
+        let p = policy(1);
+        let lease = block_on(store.acquire("a", &p, LeaseId::generate()))
+            .unwrap()
+            .lease()
+            .unwrap();
+        assert!(!block_on(store.acquire("a", &p, LeaseId::generate()))
+            .unwrap()
+            .is_granted());
+        assert!(matches!(
+            store.release_now("a", &p, lease.id()),
+            Some(Ok(true))
+        ));
+        assert!(
+            matches!(store.release_now("a", &p, lease.id()), Some(Ok(false))),
+            "already released"
+        );
+        assert!(block_on(store.acquire("a", &p, LeaseId::generate()))
+            .unwrap()
+            .is_granted());
     }
 
     #[test]

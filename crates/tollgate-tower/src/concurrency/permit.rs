@@ -122,11 +122,16 @@ async fn renew_until_lost<St: LeaseStore>(
     }
 }
 
-/// Releases `lease`: polls the release once here (a store that answers
-/// synchronously, the memory store, is done), and spawns the rest on the
-/// tokio runtime. Without a runtime, a store that needs one cannot release:
-/// the lease then expires at the end of its TTL.
+/// Releases `lease`: at once where the store can (`release_now`: the
+/// memory store, with no future to box), else its release future is polled
+/// once here and the rest spawned on the tokio runtime. Without a runtime,
+/// a store that needs one cannot release: the lease then expires at the end
+/// of its TTL.
 fn release<St: LeaseStore>(store: &St, subject: &str, policy: &ConcurrencyPolicy, lease: LeaseId) {
+    if let Some(result) = store.release_now(subject, policy, lease) {
+        log_release(result);
+        return;
+    }
     let Ok(handle) = Handle::try_current() else {
         // Dropping the future: the memory store released at the call; a
         // network store's lease expires with its TTL.
