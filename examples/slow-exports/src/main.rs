@@ -8,7 +8,7 @@
 //! State lives in process memory, or in Redis when `REDIS_URL` is set
 //! (`REDIS_URL=redis://127.0.0.1:6379 cargo run -p slow-exports`): then
 //! every instance shares both limits. Either way it is one
-//! [`BoxStore`](tollgate::BoxStore) from
+//! [`BoxStore`] from
 //! [`store_from_env`], boxed with its leases, so one store serves both
 //! layers and nothing is generic over it (where the state lives is logged
 //! at start-up). The server listens on
