@@ -54,8 +54,12 @@
 //! `metrics` (counters and a latency histogram per policy through the
 //! `metrics` crate: `tollgate_allowed_total`, `tollgate_denied_total`,
 //! `tollgate_dry_run_denied_total`, `tollgate_store_errors_total`,
-//! `tollgate_fail_open_total`, `tollgate_store_latency_seconds`, each
-//! labelled `policy`, with help text and units: `describe_metrics`).
+//! `tollgate_fail_open_total`, `tollgate_store_latency_seconds`, and for
+//! [`ConcurrencyLimitLayer`] `tollgate_concurrency_granted_total`,
+//! `tollgate_concurrency_denied_total`,
+//! `tollgate_concurrency_store_errors_total`,
+//! `tollgate_concurrency_fail_open_total`, each labelled `policy`, with help
+//! text and units: `describe_metrics`).
 //!
 //! # When the store fails
 //!

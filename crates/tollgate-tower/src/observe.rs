@@ -8,6 +8,10 @@
 //! | `tollgate_store_errors_total` | counter | `policy` |
 //! | `tollgate_fail_open_total` | counter | `policy` (requests let through undecided) |
 //! | `tollgate_store_latency_seconds` | histogram | `policy` |
+//! | `tollgate_concurrency_granted_total` | counter | `policy` (a concurrency policy) |
+//! | `tollgate_concurrency_denied_total` | counter | `policy` |
+//! | `tollgate_concurrency_store_errors_total` | counter | `policy` (errors and timeouts) |
+//! | `tollgate_concurrency_fail_open_total` | counter | `policy` (requests run without a permit) |
 
 use tollgate_core::Verdict;
 
@@ -49,6 +53,26 @@ pub fn describe_metrics() {
         "tollgate_store_latency_seconds",
         Unit::Seconds,
         "Time from sending a rate-limit check to the store's answer, per policy."
+    );
+    describe_counter!(
+        "tollgate_concurrency_granted_total",
+        Unit::Count,
+        "Requests a concurrency policy gave a permit to, per policy."
+    );
+    describe_counter!(
+        "tollgate_concurrency_denied_total",
+        Unit::Count,
+        "Requests a concurrency policy refused (every permit held, or no room for a new subject), per policy."
+    );
+    describe_counter!(
+        "tollgate_concurrency_store_errors_total",
+        Unit::Count,
+        "Permit acquires the store failed to answer (errors and timeouts), per concurrency policy."
+    );
+    describe_counter!(
+        "tollgate_concurrency_fail_open_total",
+        Unit::Count,
+        "Requests run without a permit because the store failed (fail-open), per concurrency policy."
     );
 }
 
@@ -113,4 +137,29 @@ pub(crate) fn store_latency(tier: &Tier, latency: std::time::Duration) {
         metrics::histogram!("tollgate_store_latency_seconds", "policy" => policy)
             .record(latency.as_secs_f64());
     });
+}
+
+/// What a concurrency layer counts (feature `metrics`), for its policy.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Concurrency {
+    Granted,
+    Denied,
+    StoreError,
+    FailOpen,
+}
+
+/// Counts `event` for the concurrency policy `policy` (its name).
+pub(crate) fn concurrency(policy: &std::sync::Arc<str>, event: Concurrency) {
+    #[cfg(feature = "metrics")]
+    {
+        let name = match event {
+            Concurrency::Granted => "tollgate_concurrency_granted_total",
+            Concurrency::Denied => "tollgate_concurrency_denied_total",
+            Concurrency::StoreError => "tollgate_concurrency_store_errors_total",
+            Concurrency::FailOpen => "tollgate_concurrency_fail_open_total",
+        };
+        metrics::counter!(name, "policy" => metrics::SharedString::from(std::sync::Arc::clone(policy)))
+            .increment(1);
+    }
+    let _ = (policy, event);
 }

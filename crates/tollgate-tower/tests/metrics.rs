@@ -13,8 +13,8 @@ use metrics::{
     Counter, CounterFn, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
     SharedString, Unit,
 };
-use tollgate_core::{MemoryStore, Policy};
-use tollgate_tower::{Mode, RateLimitLayer};
+use tollgate_core::{ConcurrencyPolicy, MemoryStore, Policy};
+use tollgate_tower::{ConcurrencyLimitLayer, Mode, RateLimitLayer};
 use tower::{Layer, Service, ServiceExt};
 
 /// Records counter totals by `name{policy}`.
@@ -220,6 +220,10 @@ fn every_metric_has_help_text_and_a_unit() {
         ("tollgate_store_errors_total", Unit::Count),
         ("tollgate_fail_open_total", Unit::Count),
         ("tollgate_store_latency_seconds", Unit::Seconds),
+        ("tollgate_concurrency_granted_total", Unit::Count),
+        ("tollgate_concurrency_denied_total", Unit::Count),
+        ("tollgate_concurrency_store_errors_total", Unit::Count),
+        ("tollgate_concurrency_fail_open_total", Unit::Count),
     ] {
         let (got, help) = described
             .get(name)
@@ -227,5 +231,56 @@ fn every_metric_has_help_text_and_a_unit() {
         assert_eq!(*got, Some(unit), "{name}");
         assert!(help.len() > 20, "{name}: {help}");
     }
-    assert_eq!(described.len(), 6, "{described:?}");
+    assert_eq!(described.len(), 10, "{described:?}");
+}
+
+#[tokio::test]
+async fn concurrency_permits_and_refusals_are_counted_per_policy() {
+    let totals = Totals::default();
+    let layer = metrics::with_local_recorder(&totals, || {
+        ConcurrencyLimitLayer::builder(MemoryStore::new())
+            .policy(
+                ConcurrencyPolicy::max_in_flight(1)
+                    .name("exports")
+                    .build()
+                    .unwrap(),
+            )
+            .build()
+            .unwrap()
+    });
+    assert!(
+        totals
+            .described
+            .lock()
+            .unwrap()
+            .contains_key("tollgate_concurrency_granted_total"),
+        "building the concurrency layer describes the metrics too"
+    );
+    let mut service = layer.layer(tower::service_fn(hello));
+    // The memory store answers inside `call`, where the local recorder is set.
+    service.ready().await.unwrap();
+    let held = metrics::with_local_recorder(&totals, || service.call(request()))
+        .await
+        .unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    for _ in 0..2 {
+        service.ready().await.unwrap();
+        let refused = metrics::with_local_recorder(&totals, || service.call(request()))
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+    assert_eq!(
+        totals.get("tollgate_concurrency_granted_total{policy=exports}"),
+        1
+    );
+    assert_eq!(
+        totals.get("tollgate_concurrency_denied_total{policy=exports}"),
+        2
+    );
+    assert_eq!(
+        totals.get("tollgate_concurrency_store_errors_total{policy=exports}"),
+        0
+    );
+    drop(held);
 }

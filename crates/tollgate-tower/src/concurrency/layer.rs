@@ -21,6 +21,8 @@ pub(crate) struct Shared<St, K> {
     pub(crate) missing_key: MissingKey,
     pub(crate) fail_closed: bool,
     pub(crate) timeout: Duration,
+    /// The policy's name, shared by the metrics' `policy` label.
+    pub(crate) policy_name: Arc<str>,
 }
 
 impl<St, K> fmt::Debug for Shared<St, K> {
@@ -246,9 +248,12 @@ impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
             FailurePolicy::FailClosed => true,
             FailurePolicy::Fallback(_) => return Err(ConfigError::FallbackNotSupported),
         };
+        #[cfg(feature = "metrics")]
+        crate::observe::describe_metrics();
         Ok(ConcurrencyLimitLayer {
             shared: Arc::new(Shared {
                 store: self.store,
+                policy_name: Arc::from(policy.name()),
                 policy,
                 key: self.key,
                 missing_key: self.missing_key,

@@ -20,6 +20,7 @@ use super::ConcurrencyLimitBody;
 use crate::config::MissingKey;
 use crate::headers::ceil_secs;
 use crate::key::KeyExtractor;
+use crate::observe::{self, Concurrency};
 use crate::response::{grpc_content_type, plain};
 
 static GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
@@ -120,12 +121,15 @@ impl<St: LeaseStore, K> Shared<St, K> {
         result: Result<LeaseDecision, StoreError>,
     ) -> Outcome {
         match result {
-            Ok(decision) if decision.is_granted() => Outcome::Forward(Some(Permit::hold(
-                &self.store,
-                Arc::clone(&ticket.subject),
-                &self.policy,
-                ticket.lease,
-            ))),
+            Ok(decision) if decision.is_granted() => {
+                observe::concurrency(&self.policy_name, Concurrency::Granted);
+                Outcome::Forward(Some(Permit::hold(
+                    &self.store,
+                    Arc::clone(&ticket.subject),
+                    &self.policy,
+                    ticket.lease,
+                )))
+            }
             Ok(decision) => Outcome::Respond(self.limited(ticket, decision.retry_after())),
             Err(error) => self.on_error(ticket, &error),
         }
@@ -135,14 +139,21 @@ impl<St: LeaseStore, K> Shared<St, K> {
         match error.scope() {
             // No room for a new subject, or a request the store refuses:
             // denied, never let through.
-            ErrorScope::NoRoom => Outcome::Respond(self.limited(ticket, error.retry_after())),
-            ErrorScope::Request => Outcome::Respond(self.limited(ticket, None)),
+            ErrorScope::NoRoom => {
+                observe::concurrency(&self.policy_name, Concurrency::StoreError);
+                Outcome::Respond(self.limited(ticket, error.retry_after()))
+            }
+            ErrorScope::Request => {
+                observe::concurrency(&self.policy_name, Concurrency::StoreError);
+                Outcome::Respond(self.limited(ticket, None))
+            }
             _ => self.on_failure(ticket, error),
         }
     }
 
     /// The failure policy, after the store failed or timed out.
     pub(crate) fn on_failure(&self, ticket: &Ticket, error: &dyn fmt::Display) -> Outcome {
+        observe::concurrency(&self.policy_name, Concurrency::StoreError);
         if self.fail_closed {
             tracing::warn!(policy = self.policy.name(), %error, "concurrency limit store failed; request refused (fail closed)");
             Outcome::Respond(plain(
@@ -152,6 +163,7 @@ impl<St: LeaseStore, K> Shared<St, K> {
             ))
         } else {
             tracing::warn!(policy = self.policy.name(), %error, "concurrency limit store failed; request let through without a permit (fail open)");
+            observe::concurrency(&self.policy_name, Concurrency::FailOpen);
             Outcome::Forward(None)
         }
     }
@@ -159,6 +171,7 @@ impl<St: LeaseStore, K> Shared<St, K> {
     /// The `429` (gRPC `RESOURCE_EXHAUSTED`) of a denied request, with
     /// `Retry-After` when the store knows when a permit comes back.
     fn limited(&self, ticket: &Ticket, retry_after: Option<Duration>) -> Response<Bytes> {
+        observe::concurrency(&self.policy_name, Concurrency::Denied);
         let mut message = format!(
             "Too many requests: concurrency limit \"{}\" of {} in flight reached",
             self.policy.name(),
