@@ -114,9 +114,8 @@ where
     K: KeyExtractor,
 {
     // The constructors take the post-charge, if any, so `call` builds its
-    // future in one go: setting it afterwards moved the whole future (some
-    // 400 bytes) once more per request.
-    #[inline(always)]
+    // future in one expression rather than moving the whole future (some
+    // 400 bytes) again to set it.
     pub(crate) fn forward(
         future: S::Future,
         headers: Option<RateLimitHeaders>,
