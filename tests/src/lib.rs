@@ -286,6 +286,22 @@ pub fn sentinel_urls() -> Vec<String> {
         .collect()
 }
 
+/// `rediss://` URLs of the TLS Sentinels `cargo xtask test` starts
+/// (`TOLLGATE_REDIS_TLS_SENTINEL_URLS`, comma separated): a primary, a
+/// replica and three Sentinels speaking TLS to clients and to each other,
+/// monitoring [`sentinel_master`]; trust [`tls_ca`].
+///
+/// # Panics
+///
+/// When the variable is not set: run the tests with `cargo xtask test`.
+#[must_use]
+pub fn tls_sentinel_urls() -> Vec<String> {
+    required_env("TOLLGATE_REDIS_TLS_SENTINEL_URLS")
+        .split(',')
+        .map(str::to_owned)
+        .collect()
+}
+
 /// The master name those Sentinels monitor (`TOLLGATE_REDIS_SENTINEL_MASTER`).
 ///
 /// # Panics

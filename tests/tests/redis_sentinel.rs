@@ -1,5 +1,6 @@
 //! Redis Sentinel: a store built with `.sentinel(master, urls)` decides as
-//! a store on the primary does, an unknown master name fails at `build()`,
+//! a store on the primary does (also with `rediss://` Sentinels and a TLS
+//! primary), an unknown master name fails at `build()`,
 //! and a failover (`SENTINEL FAILOVER`, and a killed primary) is followed
 //! without a restart and without a wrong decision.
 //!
@@ -61,6 +62,40 @@ async fn decisions_through_the_sentinels_equal_those_of_a_plain_server() {
     let plain = remaining_sequence(RedisStore::builder().url(tollgate_tests::redis_url())).await;
     assert_eq!(through_sentinels, plain);
     assert!(plain.iter().any(|(allowed, _)| !allowed), "{plain:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn decisions_through_tls_sentinels_equal_those_of_a_plain_server() {
+    // `rediss://` Sentinels: the client talks TLS to the Sentinels and to
+    // the primary whose TLS address they hand out, trusting the test CA.
+    let urls = tollgate_tests::tls_sentinel_urls();
+    assert!(
+        urls.iter().all(|url| url.starts_with("rediss://")),
+        "{urls:?}"
+    );
+    let through_sentinels = remaining_sequence(
+        RedisStore::builder()
+            .sentinel(tollgate_tests::sentinel_master(), urls.clone())
+            .tls_ca(tollgate_tests::tls_ca()),
+    )
+    .await;
+    let plain = remaining_sequence(RedisStore::builder().url(tollgate_tests::redis_url())).await;
+    assert_eq!(through_sentinels, plain);
+    assert!(plain.iter().any(|(allowed, _)| !allowed), "{plain:?}");
+
+    // Without the test CA the Sentinels' certificate is not trusted: the
+    // build fails, it does not fall back to plain TCP.
+    let untrusted = RedisStore::builder()
+        .sentinel(tollgate_tests::sentinel_master(), urls)
+        .timeout(TEST_TIMEOUT)
+        .build()
+        .await;
+    let error = untrusted.expect_err("a Sentinel with an unknown CA was trusted");
+    assert!(matches!(error, BuildError::Connect { .. }), "{error:?}");
+    assert!(
+        error.to_string().contains(".tls_ca("),
+        "the message says to trust the CA: {error}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -19,6 +19,7 @@ mod long;
 mod redis;
 mod resp;
 mod secure;
+mod sentinel;
 
 use std::ffi::OsString;
 use std::fmt;
@@ -29,7 +30,8 @@ use std::time::{Duration, Instant};
 
 use args::{BenchTarget, Invocation, RedisOptions, TestOptions, USAGE};
 use redis::{Cluster, Standalone, Tools};
-use secure::{Secure, SentinelSet, TlsCluster};
+use secure::{Secure, TlsCluster};
+use sentinel::SentinelSet;
 
 /// Masters of the Cluster that `test` and `redis` start.
 const CLUSTER_MASTERS: usize = 3;
@@ -161,7 +163,7 @@ fn run_test_stages(options: &TestOptions, tools: &Tools, stages: &mut Stages) ->
         )?;
     }
     let servers = stages.run(
-        "start Redis (standalone, Cluster, TLS + ACL, TLS Cluster, Sentinel)",
+        "start Redis (standalone, Cluster, TLS + ACL, TLS Cluster, Sentinel, TLS Sentinel)",
         || Servers::start(tools, CLUSTER_MASTERS, 0),
     )?;
     let mut env = servers.env();
@@ -236,6 +238,9 @@ struct Servers {
     secure: Option<Secure>,
     /// The Sentinel-managed primary.
     sentinel: Option<SentinelSet>,
+    /// The same over TLS (dropped before `secure`: it reads its
+    /// certificates).
+    tls_sentinel: Option<SentinelSet>,
 }
 
 impl Servers {
@@ -254,6 +259,7 @@ impl Servers {
             tls_cluster: None,
             secure: None,
             sentinel: None,
+            tls_sentinel: None,
         };
         let secure = Secure::start(tools)?;
         eprintln!(
@@ -262,6 +268,11 @@ impl Servers {
         let tls_cluster = TlsCluster::start(tools, &secure)?;
         eprintln!("    TLS Cluster:       3 masters (TOLLGATE_REDIS_TLS_CLUSTER_URLS)");
         servers.tls_cluster = Some(tls_cluster);
+        let tls_sentinel = SentinelSet::start_tls(tools, secure.certs())?;
+        eprintln!(
+            "    TLS Sentinel set:  primary + replica + 3 Sentinels (TOLLGATE_REDIS_TLS_SENTINEL_URLS)"
+        );
+        servers.tls_sentinel = Some(tls_sentinel);
         servers.secure = Some(secure);
         let sentinel = SentinelSet::start(tools)?;
         eprintln!("    Sentinel set:      primary + replica + 3 Sentinels");
@@ -287,6 +298,9 @@ impl Servers {
         if let Some(sentinel) = &self.sentinel {
             env.extend(sentinel.env());
         }
+        if let Some(sentinel) = &self.tls_sentinel {
+            env.extend(sentinel.tls_env());
+        }
         env
     }
 
@@ -302,6 +316,7 @@ impl Drop for Servers {
             eprintln!("xtask: stopping the Redis servers");
         }
         drop(self.sentinel.take());
+        drop(self.tls_sentinel.take());
         drop(self.tls_cluster.take());
         drop(self.secure.take());
         drop(self.standalone.take());

@@ -1,15 +1,13 @@
 //! The production-like servers `cargo xtask test` starts besides the plain
 //! ones: TLS redis-servers (client certificates optional, and required)
 //! whose users need a password and one of which is an ACL user allowed only
-//! what tollgate needs ([`Secure`]), and a Sentinel-managed primary with a
-//! replica and three Sentinels ([`SentinelSet`]). Certificates are
-//! generated at each run with rcgen ([`Certs`]); no key is ever committed.
+//! what tollgate needs ([`Secure`]), and a TLS Cluster ([`TlsCluster`]).
+//! Certificates are generated at each run with rcgen ([`Certs`]); no key is
+//! ever committed. The Sentinel sets are in `sentinel.rs`.
 
 use std::fs;
 use std::hash::BuildHasher;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -18,16 +16,12 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
-use crate::redis::{
-    display, info_field, pick_port, slot_ranges, tail, url, xtask_dir, Server, Tools, SUPERVISOR,
-};
+use crate::redis::{display, info_field, pick_port, slot_ranges, xtask_dir, Server, Tools};
 use crate::resp::{Connection, Reply};
 use crate::{Error, Result};
 
 /// The ACL user of the TLS servers.
 pub(crate) const ACL_USER: &str = "tollgate";
-/// The master name the Sentinels monitor.
-pub(crate) const SENTINEL_MASTER: &str = "tollgate-primary";
 /// What the ACL user may do: the key prefixes of the tests (`tg-test…`)
 /// and of the examples (`tollgate:`), and only the commands of
 /// `tollgate_redis::ACL_COMMANDS`.
@@ -60,9 +54,9 @@ const ACL_RULES: &[&str] = &[
 /// `tollgate_redis::ACL_CLUSTER_COMMANDS`.
 const CLUSTER_ACL_RULES: [&str; 2] = ["+cluster|slots", "+asking"];
 /// Timeout of the control connections.
-const IO_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long the Sentinel set may take to see every node.
-const SENTINEL_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a Cluster or a Sentinel set may take to form.
+pub(crate) const FORM_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A random-enough token for passwords and directory names.
 fn token(salt: &str) -> String {
@@ -161,9 +155,9 @@ impl Drop for Certs {
 /// One TLS redis-server: its plain port (for xtask's control connection
 /// and for comparisons over TCP) and its TLS port.
 #[derive(Debug)]
-struct TlsServer {
-    server: Server,
-    tls_port: u16,
+pub(crate) struct TlsServer {
+    pub(crate) server: Server,
+    pub(crate) tls_port: u16,
 }
 
 /// The TLS servers, their certificates and passwords.
@@ -182,6 +176,11 @@ pub(crate) struct Secure {
 }
 
 impl Secure {
+    /// The certificates the servers use.
+    pub(crate) fn certs(&self) -> &Certs {
+        &self.certs
+    }
+
     /// Generates certificates, starts both TLS servers and sets their users
     /// up: [`ACL_USER`] with only [`ACL_RULES`], and a password on
     /// `default`.
@@ -250,7 +249,7 @@ fn start_tls(tools: &Tools, certs: &Certs, auth_clients: &str) -> Result<TlsServ
 }
 
 /// [`start_tls`] with more arguments.
-fn start_tls_with(
+pub(crate) fn start_tls_with(
     tools: &Tools,
     certs: &Certs,
     auth_clients: &str,
@@ -410,7 +409,7 @@ impl TlsCluster {
                 ]),
             )?;
         }
-        let deadline = Instant::now() + SENTINEL_TIMEOUT;
+        let deadline = Instant::now() + FORM_TIMEOUT;
         for node in &nodes {
             loop {
                 let info = Connection::open(node.server.port, IO_TIMEOUT)
@@ -425,7 +424,7 @@ impl TlsCluster {
                     return Err(Error::new(format!(
                         "the TLS Cluster did not form within {} s: 127.0.0.1:{} says\n{info}\n\
                          its log ends with:\n{}",
-                        SENTINEL_TIMEOUT.as_secs(),
+                        FORM_TIMEOUT.as_secs(),
                         node.server.port,
                         node.server.log_tail()
                     )));
@@ -461,203 +460,6 @@ impl TlsCluster {
     }
 }
 
-/// A primary, its replica and three Sentinels monitoring it as
-/// [`SENTINEL_MASTER`] (quorum 2, down after 1 s).
-#[derive(Debug)]
-pub(crate) struct SentinelSet {
-    sentinels: Vec<SentinelNode>,
-    replica: Server,
-    primary: Server,
-}
-
-impl SentinelSet {
-    /// Starts the nodes and waits until every Sentinel knows the replica
-    /// and the two other Sentinels.
-    ///
-    /// # Errors
-    ///
-    /// When a node does not start or the set does not form in 30 s.
-    pub(crate) fn start(tools: &Tools) -> Result<Self> {
-        let primary = Server::start(tools, &["--repl-diskless-sync-delay", "0"])?;
-        let primary_port = primary.port.to_string();
-        let replica = Server::start(
-            tools,
-            &[
-                "--replicaof",
-                "127.0.0.1",
-                &primary_port,
-                "--repl-diskless-sync-delay",
-                "0",
-            ],
-        )?;
-        let mut sentinels = Vec::with_capacity(3);
-        for _ in 0..3 {
-            sentinels.push(SentinelNode::start(tools, primary.port)?);
-        }
-        let set = Self {
-            sentinels,
-            replica,
-            primary,
-        };
-        set.wait_formed()?;
-        Ok(set)
-    }
-
-    fn wait_formed(&self) -> Result<()> {
-        let deadline = Instant::now() + SENTINEL_TIMEOUT;
-        loop {
-            let mut pending = None;
-            for sentinel in &self.sentinels {
-                let info = Connection::open(sentinel.port, IO_TIMEOUT)
-                    .and_then(|mut conn| conn.text(&["INFO", "sentinel"]))
-                    .unwrap_or_default();
-                let line = info_field(&info, "master0").unwrap_or_default();
-                if !(line.contains("status=ok")
-                    && line.contains("slaves=1")
-                    && line.contains("sentinels=3"))
-                {
-                    pending = Some((sentinel, info));
-                    break;
-                }
-            }
-            match pending {
-                None => return Ok(()),
-                Some(_) if Instant::now() < deadline => thread::sleep(Duration::from_millis(100)),
-                Some((sentinel, info)) => {
-                    return Err(Error::new(format!(
-                        "the Sentinel set did not form within {} s: the Sentinel on port {} says\n\
-                         {info}\nits log ends with:\n{}\n(replica on {}, primary on {})",
-                        SENTINEL_TIMEOUT.as_secs(),
-                        sentinel.port,
-                        sentinel.log_tail(),
-                        self.replica.port,
-                        self.primary.port,
-                    )))
-                }
-            }
-        }
-    }
-
-    /// `TOLLGATE_REDIS_SENTINEL_URLS` and `TOLLGATE_REDIS_SENTINEL_MASTER`.
-    pub(crate) fn env(&self) -> Vec<(&'static str, String)> {
-        let urls: Vec<String> = self.sentinels.iter().map(|s| url(s.port)).collect();
-        vec![
-            ("TOLLGATE_REDIS_SENTINEL_URLS", urls.join(",")),
-            ("TOLLGATE_REDIS_SENTINEL_MASTER", SENTINEL_MASTER.to_owned()),
-        ]
-    }
-}
-
-/// One supervised Sentinel (`redis-server <conf> --sentinel`); killed and
-/// its directory removed on drop.
-#[derive(Debug)]
-struct SentinelNode {
-    port: u16,
-    dir: PathBuf,
-    supervisor: Child,
-    lifeline: Option<ChildStdin>,
-}
-
-impl SentinelNode {
-    fn start(tools: &Tools, primary_port: u16) -> Result<Self> {
-        let port = pick_port()?;
-        let dir = xtask_dir().join(format!("sentinel-{port}"));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir)
-            .map_err(|e| Error::new(format!("could not create {}: {e}", dir.display())))?;
-        let conf = dir.join("sentinel.conf");
-        fs::write(&conf, sentinel_conf(port, &dir, primary_port))
-            .map_err(|e| Error::new(format!("could not write {}: {e}", conf.display())))?;
-        let mut supervisor = Command::new("sh")
-            .arg("-c")
-            .arg(SUPERVISOR)
-            .arg("sh")
-            .arg(&dir)
-            .arg(&tools.server)
-            .arg(&conf)
-            .arg("--sentinel")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .map_err(|e| Error::new(format!("could not spawn a Sentinel: {e}")))?;
-        let lifeline = supervisor.stdin.take();
-        let mut node = Self {
-            port,
-            dir,
-            supervisor,
-            lifeline,
-        };
-        node.wait_ready()?;
-        Ok(node)
-    }
-
-    fn wait_ready(&mut self) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Ok(Some(status)) = self.supervisor.try_wait() {
-                return Err(Error::new(format!(
-                    "the Sentinel on port {} exited during startup ({status}); its log ends with:\n{}",
-                    self.port,
-                    self.log_tail()
-                )));
-            }
-            let pong = Connection::open(self.port, Duration::from_millis(500))
-                .and_then(|mut conn| conn.command(&["PING"]));
-            match pong {
-                Ok(Reply::Status(pong)) if pong == "PONG" => return Ok(()),
-                _ if Instant::now() < deadline => thread::sleep(Duration::from_millis(25)),
-                other => {
-                    return Err(Error::new(format!(
-                        "the Sentinel on port {} did not answer PING ({other:?}); its log ends with:\n{}",
-                        self.port,
-                        self.log_tail()
-                    )))
-                }
-            }
-        }
-    }
-
-    fn log_tail(&self) -> String {
-        let path = self.dir.join("sentinel.log");
-        fs::read_to_string(&path).map_or_else(
-            |e| format!("(could not read {}: {e})", path.display()),
-            |text| tail(&text, 20),
-        )
-    }
-}
-
-/// The configuration file of a Sentinel on `port` monitoring the primary on
-/// `primary_port` (Sentinels rewrite their file, so each has its own).
-pub(crate) fn sentinel_conf(port: u16, dir: &Path, primary_port: u16) -> String {
-    format!(
-        "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\nlogfile {log}\n\
-         sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {primary_port} 2\n\
-         sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
-         sentinel failover-timeout {SENTINEL_MASTER} 5000\n\
-         sentinel parallel-syncs {SENTINEL_MASTER} 1\n",
-        dir = display(dir),
-        log = display(&dir.join("sentinel.log")),
-    )
-}
-
-impl Drop for SentinelNode {
-    fn drop(&mut self) {
-        drop(self.lifeline.take());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while let Ok(None) = self.supervisor.try_wait() {
-            if Instant::now() >= deadline {
-                let _ = self.supervisor.kill();
-                let _ = self.supervisor.wait();
-                break;
-            }
-            thread::sleep(Duration::from_millis(10));
-        }
-        let _ = fs::remove_dir_all(&self.dir);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -678,19 +480,6 @@ mod tests {
         }
         drop(certs);
         assert!(!dir.exists(), "{} should be removed", dir.display());
-    }
-
-    #[test]
-    fn sentinel_conf_monitors_the_primary() {
-        let conf = sentinel_conf(26379, Path::new("/tmp/s"), 6379);
-        assert!(conf.starts_with("port 26379\n"), "{conf}");
-        assert!(
-            conf.contains(&format!(
-                "sentinel monitor {SENTINEL_MASTER} 127.0.0.1 6379 2\n"
-            )),
-            "{conf}"
-        );
-        assert!(conf.contains("down-after-milliseconds"), "{conf}");
     }
 
     #[test]
