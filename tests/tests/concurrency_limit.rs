@@ -816,19 +816,7 @@ async fn out_of_memory_keeps_held_subjects_and_refuses_new_ones() {
         held.push(lease.id());
     }
     let mut raw = redis_common::raw(&server.url());
-    for i in 0..64 {
-        let () = redis::cmd("SET")
-            .arg(format!("filler:{i}"))
-            .arg(vec![b'x'; 64 << 10])
-            .query(&mut raw)
-            .unwrap();
-    }
-    let () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("3mb")
-        .query(&mut raw)
-        .unwrap();
+    tollgate_tests::reliability::fill_past_maxmemory(&server.url()).await;
     for (store, first) in [(&functions, held[0]), (&evalsha, held[1])] {
         let path = store.call_path();
         let second = store

@@ -270,19 +270,7 @@ async fn out_of_memory_on_both_paths() {
         .unwrap()
         .is_allowed());
     let mut raw = redis_common::raw(&server.url());
-    for i in 0..64 {
-        let () = redis::cmd("SET")
-            .arg(format!("filler:{i}"))
-            .arg(vec![b'x'; 64 << 10])
-            .query(&mut raw)
-            .unwrap();
-    }
-    let () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("3mb")
-        .query(&mut raw)
-        .unwrap();
+    tollgate_tests::reliability::fill_past_maxmemory(&server.url()).await;
     for (store, held) in [(&functions, "held-f"), (&evalsha, "held-e")] {
         check_counts(store, held, &policies, 2).await;
         let fresh = store.check("fresh", &policies, 1).await;
