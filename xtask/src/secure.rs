@@ -399,15 +399,11 @@ impl TlsCluster {
             )?;
         }
         for (node, (first, last)) in nodes.iter().zip(slot_ranges(3)) {
-            command(
-                node.server.port,
-                &strings(&[
-                    "CLUSTER",
-                    "ADDSLOTSRANGE",
-                    &first.to_string(),
-                    &last.to_string(),
-                ]),
-            )?;
+            // ADDSLOTS with every slot, not ADDSLOTSRANGE: Redis 6.2 has
+            // only the former.
+            let mut addslots = strings(&["CLUSTER", "ADDSLOTS"]);
+            addslots.extend((first..=last).map(|slot| slot.to_string()));
+            command(node.server.port, &addslots)?;
         }
         let deadline = Instant::now() + FORM_TIMEOUT;
         for node in &nodes {

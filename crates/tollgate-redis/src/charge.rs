@@ -7,7 +7,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 use tollgate_core::{validate_charge, Algorithm, Policy, StoreError};
 
-use crate::functions::{self, CallPath};
+use crate::functions::CallPath;
 use crate::scripts;
 use crate::store::{evalsha_from_fcall, parse_verdict, run, CheckFuture, RedisStore};
 
@@ -20,7 +20,7 @@ impl RedisStore {
     ) -> Result<CheckFuture, StoreError> {
         validate_charge(policies)?;
         let algorithms: SmallVec<[Algorithm; 2]> = policies.iter().map(Policy::algorithm).collect();
-        let script = match self.call_path() {
+        let script = match self.inner.scripts.path().choose() {
             CallPath::Evalsha => self.inner.scripts.get_charge(algorithms.iter().copied())?,
             _ => self.inner.scripts.library().charge_function().clone(),
         };
@@ -59,8 +59,7 @@ impl RedisStore {
             let value = match run(&inner, &script, &cmd, &first_key).await {
                 // Redis refused FCALL or FUNCTION LOAD, so nothing ran:
                 // EVALSHA from now on, this charge first.
-                Err(error) if script.is_function() && functions::functions_refused(&error) => {
-                    inner.scripts.path().fall_back();
+                Err(error) if script.is_function() && inner.scripts.path().refused(&error) => {
                     let script = inner.scripts.get_charge(algorithms.iter().copied())?;
                     let evalsha = evalsha_from_fcall(&script, &cmd, algorithms.len());
                     run(&inner, &script, &evalsha, &first_key).await?

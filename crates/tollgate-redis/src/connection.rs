@@ -669,6 +669,14 @@ pub(crate) async fn eval(
                             "loading the script took longer than {timeout:?}; the check was not run"
                         )))
                     }
+                    // A node at maxmemory with noeviction refuses `FUNCTION
+                    // LOAD` (scripts still load): the caller runs the call
+                    // as a script instead.
+                    Ok(Err(error)) if script.is_function() && error.code() == Some("OOM") => {
+                        return Err(StoreError::unavailable(
+                            crate::functions::LibraryNotLoaded(error),
+                        ));
+                    }
                     Ok(Err(error)) => {
                         if error.is_io_error() {
                             connection.mark_broken();

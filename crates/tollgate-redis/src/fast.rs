@@ -11,7 +11,6 @@ use redis::Value;
 use tollgate_core::algorithms::{self, GcraState, State};
 use tollgate_core::{Algorithm, Decision, Policy, StoreError};
 
-use crate::functions;
 use crate::scripts::LuaScript;
 use crate::store::{self, ClockMode, Inner, RedisStore};
 
@@ -53,8 +52,7 @@ impl RedisStore {
             let value = match store::run(&inner, &script, &cmd, &key).await {
                 // Redis refused FCALL or FUNCTION LOAD, so nothing ran:
                 // EVALSHA from now on, this check first.
-                Err(error) if functions::functions_refused(&error) => {
-                    inner.scripts.path().fall_back();
+                Err(error) if inner.scripts.path().refused(&error) => {
                     evalsha(&inner, &key, &argument, now, cost).await?
                 }
                 other => other?,

@@ -12,7 +12,7 @@ use redis::{Cmd, Value};
 use tollgate_core::{ConcurrencyPolicy, Lease, LeaseDecision, LeaseId, LeaseStore, StoreError};
 
 use crate::connection;
-use crate::functions::{self, CallPath};
+use crate::functions::CallPath;
 use crate::scripts::{self, LuaScript};
 use crate::store::{ints, protocol, Inner};
 use crate::RedisStore;
@@ -73,14 +73,13 @@ impl RedisStore {
             .arg(id.to_string());
         let inner = Arc::clone(&self.inner);
         async move {
-            let value = match inner.scripts.path().get() {
+            let value = match inner.scripts.path().choose() {
                 CallPath::Evalsha => run(&inner, lease_script(), &key, &args).await?,
                 _ => {
                     let function = inner.scripts.library().lease().clone();
                     match run(&inner, &function, &key, &args).await {
                         // Redis refused FCALL or FUNCTION LOAD: nothing ran.
-                        Err(error) if functions::functions_refused(&error) => {
-                            inner.scripts.path().fall_back();
+                        Err(error) if inner.scripts.path().refused(&error) => {
                             run(&inner, lease_script(), &key, &args).await?
                         }
                         other => other?,
@@ -116,7 +115,13 @@ async fn run(
     args: &Cmd,
 ) -> Result<Value, StoreError> {
     match call(inner, script, key, args).await {
-        Err(error) if is_oom(&error) => match script.allow_oom() {
+        Ok(value) => {
+            if script.is_function() {
+                inner.scripts.path().loaded();
+            }
+            Ok(value)
+        }
+        Err(error) if crate::store::is_oom(&error) => match script.allow_oom() {
             Some(twin) => call(inner, twin, key, args).await,
             None => Err(error),
         },
@@ -138,20 +143,6 @@ async fn call(
     cmd.arg(script.sha()).arg(1).arg(key);
     append(&mut cmd, args);
     connection::eval(&inner.pool, inner.timeout, script, &cmd, key).await
-}
-
-/// Whether Redis refused a call for lack of memory (`OOM`).
-fn is_oom(error: &StoreError) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(error) = source {
-        if let Some(redis) = error.downcast_ref::<redis::RedisError>() {
-            if redis.code() == Some("OOM") {
-                return true;
-            }
-        }
-        source = error.source();
-    }
-    matches!(error, StoreError::Protocol { detail } if detail.contains("OOM command not allowed"))
 }
 
 /// How long a subject Redis has no memory for is told to wait.

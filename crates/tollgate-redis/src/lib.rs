@@ -172,7 +172,10 @@
 //! not found", which proves the call did not run: the store loads the
 //! library there and sends the call again. When a server refuses `FCALL`
 //! or `FUNCTION` (Redis before 7, an ACL without them) the store falls back
-//! for good to scripts ([`CallPath::Evalsha`], [`RedisStore::call_path`]):
+//! for good to scripts ([`CallPath::Evalsha`], [`RedisStore::call_path`]);
+//! a node that lacks the library and is too full to load it (`maxmemory`
+//! with `noeviction` refuses `FUNCTION LOAD`, not `SCRIPT LOAD`) moves the
+//! store to scripts until one check, tried once a second, loads it:
 //! the sources composed into one script per combination of algorithms a
 //! check uses, cached by SHA-1 and called with `EVALSHA`; on `NOSCRIPT` the
 //! store sends `SCRIPT LOAD` and the `EVALSHA` again. The arithmetic is integer microseconds throughout, exact in

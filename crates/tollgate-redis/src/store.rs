@@ -230,7 +230,11 @@ impl RedisStore {
     /// How checks are called: [`CallPath::Functions`] (the default), or
     /// [`CallPath::Evalsha`] once a server refused `FCALL` or `FUNCTION`
     /// (Redis before 7, an ACL without them). The store starts on Redis
-    /// Functions and falls back at the first refusal, for good. `build()`
+    /// Functions and falls back at the first refusal, for good. A node too
+    /// full to load the library (`maxmemory` with `noeviction`) moves the
+    /// store to [`CallPath::Evalsha`] only until the library can be loaded
+    /// (on a Cluster, one full node moves the whole store; both paths
+    /// decide alike). `build()`
     /// checks the store with a peek, so the path is chosen there; with
     /// [`lazy_connect(true)`](RedisStoreBuilder::lazy_connect) the first
     /// check (or [`ping`](Self::ping)) finds out.
@@ -268,7 +272,7 @@ impl RedisStore {
         cost: u64,
     ) -> Result<CheckFuture, StoreError> {
         validate_check(policies, cost)?;
-        let path = self.call_path();
+        let path = self.inner.scripts.path().choose();
         if path != CallPath::Evalsha {
             if let Some(script) = self.inner.scripts.library().fast_gcra(policies, cost) {
                 let script = script.clone();
@@ -341,8 +345,7 @@ impl RedisStore {
             let value = match run(&inner, &script, &cmd, &first_key).await {
                 // Redis refused FCALL or FUNCTION LOAD, so nothing ran:
                 // EVALSHA from now on, this check first.
-                Err(error) if script.is_function() && functions::functions_refused(&error) => {
-                    inner.scripts.path().fall_back();
+                Err(error) if script.is_function() && inner.scripts.path().refused(&error) => {
                     let script = inner.scripts.get(algorithms.iter().copied())?;
                     let evalsha = evalsha_from_fcall(&script, &cmd, algorithms.len());
                     run(&inner, &script, &evalsha, &first_key).await?
@@ -363,13 +366,19 @@ pub(crate) async fn run(
     first_key: &str,
 ) -> Result<Value, StoreError> {
     match connection::eval(&inner.pool, inner.timeout, script, cmd, first_key).await {
+        Ok(value) => {
+            if script.is_function() {
+                inner.scripts.path().loaded();
+            }
+            Ok(value)
+        }
         // Refused at its first write (a script) or before running (a
         // function), so nothing was charged: once more, allowed to update
         // held subjects only.
         Err(error) if is_oom(&error) => {
             check_out_of_memory(inner, script, cmd, first_key, error).await
         }
-        other => other,
+        Err(error) => Err(error),
     }
 }
 
@@ -396,7 +405,12 @@ const OUT_OF_MEMORY_RETRY: Duration = Duration::from_secs(1);
 
 /// Whether Redis refused a check for lack of memory (`OOM`, at `maxmemory`
 /// with `noeviction`).
-fn is_oom(error: &StoreError) -> bool {
+pub(crate) fn is_oom(error: &StoreError) -> bool {
+    if functions::is_library_not_loaded(error) {
+        // The library could not be loaded: its caller runs the call as a
+        // script, which Redis loads even when full.
+        return false;
+    }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(error) = source {
         if let Some(redis) = error.downcast_ref::<RedisError>() {

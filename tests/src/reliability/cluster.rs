@@ -326,17 +326,12 @@ impl OwnedCluster {
             let _: () = command(connection, &["CLUSTER", "SET-CONFIG-EPOCH", &epoch])
                 .await
                 .expect("SET-CONFIG-EPOCH");
-            let _: () = command(
-                connection,
-                &[
-                    "CLUSTER",
-                    "ADDSLOTSRANGE",
-                    &start.to_string(),
-                    &end.to_string(),
-                ],
-            )
-            .await
-            .expect("ADDSLOTSRANGE");
+            // ADDSLOTS with every slot, not ADDSLOTSRANGE: Redis 6.2 has
+            // only the former.
+            let slots: Vec<String> = (start..=end).map(|slot| slot.to_string()).collect();
+            let mut addslots = vec!["CLUSTER", "ADDSLOTS"];
+            addslots.extend(slots.iter().map(String::as_str));
+            let _: () = command(connection, &addslots).await.expect("ADDSLOTS");
         }
         let first_bus = self.buses[0].to_string();
         let first_port = self.nodes[0].port().to_string();

@@ -93,23 +93,54 @@ pub(crate) struct Tools {
 }
 
 impl Tools {
-    /// Finds the Redis binaries on PATH.
+    /// Finds the Redis binaries: the server named by `REDIS_SERVER` (any
+    /// build: another Redis version, `valkey-server`), else `redis-server`
+    /// on PATH; `redis-cli` (or `valkey-cli`) beside that server, else on
+    /// PATH.
     ///
     /// # Errors
     ///
-    /// When `redis-server` is not on PATH: the Redis tests need it, and
-    /// they never skip.
+    /// When `REDIS_SERVER` names no executable, or no `redis-server` is on
+    /// PATH: the Redis tests need a server, and they never skip.
     pub(crate) fn discover() -> Result<Self> {
-        let server = find_on_path("redis-server").ok_or_else(|| {
-            Error::new(
-                "redis-server not found on PATH: install it (apt-get install redis-server) \
-                 — the Redis tests need real servers",
-            )
-        })?;
+        let server = match std::env::var_os("REDIS_SERVER").filter(|v| !v.is_empty()) {
+            Some(named) => {
+                let named = PathBuf::from(named);
+                let found = if named.components().count() > 1 {
+                    fs::metadata(&named)
+                        .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+                        .then(|| std::path::absolute(&named).ok())
+                        .flatten()
+                } else {
+                    find_on_path(&named.to_string_lossy())
+                };
+                found.ok_or_else(|| {
+                    Error::new(format!(
+                        "REDIS_SERVER={} is not an executable file: set it to a redis-server or \
+                         valkey-server binary, or unset it to use redis-server from PATH",
+                        named.display()
+                    ))
+                })?
+            }
+            None => find_on_path("redis-server").ok_or_else(|| {
+                Error::new(
+                    "redis-server not found on PATH: install it (apt-get install redis-server), \
+                     or set REDIS_SERVER to a server binary — the Redis tests need real servers",
+                )
+            })?,
+        };
+        let beside = |names: &[&str]| {
+            let dir = server.parent()?;
+            names
+                .iter()
+                .map(|name| dir.join(name))
+                .find(|candidate| candidate.is_file())
+        };
         Ok(Self {
+            cli: beside(&["redis-cli", "valkey-cli"]).or_else(|| find_on_path("redis-cli")),
+            benchmark: beside(&["redis-benchmark", "valkey-benchmark"])
+                .or_else(|| find_on_path("redis-benchmark")),
             server,
-            cli: find_on_path("redis-cli"),
-            benchmark: find_on_path("redis-benchmark"),
         })
     }
 
