@@ -30,33 +30,33 @@ pub fn unique_prefix(what: &str) -> String {
     )
 }
 
-/// URL of the standalone server (`TOLLGATE_REDIS_URL`), e.g. `redis://127.0.0.1:6390`.
+/// URL of the standalone server (`PORTCULLIS_REDIS_URL`), e.g. `redis://127.0.0.1:6390`.
 ///
 /// # Panics
 ///
 /// When the variable is not set: run the tests with `cargo xtask test`.
 #[must_use]
 pub fn redis_url() -> String {
-    required_env("TOLLGATE_REDIS_URL")
+    required_env("PORTCULLIS_REDIS_URL")
 }
 
-/// URLs of the Cluster's masters (`TOLLGATE_REDIS_CLUSTER_URLS`, comma separated).
+/// URLs of the Cluster's masters (`PORTCULLIS_REDIS_CLUSTER_URLS`, comma separated).
 ///
 /// # Panics
 ///
 /// When the variable is not set: run the tests with `cargo xtask test`.
 #[must_use]
 pub fn cluster_urls() -> Vec<String> {
-    required_env("TOLLGATE_REDIS_CLUSTER_URLS")
+    required_env("PORTCULLIS_REDIS_CLUSTER_URLS")
         .split(',')
         .map(str::to_owned)
         .collect()
 }
 
-/// Path of the `redis-server` binary (`TOLLGATE_REDIS_SERVER`, else `redis-server` on PATH).
+/// Path of the `redis-server` binary (`PORTCULLIS_REDIS_SERVER`, else `redis-server` on PATH).
 #[must_use]
 pub fn redis_server_bin() -> PathBuf {
-    std::env::var_os("TOLLGATE_REDIS_SERVER")
+    std::env::var_os("PORTCULLIS_REDIS_SERVER")
         .map_or_else(|| PathBuf::from("redis-server"), PathBuf::from)
 }
 
@@ -185,7 +185,7 @@ mod sentinel;
 pub use sentinel::{OwnedSentinelSet, OWNED_SENTINEL_MASTER};
 
 /// URL of the TLS server whose client certificates are optional
-/// (`TOLLGATE_REDIS_TLS_URL`, `rediss://tollgate:<password>@127.0.0.1:<port>`,
+/// (`PORTCULLIS_REDIS_TLS_URL`, `rediss://portcullis:<password>@127.0.0.1:<port>`,
 /// the ACL user). Trust [`tls_ca`].
 ///
 /// # Panics
@@ -193,33 +193,33 @@ pub use sentinel::{OwnedSentinelSet, OWNED_SENTINEL_MASTER};
 /// When the variable is not set: run the tests with `cargo xtask test`.
 #[must_use]
 pub fn tls_url() -> String {
-    required_env("TOLLGATE_REDIS_TLS_URL")
+    required_env("PORTCULLIS_REDIS_TLS_URL")
 }
 
 /// URL of the TLS server that requires a client certificate
-/// (`TOLLGATE_REDIS_MTLS_URL`, the ACL user); see [`tls_client_cert`].
+/// (`PORTCULLIS_REDIS_MTLS_URL`, the ACL user); see [`tls_client_cert`].
 ///
 /// # Panics
 ///
 /// When the variable is not set: run the tests with `cargo xtask test`.
 #[must_use]
 pub fn mtls_url() -> String {
-    required_env("TOLLGATE_REDIS_MTLS_URL")
+    required_env("PORTCULLIS_REDIS_MTLS_URL")
 }
 
 /// The test CA (PEM) that signed the TLS servers' and the client's
-/// certificates (the file named by `TOLLGATE_REDIS_TLS_CA`).
+/// certificates (the file named by `PORTCULLIS_REDIS_TLS_CA`).
 ///
 /// # Panics
 ///
 /// When the variable is not set or the file cannot be read.
 #[must_use]
 pub fn tls_ca() -> Vec<u8> {
-    read_env_file("TOLLGATE_REDIS_TLS_CA")
+    read_env_file("PORTCULLIS_REDIS_TLS_CA")
 }
 
 /// The client certificate and key (PEM) for mutual TLS
-/// (`TOLLGATE_REDIS_TLS_CLIENT_CERT`, `TOLLGATE_REDIS_TLS_CLIENT_KEY`).
+/// (`PORTCULLIS_REDIS_TLS_CLIENT_CERT`, `PORTCULLIS_REDIS_TLS_CLIENT_KEY`).
 ///
 /// # Panics
 ///
@@ -227,13 +227,13 @@ pub fn tls_ca() -> Vec<u8> {
 #[must_use]
 pub fn tls_client_cert() -> (Vec<u8>, Vec<u8>) {
     (
-        read_env_file("TOLLGATE_REDIS_TLS_CLIENT_CERT"),
-        read_env_file("TOLLGATE_REDIS_TLS_CLIENT_KEY"),
+        read_env_file("PORTCULLIS_REDIS_TLS_CLIENT_CERT"),
+        read_env_file("PORTCULLIS_REDIS_TLS_CLIENT_KEY"),
     )
 }
 
 /// Plain-TCP URL of the TLS server as the ACL user
-/// (`TOLLGATE_REDIS_ACL_URL`): the same server and user as [`tls_url`],
+/// (`PORTCULLIS_REDIS_ACL_URL`): the same server and user as [`tls_url`],
 /// without TLS.
 ///
 /// # Panics
@@ -241,11 +241,11 @@ pub fn tls_client_cert() -> (Vec<u8>, Vec<u8>) {
 /// When the variable is not set: run the tests with `cargo xtask test`.
 #[must_use]
 pub fn acl_url() -> String {
-    required_env("TOLLGATE_REDIS_ACL_URL")
+    required_env("PORTCULLIS_REDIS_ACL_URL")
 }
 
 /// Password-only URL of the ACL server's `default` user
-/// (`TOLLGATE_REDIS_ACL_ADMIN_URL`, `redis://:<password>@…`), allowed
+/// (`PORTCULLIS_REDIS_ACL_ADMIN_URL`, `redis://:<password>@…`), allowed
 /// everything: tests create users with it.
 ///
 /// # Panics
@@ -253,11 +253,11 @@ pub fn acl_url() -> String {
 /// When the variable is not set: run the tests with `cargo xtask test`.
 #[must_use]
 pub fn acl_admin_url() -> String {
-    required_env("TOLLGATE_REDIS_ACL_ADMIN_URL")
+    required_env("PORTCULLIS_REDIS_ACL_ADMIN_URL")
 }
 
 /// TLS URLs of the masters of the TLS Cluster `cargo xtask test` starts
-/// (`TOLLGATE_REDIS_TLS_CLUSTER_URLS`, comma separated,
+/// (`PORTCULLIS_REDIS_TLS_CLUSTER_URLS`, comma separated,
 /// `rediss://:<password>@127.0.0.1:<tls port>`); trust [`tls_ca`]. The
 /// nodes have the same users as the TLS servers.
 ///
@@ -266,28 +266,28 @@ pub fn acl_admin_url() -> String {
 /// When the variable is not set: run the tests with `cargo xtask test`.
 #[must_use]
 pub fn tls_cluster_urls() -> Vec<String> {
-    required_env("TOLLGATE_REDIS_TLS_CLUSTER_URLS")
+    required_env("PORTCULLIS_REDIS_TLS_CLUSTER_URLS")
         .split(',')
         .map(str::to_owned)
         .collect()
 }
 
 /// URLs of the Sentinels `cargo xtask test` starts
-/// (`TOLLGATE_REDIS_SENTINEL_URLS`, comma separated).
+/// (`PORTCULLIS_REDIS_SENTINEL_URLS`, comma separated).
 ///
 /// # Panics
 ///
 /// When the variable is not set: run the tests with `cargo xtask test`.
 #[must_use]
 pub fn sentinel_urls() -> Vec<String> {
-    required_env("TOLLGATE_REDIS_SENTINEL_URLS")
+    required_env("PORTCULLIS_REDIS_SENTINEL_URLS")
         .split(',')
         .map(str::to_owned)
         .collect()
 }
 
 /// `rediss://` URLs of the TLS Sentinels `cargo xtask test` starts
-/// (`TOLLGATE_REDIS_TLS_SENTINEL_URLS`, comma separated): a primary, a
+/// (`PORTCULLIS_REDIS_TLS_SENTINEL_URLS`, comma separated): a primary, a
 /// replica and three Sentinels speaking TLS to clients and to each other,
 /// monitoring [`sentinel_master`]; trust [`tls_ca`].
 ///
@@ -296,20 +296,20 @@ pub fn sentinel_urls() -> Vec<String> {
 /// When the variable is not set: run the tests with `cargo xtask test`.
 #[must_use]
 pub fn tls_sentinel_urls() -> Vec<String> {
-    required_env("TOLLGATE_REDIS_TLS_SENTINEL_URLS")
+    required_env("PORTCULLIS_REDIS_TLS_SENTINEL_URLS")
         .split(',')
         .map(str::to_owned)
         .collect()
 }
 
-/// The master name those Sentinels monitor (`TOLLGATE_REDIS_SENTINEL_MASTER`).
+/// The master name those Sentinels monitor (`PORTCULLIS_REDIS_SENTINEL_MASTER`).
 ///
 /// # Panics
 ///
 /// When the variable is not set: run the tests with `cargo xtask test`.
 #[must_use]
 pub fn sentinel_master() -> String {
-    required_env("TOLLGATE_REDIS_SENTINEL_MASTER")
+    required_env("PORTCULLIS_REDIS_SENTINEL_MASTER")
 }
 
 fn read_env_file(name: &str) -> Vec<u8> {

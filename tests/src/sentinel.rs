@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::{free_port, redis_server_bin, OwnedRedis};
 
 /// The master name an [`OwnedSentinelSet`]'s Sentinels monitor.
-pub const OWNED_SENTINEL_MASTER: &str = "tollgate-owned";
+pub const OWNED_SENTINEL_MASTER: &str = "portcullis-owned";
 
 /// A primary, its replica and three Sentinels (quorum 2, primary down after
 /// 1 s), owned by one test. Killed, and their files removed, on drop.
@@ -247,7 +247,7 @@ impl OwnedSentinel {
     fn start(primary_port: u16) -> Self {
         let port = free_port();
         let dir =
-            std::env::temp_dir().join(format!("tollgate-sentinel-{}-{port}", std::process::id()));
+            std::env::temp_dir().join(format!("portcullis-sentinel-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("a temporary directory");
         let conf = dir.join("sentinel.conf");

@@ -5,7 +5,7 @@
 //! standalone and Cluster (client clock on the same manual clock), which
 //! must agree. Also a differential test of `Store::charge` itself: Redis
 //! (charge.lua) against `MemoryStore` (algorithms::charge), decision for
-//! decision. Runs on the EVALSHA path too (`TOLLGATE_REDIS_CALL_PATH=evalsha`).
+//! decision. Runs on the EVALSHA path too (`PORTCULLIS_REDIS_CALL_PATH=evalsha`).
 
 mod redis_common;
 
@@ -20,9 +20,9 @@ use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use redis_common::{client, cluster, manual_clock, standalone};
-use tollgate_core::{Algorithm, BoxStore, Clock, ManualClock, MemoryStore, Policy, Store};
-use tollgate_tests::unique_prefix;
-use tollgate_tower::{Charge, ConfigError, RateLimitLayer};
+use portcullis_core::{Algorithm, BoxStore, Clock, ManualClock, MemoryStore, Policy, Store};
+use portcullis_tests::unique_prefix;
+use portcullis_tower::{Charge, ConfigError, RateLimitLayer};
 use tower::{service_fn, Layer, Service, ServiceExt};
 
 /// Where the stores of one scenario live.
@@ -491,10 +491,10 @@ async fn redis_refuses_to_charge_other_algorithms() {
 async fn a_charged_key_expires_when_back_to_full() {
     let store = standalone(
         &unique_prefix("charge-ttl"),
-        tollgate_redis::ClockMode::Redis,
+        portcullis_redis::ClockMode::Redis,
     )
     .await;
-    let mut connection = redis_common::raw(&tollgate_tests::redis_url());
+    let mut connection = redis_common::raw(&portcullis_tests::redis_url());
     for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
         let policies = [Policy::per(5, Duration::from_secs(900))
             .algorithm(algorithm)

@@ -24,12 +24,12 @@ use http_body_util::{BodyExt, Full};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis_common::{client, manual_clock, path_url};
-use tollgate_core::{
+use portcullis_core::{
     BoxStore, Clock, ConcurrencyPolicy, LeaseId, LeaseStore, ManualClock, MemoryStore,
 };
-use tollgate_redis::{ClockMode, RedisStore};
-use tollgate_tests::{redis_url, unique_prefix};
-use tollgate_tower::{ConcurrencyLimitLayer, Global};
+use portcullis_redis::{ClockMode, RedisStore};
+use portcullis_tests::{redis_url, unique_prefix};
+use portcullis_tower::{ConcurrencyLimitLayer, Global};
 use tower::{Layer, ServiceExt};
 
 // ---------------------------------------------------------------- differential
@@ -253,7 +253,7 @@ fn three_processes_never_exceed_max_in_flight() {
 
 #[test]
 fn three_processes_never_exceed_max_in_flight_on_the_cluster() {
-    let urls: Vec<String> = tollgate_tests::cluster_urls()
+    let urls: Vec<String> = portcullis_tests::cluster_urls()
         .into_iter()
         .map(path_url)
         .collect();
@@ -335,11 +335,11 @@ async fn a_killed_process_gives_its_leases_back_by_the_ttl() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_process_gives_its_leases_back_by_the_ttl_on_the_cluster() {
     let store = redis_common::cluster(&unique_prefix("lease-kill"), ClockMode::Redis).await;
-    let urls: Vec<String> = tollgate_tests::cluster_urls()
+    let urls: Vec<String> = portcullis_tests::cluster_urls()
         .into_iter()
         .map(path_url)
         .collect();
-    let time_url = tollgate_tests::cluster_urls()[0].clone();
+    let time_url = portcullis_tests::cluster_urls()[0].clone();
     a_killed_process_gives_its_leases_back(["--cluster", &urls.join(",")], store, &time_url).await;
 }
 
@@ -475,7 +475,7 @@ async fn redis_cancelled_requests_and_dropped_bodies_release() {
 #[tokio::test(flavor = "multi_thread")]
 async fn redis_cluster_cancelled_requests_release() {
     let store = redis_common::cluster(&unique_prefix("lease-cancel"), ClockMode::Redis).await;
-    let url = tollgate_tests::cluster_urls()[0].clone();
+    let url = portcullis_tests::cluster_urls()[0].clone();
     let now = move || server_now(&mut redis_common::raw(&url));
     cancelled_request_releases(store, now).await;
 }
@@ -646,7 +646,7 @@ async fn a_boxed_redis_store_never_runs_more_than_max_in_flight() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_boxed_redis_cluster_store_never_runs_more_than_max_in_flight() {
     let redis = redis_common::cluster(&unique_prefix("lease-boxed"), ClockMode::Redis).await;
-    let url = tollgate_tests::cluster_urls()[0].clone();
+    let url = portcullis_tests::cluster_urls()[0].clone();
     let now = move || server_now(&mut redis_common::raw(&url));
     boxed_redis_never_exceeds_max_in_flight(redis, now).await;
 }
@@ -783,10 +783,10 @@ async fn renewals_keep_a_long_request_past_its_ttl() {
 /// subject is refused with `OutOfMemory` (the layer answers `429`).
 #[tokio::test(flavor = "multi_thread")]
 async fn out_of_memory_keeps_held_subjects_and_refuses_new_ones() {
-    use tollgate_core::StoreError;
-    use tollgate_redis::CallPath;
+    use portcullis_core::StoreError;
+    use portcullis_redis::CallPath;
 
-    let server = tollgate_tests::OwnedRedis::start(&["--maxmemory-policy", "noeviction"]);
+    let server = portcullis_tests::OwnedRedis::start(&["--maxmemory-policy", "noeviction"]);
     let build = |url: String| async move {
         RedisStore::builder()
             .url(url)
@@ -816,7 +816,7 @@ async fn out_of_memory_keeps_held_subjects_and_refuses_new_ones() {
         held.push(lease.id());
     }
     let mut raw = redis_common::raw(&server.url());
-    tollgate_tests::reliability::fill_past_maxmemory(&server.url()).await;
+    portcullis_tests::reliability::fill_past_maxmemory(&server.url()).await;
     for (store, first) in [(&functions, held[0]), (&evalsha, held[1])] {
         let path = store.call_path();
         let second = store

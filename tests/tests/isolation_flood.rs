@@ -17,10 +17,10 @@ use std::net::SocketAddr;
 use axum::routing::get;
 use axum::Router;
 use http::HeaderName;
-use tollgate::redis::RedisStore;
-use tollgate::tower::{ApiKey, Header, KeyExtractor, RateLimitLayer};
-use tollgate::{MemoryStore, Policy, Store, WhenFull};
-use tollgate_tests::{redis_url, unique_prefix, OwnedRedis};
+use portcullis::redis::RedisStore;
+use portcullis::tower::{ApiKey, Header, KeyExtractor, RateLimitLayer};
+use portcullis::{MemoryStore, Policy, Store, WhenFull};
+use portcullis_tests::{redis_url, unique_prefix, OwnedRedis};
 
 /// The app of the examples: one route, limited per API key to 5 per hour
 /// (per hour rather than the report's per minute: nothing refills or

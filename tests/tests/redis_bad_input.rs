@@ -6,9 +6,9 @@ mod redis_common;
 
 use std::time::Duration;
 
-use tollgate_core::{encode_subject, Algorithm, Policy, Store, StoreError};
-use tollgate_redis::{ClockMode, RedisStore};
-use tollgate_tests::unique_prefix;
+use portcullis_core::{encode_subject, Algorithm, Policy, Store, StoreError};
+use portcullis_redis::{ClockMode, RedisStore};
+use portcullis_tests::unique_prefix;
 
 fn policy(algorithm: Algorithm, name: &str, limit: u64) -> Policy {
     Policy::per(limit, Duration::from_secs(60))
@@ -120,13 +120,13 @@ async fn odd_subjects_get_their_own_hashed_keys(store: &RedisStore, urls: &[Stri
 #[tokio::test(flavor = "multi_thread")]
 async fn odd_subjects_standalone() {
     let store = redis_common::standalone(&unique_prefix("bad-subjects"), ClockMode::Redis).await;
-    odd_subjects_get_their_own_hashed_keys(&store, &[tollgate_tests::redis_url()]).await;
+    odd_subjects_get_their_own_hashed_keys(&store, &[portcullis_tests::redis_url()]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn odd_subjects_cluster() {
     let store = redis_common::cluster(&unique_prefix("bad-subjects"), ClockMode::Redis).await;
-    let urls = tollgate_tests::cluster_urls();
+    let urls = portcullis_tests::cluster_urls();
     odd_subjects_get_their_own_hashed_keys(&store, &urls).await;
     // Every key of a subject is in the slot of its hash tag, on the node
     // that serves that slot (EXISTS without MOVED from that node).
@@ -155,7 +155,7 @@ async fn odd_subjects_cluster() {
 async fn hashed_subjects_never_reach_redis() {
     let prefix = unique_prefix("secret");
     let store = RedisStore::builder()
-        .url(tollgate_tests::redis_url())
+        .url(portcullis_tests::redis_url())
         .prefix(&prefix)
         .hash_subjects(true)
         .timeout(redis_common::TEST_TIMEOUT)
@@ -165,7 +165,7 @@ async fn hashed_subjects_never_reach_redis() {
     let token = "sk-live-0123456789";
     let policies = [policy(Algorithm::Gcra, "api", 3)];
     assert!(store.check(token, &policies, 1).await.unwrap().is_allowed());
-    let keys = redis_common::scan_ttls(&tollgate_tests::redis_url(), &format!("{prefix}:*"));
+    let keys = redis_common::scan_ttls(&portcullis_tests::redis_url(), &format!("{prefix}:*"));
     assert_eq!(keys.len(), 1, "{keys:?}");
     assert!(!keys[0].0.contains(token), "{keys:?}");
     assert_eq!(
@@ -180,7 +180,7 @@ async fn hashed_subjects_never_reach_redis() {
 async fn foreign_values_under_a_key_count_as_no_state() {
     let prefix = unique_prefix("foreign");
     let store = redis_common::standalone(&prefix, ClockMode::Redis).await;
-    let mut raw = redis_common::raw(&tollgate_tests::redis_url());
+    let mut raw = redis_common::raw(&portcullis_tests::redis_url());
     for (i, algorithm) in Algorithm::ALL.iter().enumerate() {
         let policies = [policy(*algorithm, "p", 2)];
         let subject = format!("s{i}");
@@ -218,7 +218,7 @@ async fn foreign_values_under_a_key_count_as_no_state() {
 /// failure that would open a circuit breaker.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_error_redis_answers_keeps_the_redis_error_as_its_source() {
-    let server = tollgate_tests::OwnedRedis::start(&["--rename-command", "TIME", "TIME_renamed"]);
+    let server = portcullis_tests::OwnedRedis::start(&["--rename-command", "TIME", "TIME_renamed"]);
     let store = RedisStore::builder()
         .url(redis_common::path_url(server.url()))
         .prefix(unique_prefix("rejected"))
@@ -235,7 +235,7 @@ async fn an_error_redis_answers_keeps_the_redis_error_as_its_source() {
             matches!(error, StoreError::Rejected { .. }),
             "{algorithm}: {error:?}"
         );
-        assert_eq!(error.scope(), tollgate_core::ErrorScope::Subject);
+        assert_eq!(error.scope(), portcullis_core::ErrorScope::Subject);
         let source = std::error::Error::source(&error).expect("a source");
         let redis = source
             .downcast_ref::<redis::RedisError>()

@@ -6,10 +6,10 @@ mod redis_common;
 use std::time::Duration;
 
 use redis_common::{client, manual_clock};
-use tollgate_core::algorithms::throttle;
-use tollgate_core::{Algorithm, Clock, Policy, Store};
-use tollgate_redis::{ClockMode, RateLimiterConfig, RateLimiterError, RateType};
-use tollgate_tests::unique_prefix;
+use portcullis_core::algorithms::throttle;
+use portcullis_core::{Algorithm, Clock, Policy, Store};
+use portcullis_redis::{ClockMode, RateLimiterConfig, RateLimiterError, RateType};
+use portcullis_tests::unique_prefix;
 
 /// redis-cell's README example, `CL.THROTTLE user123 15 30 60 1`, at one
 /// instant: 16 admitted (remaining 15 down to 0), then limited with a
@@ -77,7 +77,7 @@ async fn throttle_shares_state_with_the_gcra_policy_and_checks_arguments() {
     let policy = Policy::per(30, Duration::from_secs(60))
         .algorithm(Algorithm::Gcra)
         .burst(16)
-        .name(tollgate_redis::THROTTLE_POLICY_NAME)
+        .name(portcullis_redis::THROTTLE_POLICY_NAME)
         .build()
         .unwrap();
     let verdict = store.check("shared", &[policy], 10).await.unwrap();
@@ -87,11 +87,11 @@ async fn throttle_shares_state_with_the_gcra_policy_and_checks_arguments() {
 
     assert!(matches!(
         store.throttle("k", 15, 0, 60, 1).await,
-        Err(tollgate_redis::ThrottleCallError::Arguments(_))
+        Err(portcullis_redis::ThrottleCallError::Arguments(_))
     ));
     assert!(matches!(
         store.throttle("k", 15, 30, 0, 1).await,
-        Err(tollgate_redis::ThrottleCallError::Arguments(_))
+        Err(portcullis_redis::ThrottleCallError::Arguments(_))
     ));
 }
 
@@ -183,7 +183,7 @@ async fn available_permits_reads_without_changing_the_next_decision() {
         .unwrap();
     assert_eq!(limiter.available_permits().await.unwrap(), 5);
     assert!(limiter.try_acquire(3).await.unwrap());
-    let mut raw = redis_common::raw(&tollgate_tests::redis_url());
+    let mut raw = redis_common::raw(&portcullis_tests::redis_url());
     let state_key = format!("{prefix}:limiter:{{reader}}:state");
     let before: Option<String> = redis::cmd("GET").arg(&state_key).query(&mut raw).unwrap();
     assert!(before.is_some(), "the acquisition wrote the state");
@@ -298,7 +298,7 @@ async fn expired_configuration_is_restored_by_a_handle_that_knew_it() {
         .try_set_rate(RateType::Overall, 2, Duration::from_secs(60))
         .await
         .unwrap();
-    let mut raw = redis_common::raw(&tollgate_tests::redis_url());
+    let mut raw = redis_common::raw(&portcullis_tests::redis_url());
     let config_key = format!("{prefix}:limiter:{{idle}}:config");
     let ttl: i64 = redis::cmd("PTTL").arg(&config_key).query(&mut raw).unwrap();
     assert!(
@@ -331,7 +331,7 @@ async fn limiter_on_the_cluster() {
     assert!(limiter.delete().await.unwrap());
 }
 
-include!("../../crates/tollgate-core/tests/common/cl_throttle_known.rs");
+include!("../../crates/portcullis-core/tests/common/cl_throttle_known.rs");
 
 /// `RedisStore::throttle` gives redis-cell 0.5's replies, rounding included.
 #[tokio::test(flavor = "multi_thread")]

@@ -7,8 +7,8 @@ mod redis_common;
 
 use std::process::{Command, Output};
 
-use tollgate_core::Algorithm;
-use tollgate_tests::unique_prefix;
+use portcullis_core::Algorithm;
+use portcullis_tests::unique_prefix;
 
 const PROCESSES: usize = 2;
 const TASKS: u64 = 16;
@@ -100,12 +100,12 @@ fn hammer_everything(target: &[&str], what: &str) {
 
 #[test]
 fn two_processes_admit_exactly_the_limit() {
-    let url = tollgate_tests::redis_url();
+    let url = portcullis_tests::redis_url();
     hammer_everything(&["--url", &url], "hammer");
 }
 
 #[test]
 fn two_processes_admit_exactly_the_limit_on_the_cluster() {
-    let urls = tollgate_tests::cluster_urls().join(",");
+    let urls = portcullis_tests::cluster_urls().join(",");
     hammer_everything(&["--cluster", &urls], "hammer-cluster");
 }

@@ -11,9 +11,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis_common::{client, manual_clock};
-use tollgate_core::{Algorithm, Clock, LeakyMode, ManualClock, MemoryStore, Policy, Store};
-use tollgate_redis::RedisStore;
-use tollgate_tests::unique_prefix;
+use portcullis_core::{Algorithm, Clock, LeakyMode, ManualClock, MemoryStore, Policy, Store};
+use portcullis_redis::RedisStore;
+use portcullis_tests::unique_prefix;
 
 /// Periods in µs: tiny (windows roll often), not a multiple of the limit
 /// (fractional emission intervals), and long.
@@ -105,9 +105,9 @@ fn case_with(first: Algorithm) -> impl Strategy<Value = (Vec<Policy>, Vec<Op>)> 
 /// others redirect).
 fn nodes(cluster: bool) -> Vec<redis::Connection> {
     let urls = if cluster {
-        tollgate_tests::cluster_urls()
+        portcullis_tests::cluster_urls()
     } else {
-        vec![tollgate_tests::redis_url()]
+        vec![portcullis_tests::redis_url()]
     };
     urls.iter().map(|url| redis_common::raw(url)).collect()
 }
@@ -369,7 +369,7 @@ fn extreme_policy(algorithm: Algorithm) -> impl Strategy<Value = Policy> {
                 None => period,
             };
             let limit = if algorithm == Algorithm::SlidingLog {
-                limit.min(tollgate_core::SLIDING_LOG_MAX_LIMIT)
+                limit.min(portcullis_core::SLIDING_LOG_MAX_LIMIT)
             } else {
                 limit
             };
@@ -600,7 +600,7 @@ fn a_clock_back_past_an_expired_state_is_a_regression_test() {
         client(&clock),
     ));
     let mut nodes = nodes(false);
-    let build = |builder: tollgate_core::PolicyBuilder| builder.build().expect("valid");
+    let build = |builder: portcullis_core::PolicyBuilder| builder.build().expect("valid");
     let policies = [
         build(
             Policy::per(6, Duration::from_micros(999_983))

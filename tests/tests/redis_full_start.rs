@@ -13,11 +13,11 @@ use std::time::Duration;
 use axum::routing::get;
 use axum::Router;
 use http::{Request, StatusCode};
-use tollgate::tower::{Header, RateLimitLayer};
-use tollgate_core::{Policy, Store, StoreError};
-use tollgate_redis::{CallPath, RedisStore};
-use tollgate_tests::reliability::{admin, command, crc16_slot, subjects_in_slot, OwnedCluster};
-use tollgate_tests::{unique_prefix, OwnedRedis};
+use portcullis::tower::{Header, RateLimitLayer};
+use portcullis_core::{Policy, Store, StoreError};
+use portcullis_redis::{CallPath, RedisStore};
+use portcullis_tests::reliability::{admin, command, crc16_slot, subjects_in_slot, OwnedCluster};
+use portcullis_tests::{unique_prefix, OwnedRedis};
 use tower::ServiceExt as _;
 
 fn policy() -> Policy {
@@ -80,7 +80,7 @@ async fn remaining(store: &RedisStore, subject: &str) -> u64 {
 }
 
 /// Checks `subject` (held, with permits to spare) until the store is back
-/// on Functions: one check per [`LIBRARY_RETRY`](tollgate_redis) interval
+/// on Functions: one check per [`LIBRARY_RETRY`](portcullis_redis) interval
 /// tries to load the library. Bounded: 100 checks 100 ms apart.
 async fn until_functions(store: &RedisStore, subject: &str) -> u64 {
     let mut admitted = 0;
@@ -211,7 +211,7 @@ async fn a_cluster_node_full_before_it_ever_loaded_the_library() {
         .find(|n| n.master && n.id != full.id)
         .expect("a second master")
         .clone();
-    let slot_of = |node: &tollgate_tests::reliability::ClusterNode| node.slots[0].0;
+    let slot_of = |node: &portcullis_tests::reliability::ClusterNode| node.slots[0].0;
     let held = subjects_in_slot(slot_of(&full), 2, "held");
     let elsewhere = subjects_in_slot(slot_of(&other), 1, "other").remove(0);
     let prefix = unique_prefix("full-cluster");

@@ -8,10 +8,10 @@ mod redis_common;
 
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, Policy, Store, StoreError};
-use tollgate_redis::{CallPath, ClockMode, RedisStore};
-use tollgate_tests::reliability::{crc16_slot, master_with_replica, OwnedCluster};
-use tollgate_tests::{unique_prefix, OwnedRedis};
+use portcullis_core::{Algorithm, Policy, Store, StoreError};
+use portcullis_redis::{CallPath, ClockMode, RedisStore};
+use portcullis_tests::reliability::{crc16_slot, master_with_replica, OwnedCluster};
+use portcullis_tests::{unique_prefix, OwnedRedis};
 
 async fn store(url: String) -> RedisStore {
     RedisStore::builder()
@@ -95,8 +95,8 @@ async fn functions_are_the_default_and_the_library_is_loaded() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_acl_without_functions_falls_back_to_evalsha() {
-    let url = tollgate_tests::redis_url();
-    let name = unique_prefix("tollgate-no-fn");
+    let url = portcullis_tests::redis_url();
+    let name = unique_prefix("portcullis-no-fn");
     let user = AclUser {
         url: url.clone(),
         name: name.clone(),
@@ -121,11 +121,11 @@ async fn an_acl_without_functions_falls_back_to_evalsha() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_acl_user_granted_the_documented_function_rules_runs_on_functions() {
-    // What the tollgate-redis docs and README tell an ACL user to grant for
+    // What the portcullis-redis docs and README tell an ACL user to grant for
     // the Functions path: ACL_COMMANDS plus these three rules.
     const FUNCTION_RULES: [&str; 3] = ["+fcall", "+fcall_ro", "+function|load"];
-    let url = tollgate_tests::redis_url();
-    let name = unique_prefix("tollgate-fn-user");
+    let url = portcullis_tests::redis_url();
+    let name = unique_prefix("portcullis-fn-user");
     let prefix = unique_prefix("functions-acl");
     let user = AclUser {
         url: url.clone(),
@@ -139,7 +139,7 @@ async fn an_acl_user_granted_the_documented_function_rules_runs_on_functions() {
         .arg("on")
         .arg(">with-functions")
         .arg(format!("~{prefix}:*"));
-    for rule in tollgate_redis::ACL_COMMANDS
+    for rule in portcullis_redis::ACL_COMMANDS
         .split(' ')
         .chain(FUNCTION_RULES)
     {
@@ -190,7 +190,7 @@ async fn function_flush_on_the_cluster_is_survived() {
     let policies = redis_common::every_algorithm();
     let subjects = ["a", "b", "c", "d", "e", "f"];
     for round in 1..=3_u64 {
-        for url in tollgate_tests::cluster_urls() {
+        for url in portcullis_tests::cluster_urls() {
             let mut raw = redis_common::raw(&url);
             let () = redis::cmd("FUNCTION").arg("FLUSH").query(&mut raw).unwrap();
         }
@@ -270,7 +270,7 @@ async fn out_of_memory_on_both_paths() {
         .unwrap()
         .is_allowed());
     let mut raw = redis_common::raw(&server.url());
-    tollgate_tests::reliability::fill_past_maxmemory(&server.url()).await;
+    portcullis_tests::reliability::fill_past_maxmemory(&server.url()).await;
     for (store, held) in [(&functions, "held-f"), (&evalsha, "held-e")] {
         check_counts(store, held, &policies, 2).await;
         let fresh = store.check("fresh", &policies, 1).await;
@@ -366,7 +366,7 @@ async fn one_write_per_admitted_check_and_none_for_denials_or_peeks() {
 /// Redis exactly for every integer below 2^53 (%.17g), while `..` rounds.
 #[test]
 fn redis_converts_lua_integers_below_2_pow_53_exactly() {
-    let mut raw = redis_common::raw(&tollgate_tests::redis_url());
+    let mut raw = redis_common::raw(&portcullis_tests::redis_url());
     let key = unique_prefix("lua-number");
     for n in [
         0_u64,
@@ -423,7 +423,7 @@ async fn the_fast_gcra_function_agrees_with_the_general_check() {
     use std::io::Write as _;
     use std::sync::Arc;
 
-    use tollgate_core::Clock as _;
+    use portcullis_core::Clock as _;
 
     let server = OwnedRedis::start(&[]);
     let clock = redis_common::manual_clock();

@@ -8,9 +8,9 @@ mod redis_common;
 use std::time::Duration;
 
 use redis_common::{client, manual_clock};
-use tollgate_core::{Algorithm, Clock, MemoryStore, Policy, Store};
-use tollgate_redis::ClockMode;
-use tollgate_tests::unique_prefix;
+use portcullis_core::{Algorithm, Clock, MemoryStore, Policy, Store};
+use portcullis_redis::ClockMode;
+use portcullis_tests::unique_prefix;
 
 const DAY: Duration = Duration::from_secs(86_400);
 

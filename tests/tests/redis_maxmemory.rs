@@ -3,15 +3,15 @@
 //! recommending `volatile-ttl`; it says nothing for other policies, for no
 //! limit, and where `CONFIG GET` is refused (managed Redis).
 //!
-//! Each test owns its server ([`tollgate_tests::OwnedRedis`]), started with
+//! Each test owns its server ([`portcullis_tests::OwnedRedis`]), started with
 //! the settings under test.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tollgate_redis::{RedisStore, ACL_COMMANDS};
-use tollgate_tests::{unique_prefix, OwnedRedis};
+use portcullis_redis::{RedisStore, ACL_COMMANDS};
+use portcullis_tests::{unique_prefix, OwnedRedis};
 
 /// Log lines written by the subscriber of one test.
 #[derive(Clone, Default)]

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use redis::Commands;
 use redis_common::{client, manual_clock};
-use tollgate_core::{Algorithm, Clock, LeakyMode, MemoryStore, Policy, Store, Verdict};
-use tollgate_redis::{ClockMode, RedisStore};
-use tollgate_tests::unique_prefix;
+use portcullis_core::{Algorithm, Clock, LeakyMode, MemoryStore, Policy, Store, Verdict};
+use portcullis_redis::{ClockMode, RedisStore};
+use portcullis_tests::unique_prefix;
 
 const MINUTE_US: u64 = 60_000_000;
 const TEN_YEARS_US: u64 = 10 * 365 * 86_400_000_000;
@@ -85,7 +85,7 @@ fn far_ahead(raw: &mut redis::Connection, key: &str, algorithm: Algorithm, now: 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_state_far_ahead_is_clamped_and_its_ttl_rearmed() {
     let store = redis_common::standalone(&unique_prefix("clamp"), ClockMode::Redis).await;
-    let mut raw = redis_common::raw(&tollgate_tests::redis_url());
+    let mut raw = redis_common::raw(&portcullis_tests::redis_url());
     for (i, algorithm) in Algorithm::ALL.into_iter().enumerate() {
         let policy = per_minute(algorithm, 5);
         let bound = full_reset(&policy);
@@ -124,7 +124,7 @@ async fn a_state_far_ahead_is_clamped_and_its_ttl_rearmed() {
 #[tokio::test(flavor = "multi_thread")]
 async fn corrupt_values_are_no_state_and_heal_on_the_next_admit() {
     let store = redis_common::standalone(&unique_prefix("corrupt"), ClockMode::Redis).await;
-    let mut raw = redis_common::raw(&tollgate_tests::redis_url());
+    let mut raw = redis_common::raw(&portcullis_tests::redis_url());
     let tags = [
         (Algorithm::Gcra, "gcra"),
         (Algorithm::LeakyBucket(LeakyMode::Queue), "leaky_queue"),

@@ -3,8 +3,8 @@
 //! URLs, an application's own pool and clients, and the errors `build()`
 //! gives when credentials, permissions or the address are wrong.
 //!
-//! The servers come from `cargo xtask test` (`TOLLGATE_REDIS_TLS_URL`,
-//! `TOLLGATE_REDIS_MTLS_URL`, `TOLLGATE_REDIS_ACL_URL`, …); a missing
+//! The servers come from `cargo xtask test` (`PORTCULLIS_REDIS_TLS_URL`,
+//! `PORTCULLIS_REDIS_MTLS_URL`, `PORTCULLIS_REDIS_ACL_URL`, …); a missing
 //! variable fails the test.
 
 mod redis_common;
@@ -13,9 +13,9 @@ use std::error::Error as _;
 use std::time::Duration;
 
 use redis_common::{client, manual_clock, TEST_TIMEOUT};
-use tollgate_core::{Algorithm, Clock as _, ManualClock, Policy, Store, StoreError};
-use tollgate_redis::{BuildError, RedisStore, RedisStoreBuilder, ACL_COMMANDS};
-use tollgate_tests::unique_prefix;
+use portcullis_core::{Algorithm, Clock as _, ManualClock, Policy, Store, StoreError};
+use portcullis_redis::{BuildError, RedisStore, RedisStoreBuilder, ACL_COMMANDS};
+use portcullis_tests::unique_prefix;
 
 fn policies() -> Vec<Policy> {
     Algorithm::ALL
@@ -70,20 +70,20 @@ async fn decisions(builder: RedisStoreBuilder, start_micros: u64) -> Vec<String>
 }
 
 fn tcp() -> RedisStoreBuilder {
-    RedisStore::builder().url(tollgate_tests::acl_url())
+    RedisStore::builder().url(portcullis_tests::acl_url())
 }
 
 fn tls() -> RedisStoreBuilder {
     RedisStore::builder()
-        .url(tollgate_tests::tls_url())
-        .tls_ca(tollgate_tests::tls_ca())
+        .url(portcullis_tests::tls_url())
+        .tls_ca(portcullis_tests::tls_ca())
 }
 
 fn mtls() -> RedisStoreBuilder {
-    let (cert, key) = tollgate_tests::tls_client_cert();
+    let (cert, key) = portcullis_tests::tls_client_cert();
     RedisStore::builder()
-        .url(tollgate_tests::mtls_url())
-        .tls_ca(tollgate_tests::tls_ca())
+        .url(portcullis_tests::mtls_url())
+        .tls_ca(portcullis_tests::tls_ca())
         .tls_client_cert(cert, key)
 }
 
@@ -113,8 +113,8 @@ async fn decisions_over_a_tls_cluster_equal_those_over_tcp() {
     let start = start();
     let over_tls = decisions(
         RedisStore::builder()
-            .cluster(tollgate_tests::tls_cluster_urls())
-            .tls_ca(tollgate_tests::tls_ca()),
+            .cluster(portcullis_tests::tls_cluster_urls())
+            .tls_ca(portcullis_tests::tls_ca()),
         start,
     )
     .await;
@@ -123,10 +123,10 @@ async fn decisions_over_a_tls_cluster_equal_those_over_tcp() {
 
 /// The TLS Cluster's URLs as the ACL user `user` (the TLS servers' password).
 fn tls_cluster_as(user: &str) -> Vec<String> {
-    let tls_url = tollgate_tests::tls_url();
+    let tls_url = portcullis_tests::tls_url();
     let (head, _) = tls_url.rsplit_once('@').unwrap();
     let password = head.rsplit_once(':').unwrap().1;
-    tollgate_tests::tls_cluster_urls()
+    portcullis_tests::tls_cluster_urls()
         .iter()
         .map(|url| {
             format!(
@@ -144,8 +144,8 @@ async fn an_acl_user_works_on_a_tls_cluster() {
     let start = start();
     let over_tls = decisions(
         RedisStore::builder()
-            .cluster(tls_cluster_as("tollgate"))
-            .tls_ca(tollgate_tests::tls_ca()),
+            .cluster(tls_cluster_as("portcullis"))
+            .tls_ca(portcullis_tests::tls_ca()),
         start,
     )
     .await;
@@ -153,14 +153,14 @@ async fn an_acl_user_works_on_a_tls_cluster() {
 
     let error = build_error(
         RedisStore::builder()
-            .cluster(tls_cluster_as("tollgate-no-cluster"))
-            .tls_ca(tollgate_tests::tls_ca()),
+            .cluster(tls_cluster_as("portcullis-no-cluster"))
+            .tls_ca(portcullis_tests::tls_ca()),
     )
     .await;
     match &error {
         BuildError::Permission { permission, .. } => {
             assert_eq!(permission, "+cluster|slots");
-            assert!(tollgate_redis::ACL_CLUSTER_COMMANDS.contains(permission.as_str()));
+            assert!(portcullis_redis::ACL_CLUSTER_COMMANDS.contains(permission.as_str()));
         }
         other => panic!("expected Permission, got {other:#?}"),
     }
@@ -211,8 +211,8 @@ async fn build_error(builder: RedisStoreBuilder) -> BuildError {
 async fn mutual_tls_without_a_client_certificate_fails_at_build() {
     let error = build_error(
         RedisStore::builder()
-            .url(tollgate_tests::mtls_url())
-            .tls_ca(tollgate_tests::tls_ca()),
+            .url(portcullis_tests::mtls_url())
+            .tls_ca(portcullis_tests::tls_ca()),
     )
     .await;
     assert!(matches!(error, BuildError::Connect { .. }), "{error:#?}");
@@ -222,7 +222,7 @@ async fn mutual_tls_without_a_client_certificate_fails_at_build() {
 #[tokio::test(flavor = "multi_thread")]
 async fn tls_with_an_untrusted_ca_fails_at_build() {
     // Without .tls_ca the system roots do not know the test CA.
-    let error = build_error(RedisStore::builder().url(tollgate_tests::tls_url())).await;
+    let error = build_error(RedisStore::builder().url(portcullis_tests::tls_url())).await;
     assert!(matches!(error, BuildError::Connect { .. }), "{error:#?}");
     assert!(error.to_string().contains("tls_ca"), "{error}");
     assert!(has_redis_source(&error), "{:?}", chain(&error));
@@ -235,13 +235,13 @@ async fn tls_with_an_untrusted_ca_fails_at_build() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_wrong_password_fails_at_build_naming_the_user() {
-    let url = tollgate_tests::acl_url();
+    let url = portcullis_tests::acl_url();
     let (head, host) = url.rsplit_once('@').unwrap();
     let (user_part, _password) = head.rsplit_once(':').unwrap();
     let wrong = format!("{user_part}:not-the-password@{host}");
     let error = build_error(RedisStore::builder().url(&wrong)).await;
     match &error {
-        BuildError::Auth { user, .. } => assert_eq!(user, "tollgate"),
+        BuildError::Auth { user, .. } => assert_eq!(user, "portcullis"),
         other => panic!("expected Auth, got {other:#?}"),
     }
     let text = error.to_string();
@@ -259,7 +259,7 @@ async fn a_wrong_password_fails_at_build_naming_the_user() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_password_only_url_and_the_setters_work() {
-    let admin = tollgate_tests::acl_admin_url();
+    let admin = portcullis_tests::acl_admin_url();
     assert!(admin.starts_with("redis://:"), "{admin}");
     let store = RedisStore::builder()
         .url(&admin)
@@ -271,12 +271,12 @@ async fn a_password_only_url_and_the_setters_work() {
     assert!(store.check("u", &policies(), 1).await.unwrap().is_allowed());
 
     // The same credentials given through the setters, none in the URL.
-    let url = tollgate_tests::acl_url();
+    let url = portcullis_tests::acl_url();
     let (head, host) = url.rsplit_once('@').unwrap();
     let (_user, password) = head.trim_start_matches("redis://").split_once(':').unwrap();
     let builder = RedisStore::builder()
         .url(format!("redis://{host}"))
-        .username("tollgate")
+        .username("portcullis")
         .password(password)
         .prefix(unique_prefix("prod-setters"))
         .timeout(TEST_TIMEOUT);
@@ -292,7 +292,7 @@ async fn a_password_only_url_and_the_setters_work() {
 
 /// Creates an ACL user on the ACL server with `rules`, returning its URL.
 fn acl_user(name: &str, rules: &[&str]) -> String {
-    let admin = tollgate_tests::acl_admin_url();
+    let admin = portcullis_tests::acl_admin_url();
     let mut connection = redis_common::raw(&admin);
     let mut setuser = redis::cmd("ACL");
     setuser
@@ -322,7 +322,7 @@ async fn permission_error(prefix: &str, rules: &[&str]) -> (String, BuildError) 
     (user, error)
 }
 
-/// All of tollgate's rules but `without`.
+/// All of portcullis's rules but `without`.
 fn rules_without<'a>(prefix_rule: &'a str, without: &str) -> Vec<&'a str> {
     let mut rules = vec![prefix_rule];
     rules.extend(ACL_COMMANDS.split(' ').filter(|rule| *rule != without));
@@ -391,7 +391,7 @@ async fn the_documented_acl_grant_is_enough() {
     store.throttle("cell", 2, 10, 60, 1).await.unwrap();
     let limiter = store.rate_limiter("grant");
     limiter
-        .try_set_rate(tollgate_redis::RateType::Overall, 5, Duration::from_secs(1))
+        .try_set_rate(portcullis_redis::RateType::Overall, 5, Duration::from_secs(1))
         .await
         .unwrap();
     assert!(limiter.try_acquire(1).await.unwrap());
@@ -399,7 +399,7 @@ async fn the_documented_acl_grant_is_enough() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unreachable_server_fails_at_build_with_the_redis_error() {
-    let port = tollgate_tests::free_port();
+    let port = portcullis_tests::free_port();
     let error = build_error(RedisStore::builder().url(format!("redis://127.0.0.1:{port}"))).await;
     assert!(matches!(error, BuildError::Connect { .. }), "{error:#?}");
     assert!(error.to_string().contains("lazy_connect"), "{error}");
@@ -409,7 +409,7 @@ async fn an_unreachable_server_fails_at_build_with_the_redis_error() {
 /// Store errors keep redis-rs's error as their source.
 #[tokio::test(flavor = "multi_thread")]
 async fn store_errors_keep_the_redis_error() {
-    let port = tollgate_tests::free_port();
+    let port = portcullis_tests::free_port();
     let store = RedisStore::builder()
         .url(format!("redis://127.0.0.1:{port}"))
         .timeout(Duration::from_secs(1))
@@ -431,9 +431,9 @@ async fn store_errors_keep_the_redis_error() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_applications_pool_and_clients_are_accepted() {
-    let url = tollgate_tests::redis_url();
-    let manager = tollgate_redis::bb8_redis::RedisConnectionManager::new(url.as_str()).unwrap();
-    let pool = tollgate_redis::bb8::Pool::builder()
+    let url = portcullis_tests::redis_url();
+    let manager = portcullis_redis::bb8_redis::RedisConnectionManager::new(url.as_str()).unwrap();
+    let pool = portcullis_redis::bb8::Pool::builder()
         .max_size(2)
         .build(manager)
         .await
@@ -444,7 +444,7 @@ async fn an_applications_pool_and_clients_are_accepted() {
     let from_client = RedisStore::builder()
         .client(redis::Client::open(url.as_str()).unwrap())
         .prefix(unique_prefix("prod-client"));
-    let cluster_client = redis::cluster::ClusterClient::builder(tollgate_tests::cluster_urls())
+    let cluster_client = redis::cluster::ClusterClient::builder(portcullis_tests::cluster_urls())
         .retries(0)
         .build()
         .unwrap();
@@ -472,8 +472,8 @@ async fn an_applications_pool_and_clients_are_accepted() {
 #[tokio::test(flavor = "multi_thread")]
 async fn tls_settings_on_a_plain_url_are_refused() {
     let error = RedisStore::builder()
-        .url(tollgate_tests::redis_url())
-        .tls_ca(tollgate_tests::tls_ca())
+        .url(portcullis_tests::redis_url())
+        .tls_ca(portcullis_tests::tls_ca())
         .build()
         .await
         .unwrap_err();
@@ -493,12 +493,12 @@ async fn an_axum_app_limits_over_tls_as_an_acl_user() {
     use std::net::SocketAddr;
 
     use axum::routing::get;
-    use tollgate::tower::{PeerIp, RateLimitLayer};
+    use portcullis::tower::{PeerIp, RateLimitLayer};
 
     let prefix = unique_prefix("prod-e2e");
-    let store = tollgate::redis::RedisStore::builder()
-        .url(tollgate_tests::tls_url())
-        .tls_ca(tollgate_tests::tls_ca())
+    let store = portcullis::redis::RedisStore::builder()
+        .url(portcullis_tests::tls_url())
+        .tls_ca(portcullis_tests::tls_ca())
         .prefix(&prefix)
         .build()
         .await
@@ -533,7 +533,7 @@ async fn an_axum_app_limits_over_tls_as_an_acl_user() {
     }
     assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429]);
     // The state is on the server, read over plain TCP as the same user.
-    let mut raw = redis_common::raw(&tollgate_tests::acl_url());
+    let mut raw = redis_common::raw(&portcullis_tests::acl_url());
     let value: String = redis::cmd("GET").arg(&key).query(&mut raw).unwrap();
     // A whole-microsecond GCRA state: the theoretical arrival time in hex,
     // within the minute the five requests spent.

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::Store;
-use tollgate_redis::RedisStore;
-use tollgate_tests::{unique_prefix, OwnedRedis};
+use portcullis_core::Store;
+use portcullis_redis::RedisStore;
+use portcullis_tests::{unique_prefix, OwnedRedis};
 
 async fn store(url: String) -> RedisStore {
     RedisStore::builder()
@@ -25,7 +25,7 @@ async fn store(url: String) -> RedisStore {
 #[tokio::test(flavor = "multi_thread")]
 async fn script_flush_mid_run_is_survived() {
     let server = OwnedRedis::start(&[]);
-    // On the EVALSHA path (TOLLGATE_REDIS_CALL_PATH=evalsha) as a user
+    // On the EVALSHA path (PORTCULLIS_REDIS_CALL_PATH=evalsha) as a user
     // without functions; redis_functions.rs flushes the functions.
     let store = store(redis_common::path_url(server.url())).await;
     let policies = redis_common::every_algorithm();
@@ -86,7 +86,7 @@ async fn killed_and_restarted_server_is_survived() {
     assert!(
         while_down
             .as_ref()
-            .is_err_and(tollgate_core::StoreError::is_backend),
+            .is_err_and(portcullis_core::StoreError::is_backend),
         "{while_down:?}"
     );
     server.restart();
@@ -115,13 +115,13 @@ async fn killed_and_restarted_server_is_survived() {
 async fn script_flush_on_the_cluster_is_survived() {
     let store = redis_common::cluster(
         &unique_prefix("restart-cluster"),
-        tollgate_redis::ClockMode::Redis,
+        portcullis_redis::ClockMode::Redis,
     )
     .await;
     let policies = redis_common::every_algorithm();
     let subjects = ["a", "b", "c", "d", "e", "f"];
     for round in 0..3_u64 {
-        for url in tollgate_tests::cluster_urls() {
+        for url in portcullis_tests::cluster_urls() {
             let mut raw = redis_common::raw(&url);
             let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut raw).unwrap();
         }

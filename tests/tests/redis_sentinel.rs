@@ -5,8 +5,8 @@
 //! without a restart and without a wrong decision.
 //!
 //! The shared Sentinel set comes from `cargo xtask test`
-//! (`TOLLGATE_REDIS_SENTINEL_URLS`, `TOLLGATE_REDIS_SENTINEL_MASTER`); the
-//! failover tests start their own ([`tollgate_tests::OwnedSentinelSet`]),
+//! (`PORTCULLIS_REDIS_SENTINEL_URLS`, `PORTCULLIS_REDIS_SENTINEL_MASTER`); the
+//! failover tests start their own ([`portcullis_tests::OwnedSentinelSet`]),
 //! since they take its primary away.
 
 mod redis_common;
@@ -14,10 +14,10 @@ mod redis_common;
 use std::time::Duration;
 
 use redis_common::{client, manual_clock, TEST_TIMEOUT};
-use tollgate_core::{Algorithm, Policy, Store};
-use tollgate_redis::{BuildError, RedisStore, RedisStoreBuilder};
-use tollgate_tests::reliability::{sentinel_failover, SentinelFault};
-use tollgate_tests::unique_prefix;
+use portcullis_core::{Algorithm, Policy, Store};
+use portcullis_redis::{BuildError, RedisStore, RedisStoreBuilder};
+use portcullis_tests::reliability::{sentinel_failover, SentinelFault};
+use portcullis_tests::unique_prefix;
 
 async fn remaining_sequence(builder: RedisStoreBuilder) -> Vec<(bool, u64)> {
     let clock = manual_clock();
@@ -55,11 +55,11 @@ async fn remaining_sequence(builder: RedisStoreBuilder) -> Vec<(bool, u64)> {
 #[tokio::test(flavor = "multi_thread")]
 async fn decisions_through_the_sentinels_equal_those_of_a_plain_server() {
     let through_sentinels = remaining_sequence(RedisStore::builder().sentinel(
-        tollgate_tests::sentinel_master(),
-        tollgate_tests::sentinel_urls(),
+        portcullis_tests::sentinel_master(),
+        portcullis_tests::sentinel_urls(),
     ))
     .await;
-    let plain = remaining_sequence(RedisStore::builder().url(tollgate_tests::redis_url())).await;
+    let plain = remaining_sequence(RedisStore::builder().url(portcullis_tests::redis_url())).await;
     assert_eq!(through_sentinels, plain);
     assert!(plain.iter().any(|(allowed, _)| !allowed), "{plain:?}");
 }
@@ -68,25 +68,25 @@ async fn decisions_through_the_sentinels_equal_those_of_a_plain_server() {
 async fn decisions_through_tls_sentinels_equal_those_of_a_plain_server() {
     // `rediss://` Sentinels: the client talks TLS to the Sentinels and to
     // the primary whose TLS address they hand out, trusting the test CA.
-    let urls = tollgate_tests::tls_sentinel_urls();
+    let urls = portcullis_tests::tls_sentinel_urls();
     assert!(
         urls.iter().all(|url| url.starts_with("rediss://")),
         "{urls:?}"
     );
     let through_sentinels = remaining_sequence(
         RedisStore::builder()
-            .sentinel(tollgate_tests::sentinel_master(), urls.clone())
-            .tls_ca(tollgate_tests::tls_ca()),
+            .sentinel(portcullis_tests::sentinel_master(), urls.clone())
+            .tls_ca(portcullis_tests::tls_ca()),
     )
     .await;
-    let plain = remaining_sequence(RedisStore::builder().url(tollgate_tests::redis_url())).await;
+    let plain = remaining_sequence(RedisStore::builder().url(portcullis_tests::redis_url())).await;
     assert_eq!(through_sentinels, plain);
     assert!(plain.iter().any(|(allowed, _)| !allowed), "{plain:?}");
 
     // Without the test CA the Sentinels' certificate is not trusted: the
     // build fails, it does not fall back to plain TCP.
     let untrusted = RedisStore::builder()
-        .sentinel(tollgate_tests::sentinel_master(), urls)
+        .sentinel(portcullis_tests::sentinel_master(), urls)
         .timeout(TEST_TIMEOUT)
         .build()
         .await;
@@ -101,7 +101,7 @@ async fn decisions_through_tls_sentinels_equal_those_of_a_plain_server() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unknown_master_fails_at_build() {
     let error = RedisStore::builder()
-        .sentinel("no-such-master", tollgate_tests::sentinel_urls())
+        .sentinel("no-such-master", portcullis_tests::sentinel_urls())
         .build()
         .await
         .unwrap_err();

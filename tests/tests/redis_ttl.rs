@@ -6,9 +6,9 @@ mod redis_common;
 use std::time::Duration;
 
 use redis_common::{client, manual_clock};
-use tollgate_core::{Algorithm, Policy, Store};
-use tollgate_redis::{ClockMode, RateType, RedisStore};
-use tollgate_tests::{unique_prefix, TEST_PREFIX};
+use portcullis_core::{Algorithm, Policy, Store};
+use portcullis_redis::{ClockMode, RateType, RedisStore};
+use portcullis_tests::{unique_prefix, TEST_PREFIX};
 
 async fn workload(store: &RedisStore) {
     let policies: Vec<Policy> = Algorithm::ALL
@@ -59,7 +59,7 @@ fn assert_all_have_ttl(url: &str, pattern: &str, at_least: usize) -> usize {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_key_written_has_a_ttl() {
-    let url = tollgate_tests::redis_url();
+    let url = portcullis_tests::redis_url();
     let prefix = unique_prefix("ttl");
     workload(&redis_common::standalone(&prefix, ClockMode::Redis).await).await;
     let clock = manual_clock();
@@ -75,7 +75,7 @@ async fn every_key_written_has_a_ttl_on_the_cluster() {
     let prefix = unique_prefix("ttl-cluster");
     workload(&redis_common::cluster(&prefix, ClockMode::Redis).await).await;
     let mut total = 0;
-    for url in tollgate_tests::cluster_urls() {
+    for url in portcullis_tests::cluster_urls() {
         total += assert_all_have_ttl(&url, &format!("{prefix}:*"), 0);
     }
     assert!(total >= 7 * 3 + 4, "only {total} keys");
@@ -87,8 +87,8 @@ async fn every_key_written_has_a_ttl_on_the_cluster() {
 #[test]
 fn no_test_key_anywhere_is_immortal() {
     let pattern = format!("{TEST_PREFIX}*");
-    assert_all_have_ttl(&tollgate_tests::redis_url(), &pattern, 0);
-    for url in tollgate_tests::cluster_urls() {
+    assert_all_have_ttl(&portcullis_tests::redis_url(), &pattern, 0);
+    for url in portcullis_tests::cluster_urls() {
         assert_all_have_ttl(&url, &pattern, 0);
     }
 }

@@ -7,8 +7,8 @@ mod redis_common;
 
 use std::time::Duration;
 
-use tollgate_core::{Policy, Store, StoreError};
-use tollgate_redis::RedisStore;
+use portcullis_core::{Policy, Store, StoreError};
+use portcullis_redis::RedisStore;
 
 /// Bounds the whole test, so a hang fails it instead of blocking the run.
 const HANG: Duration = Duration::from_secs(30);
@@ -41,7 +41,7 @@ async fn assert_unavailable(store: &RedisStore) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn closed_port_is_unavailable() {
-    let port = tollgate_tests::free_port();
+    let port = portcullis_tests::free_port();
     let store = RedisStore::builder()
         .url(format!("redis://127.0.0.1:{port}"))
         .timeout(Duration::from_millis(200))
@@ -55,7 +55,7 @@ async fn closed_port_is_unavailable() {
 #[tokio::test(flavor = "multi_thread")]
 async fn closed_cluster_ports_are_unavailable() {
     let urls: Vec<String> = (0..3)
-        .map(|_| format!("redis://127.0.0.1:{}", tollgate_tests::free_port()))
+        .map(|_| format!("redis://127.0.0.1:{}", portcullis_tests::free_port()))
         .collect();
     let store = RedisStore::builder()
         .cluster(urls)

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use tollgate_tests::reliability::{
+use portcullis_tests::reliability::{
     cluster_failover, no_hang, slot_migration, table, ClusterReport, Failover, FailoverHow,
     OwnedCluster, SlotMigration,
 };

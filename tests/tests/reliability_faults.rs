@@ -7,11 +7,11 @@
 
 use std::time::Duration;
 
-use tollgate_tests::reliability::{
+use portcullis_tests::reliability::{
     kill_restart, no_hang, pool_exhaustion, slow_redis, table, FailureMode, KillRestart, SlowRedis,
     Slowdown,
 };
-use tollgate_tests::OwnedRedis;
+use portcullis_tests::OwnedRedis;
 
 const TYPED: [&str; 5] = ["allowed", "denied", "unavailable", "unknown", "timeout"];
 

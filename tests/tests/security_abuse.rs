@@ -6,17 +6,17 @@
 
 use std::time::Duration;
 
-use tollgate_core::MemoryStore;
-use tollgate_redis::RedisStore;
-use tollgate_tests::reliability::{
+use portcullis_core::MemoryStore;
+use portcullis_redis::RedisStore;
+use portcullis_tests::reliability::{
     hot_subject, ipv6_rotation, no_hang, spoofed_forwarded_for, table, HotSubject,
 };
-use tollgate_tests::OwnedRedis;
+use portcullis_tests::OwnedRedis;
 
 async fn redis_store(what: &str) -> RedisStore {
     RedisStore::builder()
-        .url(tollgate_tests::redis_url())
-        .prefix(tollgate_tests::unique_prefix(&format!("abuse-{what}")))
+        .url(portcullis_tests::redis_url())
+        .prefix(portcullis_tests::unique_prefix(&format!("abuse-{what}")))
         .timeout(Duration::from_secs(5))
         .build()
         .await

@@ -11,9 +11,9 @@ use std::sync::OnceLock;
 
 use http::{HeaderName, HeaderValue, Request, StatusCode};
 use proptest::prelude::*;
-use tollgate_core::{hash_subject, is_plain, MemoryStore, Policy};
-use tollgate_tests::reliability::{classify, probe_service, Reply};
-use tollgate_tower::{
+use portcullis_core::{hash_subject, is_plain, MemoryStore, Policy};
+use portcullis_tests::reliability::{classify, probe_service, Reply};
+use portcullis_tower::{
     ApiKey, BearerToken, ClientIp, Header, KeyExtractor, MissingKey, PeerIp, ProxyHeader,
     RateLimitLayer,
 };

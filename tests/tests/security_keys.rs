@@ -10,9 +10,9 @@
 use std::collections::HashSet;
 
 use proptest::prelude::*;
-use tollgate_core::{encode_subject, hash_subject, MemoryStore, Policy, Store};
-use tollgate_redis::RedisStore;
-use tollgate_tests::reliability::{admin, command, crc16_slot, Rng};
+use portcullis_core::{encode_subject, hash_subject, MemoryStore, Policy, Store};
+use portcullis_redis::RedisStore;
+use portcullis_tests::reliability::{admin, command, crc16_slot, Rng};
 
 fn policies() -> [Policy; 2] {
     [
@@ -115,8 +115,8 @@ async fn adversarial_subjects_never_collide_memory_and_standalone() {
     let memory = MemoryStore::new();
     each_subject_is_separate("memory", &memory, &MemoryStore::new(), &subjects).await;
     let redis = RedisStore::builder()
-        .url(tollgate_tests::redis_url())
-        .prefix(tollgate_tests::unique_prefix("sec-standalone"))
+        .url(portcullis_tests::redis_url())
+        .prefix(portcullis_tests::unique_prefix("sec-standalone"))
         .timeout(std::time::Duration::from_secs(5))
         .build()
         .await
@@ -125,7 +125,7 @@ async fn adversarial_subjects_never_collide_memory_and_standalone() {
 
     // What reached Redis: one key per subject and policy, each
     // `<prefix>:{<plain or #sha256>}:<policy>`, bounded.
-    let mut connection = admin(&tollgate_tests::redis_url()).await;
+    let mut connection = admin(&portcullis_tests::redis_url()).await;
     let pattern = format!("{}:*", redis.prefix());
     let keys: Vec<String> = command(&mut connection, &["KEYS", &pattern]).await.unwrap();
     assert_eq!(
@@ -150,10 +150,10 @@ async fn adversarial_subjects_never_collide_memory_and_standalone() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn random_subjects_keep_one_slot_per_subject_on_the_cluster() {
-    let urls = tollgate_tests::cluster_urls();
+    let urls = portcullis_tests::cluster_urls();
     let store = RedisStore::builder()
         .cluster(urls.clone())
-        .prefix(tollgate_tests::unique_prefix("sec-cluster"))
+        .prefix(portcullis_tests::unique_prefix("sec-cluster"))
         .timeout(std::time::Duration::from_secs(5))
         .build()
         .await

@@ -8,12 +8,12 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tollgate_core::{
+use portcullis_core::{
     Algorithm, ManualClock, MemoryStore, Policy, PolicyError, Store, StoreError, Verdict,
 };
-use tollgate_redis::{ClockMode, RedisStore};
-use tollgate_tests::reliability::{probe_service, request_for, subject_key};
-use tollgate_tower::RateLimitLayer;
+use portcullis_redis::{ClockMode, RedisStore};
+use portcullis_tests::reliability::{probe_service, request_for, subject_key};
+use portcullis_tower::RateLimitLayer;
 use tower::{Layer, ServiceExt};
 
 const LIMITS: [u64; 2] = [1, u32::MAX as u64];
@@ -171,8 +171,8 @@ async fn extreme_policies_decide_identically_in_memory_and_redis() {
     let clock = ManualClock::new(u64::try_from(start.as_micros()).unwrap());
     let memory = MemoryStore::with_clock(clock.clone());
     let redis = RedisStore::builder()
-        .url(tollgate_tests::redis_url())
-        .prefix(tollgate_tests::unique_prefix("extreme"))
+        .url(portcullis_tests::redis_url())
+        .prefix(portcullis_tests::unique_prefix("extreme"))
         .clock(ClockMode::Client(Arc::new(clock.clone())))
         .timeout(Duration::from_secs(5))
         .build()

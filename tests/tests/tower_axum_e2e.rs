@@ -5,10 +5,10 @@ use std::net::SocketAddr;
 
 use axum::routing::get;
 use axum::{Extension, Router};
-use tollgate::redis::RedisStore;
-use tollgate::tower::{ClientIp, KeyExtractor, RateLimitInfo, RateLimitLayer};
-use tollgate::{MemoryStore, Policy, Store};
-use tollgate_tests::{redis_url, unique_prefix};
+use portcullis::redis::RedisStore;
+use portcullis::tower::{ClientIp, KeyExtractor, RateLimitInfo, RateLimitLayer};
+use portcullis::{MemoryStore, Policy, Store};
+use portcullis_tests::{redis_url, unique_prefix};
 
 async fn redis_store(tag: &str) -> RedisStore {
     RedisStore::builder()

@@ -11,10 +11,10 @@ use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tollgate::redis::RedisStore;
-use tollgate::tower::RateLimitLayer;
-use tollgate::{MemoryStore, Policy, Store};
-use tollgate_tests::redis_url;
+use portcullis::redis::RedisStore;
+use portcullis::tower::RateLimitLayer;
+use portcullis::{MemoryStore, Policy, Store};
+use portcullis_tests::redis_url;
 use tower::{Layer, ServiceExt};
 
 async fn serve<St: Store>(store: St) -> SocketAddr {
@@ -83,7 +83,7 @@ async fn memory_limits_a_plain_hyper_server() {
 async fn redis_limits_a_plain_hyper_server() {
     let store = RedisStore::builder()
         .url(redis_url())
-        .prefix(tollgate_tests::unique_prefix("e2e-hyper"))
+        .prefix(portcullis_tests::unique_prefix("e2e-hyper"))
         .build()
         .await
         .unwrap();

@@ -6,10 +6,10 @@
 
 use std::net::SocketAddr;
 
-use tollgate::redis::RedisStore;
-use tollgate::tower::{PeerIp, RateLimitLayer};
-use tollgate::{MemoryStore, Policy, Store};
-use tollgate_tests::redis_url;
+use portcullis::redis::RedisStore;
+use portcullis::tower::{PeerIp, RateLimitLayer};
+use portcullis::{MemoryStore, Policy, Store};
+use portcullis_tests::redis_url;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 use tonic::Code;
@@ -117,7 +117,7 @@ async fn memory_limited_calls_fail_with_resource_exhausted() {
 async fn redis_limited_calls_fail_with_resource_exhausted() {
     let store = RedisStore::builder()
         .url(redis_url())
-        .prefix(tollgate_tests::unique_prefix("e2e-grpc"))
+        .prefix(portcullis_tests::unique_prefix("e2e-grpc"))
         .build()
         .await
         .unwrap();

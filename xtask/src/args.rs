@@ -11,28 +11,28 @@ Commands:
         The project's test command (README and CI), in order:
         cargo fmt --check; cargo clippy -D warnings; start Redis (a standalone
         server and a 3-master Cluster on free ports); cargo test --workspace
-        with TOLLGATE_REDIS_* set; stop Redis.
+        with PORTCULLIS_REDIS_* set; stop Redis.
         --no-lint     skip fmt and clippy (quick local runs)
-        -- <args>     passed to cargo test, e.g. `-- -p tollgate-redis`
-                      or `-- -p tollgate-redis --test store -- --nocapture`
+        -- <args>     passed to cargo test, e.g. `-- -p portcullis-redis`
+                      or `-- -p portcullis-redis --test store -- --nocapture`
   ci    Same as test.
   redis [--masters N] [--replicas N] [--no-stdin]
         Start a standalone server and a Cluster (3 masters, 0 replicas by
-        default), print the `export TOLLGATE_REDIS_...` lines for your shell,
+        default), print the `export PORTCULLIS_REDIS_...` lines for your shell,
         and keep them running until Ctrl-C or until stdin closes (Ctrl-D).
         --masters N   Cluster masters (default 3)
         --replicas N  replicas per master (default 0)
         --no-stdin    ignore stdin: run until interrupted or killed
   bench <core|redis|http|all> [-- <criterion args>]
         Run the benches (redis and http against a fresh local
-        redis-server): core = tollgate-core memory_cost (MemoryStore vs
+        redis-server): core = portcullis-core memory_cost (MemoryStore vs
         governor: instructions per check under callgrind, resident bytes
         per key, interleaved wall-clock ratios; needs valgrind),
-        redis = tollgate-redis redis_throughput (starts its own
+        redis = portcullis-redis redis_throughput (starts its own
         redis-server pinned to core 0: server instructions per check by
-        callgrind and checks/s, tollgate vs the peer scripts of
+        callgrind and checks/s, portcullis vs the peer scripts of
         ../shared/bench; needs valgrind and taskset; about 4 minutes),
-        http = tollgate-tower http_throughput.
+        http = portcullis-tower http_throughput.
   reliability
         Fault and abuse scenarios against a standalone server and a Cluster
         of 3 masters with 1 replica each (Redis killed, slow, pool exhausted,
@@ -121,11 +121,11 @@ impl Default for RedisOptions {
 /// What `cargo xtask bench` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum BenchTarget {
-    /// `tollgate-core`'s `memory_cost` (callgrind, RSS, wall-clock ratios).
+    /// `portcullis-core`'s `memory_cost` (callgrind, RSS, wall-clock ratios).
     Core,
-    /// `tollgate-redis`'s `redis_throughput` (needs a server).
+    /// `portcullis-redis`'s `redis_throughput` (needs a server).
     Redis,
-    /// `tollgate-tower`'s `http_throughput` (needs a server).
+    /// `portcullis-tower`'s `http_throughput` (needs a server).
     Http,
     /// All of the above, in that order.
     All,
@@ -270,11 +270,11 @@ mod tests {
         assert!(plain.cargo_args.is_empty());
         assert_eq!(test_options("ci"), plain);
 
-        let quick = test_options("test --no-lint -- -p tollgate-redis -- --nocapture");
+        let quick = test_options("test --no-lint -- -p portcullis-redis -- --nocapture");
         assert!(!quick.lint);
         assert_eq!(
             quick.cargo_args,
-            ["-p", "tollgate-redis", "--", "--nocapture"]
+            ["-p", "portcullis-redis", "--", "--nocapture"]
         );
     }
 
@@ -287,16 +287,16 @@ mod tests {
             "test --no-fail-fast --workspace --lib"
         );
         assert_eq!(
-            args("test -- -p tollgate-core"),
-            "test --no-fail-fast -p tollgate-core"
+            args("test -- -p portcullis-core"),
+            "test --no-fail-fast -p portcullis-core"
         );
         assert_eq!(
-            args("test -- -ptollgate-core"),
-            "test --no-fail-fast -ptollgate-core"
+            args("test -- -pportcullis-core"),
+            "test --no-fail-fast -pportcullis-core"
         );
         assert_eq!(
-            args("test -- --package=tollgate-core"),
-            "test --no-fail-fast --package=tollgate-core"
+            args("test -- --package=portcullis-core"),
+            "test --no-fail-fast --package=portcullis-core"
         );
         // `-p` after the test binaries' `--` is not a package selection.
         assert_eq!(

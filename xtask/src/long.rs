@@ -1,19 +1,19 @@
 //! The long-running commands, kept out of `cargo xtask test`:
 //!
 //! - `cargo xtask soak [ARGS]`: a standalone server, then
-//!   `cargo run --release -p tollgate-tests --bin soak -- ARGS` (mixed
+//!   `cargo run --release -p portcullis-tests --bin soak -- ARGS` (mixed
 //!   traffic across 100 000 subjects on the memory and Redis stores, memory
 //!   figures printed; see `tests/src/bin/soak.rs` for its options).
 //! - `cargo xtask reliability [ARGS]`: a standalone server and a Cluster of
 //!   3 masters with 1 replica each, then
-//!   `cargo run --release -p tollgate-tests --bin reliability -- ARGS`,
+//!   `cargo run --release -p portcullis-tests --bin reliability -- ARGS`,
 //!   which kills and stalls servers, fails over and migrates slots under
 //!   load, fails a Sentinel-managed primary over (its own servers), and
 //!   prints the reliability table with the recovery times.
 //!
 //! Servers are announced with the variables the test runner uses
-//! (`TOLLGATE_REDIS_URL`, `TOLLGATE_REDIS_CLUSTER_URLS`, the tool paths),
-//! plus `TOLLGATE_REDIS_CLUSTER_NODE_URLS` (every Cluster node, replicas
+//! (`PORTCULLIS_REDIS_URL`, `PORTCULLIS_REDIS_CLUSTER_URLS`, the tool paths),
+//! plus `PORTCULLIS_REDIS_CLUSTER_NODE_URLS` (every Cluster node, replicas
 //! included), and stopped when the command ends, however it ends.
 
 use std::process::ExitCode;
@@ -39,9 +39,9 @@ pub(crate) fn dispatch(args: &[String]) -> Option<ExitCode> {
     })
 }
 
-/// `cargo run --release -p tollgate-tests --bin <bin> -- <rest>` with `env`.
+/// `cargo run --release -p portcullis-tests --bin <bin> -- <rest>` with `env`.
 fn run_bin(bin: &str, rest: &[String], env: &[(&str, String)]) -> Result<()> {
-    let mut args = vec!["run", "--release", "-p", "tollgate-tests", "--bin", bin];
+    let mut args = vec!["run", "--release", "-p", "portcullis-tests", "--bin", bin];
     let rest: Vec<&str> = rest
         .iter()
         .map(String::as_str)
@@ -80,7 +80,7 @@ fn reliability(rest: &[String]) -> Result<()> {
     let mut env = standalone.env();
     env.extend(cluster.env());
     env.push((
-        "TOLLGATE_REDIS_CLUSTER_NODE_URLS",
+        "PORTCULLIS_REDIS_CLUSTER_NODE_URLS",
         cluster.node_urls().join(","),
     ));
     env.extend(tools.env());

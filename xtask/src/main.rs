@@ -4,7 +4,7 @@
 //!   and CI: formatting, clippy, rustdoc with `-D warnings`, then
 //!   `cargo test --no-fail-fast --workspace` against real
 //!   `redis-server` processes (a standalone server and a Redis Cluster)
-//!   started on free ports and announced through `TOLLGATE_REDIS_*`
+//!   started on free ports and announced through `PORTCULLIS_REDIS_*`
 //!   environment variables.
 //! - `cargo xtask redis` starts the same servers for a local shell.
 //! - `cargo xtask bench <core|redis|http|all>` runs the criterion benches.
@@ -186,8 +186,8 @@ fn run_test_stages(options: &TestOptions, tools: &Tools, stages: &mut Stages) ->
     // fallback (Redis Functions are the default path above).
     let evalsha_result = if options.cargo_args.is_empty() {
         let mut evalsha_env = env.clone();
-        evalsha_env.push(("TOLLGATE_REDIS_CALL_PATH", "evalsha".to_owned()));
-        let mut args = vec!["test", "--no-fail-fast", "-p", "tollgate-tests"];
+        evalsha_env.push(("PORTCULLIS_REDIS_CALL_PATH", "evalsha".to_owned()));
+        let mut args = vec!["test", "--no-fail-fast", "-p", "portcullis-tests"];
         for suite in EVALSHA_SUITES {
             args.extend(["--test", suite]);
         }
@@ -196,7 +196,7 @@ fn run_test_stages(options: &TestOptions, tools: &Tools, stages: &mut Stages) ->
                 &args,
                 &evalsha_env,
                 "the Redis suites failed on the EVALSHA path (see above); rerun with \
-                 TOLLGATE_REDIS_CALL_PATH=evalsha after `cargo xtask redis`",
+                 PORTCULLIS_REDIS_CALL_PATH=evalsha after `cargo xtask redis`",
             )
         })
     } else {
@@ -210,7 +210,7 @@ fn run_test_stages(options: &TestOptions, tools: &Tools, stages: &mut Stages) ->
 }
 
 /// The Redis suites that `test` runs a second time on the `EVALSHA` path
-/// (`TOLLGATE_REDIS_CALL_PATH=evalsha`: their stores log in as an ACL user
+/// (`PORTCULLIS_REDIS_CALL_PATH=evalsha`: their stores log in as an ACL user
 /// without Redis Functions).
 const EVALSHA_SUITES: [&str; 10] = [
     "charge_after_response",
@@ -263,14 +263,14 @@ impl Servers {
         };
         let secure = Secure::start(tools)?;
         eprintln!(
-            "    TLS + ACL servers: started (TOLLGATE_REDIS_TLS_URL, TOLLGATE_REDIS_MTLS_URL)"
+            "    TLS + ACL servers: started (PORTCULLIS_REDIS_TLS_URL, PORTCULLIS_REDIS_MTLS_URL)"
         );
         let tls_cluster = TlsCluster::start(tools, &secure)?;
-        eprintln!("    TLS Cluster:       3 masters (TOLLGATE_REDIS_TLS_CLUSTER_URLS)");
+        eprintln!("    TLS Cluster:       3 masters (PORTCULLIS_REDIS_TLS_CLUSTER_URLS)");
         servers.tls_cluster = Some(tls_cluster);
         let tls_sentinel = SentinelSet::start_tls(tools, secure.certs())?;
         eprintln!(
-            "    TLS Sentinel set:  primary + replica + 3 Sentinels (TOLLGATE_REDIS_TLS_SENTINEL_URLS)"
+            "    TLS Sentinel set:  primary + replica + 3 Sentinels (PORTCULLIS_REDIS_TLS_SENTINEL_URLS)"
         );
         servers.tls_sentinel = Some(tls_sentinel);
         servers.secure = Some(secure);
@@ -280,7 +280,7 @@ impl Servers {
         Ok(servers)
     }
 
-    /// `TOLLGATE_REDIS_URL` and `TOLLGATE_REDIS_CLUSTER_URLS`.
+    /// `PORTCULLIS_REDIS_URL` and `PORTCULLIS_REDIS_CLUSTER_URLS`.
     fn env(&self) -> Vec<(&'static str, String)> {
         let mut env = Vec::new();
         if let Some(standalone) = &self.standalone {
@@ -374,20 +374,20 @@ impl Bench {
         match target {
             // `All` never reaches here (`BenchTarget::expand` splits it).
             BenchTarget::Core | BenchTarget::All => Self {
-                package: "tollgate-core",
-                dir: "crates/tollgate-core",
+                package: "portcullis-core",
+                dir: "crates/portcullis-core",
                 name: "memory_cost",
                 needs_redis: false,
             },
             BenchTarget::Redis => Self {
-                package: "tollgate-redis",
-                dir: "crates/tollgate-redis",
+                package: "portcullis-redis",
+                dir: "crates/portcullis-redis",
                 name: "redis_throughput",
                 needs_redis: true,
             },
             BenchTarget::Http => Self {
-                package: "tollgate-tower",
-                dir: "crates/tollgate-tower",
+                package: "portcullis-tower",
+                dir: "crates/portcullis-tower",
                 name: "http_throughput",
                 needs_redis: true,
             },
@@ -550,11 +550,11 @@ mod tests {
     fn bench_sources_point_into_their_crates() {
         assert_eq!(
             Bench::of(BenchTarget::Redis).source(),
-            "crates/tollgate-redis/benches/redis_throughput.rs"
+            "crates/portcullis-redis/benches/redis_throughput.rs"
         );
         assert_eq!(
             Bench::of(BenchTarget::Core).source(),
-            "crates/tollgate-core/benches/memory_cost.rs"
+            "crates/portcullis-core/benches/memory_cost.rs"
         );
         assert!(!Bench::of(BenchTarget::Core).needs_redis);
         assert!(Bench::of(BenchTarget::Http).needs_redis);

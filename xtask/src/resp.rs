@@ -2,7 +2,7 @@
 //! `CLUSTER INFO` and build a Cluster by hand.
 //!
 //! xtask stays std-only so that `cargo xtask` compiles in seconds; the real
-//! client code of the project lives in `tollgate-redis`.
+//! client code of the project lives in `portcullis-redis`.
 
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Write};

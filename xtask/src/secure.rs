@@ -1,7 +1,7 @@
 //! The production-like servers `cargo xtask test` starts besides the plain
 //! ones: TLS redis-servers (client certificates optional, and required)
 //! whose users need a password and one of which is an ACL user allowed only
-//! what tollgate needs ([`Secure`]), and a TLS Cluster ([`TlsCluster`]).
+//! what portcullis needs ([`Secure`]), and a TLS Cluster ([`TlsCluster`]).
 //! Certificates are generated at each run with rcgen ([`Certs`]); no key is
 //! ever committed. The Sentinel sets are in `sentinel.rs`.
 
@@ -21,13 +21,13 @@ use crate::resp::{Connection, Reply};
 use crate::{Error, Result};
 
 /// The ACL user of the TLS servers.
-pub(crate) const ACL_USER: &str = "tollgate";
+pub(crate) const ACL_USER: &str = "portcullis";
 /// What the ACL user may do: the key prefixes of the tests (`tg-test…`)
-/// and of the examples (`tollgate:`), and only the commands of
-/// `tollgate_redis::ACL_COMMANDS`.
+/// and of the examples (`portcullis:`), and only the commands of
+/// `portcullis_redis::ACL_COMMANDS`.
 const ACL_RULES: &[&str] = &[
     "~tg-test*",
-    "~tollgate:*",
+    "~portcullis:*",
     "+ping",
     "+evalsha",
     "+script|load",
@@ -51,7 +51,7 @@ const ACL_RULES: &[&str] = &[
     "+zrem",
 ];
 /// What [`ACL_USER`] may do besides [`ACL_RULES`] on a Cluster node:
-/// `tollgate_redis::ACL_CLUSTER_COMMANDS`.
+/// `portcullis_redis::ACL_CLUSTER_COMMANDS`.
 const CLUSTER_ACL_RULES: [&str; 2] = ["+cluster|slots", "+asking"];
 /// Timeout of the control connections.
 pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -93,7 +93,7 @@ impl Certs {
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         ca_params
             .distinguished_name
-            .push(DnType::CommonName, "tollgate test CA");
+            .push(DnType::CommonName, "portcullis test CA");
         ca_params.key_usages = vec![
             KeyUsagePurpose::KeyCertSign,
             KeyUsagePurpose::CrlSign,
@@ -123,7 +123,7 @@ impl Certs {
         )?;
         let (client_pem, client_key) = leaf(
             Vec::new(),
-            "tollgate test client",
+            "portcullis test client",
             ExtendedKeyUsagePurpose::ClientAuth,
         )?;
         for (name, text) in [
@@ -207,33 +207,33 @@ impl Secure {
         })
     }
 
-    /// The `TOLLGATE_REDIS_TLS_*` and `TOLLGATE_REDIS_ACL_*` variables.
+    /// The `PORTCULLIS_REDIS_TLS_*` and `PORTCULLIS_REDIS_ACL_*` variables.
     pub(crate) fn env(&self) -> Vec<(&'static str, String)> {
         let user = format!("{ACL_USER}:{}", self.password);
         vec![
             (
-                "TOLLGATE_REDIS_TLS_URL",
+                "PORTCULLIS_REDIS_TLS_URL",
                 format!("rediss://{user}@127.0.0.1:{}", self.tls.tls_port),
             ),
             (
-                "TOLLGATE_REDIS_MTLS_URL",
+                "PORTCULLIS_REDIS_MTLS_URL",
                 format!("rediss://{user}@127.0.0.1:{}", self.mtls.tls_port),
             ),
-            ("TOLLGATE_REDIS_TLS_CA", display(&self.certs.path("ca.pem"))),
+            ("PORTCULLIS_REDIS_TLS_CA", display(&self.certs.path("ca.pem"))),
             (
-                "TOLLGATE_REDIS_TLS_CLIENT_CERT",
+                "PORTCULLIS_REDIS_TLS_CLIENT_CERT",
                 display(&self.certs.path("client.pem")),
             ),
             (
-                "TOLLGATE_REDIS_TLS_CLIENT_KEY",
+                "PORTCULLIS_REDIS_TLS_CLIENT_KEY",
                 display(&self.certs.path("client.key")),
             ),
             (
-                "TOLLGATE_REDIS_ACL_URL",
+                "PORTCULLIS_REDIS_ACL_URL",
                 format!("redis://{user}@127.0.0.1:{}", self.tls.server.port),
             ),
             (
-                "TOLLGATE_REDIS_ACL_ADMIN_URL",
+                "PORTCULLIS_REDIS_ACL_ADMIN_URL",
                 format!(
                     "redis://:{}@127.0.0.1:{}",
                     self.admin_password, self.tls.server.port
@@ -439,7 +439,7 @@ impl TlsCluster {
         Ok(Self { nodes })
     }
 
-    /// `TOLLGATE_REDIS_TLS_CLUSTER_URLS`: the masters' TLS URLs with the
+    /// `PORTCULLIS_REDIS_TLS_CLUSTER_URLS`: the masters' TLS URLs with the
     /// `default` user's password (`rediss://:<password>@127.0.0.1:<port>`).
     pub(crate) fn env(&self, secure: &Secure) -> Vec<(&'static str, String)> {
         let urls: Vec<String> = self
@@ -452,7 +452,7 @@ impl TlsCluster {
                 )
             })
             .collect();
-        vec![("TOLLGATE_REDIS_TLS_CLUSTER_URLS", urls.join(","))]
+        vec![("PORTCULLIS_REDIS_TLS_CLUSTER_URLS", urls.join(","))]
     }
 }
 
@@ -489,8 +489,8 @@ mod tests {
                 .map(|(_, value)| value.clone())
                 .unwrap()
         };
-        assert!(get("TOLLGATE_REDIS_TLS_URL").starts_with("rediss://tollgate:"));
-        assert!(get("TOLLGATE_REDIS_ACL_ADMIN_URL").starts_with("redis://:"));
+        assert!(get("PORTCULLIS_REDIS_TLS_URL").starts_with("rediss://portcullis:"));
+        assert!(get("PORTCULLIS_REDIS_ACL_ADMIN_URL").starts_with("redis://:"));
         // Unauthenticated on the plain port: refused.
         let mut conn = Connection::open(secure.tls.server.port, IO_TIMEOUT).unwrap();
         let reply = conn.command(&["GET", "tg-test-x"]).unwrap();

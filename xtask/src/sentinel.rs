@@ -18,7 +18,7 @@ use crate::secure::{start_tls_with, Certs, FORM_TIMEOUT, IO_TIMEOUT};
 use crate::{Error, Result};
 
 /// The master name the Sentinels monitor.
-pub(crate) const SENTINEL_MASTER: &str = "tollgate-primary";
+pub(crate) const SENTINEL_MASTER: &str = "portcullis-primary";
 
 /// A primary, its replica and three Sentinels monitoring it as
 /// [`SENTINEL_MASTER`] (quorum 2, down after 1 s); with TLS
@@ -143,17 +143,17 @@ impl SentinelSet {
         }
     }
 
-    /// `TOLLGATE_REDIS_SENTINEL_URLS` and `TOLLGATE_REDIS_SENTINEL_MASTER`.
+    /// `PORTCULLIS_REDIS_SENTINEL_URLS` and `PORTCULLIS_REDIS_SENTINEL_MASTER`.
     pub(crate) fn env(&self) -> Vec<(&'static str, String)> {
         let urls: Vec<String> = self.sentinels.iter().map(|s| url(s.port)).collect();
         vec![
-            ("TOLLGATE_REDIS_SENTINEL_URLS", urls.join(",")),
-            ("TOLLGATE_REDIS_SENTINEL_MASTER", SENTINEL_MASTER.to_owned()),
+            ("PORTCULLIS_REDIS_SENTINEL_URLS", urls.join(",")),
+            ("PORTCULLIS_REDIS_SENTINEL_MASTER", SENTINEL_MASTER.to_owned()),
         ]
     }
 
-    /// `TOLLGATE_REDIS_TLS_SENTINEL_URLS`: the Sentinels' TLS ports as
-    /// `rediss://` URLs (trust `TOLLGATE_REDIS_TLS_CA`); the master name is
+    /// `PORTCULLIS_REDIS_TLS_SENTINEL_URLS`: the Sentinels' TLS ports as
+    /// `rediss://` URLs (trust `PORTCULLIS_REDIS_TLS_CA`); the master name is
     /// the same [`SENTINEL_MASTER`].
     pub(crate) fn tls_env(&self) -> Vec<(&'static str, String)> {
         let urls: Vec<String> = self
@@ -162,7 +162,7 @@ impl SentinelSet {
             .filter_map(|s| s.tls_port)
             .map(|port| format!("rediss://127.0.0.1:{port}"))
             .collect();
-        vec![("TOLLGATE_REDIS_TLS_SENTINEL_URLS", urls.join(","))]
+        vec![("PORTCULLIS_REDIS_TLS_SENTINEL_URLS", urls.join(","))]
     }
 }
 

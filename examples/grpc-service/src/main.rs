@@ -18,9 +18,9 @@
 use std::error::Error;
 use std::net::SocketAddr;
 
-use tollgate::redis::store_from_env;
-use tollgate::tower::{PeerIp, RateLimitLayer};
-use tollgate::{BoxStore, Policy};
+use portcullis::redis::store_from_env;
+use portcullis::tower::{PeerIp, RateLimitLayer};
+use portcullis::{BoxStore, Policy};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};
 use tonic_health::pb::health_client::HealthClient;

@@ -20,9 +20,9 @@ use http::{Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tollgate::redis::store_from_env;
-use tollgate::tower::{PeerIp, RateLimitLayer};
-use tollgate::{BoxStore, Policy};
+use portcullis::redis::store_from_env;
+use portcullis::tower::{PeerIp, RateLimitLayer};
+use portcullis::{BoxStore, Policy};
 use tower::{Layer, ServiceExt};
 
 async fn hello(_request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {

@@ -30,7 +30,7 @@
 //!
 //! The first prints 401 five times, then 429; the second 200, 200, then
 //! 429 (8 words = 8 000 tokens per answer: the second leaves a debt of
-//! 6 000, paid back in 36 seconds). `RUST_LOG=tollgate_tower=debug` shows every decision and charge.
+//! 6 000, paid back in 36 seconds). `RUST_LOG=portcullis_tower=debug` shows every decision and charge.
 
 use std::error::Error;
 use std::net::SocketAddr;
@@ -39,9 +39,9 @@ use std::time::Duration;
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::routing::post;
 use axum::{Extension, Router};
-use tollgate::redis::{redact_url, RedisStore};
-use tollgate::tower::{ApiKey, Charge, Header, PeerIp, RateLimitLayer};
-use tollgate::{BoxStore, MemoryStore, Policy};
+use portcullis::redis::{redact_url, RedisStore};
+use portcullis::tower::{ApiKey, Charge, Header, PeerIp, RateLimitLayer};
+use portcullis::{BoxStore, MemoryStore, Policy};
 
 /// Tokens a prompt "uses" in this demo: 1 000 per word.
 const TOKENS_PER_WORD: u64 = 1_000;

@@ -22,16 +22,16 @@
 //! ```
 //!
 //! Logs (fail-open passes, the circuit breaker opening and closing) go to
-//! stderr; `RUST_LOG=tollgate_tower=debug` shows every decision.
+//! stderr; `RUST_LOG=portcullis_tower=debug` shows every decision.
 
 use std::error::Error;
 use std::net::SocketAddr;
 
 use axum::routing::get;
 use axum::Router;
-use tollgate::redis::store_from_env;
-use tollgate::tower::{ClientIp, KeyExtractor, PeerIp, RateLimitLayer};
-use tollgate::{BoxStore, Policy};
+use portcullis::redis::store_from_env;
+use portcullis::tower::{ClientIp, KeyExtractor, PeerIp, RateLimitLayer};
+use portcullis::{BoxStore, Policy};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
@@ -88,12 +88,12 @@ async fn serve<K: KeyExtractor>(
     // `keep_body`: responses stay in Axum's own `Body`, so Axum does not
     // box a wrapper body on every response (the cheapest way on Axum).
     let app = Router::new()
-        .route("/", get(|| async { "Hello from tollgate!\n" }))
+        .route("/", get(|| async { "Hello from portcullis!\n" }))
         .layer(layer.keep_body());
 
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!(
-        "tollgate quickstart listening on http://{}/",
+        "portcullis quickstart listening on http://{}/",
         listener.local_addr()?
     );
     println!(

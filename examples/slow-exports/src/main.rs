@@ -30,9 +30,9 @@ use std::time::Duration;
 use axum::http::{HeaderName, StatusCode};
 use axum::routing::post;
 use axum::Router;
-use tollgate::redis::store_from_env;
-use tollgate::tower::{ConcurrencyLimitLayer, Header, MissingKey, RateLimitLayer};
-use tollgate::{BoxStore, ConcurrencyPolicy, Policy};
+use portcullis::redis::store_from_env;
+use portcullis::tower::{ConcurrencyLimitLayer, Header, MissingKey, RateLimitLayer};
+use portcullis::{BoxStore, ConcurrencyPolicy, Policy};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {

@@ -33,9 +33,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
 use http::StatusCode;
-use tollgate::redis::store_from_env;
-use tollgate::tower::{BearerToken, MissingKey, RateLimitInfo, RateLimitLayer, User};
-use tollgate::{BoxStore, Policy};
+use portcullis::redis::store_from_env;
+use portcullis::tower::{BearerToken, MissingKey, RateLimitInfo, RateLimitLayer, User};
+use portcullis::{BoxStore, Policy};
 
 /// The authenticated user, put in the extensions by `authenticate`.
 #[derive(Debug, Clone)]

@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, Policy, Store};
-use tollgate_redis::RedisStore;
+use portcullis_core::{Algorithm, Policy, Store};
+use portcullis_redis::RedisStore;
 
 fn algorithm(name: &str) -> Option<Algorithm> {
     Algorithm::ALL.into_iter().find(|a| a.as_str() == name)

@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate_core::Policy;
-use tollgate_redis::RedisStore;
-use tollgate_tower::{Global, RateLimitLayer};
+use portcullis_core::Policy;
+use portcullis_redis::RedisStore;
+use portcullis_tower::{Global, RateLimitLayer};
 use tower::{service_fn, Layer, ServiceExt};
 
 fn main() -> ExitCode {

@@ -30,9 +30,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use tollgate_core::{ConcurrencyPolicy, LeaseId, LeaseStore};
-use tollgate_redis::RedisStore;
-use tollgate_tower::ConcurrencyLimitLayer;
+use portcullis_core::{ConcurrencyPolicy, LeaseId, LeaseStore};
+use portcullis_redis::RedisStore;
+use portcullis_tower::ConcurrencyLimitLayer;
 use tower::{Layer, ServiceExt};
 
 fn main() -> ExitCode {
@@ -197,7 +197,7 @@ async fn load(
     let layer = ConcurrencyLimitLayer::builder(store)
         .policy(policy)
         .key(move |_: &http::request::Parts| Some(subject.clone()))
-        .on_store_failure(tollgate_tower::FailurePolicy::FailClosed)
+        .on_store_failure(portcullis_tower::FailurePolicy::FailClosed)
         .acquire_timeout(Duration::from_secs(10))
         .build()?;
     let handler = {

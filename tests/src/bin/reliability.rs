@@ -3,10 +3,10 @@
 //! was done, requests tried, failures by kind, wrong decisions (must be 0),
 //! time to recover. Exits 1 when any decision was wrong.
 //!
-//! Needs (as `cargo xtask reliability` sets them): `TOLLGATE_REDIS_URL`
-//! (a standalone server), `TOLLGATE_REDIS_CLUSTER_NODE_URLS` (every node of
+//! Needs (as `cargo xtask reliability` sets them): `PORTCULLIS_REDIS_URL`
+//! (a standalone server), `PORTCULLIS_REDIS_CLUSTER_NODE_URLS` (every node of
 //! a Cluster whose masters have replicas; it kills masters) and
-//! `redis-server` (`TOLLGATE_REDIS_SERVER` or PATH) for servers of its own
+//! `redis-server` (`PORTCULLIS_REDIS_SERVER` or PATH) for servers of its own
 //! (the `sentinel` scenario starts a primary, a replica and three
 //! Sentinels). Run with `cargo xtask reliability`; `RELIABILITY_ONLY=a,b`
 //! picks scenarios (`killed`, `slow`, `pool`, `cluster`, `abuse`,
@@ -15,22 +15,22 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use tollgate_core::{MemoryStore, WhenFull};
-use tollgate_redis::RedisStore;
-use tollgate_tests::reliability::{
+use portcullis_core::{MemoryStore, WhenFull};
+use portcullis_redis::RedisStore;
+use portcullis_tests::reliability::{
     admin, cluster_failover, command, fill_past_maxmemory, hot_subject, info_field, ipv6_rotation,
     key_flood, kill_restart, master_with_replica, pool_exhaustion, sentinel_failover,
     slot_migration, slow_redis, spoofed_forwarded_for, table, ClusterAdmin, ClusterNode, Failover,
     FailoverHow, FailureMode, HotSubject, KillRestart, Load, Row, SentinelFault, SlotMigration,
     SlowRedis, Slowdown,
 };
-use tollgate_tests::{redis_url, OwnedRedis};
+use portcullis_tests::{redis_url, OwnedRedis};
 
 fn node_urls() -> Vec<String> {
-    std::env::var("TOLLGATE_REDIS_CLUSTER_NODE_URLS")
-        .or_else(|_| std::env::var("TOLLGATE_REDIS_CLUSTER_URLS"))
+    std::env::var("PORTCULLIS_REDIS_CLUSTER_NODE_URLS")
+        .or_else(|_| std::env::var("PORTCULLIS_REDIS_CLUSTER_URLS"))
         .unwrap_or_else(|_| {
-            panic!("TOLLGATE_REDIS_CLUSTER_NODE_URLS is not set: run `cargo xtask reliability`, which starts a Cluster with replicas")
+            panic!("PORTCULLIS_REDIS_CLUSTER_NODE_URLS is not set: run `cargo xtask reliability`, which starts a Cluster with replicas")
         })
         .split(',')
         .map(str::to_owned)
@@ -117,11 +117,11 @@ async fn slow(rows: &mut Vec<Row>) {
         let config = SlowRedis {
             stall: Duration::from_secs(4),
             requests: 5_000,
-            store_timeout: tollgate_redis::DEFAULT_TIMEOUT,
-            layer_timeout: tollgate_tower::DEFAULT_CHECK_TIMEOUT,
+            store_timeout: portcullis_redis::DEFAULT_TIMEOUT,
+            layer_timeout: portcullis_tower::DEFAULT_CHECK_TIMEOUT,
             breaker: (
-                tollgate_tower::DEFAULT_BREAKER_THRESHOLD,
-                tollgate_tower::DEFAULT_BREAKER_PAUSE,
+                portcullis_tower::DEFAULT_BREAKER_THRESHOLD,
+                portcullis_tower::DEFAULT_BREAKER_PAUSE,
             ),
             ..SlowRedis::quick(how)
         };
@@ -201,7 +201,7 @@ async fn abuse(rows: &mut Vec<Row>) {
     let store = |what: &'static str| async move {
         RedisStore::builder()
             .url(redis_url())
-            .prefix(tollgate_tests::unique_prefix(&format!("rel-{what}")))
+            .prefix(portcullis_tests::unique_prefix(&format!("rel-{what}")))
             .timeout(Duration::from_secs(5))
             .build()
             .await

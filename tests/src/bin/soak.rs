@@ -12,7 +12,7 @@
 //! soak [--seconds N] [--subjects N] [--store memory|redis|both]
 //! ```
 //!
-//! `--seconds` is per store (default 90). Needs `TOLLGATE_REDIS_URL` for the
+//! `--seconds` is per store (default 90). Needs `PORTCULLIS_REDIS_URL` for the
 //! Redis run (a fresh server: `used_memory` is the whole server's). Exits 1
 //! when a subject was over-admitted or memory grew. Run with
 //! `cargo xtask soak`.
@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate_core::{Algorithm, MemoryStore, Policy, Store};
-use tollgate_redis::RedisStore;
-use tollgate_tests::reliability::{admin, command, gcra_allowance, info_field, Rng};
+use portcullis_core::{Algorithm, MemoryStore, Policy, Store};
+use portcullis_redis::RedisStore;
+use portcullis_tests::reliability::{admin, command, gcra_allowance, info_field, Rng};
 
 const RATE_LIMIT: u64 = 5;
 const RATE_PERIOD: Duration = Duration::from_secs(60);
@@ -467,7 +467,7 @@ async fn main() -> ExitCode {
         ok &= report("MemoryStore", &outcome, false);
     }
     if options.redis {
-        let url = tollgate_tests::redis_url();
+        let url = portcullis_tests::redis_url();
         eprintln!("soak: RedisStore on {url}");
         let outcome = soak_redis(&options, &url).await;
         ok &= report("RedisStore", &outcome, true);

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::Request;
-use tollgate_core::{Policy, Store};
-use tollgate_redis::RedisStore;
-use tollgate_tower::{ClientIp, FailurePolicy, KeyExtractor, PeerIp, ProxyHeader, RateLimitLayer};
+use portcullis_core::{Policy, Store};
+use portcullis_redis::RedisStore;
+use portcullis_tower::{ClientIp, FailurePolicy, KeyExtractor, PeerIp, ProxyHeader, RateLimitLayer};
 use tower::Layer;
 
 use super::counting::{CountingStore, Outcome};
@@ -168,7 +168,7 @@ async fn hot_phase(
         .on_store_failure(FailurePolicy::FailOpen)
         .check_timeout(Duration::from_secs(2))
         .deny_cache(if cache {
-            tollgate_tower::DEFAULT_DENY_CACHE_CAPACITY
+            portcullis_tower::DEFAULT_DENY_CACHE_CAPACITY
         } else {
             0
         })

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate_core::Policy;
-use tollgate_redis::RedisStore;
+use portcullis_core::Policy;
+use portcullis_redis::RedisStore;
 
 use super::counting::{CountingStore, FailureKind, Outcome};
 use super::load::{judge_calls, start_store_load, Load, StoreCall};
@@ -272,7 +272,7 @@ impl OwnedCluster {
         let mut buses = Vec::with_capacity(total);
         for i in 0..total {
             let dir = std::env::temp_dir().join(format!(
-                "tollgate-cluster-{}-{}-{i}",
+                "portcullis-cluster-{}-{}-{i}",
                 std::process::id(),
                 free_port()
             ));
@@ -483,7 +483,7 @@ impl Failover {
             limit: 5,
             // The store's default: the recovery figure is what an
             // application that configures nothing sees.
-            store_timeout: tollgate_redis::DEFAULT_TIMEOUT,
+            store_timeout: portcullis_redis::DEFAULT_TIMEOUT,
             fixed_subjects: 16,
         }
     }
@@ -524,7 +524,7 @@ async fn compare_fixed(
     calls: &[StoreCall],
     affected: impl Fn(&str) -> bool,
 ) -> (u64, u64, String) {
-    use tollgate_core::Store as _;
+    use portcullis_core::Store as _;
     let (mut lost, mut over, mut admitted_total, mut charged_total) = (0, 0, 0, 0);
     let mut lost_subjects = 0;
     for subject in subjects {

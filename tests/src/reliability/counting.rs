@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use tollgate_core::{Policy, Store, StoreError, Verdict};
+use portcullis_core::{Policy, Store, StoreError, Verdict};
 
 /// What one store call ended with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

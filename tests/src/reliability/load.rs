@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderName, Request, Response, StatusCode};
 use tokio::task::JoinHandle;
-use tollgate_core::Store;
-use tollgate_tower::Header;
+use portcullis_core::Store;
+use portcullis_tower::Header;
 use tower::{service_fn, Service, ServiceExt};
 
 use super::counting::{CallRecord, Outcome};
@@ -262,7 +262,7 @@ pub struct StoreCall {
 /// load's slots.
 pub fn start_store_load<St, F>(
     store: &Arc<St>,
-    policies: &Arc<[tollgate_core::Policy]>,
+    policies: &Arc<[portcullis_core::Policy]>,
     load: &Load,
     subject: Option<&F>,
 ) -> Running<StoreCall>

@@ -19,8 +19,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate_core::{Clock as _, ManualClock, Policy, Store, StoreError, SystemClock};
-use tollgate_redis::{ClockMode, RedisStore};
+use portcullis_core::{Clock as _, ManualClock, Policy, Store, StoreError, SystemClock};
+use portcullis_redis::{ClockMode, RedisStore};
 
 use super::report::Row;
 use crate::{unique_prefix, OwnedSentinelSet};
@@ -109,7 +109,7 @@ pub async fn sentinel_failover(fault: SentinelFault, before: u64, after: u64) ->
         action,
     );
     let mut truth = Truth::default();
-    let mut check = |result: Result<tollgate_core::Verdict, StoreError>, row: &mut Row| {
+    let mut check = |result: Result<portcullis_core::Verdict, StoreError>, row: &mut Row| {
         row.tried += 1;
         match result {
             Ok(verdict) => {

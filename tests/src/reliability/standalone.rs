@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
-use tollgate_core::{Algorithm, MemoryStore, Policy, Store, StoreError, Verdict};
-use tollgate_redis::RedisStore;
-use tollgate_tower::{FailurePolicy, RateLimitLayer};
+use portcullis_core::{Algorithm, MemoryStore, Policy, Store, StoreError, Verdict};
+use portcullis_redis::RedisStore;
+use portcullis_tower::{FailurePolicy, RateLimitLayer};
 use tower::Layer;
 
 use super::counting::{CountingStore, FailureKind, Outcome};
@@ -108,11 +108,11 @@ impl KillRestart {
             limit: 5,
             // The defaults of the store and the layer: recovery figures are
             // what an application that configures nothing sees.
-            store_timeout: tollgate_redis::DEFAULT_TIMEOUT,
-            layer_timeout: tollgate_tower::DEFAULT_CHECK_TIMEOUT,
+            store_timeout: portcullis_redis::DEFAULT_TIMEOUT,
+            layer_timeout: portcullis_tower::DEFAULT_CHECK_TIMEOUT,
             breaker: (
-                tollgate_tower::DEFAULT_BREAKER_THRESHOLD,
-                tollgate_tower::DEFAULT_BREAKER_PAUSE,
+                portcullis_tower::DEFAULT_BREAKER_THRESHOLD,
+                portcullis_tower::DEFAULT_BREAKER_PAUSE,
             ),
         }
     }

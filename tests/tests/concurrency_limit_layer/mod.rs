@@ -9,8 +9,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use tollgate_core::{ConcurrencyPolicy, LeaseId, LeaseStore, MemoryStore, Policy};
-use tollgate_tower::{ConcurrencyLimitLayer, Global, RateLimitLayer};
+use portcullis_core::{ConcurrencyPolicy, LeaseId, LeaseStore, MemoryStore, Policy};
+use portcullis_tower::{ConcurrencyLimitLayer, Global, RateLimitLayer};
 use tower::{Layer, ServiceExt};
 
 use super::concurrency_policy;
@@ -86,12 +86,12 @@ async fn grpc_requests_get_resource_exhausted() {
 fn a_fallback_store_is_refused_at_build() {
     let error = ConcurrencyLimitLayer::builder(MemoryStore::new())
         .policy(concurrency_policy(Duration::from_secs(30)))
-        .on_store_failure(tollgate_tower::FailurePolicy::fallback(MemoryStore::new()))
+        .on_store_failure(portcullis_tower::FailurePolicy::fallback(MemoryStore::new()))
         .build()
         .unwrap_err();
     assert!(matches!(
         error,
-        tollgate_tower::ConfigError::FallbackNotSupported
+        portcullis_tower::ConfigError::FallbackNotSupported
     ));
     assert!(error.to_string().contains("FailOpen"));
 }
@@ -100,14 +100,14 @@ fn a_fallback_store_is_refused_at_build() {
 fn a_boxed_store_without_leases_is_refused_at_build() {
     // `BoxStore::new` keeps only the rate-limit methods: every lease call
     // would be answered Unsupported, so the layer refuses it up front.
-    let error = ConcurrencyLimitLayer::builder(tollgate_core::BoxStore::new(MemoryStore::new()))
+    let error = ConcurrencyLimitLayer::builder(portcullis_core::BoxStore::new(MemoryStore::new()))
         .policy(concurrency_policy(Duration::from_secs(30)))
         .build()
         .unwrap_err();
     assert!(
         matches!(
             error,
-            tollgate_tower::ConfigError::LeasesNotSupported { store } if store.contains("BoxStore")
+            portcullis_tower::ConfigError::LeasesNotSupported { store } if store.contains("BoxStore")
         ),
         "{error:?}"
     );
@@ -117,7 +117,7 @@ fn a_boxed_store_without_leases_is_refused_at_build() {
     );
     // Boxed with its leases, the same store builds.
     assert!(
-        ConcurrencyLimitLayer::builder(tollgate_core::BoxStore::with_leases(MemoryStore::new()))
+        ConcurrencyLimitLayer::builder(portcullis_core::BoxStore::with_leases(MemoryStore::new()))
             .policy(concurrency_policy(Duration::from_secs(30)))
             .build()
             .is_ok()
@@ -136,7 +136,7 @@ impl LeaseStore for Slow {
     type AcquireFuture = std::pin::Pin<
         Box<
             dyn std::future::Future<
-                    Output = Result<tollgate_core::LeaseDecision, tollgate_core::StoreError>,
+                    Output = Result<portcullis_core::LeaseDecision, portcullis_core::StoreError>,
                 > + Send,
         >,
     >;
@@ -160,7 +160,7 @@ impl LeaseStore for Slow {
         subject: &str,
         policy: &ConcurrencyPolicy,
         lease: LeaseId,
-    ) -> impl std::future::Future<Output = Result<Option<u64>, tollgate_core::StoreError>> + Send + 'static
+    ) -> impl std::future::Future<Output = Result<Option<u64>, portcullis_core::StoreError>> + Send + 'static
     {
         self.memory.renew(subject, policy, lease)
     }
@@ -170,7 +170,7 @@ impl LeaseStore for Slow {
         subject: &str,
         policy: &ConcurrencyPolicy,
         lease: LeaseId,
-    ) -> impl std::future::Future<Output = Result<bool, tollgate_core::StoreError>> + Send + 'static
+    ) -> impl std::future::Future<Output = Result<bool, portcullis_core::StoreError>> + Send + 'static
     {
         self.memory.release(subject, policy, lease)
     }

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{Algorithm, Clock, ManualClock, Policy, SystemClock};
-use tollgate_redis::{CallPath, ClockMode, RedisStore};
+use portcullis_core::{Algorithm, Clock, ManualClock, Policy, SystemClock};
+use portcullis_redis::{CallPath, ClockMode, RedisStore};
 
 /// Generous per-call timeout: tests share two cores with builds and other
 /// tests, and a timeout would make counts uncertain.
@@ -18,16 +18,16 @@ pub(crate) fn manual_clock() -> ManualClock {
     ManualClock::new(SystemClock.now_micros() + 86_400_000_000)
 }
 
-/// Whether the tests run on the `EVALSHA` path (`TOLLGATE_REDIS_CALL_PATH=evalsha`):
+/// Whether the tests run on the `EVALSHA` path (`PORTCULLIS_REDIS_CALL_PATH=evalsha`):
 /// the stores then connect as [`EVALSHA_USER`], an ACL user without
 /// `FCALL`, `FCALL_RO` and `FUNCTION`, so they fall back at their first
 /// check. Otherwise they take the default Redis Functions path.
 pub(crate) fn evalsha_path() -> bool {
-    std::env::var("TOLLGATE_REDIS_CALL_PATH").is_ok_and(|path| path == "evalsha")
+    std::env::var("PORTCULLIS_REDIS_CALL_PATH").is_ok_and(|path| path == "evalsha")
 }
 
 /// The ACL user of the `EVALSHA` path (on the throwaway test servers).
-pub(crate) const EVALSHA_USER: &str = "tollgate-test-evalsha";
+pub(crate) const EVALSHA_USER: &str = "portcullis-test-evalsha";
 
 /// Creates (or resets) `user` on the server at `url`, allowed everything
 /// but Redis Functions, and returns `url` logged in as that user.
@@ -63,7 +63,7 @@ pub(crate) fn path_url(url: String) -> String {
 /// A store on the standalone test server.
 pub(crate) async fn standalone(prefix: &str, clock: ClockMode) -> RedisStore {
     let store = RedisStore::builder()
-        .url(path_url(tollgate_tests::redis_url()))
+        .url(path_url(portcullis_tests::redis_url()))
         .prefix(prefix)
         .timeout(TEST_TIMEOUT)
         .clock(clock)
@@ -77,7 +77,7 @@ pub(crate) async fn standalone(prefix: &str, clock: ClockMode) -> RedisStore {
 pub(crate) async fn cluster(prefix: &str, clock: ClockMode) -> RedisStore {
     let store = RedisStore::builder()
         .cluster(
-            tollgate_tests::cluster_urls()
+            portcullis_tests::cluster_urls()
                 .into_iter()
                 .map(path_url)
                 .collect::<Vec<_>>(),
@@ -92,7 +92,7 @@ pub(crate) async fn cluster(prefix: &str, clock: ClockMode) -> RedisStore {
 }
 
 /// `store`, after checking that `build()` put it on the path this run
-/// tests (`TOLLGATE_REDIS_CALL_PATH`), so a suite never passes on the
+/// tests (`PORTCULLIS_REDIS_CALL_PATH`), so a suite never passes on the
 /// other path by mistake.
 fn on_the_chosen_path(store: RedisStore) -> RedisStore {
     let expected = if evalsha_path() {

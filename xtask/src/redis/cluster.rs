@@ -82,7 +82,7 @@ impl Cluster {
         url(self.master_ports[0]) // start() refuses masters == 0
     }
 
-    /// The URLs of the masters (what `TOLLGATE_REDIS_CLUSTER_URLS` lists).
+    /// The URLs of the masters (what `PORTCULLIS_REDIS_CLUSTER_URLS` lists).
     pub(crate) fn urls(&self) -> Vec<String> {
         self.master_ports.iter().copied().map(url).collect()
     }
@@ -92,9 +92,9 @@ impl Cluster {
         self.nodes.iter().map(|node| url(node.port)).collect()
     }
 
-    /// `TOLLGATE_REDIS_CLUSTER_URLS` for tests and benches.
+    /// `PORTCULLIS_REDIS_CLUSTER_URLS` for tests and benches.
     pub(crate) fn env(&self) -> Vec<(&'static str, String)> {
-        vec![("TOLLGATE_REDIS_CLUSTER_URLS", self.urls().join(","))]
+        vec![("PORTCULLIS_REDIS_CLUSTER_URLS", self.urls().join(","))]
     }
 }
 

@@ -145,15 +145,15 @@ impl Tools {
     }
 
     /// The environment variables announcing these binaries to tests and
-    /// benches (`TOLLGATE_REDIS_SERVER`, `TOLLGATE_REDIS_CLI`,
-    /// `TOLLGATE_REDIS_BENCHMARK`; the last two only when found).
+    /// benches (`PORTCULLIS_REDIS_SERVER`, `PORTCULLIS_REDIS_CLI`,
+    /// `PORTCULLIS_REDIS_BENCHMARK`; the last two only when found).
     pub(crate) fn env(&self) -> Vec<(&'static str, String)> {
-        let mut vars = vec![("TOLLGATE_REDIS_SERVER", display(&self.server))];
+        let mut vars = vec![("PORTCULLIS_REDIS_SERVER", display(&self.server))];
         if let Some(cli) = &self.cli {
-            vars.push(("TOLLGATE_REDIS_CLI", display(cli)));
+            vars.push(("PORTCULLIS_REDIS_CLI", display(cli)));
         }
         if let Some(benchmark) = &self.benchmark {
-            vars.push(("TOLLGATE_REDIS_BENCHMARK", display(benchmark)));
+            vars.push(("PORTCULLIS_REDIS_BENCHMARK", display(benchmark)));
         }
         vars
     }
@@ -201,9 +201,9 @@ impl Standalone {
         url(self.port())
     }
 
-    /// `TOLLGATE_REDIS_URL` for tests and benches.
+    /// `PORTCULLIS_REDIS_URL` for tests and benches.
     pub(crate) fn env(&self) -> Vec<(&'static str, String)> {
-        vec![("TOLLGATE_REDIS_URL", self.url())]
+        vec![("PORTCULLIS_REDIS_URL", self.url())]
     }
 }
 

@@ -1,0 +1,653 @@
+//! `BoxStore`: any [`Store`] behind one type, chosen at run time (memory or
+//! Redis from configuration), with or without its concurrency leases
+//! ([`LeaseStore`]), and the object-safe [`DynStore`] it holds.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::{
+    ConcurrencyPolicy, LeaseDecision, LeaseId, LeaseStore, Policy, Store, StoreError, Verdict,
+};
+
+/// The check future of a [`BoxStore`]: the wrapped store's future, boxed.
+pub type BoxCheckFuture = Pin<Box<dyn Future<Output = Result<Verdict, StoreError>> + Send>>;
+
+/// The reset future of a [`BoxStore`].
+pub type BoxResetFuture = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
+
+/// The acquire future of a [`BoxStore`] ([`LeaseStore::acquire`]).
+pub type BoxAcquireFuture = Pin<Box<dyn Future<Output = Result<LeaseDecision, StoreError>> + Send>>;
+
+/// The renew future of a [`BoxStore`] ([`LeaseStore::renew`]).
+pub type BoxRenewFuture = Pin<Box<dyn Future<Output = Result<Option<u64>, StoreError>> + Send>>;
+
+/// The release future of a [`BoxStore`] ([`LeaseStore::release`]).
+pub type BoxReleaseFuture = Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send>>;
+
+/// The object-safe face of a [`Store`], and optionally of its
+/// [`LeaseStore`]: every store is one (a blanket implementation), so
+/// `dyn DynStore` can hold any of them. Use it through [`BoxStore`].
+///
+/// The lease methods have defaults that answer
+/// [`StoreError::Unsupported`]: the blanket implementation cannot tell
+/// whether a store also implements [`LeaseStore`], so it keeps the
+/// defaults, and [`BoxStore::with_leases`] wraps the store in a private
+/// type that forwards them.
+//
+// Why one trait with lease methods rather than a second `DynLeaseStore`
+// trait: a `BoxStore` stays one `Arc` to one vtable, and its check path is
+// exactly what it was (one virtual call, no branch on "which kind of box",
+// no second pointer, no upcast), which the dhat test
+// (`portcullis-tower/tests/boxed_allocations.rs`) holds. A second trait
+// would need either two `Arc`s or an enum matched on every check.
+pub trait DynStore: Send + Sync + 'static {
+    /// [`Store::check`], its future boxed.
+    fn check_boxed(&self, subject: &str, policies: &[Policy], cost: u64) -> BoxCheckFuture;
+
+    /// [`Store::check_now`], unchanged: no allocation.
+    fn check_now_dyn(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Option<Result<Verdict, StoreError>>;
+
+    /// [`Store::charge`], its future boxed.
+    fn charge_boxed(&self, subject: &str, policies: &[Policy], cost: u64) -> BoxCheckFuture;
+
+    /// [`Store::reset`], its future boxed.
+    fn reset_boxed(&self, subject: &str, policies: &[Policy]) -> BoxResetFuture;
+
+    /// The wrapped store's type name, for `Debug`.
+    fn type_name(&self) -> &'static str;
+
+    /// Whether the lease methods reach a [`LeaseStore`] (`false`: they
+    /// answer [`StoreError::Unsupported`]).
+    fn supports_leases_dyn(&self) -> bool {
+        false
+    }
+
+    /// [`LeaseStore::acquire`], its future boxed. By default
+    /// [`StoreError::Unsupported`].
+    fn acquire_boxed(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> BoxAcquireFuture {
+        let _ = (subject, policy, lease);
+        Box::pin(std::future::ready(Err(no_leases(
+            "acquire",
+            self.type_name(),
+        ))))
+    }
+
+    /// [`LeaseStore::acquire_now`], unchanged: no allocation. By default
+    /// [`StoreError::Unsupported`], answered at once.
+    fn acquire_now_dyn(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> Option<Result<LeaseDecision, StoreError>> {
+        let _ = (subject, policy, lease);
+        Some(Err(no_leases("acquire", self.type_name())))
+    }
+
+    /// [`LeaseStore::renew`], its future boxed. By default
+    /// [`StoreError::Unsupported`].
+    fn renew_boxed(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> BoxRenewFuture {
+        let _ = (subject, policy, lease);
+        Box::pin(std::future::ready(Err(no_leases(
+            "renew",
+            self.type_name(),
+        ))))
+    }
+
+    /// [`LeaseStore::release_now`]. By default
+    /// [`StoreError::Unsupported`], at once.
+    fn release_now_dyn(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> Option<Result<bool, StoreError>> {
+        let _ = (subject, policy, lease);
+        Some(Err(no_leases("release", self.type_name())))
+    }
+
+    /// [`LeaseStore::release`], its future boxed. By default
+    /// [`StoreError::Unsupported`].
+    fn release_boxed(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> BoxReleaseFuture {
+        let _ = (subject, policy, lease);
+        Box::pin(std::future::ready(Err(no_leases(
+            "release",
+            self.type_name(),
+        ))))
+    }
+}
+
+/// The error of a lease call on a store boxed without its leases.
+fn no_leases(operation: &'static str, store: &str) -> StoreError {
+    StoreError::Unsupported {
+        operation,
+        detail: format!(
+            "the store {store} was boxed without concurrency leases (BoxStore::new): \
+             build the BoxStore with BoxStore::with_leases(store) when the store implements \
+             LeaseStore (MemoryStore and RedisStore do), or use a store that implements LeaseStore"
+        ),
+    }
+}
+
+impl<S: Store> DynStore for S {
+    fn check_boxed(&self, subject: &str, policies: &[Policy], cost: u64) -> BoxCheckFuture {
+        Box::pin(self.check(subject, policies, cost))
+    }
+
+    fn check_now_dyn(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Option<Result<Verdict, StoreError>> {
+        self.check_now(subject, policies, cost)
+    }
+
+    fn charge_boxed(&self, subject: &str, policies: &[Policy], cost: u64) -> BoxCheckFuture {
+        Box::pin(self.charge(subject, policies, cost))
+    }
+
+    fn reset_boxed(&self, subject: &str, policies: &[Policy]) -> BoxResetFuture {
+        Box::pin(self.reset(subject, policies))
+    }
+
+    fn type_name(&self) -> &'static str {
+        std::any::type_name::<S>()
+    }
+}
+
+/// A store boxed with its leases ([`BoxStore::with_leases`]): forwards
+/// every method of [`DynStore`], the lease methods included. It does not
+/// implement [`Store`] itself, so the blanket implementation above does
+/// not cover it.
+struct WithLeases<S>(S);
+
+impl<S: Store + LeaseStore> DynStore for WithLeases<S> {
+    fn check_boxed(&self, subject: &str, policies: &[Policy], cost: u64) -> BoxCheckFuture {
+        Box::pin(self.0.check(subject, policies, cost))
+    }
+
+    fn check_now_dyn(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Option<Result<Verdict, StoreError>> {
+        self.0.check_now(subject, policies, cost)
+    }
+
+    fn charge_boxed(&self, subject: &str, policies: &[Policy], cost: u64) -> BoxCheckFuture {
+        Box::pin(self.0.charge(subject, policies, cost))
+    }
+
+    fn reset_boxed(&self, subject: &str, policies: &[Policy]) -> BoxResetFuture {
+        Box::pin(self.0.reset(subject, policies))
+    }
+
+    fn type_name(&self) -> &'static str {
+        std::any::type_name::<S>()
+    }
+
+    fn supports_leases_dyn(&self) -> bool {
+        true
+    }
+
+    fn acquire_boxed(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> BoxAcquireFuture {
+        Box::pin(self.0.acquire(subject, policy, lease))
+    }
+
+    fn acquire_now_dyn(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> Option<Result<LeaseDecision, StoreError>> {
+        self.0.acquire_now(subject, policy, lease)
+    }
+
+    fn renew_boxed(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> BoxRenewFuture {
+        Box::pin(self.0.renew(subject, policy, lease))
+    }
+
+    fn release_now_dyn(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> Option<Result<bool, StoreError>> {
+        self.0.release_now(subject, policy, lease)
+    }
+
+    fn release_boxed(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> BoxReleaseFuture {
+        Box::pin(self.0.release(subject, policy, lease))
+    }
+}
+
+/// Any [`Store`] behind one type, so an application picks its store at
+/// start-up (memory, or Redis when configured) without making its router
+/// generic, and any store can be a layer's fallback store.
+///
+/// Cloning is cheap (an [`Arc`]). A check through a `BoxStore` costs at
+/// most one allocation more than through the store itself: a store that
+/// answers at once ([`Store::check_now`], as [`MemoryStore`] does) is
+/// answered without any, and a store that waits (Redis) has its future
+/// boxed once.
+///
+/// A `BoxStore` is also a [`LeaseStore`], for a concurrency limit: built
+/// with [`BoxStore::with_leases`] from a store that holds leases
+/// ([`MemoryStore`], `RedisStore`), it forwards them the same way (an
+/// acquire the store answers at once through [`LeaseStore::acquire_now`]
+/// needs no allocation). Built with [`BoxStore::new`], every lease call
+/// answers [`StoreError::Unsupported`].
+///
+/// [`MemoryStore`]: crate::MemoryStore
+///
+/// ```
+/// use portcullis::{BoxStore, MemoryStore, Policy, Store};
+///
+/// # futures::executor::block_on(async {
+/// // In an application: `match std::env::var("REDIS_URL") { Ok(url) =>
+/// // BoxStore::new(RedisStore::connect(&url).await?), Err(_) => ... }`
+/// // (portcullis-redis's `store_from_env` does this, with leases).
+/// let store: BoxStore = BoxStore::new(MemoryStore::new());
+/// let policies = [Policy::per_second(1).name("api").build()?];
+/// assert!(store.check("alice", &policies, 1).await?.is_allowed());
+/// assert!(!store.check_now("alice", &policies, 1).unwrap()?.is_allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct BoxStore {
+    inner: Arc<dyn DynStore>,
+}
+
+impl BoxStore {
+    /// Boxes `store` for rate limits only: its lease methods, if it has
+    /// any, are not kept, and every [`LeaseStore`] call on the box answers
+    /// [`StoreError::Unsupported`]. For a store that holds leases, use
+    /// [`BoxStore::with_leases`]. (To share a `BoxStore`, clone it rather
+    /// than box it again.)
+    #[must_use]
+    pub fn new<S: Store>(store: S) -> Self {
+        Self {
+            inner: Arc::new(store),
+        }
+    }
+
+    /// Boxes a store that is already shared, for rate limits only (as
+    /// [`BoxStore::new`]).
+    #[must_use]
+    pub fn from_arc<S: Store>(store: Arc<S>) -> Self {
+        Self { inner: store }
+    }
+
+    /// Boxes `store` with its concurrency leases: the box is a [`Store`]
+    /// and a [`LeaseStore`], so one `BoxStore` serves both a
+    /// `RateLimitLayer` and a `ConcurrencyLimitLayer`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use portcullis::{BoxStore, ConcurrencyPolicy, LeaseId, LeaseStore, MemoryStore};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let store = BoxStore::with_leases(MemoryStore::new());
+    /// assert!(store.supports_leases());
+    /// let policy = ConcurrencyPolicy::max_in_flight(2).lease_ttl(Duration::from_secs(30)).build()?;
+    /// let first = store.acquire("tenant", &policy, LeaseId::generate()).await?;
+    /// let second = store.acquire("tenant", &policy, LeaseId::generate()).await?;
+    /// assert!(first.is_granted() && second.is_granted());
+    /// // Both permits are taken: the third is denied.
+    /// let third = store.acquire("tenant", &policy, LeaseId::generate()).await?;
+    /// assert!(!third.is_granted());
+    /// assert_eq!(third.in_flight(), 2);
+    /// // Releasing one frees a permit.
+    /// assert!(store.release("tenant", &policy, first.lease().unwrap().id()).await?);
+    /// assert!(store.acquire("tenant", &policy, LeaseId::generate()).await?.is_granted());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn with_leases<S: Store + LeaseStore>(store: S) -> Self {
+        Self {
+            inner: Arc::new(WithLeases(store)),
+        }
+    }
+}
+
+impl fmt::Debug for BoxStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("BoxStore")
+            .field(&self.inner.type_name())
+            .field(&if self.inner.supports_leases_dyn() {
+                "with leases"
+            } else {
+                "without leases"
+            })
+            .finish()
+    }
+}
+
+impl Store for BoxStore {
+    type CheckFuture = BoxCheckFuture;
+
+    fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
+        self.inner.check_boxed(subject, policies, cost)
+    }
+
+    fn check_now(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Option<Result<Verdict, StoreError>> {
+        self.inner.check_now_dyn(subject, policies, cost)
+    }
+
+    fn charge(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> impl Future<Output = Result<Verdict, StoreError>> + Send + 'static {
+        self.inner.charge_boxed(subject, policies, cost)
+    }
+
+    fn reset(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        self.inner.reset_boxed(subject, policies)
+    }
+}
+
+/// The wrapped store's leases when built with [`BoxStore::with_leases`];
+/// [`StoreError::Unsupported`] (scope
+/// [`ErrorScope::Request`](crate::ErrorScope::Request)) for every call when
+/// built with [`BoxStore::new`].
+impl LeaseStore for BoxStore {
+    type AcquireFuture = BoxAcquireFuture;
+
+    /// `true` for a box built with [`BoxStore::with_leases`]; a box built
+    /// with [`BoxStore::new`] answers every lease call
+    /// [`StoreError::Unsupported`].
+    fn supports_leases(&self) -> bool {
+        self.inner.supports_leases_dyn()
+    }
+
+    fn acquire(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> Self::AcquireFuture {
+        self.inner.acquire_boxed(subject, policy, lease)
+    }
+
+    fn acquire_now(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> Option<Result<LeaseDecision, StoreError>> {
+        self.inner.acquire_now_dyn(subject, policy, lease)
+    }
+
+    fn release_now(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> Option<Result<bool, StoreError>> {
+        self.inner.release_now_dyn(subject, policy, lease)
+    }
+
+    fn renew(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send + 'static {
+        self.inner.renew_boxed(subject, policy, lease)
+    }
+
+    fn release(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'static {
+        self.inner.release_boxed(subject, policy, lease)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::MemoryStore;
+
+    /// A store that only answers through its future, as Redis does.
+    struct Deferred(MemoryStore);
+
+    impl Store for Deferred {
+        type CheckFuture = Pin<Box<dyn Future<Output = Result<Verdict, StoreError>> + Send>>;
+
+        fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
+            let answer = self.0.check_now(subject, policies, cost);
+            Box::pin(async move { answer.unwrap() })
+        }
+
+        fn reset(
+            &self,
+            subject: &str,
+            policies: &[Policy],
+        ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+            self.0.reset(subject, policies)
+        }
+    }
+
+    fn policies() -> [Policy; 1] {
+        [Policy::per_minute(2).name("api").build().unwrap()]
+    }
+
+    #[test]
+    fn memory_answers_now_through_the_box() {
+        let store = BoxStore::new(MemoryStore::new());
+        let p = policies();
+        assert!(store.check_now("a", &p, 1).unwrap().unwrap().is_allowed());
+        assert_eq!(
+            store.check_now("a", &p, 1).unwrap().unwrap().decisions()[0].remaining(),
+            0
+        );
+        assert!(!store.check_now("a", &p, 1).unwrap().unwrap().is_allowed());
+        futures::executor::block_on(store.reset("a", &p)).unwrap();
+        assert!(store.check_now("a", &p, 1).unwrap().unwrap().is_allowed());
+        assert!(format!("{store:?}").contains("MemoryStore"));
+    }
+
+    #[test]
+    fn charge_is_forwarded_and_refused_by_stores_without_it() {
+        let store = BoxStore::new(MemoryStore::new());
+        let p = policies();
+        let after = futures::executor::block_on(store.charge("a", &p, 5)).unwrap();
+        assert!(!after.is_allowed());
+        let deferred = BoxStore::new(Deferred(MemoryStore::new()));
+        let err = futures::executor::block_on(deferred.charge("a", &p, 1)).unwrap_err();
+        assert!(matches!(
+            err,
+            StoreError::Unsupported {
+                operation: "charge",
+                ..
+            }
+        ));
+        assert!(err.to_string().contains("Deferred"), "{err}");
+    }
+
+    #[test]
+    fn a_deferred_store_answers_through_its_future() {
+        let store = BoxStore::new(Deferred(MemoryStore::new()));
+        let p = policies();
+        assert!(store.check_now("a", &p, 1).is_none());
+        let verdict = futures::executor::block_on(store.check("a", &p, 2)).unwrap();
+        assert_eq!(verdict.decisions()[0].remaining(), 0);
+        let verdict = futures::executor::block_on(store.check("a", &p, 1)).unwrap();
+        assert!(!verdict.is_allowed());
+    }
+
+    fn concurrency(max: u64) -> ConcurrencyPolicy {
+        ConcurrencyPolicy::max_in_flight(max)
+            .lease_ttl(Duration::from_secs(30))
+            .name("exports")
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn with_leases_grants_up_to_the_limit_and_release_frees_a_permit() {
+        let store = BoxStore::with_leases(MemoryStore::new());
+        assert!(store.supports_leases());
+        let policy = concurrency(2);
+        // The memory store answers at once through the box.
+        let first = store
+            .acquire_now("t", &policy, LeaseId::generate())
+            .unwrap()
+            .unwrap();
+        let second =
+            futures::executor::block_on(store.acquire("t", &policy, LeaseId::generate())).unwrap();
+        assert!(first.is_granted() && second.is_granted());
+        assert_eq!(second.in_flight(), 2);
+        let denied = store
+            .acquire_now("t", &policy, LeaseId::generate())
+            .unwrap()
+            .unwrap();
+        assert!(!denied.is_granted());
+        assert_eq!(denied.in_flight(), 2);
+        assert!(denied.retry_after().is_some());
+        // Another subject has its own permits.
+        assert!(
+            futures::executor::block_on(store.acquire("u", &policy, LeaseId::generate()))
+                .unwrap()
+                .is_granted()
+        );
+        let id = first.lease().unwrap().id();
+        assert!(futures::executor::block_on(store.renew("t", &policy, id))
+            .unwrap()
+            .is_some());
+        assert!(futures::executor::block_on(store.release("t", &policy, id)).unwrap());
+        assert!(!futures::executor::block_on(store.release("t", &policy, id)).unwrap());
+        assert_eq!(
+            futures::executor::block_on(store.renew("t", &policy, id)).unwrap(),
+            None
+        );
+        let again =
+            futures::executor::block_on(store.acquire("t", &policy, LeaseId::generate())).unwrap();
+        assert!(again.is_granted(), "the released permit is free again");
+        // Rate limits still go through the same box.
+        let p = policies();
+        assert!(store.check_now("t", &p, 1).unwrap().unwrap().is_allowed());
+        assert!(format!("{store:?}").contains("MemoryStore"));
+        assert!(format!("{store:?}").contains("with leases"));
+    }
+
+    #[test]
+    fn without_leases_every_lease_call_is_unsupported_and_says_what_to_do() {
+        // A check-only store (no LeaseStore), and a lease-capable store
+        // boxed with `new`: neither keeps leases.
+        let policy = concurrency(1);
+        for store in [
+            BoxStore::new(Deferred(MemoryStore::new())),
+            BoxStore::new(MemoryStore::new()),
+        ] {
+            assert!(!store.supports_leases());
+            let now = store
+                .acquire_now("t", &policy, LeaseId::generate())
+                .expect("answered at once")
+                .unwrap_err();
+            let later =
+                futures::executor::block_on(store.acquire("t", &policy, LeaseId::generate()))
+                    .unwrap_err();
+            for err in [&now, &later] {
+                assert!(
+                    matches!(
+                        err,
+                        StoreError::Unsupported {
+                            operation: "acquire",
+                            ..
+                        }
+                    ),
+                    "{err:?}"
+                );
+                let message = err.to_string();
+                assert!(message.contains("BoxStore::with_leases"), "{message}");
+                assert!(message.contains("LeaseStore"), "{message}");
+                assert!(message.contains(store.inner.type_name()), "{message}");
+                assert_eq!(err.scope(), crate::ErrorScope::Request);
+            }
+            let renew = futures::executor::block_on(store.renew("t", &policy, LeaseId::generate()))
+                .unwrap_err();
+            assert!(matches!(
+                renew,
+                StoreError::Unsupported {
+                    operation: "renew",
+                    ..
+                }
+            ));
+            let release =
+                futures::executor::block_on(store.release("t", &policy, LeaseId::generate()))
+                    .unwrap_err();
+            assert!(matches!(
+                release,
+                StoreError::Unsupported {
+                    operation: "release",
+                    ..
+                }
+            ));
+            assert!(format!("{store:?}").contains("without leases"));
+            // Rate limits are unaffected.
+            assert!(
+                futures::executor::block_on(store.check("t", &policies(), 1))
+                    .unwrap()
+                    .is_allowed()
+            );
+        }
+    }
+}

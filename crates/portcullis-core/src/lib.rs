@@ -1,0 +1,67 @@
+//! Exact rate-limiting algorithms and the `Store` trait behind portcullis.
+//!
+//! ```
+//! use portcullis::{MemoryStore, Policy, Store};
+//!
+//! # futures::executor::block_on(async {
+//! let store = MemoryStore::new();
+//! let per_second = Policy::per_second(10).name("per-second").build()?;
+//! let per_day = Policy::per_day(1_000).name("per-day").build()?;
+//! let policies = [per_second, per_day];
+//!
+//! let verdict = store.check("user:42", &policies, 1).await?;
+//! assert!(verdict.is_allowed());
+//! assert_eq!(verdict.decisions()[0].remaining(), 9);
+//! assert_eq!(verdict.decisions()[1].remaining(), 999);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+//!
+//! # Algorithms
+//!
+//! | algorithm | state per key | pick it when |
+//! |---|---|---|
+//! | [`Algorithm::Gcra`] (default) | one timestamp | a smooth rate with a burst; cheapest; redis-cell compatible |
+//! | [`Algorithm::TokenBucket`] | tokens + time | you think in tokens refilled over time |
+//! | [`Algorithm::LeakyBucket`] meter | level + time | a bucket that rejects when full |
+//! | [`Algorithm::LeakyBucket`] queue | one timestamp | smoothing: admit and delay to a steady rate |
+//! | [`Algorithm::FixedWindow`] | counter | "N per calendar minute/day", quotas that reset at a known time |
+//! | [`Algorithm::SlidingWindow`] | two counters | window semantics without the boundary burst |
+//! | [`Algorithm::SlidingLog`] | one entry per permit | exact rolling window, small limits (≤ 10 000) |
+//!
+//! Besides rates, a [`ConcurrencyPolicy`] limits a subject to N permits in
+//! flight, each a lease that expires unless renewed
+//! ([`algorithms::lease`]); [`MemoryStore`] and `portcullis-redis`'s
+//! `RedisStore` hold leases through the [`LeaseStore`] trait.
+
+pub mod algorithms;
+mod boxed;
+mod clock;
+mod concurrency;
+mod decision;
+mod error;
+mod memory;
+mod policy;
+mod store;
+mod subject;
+
+pub use boxed::{
+    BoxAcquireFuture, BoxCheckFuture, BoxReleaseFuture, BoxRenewFuture, BoxResetFuture, BoxStore,
+    DynStore,
+};
+pub use clock::{Clock, FastClock, ManualClock, SystemClock};
+pub use concurrency::{
+    ConcurrencyPolicy, ConcurrencyPolicyBuilder, ConcurrencyPolicyError, Lease, LeaseDecision,
+    LeaseId, LeaseStore, MAX_IN_FLIGHT, MAX_LEASE_TTL, MIN_LEASE_TTL,
+};
+pub use decision::{Decision, Verdict};
+pub use error::{ErrorScope, StoreError};
+pub use memory::{MemoryStore, MemoryStoreBuilder, WhenFull, DEFAULT_MAX_KEYS};
+pub use policy::{
+    Algorithm, LeakyMode, Policy, PolicyBuilder, PolicyError, MAX_MAGNITUDE, MAX_POLICY_NAME_LEN,
+    SLIDING_LOG_MAX_LIMIT,
+};
+pub use store::{validate_charge, validate_check, Store};
+pub use subject::{
+    encode_subject, hash_subject, is_plain, HASHED_SUBJECT_PREFIX, MAX_PLAIN_SUBJECT_LEN,
+};

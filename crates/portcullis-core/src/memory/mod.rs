@@ -1,0 +1,635 @@
+//! The concurrent in-memory store: [`MemoryStore`], its public API, the
+//! [`Store`] impl and the bound ([`DEFAULT_MAX_KEYS`], [`WhenFull`]).
+//!
+//! The rest lives by concern, so a reader can change one without reading
+//! the others: `entry.rs` (what a subject's entry holds: its key, its
+//! compact GCRA form and its general form), `table.rs` (a shard and the
+//! general path under its write lock), `fast.rs` (the GCRA fast path under
+//! the read lock and the hot slot), `sweep.rs` (sweeps, purges, eviction, room across
+//! shards) and `builder.rs` ([`MemoryStoreBuilder`]).
+//!
+//! # Layout
+//!
+//! State lives in a fixed number of shards, each a [`std::sync::RwLock`]
+//! on its own cache line around a [`hashbrown::HashTable`] of entries,
+//! stored in the table itself: a lookup reads a group of control bytes and
+//! then the entry, two dependent memory accesses. (A dense `Vec` of entries
+//! behind a table of positions holds less memory but adds a third access,
+//! and measured slower at a million subjects.) An entry is one subject, in
+//! 40 bytes: its key (inline up to 22 bytes), and either the compact form
+//! (one GCRA state, its TAT packed into one atomic word, and the index and
+//! address of its policy's name among the shard's interned names, so that
+//! the fast path recognises the policy by one comparison) or a boxed list of
+//! slots (policy name, algorithm state, expiry) for anything else. The
+//! subject's hash
+//! picks the shard, so every policy of one subject sits behind one lock and
+//! a multi-policy check is one critical section under the write lock: every
+//! policy's [`algorithms::check`] is computed first and the new states are
+//! written only if all admit.
+//!
+//! The subject is hashed once per call; the same hash picks the shard (from
+//! high bits) and the bucket (hashbrown uses the low bits and the top
+//! seven). A lookup borrows the caller's `&str` and allocates nothing; only
+//! a new subject may allocate (its key when longer than 22 bytes, and its
+//! list of slots when it is not in the compact form; policy names are
+//! shared). An entry is 40 bytes plus those allocations.
+//!
+//! # The GCRA hot path
+//!
+//! A subject's single GCRA state is kept as one [`AtomicU64`], its TAT
+//! packed as 52 bits of whole microseconds and 12 of fraction (every state
+//! of a policy whose emission interval `period / limit` is whole, such as
+//! ten per second, and of any policy whose limit is below 4096, such as
+//! three per ten seconds), which also gives its expiry. A one-policy GCRA
+//! charge of a subject that holds only such a state runs under the shard's
+//! **read** lock and replaces the TAT by compare-and-swap, with the
+//! arithmetic of [`algorithms::check`] split into whole microseconds and a
+//! fraction, with the policy's constants computed when it is built, so that
+//! admitting takes no division under the lock (one after it, for
+//! `remaining`) and a denial one (`ALGORITHMS.md`, "MemoryStore's GCRA fast
+//! path"; a property test holds the two equal). Charges of any subjects in one shard, including the same
+//! subject, then proceed in parallel, and stay exact: a swap that lost to
+//! another recomputes from the TAT that won. A subject whose swap lost
+//! becomes its shard's *hot slot*: its TAT moves (under the write lock)
+//! next to the shard's lock word, so that charging it contends for one
+//! cache line instead of two; the general path moves it back into its
+//! entry before touching the subject, and a sweep frees it with the entry.
+//! One subject per shard holds the hot slot, until its state expires.
+//! Everything else (new subjects,
+//! other algorithms, several policies, TATs that do not pack, peeks) takes
+//! the write lock, with GCRA on a `u64` fast path there too.
+//!
+//! # Expiry and sweeping
+//!
+//! Every slot knows when its state is back to full capacity
+//! ([`Step::expires_at_us`]); an entry expires with the latest of its
+//! slots. A state past its expiry is the same as no state, so expired slots
+//! and entries are treated as absent on lookup and reused in place. Memory is
+//! reclaimed without a background thread, by work proportional to the
+//! operations a shard serves:
+//!
+//! - **Incremental sweep.** Every [`SWEEP_EVERY`] operations on a shard
+//!   scan the next [`SWEEP_CHUNK`] buckets of its table (a cursor walks the
+//!   table round and round) and drop expired entries. While a chunk yields
+//!   at least a quarter of its buckets as expired entries, up to
+//!   [`SWEEP_MAX_CHUNKS`] chunks are scanned in a row (the work is then
+//!   paid for by the entries freed, which were each inserted once). When
+//!   the cursor completes a pass over a table that is more than three
+//!   quarters empty, the table shrinks.
+//!   Hot-path charges count in their own per-shard counter, on the cache
+//!   line the read lock writes anyway, by a load and a store rather than a
+//!   read-modify-write (two threads may count one charge): every
+//!   [`SWEEP_EVERY`]-th sweeps a shard, taking the shards in turn from the
+//!   one charged (so one busy subject keeps every shard swept).
+//! - **Sweep before growth.** When inserting a subject would make a shard's
+//!   table grow, the whole shard is swept first; if that frees less than an
+//!   eighth of it, the table grows at once, so the next such sweep is at
+//!   least an eighth of a table's worth of inserts away.
+//! - **`max_keys`.** The store holds at most [`DEFAULT_MAX_KEYS`] subjects
+//!   unless told otherwise ([`MemoryStoreBuilder::max_keys`],
+//!   [`MemoryStoreBuilder::unbounded`]). When it is full, a new subject
+//!   first sweeps its own shard; if nothing there has expired it evicts, in
+//!   its own shard (when that holds at least half its share of the bound,
+//!   else in the fullest shard), the sampled entry that is soonest back to
+//!   full capacity ([`WhenFull::EvictNearestFull`], the default), or (with
+//!   [`WhenFull::Deny`]) sweeps every shard that may hold expired entries,
+//!   outside its own lock, and retries.
+//!   Subjects already held never need room: they are always checked
+//!   exactly, except the one an eviction removes.
+//!
+//! Each shard keeps a lower bound of its entries' expiry times (made exact
+//! by every full sweep and at the end of every incremental pass; a hot-path
+//! charge only moves an expiry later), so shards with nothing expired skip
+//! their sweeps without a scan.
+//!
+//! Each of these costs O(1) amortized per operation. A shard that stops
+//! receiving operations keeps its expired entries until it is used again or
+//! [`MemoryStore::purge_expired`] is called (from a timer of the
+//! application's own, if it wants one).
+
+use std::borrow::Cow;
+use std::fmt;
+use std::future::{ready, Ready};
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crossbeam_utils::CachePadded;
+use hashbrown::HashTable;
+use sha2::{Digest, Sha256};
+use smallvec::SmallVec;
+
+use crate::algorithms::{self, GcraState, State, Step};
+use crate::clock::Counter;
+
+pub use self::builder::MemoryStoreBuilder;
+use self::entry::{Body, Entry};
+use self::fast::check_policy;
+use self::table::{intern, same_name, Key, Shard, ShardLock};
+use crate::{
+    validate_charge, validate_check, Algorithm, Clock, Decision, Policy, Store, StoreError,
+    Verdict, MAX_PLAIN_SUBJECT_LEN,
+};
+
+/// Operations on a shard between two incremental sweeps.
+const SWEEP_EVERY: u32 = 64;
+/// Buckets scanned per chunk of an incremental sweep.
+const SWEEP_CHUNK: usize = 128;
+/// Most chunks one incremental sweep scans.
+const SWEEP_MAX_CHUNKS: usize = 16;
+/// A table with fewer buckets is never shrunk.
+const MIN_SHRINK_BUCKETS: usize = 256;
+/// Most shards a store may have.
+const MAX_SHARDS: usize = 4096;
+/// The first byte of a hashed subject's key: never a byte of UTF-8.
+const HASHED_KEY_TAG: u8 = 0xFF;
+/// Most policy names a shard shares between its subjects.
+const MAX_INTERNED_NAMES: usize = 32;
+/// Entries an eviction compares (the one soonest back to full goes).
+const EVICT_SAMPLE: usize = 16;
+/// Times a new subject tries to make room in other shards before it is
+/// refused (other threads may take the room it made).
+const MAKE_ROOM_ATTEMPTS: usize = 4;
+
+/// The number of subjects a [`MemoryStore`] holds at most unless its
+/// builder says otherwise: 262 144 (2^18).
+///
+/// A held subject with a key of up to 22 bytes and one GCRA policy costs
+/// 41 bytes in its shard's table (the entry and one control byte), and a
+/// table is between 7/16 and 7/8 full, so the default bound keeps a store
+/// under about 25 MB ([`MemoryStore::bytes_per_entry`]; measure with
+/// [`MemoryStore::memory_bytes`]). Size it to the subjects active within
+/// your longest policy's period: a store at its bound evicts (or denies,
+/// per [`WhenFull`]) rather than grow.
+pub const DEFAULT_MAX_KEYS: usize = 1 << 18;
+
+/// What a [`MemoryStore`] at its bound ([`MemoryStoreBuilder::max_keys`])
+/// does with a subject it does not hold, once no expired subject can be
+/// swept away. Subjects already held are checked exactly either way.
+///
+/// ```
+/// use portcullis::{MemoryStore, WhenFull};
+///
+/// assert_eq!(WhenFull::default(), WhenFull::EvictNearestFull);
+/// let strict = MemoryStore::builder().max_keys(10_000).when_full(WhenFull::Deny).build();
+/// # let _ = strict;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum WhenFull {
+    /// Store the new subject in place of the held one whose loss admits
+    /// least (the default): among 16 sampled entries of the
+    /// new subject's shard (or of the fullest shard, when the new subject's
+    /// holds less than half its share of the bound), an expired one if any,
+    /// else the one soonest back to full capacity (the smallest remaining
+    /// wait).
+    ///
+    /// **Worst case.** An eviction forgets one subject's state, so that
+    /// subject may again be admitted the permits its state still held back:
+    /// at most its policies' capacity (burst), and never more than the
+    /// permits its state would have regained by the time it was back to
+    /// full. No other subject's decision changes. Under a sustained flood of
+    /// new subjects, each eviction over-admits at most that much for one
+    /// subject, and subjects that spent more than the flood's (a held user
+    /// with one permit left, against fresh identities that spent one each)
+    /// are evicted last.
+    ///
+    /// Why the default: denying instead lets a flood of fresh identities
+    /// (which each get their limit anyway) lock every legitimate new user
+    /// out until entries expire — up to a day for a daily quota — while
+    /// evicting the entry nearest to full costs at most a few permits of
+    /// one lightly used subject per eviction.
+    #[default]
+    EvictNearestFull,
+    /// Refuse the new subject with [`StoreError::Full`], whose
+    /// `retry_after` is when the first held subject expires (the tower layer
+    /// answers `429` with that `Retry-After`, never lets it through). No
+    /// held subject is ever forgotten early, but while the store is full no
+    /// new subject is admitted.
+    Deny,
+}
+
+/// A concurrent, in-process [`Store`].
+///
+/// Checks answer synchronously (the future is [`std::future::Ready`]) and
+/// lock only the shard the subject hashes to, so unrelated subjects proceed
+/// in parallel; GCRA charges of known subjects (the common case) take that
+/// lock shared and update the state by compare-and-swap. Every policy of one
+/// subject lives in one shard: a multi-policy check is all or nothing.
+///
+/// Time comes from the [`FastClock`](crate::FastClock) unless the builder is given another
+/// clock.
+///
+/// Cloning is cheap and **shares state**: clones see and charge the same
+/// counters (an [`Arc`] inside), which is how one store serves several
+/// services or tasks.
+///
+/// Memory stays bounded without a background thread: a subject's state is
+/// forgotten once it is back to full capacity, and shards sweep such
+/// subjects away as they serve operations (see [`MemoryStore::len`] and
+/// [`MemoryStore::purge_expired`]). The number of subjects is capped at
+/// [`DEFAULT_MAX_KEYS`] unless [`MemoryStoreBuilder::max_keys`] or
+/// [`MemoryStoreBuilder::unbounded`] says otherwise; a full store keeps
+/// checking held subjects exactly and evicts or denies new ones
+/// ([`WhenFull`]). [`MemoryStore::bytes_per_entry`] and
+/// [`MemoryStore::memory_bytes`] size it.
+///
+/// Subjects longer than [`MAX_PLAIN_SUBJECT_LEN`] bytes are stored by their SHA-256 digest, so a hostile subject costs a
+/// bounded amount of memory; shorter ones are stored as they are, whatever
+/// their characters.
+///
+/// ```
+/// use std::time::Duration;
+/// use portcullis::{ManualClock, MemoryStore, Policy, Store};
+///
+/// # futures::executor::block_on(async {
+/// let clock = ManualClock::new(1_700_000_000_000_000);
+/// let store = MemoryStore::builder().clock(clock.clone()).max_keys(100_000).build();
+/// let policies = [Policy::per_second(1).name("api").build()?];
+///
+/// assert!(store.check("alice", &policies, 1).await?.is_allowed());
+/// let denied = store.check("alice", &policies, 1).await?;
+/// assert_eq!(denied.retry_after(), Some(Duration::from_secs(1)));
+///
+/// // A clone shares the state.
+/// let clone = store.clone();
+/// assert!(!clone.check("alice", &policies, 1).await?.is_allowed());
+///
+/// clock.advance(Duration::from_secs(1));
+/// assert!(clone.check("alice", &policies, 1).await?.is_allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Each on its own cache line, so threads working on different shards
+    /// do not slow each other down.
+    shards: Box<[CachePadded<ShardLock>]>,
+    /// `shards.len() - 1`; the length is a power of two.
+    shard_mask: usize,
+    hasher: foldhash::fast::RandomState,
+    clock: StoreClock,
+    max_keys: Option<usize>,
+    when_full: WhenFull,
+    /// Entries held over all shards (live or expired but not yet swept).
+    len: AtomicUsize,
+    /// Leases of concurrency policies (`lease.rs`).
+    leases: lease::Leases,
+}
+
+/// The clock, with the default [`FastClock`](crate::FastClock) dispatched statically (it is
+/// read on every check).
+#[derive(Debug, Clone)]
+enum StoreClock {
+    Fast(&'static Counter),
+    Custom(Arc<dyn Clock>),
+}
+
+impl StoreClock {
+    #[inline]
+    fn now_micros(&self) -> u64 {
+        match self {
+            Self::Fast(counter) => counter.now_micros(),
+            Self::Custom(clock) => clock.now_micros(),
+        }
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("len", &self.len())
+            .field("shards", &self.inner.shards.len())
+            .field("max_keys", &self.inner.max_keys)
+            .field("when_full", &self.inner.when_full)
+            .field("clock", &self.inner.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryStore {
+    /// A store on the [`FastClock`](crate::FastClock) with default sharding, holding at most
+    /// [`DEFAULT_MAX_KEYS`] subjects (evicting per
+    /// [`WhenFull::EvictNearestFull`] beyond; see
+    /// [`MemoryStoreBuilder::unbounded`] to opt out).
+    ///
+    /// ```
+    /// use portcullis::{MemoryStore, DEFAULT_MAX_KEYS};
+    ///
+    /// let store = MemoryStore::new();
+    /// assert_eq!(store.len(), 0);
+    /// assert_eq!(store.max_keys(), Some(DEFAULT_MAX_KEYS));
+    /// ```
+    #[must_use]
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// A store reading time from `clock`, otherwise as [`MemoryStore::new`].
+    ///
+    /// ```
+    /// use portcullis::{ManualClock, MemoryStore};
+    ///
+    /// let clock = ManualClock::new(1_700_000_000_000_000);
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// assert!(store.is_empty());
+    /// ```
+    #[must_use]
+    pub fn with_clock(clock: impl Clock) -> Self {
+        Self::builder().clock(clock).build()
+    }
+
+    /// A builder for a store with a custom clock, shard count or subject cap.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder::default()
+    }
+
+    /// The number of subjects held.
+    ///
+    /// This counts every subject whose entry is still in memory, which
+    /// includes subjects whose state has expired but that no sweep has
+    /// removed yet: it is the figure that memory use follows. Call
+    /// [`MemoryStore::purge_expired`] first for the number of live subjects.
+    ///
+    /// ```
+    /// use portcullis::{MemoryStore, Policy, Store};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let store = MemoryStore::new();
+    /// let policies = [Policy::per_minute(5).build()?];
+    /// store.check("alice", &policies, 1).await?;
+    /// store.check("bob", &policies, 1).await?;
+    /// store.peek("carol", &policies).await?; // a peek stores nothing
+    /// assert_eq!(store.len(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.inner.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether no subject is held (see [`MemoryStore::len`]).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The most subjects the store holds, or `None` when
+    /// [`unbounded`](MemoryStoreBuilder::unbounded).
+    #[must_use]
+    pub fn max_keys(&self) -> Option<usize> {
+        self.inner.max_keys
+    }
+
+    /// Bytes a held subject takes in its shard's table: its entry and one
+    /// control byte (41 on 64-bit targets). Tables are between 7/16 and
+    /// 7/8 full, so a subject costs between about 1.14 and 2.3 times this;
+    /// a key longer than 22 bytes adds its length (keys longer than
+    /// [`MAX_PLAIN_SUBJECT_LEN`] are stored as 33 bytes), and a subject
+    /// with other states than one GCRA state (several policies, other
+    /// algorithms) moves them to the heap: 24 bytes and 56 per policy.
+    /// Multiply by [`MemoryStore::max_keys`] to size a store.
+    ///
+    /// ```
+    /// use portcullis::MemoryStore;
+    ///
+    /// let worst = MemoryStore::bytes_per_entry() * 16 / 7 * portcullis::DEFAULT_MAX_KEYS;
+    /// assert!(worst < 32 << 20, "the default bound stays under 32 MiB");
+    /// ```
+    #[must_use]
+    pub const fn bytes_per_entry() -> usize {
+        std::mem::size_of::<Entry>() + 1
+    }
+
+    /// The memory the store holds now, in bytes: its tables' allocations
+    /// and what entries hold outside them (long keys, several policies).
+    /// Scans every entry, one shard at a time under its read lock: for a
+    /// metric scraped now and then, not for every request.
+    #[must_use]
+    pub fn memory_bytes(&self) -> usize {
+        let mut bytes = std::mem::size_of::<Inner>()
+            + self.inner.shards.len() * std::mem::size_of::<CachePadded<ShardLock>>();
+        for shard in &*self.inner.shards {
+            let shard = shard.read();
+            bytes += shard.table.allocation_size();
+            bytes += shard.names.capacity() * std::mem::size_of::<Arc<str>>();
+            bytes += shard.table.iter().map(Entry::heap_bytes).sum::<usize>();
+        }
+        bytes
+    }
+
+    /// Removes every subject whose state has expired, in every shard, now,
+    /// and returns how many were removed.
+    ///
+    /// Never needed for correctness or for bounded memory (shards sweep as
+    /// they serve operations); useful from an application's own timer to
+    /// return memory after a burst of traffic that then stopped, or before
+    /// reading an exact [`MemoryStore::len`]. Locks one shard at a time.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use portcullis::{ManualClock, MemoryStore, Policy, Store};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let clock = ManualClock::new(1_700_000_000_000_000);
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let policies = [Policy::per_second(10).build()?];
+    /// store.check("alice", &policies, 1).await?;
+    /// clock.advance(Duration::from_secs(1));
+    /// assert_eq!(store.purge_expired(), 1);
+    /// assert!(store.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn purge_expired(&self) -> usize {
+        let now = self.inner.clock.now_micros();
+        let mut removed = 0;
+        for shard in &*self.inner.shards {
+            let mut shard = shard.write();
+            let freed = shard.purge(now);
+            self.inner.forget(freed);
+            removed += freed;
+        }
+        removed
+    }
+
+    /// Runs `check` on the shard of the subject hashed to `hash`, under its
+    /// write lock. When the store is full, frees room in the other shards
+    /// (one lock at a time) and runs it once more.
+    #[inline(always)]
+    fn on_shard<T>(
+        &self,
+        hash: u64,
+        now: u64,
+        check: impl Fn(&mut Shard, &Inner) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let inner = &*self.inner;
+        let shard = inner.shard(hash);
+        let first = check(&mut shard.write(), inner);
+        if !matches!(first, Err(StoreError::Full { .. })) {
+            return first;
+        }
+        self.make_room(now, first, || check(&mut shard.write(), inner))
+    }
+
+    fn reset_now(&self, subject: &str, policies: &[Policy]) {
+        let key = Key::new(subject);
+        let key = key.as_bytes();
+        let inner = &*self.inner;
+        let hash = inner.hash_key(key);
+        let mut guard = inner.shard(hash).write();
+        let shard = &mut *guard;
+        shard.demote_if_hot(hash);
+        let hot = shard.hot_tat.load(Ordering::Relaxed);
+        let Ok(mut entry) = shard.table.find_entry(hash, |e| e.key.matches(key)) else {
+            return;
+        };
+        if entry.get_mut().forget(&shard.names, policies) {
+            entry.remove();
+            inner.forget(1);
+        } else {
+            let expires_at_us = entry.get().expires_at_us(hot);
+            shard.note_expiry(expires_at_us);
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    type CheckFuture = Ready<Result<Verdict, StoreError>>;
+
+    fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
+        // A single policy with a cost it can admit is valid; anything else
+        // goes through the shared validation (same errors as every store).
+        let valid = matches!(policies, [policy] if cost <= policy.capacity());
+        if !valid {
+            if let Err(err) = validate_check(policies, cost) {
+                return ready(Err(err));
+            }
+        }
+        // Read before locking to keep the critical section short
+        // (and first: fewer values live across the counter's read). Two
+        // concurrent checks may then apply their times out of order; every
+        // algorithm handles a time earlier than its state's (it never admits
+        // more than it would have at the later time).
+        let now = self.inner.clock.now_micros();
+        // A short subject is its own key (no `Key` to build and match on).
+        let hashed;
+        let key = if subject.len() <= MAX_PLAIN_SUBJECT_LEN {
+            subject.as_bytes()
+        } else {
+            hashed = Key::hashed(subject);
+            &hashed[..]
+        };
+        let hash = self.inner.hash_key(key);
+        // One policy, the common case, carries a `Decision` until the very
+        // end rather than a `Verdict` (twice its size).
+        if let [policy] = policies {
+            if let Some(decision) = self.charge_known_gcra(key, hash, now, policy, cost) {
+                return ready(Ok(Verdict::from_one(decision)));
+            }
+            let decision = self.on_shard(hash, now, |shard, inner| {
+                shard.check_one(inner, hash, key, policy, now, cost)
+            });
+            return ready(decision.map(Verdict::from_one));
+        }
+        ready(self.on_shard(hash, now, |shard, inner| {
+            shard.check_many(inner, hash, key, policies, now, cost)
+        }))
+    }
+
+    fn check_now(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Option<Result<Verdict, StoreError>> {
+        Some(self.check(subject, policies, cost).into_inner())
+    }
+
+    fn charge(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> impl std::future::Future<Output = Result<Verdict, StoreError>> + Send + 'static {
+        ready(self.charge_now(subject, policies, cost))
+    }
+
+    fn reset(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static {
+        self.reset_now(subject, policies);
+        ready(Ok(()))
+    }
+}
+
+impl Inner {
+    #[inline]
+    fn hash_key(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    #[inline]
+    fn shard(&self, hash: u64) -> &ShardLock {
+        &self.shards[self.shard_index(hash)]
+    }
+
+    /// Bits 40.. pick the shard; hashbrown uses the low bits for the bucket
+    /// and the top seven as a tag, so the two stay independent.
+    #[inline]
+    fn shard_index(&self, hash: u64) -> usize {
+        (hash >> 40) as usize & self.shard_mask
+    }
+
+    /// The hasher hashbrown needs when it moves entries.
+    fn rehash(&self) -> impl Fn(&Entry) -> u64 + '_ {
+        |entry| self.hash_key(entry.key.as_slice())
+    }
+
+    /// Records that `removed` entries left the store.
+    #[inline]
+    fn forget(&self, removed: usize) {
+        if removed > 0 {
+            self.len.fetch_sub(removed, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a new entry in, or refuses when the cap is reached.
+    fn admit_new(&self) -> bool {
+        match self.max_keys {
+            None => {
+                self.len.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Some(max) => self
+                .len
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |len| {
+                    (len < max).then_some(len + 1)
+                })
+                .is_ok(),
+        }
+    }
+}
+
+mod builder;
+mod charge;
+mod entry;
+mod fast;
+mod lease;
+mod sweep;
+mod table;
+#[cfg(test)]
+mod tests;

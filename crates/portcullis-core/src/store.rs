@@ -1,0 +1,208 @@
+//! The `Store` trait every backend implements.
+
+use std::future::Future;
+
+use crate::{Policy, StoreError, Verdict};
+
+/// Where rate-limit state lives: process memory ([`MemoryStore`]) or Redis
+/// (`portcullis-redis`).
+///
+/// Every method takes the subject (who is limited: a user id, an IP, a token
+/// hash) and the policies to apply to it. One call is one atomic step: the
+/// policies are checked together and either all admit and are all charged,
+/// or none is charged.
+///
+/// The check future is an associated type so middleware can name it without
+/// boxing; a store that answers synchronously uses
+/// [`std::future::Ready`] and also answers through [`Store::check_now`].
+/// [`BoxStore`](crate::BoxStore) holds any store behind one type.
+///
+/// [`MemoryStore`]: crate::MemoryStore
+///
+/// ```
+/// use portcullis::{MemoryStore, Policy, Store};
+///
+/// # futures::executor::block_on(async {
+/// let store = MemoryStore::new();
+/// let policies = [Policy::per_second(2).name("api").build()?];
+/// assert!(store.check("alice", &policies, 1).await?.is_allowed());
+/// assert!(store.check("alice", &policies, 1).await?.is_allowed());
+/// assert!(!store.check("alice", &policies, 1).await?.is_allowed());
+/// assert!(store.check("bob", &policies, 1).await?.is_allowed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+pub trait Store: Send + Sync + 'static {
+    /// The future returned by [`Store::check`].
+    type CheckFuture: Future<Output = Result<Verdict, StoreError>> + Send + 'static;
+
+    /// Checks `policies` for `subject` and charges `cost` permits to each if
+    /// all admit. A cost of 0 is a peek: it reports the current state (is a
+    /// cost-1 request admitted now? how many remain?) and changes nothing.
+    ///
+    /// When one policy denies, none is charged, and the decisions of the
+    /// policies that would have admitted are their peeks: allowed, with
+    /// `remaining` and `reset_after` as their state stays.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::NoPolicies`], [`StoreError::DuplicatePolicy`],
+    /// [`StoreError::CostTooHigh`] for bad requests; backend errors
+    /// ([`StoreError::is_backend`]) otherwise.
+    fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture;
+
+    /// Answers a check at once when the store can, without a future:
+    /// `Some(result)` is exactly what [`Store::check`] would have answered
+    /// (and has charged the permits); `None` means the store cannot answer
+    /// synchronously and nothing was done, so the caller uses
+    /// [`Store::check`].
+    ///
+    /// This is how middleware recognises a synchronous store (the
+    /// [`MemoryStore`](crate::MemoryStore) answers here; a network store
+    /// keeps the default `None`): a request decided now skips the waiting
+    /// future, and a [`BoxStore`](crate::BoxStore) needs no allocation.
+    /// Implement it only if it never blocks on I/O.
+    fn check_now(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Option<Result<Verdict, StoreError>> {
+        let _ = (subject, policies, cost);
+        None
+    }
+
+    /// Reports the state of `policies` for `subject` without changing it
+    /// (a check with cost 0).
+    fn peek(&self, subject: &str, policies: &[Policy]) -> Self::CheckFuture {
+        self.check(subject, policies, 0)
+    }
+
+    /// Charges `cost` permits to every policy of `subject` **after the
+    /// fact** ("post-charging"): never denied, it may take the subject past
+    /// its limit into a debt, paid back by waiting, of at most one full
+    /// capacity beyond empty (so one charge locks a subject out for at most
+    /// the policy's full reset plus one emission interval; see
+    /// [`algorithms::charge`](crate::algorithms::charge) and ALGORITHMS.md,
+    /// "Charging after the response"). For costs known only once a request
+    /// has run: the tokens a response used, a failed login.
+    ///
+    /// Returns the state after the charge as a peek reports it: allowed
+    /// when a cost-1 request would be admitted now, with `remaining`,
+    /// `retry_after` and `reset_after`. A cost of 0 changes nothing. One
+    /// call is one atomic step for all the policies.
+    ///
+    /// Supported for [`Algorithm::Gcra`](crate::Algorithm::Gcra) and
+    /// [`Algorithm::TokenBucket`](crate::Algorithm::TokenBucket) policies
+    /// ([`validate_charge`]). The default implementation answers
+    /// [`StoreError::Unsupported`]: a store opts in by overriding it
+    /// ([`MemoryStore`](crate::MemoryStore) and `RedisStore` do).
+    ///
+    /// ```
+    /// use portcullis::{MemoryStore, Policy, Store};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let store = MemoryStore::new();
+    /// let policies = [Policy::per_minute(5).name("failed-logins").build()?];
+    /// let after = store.charge("203.0.113.7/alice", &policies, 5).await?;
+    /// assert!(!after.is_allowed());
+    /// assert!(!store.peek("203.0.113.7/alice", &policies).await?.is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unsupported`] for a store or an algorithm without
+    /// post-charging; [`StoreError::NoPolicies`] and
+    /// [`StoreError::DuplicatePolicy`] as [`Store::check`]; backend errors
+    /// otherwise. (A cost above the capacity is no error: it charges up to
+    /// the debt bound.)
+    fn charge(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> impl Future<Output = Result<Verdict, StoreError>> + Send + 'static {
+        let _ = (subject, policies, cost);
+        std::future::ready(Err(StoreError::Unsupported {
+            operation: "charge",
+            detail: format!(
+                "the store {} does not support charging after the fact; use MemoryStore or RedisStore, or implement Store::charge",
+                std::any::type_name::<Self>()
+            ),
+        }))
+    }
+
+    /// Forgets the state of `policies` for `subject`: its next check sees
+    /// full capacity.
+    fn reset(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static;
+}
+
+/// Validates the request part every store must refuse the same way: no
+/// policies, duplicate names, a cost above a policy's capacity.
+///
+/// # Errors
+///
+/// As [`Store::check`] documents for bad requests.
+pub fn validate_check(policies: &[Policy], cost: u64) -> Result<(), StoreError> {
+    if policies.is_empty() {
+        return Err(StoreError::NoPolicies);
+    }
+    for (i, policy) in policies.iter().enumerate() {
+        if cost > policy.capacity() {
+            return Err(StoreError::CostTooHigh {
+                policy: policy.name().to_owned(),
+                cost,
+                capacity: policy.capacity(),
+            });
+        }
+        if policies[..i].iter().any(|p| p.name() == policy.name()) {
+            return Err(StoreError::DuplicatePolicy {
+                name: policy.name().to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Validates a post-charge ([`Store::charge`]) the way every store must:
+/// no policies, duplicate names, and algorithms without post-charging
+/// (anything but GCRA and the token bucket) are refused. The cost is not
+/// limited.
+///
+/// ```
+/// use portcullis::{validate_charge, Algorithm, Policy};
+///
+/// let gcra = Policy::per_minute(10).build()?;
+/// assert!(validate_charge(&[gcra]).is_ok());
+/// let window = Policy::per_minute(10).algorithm(Algorithm::FixedWindow).build()?;
+/// let err = validate_charge(&[window]).unwrap_err();
+/// assert!(err.to_string().contains("fixed_window"), "{err}");
+/// # Ok::<(), portcullis::PolicyError>(())
+/// ```
+///
+/// # Errors
+///
+/// As [`Store::charge`] documents for bad requests.
+pub fn validate_charge(policies: &[Policy]) -> Result<(), StoreError> {
+    validate_check(policies, 0)?;
+    match policies
+        .iter()
+        .find(|policy| !crate::algorithms::supports_charge(policy.algorithm()))
+    {
+        Some(policy) => Err(StoreError::Unsupported {
+            operation: "charge",
+            detail: format!(
+                "policy {:?} uses the {} algorithm, which cannot be charged after the fact; give it Algorithm::Gcra (the default) or Algorithm::TokenBucket",
+                policy.name(),
+                policy.algorithm()
+            ),
+        }),
+        None => Ok(()),
+    }
+}

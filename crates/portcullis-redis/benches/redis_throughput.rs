@@ -1,0 +1,556 @@
+//! The Redis core's cost of a check: portcullis (Redis Functions and
+//! `EVALSHA`) beside the peer scripts of `/work/shared/bench` (read its
+//! README), same semantics (GCRA 100/s, burst 10).
+//!
+//! Run with `cargo xtask bench redis`, or by hand:
+//! `PORTCULLIS_REDIS_SERVER=$(which redis-server) cargo bench -p portcullis-redis --bench redis_throughput`.
+//! `PORTCULLIS_BENCH_PEERS` names the peers' directory (default
+//! `../shared/bench` from the workspace root).
+//!
+//! It starts its own servers, pinned with `taskset` to core 0 (the client
+//! runs on the other cores):
+//!
+//! 1. **server instructions per check**: `redis-server` under valgrind's
+//!    callgrind; for each workload, two call counts are run and the
+//!    instructions of the larger minus those of the smaller, divided by the
+//!    difference in calls, is the cost of one check (start-up, connection
+//!    and script loading cancel). Random keys over 100k, and one hot key
+//!    paced at 200 calls/s on Redis' clock, so about half are admitted.
+//! 2. **checks/s at the pipelined ceiling** (50 tasks on one multiplexed
+//!    connection, which pipelines) with p50/p99 latency, three runs each,
+//!    median and range.
+//!
+//! It prints one table with the ratios portcullis / peer.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use portcullis_core::{Algorithm, LeakyMode, Policy, Store};
+use portcullis_redis::redis::{self, aio::MultiplexedConnection};
+use portcullis_redis::{CallPath, RedisStore};
+
+const KEYS: u64 = 100_000;
+const TASKS: usize = 50;
+const RUNS: usize = 3;
+const RUN_TIME: Duration = Duration::from_millis(1500);
+/// Calls of the two counts (random keys; the hot key runs a third as many,
+/// paced).
+const SMALL: u64 = 1_000;
+const LARGE: u64 = 4_000;
+const HOT_PACE: Duration = Duration::from_millis(5);
+
+fn main() {
+    let runtime = tokio::runtime::Runtime::new().expect("a Tokio runtime");
+    runtime.block_on(run());
+}
+
+/// A redis-server this bench owns (killed on drop).
+struct Server {
+    child: Child,
+    port: u16,
+    callgrind_out: Option<PathBuf>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(out) = &self.callgrind_out {
+            let _ = std::fs::remove_file(out);
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+impl Server {
+    fn start(callgrind: bool) -> Self {
+        let bin = std::env::var("PORTCULLIS_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let port = free_port();
+        let out = std::env::temp_dir().join(format!("portcullis-bench-callgrind.{port}"));
+        let mut cmd = Command::new("taskset");
+        cmd.args(["-c", "0"]);
+        if callgrind {
+            cmd.args([
+                "valgrind",
+                "--tool=callgrind",
+                "--dump-instr=no",
+                &format!("--callgrind-out-file={}", out.display()),
+            ]);
+        }
+        cmd.arg(&bin).args([
+            "--port",
+            &port.to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--hz",
+            "1",
+        ]);
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("could not start {bin} under taskset: {e}"));
+        let server = Self {
+            child,
+            port,
+            callgrind_out: callgrind.then_some(out),
+        };
+        let client = redis::Client::open(server.url()).expect("a URL");
+        for _ in 0..300 {
+            if let Ok(mut c) = client.get_connection() {
+                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                    return server;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("{bin} did not answer within 30 s");
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Instructions the server ran since the last call (callgrind dumps
+    /// and zeroes its counters).
+    fn instructions(&self) -> u64 {
+        let out = self.callgrind_out.as_ref().expect("a callgrind server");
+        let dumped = Command::new("callgrind_control")
+            .args(["-d", &self.child.id().to_string()])
+            .output()
+            .expect("callgrind_control runs");
+        assert!(dumped.status.success(), "callgrind_control -d failed");
+        // Each dump is a file `<out>.<n>`; the newest holds the counts.
+        let dir = out.parent().expect("a directory");
+        let stem = out
+            .file_name()
+            .expect("a name")
+            .to_string_lossy()
+            .into_owned();
+        let newest = std::fs::read_dir(dir)
+            .expect("temp dir")
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{stem}."))
+            })
+            .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+            .expect("a callgrind dump");
+        let text = std::fs::read_to_string(newest.path()).expect("a readable dump");
+        let _ = std::fs::remove_file(newest.path());
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix("summary: ")
+                    .or_else(|| l.strip_prefix("totals: "))
+            })
+            .and_then(|n| n.split_whitespace().next()?.parse().ok())
+            .expect("a summary line in the dump")
+    }
+}
+
+#[derive(Clone)]
+enum Target {
+    Store(RedisStore, Arc<[Policy]>),
+    /// A peer script: its SHA-1 and arguments after the key.
+    Peer(MultiplexedConnection, String, Vec<u64>),
+}
+
+impl Target {
+    async fn call(&mut self, key: &str) -> bool {
+        match self {
+            Self::Store(store, policies) => store
+                .check(key, policies, 1)
+                .await
+                .expect("a check")
+                .is_allowed(),
+            Self::Peer(connection, sha, args) => {
+                let reply: Vec<redis::Value> = redis::cmd("EVALSHA")
+                    .arg(&*sha)
+                    .arg(1)
+                    .arg(key)
+                    .arg(&*args)
+                    .query_async(connection)
+                    .await
+                    .expect("a peer call");
+                !matches!(reply.first(), Some(redis::Value::Int(0)))
+            }
+        }
+    }
+}
+
+struct Workload {
+    name: String,
+    peer: bool,
+    make: Box<dyn Fn(String) -> BoxTarget>,
+}
+
+type BoxTarget = std::pin::Pin<Box<dyn std::future::Future<Output = Target>>>;
+
+fn gcra() -> Policy {
+    Policy::per_second(100)
+        .burst(10)
+        .name("gcra")
+        .build()
+        .expect("a policy")
+}
+
+/// 100/s with a burst of 10 where the algorithm has a burst, else 100/s.
+fn policy(algorithm: Algorithm) -> Policy {
+    let with_burst = Policy::per_second(100)
+        .burst(10)
+        .algorithm(algorithm)
+        .name("p")
+        .build();
+    with_burst.unwrap_or_else(|_| {
+        Policy::per_second(100)
+            .algorithm(algorithm)
+            .name("p")
+            .build()
+            .expect("a policy")
+    })
+}
+
+fn peers_dir() -> PathBuf {
+    std::env::var_os("PORTCULLIS_BENCH_PEERS").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/peers"),
+        PathBuf::from,
+    )
+}
+
+fn workloads() -> Vec<Workload> {
+    let mut list: Vec<Workload> = Vec::new();
+    let store = |name: &str, policies: Vec<Policy>, evalsha: bool| {
+        let policies: Arc<[Policy]> = policies.into();
+        Workload {
+            name: name.to_owned(),
+            peer: false,
+            make: Box::new(move |url: String| {
+                let policies = Arc::clone(&policies);
+                Box::pin(async move {
+                    let url = if evalsha {
+                        without_functions(&url).await
+                    } else {
+                        url
+                    };
+                    let store = RedisStore::builder()
+                        .url(url)
+                        .pool_size(1)
+                        .timeout(Duration::from_secs(30))
+                        .build()
+                        .await
+                        .expect("a store");
+                    Target::Store(store, policies)
+                })
+            }),
+        }
+    };
+    list.push(store("portcullis GCRA, Functions", vec![gcra()], false));
+    list.push(store("portcullis GCRA, EVALSHA", vec![gcra()], true));
+    for (file, args) in [
+        // burst, rate, period_ms, cost
+        ("peer_gcra_redis_rate.lua", vec![10, 100, 1000, 1]),
+        // emission interval us, burst, cost
+        ("peer_gcra_int.lua", vec![10_000, 10, 1]),
+    ] {
+        let source = std::fs::read_to_string(peers_dir().join(file)).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (set PORTCULLIS_BENCH_PEERS)",
+                peers_dir().join(file).display()
+            )
+        });
+        list.push(Workload {
+            name: format!("peer {}", file.trim_end_matches(".lua")),
+            peer: true,
+            make: Box::new(move |url: String| {
+                let source = source.clone();
+                let args = args.clone();
+                Box::pin(async move {
+                    let mut connection = connect(&url).await;
+                    let sha: String = redis::cmd("SCRIPT")
+                        .arg("LOAD")
+                        .arg(&source)
+                        .query_async(&mut connection)
+                        .await
+                        .expect("SCRIPT LOAD");
+                    Target::Peer(connection, sha, args)
+                })
+            }),
+        });
+    }
+    for (name, algorithm) in [
+        ("portcullis fixed window", Algorithm::FixedWindow),
+        ("portcullis sliding window", Algorithm::SlidingWindow),
+        ("portcullis sliding log", Algorithm::SlidingLog),
+        ("portcullis token bucket", Algorithm::TokenBucket),
+        (
+            "portcullis leaky bucket (queue)",
+            Algorithm::LeakyBucket(LeakyMode::Queue),
+        ),
+        (
+            "portcullis leaky bucket (meter)",
+            Algorithm::LeakyBucket(LeakyMode::Meter),
+        ),
+    ] {
+        list.push(store(name, vec![policy(algorithm)], false));
+    }
+    let daily = Policy::per_day(100_000)
+        .name("daily")
+        .build()
+        .expect("a policy");
+    list.push(store(
+        "portcullis GCRA + daily GCRA",
+        vec![gcra(), daily],
+        false,
+    ));
+    list
+}
+
+async fn connect(url: &str) -> MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("a URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection")
+}
+
+/// `url` as an ACL user without Redis Functions (the EVALSHA path).
+async fn without_functions(url: &str) -> String {
+    let mut connection = connect(url).await;
+    let () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "bench-evalsha",
+            "reset",
+            "on",
+            ">bench",
+            "~*",
+            "&*",
+            "+@all",
+            "-fcall",
+            "-fcall_ro",
+            "-function",
+        ])
+        .query_async(&mut connection)
+        .await
+        .expect("ACL SETUSER");
+    url.replacen("redis://", "redis://bench-evalsha:bench@", 1)
+}
+
+/// A small xorshift: keys spread over KEYS without a dependency.
+fn random_key(state: &mut u64) -> String {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    format!("k{}", *state % KEYS)
+}
+
+/// Runs `n` calls: random keys from TASKS tasks, or the hot key paced.
+/// Returns how many were admitted.
+async fn calls(target: &Target, n: u64, hot: bool, seed: u64) -> u64 {
+    if hot {
+        let mut target = target.clone();
+        let mut admitted = 0;
+        let mut tick = tokio::time::interval(HOT_PACE);
+        for _ in 0..n {
+            tick.tick().await;
+            admitted += u64::from(target.call("hot").await);
+        }
+        return admitted;
+    }
+    let next = Arc::new(AtomicU64::new(0));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..TASKS as u64 {
+        let mut target = target.clone();
+        let next = Arc::clone(&next);
+        let admitted = Arc::clone(&admitted);
+        tasks.push(tokio::spawn(async move {
+            let mut state = seed ^ (t + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            while next.fetch_add(1, Ordering::Relaxed) < n {
+                let key = random_key(&mut state);
+                if target.call(&key).await {
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("no task panicked");
+    }
+    admitted.load(Ordering::Relaxed)
+}
+
+/// Server instructions per call: (I(large) - I(small)) / (large - small).
+async fn instructions(server: &Server, target: &Target, hot: bool) -> (f64, f64) {
+    let (small, large) = if hot {
+        (SMALL / 5, LARGE / 5)
+    } else {
+        (SMALL, LARGE)
+    };
+    // Warm: load scripts and functions, open connections.
+    calls(target, 50, hot, 1).await;
+    server.instructions();
+    let admitted_small = calls(target, small, hot, 2).await;
+    let i_small = server.instructions();
+    let admitted_large = calls(target, large, hot, 3).await;
+    let i_large = server.instructions();
+    let per_call = (i_large as f64 - i_small as f64) / (large - small) as f64;
+    let admitted = (admitted_small + admitted_large) as f64 / (small + large) as f64;
+    (per_call, admitted)
+}
+
+/// Checks/s, p50 and p99 (µs) of one run at the ceiling.
+async fn throughput(target: &Target, hot: bool, seed: u64) -> (f64, f64, f64) {
+    let deadline = Instant::now() + RUN_TIME;
+    let mut tasks = Vec::new();
+    for t in 0..TASKS as u64 {
+        let mut target = target.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut state = seed ^ (t + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let mut latencies = Vec::new();
+            while Instant::now() < deadline {
+                let key = if hot {
+                    "hot".to_owned()
+                } else {
+                    random_key(&mut state)
+                };
+                let started = Instant::now();
+                target.call(&key).await;
+                latencies.push(started.elapsed().as_micros() as f64);
+            }
+            latencies
+        }));
+    }
+    let started = Instant::now();
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.expect("no task panicked"));
+    }
+    let rate = all.len() as f64 / started.elapsed().as_secs_f64();
+    all.sort_by(f64::total_cmp);
+    let at = |q: f64| all[((all.len() as f64 - 1.0) * q) as usize];
+    (rate, at(0.5), at(0.99))
+}
+
+fn median_range(mut values: Vec<f64>) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    (
+        values[values.len() / 2],
+        values[0],
+        values[values.len() - 1],
+    )
+}
+
+struct Row {
+    name: String,
+    peer: bool,
+    instructions: [(f64, f64); 2],
+    rate: [(f64, f64, f64); 2],
+    latency: [(f64, f64); 2],
+}
+
+async fn run() {
+    let started = Instant::now();
+    let workloads = workloads();
+    let mut rows: Vec<Row> = Vec::new();
+    println!("server instructions per check (callgrind on redis-server, pinned to core 0) ...");
+    let server = Server::start(true);
+    for workload in &workloads {
+        let target = (workload.make)(server.url()).await;
+        if let Target::Store(store, _) = &target {
+            let expect = if workload.name.contains("EVALSHA") {
+                CallPath::Evalsha
+            } else {
+                CallPath::Functions
+            };
+            calls(&target, 1, false, 9).await;
+            assert_eq!(store.call_path(), expect, "{}", workload.name);
+        }
+        let random = instructions(&server, &target, false).await;
+        let hot = instructions(&server, &target, true).await;
+        println!(
+            "  {:<32} random {:>8.0} ({:.0}% admitted)  hot {:>8.0} ({:.0}% admitted)",
+            workload.name,
+            random.0,
+            100.0 * random.1,
+            hot.0,
+            100.0 * hot.1
+        );
+        rows.push(Row {
+            name: workload.name.clone(),
+            peer: workload.peer,
+            instructions: [random, hot],
+            rate: [(0.0, 0.0, 0.0); 2],
+            latency: [(0.0, 0.0); 2],
+        });
+    }
+    drop(server);
+    println!("checks/s at the ceiling ({TASKS} tasks, {RUNS} runs of {RUN_TIME:?}) ...");
+    let server = Server::start(false);
+    for (workload, row) in workloads.iter().zip(&mut rows) {
+        let target = (workload.make)(server.url()).await;
+        for (i, hot) in [false, true].into_iter().enumerate() {
+            let mut rates = Vec::new();
+            let mut p50s = Vec::new();
+            let mut p99s = Vec::new();
+            for run in 0..RUNS {
+                let (rate, p50, p99) = throughput(&target, hot, 17 + run as u64).await;
+                rates.push(rate);
+                p50s.push(p50);
+                p99s.push(p99);
+            }
+            row.rate[i] = median_range(rates);
+            row.latency[i] = (median_range(p50s).0, median_range(p99s).0);
+        }
+    }
+    let yard = |name: &str| {
+        rows.iter()
+            .find(|r| r.peer && r.name.contains(name))
+            .map(|r| r.instructions)
+    };
+    let rate_peer = yard("redis_rate").expect("the redis_rate peer");
+    let int_peer = yard("gcra_int").expect("the integer-µs peer");
+    println!();
+    println!("| per check (random / hot key) | server instructions | × redis_rate peer | × integer-µs peer | checks/s median [range] | p50 / p99 µs |");
+    println!("|---|---|---|---|---|---|");
+    for row in &rows {
+        let [r, h] = row.instructions;
+        let rate = |(m, lo, hi): (f64, f64, f64)| {
+            format!("{:.1}k [{:.1}–{:.1}k]", m / 1e3, lo / 1e3, hi / 1e3)
+        };
+        println!(
+            "| {} | {:.1}k / {:.1}k | {:.2} / {:.2} | {:.2} / {:.2} | {} / {} | {:.0}/{:.0} · {:.0}/{:.0} |",
+            row.name,
+            r.0 / 1e3,
+            h.0 / 1e3,
+            r.0 / rate_peer[0].0,
+            h.0 / rate_peer[1].0,
+            r.0 / int_peer[0].0,
+            h.0 / int_peer[1].0,
+            rate(row.rate[0]),
+            rate(row.rate[1]),
+            row.latency[0].0,
+            row.latency[0].1,
+            row.latency[1].0,
+            row.latency[1].1,
+        );
+    }
+    println!();
+    println!(
+        "hot key: paced at {} calls/s for the instruction counts (about half admitted, see above); unpaced, so mostly denied, for checks/s. Took {:.0} s.",
+        1_000 / HOT_PACE.as_millis(),
+        started.elapsed().as_secs_f64()
+    );
+}

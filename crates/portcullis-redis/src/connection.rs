@@ -1,0 +1,721 @@
+//! Connections: a bb8 pool of multiplexed connections (standalone) or of
+//! Cluster connections, and one call with a deadline and honest error
+//! mapping.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
+use redis::sentinel::SentinelClient;
+use redis::{Cmd, ConnectionInfo, ErrorKind, RedisError, ServerErrorKind, Value};
+use tokio::time::{timeout_at, Instant};
+use portcullis_core::StoreError;
+
+use crate::scripts::LuaScript;
+
+/// How many times a call refused with an error that proves it did not run
+/// (`NOSCRIPT`, `MOVED`, `ASK`, `TRYAGAIN`) is sent again, within the same
+/// deadline.
+const NOT_RUN_RETRIES: usize = 6;
+
+/// A standalone connection as the pool keeps it: a multiplexed connection
+/// (from [`bb8_redis::RedisConnectionManager`] or a Sentinel's current
+/// primary), a flag set when a call on it met a dead socket, and the
+/// failure epoch it was last known good at. A clone shares the connection
+/// and its flags.
+#[derive(Clone)]
+pub(crate) struct StandaloneConnection {
+    connection: MultiplexedConnection,
+    broken: Arc<AtomicBool>,
+    /// The manager's failure epoch when this connection last proved alive.
+    checked: Arc<AtomicU64>,
+    /// The manager's failure epoch (shared): bumped by every call that met
+    /// a dead socket.
+    epoch: Arc<AtomicU64>,
+    /// Replace this connection after a timeout (Sentinel: see
+    /// `Connection::timed_out`).
+    rediscover_on_timeout: bool,
+}
+
+/// Where a standalone manager gets its connections.
+enum Source {
+    /// bb8-redis's manager for one server URL (or an application's
+    /// `redis::Client`).
+    Server(bb8_redis::RedisConnectionManager),
+    /// The primary a set of Sentinels names at the moment of connecting.
+    Sentinel(tokio::sync::Mutex<SentinelClient>),
+}
+
+/// Opens standalone connections for bb8: wraps
+/// [`bb8_redis::RedisConnectionManager`] (or a Sentinel client) to keep
+/// checkouts free of I/O.
+///
+/// bb8-redis's own manager `PING`s on every checkout to find a dead
+/// multiplexed connection (one more round trip per check). This wrapper
+/// instead keeps a failure epoch: a call that meets a dead socket marks
+/// its connection broken (the pool drops it) and bumps the epoch, and only
+/// then does each older connection get one `PING` at its next checkout. So
+/// after a server restart the first call on a dead socket fails, the rest
+/// find fresh connections, and a healthy server costs no extra round trip.
+pub(crate) struct StandaloneManager {
+    source: Source,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    epoch: Arc<AtomicU64>,
+    last_error: LastError,
+}
+
+/// The error of the last failed connection attempt (cleared by a success),
+/// so a call that finds no connection says why instead of only "timed out
+/// waiting for a connection from the pool".
+#[derive(Clone, Default)]
+pub(crate) struct LastError(Arc<std::sync::Mutex<Option<RedisError>>>);
+
+impl LastError {
+    fn record<T>(&self, result: &Result<T, RedisError>) {
+        let mut last = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *last = result.as_ref().err().cloned();
+    }
+
+    fn get(&self) -> Option<RedisError> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// "No connection": the pool found none within the deadline; the source is
+/// the last connection attempt's error.
+#[derive(Debug)]
+pub(crate) struct NoConnection {
+    last: RedisError,
+}
+
+impl fmt::Display for NoConnection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "no connection to Redis; nothing was sent; the last attempt to connect failed: {}",
+            self.last
+        )
+    }
+}
+
+impl std::error::Error for NoConnection {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.last)
+    }
+}
+
+impl StandaloneManager {
+    /// A manager for one server.
+    pub(crate) fn server(
+        info: ConnectionInfo,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Result<Self, RedisError> {
+        Ok(Self::with_source(
+            Source::Server(bb8_redis::RedisConnectionManager::new(info)?),
+            connect_timeout,
+            response_timeout,
+        ))
+    }
+
+    /// A manager for the primary `client`'s Sentinels name.
+    pub(crate) fn sentinel(
+        client: SentinelClient,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Self {
+        Self::with_source(
+            Source::Sentinel(tokio::sync::Mutex::new(client)),
+            connect_timeout,
+            response_timeout,
+        )
+    }
+
+    fn with_source(source: Source, connect_timeout: Duration, response_timeout: Duration) -> Self {
+        Self {
+            source,
+            connect_timeout,
+            response_timeout,
+            epoch: Arc::new(AtomicU64::new(0)),
+            last_error: LastError::default(),
+        }
+    }
+
+    /// The handle on this manager's last connection error.
+    pub(crate) fn last_error(&self) -> LastError {
+        self.last_error.clone()
+    }
+
+    async fn open(&self) -> Result<MultiplexedConnection, RedisError> {
+        match &self.source {
+            Source::Server(manager) => bb8::ManageConnection::connect(manager).await,
+            Source::Sentinel(client) => {
+                // Asks the Sentinels for the current primary each time: a
+                // connection opened after a failover goes to the new one.
+                let client = client.lock().await.async_get_client().await?;
+                client.get_multiplexed_async_connection().await
+            }
+        }
+    }
+}
+
+impl bb8::ManageConnection for StandaloneManager {
+    type Connection = StandaloneConnection;
+    type Error = RedisError;
+
+    async fn connect(&self) -> Result<Self::Connection, Self::Error> {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let opened = match tokio::time::timeout(self.connect_timeout, self.open()).await {
+            Ok(result) => result,
+            Err(_) => Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("connecting took longer than {:?}", self.connect_timeout),
+            ))),
+        };
+        self.last_error.record(&opened);
+        let mut connection = opened?;
+        // The store's own deadline bounds every call; this only keeps
+        // redis-rs's default from cutting a longer one short.
+        connection.set_response_timeout(self.response_timeout);
+        Ok(StandaloneConnection {
+            connection,
+            broken: Arc::new(AtomicBool::new(false)),
+            checked: Arc::new(AtomicU64::new(epoch)),
+            epoch: Arc::clone(&self.epoch),
+            rediscover_on_timeout: matches!(self.source, Source::Sentinel(_)),
+        })
+    }
+
+    async fn is_valid(&self, connection: &mut Self::Connection) -> Result<(), Self::Error> {
+        if connection.broken.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        let epoch = self.epoch.load(Ordering::Acquire);
+        if connection.checked.load(Ordering::Acquire) >= epoch {
+            return Ok(());
+        }
+        // A call met a dead socket since this connection last proved
+        // alive (a restart or failover kills every socket at once): one
+        // PING before handing it out again.
+        let ping = redis::cmd("PING");
+        match tokio::time::timeout(
+            self.connect_timeout,
+            ping.query_async::<Value>(&mut connection.connection),
+        )
+        .await
+        {
+            Ok(Ok(_)) => {
+                connection.checked.fetch_max(epoch, Ordering::AcqRel);
+                Ok(())
+            }
+            Ok(Err(error)) => {
+                connection.broken.store(true, Ordering::Release);
+                Err(error)
+            }
+            Err(_) => {
+                connection.broken.store(true, Ordering::Release);
+                Err(closed())
+            }
+        }
+    }
+
+    fn has_broken(&self, connection: &mut Self::Connection) -> bool {
+        connection.broken.load(Ordering::Acquire)
+    }
+}
+
+fn closed() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::NotConnected,
+        "the connection was closed",
+    ))
+}
+
+/// Opens Cluster connections for bb8. A `ClusterConnection` is itself
+/// multiplexed over one connection per node and reconnects to nodes on its
+/// own; the pool spreads load over a few of them and keeps the same
+/// checkout path as standalone.
+pub(crate) struct ClusterManager {
+    client: ClusterClient,
+    last_error: LastError,
+}
+
+impl ClusterManager {
+    pub(crate) fn new(client: ClusterClient) -> Self {
+        Self {
+            client,
+            last_error: LastError::default(),
+        }
+    }
+
+    /// The handle on this manager's last connection error.
+    pub(crate) fn last_error(&self) -> LastError {
+        self.last_error.clone()
+    }
+}
+
+impl bb8::ManageConnection for ClusterManager {
+    type Connection = ClusterConnection;
+    type Error = RedisError;
+
+    async fn connect(&self) -> Result<Self::Connection, Self::Error> {
+        let opened = self.client.get_async_connection().await;
+        self.last_error.record(&opened);
+        opened
+    }
+
+    async fn is_valid(&self, _connection: &mut Self::Connection) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
+    fn has_broken(&self, _connection: &mut Self::Connection) -> bool {
+        false
+    }
+}
+
+/// The pool: portcullis's own (standalone or Sentinel, or Cluster), or one
+/// the application built on bb8-redis.
+#[derive(Clone)]
+pub(crate) enum Pool {
+    Standalone(bb8::Pool<StandaloneManager>, LastError),
+    Cluster(bb8::Pool<ClusterManager>, LastError),
+    /// The application's pool ([`RedisStoreBuilder::pool`](crate::RedisStoreBuilder::pool)):
+    /// its manager decides how dead connections are found.
+    External(bb8::Pool<bb8_redis::RedisConnectionManager>),
+}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (kind, state) = match self {
+            Self::Standalone(pool, _) => ("standalone", pool.state()),
+            Self::Cluster(pool, _) => ("cluster", pool.state()),
+            Self::External(pool) => ("application's bb8-redis pool", pool.state()),
+        };
+        f.debug_struct("Pool")
+            .field("kind", &kind)
+            .field("connections", &state.connections)
+            .field("idle", &state.idle_connections)
+            .finish()
+    }
+}
+
+/// A connection taken from the pool. The pooled connection goes back at
+/// once: connections are multiplexed, so many calls share one.
+pub(crate) enum Connection {
+    Standalone(StandaloneConnection),
+    Cluster(ClusterConnection),
+    External(MultiplexedConnection),
+}
+
+impl Pool {
+    async fn checkout(&self) -> Result<Connection, StoreError> {
+        match self {
+            Self::Standalone(pool, last) => {
+                let pooled = pool.get().await.map_err(|e| pool_error(e, Some(last)))?;
+                Ok(Connection::Standalone(pooled.clone()))
+            }
+            Self::Cluster(pool, last) => {
+                let pooled = pool.get().await.map_err(|e| pool_error(e, Some(last)))?;
+                Ok(Connection::Cluster(pooled.clone()))
+            }
+            Self::External(pool) => {
+                let pooled = pool.get().await.map_err(|e| pool_error(e, None))?;
+                Ok(Connection::External(pooled.clone()))
+            }
+        }
+    }
+
+    /// Checks a connection out before `deadline` (`timeout` from the start
+    /// of the call).
+    async fn checkout_by(
+        &self,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<Connection, StoreError> {
+        match timeout_at(deadline, self.checkout()).await {
+            Ok(result) => result,
+            Err(_) => Err(match self.last_error() {
+                Some(last) => StoreError::unavailable(NoConnection { last }),
+                None => StoreError::unavailable(format!(
+                    "no connection within {timeout:?}; nothing was sent"
+                )),
+            }),
+        }
+    }
+
+    fn last_error(&self) -> Option<RedisError> {
+        match self {
+            Self::Standalone(_, last) | Self::Cluster(_, last) => last.get(),
+            Self::External(_) => None,
+        }
+    }
+}
+
+fn pool_error(error: bb8::RunError<RedisError>, last: Option<&LastError>) -> StoreError {
+    match error {
+        bb8::RunError::User(error) => StoreError::unavailable(error),
+        bb8::RunError::TimedOut => match last.and_then(LastError::get) {
+            Some(last) => StoreError::unavailable(NoConnection { last }),
+            None => StoreError::unavailable("timed out waiting for a connection from the pool"),
+        },
+    }
+}
+
+impl Connection {
+    async fn query(&mut self, cmd: &Cmd) -> Result<Value, RedisError> {
+        match self {
+            Self::Standalone(standalone) => cmd.query_async(&mut standalone.connection).await,
+            Self::Cluster(connection) => cmd.query_async(connection).await,
+            Self::External(connection) => cmd.query_async(connection).await,
+        }
+    }
+
+    /// Sends `cmd` to the Cluster node named by a redirection, after
+    /// `ASKING` for `ASK` (one pipeline, so nothing comes between them on
+    /// the multiplexed connection).
+    async fn query_at(&mut self, cmd: &Cmd, to: &Redirect) -> Result<Value, RedisError> {
+        let Self::Cluster(connection) = self else {
+            // Standalone servers never redirect; nothing to follow.
+            return self.query(cmd).await;
+        };
+        let route = to.route();
+        if !to.asking {
+            // route_command hands server errors back as values.
+            return connection
+                .route_command(cmd.clone(), RoutingInfo::SingleNode(route))
+                .await
+                .and_then(Value::extract_error);
+        }
+        let mut pipeline = redis::pipe();
+        pipeline.cmd("ASKING").ignore();
+        pipeline.add_command(cmd.clone());
+        let mut values = connection.route_pipeline(pipeline, 1, 1, route).await?;
+        match values.pop() {
+            Some(value) if values.is_empty() => value.extract_error(),
+            _ => Err(RedisError::from((
+                ErrorKind::UnexpectedReturnType,
+                "ASKING pipeline",
+                format!("expected one reply, got {}", values.len() + 1),
+            ))),
+        }
+    }
+
+    /// Loads `script` (`SCRIPT LOAD`, or `FUNCTION LOAD REPLACE` of the
+    /// library holding a function). On a Cluster, on the node that answered `NOSCRIPT`:
+    /// the redirection's target if any, else the master serving `key`'s
+    /// slot (a fan-out to every master would fail whenever any other master
+    /// is down).
+    async fn load(
+        &mut self,
+        script: &LuaScript,
+        key: &str,
+        to: Option<&Redirect>,
+    ) -> Result<Value, RedisError> {
+        let load = script.load_cmd();
+        match self {
+            Self::Standalone(standalone) => load.query_async(&mut standalone.connection).await,
+            Self::External(connection) => load.query_async(connection).await,
+            Self::Cluster(connection) => {
+                let route = match to {
+                    Some(to) => to.route(),
+                    None => SingleNodeRoutingInfo::SpecificNode(Route::with_slot(
+                        Slot::for_key(key),
+                        SlotAddr::Master,
+                    )),
+                };
+                connection
+                    .route_command(load, RoutingInfo::SingleNode(route))
+                    .await
+                    .and_then(Value::extract_error)
+            }
+        }
+    }
+
+    /// After a call timed out: a Sentinel-managed connection is replaced
+    /// (the next one asks the Sentinels where the primary is), since a
+    /// primary that stopped answering may be the one a failover is
+    /// replacing (with writes paused, or partitioned away). Other
+    /// connections stay: a slow server is not a dead one.
+    fn timed_out(&self) {
+        if let Self::Standalone(standalone) = self {
+            if standalone.rediscover_on_timeout {
+                self.mark_broken();
+            }
+        }
+    }
+
+    /// Marks a standalone connection broken after an I/O error (or a
+    /// `READONLY` from a demoted primary) so the pool replaces it, and
+    /// bumps the failure epoch so the other pooled connections are checked
+    /// once before their next use.
+    fn mark_broken(&self) {
+        if let Self::Standalone(standalone) = self {
+            if !standalone.broken.swap(true, Ordering::AcqRel) {
+                standalone.epoch.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+/// Why the server did not run a command (so sending it again is safe).
+enum NotRun {
+    /// `NOSCRIPT`: load the script, then send it again.
+    NoScript,
+    /// `TRYAGAIN` (a multi-key command during a slot migration): send it
+    /// again after a moment.
+    Later,
+    /// `MOVED` or `ASK`: send it to the node named (after `ASKING` for
+    /// `ASK`: the slot is migrating and the keys are already there). The
+    /// Cluster connection refreshes its slot map after `MOVED` on its own.
+    Redirect(Redirect),
+}
+
+/// Where to send a command again.
+#[derive(Debug, Clone)]
+struct Redirect {
+    host: String,
+    port: u16,
+    asking: bool,
+}
+
+/// What one attempt's error means.
+enum Failure {
+    /// The server proves it did not run the command.
+    NotRun { why: NotRun, error: RedisError },
+    /// Give up with this error.
+    Fail(StoreError),
+}
+
+impl Redirect {
+    /// The route to the node named.
+    fn route(&self) -> SingleNodeRoutingInfo {
+        SingleNodeRoutingInfo::ByAddress {
+            host: self.host.clone(),
+            port: self.port,
+        }
+    }
+}
+
+/// The node of a `MOVED` or `ASK` error.
+fn redirect(error: &RedisError, asking: bool) -> Option<Redirect> {
+    let (address, _slot) = error.redirect_node()?;
+    let (host, port) = address.rsplit_once(':')?;
+    Some(Redirect {
+        host: host.to_owned(),
+        port: port.parse().ok()?,
+        asking,
+    })
+}
+
+/// Classifies an error returned by a command that was handed to the
+/// connection.
+fn classify(error: RedisError, connection: &Connection, timeout: Duration) -> Failure {
+    match error.kind() {
+        ErrorKind::Server(ServerErrorKind::NoScript) => Failure::NotRun {
+            why: NotRun::NoScript,
+            error,
+        },
+        ErrorKind::Server(ServerErrorKind::TryAgain) => Failure::NotRun {
+            why: NotRun::Later,
+            error,
+        },
+        ErrorKind::Server(kind @ (ServerErrorKind::Moved | ServerErrorKind::Ask))
+            if matches!(connection, Connection::Cluster(_)) =>
+        {
+            match redirect(&error, kind == ServerErrorKind::Ask) {
+                Some(to) => Failure::NotRun {
+                    why: NotRun::Redirect(to),
+                    error,
+                },
+                None => Failure::Fail(StoreError::unavailable(error)),
+            }
+        }
+        // A primary demoted by a failover (Sentinel): refused before
+        // running; the connection goes, and the next one asks the
+        // Sentinels where the primary is now.
+        ErrorKind::Server(ServerErrorKind::ReadOnly) => {
+            connection.mark_broken();
+            Failure::Fail(StoreError::unavailable(error))
+        }
+        // Refused before running: nothing was charged.
+        ErrorKind::Server(
+            ServerErrorKind::Moved
+            | ServerErrorKind::Ask
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::BusyLoading
+            | ServerErrorKind::NoPerm
+            | ServerErrorKind::CrossSlot,
+        )
+        | ErrorKind::ClusterConnectionNotFound
+        | ErrorKind::AuthenticationFailed
+        | ErrorKind::InvalidClientConfig => Failure::Fail(StoreError::unavailable(error)),
+        // Not logged in (`NOAUTH`, after a server's password changed) or an
+        // ACL refusal, also of a command a script calls (the scripts call
+        // `TIME` and read before they write, so a refused script wrote
+        // nothing): refused before anything was charged.
+        _ if matches!(error.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+            || is_script_acl_refusal(&error) =>
+        {
+            Failure::Fail(StoreError::unavailable(error))
+        }
+        // BUSY (another script runs too long) and OOM (refused at the first
+        // write, so nothing was written) are refusals too.
+        ErrorKind::Extension if matches!(error.code(), Some("BUSY" | "OOM" | "NOREPLICAS")) => {
+            Failure::Fail(StoreError::unavailable(error))
+        }
+        ErrorKind::Io if error.is_timeout() => {
+            connection.timed_out();
+            Failure::Fail(StoreError::Timeout { after: timeout })
+        }
+        ErrorKind::Io if error.is_connection_refusal() => {
+            connection.mark_broken();
+            Failure::Fail(StoreError::unavailable(error))
+        }
+        ErrorKind::Io => {
+            connection.mark_broken();
+            Failure::Fail(StoreError::outcome_unknown(error))
+        }
+        _ => Failure::Fail(StoreError::rejected(error)),
+    }
+}
+
+/// Whether the server refused a command a script called because of the
+/// user's ACL ("The user executing the script can't run this command").
+pub(crate) fn is_script_acl_refusal(error: &RedisError) -> bool {
+    error
+        .detail()
+        .is_some_and(|detail| detail.contains("can't run this command"))
+}
+
+/// Whether a server answered `FCALL` with "Function not found".
+fn function_missing(error: &RedisError) -> bool {
+    error.code() == Some("ERR")
+        && error
+            .detail()
+            .is_some_and(|detail| detail.starts_with("Function not found"))
+}
+
+/// Runs `evalsha` (an `EVALSHA` of `script` whose first key is
+/// `first_key`, or an `FCALL` of a function), and after `NOSCRIPT` (or
+/// "Function not found") a `SCRIPT LOAD` (`FUNCTION LOAD REPLACE`) and the
+/// call again. Nothing that may have run is sent twice. Everything, pool
+/// checkout included, shares one deadline of `timeout`.
+pub(crate) async fn eval(
+    pool: &Pool,
+    timeout: Duration,
+    script: &LuaScript,
+    evalsha: &Cmd,
+    first_key: &str,
+) -> Result<Value, StoreError> {
+    let deadline = Instant::now() + timeout;
+    let mut connection = pool.checkout_by(deadline, timeout).await?;
+    let mut attempts = 0;
+    let mut redirected: Option<Redirect> = None;
+    loop {
+        let sent = match &redirected {
+            Some(to) => timeout_at(deadline, connection.query_at(evalsha, to)).await,
+            None => timeout_at(deadline, connection.query(evalsha)).await,
+        };
+        let error = match sent {
+            Err(_) => {
+                connection.timed_out();
+                return Err(StoreError::Timeout { after: timeout });
+            }
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(error)) => error,
+        };
+        let (why, error) = if script.is_function() && function_missing(&error) {
+            // `FCALL` of a function the node does not have (FUNCTION
+            // FLUSH, a restart, a failover, a new node): nothing ran.
+            (NotRun::NoScript, error)
+        } else {
+            match classify(error, &connection, timeout) {
+                Failure::Fail(error) => return Err(error),
+                Failure::NotRun { why, error } => (why, error),
+            }
+        };
+        attempts += 1;
+        if attempts > NOT_RUN_RETRIES {
+            return Err(StoreError::unavailable(error));
+        }
+        match why {
+            NotRun::NoScript => {
+                tracing::debug!(
+                    name = script.sha(),
+                    "NOSCRIPT or no such function: loading it"
+                );
+                match timeout_at(
+                    deadline,
+                    connection.load(script, first_key, redirected.as_ref()),
+                )
+                .await
+                {
+                    // The check itself has not run yet: nothing was charged.
+                    Err(_) => {
+                        return Err(StoreError::unavailable(format!(
+                            "loading the script took longer than {timeout:?}; the check was not run"
+                        )))
+                    }
+                    // A node at maxmemory with noeviction refuses `FUNCTION
+                    // LOAD` (scripts still load): the caller runs the call
+                    // as a script instead.
+                    Ok(Err(error)) if script.is_function() && error.code() == Some("OOM") => {
+                        return Err(StoreError::unavailable(
+                            crate::functions::LibraryNotLoaded(error),
+                        ));
+                    }
+                    Ok(Err(error)) => {
+                        if error.is_io_error() {
+                            connection.mark_broken();
+                        }
+                        return Err(StoreError::unavailable(error));
+                    }
+                    Ok(Ok(_)) => {}
+                }
+            }
+            NotRun::Redirect(to) => {
+                tracing::debug!(?to, "following a Cluster redirection");
+                redirected = Some(to);
+            }
+            NotRun::Later => {
+                redirected = None;
+                let pause = Duration::from_millis(5 * attempts as u64);
+                if Instant::now() + pause >= deadline {
+                    return Err(StoreError::unavailable(error));
+                }
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+}
+
+/// Runs a plain command under the deadline (no retries). Used for `DEL`,
+/// `PING` and the rate limiter's configuration.
+pub(crate) async fn query(pool: &Pool, timeout: Duration, cmd: &Cmd) -> Result<Value, StoreError> {
+    let deadline = Instant::now() + timeout;
+    let mut connection = pool.checkout_by(deadline, timeout).await?;
+    match timeout_at(deadline, connection.query(cmd)).await {
+        Err(_) => {
+            connection.timed_out();
+            Err(StoreError::Timeout { after: timeout })
+        }
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => match classify(error, &connection, timeout) {
+            Failure::Fail(error) => Err(error),
+            Failure::NotRun { error, .. } => Err(StoreError::unavailable(error)),
+        },
+    }
+}

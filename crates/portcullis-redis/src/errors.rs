@@ -1,0 +1,227 @@
+//! `BuildError`: why a `RedisStore` could not be built, each message saying
+//! what to change, the redis-rs error kept as `source()`.
+
+use std::fmt;
+
+use redis::RedisError;
+use portcullis_core::StoreError;
+
+use crate::builder::MAX_PREFIX_LEN;
+
+/// The ACL rules a Redis user needs for portcullis, for
+/// `ACL SETUSER <user> on ><password> ~<prefix>:* <ACL_COMMANDS>`: the
+/// commands the store sends (`EVALSHA`, `SCRIPT LOAD`, `DEL` for resets,
+/// `HMGET` for the rate limiter's configuration, `PING`) and the ones its
+/// scripts call. `CONFIG GET` is optional (see the crate docs, "Failure
+/// semantics").
+pub const ACL_COMMANDS: &str = "+ping +evalsha +script|load +time +get +set +exists +del +hmget +hset +pexpire +pexpireat +zadd +zcount +zrangebyscore +zremrangebyrank +zremrangebyscore +zrevrange +zcard +zscore +zrem";
+
+/// What an ACL user needs besides [`ACL_COMMANDS`] on a Redis Cluster: the
+/// Cluster client reads the slot map (`CLUSTER SLOTS`) and follows
+/// migrations (`ASKING`).
+pub const ACL_CLUSTER_COMMANDS: &str = "+cluster|slots +asking";
+
+/// The commands portcullis's scripts call (the tail of [`ACL_COMMANDS`]).
+pub(crate) const SCRIPT_COMMANDS: &str = "+time +get +set +exists +del +hmget +hset +pexpire +pexpireat +zadd +zcount +zrangebyscore +zremrangebyrank +zremrangebyscore +zrevrange +zcard +zscore +zrem";
+
+/// Why a [`RedisStore`](crate::RedisStore) could not be built. Each
+/// message says what to change; errors from Redis keep the redis-rs error
+/// as [`source()`](std::error::Error::source).
+///
+/// ```
+/// use portcullis::redis::{BuildError, RedisStore};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let error = RedisStore::builder().build().await.unwrap_err();
+/// assert!(matches!(error, BuildError::NoServer));
+///
+/// let error = RedisStore::builder()
+///     .url("redis://127.0.0.1")
+///     .prefix("has{brace")
+///     .build()
+///     .await
+///     .unwrap_err();
+/// assert!(error.to_string().contains("prefix"));
+/// # });
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// No target was given ([`url`](crate::RedisStoreBuilder::url),
+    /// [`cluster`](crate::RedisStoreBuilder::cluster),
+    /// [`sentinel`](crate::RedisStoreBuilder::sentinel), …), or its list of
+    /// URLs was empty.
+    NoServer,
+    /// A URL could not be parsed.
+    InvalidUrl {
+        /// The URL (or the comma-separated URLs), password replaced by `***`.
+        url: String,
+        /// The parser's error.
+        source: RedisError,
+    },
+    /// The key prefix was empty, too long, or had braces, spaces or control
+    /// characters.
+    InvalidPrefix {
+        /// The prefix given (at most 80 characters of it).
+        prefix: String,
+    },
+    /// The pool size was 0.
+    ZeroPoolSize,
+    /// A timeout was zero.
+    ZeroTimeout {
+        /// `timeout` or `connect_timeout`.
+        field: &'static str,
+    },
+    /// A `rediss://` URL (or TLS settings) without the `tls` feature.
+    TlsNotEnabled {
+        /// The URL, password replaced by `***`.
+        url: String,
+    },
+    /// A `rediss://…#insecure` URL without the `tls-insecure` feature.
+    InsecureTlsNotEnabled {
+        /// The URL, password replaced by `***`.
+        url: String,
+    },
+    /// [`tls_ca`](crate::RedisStoreBuilder::tls_ca) or
+    /// [`tls_client_cert`](crate::RedisStoreBuilder::tls_client_cert) was
+    /// given for a URL that is not `rediss://`.
+    TlsSettingsWithoutTls {
+        /// The URL, password replaced by `***`.
+        url: String,
+    },
+    /// The TLS certificates or key could not be used.
+    Tls {
+        /// redis-rs's error.
+        source: RedisError,
+    },
+    /// A configuration the store cannot use.
+    Unsupported {
+        /// What and what to do instead.
+        detail: String,
+    },
+    /// The server could not be reached (refused, timed out, TLS handshake
+    /// failed) at `build()`.
+    Connect {
+        /// Where (URLs with passwords replaced by `***`).
+        target: String,
+        /// redis-rs's error.
+        source: RedisError,
+    },
+    /// The server refused the credentials (`WRONGPASS`, `NOAUTH`).
+    Auth {
+        /// The user name tried (`default` when none was given).
+        user: String,
+        /// redis-rs's error.
+        source: RedisError,
+    },
+    /// The ACL user may not run a command or touch a key portcullis needs
+    /// (`NOPERM`).
+    Permission {
+        /// The user name.
+        user: String,
+        /// The ACL rule to grant, such as `+evalsha` or `~portcullis:*`.
+        permission: String,
+        /// The key prefix (for the full grant in the message).
+        prefix: String,
+        /// redis-rs's error.
+        source: RedisError,
+    },
+    /// No Sentinel knows a master of this name.
+    UnknownSentinelMaster {
+        /// The name given to [`sentinel`](crate::RedisStoreBuilder::sentinel).
+        master: String,
+        /// redis-rs's error.
+        source: RedisError,
+    },
+    /// The connection worked but the test check at `build()` failed.
+    Check {
+        /// The store's error (its own `source()` holds redis-rs's).
+        source: StoreError,
+    },
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoServer => f.write_str("no Redis server given: call .url(\"redis://host:6379\"), .cluster([...]), .sentinel(name, [...]), .client(..) or .pool(..) on the builder"),
+            Self::InvalidUrl { url, source } => write!(f, "invalid Redis URL {url:?} ({source}): use redis://[[user]:password@]host[:port][/db], rediss://… for TLS, or redis+unix:///path"),
+            Self::InvalidPrefix { prefix } => write!(f, "invalid key prefix {prefix:?}: use 1 to {MAX_PREFIX_LEN} printable ASCII characters without braces or spaces"),
+            Self::ZeroPoolSize => f.write_str("pool size is 0: give at least 1 connection"),
+            Self::ZeroTimeout { field } => write!(f, "{field} is zero: give a positive duration"),
+            Self::TlsNotEnabled { url } => write!(f, "{url} needs TLS, which this build of portcullis-redis does not have: enable the `tls` feature (portcullis = {{ features = [\"redis\", \"tls\"] }} or portcullis-redis = {{ features = [\"tls\"] }})"),
+            Self::InsecureTlsNotEnabled { url } => write!(f, "{url} asks for TLS without certificate checks (#insecure), which needs the `tls-insecure` feature; it is for tests only: in production remove #insecure and give the server's CA with .tls_ca(..)"),
+            Self::TlsSettingsWithoutTls { url } => write!(f, "TLS certificates were given but {url} is not a TLS URL: use rediss://"),
+            Self::Tls { source } => write!(f, "the TLS certificates could not be used ({source}): give PEM data (-----BEGIN CERTIFICATE----- / PRIVATE KEY-----) to .tls_ca(..) and .tls_client_cert(..)"),
+            Self::Unsupported { detail } => write!(f, "unsupported Redis configuration: {detail}"),
+            Self::Connect { target, source } => write!(f, "could not connect to Redis at {target} ({source}): check that the server runs and is reachable, and for rediss:// that its certificate is signed by a trusted CA (.tls_ca(..)) and matches the host name; or build with .lazy_connect(true) to start without Redis"),
+            Self::Auth { user, source } => write!(f, "Redis refused the credentials of user {user:?} ({source}): check the user name and password (in the URL as user:password@, or .username(..) / .password(..)); for a password-only server use redis://:password@host"),
+            Self::Permission { user, permission, prefix, source } => write!(f, "the Redis user {user:?} lacks the ACL permission {permission} ({source}): grant it with `ACL SETUSER {user} {permission}`; everything portcullis needs is `ACL SETUSER {user} ~{prefix}:* {ACL_COMMANDS}`"),
+            Self::UnknownSentinelMaster { master, source } => write!(f, "no Sentinel knows a master named {master:?} ({source}): use the name of a `sentinel monitor <name> …` line (SENTINEL MASTERS lists them)"),
+            Self::Check { source } => write!(f, "Redis answered, but a test check at build() failed: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::InvalidUrl { source, .. }
+            | Self::Tls { source }
+            | Self::Connect { source, .. }
+            | Self::Auth { source, .. }
+            | Self::Permission { source, .. }
+            | Self::UnknownSentinelMaster { source, .. } => Some(source),
+            Self::Check { source } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acl_commands_end_with_the_script_commands() {
+        assert!(ACL_COMMANDS.ends_with(SCRIPT_COMMANDS), "{ACL_COMMANDS}");
+    }
+
+    /// Every command a Lua source calls is in the documented grant, so a
+    /// user given `ACL_COMMANDS` can run every script.
+    #[test]
+    fn every_command_the_scripts_call_is_granted() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lua");
+        let granted: Vec<&str> = SCRIPT_COMMANDS.split(' ').collect();
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let source = std::fs::read_to_string(&path).unwrap();
+            let calls = source
+                .split("redis.call(")
+                .skip(1)
+                .chain(source.split("redis.pcall(").skip(1));
+            for call in calls {
+                let quoted = call.trim_start().trim_start_matches(['\'', '"']);
+                let command: String = quoted
+                    .chars()
+                    .take_while(char::is_ascii_alphabetic)
+                    .collect();
+                if command.is_empty() {
+                    continue; // redis.call(unpack(..)) and the like
+                }
+                seen += 1;
+                let rule = format!("+{}", command.to_ascii_lowercase());
+                assert!(
+                    granted.contains(&rule.as_str()),
+                    "{} calls {command}: add {rule} to SCRIPT_COMMANDS and ACL_COMMANDS",
+                    path.display()
+                );
+            }
+        }
+        assert!(
+            seen > 10,
+            "found only {seen} redis.call in {}",
+            dir.display()
+        );
+    }
+}

@@ -1,0 +1,217 @@
+//! The [`LeaseStore`] impl of [`RedisStore`]: each acquire, renew and
+//! release is one atomic call of `lua/lease.lua` (the library's
+//! `<library>_lease` function, or its script on the EVALSHA path) on the
+//! subject's lease set `<prefix>:{<subject>}:<policy>`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use redis::{Cmd, Value};
+use portcullis_core::{ConcurrencyPolicy, Lease, LeaseDecision, LeaseId, LeaseStore, StoreError};
+
+use crate::connection;
+use crate::functions::CallPath;
+use crate::scripts::{self, LuaScript};
+use crate::store::{ints, protocol, Inner};
+use crate::RedisStore;
+
+/// The future of [`RedisStore`]'s [`LeaseStore::acquire`].
+pub type AcquireFuture =
+    Pin<Box<dyn Future<Output = Result<LeaseDecision, StoreError>> + Send + 'static>>;
+
+/// The lease script (EVALSHA path), composed once per process.
+fn lease_script() -> &'static LuaScript {
+    static SCRIPT: OnceLock<LuaScript> = OnceLock::new();
+    SCRIPT.get_or_init(scripts::lease)
+}
+
+impl RedisStore {
+    /// The Redis key of `subject`'s leases under the concurrency policy
+    /// `policy_name`: `<prefix>:{<subject>}:lease:<policy_name>`. Policy
+    /// names hold no `:`, so no rate policy's key (`<prefix>:{<subject>}:<name>`)
+    /// is ever a lease key, whatever the two policies are called.
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// // With lazy_connect, this runs without a server.
+    /// let store = portcullis::redis::RedisStore::builder()
+    ///     .url("redis://127.0.0.1")
+    ///     .lazy_connect(true)
+    ///     .build()
+    ///     .await?;
+    /// assert_eq!(store.lease_key_for("tenant-7", "exports"), "portcullis:{tenant-7}:lease:exports");
+    /// assert_ne!(store.lease_key_for("tenant-7", "api"), store.key_for("tenant-7", "api"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn lease_key_for(&self, subject: &str, policy_name: &str) -> String {
+        let mut name = String::with_capacity(6 + policy_name.len());
+        name.push_str("lease:");
+        name.push_str(policy_name);
+        self.key_for(subject, &name)
+    }
+
+    /// The lease call: `<op> <now> <max> <ttl_us> <id>` on the subject's
+    /// lease key; its reply as four integers, or `None` for `NOROOM` (an
+    /// acquire at maxmemory that would create the key).
+    fn lease_call(
+        &self,
+        op: &'static str,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        id: LeaseId,
+    ) -> impl Future<Output = Result<Option<[i64; 4]>, StoreError>> + Send + 'static {
+        let key = self.lease_key_for(subject, policy.name());
+        let mut args = Cmd::new();
+        args.arg(op);
+        self.push_now(&mut args);
+        args.arg(policy.limit())
+            .arg(policy.lease_ttl_micros())
+            .arg(id.to_string());
+        let inner = Arc::clone(&self.inner);
+        async move {
+            let value = match inner.scripts.path().choose() {
+                CallPath::Evalsha => run(&inner, lease_script(), &key, &args).await?,
+                _ => {
+                    let function = inner.scripts.library().lease().clone();
+                    match run(&inner, &function, &key, &args).await {
+                        // Redis refused FCALL or FUNCTION LOAD: nothing ran.
+                        Err(error) if inner.scripts.path().refused(&error) => {
+                            run(&inner, lease_script(), &key, &args).await?
+                        }
+                        other => other?,
+                    }
+                }
+            };
+            match value {
+                Value::Array(items) => ints::<4>(&items).map(Some),
+                Value::SimpleString(status) if status == "NOROOM" => Ok(None),
+                other => Err(protocol(format!(
+                    "the lease script answered {other:?}, not four integers"
+                ))),
+            }
+        }
+    }
+}
+
+fn append(cmd: &mut Cmd, args: &Cmd) {
+    for arg in args.args_iter() {
+        if let redis::Arg::Simple(bytes) = arg {
+            cmd.arg(bytes);
+        }
+    }
+}
+
+/// One call of `script` (a function: `FCALL`; a script: `EVALSHA`); one
+/// refused with `OOM` (nothing was written but pruning) runs once more as
+/// its allow-oom twin.
+async fn run(
+    inner: &Inner,
+    script: &LuaScript,
+    key: &str,
+    args: &Cmd,
+) -> Result<Value, StoreError> {
+    match call(inner, script, key, args).await {
+        Ok(value) => {
+            if script.is_function() {
+                inner.scripts.path().loaded();
+            }
+            Ok(value)
+        }
+        Err(error) if crate::store::is_oom(&error) => match script.allow_oom() {
+            Some(twin) => call(inner, twin, key, args).await,
+            None => Err(error),
+        },
+        other => other,
+    }
+}
+
+async fn call(
+    inner: &Inner,
+    script: &LuaScript,
+    key: &str,
+    args: &Cmd,
+) -> Result<Value, StoreError> {
+    let mut cmd = redis::cmd(if script.is_function() {
+        "FCALL"
+    } else {
+        "EVALSHA"
+    });
+    cmd.arg(script.sha()).arg(1).arg(key);
+    append(&mut cmd, args);
+    connection::eval(&inner.pool, inner.timeout, script, &cmd, key).await
+}
+
+/// How long a subject Redis has no memory for is told to wait.
+const OUT_OF_MEMORY_RETRY: Duration = Duration::from_secs(1);
+
+fn no_room() -> StoreError {
+    protocol("the lease script answered NOROOM to a renewal or release".to_owned())
+}
+
+fn non_negative(n: i64, what: &str) -> Result<u64, StoreError> {
+    u64::try_from(n).map_err(|_| protocol(format!("the lease script answered {what} = {n}")))
+}
+
+impl LeaseStore for RedisStore {
+    type AcquireFuture = AcquireFuture;
+
+    fn acquire(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        id: LeaseId,
+    ) -> Self::AcquireFuture {
+        let max = policy.limit();
+        let call = self.lease_call("a", subject, policy, id);
+        Box::pin(async move {
+            let Some([granted, in_flight, expiry, now]) = call.await? else {
+                // At maxmemory, for a subject Redis holds no lease of.
+                return Err(StoreError::OutOfMemory {
+                    retry_after: OUT_OF_MEMORY_RETRY,
+                });
+            };
+            let in_flight = non_negative(in_flight, "in_flight")?;
+            let expiry = non_negative(expiry, "expiry")?;
+            let now = non_negative(now, "now")?;
+            Ok(if granted == 1 {
+                LeaseDecision::granted(Lease::new(id, expiry), in_flight, max)
+            } else {
+                LeaseDecision::denied(in_flight, max, expiry.saturating_sub(now))
+            })
+        })
+    }
+
+    fn renew(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send + 'static {
+        let call = self.lease_call("r", subject, policy, lease);
+        async move {
+            let [live, _, expiry, _] = call.await?.ok_or_else(no_room)?;
+            Ok(if live == 1 {
+                Some(non_negative(expiry, "expiry")?)
+            } else {
+                None
+            })
+        }
+    }
+
+    fn release(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'static {
+        let call = self.lease_call("d", subject, policy, lease);
+        async move {
+            let [released, ..] = call.await?.ok_or_else(no_room)?;
+            Ok(released == 1)
+        }
+    }
+}

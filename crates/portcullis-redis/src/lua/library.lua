@@ -1,0 +1,136 @@
+-- The portcullis Redis Functions library's registrations (after the prelude,
+-- every algorithm and check.lua; scripts.rs adds the `#!lua name=` line
+-- and the versioned function names FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA,
+-- FN_GCRA_OOM, FN_LEASE and FN_LEASE_OOM).
+-- Everything above runs once, at FUNCTION LOAD: a call builds no helper.
+--
+-- ARGV[1] names the plan, one letter per policy (CODES, the order of
+-- scripts::CODES in Rust); the rest is check.lua's arguments.
+local CODES = { a = ALG.gcra, b = ALG.leaky_queue, c = ALG.token_bucket,
+  d = ALG.leaky_meter, e = ALG.fixed_window, f = ALG.sliding_window,
+  g = ALG.sliding_log }
+-- Plans by their letters, built on first use (a few per deployment).
+local PLANS = {}
+local function plan(code)
+  local p = PLANS[code]
+  if p ~= nil then
+    return p
+  end
+  if type(code) ~= 'string' or #code == 0 or #code > 64 then
+    return nil
+  end
+  p = {}
+  for i = 1, #code do
+    local alg = CODES[string.sub(code, i, i)]
+    if alg == nil then
+      return nil
+    end
+    p[i] = alg
+  end
+  PLANS[code] = p
+  return p
+end
+local function call(keys, args, no_new_keys)
+  local p = plan(args[1])
+  if p == nil then
+    return redis.error_reply('ERR portcullis: unknown plan; upgrade portcullis-redis')
+  end
+  return check(p, keys, args, 1, no_new_keys)
+end
+redis.register_function{ function_name = FN_CHECK,
+  callback = function(keys, args) return call(keys, args, false) end }
+-- Peeks (cost 0) write nothing: FCALL_RO, which replicas serve too.
+redis.register_function{ function_name = FN_PEEK,
+  callback = function(keys, args) return call(keys, args, false) end,
+  flags = { 'no-writes' } }
+-- The allow-oom twin (check.lua, NO_NEW_KEYS).
+redis.register_function{ function_name = FN_OOM,
+  callback = function(keys, args) return call(keys, args, true) end,
+  flags = { 'allow-oom' } }
+-- Leases of concurrency policies (lease.lua): acquire, renew, release.
+redis.register_function{ function_name = FN_LEASE,
+  callback = function(keys, args) return lease(keys, args, false) end }
+-- Its allow-oom twin: renewals and releases run at maxmemory, and an
+-- acquire that would create a key answers NOROOM instead.
+redis.register_function{ function_name = FN_LEASE_OOM,
+  callback = function(keys, args) return lease(keys, args, true) end,
+  flags = { 'allow-oom' } }
+
+-- The one-policy GCRA check (cost >= 1) of a policy whose emission interval
+-- is a whole number of microseconds and whose burst x period is at most
+-- 2^52 (ALGORITHMS.md, "The Redis fast path"): the state is then always
+-- hexadecimal microseconds, and the call does only TIME, GET and, when
+-- admitted, one SET ... PXAT. It answers one integer, the state's lead
+-- over now before the call: ahead when admitted, -1 - ahead when denied;
+-- the client derives the decision from it with the same arithmetic
+-- (portcullis_core::algorithms::check). A state it cannot read this way (a
+-- tagged or foreign value, or one further ahead than the clock tolerance
+-- allows, to be repaired) is handed to the general check, whose reply is
+-- the usual five integers.
+--
+-- ARGV[1] = "<limit>:<period_us>:<capacity>:<cost>"; ARGV[2], when
+-- present, is now in microseconds (the client-clock mode), else TIME.
+local GCRA_PLAN = { ALG.gcra }
+local FAST = {}
+local fast_count = 0
+local function fast_of(arg)
+  local f = FAST[arg]
+  if f ~= nil then
+    return f
+  end
+  local a, b, c, d = string.match(arg, '^(%d+):(%d+):(%d+):(%d+)$')
+  if a == nil then
+    return nil
+  end
+  local L, P, B, cost = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
+  if L < 1 or P % L ~= 0 or B * P > MAX or cost < 1 or cost > B then
+    return nil
+  end
+  local ei = P / L
+  local cap = B * ei
+  f = { cost * ei, cap, cap + tolerance(cap), a .. ':' .. b .. ':' .. c, cost }
+  if fast_count >= 4096 then
+    FAST, fast_count = {}, 0
+  end
+  FAST[arg] = f
+  fast_count = fast_count + 1
+  return f
+end
+local function gcra_fast(keys, args, no_new_keys)
+  local f = fast_of(args[1])
+  if f == nil then
+    return redis.error_reply('ERR portcullis: fast GCRA argument is not <limit>:<period_us>:<capacity>:<cost>; upgrade portcullis-redis')
+  end
+  -- now_of (prelude.lua) inlined: the fast path saves the Lua call.
+  local now
+  if args[2] == nil then
+    local time = redis.call('TIME')
+    now = time[1] * 1000000 + time[2]
+  else
+    now = tonumber(args[2])
+  end
+  local value = redis.pcall('GET', keys[1])
+  local ahead = 0
+  if value then
+    local tat = type(value) == 'string' and tonumber(value, 16)
+    if not tat or tat >= 2 * MAX or tat - now > f[3] then
+      return check(GCRA_PLAN, keys, { args[2] or '', f[5], f[4] }, 0, no_new_keys)
+    end
+    if tat > now then
+      ahead = tat - now
+    end
+  elseif no_new_keys then
+    return redis.status_reply('NOROOM')
+  end
+  local span = ahead + f[1]
+  if span > f[2] then
+    return -1 - ahead
+  end
+  put(keys[1], string.format('%x', now + span), now + span)
+  return ahead
+end
+redis.register_function{ function_name = FN_GCRA,
+  callback = function(keys, args) return gcra_fast(keys, args, false) end }
+redis.register_function{ function_name = FN_GCRA_OOM,
+  callback = function(keys, args) return gcra_fast(keys, args, true) end,
+  flags = { 'allow-oom' } }

@@ -1,0 +1,533 @@
+//! The Lua sources, the scripts composed from them (EVALSHA) and the
+//! Redis Functions library holding them all (FCALL).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use redis::Cmd;
+
+use smallvec::SmallVec;
+use portcullis_core::{Algorithm, LeakyMode, Policy, StoreError};
+
+use crate::functions::PathState;
+
+const PRELUDE: &str = include_str!("lua/prelude.lua");
+const GCRA: &str = include_str!("lua/gcra.lua");
+const LEAKY_QUEUE: &str = include_str!("lua/leaky_queue.lua");
+const TOKEN_BUCKET: &str = include_str!("lua/token_bucket.lua");
+const LEAKY_METER: &str = include_str!("lua/leaky_meter.lua");
+const FIXED_WINDOW: &str = include_str!("lua/fixed_window.lua");
+const SLIDING_WINDOW: &str = include_str!("lua/sliding_window.lua");
+const SLIDING_LOG: &str = include_str!("lua/sliding_log.lua");
+const CHECK: &str = include_str!("lua/check.lua");
+const LIMITER: &str = include_str!("lua/limiter.lua");
+const LIBRARY: &str = include_str!("lua/library.lua");
+const CHARGE: &str = include_str!("lua/charge.lua");
+const CHARGE_LIBRARY: &str = include_str!("lua/charge_library.lua");
+const LEASE: &str = include_str!("lua/lease.lua");
+
+/// The algorithm sources in the order they are concatenated (the queue
+/// uses the GCRA arithmetic, so GCRA comes first).
+const SOURCES: [(Part, &str); 7] = [
+    (Part::Gcra, GCRA),
+    (Part::LeakyQueue, LEAKY_QUEUE),
+    (Part::TokenBucket, TOKEN_BUCKET),
+    (Part::LeakyMeter, LEAKY_METER),
+    (Part::FixedWindow, FIXED_WINDOW),
+    (Part::SlidingWindow, SLIDING_WINDOW),
+    (Part::SlidingLog, SLIDING_LOG),
+];
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Gcra,
+    LeakyQueue,
+    TokenBucket,
+    LeakyMeter,
+    FixedWindow,
+    SlidingWindow,
+    SlidingLog,
+}
+
+/// The letter naming an algorithm in a Functions call's plan (`CODES` in
+/// library.lua).
+fn code(algorithm: Algorithm) -> Result<char, StoreError> {
+    Ok(match algorithm {
+        Algorithm::Gcra => 'a',
+        Algorithm::LeakyBucket(LeakyMode::Queue) => 'b',
+        Algorithm::TokenBucket => 'c',
+        Algorithm::LeakyBucket(LeakyMode::Meter) => 'd',
+        Algorithm::FixedWindow => 'e',
+        Algorithm::SlidingWindow => 'f',
+        Algorithm::SlidingLog => 'g',
+        other => return Err(unknown(other)),
+    })
+}
+
+fn unknown(algorithm: Algorithm) -> StoreError {
+    StoreError::Protocol {
+        detail: format!(
+            "algorithm {algorithm} has no Redis script in this version of portcullis-redis; upgrade portcullis-redis to match portcullis-core"
+        ),
+    }
+}
+
+/// The Lua function name and the source parts an algorithm needs.
+fn parts(algorithm: Algorithm) -> Result<(&'static str, &'static [Part]), StoreError> {
+    Ok(match algorithm {
+        Algorithm::Gcra => ("gcra", &[Part::Gcra]),
+        Algorithm::LeakyBucket(LeakyMode::Queue) => {
+            ("leaky_queue", &[Part::Gcra, Part::LeakyQueue])
+        }
+        Algorithm::LeakyBucket(LeakyMode::Meter) => ("leaky_meter", &[Part::LeakyMeter]),
+        Algorithm::TokenBucket => ("token_bucket", &[Part::TokenBucket]),
+        Algorithm::FixedWindow => ("fixed_window", &[Part::FixedWindow]),
+        Algorithm::SlidingWindow => ("sliding_window", &[Part::SlidingWindow]),
+        Algorithm::SlidingLog => ("sliding_log", &[Part::SlidingLog]),
+        other => return Err(unknown(other)),
+    })
+}
+
+/// Something the server runs by name: a script (EVALSHA, named by its
+/// SHA-1) or a function of the portcullis library (FCALL), with the source
+/// that defines it, and for a check its allow-oom twin.
+#[derive(Debug, Clone)]
+pub(crate) struct LuaScript {
+    source: Arc<str>,
+    sha: Arc<str>,
+    function: bool,
+    allow_oom: Option<Arc<LuaScript>>,
+}
+
+/// The first line of the allow-oom twin of a check script: Redis 7 runs it
+/// (and its writes) even at `maxmemory` with `noeviction`.
+const ALLOW_OOM_SHEBANG: &str = "#!lua flags=allow-oom\n";
+/// The last line of a check script and of its allow-oom twin.
+const RUN_CHECK: &str = "return check(PLAN, KEYS, ARGV, 0, false)\n";
+const RUN_CHECK_NO_NEW_KEYS: &str = "return check(PLAN, KEYS, ARGV, 0, true)\n";
+
+impl LuaScript {
+    fn new(source: String) -> Self {
+        let sha = redis::Script::new(&source).get_hash().into();
+        Self {
+            source: source.into(),
+            sha,
+            function: false,
+            allow_oom: None,
+        }
+    }
+
+    /// Whether this is a function (FCALL) rather than a script (EVALSHA).
+    pub(crate) fn is_function(&self) -> bool {
+        self.function
+    }
+
+    /// The command that makes the server know this script or function:
+    /// `SCRIPT LOAD`, or `FUNCTION LOAD REPLACE` of the whole library.
+    pub(crate) fn load_cmd(&self) -> Cmd {
+        let mut cmd = if self.function {
+            let mut cmd = redis::cmd("FUNCTION");
+            cmd.arg("LOAD").arg("REPLACE");
+            cmd
+        } else {
+            let mut cmd = redis::cmd("SCRIPT");
+            cmd.arg("LOAD");
+            cmd
+        };
+        cmd.arg(&*self.source);
+        cmd
+    }
+
+    /// The check script's twin for a Redis that refused it for lack of
+    /// memory (`OOM`): declared `allow-oom`, it updates keys that exist and,
+    /// instead of creating one, answers the status `NOROOM` having written
+    /// nothing. `None` for scripts other than checks.
+    pub(crate) fn allow_oom(&self) -> Option<&LuaScript> {
+        self.allow_oom.as_deref()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// What the call names it by: the SHA-1 of a script, the name of a
+    /// function.
+    pub(crate) fn sha(&self) -> &str {
+        &self.sha
+    }
+}
+
+/// Composes the check script for a list of algorithms (one per policy, in
+/// order).
+pub(crate) fn compose(plan: &[Algorithm]) -> Result<LuaScript, StoreError> {
+    let mut needed: SmallVec<[Part; 8]> = SmallVec::new();
+    let mut names: SmallVec<[&str; 4]> = SmallVec::new();
+    for algorithm in plan {
+        let (name, algorithm_parts) = parts(*algorithm)?;
+        names.push(name);
+        for part in algorithm_parts {
+            if !needed.contains(part) {
+                needed.push(*part);
+            }
+        }
+    }
+    let mut source = String::with_capacity(8 * 1024);
+    source.push_str(PRELUDE);
+    for (part, text) in SOURCES {
+        if needed.contains(&part) {
+            source.push_str(text);
+        }
+    }
+    source.push_str("local PLAN = {");
+    for (i, name) in names.iter().enumerate() {
+        if i > 0 {
+            source.push_str(", ");
+        }
+        source.push_str("ALG.");
+        source.push_str(name);
+    }
+    source.push_str("}\n");
+    source.push_str(CHECK);
+    let twin = format!("{ALLOW_OOM_SHEBANG}{source}{RUN_CHECK_NO_NEW_KEYS}");
+    source.push_str(RUN_CHECK);
+    let mut script = LuaScript::new(source);
+    script.allow_oom = Some(Arc::new(LuaScript::new(twin)));
+    Ok(script)
+}
+
+/// The last line of a post-charge script.
+const RUN_CHARGE: &str = "return charge(PLAN, KEYS, ARGV, 0)\n";
+/// The last line of its allow-oom twin.
+const RUN_CHARGE_NO_NEW_KEYS: &str = "return charge(PLAN, KEYS, ARGV, 0, true)\n";
+
+/// Composes the post-charge script (charge.lua) for a list of algorithms,
+/// each GCRA or the token bucket.
+pub(crate) fn compose_charge(plan: &[Algorithm]) -> Result<LuaScript, StoreError> {
+    let mut source = String::with_capacity(12 * 1024);
+    source.push_str(PRELUDE);
+    // charge.lua answers with the algorithms' peeks: both are included.
+    for (part, text) in SOURCES {
+        if matches!(part, Part::Gcra | Part::TokenBucket) {
+            source.push_str(text);
+        }
+    }
+    source.push_str(CHARGE);
+    source.push_str("local PLAN = {");
+    for (i, algorithm) in plan.iter().enumerate() {
+        if i > 0 {
+            source.push_str(", ");
+        }
+        source.push_str(match algorithm {
+            Algorithm::Gcra => "CHG.gcra",
+            Algorithm::TokenBucket => "CHG.token_bucket",
+            other => {
+                return Err(StoreError::Unsupported {
+                    operation: "charge",
+                    detail: format!("the {other} algorithm cannot be charged after the fact; use Algorithm::Gcra or Algorithm::TokenBucket"),
+                })
+            }
+        });
+    }
+    source.push_str("}\n");
+    let twin = format!("{ALLOW_OOM_SHEBANG}{source}{RUN_CHARGE_NO_NEW_KEYS}");
+    source.push_str(RUN_CHARGE);
+    let mut script = LuaScript::new(source);
+    script.allow_oom = Some(Arc::new(LuaScript::new(twin)));
+    Ok(script)
+}
+
+/// The rate limiter's script (GCRA with its configuration in a hash).
+pub(crate) fn limiter() -> LuaScript {
+    let mut source = String::with_capacity(8 * 1024);
+    source.push_str(PRELUDE);
+    source.push_str(GCRA);
+    source.push_str(LIMITER);
+    LuaScript::new(source)
+}
+
+/// The lease script of concurrency policies (EVALSHA path).
+/// Its allow-oom twin (run after `OOM`) refuses to create a key.
+pub(crate) fn lease() -> LuaScript {
+    let mut source = String::with_capacity(8 * 1024);
+    source.push_str(PRELUDE);
+    source.push_str(LEASE);
+    let twin = format!("{ALLOW_OOM_SHEBANG}{source}return lease(KEYS, ARGV, true)\n");
+    source.push_str("return lease(KEYS, ARGV, false)\n");
+    let mut script = LuaScript::new(source);
+    script.allow_oom = Some(Arc::new(LuaScript::new(twin)));
+    script
+}
+
+/// The portcullis Redis Functions library: every algorithm and the check,
+/// loaded once per node (`FUNCTION LOAD REPLACE`) and named after a hash
+/// of its source (`portcullis_<12 hex digits>`), so versions never clash.
+#[derive(Debug, Clone)]
+pub(crate) struct Library {
+    name: Arc<str>,
+    /// A check (`FCALL`); its allow-oom twin is the OOM function.
+    check: LuaScript,
+    /// A peek (`FCALL_RO`, declared `no-writes`).
+    peek: LuaScript,
+    /// The one-policy GCRA check of a whole-microsecond policy
+    /// ([`Library::fast_gcra`]); its allow-oom twin is `gcra_oom`.
+    gcra: LuaScript,
+    /// A post-charge (charge.lua, `FCALL`).
+    charge: LuaScript,
+    /// Acquire, renew and release of leases (lease.lua).
+    lease: LuaScript,
+}
+
+impl Library {
+    fn new() -> Self {
+        let mut body = String::with_capacity(32 * 1024);
+        body.push_str(PRELUDE);
+        for (_, text) in SOURCES {
+            body.push_str(text);
+        }
+        body.push_str(CHECK);
+        body.push_str(CHARGE);
+        body.push_str(LEASE);
+        body.push_str(LIBRARY);
+        body.push_str(CHARGE_LIBRARY);
+        let hash = redis::Script::new(&body).get_hash().to_owned();
+        let name = format!("portcullis_{}", &hash[..12]);
+        let source: Arc<str> = format!(
+            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom'\n{body}"
+        )
+        .into();
+        let function = |suffix: &str| LuaScript {
+            source: Arc::clone(&source),
+            sha: format!("{name}_{suffix}").into(),
+            function: true,
+            allow_oom: None,
+        };
+        let mut check = function("check");
+        check.allow_oom = Some(Arc::new(function("oom")));
+        let mut gcra = function("gcra");
+        gcra.allow_oom = Some(Arc::new(function("gcra_oom")));
+        let mut lease = function("lease");
+        lease.allow_oom = Some(Arc::new(function("lease_oom")));
+        let mut charge = function("charge");
+        charge.allow_oom = Some(Arc::new(function("charge_oom")));
+        Self {
+            check,
+            peek: function("peek"),
+            gcra,
+            charge,
+            lease,
+            name: name.into(),
+        }
+    }
+
+    /// The library's name, `portcullis_<hash>`.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The function for a check (`peek`: cost 0, `FCALL_RO`).
+    pub(crate) fn function(&self, peek: bool) -> &LuaScript {
+        if peek {
+            &self.peek
+        } else {
+            &self.check
+        }
+    }
+
+    /// The post-charge function.
+    pub(crate) fn charge_function(&self) -> &LuaScript {
+        &self.charge
+    }
+
+    /// The lease function (`FCALL`).
+    pub(crate) fn lease(&self) -> &LuaScript {
+        &self.lease
+    }
+
+    /// The fast GCRA function and its argument
+    /// (`<limit>:<period_us>:<capacity>:<cost>`) when a check can take it:
+    /// one GCRA policy whose emission interval is a whole number of
+    /// microseconds and whose `capacity × period` is exact in Lua, with a
+    /// cost of at least 1 (ALGORITHMS.md, "The Redis fast path").
+    pub(crate) fn fast_gcra(&self, policies: &[Policy], cost: u64) -> Option<&LuaScript> {
+        let [policy] = policies else {
+            return None;
+        };
+        let (limit, period) = (policy.limit(), policy.period_micros());
+        let fits = policy.algorithm() == Algorithm::Gcra
+            && cost >= 1
+            && cost <= policy.capacity()
+            && limit >= 1
+            && period % limit == 0
+            && policy.emission_interval() == (limit, period)
+            && policy
+                .capacity()
+                .checked_mul(period)
+                .is_some_and(|product| product <= portcullis_core::MAX_MAGNITUDE);
+        fits.then_some(&self.gcra)
+    }
+
+    /// The plan argument: one letter per policy.
+    pub(crate) fn plan(
+        plan: impl Iterator<Item = Algorithm>,
+    ) -> Result<SmallVec<[u8; 8]>, StoreError> {
+        plan.map(|algorithm| code(algorithm).map(|c| c as u8))
+            .collect()
+    }
+}
+
+type Plan = SmallVec<[Algorithm; 4]>;
+
+/// Composed scripts by algorithm combination. Single-policy scripts are
+/// composed up front; combinations on first use.
+#[derive(Debug)]
+pub(crate) struct ScriptCache {
+    single: HashMap<Algorithm, LuaScript>,
+    combined: RwLock<HashMap<Plan, LuaScript>>,
+    /// Post-charge scripts by algorithm combination, composed on first use.
+    charges: RwLock<HashMap<Plan, LuaScript>>,
+    library: Library,
+    path: PathState,
+}
+
+impl ScriptCache {
+    pub(crate) fn new() -> Self {
+        let single = Algorithm::ALL
+            .into_iter()
+            .filter_map(|algorithm| Some((algorithm, compose(&[algorithm]).ok()?)))
+            .collect();
+        Self {
+            single,
+            combined: RwLock::new(HashMap::new()),
+            charges: RwLock::new(HashMap::new()),
+            library: Library::new(),
+            path: PathState::default(),
+        }
+    }
+
+    /// How checks are called now.
+    pub(crate) fn path(&self) -> &PathState {
+        &self.path
+    }
+
+    /// The Redis Functions library.
+    pub(crate) fn library(&self) -> &Library {
+        &self.library
+    }
+
+    /// The script for these algorithms, in this order.
+    pub(crate) fn get(
+        &self,
+        plan: impl ExactSizeIterator<Item = Algorithm> + Clone,
+    ) -> Result<LuaScript, StoreError> {
+        if plan.len() == 1 {
+            if let Some(script) = plan.clone().next().and_then(|a| self.single.get(&a)) {
+                return Ok(script.clone());
+            }
+        }
+        let plan: Plan = plan.collect();
+        {
+            let combined = self.combined.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(script) = combined.get(&plan) {
+                return Ok(script.clone());
+            }
+        }
+        let script = compose(&plan)?;
+        let mut combined = self.combined.write().unwrap_or_else(|e| e.into_inner());
+        Ok(combined.entry(plan).or_insert(script).clone())
+    }
+}
+
+impl ScriptCache {
+    /// The post-charge script for these algorithms, in this order.
+    pub(crate) fn get_charge(
+        &self,
+        plan: impl Iterator<Item = Algorithm>,
+    ) -> Result<LuaScript, StoreError> {
+        let plan: Plan = plan.collect();
+        {
+            let charges = self.charges.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(script) = charges.get(&plan) {
+                return Ok(script.clone());
+            }
+        }
+        let script = compose_charge(&plan)?;
+        let mut charges = self.charges.write().unwrap_or_else(|e| e.into_inner());
+        Ok(charges.entry(plan).or_insert(script).clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compose_includes_each_source_once_and_the_plan_in_order() {
+        let script = compose(&[
+            Algorithm::LeakyBucket(LeakyMode::Queue),
+            Algorithm::Gcra,
+            Algorithm::FixedWindow,
+        ])
+        .unwrap();
+        assert_eq!(script.source().matches("ALG.gcra = function").count(), 1);
+        assert!(script
+            .source()
+            .contains("local PLAN = {ALG.leaky_queue, ALG.gcra, ALG.fixed_window}"));
+        assert!(script.source().ends_with(RUN_CHECK));
+        assert!(!script.is_function());
+        assert!(!script.source().contains("ALG.sliding_log ="));
+        assert_eq!(script.sha().len(), 40);
+    }
+
+    #[test]
+    fn the_allow_oom_twin_declares_the_flag_and_refuses_new_keys() {
+        let script = compose(&[Algorithm::Gcra, Algorithm::SlidingLog]).unwrap();
+        assert_eq!(script.source().matches(RUN_CHECK).count(), 1);
+        let twin = script.allow_oom().expect("a check script has a twin");
+        assert!(twin.source().starts_with(ALLOW_OOM_SHEBANG));
+        assert!(twin.source().ends_with(RUN_CHECK_NO_NEW_KEYS));
+        assert!(!twin.source().contains(RUN_CHECK));
+        assert_ne!(twin.sha(), script.sha());
+        assert!(twin.allow_oom().is_none());
+        assert!(limiter().allow_oom().is_none());
+    }
+
+    #[test]
+    fn different_orders_are_different_scripts() {
+        let a = compose(&[Algorithm::Gcra, Algorithm::FixedWindow]).unwrap();
+        let b = compose(&[Algorithm::FixedWindow, Algorithm::Gcra]).unwrap();
+        assert_ne!(a.sha(), b.sha());
+        let cache = ScriptCache::new();
+        let again = cache
+            .get([Algorithm::Gcra, Algorithm::FixedWindow].into_iter())
+            .unwrap();
+        assert_eq!(again.sha(), a.sha());
+    }
+
+    #[test]
+    fn the_library_names_its_version_and_every_algorithm_has_a_letter() {
+        let library = Library::new();
+        assert!(library.name().starts_with("portcullis_"));
+        assert_eq!(library.name().len(), "portcullis_".len() + 12);
+        let check = library.function(false);
+        assert!(check.is_function());
+        assert_eq!(check.sha(), format!("{}_check", library.name()));
+        assert_eq!(
+            library.function(true).sha(),
+            format!("{}_peek", library.name())
+        );
+        let oom = check.allow_oom().expect("the check has an OOM twin");
+        assert_eq!(oom.sha(), format!("{}_oom", library.name()));
+        assert!(check
+            .source()
+            .starts_with(&format!("#!lua name={}\n", library.name())));
+        let letters = Library::plan(Algorithm::ALL.into_iter()).unwrap();
+        assert_eq!(letters.len(), Algorithm::ALL.len());
+        for letter in &letters {
+            assert!(LIBRARY.contains(&format!("{} = ALG.", *letter as char)));
+        }
+        let load = check.load_cmd();
+        let args: Vec<_> = load.args_iter().collect();
+        assert_eq!(args.len(), 4);
+    }
+}

@@ -1,0 +1,265 @@
+//! [`ConcurrencyLimitLayer`], its builder, and the configuration its
+//! services share.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use portcullis_core::{ConcurrencyPolicy, LeaseStore};
+use tower_layer::Layer;
+
+use super::ConcurrencyLimit;
+use crate::config::{ConfigError, FailurePolicy, MissingKey};
+use crate::key::{KeyExtractor, PeerIp};
+use crate::DEFAULT_CHECK_TIMEOUT;
+
+/// What the services of one layer share.
+pub(crate) struct Shared<St, K> {
+    pub(crate) store: Arc<St>,
+    pub(crate) policy: ConcurrencyPolicy,
+    pub(crate) key: K,
+    pub(crate) missing_key: MissingKey,
+    pub(crate) fail_closed: bool,
+    pub(crate) timeout: Duration,
+    /// The policy's name, shared by the metrics' `policy` label.
+    pub(crate) policy_name: Arc<str>,
+}
+
+impl<St, K> fmt::Debug for Shared<St, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConcurrencyLimitLayer")
+            .field("policy", &self.policy)
+            .field("missing_key", &self.missing_key)
+            .field("fail_closed", &self.fail_closed)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A [`tower_layer::Layer`] that allows each key (tenant, user, IP…) at
+/// most [`ConcurrencyPolicy::limit`] requests in flight at once, answering
+/// the others `429 Too Many Requests` (gRPC `RESOURCE_EXHAUSTED`).
+///
+/// Each admitted request holds a lease from a [`LeaseStore`] (the
+/// in-process [`MemoryStore`](portcullis_core::MemoryStore), or a
+/// `RedisStore` shared by every instance) until its response body has been
+/// sent, has failed or is dropped, or the request is cancelled; a long
+/// request renews its lease every third of the TTL; a crashed instance's
+/// leases expire after the TTL. See the [crate docs](crate#concurrency-limits).
+///
+/// A denied request gets `429` with `Retry-After` (when the earliest live
+/// lease expires unless renewed) and no `RateLimit` fields, which describe
+/// rates; stacked under a [`RateLimitLayer`](crate::RateLimitLayer), the
+/// outer layer adds its own. Requests without a key follow
+/// [`MissingKey`]; a failing store follows the failure policy, except a
+/// store with no room for a new subject, which denies.
+///
+/// Clones share one configuration and store.
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{routing::post, Router};
+/// use portcullis::{ConcurrencyPolicy, MemoryStore};
+/// use portcullis::tower::{ConcurrencyLimitLayer, Header};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let exports = ConcurrencyLimitLayer::builder(MemoryStore::new())
+///     .policy(
+///         ConcurrencyPolicy::max_in_flight(2)
+///             .lease_ttl(Duration::from_secs(30))
+///             .name("exports")
+///             .build()?,
+///     )
+///     .key(Header::new(http::HeaderName::from_static("x-tenant")))
+///     .build()?;
+/// let app: Router = Router::new()
+///     .route("/exports", post(|| async { "done" }))
+///     .layer(exports);
+/// # let _ = app; Ok(()) }
+/// ```
+pub struct ConcurrencyLimitLayer<St, K = PeerIp> {
+    shared: Arc<Shared<St, K>>,
+}
+
+impl<St, K> Clone for ConcurrencyLimitLayer<St, K> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<St, K> fmt::Debug for ConcurrencyLimitLayer<St, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.shared.fmt(f)
+    }
+}
+
+impl<S, St, K> Layer<S> for ConcurrencyLimitLayer<St, K> {
+    type Service = ConcurrencyLimit<S, St, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ConcurrencyLimit::new(inner, Arc::clone(&self.shared))
+    }
+}
+
+impl<St: LeaseStore> ConcurrencyLimitLayer<St, PeerIp> {
+    /// Starts configuring a layer over `store`, keyed by peer IP until
+    /// [`ConcurrencyLimitLayerBuilder::key`] says otherwise.
+    pub fn builder(store: St) -> ConcurrencyLimitLayerBuilder<St, PeerIp> {
+        Self::builder_shared(Arc::new(store))
+    }
+
+    /// Like [`ConcurrencyLimitLayer::builder`] with a store shared with
+    /// other code (a `RateLimitLayer` over the same store, say).
+    pub fn builder_shared(store: Arc<St>) -> ConcurrencyLimitLayerBuilder<St, PeerIp> {
+        ConcurrencyLimitLayerBuilder {
+            store,
+            policy: None,
+            key: PeerIp::new(),
+            missing_key: MissingKey::default(),
+            failure: FailurePolicy::default(),
+            timeout: DEFAULT_CHECK_TIMEOUT,
+        }
+    }
+}
+
+impl<St, K> ConcurrencyLimitLayer<St, K> {
+    /// The store.
+    #[must_use]
+    pub fn store(&self) -> &Arc<St> {
+        &self.shared.store
+    }
+
+    /// The policy.
+    #[must_use]
+    pub fn policy(&self) -> &ConcurrencyPolicy {
+        &self.shared.policy
+    }
+}
+
+/// Configures a [`ConcurrencyLimitLayer`]; see
+/// [`ConcurrencyLimitLayer::builder`].
+///
+/// ```
+/// use std::time::Duration;
+/// use portcullis::{ConcurrencyPolicy, MemoryStore};
+/// use portcullis::tower::{ConcurrencyLimitLayer, FailurePolicy, MissingKey, User};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let layer = ConcurrencyLimitLayer::builder(MemoryStore::new())
+///     .policy(ConcurrencyPolicy::max_in_flight(20).build()?)
+///     .key(User::<String>::new())
+///     .on_missing_key(MissingKey::fallback("anonymous"))
+///     .on_store_failure(FailurePolicy::FailClosed)
+///     .acquire_timeout(Duration::from_millis(100))
+///     .build()?;
+/// # let _ = layer; Ok(()) }
+/// ```
+#[must_use]
+pub struct ConcurrencyLimitLayerBuilder<St, K> {
+    store: Arc<St>,
+    policy: Option<ConcurrencyPolicy>,
+    key: K,
+    missing_key: MissingKey,
+    failure: FailurePolicy,
+    timeout: Duration,
+}
+
+impl<St, K> fmt::Debug for ConcurrencyLimitLayerBuilder<St, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConcurrencyLimitLayerBuilder")
+            .field("policy", &self.policy)
+            .field("missing_key", &self.missing_key)
+            .field("failure", &self.failure)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
+    /// The concurrency policy (required).
+    pub fn policy(mut self, policy: ConcurrencyPolicy) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+
+    /// Who a request counts against (the peer IP by default): any
+    /// [`KeyExtractor`], as for `RateLimitLayer`.
+    pub fn key<K2: KeyExtractor>(self, key: K2) -> ConcurrencyLimitLayerBuilder<St, K2> {
+        ConcurrencyLimitLayerBuilder {
+            store: self.store,
+            policy: self.policy,
+            key,
+            missing_key: self.missing_key,
+            failure: self.failure,
+            timeout: self.timeout,
+        }
+    }
+
+    /// What to do with a request without a key (default: `400`).
+    pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
+        self.missing_key = missing_key;
+        self
+    }
+
+    /// What to do when the store fails or does not answer within the
+    /// acquire timeout: [`FailurePolicy::FailOpen`] (the default: the
+    /// request runs without a permit, logged) or
+    /// [`FailurePolicy::FailClosed`] (`503`). [`FailurePolicy::Fallback`]
+    /// takes a rate-limit store, which holds no leases: `build()` refuses it.
+    /// A store with no room for a new subject (a full memory store) denies
+    /// with `429` whatever the policy.
+    pub fn on_store_failure(mut self, failure: FailurePolicy) -> Self {
+        self.failure = failure;
+        self
+    }
+
+    /// The longest an acquire may take (default
+    /// [`DEFAULT_CHECK_TIMEOUT`]); beyond it the failure policy applies, and
+    /// the lease, which may have been granted, is released.
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Builds the layer.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::NoPolicies`] without a policy,
+    /// [`ConfigError::ZeroTimeout`] for a zero timeout,
+    /// [`ConfigError::FallbackNotSupported`] for a fallback failure policy,
+    /// [`ConfigError::LeasesNotSupported`] for a store that holds no leases
+    /// (a `BoxStore` built with `BoxStore::new` rather than
+    /// `BoxStore::with_leases`).
+    pub fn build(self) -> Result<ConcurrencyLimitLayer<St, K>, ConfigError> {
+        let policy = self.policy.ok_or(ConfigError::NoPolicies)?;
+        if !self.store.supports_leases() {
+            return Err(ConfigError::LeasesNotSupported {
+                store: std::any::type_name::<St>(),
+            });
+        }
+        if self.timeout.is_zero() {
+            return Err(ConfigError::ZeroTimeout);
+        }
+        let fail_closed = match self.failure {
+            FailurePolicy::FailOpen => false,
+            FailurePolicy::FailClosed => true,
+            FailurePolicy::Fallback(_) => return Err(ConfigError::FallbackNotSupported),
+        };
+        #[cfg(feature = "metrics")]
+        crate::observe::describe_metrics();
+        Ok(ConcurrencyLimitLayer {
+            shared: Arc::new(Shared {
+                store: self.store,
+                policy_name: Arc::from(policy.name()),
+                policy,
+                key: self.key,
+                missing_key: self.missing_key,
+                fail_closed,
+                timeout: self.timeout,
+            }),
+        })
+    }
+}

@@ -1,0 +1,276 @@
+//! The held permit ([`Permit`]): renews its lease while the request runs
+//! and releases it when dropped; and [`ConcurrencyLimitBody`], the response
+//! body that holds the permit until the body is done.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tokio::runtime::Handle;
+use tokio::task::AbortHandle;
+use portcullis_core::{ConcurrencyPolicy, LeaseId, LeaseStore};
+
+type Release = Box<dyn FnOnce() + Send + Sync>;
+
+/// A granted lease, held by the request: renewed every third of the TTL by
+/// a task on the tokio runtime, released when dropped (response body sent,
+/// errored or dropped; request future dropped or cancelled).
+pub(crate) struct Permit {
+    release: Option<Release>,
+    renewer: Option<AbortHandle>,
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("held", &self.release.is_some())
+            .finish()
+    }
+}
+
+impl Permit {
+    /// Holds `lease` of `subject`: starts its renewal (on the current tokio
+    /// runtime, if any) and arranges its release.
+    pub(crate) fn hold<St: LeaseStore>(
+        store: &Arc<St>,
+        subject: Arc<str>,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> Self {
+        let renewer = Handle::try_current().ok().map(|handle| {
+            let store = Arc::clone(store);
+            let subject = Arc::clone(&subject);
+            let policy = policy.clone();
+            handle
+                .spawn(async move { renew_until_lost(&*store, &subject, &policy, lease).await })
+                .abort_handle()
+        });
+        let store = Arc::clone(store);
+        let policy = policy.clone();
+        let release: Release = Box::new(move || release(&*store, &subject, &policy, lease));
+        Self {
+            release: Some(release),
+            renewer,
+        }
+    }
+}
+
+impl Permit {
+    /// Releases `lease` when dropped, without renewing it: armed while an
+    /// acquire is under way (a cancelled or failed acquire may have been
+    /// granted), disarmed by a denial.
+    pub(crate) fn release_on_drop<St: LeaseStore>(
+        store: &Arc<St>,
+        subject: Arc<str>,
+        policy: &ConcurrencyPolicy,
+        lease: LeaseId,
+    ) -> Self {
+        let store = Arc::clone(store);
+        let policy = policy.clone();
+        Self {
+            release: Some(Box::new(move || release(&*store, &subject, &policy, lease))),
+            renewer: None,
+        }
+    }
+
+    /// Forgets the lease without releasing it (it was never granted).
+    pub(crate) fn disarm(mut self) {
+        self.release = None;
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(renewer) = self.renewer.take() {
+            renewer.abort();
+        }
+        if let Some(release) = self.release.take() {
+            release();
+        }
+    }
+}
+
+/// Renews the lease every third of its TTL until it is lost (the task is
+/// aborted when the permit is released).
+async fn renew_until_lost<St: LeaseStore>(
+    store: &St,
+    subject: &str,
+    policy: &ConcurrencyPolicy,
+    lease: LeaseId,
+) {
+    let every = policy.lease_ttl() / 3;
+    loop {
+        tokio::time::sleep(every).await;
+        match store.renew(subject, policy, lease).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                tracing::warn!(
+                    policy = policy.name(),
+                    "a concurrency lease expired while its request was still running (renewals were late or failed): the subject may briefly have more than max_in_flight requests in flight; raise the lease TTL"
+                );
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(policy = policy.name(), %error, "renewing a concurrency lease failed; trying again at the next third of its TTL");
+            }
+        }
+    }
+}
+
+/// Releases `lease`: at once where the store can (`release_now`: the
+/// memory store, with no future to box), else its release future is polled
+/// once here and the rest spawned on the tokio runtime. Without a runtime,
+/// a store that needs one cannot release: the lease then expires at the end
+/// of its TTL.
+fn release<St: LeaseStore>(store: &St, subject: &str, policy: &ConcurrencyPolicy, lease: LeaseId) {
+    if let Some(result) = store.release_now(subject, policy, lease) {
+        log_release(result);
+        return;
+    }
+    let Ok(handle) = Handle::try_current() else {
+        // Dropping the future: the memory store released at the call; a
+        // network store's lease expires with its TTL.
+        drop(store.release(subject, policy, lease));
+        tracing::debug!("a concurrency permit was dropped outside a tokio runtime; a network store's lease expires with its TTL");
+        return;
+    };
+    let mut future = Box::pin(store.release(subject, policy, lease));
+    let mut cx = Context::from_waker(Waker::noop());
+    match future.as_mut().poll(&mut cx) {
+        Poll::Ready(result) => log_release(result),
+        Poll::Pending => {
+            handle.spawn(async move { log_release(future.await) });
+        }
+    }
+}
+
+fn log_release(result: Result<bool, portcullis_core::StoreError>) {
+    if let Err(error) = result {
+        tracing::warn!(%error, "releasing a concurrency lease failed; it expires at the end of its TTL");
+    }
+}
+
+pin_project! {
+    /// The body of a response from
+    /// [`ConcurrencyLimit`](crate::ConcurrencyLimit): the inner service's
+    /// body, holding the request's permit until the body has been sent in
+    /// full, has failed, or is dropped; or a short body the layer wrote
+    /// itself (a limited or rejected request).
+    ///
+    /// It is an [`http_body::Body`] with `Data = Bytes` and the inner body's
+    /// error, so Axum, Tonic and Hyper accept it as they accept the inner
+    /// body.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use http::{Request, Response};
+    /// use http_body_util::{BodyExt, Full};
+    /// use portcullis::{ConcurrencyPolicy, MemoryStore};
+    /// use portcullis::tower::{ConcurrencyLimitLayer, Global};
+    /// use tower::{Layer, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = ConcurrencyLimitLayer::builder(MemoryStore::new())
+    ///     .policy(ConcurrencyPolicy::max_in_flight(1).build()?)
+    ///     .key(Global)
+    ///     .build()?;
+    /// let service = layer.layer(tower::service_fn(|_: Request<Full<bytes::Bytes>>| async {
+    ///     Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::from("report"))))
+    /// }));
+    /// let response = service.clone().oneshot(Request::new(Full::default())).await?;
+    /// // Reading the body to its end releases the permit.
+    /// let body = response.into_body().collect().await?.to_bytes();
+    /// assert_eq!(&body[..], b"report");
+    /// let next = service.oneshot(Request::new(Full::default())).await?;
+    /// assert_eq!(next.status(), http::StatusCode::OK);
+    /// # Ok(()) }
+    /// ```
+    pub struct ConcurrencyLimitBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Inner { #[pin] body: B, permit: Option<Permit> },
+        Own { data: Option<Bytes> },
+    }
+}
+
+impl<B> ConcurrencyLimitBody<B> {
+    pub(crate) fn inner(body: B, permit: Option<Permit>) -> Self {
+        Self {
+            kind: Kind::Inner { body, permit },
+        }
+    }
+
+    pub(crate) fn own(data: Bytes) -> Self {
+        Self {
+            kind: Kind::Own {
+                data: (!data.is_empty()).then_some(data),
+            },
+        }
+    }
+}
+
+impl<B> fmt::Debug for ConcurrencyLimitBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Inner { permit, .. } => f
+                .debug_struct("ConcurrencyLimitBody::Inner")
+                .field("permit", permit)
+                .finish_non_exhaustive(),
+            Kind::Own { data } => f
+                .debug_tuple("ConcurrencyLimitBody::Own")
+                .field(data)
+                .finish(),
+        }
+    }
+}
+
+impl<B> Body for ConcurrencyLimitBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.project().kind.project() {
+            KindProj::Inner { body, permit } => {
+                let frame = body.poll_frame(cx);
+                // The body is done (or failed): the request no longer runs.
+                if matches!(frame, Poll::Ready(None | Some(Err(_)))) {
+                    drop(permit.take());
+                }
+                frame
+            }
+            KindProj::Own { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Inner { body, .. } => body.is_end_stream(),
+            Kind::Own { data } => data.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner { body, .. } => body.size_hint(),
+            Kind::Own { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+        }
+    }
+}

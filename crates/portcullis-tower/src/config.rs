@@ -1,0 +1,295 @@
+//! Configuration types: modes, failure policies, missing keys, headers, and
+//! the errors a builder reports.
+
+use std::borrow::Cow;
+use std::error::Error;
+use std::fmt;
+use std::time::Duration;
+
+use http::StatusCode;
+use portcullis_core::{BoxStore, Store, StoreError};
+
+/// What the layer does with a request the store denies.
+///
+/// ```
+/// use std::time::Duration;
+/// use portcullis::tower::Mode;
+///
+/// let shape = Mode::Shape { max_wait: Duration::from_millis(500) };
+/// assert_ne!(shape, Mode::default());
+/// assert_eq!(Mode::default(), Mode::Enforce);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Mode {
+    /// Reject denied requests (the default). Admitted requests of a leaky
+    /// bucket in queue mode wait out their queue delay first.
+    #[default]
+    Enforce,
+    /// Never reject and never wait: every request is forwarded, with the
+    /// decision in its extensions as a [`RateLimitInfo`](crate::RateLimitInfo)
+    /// and denials logged through `tracing` (and counted with the `metrics`
+    /// feature). No rate-limit headers are added. Use it to try a limit on
+    /// live traffic.
+    DryRun,
+    /// Delay rather than reject: a denied request waits for its retry-after
+    /// and is checked again, and an admitted queued request waits out its
+    /// queue delay, as long as the total wait stays within `max_wait`;
+    /// beyond it, the request is rejected. A queued request whose delay is
+    /// longer than `max_wait` is rejected even though its slot was taken, so
+    /// give a queue no more room than `max_wait` covers.
+    Shape {
+        /// The longest a request may be held back.
+        max_wait: Duration,
+    },
+}
+
+/// What the layer does when the store fails (is unreachable, answers with
+/// an error, or does not answer within the check timeout).
+///
+/// ```
+/// use std::time::Duration;
+/// use portcullis::{MemoryStore, Policy};
+/// use portcullis::tower::{FailurePolicy, RateLimitLayer};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let shared_store = MemoryStore::new(); // RedisStore in a real deployment
+/// let layer = RateLimitLayer::builder(shared_store)
+///     .policy(Policy::per_second(100).build()?)
+///     // Keep limiting per instance while the shared store is down.
+///     .on_store_failure(FailurePolicy::fallback(MemoryStore::new()))
+///     .check_timeout(Duration::from_millis(50))
+///     .circuit_breaker(5, Duration::from_secs(2))
+///     .build()?;
+/// # let _ = layer; Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Let the request through unlimited and log a warning (the default):
+    /// an outage of the limiter is not an outage of the service.
+    #[default]
+    FailOpen,
+    /// Reject the request with `503 Service Unavailable` (gRPC status 14
+    /// `UNAVAILABLE`).
+    FailClosed,
+    /// Decide with this store instead, with the same policies, until the
+    /// store answers again: usually an in-process
+    /// [`MemoryStore`](portcullis_core::MemoryStore) (each instance then
+    /// limits on its own, so the combined limit across `n` instances is up
+    /// to `n` times the policy), but any store works (a second Redis, say).
+    /// If the fallback fails too, the request is let through.
+    Fallback(BoxStore),
+}
+
+impl FailurePolicy {
+    /// [`FailurePolicy::Fallback`] to `store`, any [`Store`] (for a store
+    /// that is already a [`BoxStore`], write `FailurePolicy::Fallback(store)`).
+    #[must_use]
+    pub fn fallback<S: Store>(store: S) -> Self {
+        Self::Fallback(BoxStore::new(store))
+    }
+}
+
+/// What the layer does with a request its key extractor finds no key in.
+///
+/// ```
+/// use http::StatusCode;
+/// use portcullis::{MemoryStore, Policy};
+/// use portcullis::tower::{BearerToken, MissingKey, RateLimitLayer};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let layer = RateLimitLayer::builder(MemoryStore::new())
+///     .policy(Policy::per_minute(60).build()?)
+///     .key(BearerToken::new())
+///     .on_missing_key(MissingKey::reject(StatusCode::UNAUTHORIZED, "send a bearer token\n"))
+///     .build()?;
+/// // Or: MissingKey::Skip, or MissingKey::fallback("anonymous") to share one limit.
+/// # let _ = layer; Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// Forward the request without limiting it.
+    Skip,
+    /// Answer with this status and plain-text message (for gRPC requests,
+    /// the matching gRPC status). The default is
+    /// `400 Bad Request` saying the caller could not be identified.
+    Reject {
+        /// The HTTP status.
+        status: StatusCode,
+        /// The response body.
+        message: Cow<'static, str>,
+    },
+    /// Count the request against this one shared key (for example
+    /// `"anonymous"`), so callers without a key share one limit.
+    Fallback(Cow<'static, str>),
+}
+
+impl Default for MissingKey {
+    fn default() -> Self {
+        Self::Reject {
+            status: StatusCode::BAD_REQUEST,
+            message: Cow::Borrowed(
+                "the request could not be identified for rate limiting (no client address, token or key)\n",
+            ),
+        }
+    }
+}
+
+impl MissingKey {
+    /// [`MissingKey::Reject`] with `status` and `message`.
+    #[must_use]
+    pub fn reject(status: StatusCode, message: impl Into<Cow<'static, str>>) -> Self {
+        Self::Reject {
+            status,
+            message: message.into(),
+        }
+    }
+
+    /// [`MissingKey::Fallback`] to the shared key `key`.
+    #[must_use]
+    pub fn fallback(key: impl Into<Cow<'static, str>>) -> Self {
+        Self::Fallback(key.into())
+    }
+}
+
+/// Which responses carry the IETF `RateLimit` and `RateLimit-Policy` fields
+/// (and the legacy `X-RateLimit-*` headers when enabled). `Retry-After` is
+/// always on limited responses.
+///
+/// ```
+/// use portcullis::{MemoryStore, Policy};
+/// use portcullis::tower::{HeaderMode, RateLimitLayer};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let layer = RateLimitLayer::builder(MemoryStore::new())
+///     .policy(Policy::per_second(10).build()?)
+///     .headers(HeaderMode::LimitedOnly)
+///     .legacy_headers(true)
+///     .build()?;
+/// # let _ = layer; Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum HeaderMode {
+    /// Limited and admitted responses (the default).
+    #[default]
+    All,
+    /// Only limited (429) responses.
+    LimitedOnly,
+    /// No response.
+    None,
+}
+
+/// Why a [`RateLimitLayer`](crate::RateLimitLayer) could not be built.
+///
+/// ```
+/// use portcullis::MemoryStore;
+/// use portcullis::tower::{ConfigError, RateLimitLayer};
+///
+/// let err = RateLimitLayer::builder(MemoryStore::new()).build().unwrap_err();
+/// assert!(matches!(err, ConfigError::NoPolicies));
+/// assert!(err.to_string().contains(".policy("));
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// No default policy was given.
+    NoPolicies,
+    /// A tier was given no policies.
+    EmptyTier {
+        /// The tier's name.
+        tier: String,
+    },
+    /// Two tiers have the same name.
+    DuplicateTier {
+        /// The repeated name.
+        tier: String,
+    },
+    /// The policies of one tier are not a valid check (for example two have
+    /// the same name).
+    InvalidPolicies {
+        /// The tier (`default` for the policies given with `.policy(..)`).
+        tier: String,
+        /// What the store would have refused.
+        source: StoreError,
+    },
+    /// The check timeout was zero.
+    ZeroTimeout,
+    /// The layer charges after the response
+    /// ([`charge_from_response`](crate::RateLimitLayerBuilder::charge_from_response))
+    /// but a tier has a policy whose algorithm cannot be charged after the
+    /// fact (`source` says which), or a per-request
+    /// [`cost`](crate::RateLimitLayerBuilder::cost) was set too (`tier` and
+    /// `source` are then `None`).
+    ChargeAfterResponse {
+        /// The tier with the policy that cannot be charged.
+        tier: Option<String>,
+        /// What the store would refuse.
+        source: Option<StoreError>,
+    },
+    /// A [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) was given
+    /// [`FailurePolicy::Fallback`], whose rate-limit store holds no leases.
+    FallbackNotSupported,
+    /// A [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) was given a
+    /// store that holds no leases
+    /// ([`LeaseStore::supports_leases`](portcullis_core::LeaseStore::supports_leases)
+    /// is `false`: a `BoxStore` built with `BoxStore::new`).
+    LeasesNotSupported {
+        /// The store's type.
+        store: &'static str,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoPolicies => f.write_str(
+                "the rate limit has no policy: add at least one with .policy(..); tiers chosen per request fall back to it",
+            ),
+            Self::EmptyTier { tier } => {
+                write!(f, "tier {tier:?} has no policies: give it at least one")
+            }
+            Self::DuplicateTier { tier } => {
+                write!(f, "tier {tier:?} is defined twice: give each tier its own name")
+            }
+            Self::InvalidPolicies { tier, source } => {
+                write!(f, "the policies of tier {tier:?} cannot be checked together: {source}")
+            }
+            Self::ChargeAfterResponse { tier: Some(tier), source } => {
+                write!(f, "tier {tier:?} cannot be charged after the response")?;
+                if let Some(source) = source {
+                    write!(f, ": {source}")?;
+                }
+                Ok(())
+            }
+            Self::ChargeAfterResponse { tier: None, .. } => f.write_str(
+                "charge_from_response and cost cannot be combined: the cost is decided after the response; drop .cost(..), or add a fixed amount in charge_from_response's function",
+            ),
+            Self::ZeroTimeout => f.write_str(
+                "the check timeout is zero, so every check would fail: use a positive timeout such as 250 ms",
+            ),
+            Self::FallbackNotSupported => f.write_str(
+                "a concurrency limit cannot fall back to a rate-limit store: use FailurePolicy::FailOpen or FailurePolicy::FailClosed",
+            ),
+            Self::LeasesNotSupported { store } => write!(
+                f,
+                "the store {store} holds no concurrency leases: box it with BoxStore::with_leases(store) (MemoryStore and RedisStore hold leases), or give the layer the store itself",
+            ),
+        }
+    }
+}
+
+impl Error for ConfigError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match self {
+            Self::InvalidPolicies { source, .. } => Some(source),
+            Self::ChargeAfterResponse {
+                source: Some(source),
+                ..
+            } => Some(source),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! The response future of `RateLimit`: check, maybe wait, then call the
+//! inner service or answer.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+use portcullis_core::{BoxCheckFuture, Store, StoreError, Verdict};
+use tower_service::Service;
+
+use crate::charge::PostCharge;
+use crate::headers::RateLimitHeaders;
+use crate::key::KeyExtractor;
+use crate::layer::Shared;
+use crate::limiter::{Next, Then, Ticket};
+use crate::RateLimitBody;
+
+pin_project! {
+    /// The response future of [`RateLimit`](crate::RateLimit).
+    pub struct ResponseFuture<S, St, K, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+        St: Store,
+    {
+        #[pin]
+        state: State<S::Future, St::CheckFuture>,
+        // Boxed: only requests that wait (a store that answers later, a
+        // shaping delay) need it, and the fast path stays small to move.
+        pending: Option<Box<Pending<S, St, K, ReqBody>>>,
+        // Charging after the response (charge.rs), when the layer does.
+        charge: Option<Box<PostCharge<S::Response, St, K>>>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, C> {
+        Check {
+            #[pin]
+            check: C,
+            // Started at the first `Pending`, so a store that answers at once
+            // never touches the timer (boxed: the fast path stays small).
+            timer: Option<Pin<Box<Sleep>>>,
+        },
+        Fallback {
+            check: BoxCheckFuture,
+        },
+        // A store's answer that came at once (after a wait's recheck).
+        Ready {
+            result: Option<Result<Verdict, StoreError>>,
+        },
+        Wait {
+            until: Instant,
+            sleep: Option<Pin<Box<Sleep>>>,
+            then: Option<Then>,
+        },
+        Inner {
+            #[pin]
+            future: F,
+            headers: Option<RateLimitHeaders>,
+        },
+        Done {
+            response: Option<Response<Bytes>>,
+        },
+        // The inner service answered; its response waits in `charge`
+        // while the cost is charged.
+        Charging,
+    }
+}
+
+/// What a request that is still being checked holds on to.
+struct Pending<S, St, K, ReqBody> {
+    shared: Arc<Shared<St, K>>,
+    inner: S,
+    // The request in its parts, so the limiter can read the headers while
+    // it writes the extensions.
+    parts: Parts,
+    body: ReqBody,
+    ticket: Ticket,
+}
+
+impl<S, St, K, ReqBody> fmt::Debug for ResponseFuture<S, St, K, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+    St: Store,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Check { .. } => "checking",
+            State::Fallback { .. } => "checking the fallback store",
+            State::Ready { .. } => "checked",
+            State::Wait { .. } => "waiting",
+            State::Inner { .. } => "calling the inner service",
+            State::Done { .. } => "answered",
+            State::Charging => "charging after the response",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<S, St, K, ReqBody> ResponseFuture<S, St, K, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+    St: Store,
+    K: KeyExtractor,
+{
+    // The constructors take the post-charge, if any, so `call` builds its
+    // future in one expression rather than moving the whole future (some
+    // 400 bytes) again to set it.
+    pub(crate) fn forward(
+        future: S::Future,
+        headers: Option<RateLimitHeaders>,
+        charge: Option<Box<PostCharge<S::Response, St, K>>>,
+    ) -> Self {
+        Self {
+            state: State::Inner { future, headers },
+            pending: None,
+            charge,
+        }
+    }
+
+    pub(crate) fn respond(
+        response: Response<Bytes>,
+        charge: Option<Box<PostCharge<S::Response, St, K>>>,
+    ) -> Self {
+        Self {
+            state: State::Done {
+                response: Some(response),
+            },
+            pending: None,
+            charge,
+        }
+    }
+
+    pub(crate) fn pending(
+        next: Next<St>,
+        shared: Arc<Shared<St, K>>,
+        inner: S,
+        (parts, body): (Parts, ReqBody),
+        ticket: Ticket,
+        charge: Option<Box<PostCharge<S::Response, St, K>>>,
+    ) -> Self {
+        let mut pending = Some(Box::new(Pending {
+            shared,
+            inner,
+            parts,
+            body,
+            ticket,
+        }));
+        Self {
+            state: enter(next, &mut pending),
+            pending,
+            charge,
+        }
+    }
+}
+
+/// The state for `next`. Calling the inner service consumes `pending`.
+fn enter<S, St, K, ReqBody>(
+    next: Next<St>,
+    pending: &mut Option<Box<Pending<S, St, K, ReqBody>>>,
+) -> State<S::Future, St::CheckFuture>
+where
+    S: Service<Request<ReqBody>>,
+    St: Store,
+{
+    match next {
+        Next::Check(check) => State::Check { check, timer: None },
+        Next::Fallback(check) => State::Fallback { check },
+        Next::Ready(result) => State::Ready {
+            result: Some(result),
+        },
+        Next::Wait(until, then) => State::Wait {
+            until,
+            sleep: None,
+            then: Some(then),
+        },
+        Next::Respond(response) => {
+            *pending = None;
+            State::Done {
+                response: Some(*response),
+            }
+        }
+        Next::Forward(headers) => match pending.take().map(|p| *p) {
+            Some(Pending {
+                mut inner,
+                parts,
+                body,
+                ..
+            }) => State::Inner {
+                future: inner.call(Request::from_parts(parts, body)),
+                headers,
+            },
+            None => State::Done {
+                response: Some(missing_request()),
+            },
+        },
+    }
+}
+
+/// Unreachable: every waiting state keeps its request until it is forwarded.
+fn missing_request() -> Response<Bytes> {
+    tracing::error!("rate limiter lost its request; answering 500");
+    let mut response = Response::new(Bytes::from_static(b"internal error in the rate limiter\n"));
+    *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+    response
+}
+
+impl<S, St, K, ReqBody, ResBody> Future for ResponseFuture<S, St, K, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    St: Store,
+    K: KeyExtractor,
+{
+    type Output = Result<Response<RateLimitBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let next = match this.state.as_mut().project() {
+                StateProj::Inner { future, headers } => {
+                    let mut response = ready!(future.poll(cx))?;
+                    let headers = headers.take();
+                    let response = match this.charge.as_mut() {
+                        // The headers then describe the state after the
+                        // charge (or, if there is none, these).
+                        Some(charge) => match charge.begin(response, headers) {
+                            Ok(()) => {
+                                this.state.set(State::Charging);
+                                continue;
+                            }
+                            Err(response) => response,
+                        },
+                        None => {
+                            if let Some(headers) = headers {
+                                headers.apply(response.headers_mut());
+                            }
+                            response
+                        }
+                    };
+                    return Poll::Ready(Ok(response.map(RateLimitBody::inner)));
+                }
+                StateProj::Charging => {
+                    let charged = match this.charge.as_mut() {
+                        Some(charge) => ready!(charge.poll(cx)),
+                        None => None,
+                    };
+                    return Poll::Ready(match charged {
+                        Some(response) => Ok(response.map(RateLimitBody::inner)),
+                        None => Ok(missing_request().map(RateLimitBody::own)),
+                    });
+                }
+                StateProj::Done { response } => {
+                    let response = response.take().unwrap_or_else(missing_request);
+                    return Poll::Ready(Ok(response.map(RateLimitBody::own)));
+                }
+                StateProj::Check { check, timer } => {
+                    let Some(pending) = this.pending.as_mut() else {
+                        return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
+                    };
+                    match check.poll(cx) {
+                        Poll::Ready(result) => pending.shared.on_result(
+                            &mut pending.ticket,
+                            &mut pending.parts,
+                            result,
+                        ),
+                        Poll::Pending => {
+                            let timer = timer.get_or_insert_with(|| {
+                                Box::pin(tokio::time::sleep(pending.shared.timeout))
+                            });
+                            ready!(timer.as_mut().poll(cx));
+                            pending
+                                .shared
+                                .on_timeout(&mut pending.ticket, &mut pending.parts)
+                        }
+                    }
+                }
+                StateProj::Ready { result } => {
+                    let Some((pending, result)) = this.pending.as_mut().zip(result.take()) else {
+                        return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
+                    };
+                    pending
+                        .shared
+                        .on_result(&mut pending.ticket, &mut pending.parts, result)
+                }
+                StateProj::Fallback { check } => {
+                    let result = ready!(check.as_mut().poll(cx));
+                    let Some(pending) = this.pending.as_mut() else {
+                        return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
+                    };
+                    pending
+                        .shared
+                        .on_result(&mut pending.ticket, &mut pending.parts, result)
+                }
+                StateProj::Wait { until, sleep, then } => {
+                    let until = *until;
+                    let sleep =
+                        sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+                    ready!(sleep.as_mut().poll(cx));
+                    let Some(pending) = this.pending.as_mut() else {
+                        return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
+                    };
+                    let then = then.take().unwrap_or(Then::Forward(None));
+                    pending
+                        .shared
+                        .after_wait(&mut pending.ticket, &pending.parts.headers, then)
+                }
+            };
+            let state = enter(next, this.pending);
+            this.state.set(state);
+        }
+    }
+}

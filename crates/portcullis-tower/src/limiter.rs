@@ -1,0 +1,606 @@
+//! The decisions of the layer, independent of how the future is driven:
+//! what to do with a new request, a store verdict, a store error, the end
+//! of a wait.
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
+use tokio::time::Instant;
+use portcullis_core::{BoxCheckFuture, Decision, ErrorScope, Store, StoreError, Verdict};
+
+use crate::config::{FailurePolicy, HeaderMode, MissingKey, Mode};
+use crate::headers::RateLimitHeaders;
+use crate::key::{KeyBuf, KeyExtractor};
+use crate::layer::{Shared, Tier};
+use crate::response::{self, grpc_content_type};
+use crate::{observe, RateLimitInfo};
+
+/// One request on its way through the limiter.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    /// The key, inline for IP keys (no `String` per request).
+    pub(crate) key: KeyBuf,
+    pub(crate) tier: usize,
+    pub(crate) cost: u64,
+    /// When the check being waited for was sent; `None` while no store
+    /// future is pending (a store that answers at once needs no clock).
+    pub(crate) sent: Option<Instant>,
+    /// In shape mode, the latest time the request may be forwarded.
+    pub(crate) deadline: Option<Instant>,
+    /// Whether the current check goes to the fallback store.
+    pub(crate) fallback: bool,
+    /// The `rate_limit` span the request's events belong to; `None` (no
+    /// span object to drop or enter) unless `debug` is enabled.
+    pub(crate) span: Option<tracing::Span>,
+}
+
+/// How the store's answer for a new request came, before its ticket is
+/// written.
+enum Answer {
+    /// The deny cache holds a denial.
+    Cached(Verdict),
+    /// The circuit breaker is open: the store is not asked.
+    BreakerOpen,
+    /// The store answered at once.
+    Now(Result<Verdict, StoreError>),
+    /// The store answers later, through its future.
+    Later,
+}
+
+/// What to do after a wait.
+#[derive(Debug)]
+pub(crate) enum Then {
+    /// Ask the store again.
+    Recheck,
+    /// Forward the request, adding these headers to the response.
+    Forward(Option<RateLimitHeaders>),
+}
+
+/// The next step of a request.
+pub(crate) enum Next<St: Store> {
+    /// Call the inner service; add these headers to its response.
+    Forward(Option<RateLimitHeaders>),
+    /// Answer with this response (boxed: it is rare, and would make every
+    /// step twice as large to move).
+    Respond(Box<Response<Bytes>>),
+    /// The store (or the fallback store) answered at once
+    /// ([`Store::check_now`]): hand this to `on_result`.
+    Ready(Result<Verdict, StoreError>),
+    /// Wait for this check of the store.
+    Check(St::CheckFuture),
+    /// Wait for this check of the fallback store.
+    Fallback(BoxCheckFuture),
+    /// Wait until then, then do that.
+    Wait(Instant, Then),
+}
+
+impl<St: Store, K: KeyExtractor> Shared<St, K> {
+    fn tier(&self, ticket: &Ticket) -> &Tier {
+        // Tickets only carry indices from `tier_index`, which are in range;
+        // fall back to the default tier rather than panic.
+        self.tiers.get(ticket.tier).unwrap_or(&self.tiers[0])
+    }
+
+    /// The first step for a new request; its ticket, when it needs one, is
+    /// written to `slot` (an out-parameter rather than a returned pair, so
+    /// the large values are not copied on the hot path).
+    pub(crate) fn start(&self, parts: &mut Parts, slot: &mut Option<Ticket>) -> Next<St> {
+        let mut key = KeyBuf::new();
+        if !self.key.extract_into(parts, &mut key) {
+            match &self.missing_key {
+                MissingKey::Skip => {
+                    tracing::trace!("no rate-limit key; not limited");
+                    return Next::Forward(None);
+                }
+                MissingKey::Reject { status, message } => {
+                    if !self
+                        .warned_missing_key
+                        .swap(true, std::sync::atomic::Ordering::Relaxed)
+                    {
+                        tracing::warn!(
+                            %status,
+                            key = std::any::type_name::<K>(),
+                            "a request had no rate-limit key and was rejected (logged once per layer); \
+                             for a peer IP, serve Axum with into_make_service_with_connect_info::<SocketAddr>() \
+                             or put the SocketAddr in the request extensions; or choose MissingKey::Skip or a fallback key"
+                        );
+                    }
+                    tracing::debug!(%status, "no rate-limit key; rejected");
+                    let grpc = grpc_content_type(&parts.headers);
+                    return Next::Respond(Box::new(response::plain(grpc, *status, message)));
+                }
+                MissingKey::Fallback(fallback) => {
+                    key.clear();
+                    key.push_str(fallback);
+                }
+            }
+        }
+        // Charging after the response: only a peek now.
+        let cost = if self.charge.is_some() {
+            0
+        } else {
+            let cost = self.cost(parts);
+            if cost == 0 {
+                return Next::Forward(None);
+            }
+            cost
+        };
+        let tier = self.tier_index(parts);
+        // The span only when it is recorded: building one costs even with
+        // no subscriber (and more when `tracing`'s `log` feature is on in
+        // the tree).
+        let span = if tracing::enabled!(tracing::Level::DEBUG) {
+            Some(tracing::debug_span!(
+                "rate_limit",
+                key = %key,
+                tier = %self.tiers.get(tier).map_or("default", |t| &*t.name),
+                cost
+            ))
+        } else {
+            None
+        };
+        let _entered = span.as_ref().map(|span| span.clone().entered());
+        // A denial held by the deny cache (only answers that took a round
+        // trip are held), else the store, unless the breaker is open.
+        let cached = self
+            .deny_cache
+            .as_ref()
+            .filter(|cache| !cache.is_empty())
+            .and_then(|cache| cache.get(tier, &key, cost, Instant::now()));
+        let answer = match cached {
+            Some(verdict) => Answer::Cached(verdict),
+            None if !self.breaker.allow() => Answer::BreakerOpen,
+            None => match self.check_now(tier, &key, cost) {
+                Some(Ok(verdict)) if span.is_none() => {
+                    // The common case of a store that answers at once: an
+                    // admitted request that needs nothing more than its
+                    // headers is forwarded with no ticket written.
+                    if let Some(next) = self.forward_at_once(tier, &verdict) {
+                        return next;
+                    }
+                    Answer::Now(Ok(verdict))
+                }
+                Some(result) => Answer::Now(result),
+                None => Answer::Later,
+            },
+        };
+        // The clock only where it is read: the shaping deadline here, a
+        // check sent to a store that answers later, a non-empty deny cache.
+        let deadline = match self.mode {
+            Mode::Shape { max_wait } => Some(Instant::now() + max_wait),
+            _ => None,
+        };
+        let ticket = slot.insert(Ticket {
+            key,
+            tier,
+            cost,
+            sent: None,
+            deadline,
+            fallback: false,
+            span,
+        });
+        match answer {
+            Answer::Cached(verdict) => {
+                tracing::trace!(key = %ticket.key, "denied by the local deny cache");
+                self.on_verdict(ticket, parts, verdict)
+            }
+            Answer::BreakerOpen => {
+                tracing::debug!("store skipped: circuit breaker open");
+                self.on_failure(ticket, &parts.headers)
+            }
+            // Decided at once: straight to `call`, rather than as a
+            // `Next::Ready` that `call` moves back into `on_result`.
+            Answer::Now(result) => self.on_result(ticket, parts, result),
+            Answer::Later => self.check_later(ticket),
+        }
+    }
+
+    /// The store's answer now, if it answers synchronously
+    /// ([`Store::check_now`]).
+    #[inline]
+    fn check_now(&self, tier: usize, key: &str, cost: u64) -> Option<Result<Verdict, StoreError>> {
+        let tier = self.tiers.get(tier)?;
+        #[cfg(feature = "metrics")]
+        let begun = Instant::now();
+        let result = self.store.check_now(key, &tier.policies, cost);
+        #[cfg(feature = "metrics")]
+        if result.is_some() {
+            observe::store_latency(tier, begun.elapsed());
+        }
+        result
+    }
+
+    /// Sends the check to a store that answers later.
+    fn check_later(&self, ticket: &mut Ticket) -> Next<St> {
+        ticket.sent = Some(Instant::now());
+        let tier = self.tier(ticket);
+        Next::Check(self.store.check(&ticket.key, &tier.policies, ticket.cost))
+    }
+
+    /// Forwards an admitted verdict the store gave at once, when forwarding
+    /// needs nothing from a ticket: no queueing delay, no dry run, no
+    /// [`RateLimitInfo`] or [`Charge`](crate::Charge) in the extensions.
+    /// `None` leaves the verdict to [`on_verdict`](Self::on_verdict).
+    #[inline]
+    fn forward_at_once(&self, tier: usize, verdict: &Verdict) -> Option<Next<St>> {
+        let tier = self.tiers.get(tier)?;
+        if !verdict.is_allowed()
+            || !verdict.delay().is_zero()
+            || self.mode == Mode::DryRun
+            || self.info_in_extensions
+            || self.charge.is_some()
+        {
+            return None;
+        }
+        self.store_answered();
+        observe::allowed(tier);
+        Some(Next::Forward(self.admitted_headers(tier, verdict)))
+    }
+
+    /// The store answered: closes the circuit breaker if it was open.
+    fn store_answered(&self) {
+        if self.breaker.success() {
+            tracing::info!("rate-limit store answers again; circuit breaker closed");
+        }
+    }
+
+    /// The headers of an admitted response: fields only with
+    /// [`HeaderMode::All`], else none (no work on the response).
+    fn admitted_headers(&self, tier: &Tier, verdict: &Verdict) -> Option<RateLimitHeaders> {
+        if self.header_mode == HeaderMode::All {
+            Some(self.headers(tier, verdict, false)).filter(|h| !h.is_empty())
+        } else {
+            None
+        }
+    }
+
+    /// Checks the store again (after a shaping wait), unless the circuit
+    /// breaker is open. A store that answers at once answers here, as
+    /// [`Next::Ready`].
+    fn ask_store(&self, ticket: &mut Ticket, headers: &HeaderMap) -> Next<St> {
+        if !self.breaker.allow() {
+            tracing::debug!("store skipped: circuit breaker open");
+            return self.on_failure(ticket, headers);
+        }
+        ticket.fallback = false;
+        ticket.sent = None;
+        match self.check_now(ticket.tier, &ticket.key, ticket.cost) {
+            Some(result) => Next::Ready(result),
+            None => self.check_later(ticket),
+        }
+    }
+
+    /// The check timed out.
+    pub(crate) fn on_timeout(&self, ticket: &mut Ticket, parts: &mut Parts) -> Next<St> {
+        let error = StoreError::Timeout {
+            after: self.timeout,
+        };
+        self.on_result(ticket, parts, Err(error))
+    }
+
+    /// The store (or the fallback store) answered. `parts` are the
+    /// request's: its extensions get the [`RateLimitInfo`], its headers
+    /// say whether an answer must be a gRPC one.
+    pub(crate) fn on_result(
+        &self,
+        ticket: &mut Ticket,
+        parts: &mut Parts,
+        result: Result<Verdict, StoreError>,
+    ) -> Next<St> {
+        // Without a span (`debug` off), no guard to create and drop.
+        match &ticket.span {
+            None => self.on_result_in_span(ticket, parts, result),
+            Some(span) => {
+                let _entered = span.clone().entered();
+                self.on_result_in_span(ticket, parts, result)
+            }
+        }
+    }
+
+    fn on_result_in_span(
+        &self,
+        ticket: &mut Ticket,
+        parts: &mut Parts,
+        result: Result<Verdict, StoreError>,
+    ) -> Next<St> {
+        let tier = self.tier(ticket);
+        if ticket.fallback {
+            return match result {
+                Ok(verdict) => self.on_verdict(ticket, parts, verdict),
+                Err(error) if error.scope() == ErrorScope::NoRoom => {
+                    self.no_room(&parts.headers, &error)
+                }
+                Err(error) => {
+                    tracing::error!(%error, "the fallback store failed too; request let through");
+                    self.let_through(tier);
+                    Next::Forward(None)
+                }
+            };
+        }
+        #[cfg(feature = "metrics")]
+        if let Some(sent) = ticket.sent {
+            observe::store_latency(tier, sent.elapsed());
+        }
+        let error = match result {
+            Ok(verdict) => {
+                self.store_answered();
+                // Only answers that took a round trip are cached: a store
+                // that answers at once is as quick as the cache.
+                if let Some((cache, sent)) = self.deny_cache.as_ref().zip(ticket.sent) {
+                    if !verdict.is_allowed() {
+                        cache.insert(ticket.tier, &ticket.key, ticket.cost, &verdict, sent);
+                    }
+                }
+                return self.on_verdict(ticket, parts, verdict);
+            }
+            Err(error) => error,
+        };
+        // What an error reaches decides what it may change (the table at
+        // `portcullis_core::ErrorScope`): only store-wide errors count toward
+        // the breaker, so no subject's fault changes another's decision.
+        match error.scope() {
+            ErrorScope::Store => {
+                observe::store_error(tier);
+                if self.breaker.failure() {
+                    tracing::warn!(%error, pause = ?self.breaker.pause(), "rate-limit store failing; circuit breaker opened");
+                } else {
+                    self.log_error(&error);
+                }
+                self.on_failure(ticket, &parts.headers)
+            }
+            ErrorScope::NoRoom => {
+                observe::store_error(tier);
+                self.no_room(&parts.headers, &error)
+            }
+            ErrorScope::Subject => {
+                observe::store_error(tier);
+                tracing::debug!(%error, key = %ticket.key, "rate-limit check failed for this subject alone; its failure policy applies to this request");
+                self.log_error(&error);
+                self.on_failure(ticket, &parts.headers)
+            }
+            // `ErrorScope::Request` and any scope this version does not
+            // know: the request itself cannot be checked.
+            _ => {
+                tracing::error!(%error, key = %ticket.key, "rate-limit check refused");
+                let message = format!("{error}\n");
+                Next::Respond(Box::new(response::plain(
+                    grpc_content_type(&parts.headers),
+                    StatusCode::TOO_MANY_REQUESTS,
+                    &message,
+                )))
+            }
+        }
+    }
+
+    /// A new subject the store has no room for: denied, whatever the
+    /// failure policy (letting it through would leave every fresh identity
+    /// of a flood unlimited), with the store's `Retry-After`.
+    fn no_room(&self, headers: &HeaderMap, error: &StoreError) -> Next<St> {
+        if self.mode == Mode::DryRun {
+            // A dry run never rejects: it reports what enforcing would do.
+            tracing::info!(%error, "dry run: would have been denied (no room for a new subject)");
+            return Next::Forward(None);
+        }
+        tracing::debug!(%error, "no room for a new subject; denied");
+        let mut response = response::plain(
+            grpc_content_type(headers),
+            self.no_room_status,
+            "the rate limiter cannot take on new clients right now; retry later\n",
+        );
+        if let Some(retry_after) = error.retry_after() {
+            response.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                HeaderValue::from(crate::headers::ceil_secs(retry_after).max(1)),
+            );
+        }
+        Next::Respond(Box::new(response))
+    }
+
+    /// Logs a store error at `warn`, at most once per second per layer with
+    /// the count since the last log (every one at `debug`).
+    fn log_error(&self, error: &StoreError) {
+        tracing::debug!(%error, "rate-limit store failed");
+        if let Some(count) = self.errors.record() {
+            tracing::warn!(
+                %error,
+                count,
+                "rate-limit store failed: {count} error(s) since the last such warning"
+            );
+        }
+    }
+
+    /// Counts and logs (at most once per second) a request let through
+    /// undecided.
+    fn let_through(&self, tier: &Tier) {
+        observe::fail_open(tier);
+        if let Some(count) = self.undecided.record() {
+            tracing::warn!(
+                count,
+                "rate limiter failing open: {count} request(s) let through undecided since the last such warning"
+            );
+        }
+    }
+
+    /// The store failed, or is skipped (breaker open): apply the failure
+    /// policy.
+    fn on_failure(&self, ticket: &mut Ticket, headers: &HeaderMap) -> Next<St> {
+        match &self.failure {
+            FailurePolicy::FailOpen => {
+                self.let_through(self.tier(ticket));
+                Next::Forward(None)
+            }
+            FailurePolicy::FailClosed => Next::Respond(Box::new(response::plain(
+                grpc_content_type(headers),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the rate limiter is unavailable; retry later\n",
+            ))),
+            FailurePolicy::Fallback(store) => {
+                ticket.fallback = true;
+                let tier = self.tier(ticket);
+                match store.check_now(&ticket.key, &tier.policies, ticket.cost) {
+                    Some(result) => Next::Ready(result),
+                    None => Next::Fallback(store.check(&ticket.key, &tier.policies, ticket.cost)),
+                }
+            }
+        }
+    }
+
+    pub(crate) fn headers(
+        &self,
+        tier: &Tier,
+        verdict: &Verdict,
+        limited: bool,
+    ) -> RateLimitHeaders {
+        let fields = match self.header_mode {
+            HeaderMode::All => true,
+            HeaderMode::LimitedOnly => limited,
+            HeaderMode::None => false,
+        };
+        let mut headers = if fields {
+            RateLimitHeaders::new(
+                &tier.ratelimit_prefixes,
+                tier.policy_header.as_ref(),
+                verdict,
+                self.legacy_headers,
+            )
+        } else {
+            RateLimitHeaders::default()
+        };
+        if limited {
+            headers.set_retry_after(
+                verdict
+                    .retry_after()
+                    .map(|d| HeaderValue::from(crate::headers::ceil_secs(d))),
+            );
+        }
+        headers
+    }
+
+    fn info(&self, ticket: &mut Ticket, verdict: Verdict) -> RateLimitInfo {
+        let tier = self.tier(ticket);
+        RateLimitInfo::new(
+            std::mem::take(&mut ticket.key).into_string(),
+            std::sync::Arc::clone(&tier.name),
+            std::sync::Arc::clone(&tier.policies),
+            verdict,
+            self.mode == Mode::DryRun,
+        )
+    }
+
+    fn limited(&self, ticket: &mut Ticket, headers: &HeaderMap, verdict: Verdict) -> Next<St> {
+        let tier = self.tier(ticket);
+        observe::denied(tier, &verdict);
+        let grpc = grpc_content_type(headers);
+        let headers = self.headers(tier, &verdict, true);
+        let info = self.info(ticket, verdict);
+        tracing::debug!(key = %info.key(), policy = info.binding_policy(), retry_after = ?info.retry_after(), "rate limited");
+        Next::Respond(Box::new(response::limited(
+            &self.body, grpc, &info, headers,
+        )))
+    }
+
+    /// A verdict from the store, the fallback store or the deny cache.
+    pub(crate) fn on_verdict(
+        &self,
+        ticket: &mut Ticket,
+        parts: &mut Parts,
+        verdict: Verdict,
+    ) -> Next<St> {
+        let tier = self.tier(ticket);
+        let extensions = &mut parts.extensions;
+        if verdict.is_allowed() {
+            if self.charge.is_some() {
+                if let Some(charge) = extensions.get::<crate::Charge>() {
+                    charge.admit(&ticket.key, ticket.tier, ticket.fallback);
+                }
+            }
+            observe::allowed(tier);
+            let delay = verdict.delay();
+            if self.mode == Mode::DryRun {
+                extensions.insert(self.info(ticket, verdict));
+                return Next::Forward(None);
+            }
+            // Queued (a leaky bucket in queue mode): until when, unless the
+            // delay passes the shaping deadline.
+            let until = if delay.is_zero() {
+                None
+            } else {
+                let now = Instant::now();
+                if ticket
+                    .deadline
+                    .is_some_and(|deadline| now + delay > deadline)
+                {
+                    tracing::debug!(
+                        ?delay,
+                        "queue delay longer than the shaping limit; rejected"
+                    );
+                    return self.limited(ticket, &parts.headers, delayed_as_denied(&verdict));
+                }
+                Some(now + delay)
+            };
+            let headers = self.admitted_headers(tier, &verdict);
+            if self.info_in_extensions {
+                extensions.insert(self.info(ticket, verdict));
+            }
+            match until {
+                None => Next::Forward(headers),
+                Some(until) => {
+                    tracing::trace!(?delay, "queued");
+                    Next::Wait(until, Then::Forward(headers))
+                }
+            }
+        } else {
+            match self.mode {
+                Mode::DryRun => {
+                    observe::dry_run_denied(tier, &verdict);
+                    let info = self.info(ticket, verdict);
+                    tracing::info!(key = %info.key(), policy = info.binding_policy(), retry_after = ?info.retry_after(), "dry run: would have been rate limited");
+                    extensions.insert(info);
+                    Next::Forward(None)
+                }
+                Mode::Shape { .. } => {
+                    let now = Instant::now();
+                    let retry = verdict.retry_after().unwrap_or_default();
+                    match ticket.deadline {
+                        Some(deadline) if now + retry <= deadline => {
+                            tracing::trace!(?retry, "shaping: waiting to retry");
+                            Next::Wait(now + retry, Then::Recheck)
+                        }
+                        _ => self.limited(ticket, &parts.headers, verdict),
+                    }
+                }
+                Mode::Enforce => self.limited(ticket, &parts.headers, verdict),
+            }
+        }
+    }
+
+    /// A wait ended.
+    pub(crate) fn after_wait(
+        &self,
+        ticket: &mut Ticket,
+        headers: &HeaderMap,
+        then: Then,
+    ) -> Next<St> {
+        let _entered = ticket.span.as_ref().map(|span| span.clone().entered());
+        match then {
+            Then::Recheck => self.ask_store(ticket, headers),
+            Then::Forward(headers) => Next::Forward(headers),
+        }
+    }
+}
+
+/// An admitted verdict whose queue delay is too long, as a denial whose
+/// retry-after is that delay.
+fn delayed_as_denied(verdict: &Verdict) -> Verdict {
+    verdict
+        .decisions()
+        .iter()
+        .map(|d| {
+            if d.delay().is_zero() {
+                *d
+            } else {
+                Decision::denied(d.limit(), d.remaining(), d.delay(), d.reset_after())
+            }
+        })
+        .collect()
+}

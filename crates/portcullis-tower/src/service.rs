@@ -1,0 +1,172 @@
+//! The `RateLimit` service.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use http_body::Body;
+use portcullis_core::Store;
+use tower_service::Service;
+
+use crate::charge::{Charge, PostCharge};
+use crate::future::ResponseFuture;
+use crate::key::KeyExtractor;
+use crate::layer::Shared;
+use crate::limiter::Next;
+use crate::RateLimitBody;
+
+/// Middleware that rate-limits requests; built by
+/// [`RateLimitLayer`](crate::RateLimitLayer).
+///
+/// `poll_ready` only asks the inner service; the check runs in `call`'s
+/// future, before the inner service is called. A limited request gets a
+/// response (429, or gRPC status 8), never an error, so the service's error
+/// type is the inner service's and it needs no `HandleErrorLayer` in Axum.
+///
+/// ```
+/// use std::convert::Infallible;
+/// use std::net::SocketAddr;
+/// use bytes::Bytes;
+/// use http::{Request, Response, StatusCode};
+/// use http_body_util::Full;
+/// use portcullis::{MemoryStore, Policy};
+/// use portcullis::tower::RateLimitLayer;
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let layer = RateLimitLayer::new(MemoryStore::new(), Policy::per_minute(1).name("demo").build()?);
+/// let service = layer.layer(service_fn(|_req: Request<()>| async {
+///     Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("hello"))))
+/// }));
+/// let peer: SocketAddr = "192.0.2.1:4711".parse()?;
+/// let request = || Request::get("/").extension(peer).body(()).unwrap();
+///
+/// let first = service.clone().oneshot(request()).await?;
+/// assert_eq!(first.status(), StatusCode::OK);
+/// assert_eq!(first.headers()["ratelimit"], "\"demo\";r=0;t=60");
+///
+/// let second = service.oneshot(request()).await?;
+/// assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+/// assert_eq!(second.headers()["retry-after"], "60");
+/// # Ok(()) }
+/// ```
+pub struct RateLimit<S, St, K> {
+    inner: S,
+    shared: Arc<Shared<St, K>>,
+}
+
+impl<S, St, K> RateLimit<S, St, K> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared<St, K>>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, St, K> Clone for RateLimit<S, St, K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: fmt::Debug, St, K> fmt::Debug for RateLimit<S, St, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("config", &self.shared)
+            .finish()
+    }
+}
+
+impl<S, St, K, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, St, K>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    St: Store,
+    K: KeyExtractor,
+    ResBody: Body,
+{
+    type Response = Response<RateLimitBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, St, K, ReqBody>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let (mut parts, body) = request.into_parts();
+        // Charging after the response: a handle for the handler, and the
+        // post-response step.
+        let charge = self.shared.charge.is_some().then(|| {
+            let handle = Charge::new();
+            parts.extensions.insert(handle.clone());
+            PostCharge::new(Arc::clone(&self.shared), handle)
+        });
+        let mut ticket = None;
+        let mut next = self.shared.start(&mut parts, &mut ticket);
+        // A store that answers synchronously does so through
+        // `Store::check_now` (`Next::Ready`), so the request is decided here
+        // and the inner service is called directly instead of being cloned
+        // into a waiting future. Each step moves forward (check, fallback,
+        // answer), so this ends after a few rounds.
+        if let Some(ticket) = ticket.as_mut() {
+            while let Next::Ready(result) = next {
+                next = self.shared.on_result(ticket, &mut parts, result);
+            }
+        }
+        // Each arm builds the returned future in one go (see
+        // `ResponseFuture::forward`).
+        match next {
+            Next::Forward(headers) => ResponseFuture::forward(
+                self.inner.call(Request::from_parts(parts, body)),
+                headers,
+                charge,
+            ),
+            Next::Respond(response) => ResponseFuture::respond(*response, charge),
+            next => match ticket {
+                Some(ticket) => {
+                    // The inner service that was driven to readiness goes
+                    // into the future; this service keeps a fresh clone.
+                    let clone = self.inner.clone();
+                    let inner = std::mem::replace(&mut self.inner, clone);
+                    ResponseFuture::pending(
+                        next,
+                        Arc::clone(&self.shared),
+                        inner,
+                        (parts, body),
+                        ticket,
+                        charge,
+                    )
+                }
+                None => {
+                    // `start` writes a ticket with every step that waits.
+                    tracing::error!("rate limiter step without a ticket; request let through");
+                    ResponseFuture::forward(
+                        self.inner.call(Request::from_parts(parts, body)),
+                        None,
+                        charge,
+                    )
+                }
+            },
+        }
+    }
+}

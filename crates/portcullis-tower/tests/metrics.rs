@@ -1,0 +1,286 @@
+//! The `metrics` feature: decisions and store errors are counted per policy.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use metrics::{
+    Counter, CounterFn, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
+    SharedString, Unit,
+};
+use portcullis_core::{ConcurrencyPolicy, MemoryStore, Policy};
+use portcullis_tower::{ConcurrencyLimitLayer, Mode, RateLimitLayer};
+use tower::{Layer, Service, ServiceExt};
+
+/// Records counter totals by `name{policy}`.
+#[derive(Default)]
+struct Totals {
+    counters: Mutex<HashMap<String, Arc<AtomicU64>>>,
+    /// `name -> (unit, help)` from the `describe_*` calls.
+    described: Mutex<HashMap<String, (Option<Unit>, String)>>,
+}
+
+struct Handle(Arc<AtomicU64>);
+
+impl CounterFn for Handle {
+    fn increment(&self, value: u64) {
+        self.0.fetch_add(value, Ordering::SeqCst);
+    }
+    fn absolute(&self, value: u64) {
+        self.0.store(value, Ordering::SeqCst);
+    }
+}
+
+impl HistogramFn for Handle {
+    fn record(&self, _value: f64) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Totals {
+    fn handle(&self, key: &Key) -> Arc<AtomicU64> {
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        Arc::clone(self.counters.lock().unwrap().entry(name).or_default())
+    }
+
+    fn get(&self, name: &str) -> u64 {
+        self.counters
+            .lock()
+            .unwrap()
+            .get(name)
+            .map_or(0, |c| c.load(Ordering::SeqCst))
+    }
+}
+
+impl Recorder for Totals {
+    fn describe_counter(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.described
+            .lock()
+            .unwrap()
+            .insert(name.as_str().to_owned(), (unit, help.to_string()));
+    }
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.describe_counter(name, unit, help);
+    }
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::from_arc(Arc::new(Handle(self.handle(key))))
+    }
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::from_arc(Arc::new(Handle(self.handle(key))))
+    }
+}
+
+fn request() -> Request<()> {
+    let peer: SocketAddr = "192.0.2.1:1".parse().unwrap();
+    Request::get("/").extension(peer).body(()).unwrap()
+}
+
+fn hello(_: Request<()>) -> std::future::Ready<Result<Response<Full<Bytes>>, Infallible>> {
+    std::future::ready(Ok(Response::new(Full::new(Bytes::from_static(b"hi")))))
+}
+
+#[tokio::test]
+async fn decisions_are_counted_per_policy() {
+    let totals = Totals::default();
+    let layer = RateLimitLayer::builder(MemoryStore::new())
+        .policy(Policy::per_minute(2).name("minute").build().unwrap())
+        .policy(Policy::per_day(100).name("day").build().unwrap())
+        .build()
+        .unwrap();
+    let mut service = layer.layer(tower::service_fn(hello));
+    // The memory store answers inside `call`, where the local recorder is set.
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        service.ready().await.unwrap();
+        let future = metrics::with_local_recorder(&totals, || service.call(request()));
+        statuses.push(future.await.unwrap().status());
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    assert_eq!(totals.get("portcullis_allowed_total{policy=minute}"), 2);
+    assert_eq!(totals.get("portcullis_allowed_total{policy=day}"), 2);
+    assert_eq!(totals.get("portcullis_denied_total{policy=minute}"), 1);
+    assert_eq!(
+        totals.get("portcullis_denied_total{policy=day}"),
+        0,
+        "only the denying policy"
+    );
+    assert_eq!(
+        totals.get("portcullis_store_latency_seconds{policy=minute}"),
+        3
+    );
+}
+
+#[tokio::test]
+async fn dry_run_denials_are_counted_apart() {
+    let totals = Totals::default();
+    let layer = RateLimitLayer::builder(MemoryStore::new())
+        .policy(Policy::per_minute(1).name("minute").build().unwrap())
+        .mode(Mode::DryRun)
+        .build()
+        .unwrap();
+    let mut service = layer.layer(tower::service_fn(hello));
+    for _ in 0..3 {
+        service.ready().await.unwrap();
+        let future = metrics::with_local_recorder(&totals, || service.call(request()));
+        assert_eq!(future.await.unwrap().status(), StatusCode::OK);
+    }
+    assert_eq!(totals.get("portcullis_allowed_total{policy=minute}"), 1);
+    assert_eq!(
+        totals.get("portcullis_dry_run_denied_total{policy=minute}"),
+        2
+    );
+    assert_eq!(totals.get("portcullis_denied_total{policy=minute}"), 0);
+}
+
+/// A store whose backend is always down. It answers at once
+/// (`check_now`), so the layer decides inside `call`, under the local
+/// recorder.
+struct Down;
+
+impl portcullis_core::Store for Down {
+    type CheckFuture =
+        std::future::Ready<Result<portcullis_core::Verdict, portcullis_core::StoreError>>;
+    fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
+        std::future::ready(self.check_now(subject, policies, cost).unwrap())
+    }
+    fn check_now(
+        &self,
+        _: &str,
+        _: &[Policy],
+        _: u64,
+    ) -> Option<Result<portcullis_core::Verdict, portcullis_core::StoreError>> {
+        Some(Err(portcullis_core::StoreError::unavailable(
+            "connection refused",
+        )))
+    }
+    fn reset(
+        &self,
+        _: &str,
+        _: &[Policy],
+    ) -> impl std::future::Future<Output = Result<(), portcullis_core::StoreError>> + Send + 'static
+    {
+        std::future::ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn store_errors_are_counted() {
+    let totals = Totals::default();
+    let layer = RateLimitLayer::builder(Down)
+        .policy(Policy::per_minute(1).name("minute").build().unwrap())
+        .circuit_breaker(0, std::time::Duration::ZERO)
+        .build()
+        .unwrap();
+    let mut service = layer.layer(tower::service_fn(hello));
+    for _ in 0..2 {
+        service.ready().await.unwrap();
+        let future = metrics::with_local_recorder(&totals, || service.call(request()));
+        assert_eq!(future.await.unwrap().status(), StatusCode::OK, "fail-open");
+    }
+    assert_eq!(totals.get("portcullis_store_errors_total{policy=minute}"), 2);
+    assert_eq!(totals.get("portcullis_fail_open_total{policy=minute}"), 2);
+    assert_eq!(totals.get("portcullis_allowed_total{policy=minute}"), 0);
+}
+
+#[test]
+fn every_metric_has_help_text_and_a_unit() {
+    let totals = Totals::default();
+    metrics::with_local_recorder(&totals, || {
+        RateLimitLayer::builder(MemoryStore::new())
+            .policy(Policy::per_minute(2).name("minute").build().unwrap())
+            .build()
+            .unwrap()
+    });
+    let described = totals.described.lock().unwrap();
+    // The table in the crate docs.
+    for (name, unit) in [
+        ("portcullis_allowed_total", Unit::Count),
+        ("portcullis_denied_total", Unit::Count),
+        ("portcullis_dry_run_denied_total", Unit::Count),
+        ("portcullis_store_errors_total", Unit::Count),
+        ("portcullis_fail_open_total", Unit::Count),
+        ("portcullis_store_latency_seconds", Unit::Seconds),
+        ("portcullis_concurrency_granted_total", Unit::Count),
+        ("portcullis_concurrency_denied_total", Unit::Count),
+        ("portcullis_concurrency_store_errors_total", Unit::Count),
+        ("portcullis_concurrency_fail_open_total", Unit::Count),
+    ] {
+        let (got, help) = described
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} is not described"));
+        assert_eq!(*got, Some(unit), "{name}");
+        assert!(help.len() > 20, "{name}: {help}");
+    }
+    assert_eq!(described.len(), 10, "{described:?}");
+}
+
+#[tokio::test]
+async fn concurrency_permits_and_refusals_are_counted_per_policy() {
+    let totals = Totals::default();
+    let layer = metrics::with_local_recorder(&totals, || {
+        ConcurrencyLimitLayer::builder(MemoryStore::new())
+            .policy(
+                ConcurrencyPolicy::max_in_flight(1)
+                    .name("exports")
+                    .build()
+                    .unwrap(),
+            )
+            .build()
+            .unwrap()
+    });
+    assert!(
+        totals
+            .described
+            .lock()
+            .unwrap()
+            .contains_key("portcullis_concurrency_granted_total"),
+        "building the concurrency layer describes the metrics too"
+    );
+    let mut service = layer.layer(tower::service_fn(hello));
+    // The memory store answers inside `call`, where the local recorder is set.
+    service.ready().await.unwrap();
+    let held = metrics::with_local_recorder(&totals, || service.call(request()))
+        .await
+        .unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    for _ in 0..2 {
+        service.ready().await.unwrap();
+        let refused = metrics::with_local_recorder(&totals, || service.call(request()))
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+    assert_eq!(
+        totals.get("portcullis_concurrency_granted_total{policy=exports}"),
+        1
+    );
+    assert_eq!(
+        totals.get("portcullis_concurrency_denied_total{policy=exports}"),
+        2
+    );
+    assert_eq!(
+        totals.get("portcullis_concurrency_store_errors_total{policy=exports}"),
+        0
+    );
+    drop(held);
+}
