@@ -224,7 +224,10 @@ fn refused_for_good(code: Option<&str>, text: &str) -> bool {
         // scripts still work there.
         return true;
     }
-    let names_functions = text.contains("'fcall") || text.contains("'function");
+    // Redis 7 quotes the command as 'fcall', Redis 6.2 as `fcall`.
+    let names_functions = ["'fcall", "`fcall", "'function", "`function"]
+        .iter()
+        .any(|name| text.contains(name));
     match code {
         Some("NOPERM") => names_functions,
         _ => names_functions && text.contains("unknown command"),
@@ -248,6 +251,10 @@ mod tests {
         assert!(refused_for_good(
             Some("ERR"),
             "ERR unknown command 'FCALL', with args beginning with: 'x'"
+        ));
+        assert!(refused_for_good(
+            Some("ERR"),
+            "unknown command `FCALL_RO`, with args beginning with: `x_peek`, `1`, "
         ));
         assert!(!refused_for_good(Some("NOPERM"), "No permissions to access a key"));
         assert!(refused_for_good(
