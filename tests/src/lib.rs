@@ -60,6 +60,44 @@ pub fn redis_server_bin() -> PathBuf {
         .map_or_else(|| PathBuf::from("redis-server"), PathBuf::from)
 }
 
+/// The version of the test `redis-server` binary ([`redis_server_bin`]) as
+/// `(major, minor)`, from its `--version` line (`v=7.0.15`; Valkey prints
+/// its own version, and Valkey 7.2 and later have what Redis 7.2 has).
+///
+/// # Panics
+///
+/// When the binary does not run or prints no version.
+#[must_use]
+pub fn server_version() -> (u32, u32) {
+    static VERSION: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+    *VERSION.get_or_init(|| {
+        let bin = redis_server_bin();
+        let output = Command::new(&bin)
+            .arg("--version")
+            .output()
+            .unwrap_or_else(|e| panic!("could not run {} --version: {e}", bin.display()));
+        let text = String::from_utf8_lossy(&output.stdout);
+        parse_server_version(&text)
+            .unwrap_or_else(|| panic!("no version in `{} --version`: {text}", bin.display()))
+    })
+}
+
+fn parse_server_version(text: &str) -> Option<(u32, u32)> {
+    let version = text
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("v="))?;
+    let mut parts = version.split('.');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// Whether the test server has Redis Functions and `allow-oom` scripts
+/// (Redis 7 and later, every Valkey): on Redis 6.2 stores run on `EVALSHA`
+/// and a full server refuses every subject.
+#[must_use]
+pub fn server_has_functions() -> bool {
+    server_version().0 >= 7
+}
+
 fn required_env(name: &str) -> String {
     match std::env::var(name) {
         Ok(value) if !value.is_empty() => value,
@@ -315,4 +353,26 @@ pub fn sentinel_master() -> String {
 fn read_env_file(name: &str) -> Vec<u8> {
     let path = required_env(name);
     std::fs::read(&path).unwrap_or_else(|e| panic!("{name}={path}: cannot read it: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_server_version;
+
+    #[test]
+    fn server_versions_are_read_from_redis_and_valkey_lines() {
+        assert_eq!(
+            parse_server_version("Redis server v=7.0.15 sha=00000000:0 malloc=jemalloc-5.3.0"),
+            Some((7, 0))
+        );
+        assert_eq!(
+            parse_server_version("Valkey server v=8.0.1 sha=00000000:1 malloc=libc bits=64"),
+            Some((8, 0))
+        );
+        assert_eq!(
+            parse_server_version("Redis server v=6.2.16 sha=00000000:0"),
+            Some((6, 2))
+        );
+        assert_eq!(parse_server_version("no version here"), None);
+    }
 }

@@ -4,7 +4,9 @@
 //! when full), decides subjects Redis holds exactly and refuses new ones
 //! as `OutOfMemory`; once memory is freed it loads the library and uses
 //! Functions again. The same for one full node of a Cluster, and through
-//! the layer with its default settings.
+//! the layer with its default settings (on Redis 6.2, which has neither
+//! Functions nor allow-oom scripts, only the layer's test runs: the store
+//! builds, and a full server refuses every subject).
 
 mod redis_common;
 
@@ -154,7 +156,10 @@ async fn the_layer_with_default_settings_starts_on_a_full_redis() {
         .unwrap();
     assert_eq!(remaining(&earlier, "held-user").await, 4);
     drop(earlier);
-    flush_functions(&server.url()).await;
+    let functions = portcullis_tests::server_has_functions();
+    if functions {
+        flush_functions(&server.url()).await;
+    }
     fill(&server.url(), "fill").await;
 
     let store = RedisStore::builder()
@@ -185,14 +190,15 @@ async fn the_layer_with_default_settings_starts_on_a_full_redis() {
             )
         }
     };
-    // The held user has exactly four permits left, each decided.
-    for _ in 0..4 {
+    // The held user has exactly four permits left, each decided. (Redis 6.2
+    // has no allow-oom scripts: while full it refuses every subject.)
+    for _ in 0..if functions { 4 } else { 0 } {
         assert_eq!(ask("held-user").await, (StatusCode::OK, true));
     }
     assert_eq!(
         ask("held-user").await.0,
         StatusCode::TOO_MANY_REQUESTS,
-        "the fifth request of a user with four permits left"
+        "the request after the held user's last permit"
     );
     // New users cannot be stored: denied, never passed undecided, however
     // many (a breaker opened by them would pass them through fail-open).

@@ -171,7 +171,9 @@ fn run_test_stages(options: &TestOptions, tools: &Tools, stages: &mut Stages) ->
     for (name, value) in &env {
         println!("    {name}={value}");
     }
-    let test_args = options.cargo_test_args();
+    let mut test_args = options.cargo_test_args();
+    let skips = version_skips(&tools.server_version());
+    add_skips(&mut test_args, &skips);
     let shown = format!("cargo {}", test_args.join(" "));
     let test_result = stages.run(&shown, || {
         let args: Vec<&str> = test_args.iter().map(String::as_str).collect();
@@ -187,10 +189,14 @@ fn run_test_stages(options: &TestOptions, tools: &Tools, stages: &mut Stages) ->
     let evalsha_result = if options.cargo_args.is_empty() {
         let mut evalsha_env = env.clone();
         evalsha_env.push(("PORTCULLIS_REDIS_CALL_PATH", "evalsha".to_owned()));
-        let mut args = vec!["test", "--no-fail-fast", "-p", "portcullis-tests"];
+        let mut args: Vec<String> = ["test", "--no-fail-fast", "-p", "portcullis-tests"]
+            .map(str::to_owned)
+            .to_vec();
         for suite in EVALSHA_SUITES {
-            args.extend(["--test", suite]);
+            args.extend(["--test".to_owned(), suite.to_owned()]);
         }
+        add_skips(&mut args, &skips);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         stages.run(&format!("cargo {} (EVALSHA path)", args.join(" ")), || {
             run_cargo(
                 &args,
@@ -207,6 +213,61 @@ fn run_test_stages(options: &TestOptions, tools: &Tools, stages: &mut Stages) ->
         Ok(())
     })?;
     test_result.and(evalsha_result)
+}
+
+/// Tests that need what a server older than Redis 7 lacks (Redis Functions,
+/// `allow-oom` scripts), each with the reason, for the server whose
+/// `--version` line is `version`; empty for Redis 7, Valkey and anything
+/// whose version is not read. Printed by name when skipped.
+fn version_skips(version: &str) -> Vec<&'static str> {
+    let major = version
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("v="))
+        .and_then(|v| v.split('.').next()?.parse::<u32>().ok());
+    match major {
+        Some(major) if major < 7 => {
+            let skipped = FUNCTIONS_ONLY.to_vec();
+            println!(
+                "xtask: {version}: no Redis Functions and no allow-oom scripts before Redis 7; \
+                 skipping {} tests that need them: {}",
+                skipped.len(),
+                skipped.join(", ")
+            );
+            skipped
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The tests of Redis Functions and of `allow-oom` scripts (Redis 7): the
+/// ones a Redis 6.2 run skips.
+const FUNCTIONS_ONLY: [&str; 11] = [
+    "functions_are_the_default_and_the_library_is_loaded",
+    "an_acl_user_granted_the_documented_function_rules_runs_on_functions",
+    "an_acl_without_functions_falls_back_to_evalsha",
+    "function_flush_mid_run_is_survived",
+    "function_flush_on_the_cluster_is_survived",
+    "a_failover_to_a_node_without_the_library_is_survived",
+    "out_of_memory_on_both_paths",
+    "the_fast_gcra_function_agrees_with_the_general_check",
+    "a_store_builds_on_a_full_redis_and_loads_the_library_once_there_is_room",
+    "a_cluster_node_full_before_it_ever_loaded_the_library",
+    "out_of_memory_keeps_held_subjects_and_refuses_new_ones",
+];
+
+/// Appends `--skip <name>` for each of `skips` to a `cargo test` command
+/// line (after its `--`, added if missing), matching names exactly.
+fn add_skips(args: &mut Vec<String>, skips: &[&str]) {
+    if skips.is_empty() {
+        return;
+    }
+    if !args.iter().any(|arg| arg == "--") {
+        args.push("--".to_owned());
+    }
+    for name in skips {
+        args.extend(["--skip".to_owned(), (*name).to_owned()]);
+    }
+    args.push("--exact".to_owned());
 }
 
 /// The Redis suites that `test` runs a second time on the `EVALSHA` path
@@ -558,6 +619,24 @@ mod tests {
         );
         assert!(!Bench::of(BenchTarget::Core).needs_redis);
         assert!(Bench::of(BenchTarget::Http).needs_redis);
+    }
+
+    #[test]
+    fn only_servers_before_redis_7_skip_tests_and_by_exact_name() {
+        assert!(version_skips("Redis server v=7.0.15 sha=00000000:0").is_empty());
+        assert!(version_skips("Valkey server v=8.0.1 sha=00000000:1").is_empty());
+        assert!(version_skips("unknown version").is_empty());
+        let skips = version_skips("Redis server v=6.2.16 sha=00000000:0");
+        assert_eq!(skips.len(), FUNCTIONS_ONLY.len());
+        let mut args = vec!["test".to_owned(), "--workspace".to_owned()];
+        add_skips(&mut args, &skips[..1]);
+        assert_eq!(
+            args.join(" "),
+            format!("test --workspace -- --skip {} --exact", FUNCTIONS_ONLY[0])
+        );
+        let mut args = vec!["test".to_owned(), "--".to_owned(), "--nocapture".to_owned()];
+        add_skips(&mut args, &[]);
+        assert_eq!(args.join(" "), "test -- --nocapture");
     }
 
     #[test]

@@ -3,8 +3,8 @@
 
 use std::fmt;
 
-use redis::RedisError;
 use portcullis_core::StoreError;
+use redis::RedisError;
 
 use crate::builder::MAX_PREFIX_LEN;
 

@@ -8,8 +8,8 @@ use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use redis::{Cmd, Value};
 use portcullis_core::{ConcurrencyPolicy, Lease, LeaseDecision, LeaseId, LeaseStore, StoreError};
+use redis::{Cmd, Value};
 
 use crate::connection;
 use crate::functions::CallPath;
@@ -122,7 +122,14 @@ async fn run(
             Ok(value)
         }
         Err(error) if crate::store::is_oom(&error) => match script.allow_oom() {
-            Some(twin) => call(inner, twin, key, args).await,
+            Some(twin) => match call(inner, twin, key, args).await {
+                // Redis before 7 cannot compile the twin: while it is full,
+                // no lease can be written.
+                Err(error) if crate::store::twin_refused(&error) => {
+                    Ok(Value::SimpleString("NOROOM".to_owned()))
+                }
+                other => other,
+            },
             None => Err(error),
         },
         other => other,

@@ -7,11 +7,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{Cmd, RedisError, Value};
-use smallvec::SmallVec;
 use portcullis_core::{
     encode_subject, validate_check, Algorithm, Clock, Decision, Policy, Store, StoreError, Verdict,
 };
+use redis::{Cmd, RedisError, Value};
+use smallvec::SmallVec;
 
 use crate::builder::RedisStoreBuilder;
 use crate::connection::{self, Pool};
@@ -453,12 +453,32 @@ async fn check_out_of_memory(
         }
     }
     tracing::debug!("Redis is out of memory: checking again, for held subjects only");
-    match connection::eval(&inner.pool, inner.timeout, twin, &retry, first_key).await? {
-        Value::SimpleString(status) if status == "NOROOM" => Err(StoreError::OutOfMemory {
+    match connection::eval(&inner.pool, inner.timeout, twin, &retry, first_key).await {
+        Ok(Value::SimpleString(status)) if status == "NOROOM" => Err(StoreError::OutOfMemory {
             retry_after: OUT_OF_MEMORY_RETRY,
         }),
-        value => Ok(value),
+        Ok(value) => Ok(value),
+        // Redis before 7 cannot compile the twin (it reads the `#!lua` line
+        // as Lua): nothing can be written while it is full, so every subject
+        // is refused for lack of memory, never let through undecided.
+        Err(error) if twin_refused(&error) => Err(StoreError::OutOfMemory {
+            retry_after: OUT_OF_MEMORY_RETRY,
+        }),
+        Err(error) => Err(error),
     }
+}
+
+/// Whether the server refused to compile an allow-oom twin: Redis before 7
+/// has no `#!lua` flags line ("Error compiling script ... near '#'").
+pub(crate) fn twin_refused(error: &StoreError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = source {
+        if let Some(redis) = error.downcast_ref::<RedisError>() {
+            return redis.to_string().contains("Error compiling script");
+        }
+        source = error.source();
+    }
+    false
 }
 
 impl Store for RedisStore {

@@ -5,8 +5,8 @@
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
-use tokio::time::Instant;
 use portcullis_core::{BoxCheckFuture, Decision, ErrorScope, Store, StoreError, Verdict};
+use tokio::time::Instant;
 
 use crate::config::{FailurePolicy, HeaderMode, MissingKey, Mode};
 use crate::headers::RateLimitHeaders;

@@ -11,9 +11,9 @@ use std::task::{Context, Poll, Waker};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use portcullis_core::{ConcurrencyPolicy, LeaseId, LeaseStore};
 use tokio::runtime::Handle;
 use tokio::task::AbortHandle;
-use portcullis_core::{ConcurrencyPolicy, LeaseId, LeaseStore};
 
 type Release = Box<dyn FnOnce() + Send + Sync>;
 
