@@ -90,6 +90,17 @@ fn parse_server_version(text: &str) -> Option<(u32, u32)> {
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
+/// The arguments that let a test server run `DEBUG` (`--enable-debug-command
+/// yes` on Redis 7 and later; Redis 6.2 allows it without).
+#[must_use]
+pub fn debug_command_args() -> &'static [&'static str] {
+    if server_version().0 >= 7 {
+        &["--enable-debug-command", "yes"]
+    } else {
+        &[]
+    }
+}
+
 /// Whether the test server has Redis Functions and `allow-oom` scripts
 /// (Redis 7 and later, every Valkey): on Redis 6.2 stores run on `EVALSHA`
 /// and a full server refuses every subject.
@@ -122,6 +133,27 @@ pub fn free_port() -> u16 {
         .expect("the OS should hand out a free port on 127.0.0.1")
 }
 
+/// A free port on 127.0.0.1 whose Cluster bus port (+10000) is free too,
+/// for servers before Redis 7, which have no `cluster-port` setting.
+///
+/// # Panics
+///
+/// When no such port is found in 1000 tries.
+#[must_use]
+pub fn free_port_with_bus() -> u16 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let start = u64::from(std::process::id()) * 7919;
+    for attempt in 0..1000 {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed) * 37 + attempt) % 25_000;
+        let port = 20_000 + u16::try_from(offset).unwrap_or(0);
+        let free = |port: u16| TcpListener::bind(("127.0.0.1", port)).is_ok();
+        if free(port) && free(port + 10_000) {
+            return port;
+        }
+    }
+    panic!("no free port with a free bus port (+10000) on 127.0.0.1");
+}
+
 /// A private `redis-server` a test may kill and restart (for fault tests).
 /// Killed when dropped.
 #[derive(Debug)]
@@ -140,8 +172,18 @@ impl OwnedRedis {
     /// within 10 seconds.
     #[must_use]
     pub fn start(extra_args: &[&str]) -> Self {
+        Self::start_on(free_port(), extra_args)
+    }
+
+    /// Starts `redis-server` on `port` with persistence off.
+    ///
+    /// # Panics
+    ///
+    /// As [`OwnedRedis::start`].
+    #[must_use]
+    pub fn start_on(port: u16, extra_args: &[&str]) -> Self {
         let mut server = Self {
-            port: free_port(),
+            port,
             child: None,
             extra_args: extra_args.iter().map(|s| (*s).to_owned()).collect(),
         };

@@ -162,10 +162,7 @@ async fn the_lease_key_expires_with_its_last_lease_and_goes_when_empty() {
     let key = store.lease_key_for("tenant", "keys");
     assert!(key.contains("{tenant}"), "{key}");
     let mut connection = redis_common::raw(&redis_url());
-    let expire_ms: i64 = redis::cmd("PEXPIRETIME")
-        .arg(&key)
-        .query(&mut connection)
-        .unwrap();
+    let expire_ms: i64 = redis_common::pexpiretime(&mut connection, &key).unwrap();
     let last = a.expires_at_micros().max(b.expires_at_micros());
     // No later than the last lease's expiry, rounded up to Redis' ms.
     assert_eq!(expire_ms as u64, last.div_ceil(1000), "{key}");

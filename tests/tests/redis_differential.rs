@@ -116,7 +116,7 @@ fn nodes(cluster: bool) -> Vec<redis::Connection> {
 /// that owns it.
 fn pexpiretime(nodes: &mut [redis::Connection], key: &str) -> Result<i64, TestCaseError> {
     for node in nodes.iter_mut() {
-        match redis::cmd("PEXPIRETIME").arg(key).query::<i64>(node) {
+        match redis_common::pexpiretime(node, key) {
             Ok(at) => return Ok(at),
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Moved) => {}
             Err(e) => return Err(TestCaseError::fail(format!("PEXPIRETIME {key}: {e}"))),

@@ -159,7 +159,13 @@ async fn an_acl_user_works_on_a_tls_cluster() {
     .await;
     match &error {
         BuildError::Permission { permission, .. } => {
-            assert_eq!(permission, "+cluster|slots");
+            // Redis 6.2 names only the command in an ACL refusal of a
+            // subcommand ("the 'cluster' command or its subcommand").
+            if portcullis_tests::server_has_functions() {
+                assert_eq!(permission, "+cluster|slots");
+            } else {
+                assert_eq!(permission, "+cluster");
+            }
             assert!(portcullis_redis::ACL_CLUSTER_COMMANDS.contains(permission.as_str()));
         }
         other => panic!("expected Permission, got {other:#?}"),
@@ -343,7 +349,15 @@ async fn a_missing_permission_fails_at_build_naming_it() {
                 ..
             } => {
                 assert_eq!(named, &user);
-                assert!(permission.contains(missing), "{missing}: {permission}");
+                // Redis 6.2 names only the command of a refused
+                // subcommand: `+script` for `+script|load`.
+                let named_command = missing.split('|').next().unwrap_or(missing);
+                assert!(
+                    permission.contains(missing)
+                        || (!portcullis_tests::server_has_functions()
+                            && permission == named_command),
+                    "{missing}: {permission}"
+                );
             }
             other => panic!("{missing}: expected Permission, got {other:#?}"),
         }

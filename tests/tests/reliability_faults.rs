@@ -159,7 +159,7 @@ async fn redis_paused_times_out_opens_the_breaker_and_never_double_charges() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_debug_sleep_times_out_opens_the_breaker_and_never_double_charges() {
-    slow(Slowdown::DebugSleep, &["--enable-debug-command", "yes"]).await;
+    slow(Slowdown::DebugSleep, portcullis_tests::debug_command_args()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -414,7 +414,10 @@ pub(crate) fn is_oom(error: &StoreError) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(error) = source {
         if let Some(redis) = error.downcast_ref::<RedisError>() {
-            if redis.code() == Some("OOM") {
+            // Redis before 7 answers a script whose write it refused with
+            // `ERR Error running script ...: OOM command not allowed ...`.
+            if redis.code() == Some("OOM") || redis.to_string().contains("OOM command not allowed")
+            {
                 return true;
             }
         }

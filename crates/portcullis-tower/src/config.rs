@@ -126,13 +126,26 @@ pub enum MissingKey {
     Fallback(Cow<'static, str>),
 }
 
+/// The default answer's body. Debug builds add how to give the layer a
+/// peer address: the usual cause (Axum served without connect info) is
+/// then visible in the response itself, without a tracing subscriber.
+const MISSING_KEY_MESSAGE: &str = if cfg!(debug_assertions) {
+    "the request could not be identified for rate limiting (no client address, token or key)\n\
+     (debug build) when the layer keys by client IP (PeerIp, the default), serve Axum with \
+     `app.into_make_service_with_connect_info::<SocketAddr>()` or put the peer's SocketAddr in \
+     the request extensions; or choose MissingKey::Skip or MissingKey::fallback. Release builds \
+     leave this line out.\n"
+} else {
+    "the request could not be identified for rate limiting (no client address, token or key)\n"
+};
+
 impl Default for MissingKey {
+    /// `400 Bad Request` saying the caller could not be identified; in debug
+    /// builds the body also says how to serve Axum with connect info.
     fn default() -> Self {
         Self::Reject {
             status: StatusCode::BAD_REQUEST,
-            message: Cow::Borrowed(
-                "the request could not be identified for rate limiting (no client address, token or key)\n",
-            ),
+            message: Cow::Borrowed(MISSING_KEY_MESSAGE),
         }
     }
 }

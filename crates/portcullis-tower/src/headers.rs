@@ -35,6 +35,15 @@ pub(crate) fn binding_index(verdict: &Verdict) -> Option<usize> {
 
 /// `RateLimit-Policy: "burst";q=10;w=1, "daily";q=1000;w=86400`.
 ///
+/// One rule for a burst, the same in `RateLimit-Policy`, `RateLimit` and
+/// `X-RateLimit-Limit`: the quota `q` is the policy's
+/// [capacity](Policy::capacity) (the most a client may send at once, so the
+/// remaining `r` never exceeds it, as the IETF draft's quota units
+/// require), and the window `w` is the time that capacity takes to refill
+/// at the policy's rate, in whole seconds rounded up. Without a burst that
+/// is the policy's own limit and period (`per_minute(100)`: `q=100;w=60`);
+/// `per_second(10).burst(20)` is `q=20;w=2`, the same rate.
+///
 /// Policy names are ASCII letters, digits, `_`, `-` and `.` (the core
 /// refuses others), so they need no escaping inside a string item.
 pub(crate) fn policy_value(policies: &[Policy]) -> Option<HeaderValue> {
@@ -47,11 +56,21 @@ pub(crate) fn policy_value(policies: &[Policy]) -> Option<HeaderValue> {
             out,
             "\"{}\";q={};w={}",
             policy.name(),
-            policy.limit(),
-            ceil_secs(policy.period()).max(1)
+            policy.capacity(),
+            refill_secs(policy)
         );
     }
     HeaderValue::from_str(&out).ok()
+}
+
+/// Seconds (rounded up, at least 1) for `policy`'s capacity to refill at
+/// its rate: `capacity × period / limit`.
+fn refill_secs(policy: &Policy) -> u64 {
+    let micros = (u128::from(policy.period_micros()) * u128::from(policy.capacity()))
+        .div_ceil(u128::from(policy.limit().max(1)));
+    u64::try_from(micros.div_ceil(1_000_000))
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 /// The `t` of a decision: its retry-after when denied, else the time until
@@ -315,6 +334,28 @@ mod tests {
                 .build()
                 .unwrap(),
         ]
+    }
+
+    #[test]
+    fn a_burst_is_advertised_as_its_capacity_over_its_refill_time() {
+        let burst = Policy::per_second(10)
+            .burst(20)
+            .name("api")
+            .build()
+            .unwrap();
+        assert_eq!(policy_value(&[burst]).unwrap(), "\"api\";q=20;w=2");
+        // 7 per minute in bursts of 3: 3 × 60 / 7 = 25.7 s, rounded up.
+        let odd = Policy::per_minute(7).burst(3).name("odd").build().unwrap();
+        assert_eq!(policy_value(&[odd]).unwrap(), "\"odd\";q=3;w=26");
+        let windowed = Policy::per_day(1_000)
+            .algorithm(portcullis_core::Algorithm::FixedWindow)
+            .name("daily")
+            .build()
+            .unwrap();
+        assert_eq!(
+            policy_value(&[windowed]).unwrap(),
+            "\"daily\";q=1000;w=86400"
+        );
     }
 
     #[test]

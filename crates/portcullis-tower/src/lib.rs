@@ -225,8 +225,8 @@ pub use keep_body::{KeepBody, KeepBodyFuture, KeepBodyLayer};
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use key::MatchedRoute;
 pub use key::{
-    ApiKey, BearerToken, ClientIp, Global, Header, KeyBuf, KeyExtractor, Method, Or, PeerIp,
-    ProxyHeader, User,
+    ApiKey, BearerToken, BoxKeyExtractor, ClientIp, Global, Header, KeyBuf, KeyExtractor, Method,
+    Or, PeerIp, ProxyHeader, User,
 };
 pub use layer::{
     RateLimitLayer, RateLimitLayerBuilder, DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD,

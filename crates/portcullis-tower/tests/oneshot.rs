@@ -802,6 +802,13 @@ async fn missing_key_reject_skip_and_fallback() {
     let (status, _, body) = send(&app1, no_peer()).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(body.contains("could not be identified"), "{body}");
+    // A debug build (as tests are) says in the body how to fix the usual
+    // cause: Axum served without connect info.
+    assert_eq!(
+        body.contains("into_make_service_with_connect_info"),
+        cfg!(debug_assertions),
+        "{body}"
+    );
     // Custom rejection.
     let layer = RateLimitLayer::builder(MemoryStore::new())
         .policy(policy(1, "api"))

@@ -105,7 +105,7 @@ async fn killed(rows: &mut Vec<Row>) {
 async fn slow(rows: &mut Vec<Row>) {
     let cases: [(Slowdown, &[&str]); 2] = [
         (Slowdown::ClientPause, &[]),
-        (Slowdown::DebugSleep, &["--enable-debug-command", "yes"]),
+        (Slowdown::DebugSleep, portcullis_tests::debug_command_args()),
     ];
     for (how, args) in cases {
         step(&format!("slow Redis ({how:?})"));

@@ -277,24 +277,39 @@ impl OwnedCluster {
                 free_port()
             ));
             std::fs::create_dir_all(&dir).expect("create a node directory");
-            let bus_port = free_port();
+            // Redis 7 takes the bus port as a setting; before it, the bus
+            // port is always the client port + 10000.
+            let with_cluster_port = crate::server_version().0 >= 7;
+            let port = if with_cluster_port {
+                free_port()
+            } else {
+                crate::free_port_with_bus()
+            };
+            let bus_port = if with_cluster_port {
+                free_port()
+            } else {
+                port + 10_000
+            };
             let bus = bus_port.to_string();
             let dir_text = dir.display().to_string();
-            let args = [
+            let mut args = vec![
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
                 "nodes.conf",
                 "--cluster-node-timeout",
                 "1000",
-                "--cluster-port",
-                &bus,
                 "--dir",
                 &dir_text,
                 "--repl-diskless-sync-delay",
                 "0",
             ];
-            nodes.push(tokio::task::block_in_place(|| OwnedRedis::start(&args)));
+            if with_cluster_port {
+                args.extend(["--cluster-port", &bus]);
+            }
+            nodes.push(tokio::task::block_in_place(|| {
+                OwnedRedis::start_on(port, &args)
+            }));
             dirs.push(dir);
             buses.push(bus_port);
         }

@@ -258,8 +258,12 @@ pub async fn kill_restart(server: &mut OwnedRedis, config: &KillRestart) -> Kill
         .min();
     // The library (FUNCTION LOAD) or scripts (SCRIPT LOAD, the EVALSHA path).
     let commandstats = info(&server.url(), "commandstats").await;
-    let script_loads =
-        command_calls(&commandstats, "script|load") + command_calls(&commandstats, "function|load");
+    // Redis 6.2 counts subcommands under their command (`cmdstat_script`).
+    let script_loads = if crate::server_version().0 >= 7 {
+        command_calls(&commandstats, "script|load") + command_calls(&commandstats, "function|load")
+    } else {
+        command_calls(&commandstats, "script")
+    };
     // Over HTTP: the first answer admitted by the store after the restart
     // (without a fallback, an admitted answer is the store's decision).
     let recovered_http = (config.mode != FailureMode::Fallback)

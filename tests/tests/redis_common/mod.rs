@@ -165,3 +165,34 @@ pub(crate) fn scan_ttls(url: &str, pattern: &str) -> Vec<(String, i64)> {
         })
         .collect()
 }
+
+/// `PEXPIRETIME key` (ms since the epoch; -1 without a TTL, -2 without the
+/// key). Redis 6.2 has no `PEXPIRETIME`: there a script reads `TIME`, then
+/// `PTTL`, then `TIME` again, and the sum is taken once both times fall in
+/// the same millisecond (so it is exact, as `PEXPIRETIME` is).
+pub(crate) fn pexpiretime(
+    connection: &mut redis::Connection,
+    key: &str,
+) -> redis::RedisResult<i64> {
+    if portcullis_tests::server_has_functions() {
+        return redis::cmd("PEXPIRETIME").arg(key).query(connection);
+    }
+    const SCRIPT: &str = "local a = redis.call('TIME') \
+        local pttl = redis.call('PTTL', KEYS[1]) \
+        local b = redis.call('TIME') \
+        local a_ms = a[1] * 1000 + math.floor(a[2] / 1000) \
+        local b_ms = b[1] * 1000 + math.floor(b[2] / 1000) \
+        if a_ms ~= b_ms then return false end \
+        if pttl < 0 then return pttl end \
+        return a_ms + pttl";
+    loop {
+        let at: Option<i64> = redis::cmd("EVAL")
+            .arg(SCRIPT)
+            .arg(1)
+            .arg(key)
+            .query(connection)?;
+        if let Some(at) = at {
+            return Ok(at);
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! Key extractors: who a request is counted against.
 
+mod boxed;
 mod buf;
 mod header;
 mod ip;
@@ -7,6 +8,7 @@ mod misc;
 
 use std::fmt;
 
+pub use boxed::BoxKeyExtractor;
 pub use buf::KeyBuf;
 use http::request::Parts;
 use portcullis_core::{hash_subject, is_plain};
