@@ -17,6 +17,7 @@
 
 use std::error::Error;
 use std::net::SocketAddr;
+use std::process::ExitCode;
 
 use portcullis::redis::store_from_env;
 use portcullis::tower::{PeerIp, RateLimitLayer};
@@ -28,15 +29,14 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_types::StatusExt;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn Error>> {
+async fn main() -> ExitCode {
+    example_support::init_tracing();
+    example_support::report(start().await)
+}
+
+async fn start() -> Result<(), Box<dyn Error>> {
     // Without a subscriber, the limiter's warnings (requests let through
     // because the store failed, the circuit breaker opening) are lost.
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
     // Picked at start-up; `BoxStore` holds either store, so `run` is not
     // generic.
     let store = store_from_env("REDIS_URL").await?;

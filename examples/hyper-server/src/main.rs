@@ -14,6 +14,7 @@
 use std::convert::Infallible;
 use std::error::Error;
 use std::net::SocketAddr;
+use std::process::ExitCode;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -32,15 +33,14 @@ async fn hello(_request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Inf
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn Error>> {
+async fn main() -> ExitCode {
+    example_support::init_tracing();
+    example_support::report(start().await)
+}
+
+async fn start() -> Result<(), Box<dyn Error>> {
     // Without a subscriber, the limiter's warnings (requests let through
     // because the store failed, the circuit breaker opening) are lost.
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
     // Redis when REDIS_URL holds a URL, else process memory.
     run(store_from_env("REDIS_URL").await?).await
 }

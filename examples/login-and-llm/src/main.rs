@@ -34,6 +34,7 @@
 
 use std::error::Error;
 use std::net::SocketAddr;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderName, StatusCode};
@@ -47,13 +48,12 @@ use portcullis::{BoxStore, MemoryStore, Policy};
 const TOKENS_PER_WORD: u64 = 1_000;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+async fn main() -> ExitCode {
+    example_support::init_tracing();
+    example_support::report(start().await)
+}
+
+async fn start() -> Result<(), Box<dyn Error>> {
     let port: u16 = match std::env::var("PORT") {
         Ok(port) => port
             .parse()

@@ -26,6 +26,7 @@
 
 use std::error::Error;
 use std::net::SocketAddr;
+use std::process::ExitCode;
 
 use axum::routing::get;
 use axum::Router;
@@ -34,15 +35,14 @@ use portcullis::tower::{ClientIp, KeyExtractor, PeerIp, RateLimitLayer};
 use portcullis::{BoxStore, Policy};
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn Error>> {
+async fn main() -> ExitCode {
+    example_support::init_tracing();
+    example_support::report(start().await)
+}
+
+async fn start() -> Result<(), Box<dyn Error>> {
     // Without a subscriber, the limiter's warnings (requests let through
     // because the store failed, the circuit breaker opening) are lost.
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
     // Five requests per minute per client IP: a burst of five, then one
     // every twelve seconds (GCRA, the default algorithm).
     let policy = Policy::per_minute(5).name("quickstart").build()?;

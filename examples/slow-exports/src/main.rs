@@ -25,6 +25,7 @@
 
 use std::error::Error;
 use std::net::SocketAddr;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use axum::http::{HeaderName, StatusCode};
@@ -35,13 +36,12 @@ use portcullis::tower::{ConcurrencyLimitLayer, Header, MissingKey, RateLimitLaye
 use portcullis::{BoxStore, ConcurrencyPolicy, Policy};
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+async fn main() -> ExitCode {
+    example_support::init_tracing();
+    example_support::report(start().await)
+}
+
+async fn start() -> Result<(), Box<dyn Error>> {
     let port: u16 = match std::env::var("PORT") {
         Ok(port) => port
             .parse()

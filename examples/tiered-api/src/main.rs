@@ -26,6 +26,7 @@
 use std::error::Error;
 use std::fmt;
 use std::net::SocketAddr;
+use std::process::ExitCode;
 
 use axum::extract::Request;
 use axum::middleware::{self, Next};
@@ -97,15 +98,14 @@ async fn me(
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn Error>> {
+async fn main() -> ExitCode {
+    example_support::init_tracing();
+    example_support::report(start().await)
+}
+
+async fn start() -> Result<(), Box<dyn Error>> {
     // Without a subscriber, the limiter's warnings (requests let through
     // because the store failed, the circuit breaker opening) are lost.
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
     // The store is picked at start-up; `BoxStore` holds either, so nothing
     // below is generic over it.
     let store = store_from_env("REDIS_URL").await?;
