@@ -1,7 +1,8 @@
 //! `cargo xtask`: the project's task runner (see `cargo xtask help`).
 //!
 //! - `cargo xtask test` (alias `ci`) is the one test command of the README
-//!   and CI: formatting, clippy, rustdoc with `-D warnings`, then
+//!   and CI: the checks of [`lint`] (formatting, clippy, rustdoc under both
+//!   feature sets, each feature alone, packaging, rust-version), then
 //!   `cargo test --no-fail-fast --workspace` against real
 //!   `redis-server` processes (a standalone server and a Redis Cluster)
 //!   started on free ports and announced through `PORTCULLIS_REDIS_*`
@@ -15,6 +16,7 @@
 //! seconds once ring is built.
 
 mod args;
+mod lint;
 mod long;
 mod redis;
 mod resp;
@@ -115,7 +117,7 @@ fn test(options: &TestOptions) -> Result<()> {
         tools.server_version()
     );
     let evalsha_stage = usize::from(options.cargo_args.is_empty());
-    let mut stages = Stages::new(if options.lint { 6 } else { 3 } + evalsha_stage);
+    let mut stages = Stages::new(if options.lint { lint::STAGES } else { 0 } + 3 + evalsha_stage);
     let result = run_test_stages(options, &tools, &mut stages);
     stages.print_summary();
     result
@@ -126,41 +128,7 @@ fn test(options: &TestOptions) -> Result<()> {
 /// unwinding).
 fn run_test_stages(options: &TestOptions, tools: &Tools, stages: &mut Stages) -> Result<()> {
     if options.lint {
-        stages.run("cargo fmt --all -- --check", || {
-            run_cargo(
-                &["fmt", "--all", "--", "--check"],
-                &[],
-                "formatting differs: run `cargo fmt --all` and commit the result",
-            )
-        })?;
-        stages.run(
-            "cargo clippy --workspace --all-targets -- -D warnings",
-            || {
-                run_cargo(
-                    &[
-                        "clippy",
-                        "--workspace",
-                        "--all-targets",
-                        "--",
-                        "-D",
-                        "warnings",
-                    ],
-                    &[],
-                    "clippy found problems (see above): fix them, then rerun `cargo xtask test`",
-                )
-            },
-        )?;
-        stages.run(
-            "RUSTDOCFLAGS=\"-D warnings\" cargo doc --workspace --no-deps --all-features",
-            || {
-                run_cargo(
-                    &["doc", "--workspace", "--no-deps", "--all-features"],
-                    &[("RUSTDOCFLAGS", "-D warnings".to_owned())],
-                    "rustdoc found problems (a broken intra-doc link, a bad code block): \
-                     fix them, then rerun `cargo xtask test`",
-                )
-            },
-        )?;
+        lint::run(stages)?;
     }
     let servers = stages.run(
         "start Redis (standalone, Cluster, TLS + ACL, TLS Cluster, Sentinel, TLS Sentinel)",
@@ -510,7 +478,7 @@ fn bench(target: BenchTarget, bench_args: &[String]) -> Result<()> {
 
 /// Runs `cargo <args>` in the workspace root with `env` added, failing with
 /// `hint` when cargo does not succeed.
-fn run_cargo(args: &[&str], env: &[(&str, String)], hint: &str) -> Result<()> {
+pub(crate) fn run_cargo(args: &[&str], env: &[(&str, String)], hint: &str) -> Result<()> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
     let shown = format!("cargo {}", args.join(" "));
     println!("$ {shown}");
@@ -535,7 +503,7 @@ fn run_cargo(args: &[&str], env: &[(&str, String)], hint: &str) -> Result<()> {
 
 /// Numbered stages with a header, the elapsed time of each, and a summary.
 #[derive(Debug)]
-struct Stages {
+pub(crate) struct Stages {
     /// How many stages the command has.
     total: usize,
     /// Finished stages: title, elapsed time, whether it succeeded.
@@ -553,7 +521,7 @@ impl Stages {
 
     /// Runs one stage: prints its header, runs `body`, prints the outcome
     /// and elapsed time.
-    fn run<T>(&mut self, title: &str, body: impl FnOnce() -> Result<T>) -> Result<T> {
+    pub(crate) fn run<T>(&mut self, title: &str, body: impl FnOnce() -> Result<T>) -> Result<T> {
         let number = self.finished.len() + 1;
         println!("\n==> [{number}/{}] {title}", self.total);
         let _ = io::stdout().flush();

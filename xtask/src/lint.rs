@@ -1,0 +1,235 @@
+//! The checks `cargo xtask test` runs before the tests: formatting, clippy,
+//! rustdoc under the default features and under all of them, each feature
+//! of each published crate on its own, packaging of the published crates,
+//! and the declared `rust-version`.
+
+use std::process::Command;
+
+use crate::{run_cargo, workspace_root, Error, Result, Stages};
+
+/// The published crates, in dependency order.
+const PUBLISHED: [&str; 4] = [
+    "portcullis-core",
+    "portcullis-redis",
+    "portcullis-tower",
+    "portcullis",
+];
+
+/// Each published crate's features, each checked alone (with no default
+/// features), after the crate with no features at all. Kept by hand: a
+/// feature added to a manifest is added here (`features_are_listed` holds
+/// the two equal).
+const FEATURES: [(&str, &[&str]); 4] = [
+    ("portcullis-core", &[]),
+    (
+        "portcullis-redis",
+        &["tls", "tls-webpki-roots", "tls-insecure"],
+    ),
+    ("portcullis-tower", &["axum", "tonic", "metrics"]),
+    (
+        "portcullis",
+        &[
+            "redis",
+            "tls",
+            "tls-webpki-roots",
+            "tls-insecure",
+            "tower",
+            "axum",
+            "tonic",
+            "metrics",
+        ],
+    ),
+];
+
+/// How many stages [`run`] adds.
+pub(crate) const STAGES: usize = 7;
+
+/// Runs the checks as stages; the first failure stops them.
+pub(crate) fn run(stages: &mut Stages) -> Result<()> {
+    stages.run("cargo fmt --all -- --check", || {
+        run_cargo(
+            &["fmt", "--all", "--", "--check"],
+            &[],
+            "formatting differs: run `cargo fmt --all` and commit the result",
+        )
+    })?;
+    stages.run(
+        "cargo clippy --workspace --all-targets -- -D warnings",
+        || {
+            run_cargo(
+                &[
+                    "clippy",
+                    "--workspace",
+                    "--all-targets",
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+                &[],
+                "clippy found problems (see above): fix them, then rerun `cargo xtask test`",
+            )
+        },
+    )?;
+    let rustdoc_hint = "rustdoc found problems (a broken intra-doc link, a bad code block): \
+                        fix them, then rerun `cargo xtask test`";
+    stages.run(
+        "RUSTDOCFLAGS=\"-D warnings\" cargo doc --workspace --no-deps (default features)",
+        || {
+            run_cargo(
+                &["doc", "--workspace", "--no-deps"],
+                &[("RUSTDOCFLAGS", "-D warnings".to_owned())],
+                rustdoc_hint,
+            )
+        },
+    )?;
+    stages.run(
+        "RUSTDOCFLAGS=\"-D warnings\" cargo doc --workspace --no-deps --all-features",
+        || {
+            run_cargo(
+                &["doc", "--workspace", "--no-deps", "--all-features"],
+                &[("RUSTDOCFLAGS", "-D warnings".to_owned())],
+                rustdoc_hint,
+            )
+        },
+    )?;
+    stages.run(
+        "cargo check of each feature of each published crate",
+        || {
+            for (krate, features) in FEATURES {
+                let alone = std::iter::once(None).chain(features.iter().map(Some));
+                for feature in alone {
+                    let mut args = vec!["check", "--quiet", "-p", krate, "--no-default-features"];
+                    if let Some(feature) = feature {
+                        args.extend(["--features", feature]);
+                    }
+                    run_cargo(
+                        &args,
+                        &[],
+                        "a crate does not build with this feature alone: a `#[cfg(feature)]` or a \
+                     feature's dependency list is missing something",
+                    )?;
+                }
+            }
+            Ok(())
+        },
+    )?;
+    stages.run("cargo package of the published crates", || {
+        let mut args = vec!["package", "--allow-dirty"];
+        for krate in PUBLISHED {
+            args.extend(["-p", krate]);
+        }
+        run_cargo(
+            &args,
+            &[],
+            "a crate does not package or its packaged copy does not build (a file outside the \
+             crate, a path dependency without a version): see above",
+        )
+    })?;
+    stages.run("rust-version", rust_version)
+}
+
+/// Checks that this run builds with the workspace's declared
+/// `rust-version`: the active `rustc` is that version, or that toolchain is
+/// installed and checks the published crates.
+fn rust_version() -> Result<()> {
+    let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml"))
+        .map_err(|e| Error::new(format!("could not read the workspace Cargo.toml: {e}")))?;
+    let declared = manifest
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("rust-version = "))
+        .map(|value| value.trim_matches('"').to_owned())
+        .ok_or_else(|| Error::new("the workspace Cargo.toml declares no rust-version"))?;
+    let active = Command::new("rustc")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|out| String::from_utf8(out.stdout).ok())
+        .unwrap_or_default();
+    let active_version = active.split_whitespace().nth(1).unwrap_or("");
+    if same_release(active_version, &declared) {
+        println!(
+            "rust-version {declared}: this run builds with {}",
+            active.trim()
+        );
+        return Ok(());
+    }
+    let toolchains = Command::new("rustup")
+        .args(["toolchain", "list"])
+        .output()
+        .ok()
+        .and_then(|out| String::from_utf8(out.stdout).ok())
+        .unwrap_or_default();
+    if !toolchains
+        .lines()
+        .any(|line| line.starts_with(&declared) || line.starts_with(&format!("{declared}.")))
+    {
+        return Err(Error::new(format!(
+            "the workspace declares rust-version {declared}, but this run builds with {} and \
+             toolchain {declared} is not installed: install it (`rustup toolchain install \
+             {declared}`) or declare the version that is tested",
+            active.trim()
+        )));
+    }
+    let toolchain = format!("+{declared}");
+    let mut args = vec![toolchain.as_str(), "check", "--all-features"];
+    for krate in PUBLISHED {
+        args.extend(["-p", krate]);
+    }
+    run_cargo(
+        &args,
+        &[],
+        "the published crates do not build with the declared rust-version",
+    )
+}
+
+/// Whether `version` (`1.95.0`) is the release `declared` names (`1.95`
+/// or `1.95.0`).
+fn same_release(version: &str, declared: &str) -> bool {
+    version == declared
+        || version
+            .strip_prefix(declared)
+            .is_some_and(|rest| rest.starts_with('.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn releases_match_by_their_declared_parts() {
+        assert!(same_release("1.95.0", "1.95"));
+        assert!(same_release("1.95.0", "1.95.0"));
+        assert!(!same_release("1.95.0", "1.9"));
+        assert!(!same_release("1.96.0", "1.95"));
+    }
+
+    #[test]
+    fn features_are_listed() {
+        for (krate, listed) in FEATURES {
+            let dir = if krate == "portcullis" {
+                "crates/portcullis".to_owned()
+            } else {
+                format!("crates/{krate}")
+            };
+            let manifest =
+                std::fs::read_to_string(workspace_root().join(dir).join("Cargo.toml")).unwrap();
+            let mut in_features = false;
+            let mut declared = Vec::new();
+            for line in manifest.lines() {
+                if line.starts_with('[') {
+                    in_features = line == "[features]";
+                    continue;
+                }
+                if let Some((name, _)) = line.split_once(" = ") {
+                    if in_features && !name.starts_with('#') && name != "default" {
+                        declared.push(name.trim().to_owned());
+                    }
+                }
+            }
+            let mut listed: Vec<String> = listed.iter().map(|f| (*f).to_owned()).collect();
+            listed.sort();
+            declared.sort();
+            assert_eq!(listed, declared, "{krate}");
+        }
+    }
+}
