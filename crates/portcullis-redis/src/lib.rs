@@ -308,6 +308,9 @@
 //! # Ok(()) }
 //! ```
 
+// docs.rs shows which feature an item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod builder;
 mod cell;
 mod charge;

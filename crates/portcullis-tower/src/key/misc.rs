@@ -144,6 +144,7 @@ impl KeyExtractor for Method {
 /// let app: Router = Router::new().route("/users/{id}", get(|| async { "hi" })).layer(layer);
 /// ```
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MatchedRoute;
 
