@@ -24,6 +24,14 @@
 //! IETF `RateLimit-Policy` / `RateLimit` fields (gRPC requests get status 8
 //! `RESOURCE_EXHAUSTED`); admitted responses carry `RateLimit` too.
 //!
+//! A policy's quota in `RateLimit-Policy` is its capacity, the most a
+//! client may send at once, and its window the time that capacity takes to
+//! refill: `Policy::per_minute(100)` is `q=100;w=60`, and
+//! `Policy::per_second(10).burst(20)` is `q=20;w=2` (the same rate, bursts
+//! of 20). So the remaining `r` of `RateLimit` never exceeds `q`, as the
+//! draft's quota units require, and the legacy `X-RateLimit-Limit` is the
+//! same number.
+//!
 //! Layers stack: when an inner layer (say per user) already wrote
 //! `RateLimit` / `RateLimit-Policy`, an outer layer (say per token) appends
 //! its members to those lists, so the client sees every policy, innermost

@@ -31,7 +31,7 @@ use std::process::ExitCode;
 use axum::routing::get;
 use axum::Router;
 use portcullis::redis::store_from_env;
-use portcullis::tower::{ClientIp, KeyExtractor, PeerIp, RateLimitLayer};
+use portcullis::tower::{BoxKeyExtractor, ClientIp, PeerIp, RateLimitLayer};
 use portcullis::{BoxStore, Policy};
 
 #[tokio::main]
@@ -69,15 +69,23 @@ async fn start() -> Result<(), Box<dyn Error>> {
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             println!("client IP read from X-Forwarded-For behind {networks:?}");
-            serve(store, ClientIp::trusting(networks), policy, addr).await
+            serve(
+                store,
+                BoxKeyExtractor::new(ClientIp::trusting(networks)),
+                policy,
+                addr,
+            )
+            .await
         }
-        _ => serve(store, PeerIp::new(), policy, addr).await,
+        _ => serve(store, BoxKeyExtractor::new(PeerIp::new()), policy, addr).await,
     }
 }
 
-async fn serve<K: KeyExtractor>(
+/// `key` is chosen at start-up (`PeerIp` or `ClientIp`, two types), so it is
+/// held as a `BoxKeyExtractor`.
+async fn serve(
     store: BoxStore,
-    key: K,
+    key: BoxKeyExtractor,
     policy: Policy,
     addr: SocketAddr,
 ) -> Result<(), Box<dyn Error>> {
