@@ -151,7 +151,7 @@ impl<St, K> Shared<St, K> {
     }
 }
 
-/// Applies rate limiting to requests: a tower [`Layer`] producing
+/// Applies rate limiting to requests: a tower `Layer` producing
 /// [`RateLimit`] services.
 ///
 /// Build one with [`RateLimitLayer::new`] (one policy, keyed by peer IP) or

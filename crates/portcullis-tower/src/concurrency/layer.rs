@@ -36,7 +36,7 @@ impl<St, K> fmt::Debug for Shared<St, K> {
     }
 }
 
-/// A [`tower_layer::Layer`] that allows each key (tenant, user, IP…) at
+/// A tower `Layer` that allows each key (tenant, user, IP…) at
 /// most [`ConcurrencyPolicy::limit`] requests in flight at once, answering
 /// the others `429 Too Many Requests` (gRPC `RESOURCE_EXHAUSTED`).
 ///
