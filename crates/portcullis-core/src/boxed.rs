@@ -1,6 +1,6 @@
 //! `BoxStore`: any [`Store`] behind one type, chosen at run time (memory or
 //! Redis from configuration), with or without its concurrency leases
-//! ([`LeaseStore`]), and the object-safe [`DynStore`] it holds.
+//! ([`LeaseStore`]), and the object-safe `DynStore` (private) it holds.
 
 use std::fmt;
 use std::future::Future;
@@ -42,7 +42,7 @@ pub type BoxReleaseFuture = Pin<Box<dyn Future<Output = Result<bool, StoreError>
 // no second pointer, no upcast), which the dhat test
 // (`portcullis-tower/tests/boxed_allocations.rs`) holds. A second trait
 // would need either two `Arc`s or an enum matched on every check.
-pub trait DynStore: Send + Sync + 'static {
+pub(crate) trait DynStore: Send + Sync + 'static {
     /// [`Store::check`], its future boxed.
     fn check_boxed(&self, subject: &str, policies: &[Policy], cost: u64) -> BoxCheckFuture;
 

@@ -47,7 +47,6 @@ mod subject;
 
 pub use boxed::{
     BoxAcquireFuture, BoxCheckFuture, BoxReleaseFuture, BoxRenewFuture, BoxResetFuture, BoxStore,
-    DynStore,
 };
 pub use clock::{Clock, FastClock, ManualClock, SystemClock};
 pub use concurrency::{
