@@ -78,7 +78,13 @@ pub enum FailurePolicy {
     /// [`MemoryStore`](portcullis_core::MemoryStore) (each instance then
     /// limits on its own, so the combined limit across `n` instances is up
     /// to `n` times the policy), but any store works (a second Redis, say).
-    /// If the fallback fails too, the request is let through.
+    /// The fallback's check is bounded by the layer's
+    /// [`check_timeout`](crate::RateLimitLayerBuilder::check_timeout) too,
+    /// so a check takes at most twice that timeout. If the fallback fails
+    /// too, or does not answer in time, the request is let through
+    /// undecided: counted (`portcullis_fail_open_total`) and logged (at
+    /// most once a second), as with [`FailurePolicy::FailOpen`]. A new
+    /// subject the fallback has no room for is denied.
     Fallback(BoxStore),
 }
 

@@ -576,7 +576,9 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     }
 
     /// Bounds each store check (default [`DEFAULT_CHECK_TIMEOUT`], 500 ms);
-    /// a check that takes longer is a store failure. The default leaves a
+    /// a check that takes longer is a store failure. The same bound applies
+    /// to the fallback store's check ([`FailurePolicy::Fallback`]), whose
+    /// timeout lets the request through undecided. The default leaves a
     /// `RedisStore` (whose own per-call timeout defaults to 250 ms) room to
     /// answer on a loaded machine (see [`DEFAULT_CHECK_TIMEOUT`] for the
     /// measurement), so it fails open only when the store really is stuck;

@@ -310,8 +310,11 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 Err(error) if error.scope() == ErrorScope::NoRoom => {
                     self.no_room(&parts.headers, &error)
                 }
+                // Failed too, or did not answer within the check timeout
+                // (`on_timeout`): let through, counted and logged as every
+                // request let through undecided is.
                 Err(error) => {
-                    tracing::error!(%error, "the fallback store failed too; request let through");
+                    self.log_error(&error, "the fallback store failed too; request let through");
                     self.let_through(tier);
                     Next::Forward(None)
                 }
@@ -344,7 +347,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 if self.breaker.failure() {
                     tracing::warn!(%error, pause = ?self.breaker.pause(), "rate-limit store failing; circuit breaker opened");
                 } else {
-                    self.log_error(&error);
+                    self.log_error(&error, "rate-limit store failed");
                 }
                 self.on_failure(ticket, &parts.headers)
             }
@@ -355,7 +358,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             ErrorScope::Subject => {
                 observe::store_error(tier);
                 tracing::debug!(%error, key = %ticket.key, "rate-limit check failed for this subject alone; its failure policy applies to this request");
-                self.log_error(&error);
+                self.log_error(&error, "rate-limit store failed");
                 self.on_failure(ticket, &parts.headers)
             }
             // `ErrorScope::Request` and any scope this version does not
@@ -396,15 +399,16 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         Next::Respond(Box::new(response))
     }
 
-    /// Logs a store error at `warn`, at most once per second per layer with
-    /// the count since the last log (every one at `debug`).
-    fn log_error(&self, error: &StoreError) {
-        tracing::debug!(%error, "rate-limit store failed");
+    /// Logs a store error (`what` happened) at `warn`, at most once per
+    /// second per layer with the count of errors since the last log (every
+    /// one at `debug`).
+    fn log_error(&self, error: &StoreError, what: &str) {
+        tracing::debug!(%error, "{what}");
         if let Some(count) = self.errors.record() {
             tracing::warn!(
                 %error,
                 count,
-                "rate-limit store failed: {count} error(s) since the last such warning"
+                "{what}: {count} store error(s) since the last such warning"
             );
         }
     }

@@ -555,6 +555,48 @@ async fn fallback_store_limits_while_the_store_is_down() {
     );
 }
 
+/// A store whose checks never complete.
+struct Hanging;
+
+impl Store for Hanging {
+    type CheckFuture = std::future::Pending<Result<Verdict, StoreError>>;
+    fn check(&self, _: &str, _: &[Policy], _: u64) -> Self::CheckFuture {
+        std::future::pending()
+    }
+    fn reset(
+        &self,
+        _: &str,
+        _: &[Policy],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        std::future::ready(Ok(()))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_fallback_store_times_out_and_lets_the_request_through() {
+    let store = Flaky::new(MemoryStore::new());
+    store.failing.store(true, Ordering::SeqCst);
+    let layer = RateLimitLayer::builder(store)
+        .policy(policy(1, "api"))
+        .check_timeout(Duration::from_millis(50))
+        .on_store_failure(FailurePolicy::fallback(Hanging))
+        .info_in_extensions(true)
+        .build()
+        .unwrap();
+    let app = app(layer);
+    for _ in 0..2 {
+        // A guard against the hang itself (the paused clock reaches it at
+        // once if the layer sets no timer of its own).
+        let answer =
+            tokio::time::timeout(Duration::from_secs(3600), send(&app, get_from("192.0.2.1")))
+                .await;
+        let (status, headers, body) = answer.expect("the request hung on the fallback store");
+        // Let through undecided, as when the fallback fails.
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "no info"));
+        assert!(headers.get("ratelimit").is_none());
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn hanging_store_times_out_into_the_failure_policy() {
     let store = Flaky::new(MemoryStore::new());
