@@ -188,7 +188,8 @@ pub enum HeaderMode {
     None,
 }
 
-/// Why a [`RateLimitLayer`](crate::RateLimitLayer) could not be built.
+/// Why a [`RateLimitLayer`](crate::RateLimitLayer) or a
+/// [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) could not be built.
 ///
 /// ```
 /// use portcullis::MemoryStore;
@@ -235,6 +236,10 @@ pub enum ConfigError {
         /// What the store would refuse.
         source: Option<StoreError>,
     },
+    /// A [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) was built
+    /// without a [`ConcurrencyPolicy`](portcullis_core::ConcurrencyPolicy)
+    /// ([`ConcurrencyLimitLayerBuilder::policy`](crate::ConcurrencyLimitLayerBuilder::policy)).
+    NoConcurrencyPolicy,
     /// A [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) was given
     /// [`FailurePolicy::Fallback`], whose rate-limit store holds no leases.
     FallbackNotSupported,
@@ -275,6 +280,9 @@ impl fmt::Display for ConfigError {
             ),
             Self::ZeroTimeout => f.write_str(
                 "the check timeout is zero, so every check would fail: use a positive timeout such as 250 ms",
+            ),
+            Self::NoConcurrencyPolicy => f.write_str(
+                "the concurrency limit has no policy: give it one with .policy(ConcurrencyPolicy::max_in_flight(n).build()?)",
             ),
             Self::FallbackNotSupported => f.write_str(
                 "a concurrency limit cannot fall back to a rate-limit store: use FailurePolicy::FailOpen or FailurePolicy::FailClosed",

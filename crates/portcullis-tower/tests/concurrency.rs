@@ -1,5 +1,5 @@
 //! `ConcurrencyLimitLayer` against small test lease stores (no Redis): its
-//! circuit breaker. The Redis and
+//! circuit breaker and its configuration errors. The Redis and
 //! cross-process tests are in the workspace's `tests/` crate.
 
 use std::convert::Infallible;
@@ -13,7 +13,7 @@ use http_body_util::Full;
 use portcullis_core::{
     ConcurrencyPolicy, LeaseDecision, LeaseId, LeaseStore, MemoryStore, StoreError,
 };
-use portcullis_tower::{ConcurrencyLimitLayer, FailurePolicy, Global};
+use portcullis_tower::{ConcurrencyLimitLayer, ConfigError, FailurePolicy, Global};
 use tower::{Layer, ServiceExt};
 
 /// A lease store in memory whose acquires can be made to fail with an
@@ -182,4 +182,21 @@ async fn errors_about_one_subject_do_not_open_the_circuit_breaker() {
         status(&layer).await;
     }
     assert_eq!(store.acquires(), 12);
+}
+
+#[test]
+fn a_layer_without_a_policy_is_refused_with_its_own_error() {
+    let error = ConcurrencyLimitLayer::builder(MemoryStore::new())
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(error, ConfigError::NoConcurrencyPolicy),
+        "{error:?}"
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains(".policy(ConcurrencyPolicy::max_in_flight("),
+        "{message}"
+    );
+    assert!(!message.contains("tier"), "{message}");
 }

@@ -255,14 +255,14 @@ impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
     ///
     /// # Errors
     ///
-    /// [`ConfigError::NoPolicies`] without a policy,
+    /// [`ConfigError::NoConcurrencyPolicy`] without a policy,
     /// [`ConfigError::ZeroTimeout`] for a zero timeout,
     /// [`ConfigError::FallbackNotSupported`] for a fallback failure policy,
     /// [`ConfigError::LeasesNotSupported`] for a store that holds no leases
     /// (a `BoxStore` built with `BoxStore::new` rather than
     /// `BoxStore::with_leases`).
     pub fn build(self) -> Result<ConcurrencyLimitLayer<St, K>, ConfigError> {
-        let policy = self.policy.ok_or(ConfigError::NoPolicies)?;
+        let policy = self.policy.ok_or(ConfigError::NoConcurrencyPolicy)?;
         if !self.store.supports_leases() {
             return Err(ConfigError::LeasesNotSupported {
                 store: std::any::type_name::<St>(),
