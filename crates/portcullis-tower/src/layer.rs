@@ -729,14 +729,15 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
                 })?;
             }
         }
-        #[cfg(feature = "metrics")]
-        crate::observe::describe_metrics();
         Ok(self.into_layer(tiers))
     }
 
     /// The layer, from a validated configuration and its tiers (the default
-    /// tier first); `self.policies` and `self.tiers` are not read.
+    /// tier first); `self.policies` and `self.tiers` are not read. Every
+    /// way of making a layer ends here, so each describes the metrics.
     fn into_layer(self, tiers: Vec<Tier>) -> RateLimitLayer<St, K> {
+        #[cfg(feature = "metrics")]
+        crate::observe::describe_metrics();
         let deny_cache = self
             .deny_cache
             .map(|capacity| DenyCache::new(tiers.len(), capacity));

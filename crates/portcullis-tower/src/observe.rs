@@ -17,9 +17,11 @@ use portcullis_core::Verdict;
 
 /// Registers the help text and unit of every portcullis metric with the
 /// installed `metrics` recorder (so a Prometheus exporter prints `# HELP`
-/// lines). [`RateLimitLayerBuilder::build`](crate::RateLimitLayerBuilder::build)
-/// calls it, so it only needs calling directly when the recorder is
-/// installed after the layer is built.
+/// lines). Building a layer calls it ([`RateLimitLayer::new`](crate::RateLimitLayer::new),
+/// [`RateLimitLayerBuilder::build`](crate::RateLimitLayerBuilder::build),
+/// [`ConcurrencyLimitLayerBuilder::build`](crate::ConcurrencyLimitLayerBuilder::build)),
+/// so it only needs calling directly when the recorder is installed after
+/// the layer is built.
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub fn describe_metrics() {
