@@ -699,9 +699,17 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] when there is no default policy, a tier is empty
-    /// or defined twice, two policies of one tier share a name, or the
-    /// timeout is zero.
+    /// A [`ConfigError`]: [`NoPolicies`](ConfigError::NoPolicies) when
+    /// there is no default policy, [`EmptyTier`](ConfigError::EmptyTier) or
+    /// [`DuplicateTier`](ConfigError::DuplicateTier) for a tier that is
+    /// empty or defined twice, [`InvalidPolicies`](ConfigError::InvalidPolicies)
+    /// when two policies of one tier share a name,
+    /// [`ZeroTimeout`](ConfigError::ZeroTimeout) for a zero check timeout,
+    /// and [`ChargeAfterResponse`](ConfigError::ChargeAfterResponse) when
+    /// [`charge_from_response`](Self::charge_from_response) is combined
+    /// with [`cost`](Self::cost) or a tier has a policy whose algorithm
+    /// cannot be charged after the response (only GCRA and token bucket
+    /// can).
     pub fn build(mut self) -> Result<RateLimitLayer<St, K>, ConfigError> {
         if self.timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);

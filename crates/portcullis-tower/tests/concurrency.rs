@@ -13,7 +13,9 @@ use http_body_util::Full;
 use portcullis_core::{
     ConcurrencyPolicy, LeaseDecision, LeaseId, LeaseStore, MemoryStore, StoreError,
 };
-use portcullis_tower::{ConcurrencyLimitLayer, ConfigError, FailurePolicy, Global};
+use portcullis_tower::{
+    ConcurrencyLimitLayer, ConfigError, FailurePolicy, Global, KeyBuf, KeyExtractor,
+};
 use tower::{Layer, ServiceExt};
 
 /// A lease store in memory whose acquires can be made to fail with an
@@ -199,4 +201,46 @@ fn a_layer_without_a_policy_is_refused_with_its_own_error() {
         "{message}"
     );
     assert!(!message.contains("tier"), "{message}");
+}
+
+/// An extractor whose two methods disagree: `extract_into`, the one both
+/// layers call, finds the key; `extract` finds none.
+struct IntoOnly;
+
+impl KeyExtractor for IntoOnly {
+    fn extract(&self, _: &http::request::Parts) -> Option<String> {
+        None
+    }
+
+    fn extract_into(&self, _: &http::request::Parts, key: &mut KeyBuf) -> bool {
+        key.push_str("tenant-a");
+        true
+    }
+}
+
+#[tokio::test]
+async fn the_key_is_read_with_extract_into_as_the_rate_layer_reads_it() {
+    let store = MemoryStore::new();
+    let one = ConcurrencyPolicy::max_in_flight(1)
+        .name("one")
+        .build()
+        .unwrap();
+    let layer = ConcurrencyLimitLayer::builder(store.clone())
+        .policy(one.clone())
+        .key(IntoOnly)
+        .build()
+        .unwrap();
+    let service = layer.layer(tower::service_fn(|_: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+    }));
+    // Without a key the default answer would be 400.
+    let held = service.oneshot(Request::new(())).await.unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    // The permit is held under the key `extract_into` wrote.
+    let other = store
+        .acquire("tenant-a", &one, LeaseId::generate())
+        .await
+        .unwrap();
+    assert!(!other.is_granted());
+    drop(held);
 }

@@ -19,7 +19,7 @@ use super::permit::Permit;
 use super::ConcurrencyLimitBody;
 use crate::config::MissingKey;
 use crate::headers::ceil_secs;
-use crate::key::KeyExtractor;
+use crate::key::{KeyBuf, KeyExtractor};
 use crate::observe::{self, Concurrency};
 use crate::response::{grpc_content_type, plain};
 
@@ -266,9 +266,11 @@ where
         let shared = &*self.shared;
         let grpc = grpc_content_type(request.headers());
         let (parts, body) = request.into_parts();
-        let subject = match shared.key.extract(&parts) {
-            Some(subject) => subject,
-            None => match &shared.missing_key {
+        // Read as the rate layer reads it (`extract_into`), so both layers
+        // count a request against the same key.
+        let mut key = KeyBuf::new();
+        if !shared.key.extract_into(&parts, &mut key) {
+            match &shared.missing_key {
                 MissingKey::Skip => {
                     let request = Request::from_parts(parts, body);
                     return ConcurrencyLimitFuture::forward(self.inner.call(request), None);
@@ -276,12 +278,15 @@ where
                 MissingKey::Reject { status, message } => {
                     return ConcurrencyLimitFuture::respond(plain(grpc, *status, message));
                 }
-                MissingKey::Fallback(key) => key.to_string(),
-            },
-        };
+                MissingKey::Fallback(fallback) => {
+                    key.clear();
+                    key.push_str(fallback);
+                }
+            }
+        }
         let request = Request::from_parts(parts, body);
         let ticket = Ticket {
-            subject: subject.into(),
+            subject: Arc::from(key.as_str()),
             lease: LeaseId::generate(),
             grpc,
         };
