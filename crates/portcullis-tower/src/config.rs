@@ -190,6 +190,9 @@ pub enum HeaderMode {
 
 /// Why a [`RateLimitLayer`](crate::RateLimitLayer) or a
 /// [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) could not be built.
+/// Each message says what to change; where the store's validation found
+/// the problem, its error is the [`source()`](Error::source), not part of
+/// the message.
 ///
 /// ```
 /// use portcullis::MemoryStore;
@@ -265,16 +268,14 @@ impl fmt::Display for ConfigError {
             Self::DuplicateTier { tier } => {
                 write!(f, "tier {tier:?} is defined twice: give each tier its own name")
             }
-            Self::InvalidPolicies { tier, source } => {
-                write!(f, "the policies of tier {tier:?} cannot be checked together: {source}")
+            // The cause (which policy, what to change) is the `source()`.
+            Self::InvalidPolicies { tier, .. } => {
+                write!(f, "the policies of tier {tier:?} cannot be checked together")
             }
-            Self::ChargeAfterResponse { tier: Some(tier), source } => {
-                write!(f, "tier {tier:?} cannot be charged after the response")?;
-                if let Some(source) = source {
-                    write!(f, ": {source}")?;
-                }
-                Ok(())
-            }
+            Self::ChargeAfterResponse { tier: Some(tier), .. } => write!(
+                f,
+                "tier {tier:?} cannot be charged after the response: charge_from_response takes only gcra and token_bucket policies"
+            ),
             Self::ChargeAfterResponse { tier: None, .. } => f.write_str(
                 "charge_from_response and cost cannot be combined: the cost is decided after the response; drop .cost(..), or add a fixed amount in charge_from_response's function",
             ),

@@ -1225,8 +1225,10 @@ fn build_errors_name_the_problem() {
         .policy(policy(2, "same"))
         .build()
         .unwrap_err();
-    assert!(err.to_string().contains("\"same\""), "{err}");
-    assert!(std::error::Error::source(&err).is_some());
+    // The tier here; which policies, in the cause.
+    assert!(err.to_string().contains("\"default\""), "{err}");
+    let cause = std::error::Error::source(&err).unwrap().to_string();
+    assert!(cause.contains("\"same\""), "{cause}");
     let err = RateLimitLayer::builder(MemoryStore::new())
         .policy(policy(1, "a"))
         .tier("pro", [])
@@ -1246,6 +1248,43 @@ fn build_errors_name_the_problem() {
         .build()
         .unwrap_err();
     assert!(err.to_string().contains("timeout"), "{err}");
+}
+
+/// The `Display` texts of `error` and of each `source()` below it.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    let mut texts = vec![error.to_string()];
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        texts.push(error.to_string());
+        cause = error.source();
+    }
+    texts
+}
+
+#[test]
+fn config_errors_print_each_cause_once_through_a_source_walker() {
+    let duplicate = RateLimitLayer::builder(MemoryStore::new())
+        .policy(policy(1, "same"))
+        .policy(policy(2, "same"))
+        .build()
+        .unwrap_err();
+    let not_chargeable = RateLimitLayer::builder(MemoryStore::new())
+        .policy(
+            Policy::per_minute(5)
+                .algorithm(Algorithm::FixedWindow)
+                .name("window")
+                .build()
+                .unwrap(),
+        )
+        .charge_from_response(|_| 1)
+        .build()
+        .unwrap_err();
+    for error in [duplicate, not_chargeable] {
+        let texts = error_chain(&error);
+        assert_eq!(texts.len(), 2, "{texts:?}");
+        let printed = texts.join(": ");
+        assert_eq!(printed.matches(texts[1].as_str()).count(), 1, "{printed}");
+    }
 }
 
 #[tokio::test]

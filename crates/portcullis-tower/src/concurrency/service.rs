@@ -158,7 +158,7 @@ impl<St: LeaseStore, K> Shared<St, K> {
             scope => {
                 observe::concurrency(&self.policy_name, Concurrency::StoreError);
                 if scope == ErrorScope::Store && self.breaker.failure() {
-                    tracing::warn!(policy = self.policy.name(), %error, pause = ?self.breaker.pause(), "concurrency limit store failing; circuit breaker opened");
+                    tracing::warn!(policy = self.policy.name(), error = crate::observe::chain(&error), pause = ?self.breaker.pause(), "concurrency limit store failing; circuit breaker opened");
                 } else {
                     self.log_error(error);
                 }
@@ -170,11 +170,11 @@ impl<St: LeaseStore, K> Shared<St, K> {
     /// Logs a store error at `warn`, at most once per second per layer with
     /// the count since the last log (every one at `debug`).
     fn log_error(&self, error: &StoreError) {
-        tracing::debug!(policy = self.policy.name(), %error, "concurrency limit store failed");
+        tracing::debug!(policy = self.policy.name(), error = crate::observe::chain(&error), "concurrency limit store failed");
         if let Some(count) = self.errors.record() {
             tracing::warn!(
                 policy = self.policy.name(),
-                %error,
+                error = crate::observe::chain(&error),
                 count,
                 "concurrency limit store failed: {count} error(s) since the last such warning"
             );
