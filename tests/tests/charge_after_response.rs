@@ -19,10 +19,10 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use redis_common::{client, cluster, manual_clock, standalone};
 use portcullis_core::{Algorithm, BoxStore, Clock, ManualClock, MemoryStore, Policy, Store};
 use portcullis_tests::unique_prefix;
 use portcullis_tower::{Charge, ConfigError, RateLimitLayer};
+use redis_common::{client, cluster, manual_clock, standalone};
 use tower::{service_fn, Layer, Service, ServiceExt};
 
 /// Where the stores of one scenario live.

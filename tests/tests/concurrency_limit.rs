@@ -21,15 +21,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use redis_common::{client, manual_clock, path_url};
 use portcullis_core::{
     BoxStore, Clock, ConcurrencyPolicy, LeaseId, LeaseStore, ManualClock, MemoryStore,
 };
 use portcullis_redis::{ClockMode, RedisStore};
 use portcullis_tests::{redis_url, unique_prefix};
 use portcullis_tower::{ConcurrencyLimitLayer, Global};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use redis_common::{client, manual_clock, path_url};
 use tower::{Layer, ServiceExt};
 
 // ---------------------------------------------------------------- differential

@@ -5,11 +5,11 @@ mod redis_common;
 
 use std::time::Duration;
 
-use redis_common::{client, manual_clock};
 use portcullis_core::algorithms::throttle;
 use portcullis_core::{Algorithm, Clock, Policy, Store};
 use portcullis_redis::{ClockMode, RateLimiterConfig, RateLimiterError, RateType};
 use portcullis_tests::unique_prefix;
+use redis_common::{client, manual_clock};
 
 /// redis-cell's README example, `CL.THROTTLE user123 15 30 60 1`, at one
 /// instant: 16 admitted (remaining 15 down to 0), then limited with a

@@ -8,12 +8,12 @@ mod redis_common;
 
 use std::time::Duration;
 
-use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use redis_common::{client, manual_clock};
 use portcullis_core::{Algorithm, Clock, LeakyMode, ManualClock, MemoryStore, Policy, Store};
 use portcullis_redis::RedisStore;
 use portcullis_tests::unique_prefix;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use redis_common::{client, manual_clock};
 
 /// Periods in µs: tiny (windows roll often), not a multiple of the limit
 /// (fractional emission intervals), and long.

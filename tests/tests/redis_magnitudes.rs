@@ -7,10 +7,10 @@ mod redis_common;
 
 use std::time::Duration;
 
-use redis_common::{client, manual_clock};
 use portcullis_core::{Algorithm, Clock, MemoryStore, Policy, Store};
 use portcullis_redis::ClockMode;
 use portcullis_tests::unique_prefix;
+use redis_common::{client, manual_clock};
 
 const DAY: Duration = Duration::from_secs(86_400);
 

@@ -8,11 +8,11 @@ mod redis_common;
 
 use std::time::Duration;
 
-use redis::Commands;
-use redis_common::{client, manual_clock};
 use portcullis_core::{Algorithm, Clock, LeakyMode, MemoryStore, Policy, Store, Verdict};
 use portcullis_redis::{ClockMode, RedisStore};
 use portcullis_tests::unique_prefix;
+use redis::Commands;
+use redis_common::{client, manual_clock};
 
 const MINUTE_US: u64 = 60_000_000;
 const TEN_YEARS_US: u64 = 10 * 365 * 86_400_000_000;

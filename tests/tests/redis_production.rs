@@ -12,10 +12,10 @@ mod redis_common;
 use std::error::Error as _;
 use std::time::Duration;
 
-use redis_common::{client, manual_clock, TEST_TIMEOUT};
 use portcullis_core::{Algorithm, Clock as _, ManualClock, Policy, Store, StoreError};
 use portcullis_redis::{BuildError, RedisStore, RedisStoreBuilder, ACL_COMMANDS};
 use portcullis_tests::unique_prefix;
+use redis_common::{client, manual_clock, TEST_TIMEOUT};
 
 fn policies() -> Vec<Policy> {
     Algorithm::ALL
@@ -393,7 +393,11 @@ async fn the_documented_acl_grant_is_enough() {
     store.throttle("cell", 2, 10, 60, 1).await.unwrap();
     let limiter = store.rate_limiter("grant");
     limiter
-        .try_set_rate(portcullis_redis::RateType::Overall, 5, Duration::from_secs(1))
+        .try_set_rate(
+            portcullis_redis::RateType::Overall,
+            5,
+            Duration::from_secs(1),
+        )
         .await
         .unwrap();
     assert!(limiter.try_acquire(1).await.unwrap());

@@ -13,11 +13,11 @@ mod redis_common;
 
 use std::time::Duration;
 
-use redis_common::{client, manual_clock, TEST_TIMEOUT};
 use portcullis_core::{Algorithm, Policy, Store};
 use portcullis_redis::{BuildError, RedisStore, RedisStoreBuilder};
 use portcullis_tests::reliability::{sentinel_failover, SentinelFault};
 use portcullis_tests::unique_prefix;
+use redis_common::{client, manual_clock, TEST_TIMEOUT};
 
 async fn remaining_sequence(builder: RedisStoreBuilder) -> Vec<(bool, u64)> {
     let clock = manual_clock();

@@ -5,10 +5,10 @@ mod redis_common;
 
 use std::time::Duration;
 
-use redis_common::{client, manual_clock};
 use portcullis_core::{Algorithm, Policy, Store};
 use portcullis_redis::{ClockMode, RateType, RedisStore};
 use portcullis_tests::{unique_prefix, TEST_PREFIX};
+use redis_common::{client, manual_clock};
 
 async fn workload(store: &RedisStore) {
     let policies: Vec<Policy> = Algorithm::ALL

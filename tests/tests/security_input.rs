@@ -10,13 +10,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::OnceLock;
 
 use http::{HeaderName, HeaderValue, Request, StatusCode};
-use proptest::prelude::*;
 use portcullis_core::{hash_subject, is_plain, MemoryStore, Policy};
 use portcullis_tests::reliability::{classify, probe_service, Reply};
 use portcullis_tower::{
     ApiKey, BearerToken, ClientIp, Header, KeyExtractor, MissingKey, PeerIp, ProxyHeader,
     RateLimitLayer,
 };
+use proptest::prelude::*;
 use tower::{Layer, ServiceExt};
 
 fn runtime() -> &'static tokio::runtime::Runtime {

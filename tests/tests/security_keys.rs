@@ -9,10 +9,10 @@
 
 use std::collections::HashSet;
 
-use proptest::prelude::*;
 use portcullis_core::{encode_subject, hash_subject, MemoryStore, Policy, Store};
 use portcullis_redis::RedisStore;
 use portcullis_tests::reliability::{admin, command, crc16_slot, Rng};
+use proptest::prelude::*;
 
 fn policies() -> [Policy; 2] {
     [

@@ -219,7 +219,10 @@ impl Secure {
                 "PORTCULLIS_REDIS_MTLS_URL",
                 format!("rediss://{user}@127.0.0.1:{}", self.mtls.tls_port),
             ),
-            ("PORTCULLIS_REDIS_TLS_CA", display(&self.certs.path("ca.pem"))),
+            (
+                "PORTCULLIS_REDIS_TLS_CA",
+                display(&self.certs.path("ca.pem")),
+            ),
             (
                 "PORTCULLIS_REDIS_TLS_CLIENT_CERT",
                 display(&self.certs.path("client.pem")),

@@ -148,7 +148,10 @@ impl SentinelSet {
         let urls: Vec<String> = self.sentinels.iter().map(|s| url(s.port)).collect();
         vec![
             ("PORTCULLIS_REDIS_SENTINEL_URLS", urls.join(",")),
-            ("PORTCULLIS_REDIS_SENTINEL_MASTER", SENTINEL_MASTER.to_owned()),
+            (
+                "PORTCULLIS_REDIS_SENTINEL_MASTER",
+                SENTINEL_MASTER.to_owned(),
+            ),
         ]
     }
 

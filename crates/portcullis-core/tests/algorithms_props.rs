@@ -34,9 +34,9 @@
 
 use std::time::Duration;
 
-use proptest::prelude::*;
 use portcullis_core::algorithms::{self, State, Step};
 use portcullis_core::{Algorithm, Decision, LeakyMode, Policy};
+use proptest::prelude::*;
 
 const ALL: &[Algorithm] = &Algorithm::ALL;
 const BUCKETS: &[Algorithm] = &[

@@ -20,9 +20,9 @@
 
 use std::time::Duration;
 
-use proptest::prelude::*;
 use portcullis_core::algorithms::{self, State, Step};
 use portcullis_core::{Algorithm, Policy};
+use proptest::prelude::*;
 
 const T0: u64 = 1_700_000_000_000_000;
 

@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use proptest::prelude::*;
 use portcullis_core::algorithms::{self, State};
 use portcullis_core::{Algorithm, LeakyMode, Policy, PolicyError, MAX_MAGNITUDE};
+use proptest::prelude::*;
 
 const DAY: Duration = Duration::from_secs(86_400);
 const T0: u64 = 1_700_006_400_000_000; // a midnight UTC

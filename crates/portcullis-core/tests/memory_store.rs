@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use futures::executor::block_on;
-use proptest::prelude::*;
 use portcullis_core::algorithms::{self, State};
 use portcullis_core::{Algorithm, ManualClock, MemoryStore, Policy, Store, StoreError, Verdict};
+use proptest::prelude::*;
 
 /// 2023-11-14T22:13:20Z, in microseconds.
 const T0: u64 = 1_700_000_000_000_000;

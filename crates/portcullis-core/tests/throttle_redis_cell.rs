@@ -19,8 +19,8 @@
 //! - Seconds in the reply: the whole seconds, plus one when at least a whole
 //!   millisecond remains; -1 stays -1.
 
-use proptest::prelude::*;
 use portcullis_core::algorithms::{throttle, GcraState};
+use proptest::prelude::*;
 
 const T0: u64 = 1_700_000_000_000_000;
 

@@ -73,7 +73,8 @@ fn free_port() -> u16 {
 
 impl Server {
     fn start(callgrind: bool) -> Self {
-        let bin = std::env::var("PORTCULLIS_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let bin =
+            std::env::var("PORTCULLIS_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
         let port = free_port();
         let out = std::env::temp_dir().join(format!("portcullis-bench-callgrind.{port}"));
         let mut cmd = Command::new("taskset");

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use smallvec::SmallVec;
 use portcullis_core::{validate_charge, Algorithm, Policy, StoreError};
+use smallvec::SmallVec;
 
 use crate::functions::CallPath;
 use crate::scripts;

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use portcullis_core::StoreError;
 use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -14,7 +15,6 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, Sl
 use redis::sentinel::SentinelClient;
 use redis::{Cmd, ConnectionInfo, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::time::{timeout_at, Instant};
-use portcullis_core::StoreError;
 
 use crate::scripts::LuaScript;
 
@@ -670,9 +670,9 @@ pub(crate) async fn eval(
                     // LOAD` (scripts still load): the caller runs the call
                     // as a script instead.
                     Ok(Err(error)) if script.is_function() && error.code() == Some("OOM") => {
-                        return Err(StoreError::unavailable(
-                            crate::functions::LibraryNotLoaded(error),
-                        ));
+                        return Err(StoreError::unavailable(crate::functions::LibraryNotLoaded(
+                            error,
+                        )));
                     }
                     Ok(Err(error)) => {
                         if error.is_io_error() {

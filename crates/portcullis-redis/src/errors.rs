@@ -3,8 +3,8 @@
 
 use std::fmt;
 
-use redis::RedisError;
 use portcullis_core::StoreError;
+use redis::RedisError;
 
 use crate::builder::MAX_PREFIX_LEN;
 
@@ -248,10 +248,7 @@ mod tests {
         assert_printed_once(&url);
 
         let store = unavailable().await;
-        assert!(
-            matches!(store, StoreError::Unavailable { .. }),
-            "{store:?}"
-        );
+        assert!(matches!(store, StoreError::Unavailable { .. }), "{store:?}");
         assert!(
             chain(&store).len() >= 3,
             "the store error, the pool's, redis-rs's: {:?}",

@@ -7,9 +7,9 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use redis::Value;
 use portcullis_core::algorithms::{self, GcraState, State};
 use portcullis_core::{Algorithm, Decision, Policy, StoreError};
+use redis::Value;
 
 use crate::scripts::LuaScript;
 use crate::store::{self, ClockMode, Inner, RedisStore};

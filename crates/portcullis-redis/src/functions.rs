@@ -6,8 +6,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis::RedisError;
 use portcullis_core::StoreError;
+use redis::RedisError;
 
 /// How a [`RedisStore`](crate::RedisStore) calls its checks:
 /// [`RedisStore::call_path`](crate::RedisStore::call_path).
@@ -73,7 +73,9 @@ pub(crate) struct PathState {
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
 }
 
 impl PathState {
@@ -256,7 +258,10 @@ mod tests {
             Some("ERR"),
             "unknown command `FCALL_RO`, with args beginning with: `x_peek`, `1`, "
         ));
-        assert!(!refused_for_good(Some("NOPERM"), "No permissions to access a key"));
+        assert!(!refused_for_good(
+            Some("NOPERM"),
+            "No permissions to access a key"
+        ));
         assert!(refused_for_good(
             Some("ERR"),
             "Error registering functions: ERR user_function:13: Script attempted to access nonexistent global variable 'math'"

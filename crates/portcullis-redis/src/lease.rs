@@ -9,8 +9,8 @@ use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use redis::{Cmd, Value};
 use portcullis_core::{ConcurrencyPolicy, Lease, LeaseDecision, LeaseId, LeaseStore, StoreError};
+use redis::{Cmd, Value};
 
 use crate::connection;
 use crate::functions::CallPath;

@@ -342,8 +342,8 @@ pub use bb8;
 /// The bb8-redis connection manager underneath the pool, re-exported for
 /// [`RedisStoreBuilder::pool`] so versions never mismatch.
 pub use bb8_redis;
+/// The redis-cell reply type, from `portcullis-core`.
+pub use portcullis_core::algorithms::{ThrottleError, ThrottleReply};
 /// The `redis` crate this crate uses, re-exported so versions never
 /// mismatch.
 pub use redis;
-/// The redis-cell reply type, from `portcullis-core`.
-pub use portcullis_core::algorithms::{ThrottleError, ThrottleReply};

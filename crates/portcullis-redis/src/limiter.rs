@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use portcullis_core::{Algorithm, Policy, PolicyError, StoreError};
 use redis::{Cmd, Value};
 use tokio::time::Instant;
-use portcullis_core::{Algorithm, Policy, PolicyError, StoreError};
 
 use crate::connection;
 use crate::store::{ints, protocol};

@@ -6,8 +6,8 @@ use std::sync::{Arc, RwLock};
 
 use redis::Cmd;
 
-use smallvec::SmallVec;
 use portcullis_core::{Algorithm, LeakyMode, Policy, StoreError};
+use smallvec::SmallVec;
 
 use crate::functions::PathState;
 

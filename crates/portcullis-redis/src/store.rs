@@ -7,11 +7,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{Cmd, RedisError, Value};
-use smallvec::SmallVec;
 use portcullis_core::{
     encode_subject, validate_check, Algorithm, Clock, Decision, Policy, Store, StoreError, Verdict,
 };
+use redis::{Cmd, RedisError, Value};
+use smallvec::SmallVec;
 
 use crate::builder::RedisStoreBuilder;
 use crate::connection::{self, Pool};

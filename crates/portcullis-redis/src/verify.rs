@@ -5,8 +5,8 @@
 use std::error::Error as _;
 use std::time::Duration;
 
-use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use portcullis_core::{Policy, Store, StoreError};
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 use crate::connection;
 use crate::errors::{BuildError, SCRIPT_COMMANDS};

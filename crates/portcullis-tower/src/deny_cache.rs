@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use foldhash::fast::{FixedState, RandomState};
 use parking_lot::Mutex;
-use tokio::time::Instant;
 use portcullis_core::{Decision, Verdict};
+use tokio::time::Instant;
 
 const SHARDS: usize = 16;
 

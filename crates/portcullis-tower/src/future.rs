@@ -11,8 +11,8 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use tokio::time::{Instant, Sleep};
 use portcullis_core::{BoxCheckFuture, Store, StoreError, Verdict};
+use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::charge::PostCharge;

@@ -5,8 +5,8 @@
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
-use tokio::time::Instant;
 use portcullis_core::{BoxCheckFuture, Decision, ErrorScope, Store, StoreError, Verdict};
+use tokio::time::Instant;
 
 use crate::config::{FailurePolicy, HeaderMode, MissingKey, Mode};
 use crate::headers::RateLimitHeaders;
@@ -381,10 +381,16 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     fn no_room(&self, headers: &HeaderMap, error: &StoreError) -> Next<St> {
         if self.mode == Mode::DryRun {
             // A dry run never rejects: it reports what enforcing would do.
-            tracing::info!(error = crate::observe::chain(&error), "dry run: would have been denied (no room for a new subject)");
+            tracing::info!(
+                error = crate::observe::chain(&error),
+                "dry run: would have been denied (no room for a new subject)"
+            );
             return Next::Forward(None);
         }
-        tracing::debug!(error = crate::observe::chain(&error), "no room for a new subject; denied");
+        tracing::debug!(
+            error = crate::observe::chain(&error),
+            "no room for a new subject; denied"
+        );
         let mut response = response::plain(
             grpc_content_type(headers),
             self.no_room_status,

@@ -246,8 +246,8 @@ fn problem_doc(policy: &str, detail: &str, retry_after: Option<u64>) -> Vec<u8> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
     use portcullis_core::{Decision, Policy, Verdict};
+    use std::time::Duration;
 
     fn info() -> RateLimitInfo {
         let policy = Policy::per_second(1).name("api").build().unwrap();

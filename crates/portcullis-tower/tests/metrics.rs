@@ -197,7 +197,10 @@ async fn store_errors_are_counted() {
         let future = metrics::with_local_recorder(&totals, || service.call(request()));
         assert_eq!(future.await.unwrap().status(), StatusCode::OK, "fail-open");
     }
-    assert_eq!(totals.get("portcullis_store_errors_total{policy=minute}"), 2);
+    assert_eq!(
+        totals.get("portcullis_store_errors_total{policy=minute}"),
+        2
+    );
     assert_eq!(totals.get("portcullis_fail_open_total{policy=minute}"), 2);
     assert_eq!(totals.get("portcullis_allowed_total{policy=minute}"), 0);
 }

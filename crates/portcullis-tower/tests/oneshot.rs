@@ -17,7 +17,9 @@ use axum::{Extension, Router};
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use portcullis_core::{Algorithm, Clock, LeakyMode, MemoryStore, Policy, Store, StoreError, Verdict};
+use portcullis_core::{
+    Algorithm, Clock, LeakyMode, MemoryStore, Policy, Store, StoreError, Verdict,
+};
 use portcullis_tower::{
     ApiKey, BearerToken, ClientIp, FailurePolicy, Global, Header, HeaderMode, KeyExtractor,
     MatchedRoute, Method, MissingKey, PeerIp, RateLimitInfo, RateLimitLayer, User,

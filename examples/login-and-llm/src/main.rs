@@ -64,12 +64,13 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let (store, store_name) = match std::env::var("REDIS_URL") {
         Ok(url) if !url.is_empty() => {
             let store = RedisStore::builder().url(&url).build().await?;
-            store
-                .ping()
-                .await
-                .map_err(|e| {
-                    format!("cannot reach Redis at {}: {}", redact_url(&url), with_causes(&e))
-                })?;
+            store.ping().await.map_err(|e| {
+                format!(
+                    "cannot reach Redis at {}: {}",
+                    redact_url(&url),
+                    with_causes(&e)
+                )
+            })?;
             (
                 BoxStore::new(store),
                 format!("Redis at {}", redact_url(&url)),

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use http::Request;
 use portcullis_core::{Policy, Store};
 use portcullis_redis::RedisStore;
-use portcullis_tower::{ClientIp, FailurePolicy, KeyExtractor, PeerIp, ProxyHeader, RateLimitLayer};
+use portcullis_tower::{
+    ClientIp, FailurePolicy, KeyExtractor, PeerIp, ProxyHeader, RateLimitLayer,
+};
 use tower::Layer;
 
 use super::counting::{CountingStore, Outcome};

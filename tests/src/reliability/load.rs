@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{HeaderName, Request, Response, StatusCode};
-use tokio::task::JoinHandle;
 use portcullis_core::Store;
 use portcullis_tower::Header;
+use tokio::task::JoinHandle;
 use tower::{service_fn, Service, ServiceExt};
 
 use super::counting::{CallRecord, Outcome};

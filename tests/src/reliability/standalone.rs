@@ -5,10 +5,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::net::TcpListener;
 use portcullis_core::{Algorithm, MemoryStore, Policy, Store, StoreError, Verdict};
 use portcullis_redis::RedisStore;
 use portcullis_tower::{FailurePolicy, RateLimitLayer};
+use tokio::net::TcpListener;
 use tower::Layer;
 
 use super::counting::{CountingStore, FailureKind, Outcome};

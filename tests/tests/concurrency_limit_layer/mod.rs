@@ -160,8 +160,9 @@ impl LeaseStore for Slow {
         subject: &str,
         policy: &ConcurrencyPolicy,
         lease: LeaseId,
-    ) -> impl std::future::Future<Output = Result<Option<u64>, portcullis_core::StoreError>> + Send + 'static
-    {
+    ) -> impl std::future::Future<Output = Result<Option<u64>, portcullis_core::StoreError>>
+           + Send
+           + 'static {
         self.memory.renew(subject, policy, lease)
     }
 

@@ -11,8 +11,8 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use tokio::time::Sleep;
 use portcullis_core::{LeaseStore, StoreError};
+use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::layer::Shared;

@@ -11,9 +11,9 @@ use std::task::{Context, Poll, Waker};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use portcullis_core::{ConcurrencyPolicy, LeaseId, LeaseStore};
 use tokio::runtime::Handle;
 use tokio::task::AbortHandle;
-use portcullis_core::{ConcurrencyPolicy, LeaseId, LeaseStore};
 
 type Release = Box<dyn FnOnce() + Send + Sync>;
 
@@ -151,7 +151,10 @@ fn release<St: LeaseStore>(store: &St, subject: &str, policy: &ConcurrencyPolicy
 
 fn log_release(result: Result<bool, portcullis_core::StoreError>) {
     if let Err(error) = result {
-        tracing::warn!(error = crate::observe::chain(&error), "releasing a concurrency lease failed; it expires at the end of its TTL");
+        tracing::warn!(
+            error = crate::observe::chain(&error),
+            "releasing a concurrency lease failed; it expires at the end of its TTL"
+        );
     }
 }
 

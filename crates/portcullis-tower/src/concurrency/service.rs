@@ -170,7 +170,11 @@ impl<St: LeaseStore, K> Shared<St, K> {
     /// Logs a store error at `warn`, at most once per second per layer with
     /// the count since the last log (every one at `debug`).
     fn log_error(&self, error: &StoreError) {
-        tracing::debug!(policy = self.policy.name(), error = crate::observe::chain(&error), "concurrency limit store failed");
+        tracing::debug!(
+            policy = self.policy.name(),
+            error = crate::observe::chain(&error),
+            "concurrency limit store failed"
+        );
         if let Some(count) = self.errors.record() {
             tracing::warn!(
                 policy = self.policy.name(),
