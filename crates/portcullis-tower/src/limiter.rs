@@ -382,13 +382,13 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         if self.mode == Mode::DryRun {
             // A dry run never rejects: it reports what enforcing would do.
             tracing::info!(
-                error = crate::observe::chain(&error),
+                error = crate::observe::chain(error),
                 "dry run: would have been denied (no room for a new subject)"
             );
             return Next::Forward(None);
         }
         tracing::debug!(
-            error = crate::observe::chain(&error),
+            error = crate::observe::chain(error),
             "no room for a new subject; denied"
         );
         let mut response = response::plain(
@@ -409,10 +409,10 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     /// second per layer with the count of errors since the last log (every
     /// one at `debug`).
     fn log_error(&self, error: &StoreError, what: &str) {
-        tracing::debug!(error = crate::observe::chain(&error), "{what}");
+        tracing::debug!(error = crate::observe::chain(error), "{what}");
         if let Some(count) = self.errors.record() {
             tracing::warn!(
-                error = crate::observe::chain(&error),
+                error = crate::observe::chain(error),
                 count,
                 "{what}: {count} store error(s) since the last such warning"
             );

@@ -158,7 +158,7 @@ impl<St: LeaseStore, K> Shared<St, K> {
             scope => {
                 observe::concurrency(&self.policy_name, Concurrency::StoreError);
                 if scope == ErrorScope::Store && self.breaker.failure() {
-                    tracing::warn!(policy = self.policy.name(), error = crate::observe::chain(&error), pause = ?self.breaker.pause(), "concurrency limit store failing; circuit breaker opened");
+                    tracing::warn!(policy = self.policy.name(), error = crate::observe::chain(error), pause = ?self.breaker.pause(), "concurrency limit store failing; circuit breaker opened");
                 } else {
                     self.log_error(error);
                 }
@@ -172,13 +172,13 @@ impl<St: LeaseStore, K> Shared<St, K> {
     fn log_error(&self, error: &StoreError) {
         tracing::debug!(
             policy = self.policy.name(),
-            error = crate::observe::chain(&error),
+            error = crate::observe::chain(error),
             "concurrency limit store failed"
         );
         if let Some(count) = self.errors.record() {
             tracing::warn!(
                 policy = self.policy.name(),
-                error = crate::observe::chain(&error),
+                error = crate::observe::chain(error),
                 count,
                 "concurrency limit store failed: {count} error(s) since the last such warning"
             );
