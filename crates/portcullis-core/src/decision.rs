@@ -131,7 +131,31 @@ impl Decision {
         self.retry_after_us == NO_RETRY
     }
 
-    /// The most permits the policy admits at once (its capacity).
+    /// The policy's capacity ([`Policy::capacity`](crate::Policy::capacity)):
+    /// the most permits it admits at once, the number [`remaining`](Self::remaining)
+    /// counts down from. For bucket algorithms (GCRA, token and leaky
+    /// bucket) that is the burst, which defaults to the limit; for window
+    /// algorithms, the limit per window.
+    ///
+    /// It is not [`Policy::limit`](crate::Policy::limit), the rate
+    /// (permits per period): a decision describes one subject's bucket or
+    /// window, whose size is the capacity, so `remaining <= limit()`
+    /// always holds. The two differ only for a bucket with a burst other
+    /// than its limit.
+    ///
+    /// ```
+    /// use portcullis::{MemoryStore, Policy, Store};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let policy = Policy::per_second(10).burst(20).build()?;
+    /// let verdict = MemoryStore::new().check("alice", &[policy.clone()], 1).await?;
+    /// let decision = verdict.decisions()[0];
+    /// assert_eq!(policy.limit(), 10); // the rate: 10 per second
+    /// assert_eq!(decision.limit(), 20); // the capacity: 20 at once
+    /// assert_eq!(decision.remaining(), 19);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
     #[must_use]
     pub const fn limit(&self) -> u64 {
         self.limit

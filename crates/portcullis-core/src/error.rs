@@ -7,6 +7,11 @@ use std::time::Duration;
 type BoxError = Box<dyn Error + Send + Sync + 'static>;
 
 /// Why a store could not decide. Every message says what to do.
+///
+/// The backend's error of [`Unavailable`](Self::Unavailable),
+/// [`OutcomeUnknown`](Self::OutcomeUnknown) and [`Rejected`](Self::Rejected)
+/// is the [`source()`](Error::source), not part of the `Display` text:
+/// print the chain (anyhow's `{:#}`, or a loop over `source()`) to see it.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum StoreError {
@@ -208,10 +213,10 @@ impl fmt::Display for StoreError {
             Self::Full { max_keys, retry_after } => write!(f, "the memory store holds its maximum of {max_keys} subjects and none has expired, so a new subject is refused (retry after {retry_after:?}): raise max_keys, or let the store evict with WhenFull::EvictNearestFull"),
             Self::OutOfMemory { retry_after } => write!(f, "Redis is out of memory (maxmemory with noeviction), so a subject it does not hold is refused (retry after {retry_after:?}); held subjects are still checked: raise maxmemory or free memory on the server"),
             Self::Timeout { after } => write!(f, "the store did not answer within {after:?}; the check was not retried (it may have been applied): check the backend's health or raise the timeout"),
-            Self::Unavailable { source } => write!(f, "the store is unavailable ({source}); nothing was charged: check that the backend is running and reachable"),
-            Self::OutcomeUnknown { source } => write!(f, "the store failed mid-call ({source}); the check may have been applied and was not retried"),
+            Self::Unavailable { .. } => f.write_str("the store is unavailable; nothing was charged: check that the backend is running and reachable"),
+            Self::OutcomeUnknown { .. } => f.write_str("the store failed mid-call; the check may have been applied and was not retried: check the backend's health"),
             Self::Unsupported { operation, detail } => write!(f, "{operation} is not supported: {detail}"),
-            Self::Rejected { source } => write!(f, "the store refused the check ({source}); check that the backend and portcullis versions match and that nothing else writes portcullis's keys"),
+            Self::Rejected { .. } => f.write_str("the store refused the check: check that the backend and portcullis versions match and that nothing else writes portcullis's keys"),
             Self::Protocol { detail } => write!(f, "the store sent an unexpected reply: {detail}; check that the backend and portcullis versions match"),
         }
     }
@@ -225,5 +230,61 @@ impl Error for StoreError {
             | Self::Rejected { source } => Some(&**source),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithms::ThrottleError;
+    use crate::{ConcurrencyPolicyError, Policy, PolicyError};
+
+    /// The `Display` texts of `error` and of each `source()` below it.
+    fn chain(error: &(dyn Error + 'static)) -> Vec<String> {
+        let mut texts = vec![error.to_string()];
+        let mut cause = error.source();
+        while let Some(error) = cause {
+            texts.push(error.to_string());
+            cause = error.source();
+        }
+        texts
+    }
+
+    /// Each cause's text appears exactly once in the whole chain, as a
+    /// `source()` walker (anyhow's `{:#}`) prints it.
+    fn assert_printed_once(error: &(dyn Error + 'static)) {
+        let texts = chain(error);
+        assert!(texts.len() > 1, "no source: {texts:?}");
+        let printed = texts.join(": ");
+        for cause in &texts[1..] {
+            assert_eq!(
+                printed.matches(cause.as_str()).count(),
+                1,
+                "{cause:?} in {printed:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_cause_prints_once_through_a_source_walker() {
+        let refused = || {
+            std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "connection refused (os error 111)",
+            )
+        };
+        assert_printed_once(&StoreError::unavailable(refused()));
+        assert_printed_once(&StoreError::outcome_unknown(refused()));
+        assert_printed_once(&StoreError::rejected(
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+        ));
+        // Two levels: a store error wrapping an error with its own cause.
+        let nested = std::io::Error::other(StoreError::unavailable(refused()));
+        assert_printed_once(&StoreError::outcome_unknown(nested));
+
+        let throttle = ThrottleError::Policy(PolicyError::ZeroBurst);
+        assert_printed_once(&throttle);
+        let name = Policy::per_second(1).name("no spaces").build().unwrap_err();
+        assert_printed_once(&ConcurrencyPolicyError::Name(name));
     }
 }

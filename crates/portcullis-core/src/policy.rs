@@ -311,7 +311,15 @@ impl Policy {
         self.algorithm
     }
 
-    /// Permits per period (the rate, or the window's limit).
+    /// Permits per period, as the policy was built (`per_second(10)`: 10):
+    /// the rate of a bucket algorithm (GCRA, token and leaky bucket), the
+    /// limit per window of a window algorithm.
+    ///
+    /// A [`Decision::limit`](crate::Decision::limit) reports
+    /// [`capacity`](Self::capacity) instead, the most permits admitted at
+    /// once (the size of the bucket or window its `remaining` counts down
+    /// from): for a bucket with a [`burst`](Self::burst) that is the burst,
+    /// not this rate.
     #[must_use]
     pub const fn limit(&self) -> u64 {
         self.limit

@@ -41,11 +41,13 @@ impl fmt::Display for ThrottleCallError {
     }
 }
 
+// Transparent: each variant prints its error's text and has its error's
+// `source()`, so a chain walker prints every cause once.
 impl std::error::Error for ThrottleCallError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::Arguments(error) => Some(error),
-            Self::Store(error) => Some(error),
+            Self::Arguments(error) => std::error::Error::source(error),
+            Self::Store(error) => std::error::Error::source(error),
         }
     }
 }

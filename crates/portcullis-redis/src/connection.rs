@@ -102,11 +102,8 @@ pub(crate) struct NoConnection {
 
 impl fmt::Display for NoConnection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "no connection to Redis; nothing was sent; the last attempt to connect failed: {}",
-            self.last
-        )
+        // The attempt's error is the `source()`.
+        f.write_str("no connection to Redis; nothing was sent (the last attempt to connect failed)")
     }
 }
 

@@ -26,7 +26,8 @@ pub(crate) const SCRIPT_COMMANDS: &str = "+time +get +set +exists +del +hmget +h
 
 /// Why a [`RedisStore`](crate::RedisStore) could not be built. Each
 /// message says what to change; errors from Redis keep the redis-rs error
-/// as [`source()`](std::error::Error::source).
+/// as [`source()`](std::error::Error::source), not in the message: print
+/// the chain (anyhow's `{:#}`, or a loop over `source()`) to see it.
 ///
 /// ```
 /// use portcullis::redis::{BuildError, RedisStore};
@@ -144,20 +145,20 @@ impl fmt::Display for BuildError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::NoServer => f.write_str("no Redis server given: call .url(\"redis://host:6379\"), .cluster([...]), .sentinel(name, [...]), .client(..) or .pool(..) on the builder"),
-            Self::InvalidUrl { url, source } => write!(f, "invalid Redis URL {url:?} ({source}): use redis://[[user]:password@]host[:port][/db], rediss://… for TLS, or redis+unix:///path"),
+            Self::InvalidUrl { url, .. } => write!(f, "invalid Redis URL {url:?}: use redis://[[user]:password@]host[:port][/db], rediss://… for TLS, or redis+unix:///path"),
             Self::InvalidPrefix { prefix } => write!(f, "invalid key prefix {prefix:?}: use 1 to {MAX_PREFIX_LEN} printable ASCII characters without braces or spaces"),
             Self::ZeroPoolSize => f.write_str("pool size is 0: give at least 1 connection"),
             Self::ZeroTimeout { field } => write!(f, "{field} is zero: give a positive duration"),
             Self::TlsNotEnabled { url } => write!(f, "{url} needs TLS, which this build of portcullis-redis does not have: enable the `tls` feature (portcullis = {{ features = [\"redis\", \"tls\"] }} or portcullis-redis = {{ features = [\"tls\"] }})"),
             Self::InsecureTlsNotEnabled { url } => write!(f, "{url} asks for TLS without certificate checks (#insecure), which needs the `tls-insecure` feature; it is for tests only: in production remove #insecure and give the server's CA with .tls_ca(..)"),
             Self::TlsSettingsWithoutTls { url } => write!(f, "TLS certificates were given but {url} is not a TLS URL: use rediss://"),
-            Self::Tls { source } => write!(f, "the TLS certificates could not be used ({source}): give PEM data (-----BEGIN CERTIFICATE----- / PRIVATE KEY-----) to .tls_ca(..) and .tls_client_cert(..)"),
+            Self::Tls { .. } => f.write_str("the TLS certificates could not be used: give PEM data (-----BEGIN CERTIFICATE----- / PRIVATE KEY-----) to .tls_ca(..) and .tls_client_cert(..)"),
             Self::Unsupported { detail } => write!(f, "unsupported Redis configuration: {detail}"),
-            Self::Connect { target, source } => write!(f, "could not connect to Redis at {target} ({source}): check that the server runs and is reachable, and for rediss:// that its certificate is signed by a trusted CA (.tls_ca(..)) and matches the host name; or build with .lazy_connect(true) to start without Redis"),
-            Self::Auth { user, source } => write!(f, "Redis refused the credentials of user {user:?} ({source}): check the user name and password (in the URL as user:password@, or .username(..) / .password(..)); for a password-only server use redis://:password@host"),
-            Self::Permission { user, permission, prefix, source } => write!(f, "the Redis user {user:?} lacks the ACL permission {permission} ({source}): grant it with `ACL SETUSER {user} {permission}`; everything portcullis needs is `ACL SETUSER {user} ~{prefix}:* {ACL_COMMANDS}`"),
-            Self::UnknownSentinelMaster { master, source } => write!(f, "no Sentinel knows a master named {master:?} ({source}): use the name of a `sentinel monitor <name> …` line (SENTINEL MASTERS lists them)"),
-            Self::Check { source } => write!(f, "Redis answered, but a test check at build() failed: {source}"),
+            Self::Connect { target, .. } => write!(f, "could not connect to Redis at {target}: check that the server runs and is reachable, and for rediss:// that its certificate is signed by a trusted CA (.tls_ca(..)) and matches the host name; or build with .lazy_connect(true) to start without Redis"),
+            Self::Auth { user, .. } => write!(f, "Redis refused the credentials of user {user:?}: check the user name and password (in the URL as user:password@, or .username(..) / .password(..)); for a password-only server use redis://:password@host"),
+            Self::Permission { user, permission, prefix, .. } => write!(f, "the Redis user {user:?} lacks the ACL permission {permission}: grant it with `ACL SETUSER {user} {permission}`; everything portcullis needs is `ACL SETUSER {user} ~{prefix}:* {ACL_COMMANDS}`"),
+            Self::UnknownSentinelMaster { master, .. } => write!(f, "no Sentinel knows a master named {master:?}: use the name of a `sentinel monitor <name> …` line (SENTINEL MASTERS lists them)"),
+            Self::Check { .. } => f.write_str("Redis answered, but a test check at build() failed (the cause says why and what to do)"),
         }
     }
 }
@@ -180,6 +181,88 @@ impl std::error::Error for BuildError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::error::Error;
+
+    use portcullis_core::{Policy, Store};
+
+    use crate::{RateLimiterError, RedisStore, ThrottleCallError};
+
+    /// Nothing listens there: connecting is refused at once.
+    const CLOSED: &str = "redis://127.0.0.1:1";
+
+    /// The `Display` texts of `error` and of each `source()` below it, down
+    /// to redis-rs's error: below it is redis-rs's own affair (its I/O
+    /// errors print the `io::Error` and return it as their source too).
+    fn chain(error: &(dyn Error + 'static)) -> Vec<String> {
+        let mut texts = vec![error.to_string()];
+        let mut cause = error.source();
+        while let Some(error) = cause {
+            texts.push(error.to_string());
+            if error.is::<redis::RedisError>() {
+                break;
+            }
+            cause = error.source();
+        }
+        texts
+    }
+
+    /// Each cause's text appears exactly once in the whole chain, as a
+    /// `source()` walker (anyhow's `{:#}`) prints it.
+    fn assert_printed_once(error: &(dyn Error + 'static)) {
+        let texts = chain(error);
+        assert!(texts.len() > 1, "no source: {texts:?}");
+        let printed = texts.join(": ");
+        for cause in &texts[1..] {
+            assert_eq!(
+                printed.matches(cause.as_str()).count(),
+                1,
+                "{cause:?} in {printed:?}"
+            );
+        }
+    }
+
+    /// A check's error against a Redis that refuses connections.
+    async fn unavailable() -> StoreError {
+        let store = RedisStore::builder()
+            .url(CLOSED)
+            .lazy_connect(true)
+            .build()
+            .await
+            .unwrap();
+        let policy = Policy::per_second(1).build().unwrap();
+        store.check("s", &[policy], 1).await.unwrap_err()
+    }
+
+    #[tokio::test]
+    async fn every_cause_prints_once_through_a_source_walker() {
+        let connect = RedisStore::builder().url(CLOSED).build().await.unwrap_err();
+        assert!(matches!(connect, BuildError::Connect { .. }), "{connect:?}");
+        assert_printed_once(&connect);
+
+        let url = RedisStore::builder()
+            .url("redis://127.0.0.1:notaport")
+            .build()
+            .await
+            .unwrap_err();
+        assert!(matches!(url, BuildError::InvalidUrl { .. }), "{url:?}");
+        assert_printed_once(&url);
+
+        let store = unavailable().await;
+        assert!(matches!(store, StoreError::Unavailable { .. }), "{store:?}");
+        assert!(
+            chain(&store).len() >= 3,
+            "the store error, the pool's, redis-rs's: {:?}",
+            chain(&store)
+        );
+        assert_printed_once(&store);
+        assert_printed_once(&BuildError::Check {
+            source: unavailable().await,
+        });
+        assert_printed_once(&RateLimiterError::Store(unavailable().await));
+        assert_printed_once(&ThrottleCallError::Store(unavailable().await));
+        let invalid_rate = Policy::per_second(0).build().unwrap_err();
+        assert!(chain(&RateLimiterError::InvalidRate(invalid_rate)).len() == 2);
+    }
 
     #[test]
     fn acl_commands_end_with_the_script_commands() {

@@ -1,7 +1,8 @@
 //! The [`LeaseStore`] impl of [`RedisStore`]: each acquire, renew and
 //! release is one atomic call of `lua/lease.lua` (the library's
 //! `<library>_lease` function, or its script on the EVALSHA path) on the
-//! subject's lease set `<prefix>:{<subject>}:<policy>`.
+//! subject's lease set `<prefix>:{<subject>}:lease:<policy>` (see
+//! [`RedisStore::lease_key_for`]).
 
 use std::future::Future;
 use std::pin::Pin;

@@ -117,7 +117,9 @@ impl fmt::Display for RateLimiterError {
             Self::NotInitialized { name } => write!(f, "rate limiter {name:?} has no rate: call try_set_rate (or set_rate) first"),
             Self::PermitsAboveRate { permits, rate } => write!(f, "{permits} permits were asked for but the rate is {rate}: they could never be granted; ask for at most {rate}"),
             Self::ZeroPermits => f.write_str("0 permits were asked for: ask for at least 1 (available_permits reads without acquiring)"),
-            Self::InvalidRate(error) => write!(f, "invalid rate: {error}"),
+            Self::InvalidRate(_) => f.write_str("the rate and interval do not make a valid policy (the cause says which and what to change)"),
+            // Transparent: the store error's own text; its `source()` is
+            // this error's.
             Self::Store(error) => error.fmt(f),
         }
     }
@@ -127,7 +129,7 @@ impl std::error::Error for RateLimiterError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::InvalidRate(error) => Some(error),
-            Self::Store(error) => Some(error),
+            Self::Store(error) => std::error::Error::source(error),
             _ => None,
         }
     }

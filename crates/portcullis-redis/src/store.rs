@@ -35,8 +35,9 @@ use crate::scripts::{self, LuaScript, ScriptCache};
 pub enum ClockMode {
     /// The script reads Redis' `TIME` (the default): every app instance sees
     /// one clock, whatever its own clock says. Scripts that read `TIME` and
-    /// then write need effect replication, the default since Redis 5, so the
-    /// store needs Redis 5 or later.
+    /// then write need effect replication (the default since Redis 5), and
+    /// a write is one `SET … PXAT` (Redis 6.2), so the store needs Redis 6.2
+    /// or later, as the crate docs say.
     #[default]
     Redis,
     /// The time comes from this clock, read by the client at each call. For

@@ -186,7 +186,8 @@ async fn warn_on_noeviction(store: &RedisStore, timeout: Duration) {
     let policy = match connection::query(&inner.pool, timeout, &get).await {
         Ok(value) => config_value(value),
         Err(error) => {
-            tracing::debug!(%error, "CONFIG GET refused; not checking maxmemory-policy");
+            let error: &(dyn std::error::Error + 'static) = &error;
+            tracing::debug!(error, "CONFIG GET refused; not checking maxmemory-policy");
             return;
         }
     };

@@ -276,7 +276,7 @@ async fn charge<St: Store, K: Send + Sync + 'static>(
         if error.scope() == ErrorScope::Store {
             shared.breaker.failure();
         }
-        tracing::warn!(%error, key = %subject.key, cost, "charging after the response failed");
+        tracing::warn!(error = crate::observe::chain(&error), key = %subject.key, cost, "charging after the response failed");
         // The fallback store takes what the failure policy sends it: the
         // store's failures (store-wide or this subject's), not a request
         // it refuses.
@@ -292,7 +292,7 @@ async fn charge<St: Store, K: Send + Sync + 'static>(
             Some(verdict)
         }
         Err(error) => {
-            tracing::warn!(%error, key = %subject.key, cost, "charging the fallback store after the response failed");
+            tracing::warn!(error = crate::observe::chain(&error), key = %subject.key, cost, "charging the fallback store after the response failed");
             None
         }
     }

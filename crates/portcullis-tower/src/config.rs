@@ -78,7 +78,13 @@ pub enum FailurePolicy {
     /// [`MemoryStore`](portcullis_core::MemoryStore) (each instance then
     /// limits on its own, so the combined limit across `n` instances is up
     /// to `n` times the policy), but any store works (a second Redis, say).
-    /// If the fallback fails too, the request is let through.
+    /// The fallback's check is bounded by the layer's
+    /// [`check_timeout`](crate::RateLimitLayerBuilder::check_timeout) too,
+    /// so a check takes at most twice that timeout. If the fallback fails
+    /// too, or does not answer in time, the request is let through
+    /// undecided: counted (`portcullis_fail_open_total`) and logged (at
+    /// most once a second), as with [`FailurePolicy::FailOpen`]. A new
+    /// subject the fallback has no room for is denied.
     Fallback(BoxStore),
 }
 
@@ -195,7 +201,11 @@ pub enum HeaderMode {
     None,
 }
 
-/// Why a [`RateLimitLayer`](crate::RateLimitLayer) could not be built.
+/// Why a [`RateLimitLayer`](crate::RateLimitLayer) or a
+/// [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) could not be built.
+/// Each message says what to change; where the store's validation found
+/// the problem, its error is the [`source()`](Error::source), not part of
+/// the message.
 ///
 /// ```
 /// use portcullis::MemoryStore;
@@ -242,6 +252,10 @@ pub enum ConfigError {
         /// What the store would refuse.
         source: Option<StoreError>,
     },
+    /// A [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) was built
+    /// without a [`ConcurrencyPolicy`](portcullis_core::ConcurrencyPolicy)
+    /// ([`ConcurrencyLimitLayerBuilder::policy`](crate::ConcurrencyLimitLayerBuilder::policy)).
+    NoConcurrencyPolicy,
     /// A [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) was given
     /// [`FailurePolicy::Fallback`], whose rate-limit store holds no leases.
     FallbackNotSupported,
@@ -267,21 +281,22 @@ impl fmt::Display for ConfigError {
             Self::DuplicateTier { tier } => {
                 write!(f, "tier {tier:?} is defined twice: give each tier its own name")
             }
-            Self::InvalidPolicies { tier, source } => {
-                write!(f, "the policies of tier {tier:?} cannot be checked together: {source}")
+            // The cause (which policy, what to change) is the `source()`.
+            Self::InvalidPolicies { tier, .. } => {
+                write!(f, "the policies of tier {tier:?} cannot be checked together")
             }
-            Self::ChargeAfterResponse { tier: Some(tier), source } => {
-                write!(f, "tier {tier:?} cannot be charged after the response")?;
-                if let Some(source) = source {
-                    write!(f, ": {source}")?;
-                }
-                Ok(())
-            }
+            Self::ChargeAfterResponse { tier: Some(tier), .. } => write!(
+                f,
+                "tier {tier:?} cannot be charged after the response: charge_from_response takes only gcra and token_bucket policies"
+            ),
             Self::ChargeAfterResponse { tier: None, .. } => f.write_str(
                 "charge_from_response and cost cannot be combined: the cost is decided after the response; drop .cost(..), or add a fixed amount in charge_from_response's function",
             ),
             Self::ZeroTimeout => f.write_str(
                 "the check timeout is zero, so every check would fail: use a positive timeout such as 250 ms",
+            ),
+            Self::NoConcurrencyPolicy => f.write_str(
+                "the concurrency limit has no policy: give it one with .policy(ConcurrencyPolicy::max_in_flight(n).build()?)",
             ),
             Self::FallbackNotSupported => f.write_str(
                 "a concurrency limit cannot fall back to a rate-limit store: use FailurePolicy::FailOpen or FailurePolicy::FailClosed",

@@ -49,8 +49,10 @@ pin_project! {
             // never touches the timer (boxed: the fast path stays small).
             timer: Option<Pin<Box<Sleep>>>,
         },
+        // Bounded by the layer's check timeout, as the first store is.
         Fallback {
             check: BoxCheckFuture,
+            timer: Option<Pin<Box<Sleep>>>,
         },
         // A store's answer that came at once (after a wait's recheck).
         Ready {
@@ -175,7 +177,7 @@ where
 {
     match next {
         Next::Check(check) => State::Check { check, timer: None },
-        Next::Fallback(check) => State::Fallback { check },
+        Next::Fallback(check) => State::Fallback { check, timer: None },
         Next::Ready(result) => State::Ready {
             result: Some(result),
         },
@@ -292,14 +294,26 @@ where
                         .shared
                         .on_result(&mut pending.ticket, &mut pending.parts, result)
                 }
-                StateProj::Fallback { check } => {
-                    let result = ready!(check.as_mut().poll(cx));
+                StateProj::Fallback { check, timer } => {
                     let Some(pending) = this.pending.as_mut() else {
                         return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
                     };
-                    pending
-                        .shared
-                        .on_result(&mut pending.ticket, &mut pending.parts, result)
+                    match check.as_mut().poll(cx) {
+                        Poll::Ready(result) => pending.shared.on_result(
+                            &mut pending.ticket,
+                            &mut pending.parts,
+                            result,
+                        ),
+                        Poll::Pending => {
+                            let timer = timer.get_or_insert_with(|| {
+                                Box::pin(tokio::time::sleep(pending.shared.timeout))
+                            });
+                            ready!(timer.as_mut().poll(cx));
+                            pending
+                                .shared
+                                .on_timeout(&mut pending.ticket, &mut pending.parts)
+                        }
+                    }
                 }
                 StateProj::Wait { until, sleep, then } => {
                     let until = *until;

@@ -576,7 +576,9 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     }
 
     /// Bounds each store check (default [`DEFAULT_CHECK_TIMEOUT`], 500 ms);
-    /// a check that takes longer is a store failure. The default leaves a
+    /// a check that takes longer is a store failure. The same bound applies
+    /// to the fallback store's check ([`FailurePolicy::Fallback`]), whose
+    /// timeout lets the request through undecided. The default leaves a
     /// `RedisStore` (whose own per-call timeout defaults to 250 ms) room to
     /// answer on a loaded machine (see [`DEFAULT_CHECK_TIMEOUT`] for the
     /// measurement), so it fails open only when the store really is stuck;
@@ -697,9 +699,17 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] when there is no default policy, a tier is empty
-    /// or defined twice, two policies of one tier share a name, or the
-    /// timeout is zero.
+    /// A [`ConfigError`]: [`NoPolicies`](ConfigError::NoPolicies) when
+    /// there is no default policy, [`EmptyTier`](ConfigError::EmptyTier) or
+    /// [`DuplicateTier`](ConfigError::DuplicateTier) for a tier that is
+    /// empty or defined twice, [`InvalidPolicies`](ConfigError::InvalidPolicies)
+    /// when two policies of one tier share a name,
+    /// [`ZeroTimeout`](ConfigError::ZeroTimeout) for a zero check timeout,
+    /// and [`ChargeAfterResponse`](ConfigError::ChargeAfterResponse) when
+    /// [`charge_from_response`](Self::charge_from_response) is combined
+    /// with [`cost`](Self::cost) or a tier has a policy whose algorithm
+    /// cannot be charged after the response (only GCRA and token bucket
+    /// can).
     pub fn build(mut self) -> Result<RateLimitLayer<St, K>, ConfigError> {
         if self.timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
@@ -727,14 +737,15 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
                 })?;
             }
         }
-        #[cfg(feature = "metrics")]
-        crate::observe::describe_metrics();
         Ok(self.into_layer(tiers))
     }
 
     /// The layer, from a validated configuration and its tiers (the default
-    /// tier first); `self.policies` and `self.tiers` are not read.
+    /// tier first); `self.policies` and `self.tiers` are not read. Every
+    /// way of making a layer ends here, so each describes the metrics.
     fn into_layer(self, tiers: Vec<Tier>) -> RateLimitLayer<St, K> {
+        #[cfg(feature = "metrics")]
+        crate::observe::describe_metrics();
         let deny_cache = self
             .deny_cache
             .map(|capacity| DenyCache::new(tiers.len(), capacity));

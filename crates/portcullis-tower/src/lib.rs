@@ -89,8 +89,8 @@
 //! tenant. [`ConcurrencyLimitLayer`] allows each key at most
 //! `max_in_flight` requests in flight and answers the others `429` (gRPC
 //! `RESOURCE_EXHAUSTED`), with the same key extractors, missing-key
-//! handling and fail-open / fail-closed choice as [`RateLimitLayer`], and
-//! stacks with it:
+//! handling, fail-open / fail-closed choice, circuit breaker and
+//! rate-limited logs as [`RateLimitLayer`], and stacks with it:
 //!
 //! ```
 //! use std::time::Duration;

@@ -310,8 +310,11 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 Err(error) if error.scope() == ErrorScope::NoRoom => {
                     self.no_room(&parts.headers, &error)
                 }
+                // Failed too, or did not answer within the check timeout
+                // (`on_timeout`): let through, counted and logged as every
+                // request let through undecided is.
                 Err(error) => {
-                    tracing::error!(%error, "the fallback store failed too; request let through");
+                    self.log_error(&error, "the fallback store failed too; request let through");
                     self.let_through(tier);
                     Next::Forward(None)
                 }
@@ -342,9 +345,9 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             ErrorScope::Store => {
                 observe::store_error(tier);
                 if self.breaker.failure() {
-                    tracing::warn!(%error, pause = ?self.breaker.pause(), "rate-limit store failing; circuit breaker opened");
+                    tracing::warn!(error = crate::observe::chain(&error), pause = ?self.breaker.pause(), "rate-limit store failing; circuit breaker opened");
                 } else {
-                    self.log_error(&error);
+                    self.log_error(&error, "rate-limit store failed");
                 }
                 self.on_failure(ticket, &parts.headers)
             }
@@ -354,14 +357,14 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             }
             ErrorScope::Subject => {
                 observe::store_error(tier);
-                tracing::debug!(%error, key = %ticket.key, "rate-limit check failed for this subject alone; its failure policy applies to this request");
-                self.log_error(&error);
+                tracing::debug!(error = crate::observe::chain(&error), key = %ticket.key, "rate-limit check failed for this subject alone; its failure policy applies to this request");
+                self.log_error(&error, "rate-limit store failed");
                 self.on_failure(ticket, &parts.headers)
             }
             // `ErrorScope::Request` and any scope this version does not
             // know: the request itself cannot be checked.
             _ => {
-                tracing::error!(%error, key = %ticket.key, "rate-limit check refused");
+                tracing::error!(error = crate::observe::chain(&error), key = %ticket.key, "rate-limit check refused");
                 let message = format!("{error}\n");
                 Next::Respond(Box::new(response::plain(
                     grpc_content_type(&parts.headers),
@@ -378,10 +381,16 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     fn no_room(&self, headers: &HeaderMap, error: &StoreError) -> Next<St> {
         if self.mode == Mode::DryRun {
             // A dry run never rejects: it reports what enforcing would do.
-            tracing::info!(%error, "dry run: would have been denied (no room for a new subject)");
+            tracing::info!(
+                error = crate::observe::chain(error),
+                "dry run: would have been denied (no room for a new subject)"
+            );
             return Next::Forward(None);
         }
-        tracing::debug!(%error, "no room for a new subject; denied");
+        tracing::debug!(
+            error = crate::observe::chain(error),
+            "no room for a new subject; denied"
+        );
         let mut response = response::plain(
             grpc_content_type(headers),
             self.no_room_status,
@@ -396,15 +405,16 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         Next::Respond(Box::new(response))
     }
 
-    /// Logs a store error at `warn`, at most once per second per layer with
-    /// the count since the last log (every one at `debug`).
-    fn log_error(&self, error: &StoreError) {
-        tracing::debug!(%error, "rate-limit store failed");
+    /// Logs a store error (`what` happened) at `warn`, at most once per
+    /// second per layer with the count of errors since the last log (every
+    /// one at `debug`).
+    fn log_error(&self, error: &StoreError, what: &str) {
+        tracing::debug!(error = crate::observe::chain(error), "{what}");
         if let Some(count) = self.errors.record() {
             tracing::warn!(
-                %error,
+                error = crate::observe::chain(error),
                 count,
-                "rate-limit store failed: {count} error(s) since the last such warning"
+                "{what}: {count} store error(s) since the last such warning"
             );
         }
     }

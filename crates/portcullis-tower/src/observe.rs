@@ -13,13 +13,23 @@
 //! | `portcullis_concurrency_store_errors_total` | counter | `policy` (errors and timeouts) |
 //! | `portcullis_concurrency_fail_open_total` | counter | `policy` (requests run without a permit) |
 
-use portcullis_core::Verdict;
+use portcullis_core::{StoreError, Verdict};
+
+/// A store error as `tracing` records an error value: its `Display` (what
+/// went wrong, what to do) and, with `tracing-subscriber`'s formatters, its
+/// `source()` chain (the backend's error) as `error.sources`. `%error`
+/// would print the first alone.
+pub(crate) fn chain(error: &StoreError) -> &(dyn std::error::Error + 'static) {
+    error
+}
 
 /// Registers the help text and unit of every portcullis metric with the
 /// installed `metrics` recorder (so a Prometheus exporter prints `# HELP`
-/// lines). [`RateLimitLayerBuilder::build`](crate::RateLimitLayerBuilder::build)
-/// calls it, so it only needs calling directly when the recorder is
-/// installed after the layer is built.
+/// lines). Building a layer calls it ([`RateLimitLayer::new`](crate::RateLimitLayer::new),
+/// [`RateLimitLayerBuilder::build`](crate::RateLimitLayerBuilder::build),
+/// [`ConcurrencyLimitLayerBuilder::build`](crate::ConcurrencyLimitLayerBuilder::build)),
+/// so it only needs calling directly when the recorder is installed after
+/// the layer is built.
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub fn describe_metrics() {

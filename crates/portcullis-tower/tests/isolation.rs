@@ -193,6 +193,9 @@ async fn store_wide_failures_open_the_breaker_and_recovery_closes_it_with_logs()
     let opened = logs.lines("circuit breaker opened");
     assert_eq!(opened.len(), 1, "{opened:?}");
     assert!(opened[0].contains("WARN"), "{opened:?}");
+    // The store error's cause (its `source()`, not in its `Display`) is
+    // logged too.
+    assert!(opened[0].contains("connection refused"), "{opened:?}");
     down.store(false, Ordering::SeqCst);
     tokio::time::advance(Duration::from_secs(1)).await;
     let (status, headers) = send(&app, "192.0.2.1").await;

@@ -237,6 +237,23 @@ fn every_metric_has_help_text_and_a_unit() {
     assert_eq!(described.len(), 10, "{described:?}");
 }
 
+#[test]
+fn rate_limit_layer_new_describes_the_metrics_as_build_does() {
+    let totals = Totals::default();
+    metrics::with_local_recorder(&totals, || {
+        RateLimitLayer::new(
+            MemoryStore::new(),
+            Policy::per_minute(2).name("minute").build().unwrap(),
+        )
+    });
+    let described = totals.described.lock().unwrap();
+    assert!(
+        described.contains_key("portcullis_allowed_total"),
+        "{described:?}"
+    );
+    assert_eq!(described.len(), 10, "{described:?}");
+}
+
 #[tokio::test]
 async fn concurrency_permits_and_refusals_are_counted_per_policy() {
     let totals = Totals::default();

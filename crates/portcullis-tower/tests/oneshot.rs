@@ -557,6 +557,48 @@ async fn fallback_store_limits_while_the_store_is_down() {
     );
 }
 
+/// A store whose checks never complete.
+struct Hanging;
+
+impl Store for Hanging {
+    type CheckFuture = std::future::Pending<Result<Verdict, StoreError>>;
+    fn check(&self, _: &str, _: &[Policy], _: u64) -> Self::CheckFuture {
+        std::future::pending()
+    }
+    fn reset(
+        &self,
+        _: &str,
+        _: &[Policy],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        std::future::ready(Ok(()))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_fallback_store_times_out_and_lets_the_request_through() {
+    let store = Flaky::new(MemoryStore::new());
+    store.failing.store(true, Ordering::SeqCst);
+    let layer = RateLimitLayer::builder(store)
+        .policy(policy(1, "api"))
+        .check_timeout(Duration::from_millis(50))
+        .on_store_failure(FailurePolicy::fallback(Hanging))
+        .info_in_extensions(true)
+        .build()
+        .unwrap();
+    let app = app(layer);
+    for _ in 0..2 {
+        // A guard against the hang itself (the paused clock reaches it at
+        // once if the layer sets no timer of its own).
+        let answer =
+            tokio::time::timeout(Duration::from_secs(3600), send(&app, get_from("192.0.2.1")))
+                .await;
+        let (status, headers, body) = answer.expect("the request hung on the fallback store");
+        // Let through undecided, as when the fallback fails.
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "no info"));
+        assert!(headers.get("ratelimit").is_none());
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn hanging_store_times_out_into_the_failure_policy() {
     let store = Flaky::new(MemoryStore::new());
@@ -1192,8 +1234,10 @@ fn build_errors_name_the_problem() {
         .policy(policy(2, "same"))
         .build()
         .unwrap_err();
-    assert!(err.to_string().contains("\"same\""), "{err}");
-    assert!(std::error::Error::source(&err).is_some());
+    // The tier here; which policies, in the cause.
+    assert!(err.to_string().contains("\"default\""), "{err}");
+    let cause = std::error::Error::source(&err).unwrap().to_string();
+    assert!(cause.contains("\"same\""), "{cause}");
     let err = RateLimitLayer::builder(MemoryStore::new())
         .policy(policy(1, "a"))
         .tier("pro", [])
@@ -1213,6 +1257,43 @@ fn build_errors_name_the_problem() {
         .build()
         .unwrap_err();
     assert!(err.to_string().contains("timeout"), "{err}");
+}
+
+/// The `Display` texts of `error` and of each `source()` below it.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    let mut texts = vec![error.to_string()];
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        texts.push(error.to_string());
+        cause = error.source();
+    }
+    texts
+}
+
+#[test]
+fn config_errors_print_each_cause_once_through_a_source_walker() {
+    let duplicate = RateLimitLayer::builder(MemoryStore::new())
+        .policy(policy(1, "same"))
+        .policy(policy(2, "same"))
+        .build()
+        .unwrap_err();
+    let not_chargeable = RateLimitLayer::builder(MemoryStore::new())
+        .policy(
+            Policy::per_minute(5)
+                .algorithm(Algorithm::FixedWindow)
+                .name("window")
+                .build()
+                .unwrap(),
+        )
+        .charge_from_response(|_| 1)
+        .build()
+        .unwrap_err();
+    for error in [duplicate, not_chargeable] {
+        let texts = error_chain(&error);
+        assert_eq!(texts.len(), 2, "{texts:?}");
+        let printed = texts.join(": ");
+        assert_eq!(printed.matches(texts[1].as_str()).count(), 1, "{printed}");
+    }
 }
 
 #[tokio::test]

@@ -64,10 +64,13 @@ async fn start() -> Result<(), Box<dyn Error>> {
     let (store, store_name) = match std::env::var("REDIS_URL") {
         Ok(url) if !url.is_empty() => {
             let store = RedisStore::builder().url(&url).build().await?;
-            store
-                .ping()
-                .await
-                .map_err(|e| format!("cannot reach Redis at {}: {e}", redact_url(&url)))?;
+            store.ping().await.map_err(|e| {
+                format!(
+                    "cannot reach Redis at {}: {}",
+                    redact_url(&url),
+                    with_causes(&e)
+                )
+            })?;
             (
                 BoxStore::new(store),
                 format!("Redis at {}", redact_url(&url)),
@@ -123,6 +126,18 @@ async fn start() -> Result<(), Box<dyn Error>> {
     })
     .await?;
     Ok(())
+}
+
+/// `error` and its causes (each `source()`: Redis's own error), on one line.
+fn with_causes(error: &dyn Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        text.push_str(": ");
+        text.push_str(&error.to_string());
+        cause = error.source();
+    }
+    text
 }
 
 /// Accepts the password `open sesame`; anything else is a `401`, which the

@@ -122,7 +122,9 @@ impl fmt::Display for ThrottleError {
             Self::TooLarge { argument, detail } => {
                 write!(f, "throttle {argument} is too large: {detail}")
             }
-            Self::Policy(err) => write!(f, "throttle arguments are invalid: {err}"),
+            Self::Policy(_) => f.write_str(
+                "throttle arguments do not make a valid policy (the cause says which and what to change)",
+            ),
         }
     }
 }

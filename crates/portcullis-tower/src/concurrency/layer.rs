@@ -9,9 +9,10 @@ use portcullis_core::{ConcurrencyPolicy, LeaseStore};
 use tower_layer::Layer;
 
 use super::ConcurrencyLimit;
+use crate::breaker::{Breaker, UndecidedLog};
 use crate::config::{ConfigError, FailurePolicy, MissingKey};
 use crate::key::{KeyExtractor, PeerIp};
-use crate::DEFAULT_CHECK_TIMEOUT;
+use crate::{DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD, DEFAULT_CHECK_TIMEOUT};
 
 /// What the services of one layer share.
 pub(crate) struct Shared<St, K> {
@@ -21,6 +22,14 @@ pub(crate) struct Shared<St, K> {
     pub(crate) missing_key: MissingKey,
     pub(crate) fail_closed: bool,
     pub(crate) timeout: Duration,
+    /// Stops asking a store that keeps failing store-wide, as the rate
+    /// layer's does.
+    pub(crate) breaker: Breaker,
+    /// Store errors, logged at most once per second.
+    pub(crate) errors: UndecidedLog,
+    /// Requests run without a permit (fail-open), logged at most once per
+    /// second.
+    pub(crate) undecided: UndecidedLog,
     /// The policy's name, shared by the metrics' `policy` label.
     pub(crate) policy_name: Arc<str>,
 }
@@ -32,6 +41,7 @@ impl<St, K> fmt::Debug for Shared<St, K> {
             .field("missing_key", &self.missing_key)
             .field("fail_closed", &self.fail_closed)
             .field("timeout", &self.timeout)
+            .field("breaker", &self.breaker)
             .finish_non_exhaustive()
     }
 }
@@ -52,7 +62,10 @@ impl<St, K> fmt::Debug for Shared<St, K> {
 /// rates; stacked under a [`RateLimitLayer`](crate::RateLimitLayer), the
 /// outer layer adds its own. Requests without a key follow
 /// [`MissingKey`]; a failing store follows the failure policy, except a
-/// store with no room for a new subject, which denies.
+/// store with no room for a new subject, which denies. As in the rate
+/// layer, repeated store-wide failures open a circuit breaker
+/// ([`ConcurrencyLimitLayerBuilder::circuit_breaker`]) and store failures
+/// are logged at `warn` at most once a second.
 ///
 /// Clones share one configuration and store.
 ///
@@ -120,6 +133,7 @@ impl<St: LeaseStore> ConcurrencyLimitLayer<St, PeerIp> {
             missing_key: MissingKey::default(),
             failure: FailurePolicy::default(),
             timeout: DEFAULT_CHECK_TIMEOUT,
+            breaker: (DEFAULT_BREAKER_THRESHOLD, DEFAULT_BREAKER_PAUSE),
         }
     }
 }
@@ -164,6 +178,7 @@ pub struct ConcurrencyLimitLayerBuilder<St, K> {
     missing_key: MissingKey,
     failure: FailurePolicy,
     timeout: Duration,
+    breaker: (u32, Duration),
 }
 
 impl<St, K> fmt::Debug for ConcurrencyLimitLayerBuilder<St, K> {
@@ -173,6 +188,7 @@ impl<St, K> fmt::Debug for ConcurrencyLimitLayerBuilder<St, K> {
             .field("missing_key", &self.missing_key)
             .field("failure", &self.failure)
             .field("timeout", &self.timeout)
+            .field("breaker", &self.breaker)
             .finish_non_exhaustive()
     }
 }
@@ -194,6 +210,7 @@ impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
             missing_key: self.missing_key,
             failure: self.failure,
             timeout: self.timeout,
+            breaker: self.breaker,
         }
     }
 
@@ -223,18 +240,29 @@ impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
         self
     }
 
+    /// After `failures` consecutive store-wide failures (unreachable,
+    /// timed out: [`StoreError::is_store_wide`](portcullis_core::StoreError::is_store_wide)),
+    /// skip the store for `pause`, applying the failure policy at once,
+    /// then let one request probe it. Default 5 failures and 1 second, as
+    /// for [`RateLimitLayerBuilder::circuit_breaker`](crate::RateLimitLayerBuilder::circuit_breaker);
+    /// 0 failures disables the breaker.
+    pub fn circuit_breaker(mut self, failures: u32, pause: Duration) -> Self {
+        self.breaker = (failures, pause);
+        self
+    }
+
     /// Builds the layer.
     ///
     /// # Errors
     ///
-    /// [`ConfigError::NoPolicies`] without a policy,
+    /// [`ConfigError::NoConcurrencyPolicy`] without a policy,
     /// [`ConfigError::ZeroTimeout`] for a zero timeout,
     /// [`ConfigError::FallbackNotSupported`] for a fallback failure policy,
     /// [`ConfigError::LeasesNotSupported`] for a store that holds no leases
     /// (a `BoxStore` built with `BoxStore::new` rather than
     /// `BoxStore::with_leases`).
     pub fn build(self) -> Result<ConcurrencyLimitLayer<St, K>, ConfigError> {
-        let policy = self.policy.ok_or(ConfigError::NoPolicies)?;
+        let policy = self.policy.ok_or(ConfigError::NoConcurrencyPolicy)?;
         if !self.store.supports_leases() {
             return Err(ConfigError::LeasesNotSupported {
                 store: std::any::type_name::<St>(),
@@ -259,6 +287,9 @@ impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
                 missing_key: self.missing_key,
                 fail_closed,
                 timeout: self.timeout,
+                breaker: Breaker::new(self.breaker.0, self.breaker.1),
+                errors: UndecidedLog::new(),
+                undecided: UndecidedLog::new(),
             }),
         })
     }

@@ -116,7 +116,7 @@ async fn renew_until_lost<St: LeaseStore>(
                 return;
             }
             Err(error) => {
-                tracing::warn!(policy = policy.name(), %error, "renewing a concurrency lease failed; trying again at the next third of its TTL");
+                tracing::warn!(policy = policy.name(), error = crate::observe::chain(&error), "renewing a concurrency lease failed; trying again at the next third of its TTL");
             }
         }
     }
@@ -151,7 +151,10 @@ fn release<St: LeaseStore>(store: &St, subject: &str, policy: &ConcurrencyPolicy
 
 fn log_release(result: Result<bool, portcullis_core::StoreError>) {
     if let Err(error) = result {
-        tracing::warn!(%error, "releasing a concurrency lease failed; it expires at the end of its TTL");
+        tracing::warn!(
+            error = crate::observe::chain(&error),
+            "releasing a concurrency lease failed; it expires at the end of its TTL"
+        );
     }
 }
 

@@ -19,7 +19,7 @@ use super::permit::Permit;
 use super::ConcurrencyLimitBody;
 use crate::config::MissingKey;
 use crate::headers::ceil_secs;
-use crate::key::KeyExtractor;
+use crate::key::{KeyBuf, KeyExtractor};
 use crate::observe::{self, Concurrency};
 use crate::response::{grpc_content_type, plain};
 
@@ -120,6 +120,12 @@ impl<St: LeaseStore, K> Shared<St, K> {
         ticket: &Ticket,
         result: Result<LeaseDecision, StoreError>,
     ) -> Outcome {
+        if result.is_ok() && self.breaker.success() {
+            tracing::info!(
+                policy = self.policy.name(),
+                "concurrency limit store answers again; circuit breaker closed"
+            );
+        }
         match result {
             Ok(decision) if decision.is_granted() => {
                 observe::concurrency(&self.policy_name, Concurrency::Granted);
@@ -147,23 +153,69 @@ impl<St: LeaseStore, K> Shared<St, K> {
                 observe::concurrency(&self.policy_name, Concurrency::StoreError);
                 Outcome::Respond(self.limited(ticket, None))
             }
-            _ => self.on_failure(ticket, error),
+            // Only store-wide errors count toward the breaker (the table
+            // at `portcullis_core::ErrorScope`), as in the rate layer.
+            scope => {
+                observe::concurrency(&self.policy_name, Concurrency::StoreError);
+                if scope == ErrorScope::Store && self.breaker.failure() {
+                    tracing::warn!(policy = self.policy.name(), error = crate::observe::chain(error), pause = ?self.breaker.pause(), "concurrency limit store failing; circuit breaker opened");
+                } else {
+                    self.log_error(error);
+                }
+                self.on_failure(ticket)
+            }
         }
     }
 
-    /// The failure policy, after the store failed or timed out.
-    pub(crate) fn on_failure(&self, ticket: &Ticket, error: &dyn fmt::Display) -> Outcome {
-        observe::concurrency(&self.policy_name, Concurrency::StoreError);
+    /// Logs a store error at `warn`, at most once per second per layer with
+    /// the count since the last log (every one at `debug`).
+    fn log_error(&self, error: &StoreError) {
+        tracing::debug!(
+            policy = self.policy.name(),
+            error = crate::observe::chain(error),
+            "concurrency limit store failed"
+        );
+        if let Some(count) = self.errors.record() {
+            tracing::warn!(
+                policy = self.policy.name(),
+                error = crate::observe::chain(error),
+                count,
+                "concurrency limit store failed: {count} error(s) since the last such warning"
+            );
+        }
+    }
+
+    /// Whether the store may be asked: `false` while the circuit breaker
+    /// is open.
+    pub(crate) fn store_allowed(&self) -> bool {
+        let allowed = self.breaker.allow();
+        if !allowed {
+            tracing::debug!(
+                policy = self.policy.name(),
+                "store skipped: circuit breaker open"
+            );
+        }
+        allowed
+    }
+
+    /// The failure policy, after the store failed or timed out, or while
+    /// the circuit breaker skips it.
+    pub(crate) fn on_failure(&self, ticket: &Ticket) -> Outcome {
         if self.fail_closed {
-            tracing::warn!(policy = self.policy.name(), %error, "concurrency limit store failed; request refused (fail closed)");
             Outcome::Respond(plain(
                 ticket.grpc.clone(),
                 StatusCode::SERVICE_UNAVAILABLE,
                 "The service cannot check its concurrency limit right now; try again shortly.\n",
             ))
         } else {
-            tracing::warn!(policy = self.policy.name(), %error, "concurrency limit store failed; request let through without a permit (fail open)");
             observe::concurrency(&self.policy_name, Concurrency::FailOpen);
+            if let Some(count) = self.undecided.record() {
+                tracing::warn!(
+                    policy = self.policy.name(),
+                    count,
+                    "concurrency limit failing open: {count} request(s) run without a permit since the last such warning"
+                );
+            }
             Outcome::Forward(None)
         }
     }
@@ -218,9 +270,11 @@ where
         let shared = &*self.shared;
         let grpc = grpc_content_type(request.headers());
         let (parts, body) = request.into_parts();
-        let subject = match shared.key.extract(&parts) {
-            Some(subject) => subject,
-            None => match &shared.missing_key {
+        // Read as the rate layer reads it (`extract_into`), so both layers
+        // count a request against the same key.
+        let mut key = KeyBuf::new();
+        if !shared.key.extract_into(&parts, &mut key) {
+            match &shared.missing_key {
                 MissingKey::Skip => {
                     let request = Request::from_parts(parts, body);
                     return ConcurrencyLimitFuture::forward(self.inner.call(request), None);
@@ -228,15 +282,26 @@ where
                 MissingKey::Reject { status, message } => {
                     return ConcurrencyLimitFuture::respond(plain(grpc, *status, message));
                 }
-                MissingKey::Fallback(key) => key.to_string(),
-            },
-        };
+                MissingKey::Fallback(fallback) => {
+                    key.clear();
+                    key.push_str(fallback);
+                }
+            }
+        }
         let request = Request::from_parts(parts, body);
         let ticket = Ticket {
-            subject: subject.into(),
+            subject: Arc::from(key.as_str()),
             lease: LeaseId::generate(),
             grpc,
         };
+        if !shared.store_allowed() {
+            return match shared.on_failure(&ticket) {
+                Outcome::Forward(permit) => {
+                    ConcurrencyLimitFuture::forward(self.inner.call(request), permit)
+                }
+                Outcome::Respond(response) => ConcurrencyLimitFuture::respond(response),
+            };
+        }
         // A store that answers synchronously (the memory store) is decided
         // here, and the inner service called directly.
         if let Some(result) =

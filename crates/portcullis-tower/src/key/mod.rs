@@ -58,9 +58,11 @@ pub trait KeyExtractor: Send + Sync + 'static {
 
     /// Writes the key for this request into `key` and returns `true`, or
     /// returns `false` when the request carries none (what `key` then
-    /// holds is unspecified). `key` is empty when the layer calls this.
+    /// holds is unspecified). `key` is empty when a layer calls this.
     ///
-    /// The layer calls this method, not [`extract`](Self::extract): the
+    /// Both layers ([`RateLimitLayer`](crate::RateLimitLayer) and
+    /// [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer)) call this
+    /// method, not [`extract`](Self::extract): the
     /// shipped extractors write into the [`KeyBuf`] in place, so keying a
     /// request by IP address allocates nothing. The default calls
     /// `extract` and moves its `String` into `key`, so an extractor only
