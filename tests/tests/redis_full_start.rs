@@ -51,10 +51,7 @@ async fn fill(url: &str, tag: &str) -> Vec<String> {
 }
 
 async fn free(url: &str, keys: &[String]) {
-    let mut connection = admin(url).await;
-    for key in keys {
-        let _: i64 = command(&mut connection, &["DEL", key]).await.expect("DEL");
-    }
+    portcullis_tests::reliability::make_room(url, keys).await;
 }
 
 async fn flush_functions(url: &str) {

@@ -655,3 +655,22 @@ pub async fn fill_past_maxmemory(url: &str) {
         .await
         .expect("CONFIG SET maxmemory");
 }
+
+/// Makes room on the server at `url` that [`fill_past_maxmemory`] (or a
+/// test's own fillers, `keys`) filled: deletes `keys` and lifts
+/// `maxmemory`, as an operator would. Deleting alone is not enough on
+/// every server: Valkey 8 keeps the fillers' writes in its replication
+/// backlog (10 MB by default), which counts toward `maxmemory`.
+///
+/// # Panics
+///
+/// When a command fails.
+pub async fn make_room(url: &str, keys: &[String]) {
+    let mut connection = admin(url).await;
+    for key in keys {
+        let _: i64 = command(&mut connection, &["DEL", key]).await.expect("DEL");
+    }
+    let () = command(&mut connection, &["CONFIG", "SET", "maxmemory", "0"])
+        .await
+        .expect("CONFIG SET maxmemory 0");
+}

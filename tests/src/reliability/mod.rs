@@ -21,8 +21,8 @@ mod sentinel;
 mod standalone;
 
 pub use abuse::{
-    fill_past_maxmemory, hot_subject, ipv6_rotation, key_flood, spoofed_forwarded_for, HotPhase,
-    HotReport, HotSubject,
+    fill_past_maxmemory, hot_subject, ipv6_rotation, key_flood, make_room, spoofed_forwarded_for,
+    HotPhase, HotReport, HotSubject,
 };
 pub use cluster::{
     cluster_failover, crc16_slot, master_with_replica, slot_migration, subjects_in_slot,
