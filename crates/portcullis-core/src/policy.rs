@@ -262,20 +262,6 @@ impl Policy {
     /// up (ALGORITHMS.md, "Magnitudes"), lowering the rate by less than one
     /// part in `increment`. Window algorithms return `(limit, period)`.
     ///
-    /// ```
-    /// use portcullis::Policy;
-    ///
-    /// let exact = Policy::per_second(3).build()?;
-    /// assert_eq!(exact.emission_interval(), (3, 1_000_000));
-    /// // u32::MAX per day: about 20.1 µs per permit, rounded up to a
-    /// // multiple of 2^-15 µs.
-    /// let daily = Policy::per_day(u64::from(u32::MAX)).build()?;
-    /// assert!(!daily.is_exact());
-    /// let (scale, increment) = daily.emission_interval();
-    /// assert_eq!(scale, 1 << 15);
-    /// assert!(u128::from(increment) * u128::from(u32::MAX) >= 86_400_000_000 * u128::from(scale));
-    /// # Ok::<(), portcullis::PolicyError>(())
-    /// ```
     #[must_use]
     pub const fn emission_interval(&self) -> (u64, u64) {
         (self.scale, self.increment)
@@ -294,6 +280,19 @@ impl Policy {
     /// Whether every figure is computed without rounding: a bucket whose
     /// `burst × period` and a sliding window whose `limit × period` are at
     /// most [`MAX_MAGNITUDE`], and every fixed window and sliding log.
+    /// Otherwise a bucket's emission interval is rounded up (never admitting
+    /// more than the limit; the rate is lower by less than one part in
+    /// 65 536) and a sliding window weighs in a coarser unit (ALGORITHMS.md,
+    /// "Magnitudes").
+    ///
+    /// ```
+    /// use portcullis::Policy;
+    ///
+    /// assert!(Policy::per_second(3).build()?.is_exact());
+    /// // u32::MAX per day: about 20.1 µs per permit, rounded up.
+    /// assert!(!Policy::per_day(u64::from(u32::MAX)).build()?.is_exact());
+    /// # Ok::<(), portcullis::PolicyError>(())
+    /// ```
     #[must_use]
     pub const fn is_exact(&self) -> bool {
         self.scale == self.limit && self.increment == self.period_us && self.weight_unit_us == 1
@@ -728,3 +727,21 @@ impl fmt::Display for PolicyError {
 }
 
 impl std::error::Error for PolicyError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_emission_interval_is_exact_or_rounded_up() {
+        let exact = Policy::per_second(3).build().unwrap();
+        assert_eq!(exact.emission_interval(), (3, 1_000_000));
+        // u32::MAX per day: about 20.1 µs per permit, rounded up to a
+        // multiple of 2^-15 µs, never down.
+        let daily = Policy::per_day(u64::from(u32::MAX)).build().unwrap();
+        assert!(!daily.is_exact());
+        let (scale, increment) = daily.emission_interval();
+        assert_eq!(scale, 1 << 15);
+        assert!(u128::from(increment) * u128::from(u32::MAX) >= 86_400_000_000 * u128::from(scale));
+    }
+}

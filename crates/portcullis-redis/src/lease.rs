@@ -5,7 +5,6 @@
 //! [`RedisStore::lease_key_for`]).
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -18,9 +17,9 @@ use crate::scripts::{self, LuaScript};
 use crate::store::{ints, protocol, Inner};
 use crate::RedisStore;
 
-/// The future of [`RedisStore`]'s [`LeaseStore::acquire`].
-pub type AcquireFuture =
-    Pin<Box<dyn Future<Output = Result<LeaseDecision, StoreError>> + Send + 'static>>;
+/// The future of [`RedisStore`]'s [`LeaseStore::acquire`]: the core's
+/// boxed acquire future.
+pub(crate) type AcquireFuture = portcullis_core::BoxAcquireFuture;
 
 /// The lease script (EVALSHA path), composed once per process.
 fn lease_script() -> &'static LuaScript {

@@ -335,10 +335,9 @@ pub use cell::{ThrottleCallError, THROTTLE_POLICY_NAME};
 pub use env::store_from_env;
 pub use errors::{BuildError, ACL_CLUSTER_COMMANDS, ACL_COMMANDS};
 pub use functions::CallPath;
-pub use lease::AcquireFuture as LeaseAcquireFuture;
 pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError, RateType, DEFAULT_KEEP_ALIVE};
 pub use redact::redact_url;
-pub use store::{CheckFuture, ClockMode, RedisStore};
+pub use store::{ClockMode, RedisStore};
 
 /// The `bb8` pool this crate uses, re-exported so versions never mismatch.
 pub use bb8;

@@ -359,7 +359,7 @@ impl Library {
             && cost <= policy.capacity()
             && limit >= 1
             && period % limit == 0
-            && policy.emission_interval() == (limit, period)
+            && policy.is_exact()
             && policy
                 .capacity()
                 .checked_mul(period)

@@ -3,7 +3,6 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,8 +110,8 @@ impl fmt::Debug for RedisStore {
     }
 }
 
-/// The future returned by [`RedisStore::check`].
-pub type CheckFuture = Pin<Box<dyn Future<Output = Result<Verdict, StoreError>> + Send + 'static>>;
+/// The future of [`RedisStore::check`]: the core's boxed check future.
+pub(crate) type CheckFuture = portcullis_core::BoxCheckFuture;
 
 impl RedisStore {
     /// A builder; give it [`url`](RedisStoreBuilder::url),
