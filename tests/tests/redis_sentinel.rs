@@ -21,9 +21,14 @@ use redis_common::{client, manual_clock, TEST_TIMEOUT};
 
 async fn remaining_sequence(builder: RedisStoreBuilder) -> Vec<(bool, u64)> {
     let clock = manual_clock();
+    // Connecting asks the Sentinels, then opens the primary: over TLS that
+    // is several handshakes of a debug build, which a 2-core machine busy
+    // with builds and other tests has taken more than the default 1 s for
+    // (seen once, Redis 7.4.1): this test is about decisions, not speed.
     let store = builder
         .prefix(unique_prefix("sentinel"))
         .timeout(TEST_TIMEOUT)
+        .connect_timeout(TEST_TIMEOUT)
         .clock(client(&clock))
         .build()
         .await
