@@ -70,7 +70,7 @@ pub(crate) type ChargeFn = Box<dyn Fn(&http::response::Parts) -> u64 + Send + Sy
 /// assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
 /// # Ok(()) }
 /// ```
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Charge {
     inner: Arc<Mutex<Amount>>,
 }
@@ -106,7 +106,9 @@ impl fmt::Debug for Charge {
 
 impl Charge {
     pub(crate) fn new() -> Self {
-        Self::default()
+        Self {
+            inner: Arc::default(),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Amount> {
