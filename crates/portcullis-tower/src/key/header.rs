@@ -4,7 +4,7 @@ use http::header::{HeaderName, AUTHORIZATION};
 use http::request::Parts;
 use portcullis_core::{hash_subject, is_plain};
 
-use super::{extract_via_buf, KeyBuf, KeyExtractor};
+use super::{KeyBuf, KeyExtractor};
 
 /// Keys on the value of a request header, for example a tenant id set by a
 /// trusted gateway.
@@ -36,10 +36,6 @@ impl Header {
 }
 
 impl KeyExtractor for Header {
-    fn extract(&self, request: &Parts) -> Option<String> {
-        extract_via_buf(self, request)
-    }
-
     fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
         let Some(value) = request.headers.get(&self.name).map(|v| v.as_bytes()) else {
             return false;
@@ -87,7 +83,20 @@ impl BearerToken {
 }
 
 impl KeyExtractor for BearerToken {
-    fn extract(&self, request: &Parts) -> Option<String> {
+    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+        match self.token(request) {
+            Some(token) => {
+                key.push_string(hash_subject(token));
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl BearerToken {
+    /// The token of a `Bearer` `Authorization` header, if there is one.
+    fn token<'a>(&self, request: &'a Parts) -> Option<&'a [u8]> {
         let value = request.headers.get(AUTHORIZATION)?.as_bytes();
         let (scheme, rest) = value.split_at_checked(6)?;
         if !scheme.eq_ignore_ascii_case(b"bearer")
@@ -96,7 +105,7 @@ impl KeyExtractor for BearerToken {
             return None;
         }
         let token = rest.trim_ascii();
-        (!token.is_empty()).then(|| hash_subject(token))
+        (!token.is_empty()).then_some(token)
     }
 }
 
@@ -142,9 +151,18 @@ impl ApiKey {
 }
 
 impl KeyExtractor for ApiKey {
-    fn extract(&self, request: &Parts) -> Option<String> {
-        let value = request.headers.get(&self.name)?.as_bytes().trim_ascii();
-        (!value.is_empty()).then(|| hash_subject(value))
+    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+        let value = request
+            .headers
+            .get(&self.name)
+            .map(|value| value.as_bytes().trim_ascii());
+        match value {
+            Some(value) if !value.is_empty() => {
+                key.push_string(hash_subject(value));
+                true
+            }
+            _ => false,
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use http::header::{HeaderName, FORWARDED};
 use http::request::Parts;
 use ipnet::IpNet;
 
-use super::{extract_via_buf, KeyBuf, KeyExtractor};
+use super::{KeyBuf, KeyExtractor};
 
 /// Most proxy hops [`ClientIp`] walks past before it stops trusting a header.
 const MAX_HOPS: usize = 64;
@@ -205,10 +205,6 @@ impl PeerIp {
 }
 
 impl KeyExtractor for PeerIp {
-    fn extract(&self, request: &Parts) -> Option<String> {
-        extract_via_buf(self, request)
-    }
-
     fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
         match peer_ip(request) {
             Some(ip) => {
@@ -395,10 +391,6 @@ impl ClientIp {
 }
 
 impl KeyExtractor for ClientIp {
-    fn extract(&self, request: &Parts) -> Option<String> {
-        extract_via_buf(self, request)
-    }
-
     fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
         match self.client(request) {
             Some(ip) => {

@@ -53,21 +53,14 @@ pub use misc::{Global, Method, User};
 /// assert_eq!(token_or_ip.extract(&parts), None); // no token, no peer address
 /// ```
 pub trait KeyExtractor: Send + Sync + 'static {
-    /// The key for this request, or `None` when it carries none.
-    fn extract(&self, request: &Parts) -> Option<String>;
-
     /// Writes the key for this request into `key` and returns `true`, or
     /// returns `false` when the request carries none (what `key` then
     /// holds is unspecified). `key` is empty when a layer calls this.
     ///
-    /// Both layers ([`RateLimitLayer`](crate::RateLimitLayer) and
-    /// [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer)) call this
-    /// method, not [`extract`](Self::extract): the
-    /// shipped extractors write into the [`KeyBuf`] in place, so keying a
-    /// request by IP address allocates nothing. The default calls
-    /// `extract` and moves its `String` into `key`, so an extractor only
-    /// needs `extract`; implement both (with the same key) to save the
-    /// allocation.
+    /// Both layers call this method: the shipped extractors write into the
+    /// [`KeyBuf`] in place, so keying a request by IP address allocates
+    /// nothing. (A closure `Fn(&Parts) -> Option<String>` is an extractor
+    /// too, its `String` moved into `key`.)
     ///
     /// ```
     /// use http::{request::Parts, Request};
@@ -75,10 +68,6 @@ pub trait KeyExtractor: Send + Sync + 'static {
     ///
     /// struct Tenant;
     /// impl KeyExtractor for Tenant {
-    ///     fn extract(&self, request: &Parts) -> Option<String> {
-    ///         let mut key = KeyBuf::new();
-    ///         self.extract_into(request, &mut key).then(|| key.into_string())
-    ///     }
     ///     fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
     ///         match request.headers.get("x-tenant").and_then(|v| v.to_str().ok()) {
     ///             Some(tenant) => {
@@ -97,14 +86,14 @@ pub trait KeyExtractor: Send + Sync + 'static {
     /// assert_eq!(key.as_str(), "tenant:acme");
     /// assert_eq!(Tenant.extract(&parts).as_deref(), Some("tenant:acme"));
     /// ```
-    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
-        match self.extract(request) {
-            Some(string) => {
-                key.push_string(string);
-                true
-            }
-            None => false,
-        }
+    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool;
+
+    /// The key for this request as a `String`, or `None` when it carries
+    /// none: [`extract_into`](Self::extract_into) into a fresh [`KeyBuf`].
+    fn extract(&self, request: &Parts) -> Option<String> {
+        let mut key = KeyBuf::new();
+        self.extract_into(request, &mut key)
+            .then(|| key.into_string())
     }
 
     /// Uses `fallback` when `self` yields no key.
@@ -124,6 +113,16 @@ impl<F> KeyExtractor for F
 where
     F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
 {
+    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+        match self(request) {
+            Some(string) => {
+                key.push_string(string);
+                true
+            }
+            None => false,
+        }
+    }
+
     fn extract(&self, request: &Parts) -> Option<String> {
         self(request)
     }
@@ -144,12 +143,6 @@ impl<A, B> fmt::Debug for Or<A, B> {
 }
 
 impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
-    fn extract(&self, request: &Parts) -> Option<String> {
-        self.first
-            .extract(request)
-            .or_else(|| self.fallback.extract(request))
-    }
-
     fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
         if self.first.extract_into(request, key) {
             return true;
@@ -157,18 +150,6 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
         key.clear();
         self.fallback.extract_into(request, key)
     }
-}
-
-/// `extract` through `extract_into`, for the shipped extractors that
-/// write in place.
-pub(crate) fn extract_via_buf<K: KeyExtractor + ?Sized>(
-    extractor: &K,
-    request: &Parts,
-) -> Option<String> {
-    let mut key = KeyBuf::new();
-    extractor
-        .extract_into(request, &mut key)
-        .then(|| key.into_string())
 }
 
 /// Appends one component of a combined key, separated by `,`.
@@ -193,10 +174,6 @@ macro_rules! tuple_extractor {
         /// Keys on every part; yields no key when any part yields none.
         #[allow(non_snake_case)]
         impl<$($name: KeyExtractor),+> KeyExtractor for ($($name,)+) {
-            fn extract(&self, request: &Parts) -> Option<String> {
-                extract_via_buf(self, request)
-            }
-
             fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
                 let ($($name,)+) = self;
                 let mut component = KeyBuf::new();
