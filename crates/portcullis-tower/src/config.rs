@@ -256,9 +256,6 @@ pub enum ConfigError {
     /// without a [`ConcurrencyPolicy`](portcullis_core::ConcurrencyPolicy)
     /// ([`ConcurrencyLimitLayerBuilder::policy`](crate::ConcurrencyLimitLayerBuilder::policy)).
     NoConcurrencyPolicy,
-    /// A [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) was given
-    /// [`FailurePolicy::Fallback`], whose rate-limit store holds no leases.
-    FallbackNotSupported,
     /// A [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) was given a
     /// store that holds no leases
     /// ([`LeaseStore::supports_leases`](portcullis_core::LeaseStore::supports_leases)
@@ -297,9 +294,6 @@ impl fmt::Display for ConfigError {
             ),
             Self::NoConcurrencyPolicy => f.write_str(
                 "the concurrency limit has no policy: give it one with .policy(ConcurrencyPolicy::max_in_flight(n).build()?)",
-            ),
-            Self::FallbackNotSupported => f.write_str(
-                "a concurrency limit cannot fall back to a rate-limit store: use FailurePolicy::FailOpen or FailurePolicy::FailClosed",
             ),
             Self::LeasesNotSupported { store } => write!(
                 f,

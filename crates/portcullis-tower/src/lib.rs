@@ -222,8 +222,8 @@ mod service;
 pub use body::RateLimitBody;
 pub use charge::Charge;
 pub use concurrency::{
-    ConcurrencyLimit, ConcurrencyLimitBody, ConcurrencyLimitFuture, ConcurrencyLimitLayer,
-    ConcurrencyLimitLayerBuilder,
+    ConcurrencyFailure, ConcurrencyLimit, ConcurrencyLimitBody, ConcurrencyLimitFuture,
+    ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder,
 };
 pub use config::{ConfigError, FailurePolicy, HeaderMode, MissingKey, Mode};
 pub use future::ResponseFuture;

@@ -14,7 +14,7 @@ use portcullis_core::{
     ConcurrencyPolicy, LeaseDecision, LeaseId, LeaseStore, MemoryStore, StoreError,
 };
 use portcullis_tower::{
-    ConcurrencyLimitLayer, ConfigError, FailurePolicy, Global, KeyBuf, KeyExtractor,
+    ConcurrencyFailure, ConcurrencyLimitLayer, ConfigError, Global, KeyBuf, KeyExtractor,
 };
 use tower::{Layer, ServiceExt};
 
@@ -111,7 +111,7 @@ async fn the_circuit_breaker_stops_asking_a_store_that_fails_store_wide() {
     let layer = ConcurrencyLimitLayer::builder(store.clone())
         .policy(policy())
         .key(Global)
-        .on_store_failure(FailurePolicy::FailClosed)
+        .on_store_failure(ConcurrencyFailure::FailClosed)
         .build()
         .unwrap();
     for _ in 0..20 {

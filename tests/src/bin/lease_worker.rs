@@ -197,7 +197,7 @@ async fn load(
     let layer = ConcurrencyLimitLayer::builder(store)
         .policy(policy)
         .key(move |_: &http::request::Parts| Some(subject.clone()))
-        .on_store_failure(portcullis_tower::FailurePolicy::FailClosed)
+        .on_store_failure(portcullis_tower::ConcurrencyFailure::FailClosed)
         .acquire_timeout(Duration::from_secs(10))
         .build()?;
     let handler = {

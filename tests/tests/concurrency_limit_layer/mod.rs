@@ -83,20 +83,6 @@ async fn grpc_requests_get_resource_exhausted() {
 }
 
 #[test]
-fn a_fallback_store_is_refused_at_build() {
-    let error = ConcurrencyLimitLayer::builder(MemoryStore::new())
-        .policy(concurrency_policy(Duration::from_secs(30)))
-        .on_store_failure(portcullis_tower::FailurePolicy::fallback(MemoryStore::new()))
-        .build()
-        .unwrap_err();
-    assert!(matches!(
-        error,
-        portcullis_tower::ConfigError::FallbackNotSupported
-    ));
-    assert!(error.to_string().contains("FailOpen"));
-}
-
-#[test]
 fn a_boxed_store_without_leases_is_refused_at_build() {
     // `BoxStore::new` keeps only the rate-limit methods: every lease call
     // would be answered Unsupported, so the layer refuses it up front.

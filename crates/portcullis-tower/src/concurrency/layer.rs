@@ -10,7 +10,7 @@ use tower_layer::Layer;
 
 use super::ConcurrencyLimit;
 use crate::breaker::{Breaker, UndecidedLog};
-use crate::config::{ConfigError, FailurePolicy, MissingKey};
+use crate::config::{ConfigError, MissingKey};
 use crate::key::{KeyExtractor, PeerIp};
 use crate::{DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD, DEFAULT_CHECK_TIMEOUT};
 
@@ -131,7 +131,7 @@ impl<St: LeaseStore> ConcurrencyLimitLayer<St, PeerIp> {
             policy: None,
             key: PeerIp::new(),
             missing_key: MissingKey::default(),
-            failure: FailurePolicy::default(),
+            failure: ConcurrencyFailure::default(),
             timeout: DEFAULT_CHECK_TIMEOUT,
             breaker: (DEFAULT_BREAKER_THRESHOLD, DEFAULT_BREAKER_PAUSE),
         }
@@ -158,14 +158,14 @@ impl<St, K> ConcurrencyLimitLayer<St, K> {
 /// ```
 /// use std::time::Duration;
 /// use portcullis::{ConcurrencyPolicy, MemoryStore};
-/// use portcullis::tower::{ConcurrencyLimitLayer, FailurePolicy, MissingKey, User};
+/// use portcullis::tower::{ConcurrencyFailure, ConcurrencyLimitLayer, MissingKey, User};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let layer = ConcurrencyLimitLayer::builder(MemoryStore::new())
 ///     .policy(ConcurrencyPolicy::max_in_flight(20).build()?)
 ///     .key(User::<String>::new())
 ///     .on_missing_key(MissingKey::fallback("anonymous"))
-///     .on_store_failure(FailurePolicy::FailClosed)
+///     .on_store_failure(ConcurrencyFailure::FailClosed)
 ///     .acquire_timeout(Duration::from_millis(100))
 ///     .build()?;
 /// # let _ = layer; Ok(()) }
@@ -176,9 +176,36 @@ pub struct ConcurrencyLimitLayerBuilder<St, K> {
     policy: Option<ConcurrencyPolicy>,
     key: K,
     missing_key: MissingKey,
-    failure: FailurePolicy,
+    failure: ConcurrencyFailure,
     timeout: Duration,
     breaker: (u32, Duration),
+}
+
+/// What a [`ConcurrencyLimitLayer`] does with a request when its store fails
+/// or does not answer within the acquire timeout
+/// ([`ConcurrencyLimitLayerBuilder::on_store_failure`]). A store with no
+/// room for a new subject (a full memory store, Redis at `maxmemory`)
+/// denies with `429` whichever is chosen.
+///
+/// Unlike the rate layer's [`FailurePolicy`](crate::FailurePolicy) there is
+/// no fallback store: a permit only means something in the store that
+/// holds every other instance's permits.
+///
+/// ```
+/// use portcullis::tower::ConcurrencyFailure;
+///
+/// assert_eq!(ConcurrencyFailure::default(), ConcurrencyFailure::FailOpen);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ConcurrencyFailure {
+    /// The request runs without a permit; counted and logged (at most once
+    /// a second).
+    #[default]
+    FailOpen,
+    /// The request is answered `503 Service Unavailable` (gRPC
+    /// `UNAVAILABLE`).
+    FailClosed,
 }
 
 impl<St, K> fmt::Debug for ConcurrencyLimitLayerBuilder<St, K> {
@@ -221,13 +248,12 @@ impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
     }
 
     /// What to do when the store fails or does not answer within the
-    /// acquire timeout: [`FailurePolicy::FailOpen`] (the default: the
+    /// acquire timeout: [`ConcurrencyFailure::FailOpen`] (the default: the
     /// request runs without a permit, logged) or
-    /// [`FailurePolicy::FailClosed`] (`503`). [`FailurePolicy::Fallback`]
-    /// takes a rate-limit store, which holds no leases: `build()` refuses it.
-    /// A store with no room for a new subject (a full memory store) denies
-    /// with `429` whatever the policy.
-    pub fn on_store_failure(mut self, failure: FailurePolicy) -> Self {
+    /// [`ConcurrencyFailure::FailClosed`] (`503`). A store with no room for
+    /// a new subject (a full memory store) denies with `429` whichever is
+    /// chosen.
+    pub fn on_store_failure(mut self, failure: ConcurrencyFailure) -> Self {
         self.failure = failure;
         self
     }
@@ -257,7 +283,6 @@ impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
     ///
     /// [`ConfigError::NoConcurrencyPolicy`] without a policy,
     /// [`ConfigError::ZeroTimeout`] for a zero timeout,
-    /// [`ConfigError::FallbackNotSupported`] for a fallback failure policy,
     /// [`ConfigError::LeasesNotSupported`] for a store that holds no leases
     /// (a `BoxStore` built with `BoxStore::new` rather than
     /// `BoxStore::with_leases`).
@@ -271,11 +296,7 @@ impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
         if self.timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
         }
-        let fail_closed = match self.failure {
-            FailurePolicy::FailOpen => false,
-            FailurePolicy::FailClosed => true,
-            FailurePolicy::Fallback(_) => return Err(ConfigError::FallbackNotSupported),
-        };
+        let fail_closed = self.failure == ConcurrencyFailure::FailClosed;
         #[cfg(feature = "metrics")]
         crate::observe::describe_metrics();
         Ok(ConcurrencyLimitLayer {

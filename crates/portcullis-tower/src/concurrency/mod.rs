@@ -10,6 +10,6 @@ mod permit;
 mod service;
 
 pub use future::ConcurrencyLimitFuture;
-pub use layer::{ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder};
+pub use layer::{ConcurrencyFailure, ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder};
 pub use permit::ConcurrencyLimitBody;
 pub use service::ConcurrencyLimit;
