@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
 use foldhash::fast::FixedState;
+use hashbrown::HashTable;
 use http::request::Parts;
 use parking_lot::Mutex;
 use portcullis_core::{LimitSet, Limits, Policy, PolicySource, Store};
@@ -149,7 +150,7 @@ struct ResolverInner {
     timeout: Duration,
     on_failure: ResolverFailure,
     per_shard: usize,
-    shards: Box<[Mutex<HashMap<Box<str>, Entry, FixedState>>]>,
+    shards: Box<[Mutex<HashTable<Slot>>]>,
     hasher: FixedState,
     /// Failures, logged at most once per second.
     failures: crate::breaker::UndecidedLog,
@@ -219,9 +220,12 @@ impl PlanResolver {
     /// Drops `key`'s cached plan: its next request looks it up again. A
     /// lookup in flight is not affected.
     pub fn invalidate(&self, key: &str) {
-        let mut shard = self.inner.shard(key).lock();
-        if matches!(shard.get(key), Some(Entry::Ready { .. })) {
-            shard.remove(key);
+        let hash = self.inner.hasher.hash_one(key);
+        let mut shard = self.inner.shard(hash).lock();
+        if let Ok(slot) = shard.find_entry(hash, |slot| &*slot.key == key) {
+            if matches!(slot.get().entry, Entry::Ready { .. }) {
+                slot.remove();
+            }
         }
     }
 
@@ -230,7 +234,7 @@ impl PlanResolver {
         for shard in self.inner.shards.iter() {
             shard
                 .lock()
-                .retain(|_, entry| matches!(entry, Entry::Loading(_)));
+                .retain(|slot| matches!(slot.entry, Entry::Loading(_)));
         }
     }
 
@@ -305,9 +309,7 @@ impl PlanResolverBuilder {
                 timeout: self.timeout,
                 on_failure: self.on_failure,
                 per_shard: self.capacity.div_ceil(SHARDS).max(1),
-                shards: (0..SHARDS)
-                    .map(|_| Mutex::new(HashMap::default()))
-                    .collect(),
+                shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
                 hasher: FixedState::default(),
                 failures: crate::breaker::UndecidedLog::new(),
             }),
@@ -325,47 +327,89 @@ pub(crate) enum Cached {
 }
 
 enum Entry {
-    Ready { value: Cached, expires: Instant },
+    Ready {
+        value: Cached,
+        expires: Instant,
+        /// The tier `value` gives under the compiled limits of this
+        /// version: a hit needs no second lookup.
+        resolved: Option<(u64, Arc<Tier>)>,
+    },
     Loading(watch::Receiver<Option<Cached>>),
 }
 
+struct Slot {
+    key: Box<str>,
+    entry: Entry,
+}
+
 impl ResolverInner {
-    fn shard(&self, key: &str) -> &Mutex<HashMap<Box<str>, Entry, FixedState>> {
+    fn shard(&self, hash: u64) -> &Mutex<HashTable<Slot>> {
         // The hash only spreads keys over shards; truncating it is fine.
         #[allow(clippy::cast_possible_truncation)]
-        let index = (self.hasher.hash_one(key) as usize) % SHARDS;
+        let index = (hash as usize) % SHARDS;
         &self.shards[index]
     }
 
-    /// The cached answer for `key`, or a lookup to wait for (started here
-    /// unless one is in flight).
-    fn get(self: &Arc<Self>, key: &str) -> Result<Cached, Lookup> {
-        let mut shard = self.shard(key).lock();
-        match shard.get(key) {
-            Some(Entry::Ready { value, expires }) if Instant::now() < *expires => {
-                return Ok(value.clone())
+    /// The tier for `key` from its cached plan under `compiled`, or a
+    /// lookup to wait for (started here unless one is in flight).
+    fn pick(self: &Arc<Self>, key: &str, compiled: &Compiled) -> Picked {
+        let hash = self.hasher.hash_one(key);
+        let mut shard = self.shard(hash).lock();
+        if let Some(slot) = shard.find_mut(hash, |slot| &*slot.key == key) {
+            match &mut slot.entry {
+                Entry::Ready {
+                    value,
+                    expires,
+                    resolved,
+                } if Instant::now() < *expires => {
+                    if let Some((version, tier)) = resolved {
+                        if *version == compiled.version {
+                            return Picked::Live(Arc::clone(tier));
+                        }
+                    }
+                    let picked = apply(compiled, self.on_failure, value);
+                    if let Picked::Live(tier) = &picked {
+                        *resolved = Some((compiled.version, Arc::clone(tier)));
+                    }
+                    return picked;
+                }
+                Entry::Loading(receiver) => return Picked::Later(wait(receiver.clone())),
+                Entry::Ready { .. } => {}
             }
-            Some(Entry::Loading(receiver)) => return Err(wait(receiver.clone())),
-            _ => {}
         }
         let (sender, receiver) = watch::channel(None);
-        if shard.len() >= self.per_shard && !shard.contains_key(key) {
+        if shard.len() >= self.per_shard {
             let now = Instant::now();
-            shard.retain(|_, entry| match entry {
-                Entry::Ready { expires, .. } => *expires > now,
+            shard.retain(|slot| match &slot.entry {
+                Entry::Ready { expires, .. } => *expires > now || &*slot.key == key,
                 Entry::Loading(_) => true,
             });
             if shard.len() >= self.per_shard {
                 let victim = shard
                     .iter()
-                    .find(|(_, e)| matches!(e, Entry::Ready { .. }))
-                    .map(|(k, _)| k.clone());
+                    .find(|slot| matches!(slot.entry, Entry::Ready { .. }) && &*slot.key != key)
+                    .map(|slot| slot.key.clone());
                 if let Some(victim) = victim {
-                    shard.remove(&victim);
+                    if let Ok(slot) = shard.find_entry(self.hasher.hash_one(&*victim), |s| s.key == victim) {
+                        slot.remove();
+                    }
                 }
             }
         }
-        shard.insert(key.into(), Entry::Loading(receiver.clone()));
+        let loading = Entry::Loading(receiver.clone());
+        match shard.find_mut(hash, |slot| &*slot.key == key) {
+            Some(slot) => slot.entry = loading,
+            None => {
+                shard.insert_unique(
+                    hash,
+                    Slot {
+                        key: key.into(),
+                        entry: loading,
+                    },
+                    |slot| self.hasher.hash_one(&*slot.key),
+                );
+            }
+        }
         drop(shard);
         let inner = Arc::clone(self);
         let owned = key.to_owned();
@@ -384,7 +428,7 @@ impl ResolverInner {
                 self.finish(key, Cached::Failed);
             }
         }
-        Err(wait(receiver))
+        Picked::Later(wait(receiver))
     }
 
     /// Caches a lookup's answer (replacing the in-flight marker).
@@ -394,17 +438,29 @@ impl ResolverInner {
             Cached::Failed => self.error_ttl,
             Cached::Tier(_) | Cached::Own(_) => self.ttl,
         };
-        let mut shard = self.shard(key).lock();
-        if ttl.is_zero() {
-            shard.remove(key);
-        } else {
-            shard.insert(
-                key.into(),
-                Entry::Ready {
-                    value,
-                    expires: Instant::now() + ttl,
-                },
-            );
+        let hash = self.hasher.hash_one(key);
+        let mut shard = self.shard(hash).lock();
+        let entry = Entry::Ready {
+            value,
+            expires: Instant::now() + ttl,
+            resolved: None,
+        };
+        match shard.find_entry(hash, |slot| &*slot.key == key) {
+            Ok(slot) if ttl.is_zero() => {
+                slot.remove();
+            }
+            Ok(mut slot) => slot.get_mut().entry = entry,
+            Err(_) if ttl.is_zero() => {}
+            Err(_) => {
+                shard.insert_unique(
+                    hash,
+                    Slot {
+                        key: key.into(),
+                        entry,
+                    },
+                    |slot| self.hasher.hash_one(&*slot.key),
+                );
+            }
         }
     }
 
@@ -453,6 +509,19 @@ impl ResolverInner {
         }
         value
     }
+}
+
+/// The tier a plan lookup's answer gives, against the limits in force.
+fn apply(compiled: &Compiled, on_failure: ResolverFailure, cached: &Cached) -> Picked {
+    Picked::Live(Arc::clone(match cached {
+        Cached::Defaults => &compiled.defaults,
+        Cached::Tier(name) => compiled.tier_or_defaults(name),
+        Cached::Own(tier) => tier,
+        Cached::Failed => match on_failure {
+            ResolverFailure::FailurePolicy => return Picked::Failed,
+            _ => &compiled.failed,
+        },
+    }))
 }
 
 /// A lookup to wait for: its answer, once in.
@@ -619,10 +688,19 @@ impl Live {
         sets.extend(compiled.tiers.values().cloned());
         sets.extend(compiled.overrides.get(key).cloned());
         if let Some(plans) = &self.plans {
-            if let Some(Entry::Ready {
-                value: Cached::Own(tier),
+            let hash = plans.inner.hasher.hash_one(key);
+            if let Some(Slot {
+                entry:
+                    Entry::Ready {
+                        value: Cached::Own(tier),
+                        ..
+                    },
                 ..
-            }) = plans.inner.shard(key).lock().get(key)
+            }) = plans
+                .inner
+                .shard(hash)
+                .lock()
+                .find(hash, |slot| &*slot.key == key)
             {
                 sets.push(Arc::clone(tier));
             }
@@ -638,10 +716,7 @@ impl Live {
             return Picked::Live(Arc::clone(tier));
         }
         if let Some(plans) = &self.plans {
-            return match plans.inner.get(key) {
-                Ok(cached) => self.apply(&compiled, plans, &cached),
-                Err(lookup) => Picked::Later(lookup),
-            };
+            return plans.inner.pick(key, &compiled);
         }
         Picked::Live(Arc::clone(match select {
             Some(name) => compiled.tier_or_defaults(name),
@@ -649,18 +724,6 @@ impl Live {
         }))
     }
 
-    /// The tier a plan lookup's answer gives, against the limits in force.
-    fn apply(&self, compiled: &Compiled, plans: &PlanResolver, cached: &Cached) -> Picked {
-        Picked::Live(Arc::clone(match cached {
-            Cached::Defaults => &compiled.defaults,
-            Cached::Tier(name) => compiled.tier_or_defaults(name),
-            Cached::Own(tier) => tier,
-            Cached::Failed => match plans.inner.on_failure {
-                ResolverFailure::FailurePolicy => return Picked::Failed,
-                _ => &compiled.failed,
-            },
-        }))
-    }
 
     /// The tier for a request whose lookup has answered.
     fn picked_later(&self, key: &str, cached: &Cached) -> Picked {
@@ -670,7 +733,7 @@ impl Live {
             return Picked::Live(Arc::clone(tier));
         }
         match &self.plans {
-            Some(plans) => self.apply(&compiled, plans, cached),
+            Some(plans) => apply(&compiled, plans.inner.on_failure, cached),
             None => Picked::Live(Arc::clone(&compiled.defaults)),
         }
     }
