@@ -137,7 +137,7 @@ async fn a_reload_under_load_is_seen_whole_and_fails_no_request() {
                 );
                 seen[usize::from(set == 'b')] += 1;
                 count += 1;
-                if count % 16 == 0 {
+                if count.is_multiple_of(16) {
                     tokio::task::yield_now().await;
                 }
             }
@@ -427,13 +427,9 @@ async fn a_slow_lookup_times_out_into_the_chosen_answer() {
 
     // The failure policy on failure: fail closed answers 503, fail open
     // lets the request through undecided.
-    for (failure, status, limited) in [
-        (
-            FailurePolicy::FailClosed,
-            StatusCode::SERVICE_UNAVAILABLE,
-            true,
-        ),
-        (FailurePolicy::FailOpen, StatusCode::OK, false),
+    for (failure, status) in [
+        (FailurePolicy::FailClosed, StatusCode::SERVICE_UNAVAILABLE),
+        (FailurePolicy::FailOpen, StatusCode::OK),
     ] {
         let resolver = counting_resolver(&calls, Duration::from_secs(30), plans)
             .timeout(Duration::from_millis(200))
@@ -442,9 +438,10 @@ async fn a_slow_lookup_times_out_into_the_chosen_answer() {
         let service = service(&resolved_layer(&tiered(), resolver, failure));
         let answer = service.oneshot(request("acme")).await.unwrap();
         assert_eq!(answer.status(), status);
-        // Let through undecided: no rate-limit info, no fields.
-        assert_eq!(answer.headers().contains_key("x-source"), false);
-        let _ = limited;
+        // Not checked: no rate-limit info.
+        assert!(!answer.headers().contains_key("x-source"));
+        // Neither is a rate-limit decision: no rate-limit fields.
+        assert!(!answer.headers().contains_key("ratelimit"));
     }
 }
 

@@ -439,6 +439,7 @@ impl LimitSetBuilder {
     }
 }
 
+#[derive(Clone, Copy)]
 enum Owner<'a> {
     Defaults,
     Tier(&'a str),

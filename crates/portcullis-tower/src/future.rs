@@ -314,7 +314,7 @@ where
                     };
                     pending
                         .shared
-                        .on_resolved(&mut pending.ticket, &mut pending.parts, cached)
+                        .on_resolved(&mut pending.ticket, &mut pending.parts, &cached)
                 }
                 StateProj::Wait { until, sleep, then } => {
                     let until = *until;

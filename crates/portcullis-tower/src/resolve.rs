@@ -390,7 +390,9 @@ impl ResolverInner {
                     .find(|slot| matches!(slot.entry, Entry::Ready { .. }) && &*slot.key != key)
                     .map(|slot| slot.key.clone());
                 if let Some(victim) = victim {
-                    if let Ok(slot) = shard.find_entry(self.hasher.hash_one(&*victim), |s| s.key == victim) {
+                    if let Ok(slot) =
+                        shard.find_entry(self.hasher.hash_one(&*victim), |s| s.key == victim)
+                    {
                         slot.remove();
                     }
                 }
@@ -724,7 +726,6 @@ impl Live {
         }))
     }
 
-
     /// The tier for a request whose lookup has answered.
     fn picked_later(&self, key: &str, cached: &Cached) -> Picked {
         let compiled = self.current();
@@ -757,11 +758,11 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         &self,
         ticket: &mut Ticket,
         parts: &mut Parts,
-        cached: Cached,
+        cached: &Cached,
     ) -> Next<St> {
         let _entered = ticket.span.as_ref().map(|span| span.clone().entered());
         let picked = match &self.live {
-            Some(live) => live.picked_later(&ticket.key, &cached),
+            Some(live) => live.picked_later(&ticket.key, cached),
             None => Picked::Failed,
         };
         match picked {
