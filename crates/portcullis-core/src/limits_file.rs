@@ -148,7 +148,7 @@ impl LimitsFile {
     /// let err = LimitsFile::parse("limits.toml", "default = [\"x\"]\n[policies.x]\nlimt = 5\n").unwrap_err();
     /// assert_eq!(
     ///     err.to_string(),
-    ///     "limits.toml:3:1: policies.x: unknown field `limt`, expected one of `limit`, `period`, `algorithm`, `burst`"
+    ///     "limits.toml:3:1: policies.x.limt: unknown field `limt`, expected one of `limit`, `period`, `algorithm`, `burst`"
     /// );
     /// ```
     ///
