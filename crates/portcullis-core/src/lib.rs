@@ -34,12 +34,18 @@
 //! ([`algorithms::lease`]); [`MemoryStore`] and `portcullis-redis`'s
 //! `RedisStore` hold leases through the [`LeaseStore`] trait.
 
+// docs.rs shows which feature each item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod algorithms;
 mod boxed;
 mod clock;
 mod concurrency;
 mod decision;
 mod error;
+mod limits;
+#[cfg(feature = "config")]
+mod limits_file;
 mod memory;
 mod policy;
 mod store;
@@ -55,6 +61,12 @@ pub use concurrency::{
 };
 pub use decision::{Decision, Verdict};
 pub use error::{ErrorScope, StoreError};
+pub use limits::{
+    LimitSet, LimitSetBuilder, Limits, LimitsError, Override, PolicySource, Selected, DEFAULT_TIER,
+};
+#[cfg(feature = "config")]
+#[cfg_attr(docsrs, doc(cfg(feature = "config")))]
+pub use limits_file::{LimitsFile, LimitsFileError, Reload, Watcher};
 pub use memory::{MemoryStore, MemoryStoreBuilder, WhenFull, DEFAULT_MAX_KEYS};
 pub use policy::{
     Algorithm, LeakyMode, Policy, PolicyBuilder, PolicyError, MAX_MAGNITUDE, MAX_POLICY_NAME_LEN,

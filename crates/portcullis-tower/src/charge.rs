@@ -15,7 +15,7 @@ use portcullis_core::{ErrorScope, Store, StoreError, Verdict};
 use crate::config::FailurePolicy;
 use crate::headers::RateLimitHeaders;
 use crate::key::KeyExtractor;
-use crate::layer::Shared;
+use crate::layer::{Shared, Tier};
 
 /// What decides a request's cost from its response head.
 pub(crate) type ChargeFn = Box<dyn Fn(&http::response::Parts) -> u64 + Send + Sync>;
@@ -89,7 +89,7 @@ struct Amount {
 #[derive(Debug, Clone)]
 struct Subject {
     key: String,
-    tier: usize,
+    tier: Arc<Tier>,
     fallback: bool,
 }
 
@@ -139,10 +139,10 @@ impl Charge {
 
     /// Records the subject a verdict admitted (the limiter, before the
     /// inner service is called).
-    pub(crate) fn admit(&self, key: &str, tier: usize, fallback: bool) {
+    pub(crate) fn admit(&self, key: &str, tier: &Arc<Tier>, fallback: bool) {
         self.lock().subject = Some(Subject {
             key: key.to_owned(),
-            tier,
+            tier: Arc::clone(tier),
             fallback,
         });
     }
@@ -171,7 +171,7 @@ pub(crate) struct PostCharge<R, St, K> {
     /// The headers of the peek, for a response whose charge failed.
     headers: Option<RateLimitHeaders>,
     /// The tier charged.
-    tier: usize,
+    tier: Option<Arc<Tier>>,
 }
 
 impl<B, St: Store, K: KeyExtractor> PostCharge<Response<B>, St, K> {
@@ -182,7 +182,7 @@ impl<B, St: Store, K: KeyExtractor> PostCharge<Response<B>, St, K> {
             response: None,
             charging: None,
             headers: None,
-            tier: 0,
+            tier: None,
         })
     }
 
@@ -204,7 +204,7 @@ impl<B, St: Store, K: KeyExtractor> PostCharge<Response<B>, St, K> {
             }
             return Err(Response::from_parts(parts, body));
         };
-        self.tier = subject.tier;
+        self.tier = Some(Arc::clone(&subject.tier));
         self.headers = headers;
         self.charging = Some(Box::pin(charge(Arc::clone(&self.shared), subject, cost)));
         self.response = Some(Response::from_parts(parts, body));
@@ -227,12 +227,7 @@ impl<B, St: Store, K: KeyExtractor> PostCharge<Response<B>, St, K> {
             // Headers only where the peek wrote some (the header mode):
             // the same fields, of the state after the charge.
             if let (Some(verdict), Some(_)) = (charged, &headers) {
-                let tier = self
-                    .shared
-                    .tiers
-                    .get(self.tier)
-                    .or(self.shared.tiers.first());
-                if let Some(tier) = tier {
+                if let Some(tier) = &self.tier {
                     headers = Some(self.shared.headers(tier, &verdict, false));
                 }
             }
@@ -255,8 +250,7 @@ async fn charge<St: Store, K: Send + Sync + 'static>(
     subject: Subject,
     cost: u64,
 ) -> Option<Verdict> {
-    let tier = shared.tiers.get(subject.tier).or(shared.tiers.first())?;
-    let policies = Arc::clone(&tier.policies);
+    let policies = Arc::clone(&subject.tier.policies);
     let fallback = match &shared.failure {
         FailurePolicy::Fallback(store) => Some(store),
         _ => None,
@@ -320,9 +314,15 @@ mod tests {
 
     #[test]
     fn the_amount_is_set_added_refunded_and_never_negative() {
+        let tier = Arc::new(Tier::from_valid_live(
+            "default",
+            vec![portcullis_core::Policy::per_second(1).build().unwrap()],
+            portcullis_core::PolicySource::Default,
+            0,
+        ));
         let charge = Charge::new();
         assert!(charge.finish(10).is_none(), "not admitted: nothing charged");
-        charge.admit("k", 0, false);
+        charge.admit("k", &tier, false);
         charge.add(5);
         charge.refund(2);
         let (subject, total) = charge.finish(10).unwrap();
@@ -330,19 +330,19 @@ mod tests {
         assert!(charge.finish(10).is_none(), "charged once");
 
         let charge = Charge::new();
-        charge.admit("k", 0, false);
+        charge.admit("k", &tier, false);
         charge.add(100);
         charge.set(7);
         charge.add(1);
         assert_eq!(charge.finish(1_000).unwrap().1, 8);
 
         let charge = Charge::new();
-        charge.admit("k", 0, false);
+        charge.admit("k", &tier, false);
         charge.refund(u64::MAX);
         charge.refund(u64::MAX);
         assert!(charge.finish(3).is_none());
         let clone = Charge::new();
-        clone.admit("k", 0, false);
+        clone.admit("k", &tier, false);
         let shared = clone.clone();
         shared.add(u64::MAX);
         clone.add(u64::MAX);

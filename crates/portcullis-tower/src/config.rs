@@ -264,6 +264,16 @@ pub enum ConfigError {
         /// The store's type.
         store: &'static str,
     },
+    /// Policies or tiers were given with `.policy(..)` or `.tier(..)` and a
+    /// live [`Limits`](portcullis_core::Limits) handle with `.limits(..)`.
+    PoliciesWithLimits,
+    /// The static policies and tiers do not make a valid
+    /// [`LimitSet`](portcullis_core::LimitSet) for a plan resolver (for
+    /// example a tier named `default`).
+    Limits {
+        /// What is wrong.
+        source: portcullis_core::LimitsError,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -299,6 +309,12 @@ impl fmt::Display for ConfigError {
                 f,
                 "the store {store} holds no concurrency leases: box it with BoxStore::with_leases(store) (MemoryStore and RedisStore hold leases), or give the layer the store itself",
             ),
+            Self::PoliciesWithLimits => f.write_str(
+                "the layer was given both policies (.policy/.tier) and a Limits handle (.limits): put the policies and tiers in the LimitSet of the handle",
+            ),
+            Self::Limits { .. } => f.write_str(
+                "the layer's policies and tiers are not valid limits for a plan resolver: fix what the cause names",
+            ),
         }
     }
 }
@@ -307,6 +323,7 @@ impl Error for ConfigError {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
         match self {
             Self::InvalidPolicies { source, .. } => Some(source),
+            Self::Limits { source } => Some(source),
             Self::ChargeAfterResponse {
                 source: Some(source),
                 ..

@@ -32,6 +32,8 @@ struct Entry {
     /// The cost denied; smaller costs may still be admitted.
     min_cost: u64,
     verdict: Verdict,
+    /// The tier object denied (a changed limit makes a new one).
+    tier_id: u64,
 }
 
 type Shard = Mutex<HashMap<Box<str>, Entry, RandomState>>;
@@ -71,13 +73,20 @@ impl DenyCache {
 
     /// The denial still in force for `key` at `now` for a request of `cost`,
     /// with its durations counted down to `now`.
-    pub(crate) fn get(&self, tier: usize, key: &str, cost: u64, now: Instant) -> Option<Verdict> {
+    pub(crate) fn get(
+        &self,
+        tier: usize,
+        tier_id: u64,
+        key: &str,
+        cost: u64,
+        now: Instant,
+    ) -> Option<Verdict> {
         if self.len.load(Ordering::Relaxed) == 0 {
             return None;
         }
         let mut shard = self.shard(tier, key)?.lock();
         let entry = shard.get(key)?;
-        if now >= entry.until {
+        if now >= entry.until || entry.tier_id != tier_id {
             shard.remove(key);
             self.len.fetch_sub(1, Ordering::Relaxed);
             return None;
@@ -93,6 +102,7 @@ impl DenyCache {
     pub(crate) fn insert(
         &self,
         tier: usize,
+        tier_id: u64,
         key: &str,
         cost: u64,
         verdict: &Verdict,
@@ -120,6 +130,7 @@ impl DenyCache {
             until,
             min_cost: cost,
             verdict: verdict.clone(),
+            tier_id,
         };
         if shard.insert(key.into(), entry).is_none() {
             self.len.fetch_add(1, Ordering::Relaxed);
@@ -185,22 +196,22 @@ mod tests {
     fn denies_until_the_retry_time_for_equal_or_larger_costs() {
         let cache = DenyCache::new(2, 1000);
         let t0 = Instant::now();
-        cache.insert(0, "alice", 2, &denied(1000), t0);
+        cache.insert(0, 0, "alice", 2, &denied(1000), t0);
         assert_eq!(cache.len(), 1);
         let hit = cache
-            .get(0, "alice", 2, t0 + Duration::from_millis(400))
+            .get(0, 0, "alice", 2, t0 + Duration::from_millis(400))
             .unwrap();
         assert_eq!(hit.retry_after(), Some(Duration::from_millis(600)));
         assert!(!hit.is_allowed());
-        assert!(cache.get(0, "alice", 3, t0).is_some());
+        assert!(cache.get(0, 0, "alice", 3, t0).is_some());
         assert!(
-            cache.get(0, "alice", 1, t0).is_none(),
+            cache.get(0, 0, "alice", 1, t0).is_none(),
             "a smaller cost may fit"
         );
-        assert!(cache.get(1, "alice", 2, t0).is_none(), "other tier");
-        assert!(cache.get(0, "bob", 2, t0).is_none());
+        assert!(cache.get(1, 0, "alice", 2, t0).is_none(), "other tier");
+        assert!(cache.get(0, 0, "bob", 2, t0).is_none());
         assert!(cache
-            .get(0, "alice", 2, t0 + Duration::from_millis(1000))
+            .get(0, 0, "alice", 2, t0 + Duration::from_millis(1000))
             .is_none());
         assert_eq!(cache.len(), 0, "expired entries are dropped");
     }
@@ -210,15 +221,15 @@ mod tests {
         let cache = DenyCache::new(1, SHARDS * 2);
         let t0 = Instant::now();
         for i in 0..1000 {
-            cache.insert(0, &format!("k{i}"), 1, &denied(60_000), t0);
+            cache.insert(0, 0, &format!("k{i}"), 1, &denied(60_000), t0);
         }
         assert!(cache.len() <= SHARDS * 2);
-        cache.insert(0, "zero", 1, &denied(0), t0);
-        assert!(cache.get(0, "zero", 1, t0).is_none());
+        cache.insert(0, 0, "zero", 1, &denied(0), t0);
+        assert!(cache.get(0, 0, "zero", 1, t0).is_none());
         let cache = DenyCache::new(3, 100);
-        cache.insert(2, "x", 1, &denied(5000), t0);
+        cache.insert(2, 0, "x", 1, &denied(5000), t0);
         cache.remove("x");
-        assert!(cache.get(2, "x", 1, t0).is_none());
+        assert!(cache.get(2, 0, "x", 1, t0).is_none());
         assert_eq!(cache.len(), 0);
     }
 }

@@ -74,6 +74,10 @@ pin_project! {
         // The inner service answered; its response waits in `charge`
         // while the cost is charged.
         Charging,
+        // Waiting for the subject's plan (resolve.rs).
+        Resolve {
+            lookup: crate::resolve::Lookup,
+        },
     }
 }
 
@@ -102,6 +106,7 @@ where
             State::Inner { .. } => "calling the inner service",
             State::Done { .. } => "answered",
             State::Charging => "charging after the response",
+            State::Resolve { .. } => "looking up the plan",
         };
         f.debug_struct("ResponseFuture")
             .field("state", &state)
@@ -186,6 +191,7 @@ where
             sleep: None,
             then: Some(then),
         },
+        Next::Resolve(lookup) => State::Resolve { lookup },
         Next::Respond(response) => {
             *pending = None;
             State::Done {
@@ -314,6 +320,15 @@ where
                                 .on_timeout(&mut pending.ticket, &mut pending.parts)
                         }
                     }
+                }
+                StateProj::Resolve { lookup } => {
+                    let cached = ready!(lookup.as_mut().poll(cx));
+                    let Some(pending) = this.pending.as_mut() else {
+                        return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
+                    };
+                    pending
+                        .shared
+                        .on_resolved(&mut pending.ticket, &mut pending.parts, &cached)
                 }
                 StateProj::Wait { until, sleep, then } => {
                     let until = *until;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use portcullis_core::{Policy, Verdict};
+use portcullis_core::{Policy, PolicySource, Verdict};
 
 /// What the rate limit decided for one request.
 ///
@@ -32,6 +32,8 @@ pub struct RateLimitInfo {
     policies: Arc<[Policy]>,
     verdict: Verdict,
     dry_run: bool,
+    source: PolicySource,
+    limits_version: u64,
 }
 
 impl RateLimitInfo {
@@ -51,7 +53,46 @@ impl RateLimitInfo {
             policies,
             verdict,
             dry_run,
+            source: PolicySource::Default,
+            limits_version: 0,
         }
+    }
+
+    /// This info with what chose its policies and the version of the live
+    /// limits they came from (0 for policies fixed when the layer was
+    /// built).
+    ///
+    /// ```
+    /// use portcullis::{Policy, PolicySource, Verdict};
+    /// use portcullis::tower::RateLimitInfo;
+    ///
+    /// let policy = Policy::per_second(1).name("acme").build().unwrap();
+    /// let info = RateLimitInfo::new("acme", "acme", vec![policy].into(), Verdict::from_iter([]), false)
+    ///     .with_source(PolicySource::Override, 7);
+    /// assert_eq!((info.source(), info.limits_version()), (PolicySource::Override, Some(7)));
+    /// ```
+    #[must_use]
+    pub fn with_source(mut self, source: PolicySource, limits_version: u64) -> Self {
+        self.source = source;
+        self.limits_version = limits_version;
+        self
+    }
+
+    /// What chose the policies: the defaults, a tier, the subject's
+    /// override, or its plan from a resolver (or the defaults because the
+    /// resolver failed). [`tier`](Self::tier) names the tier (the subject,
+    /// for policies of its own).
+    #[must_use]
+    pub fn source(&self) -> PolicySource {
+        self.source
+    }
+
+    /// The version of the live [`Limits`](portcullis_core::Limits) the
+    /// policies came from; `None` when they were fixed at build time (or
+    /// came from a resolver's own plan).
+    #[must_use]
+    pub fn limits_version(&self) -> Option<u64> {
+        (self.limits_version > 0).then_some(self.limits_version)
     }
 
     /// The key the request was counted against (hashed for tokens and API
@@ -61,7 +102,8 @@ impl RateLimitInfo {
         &self.key
     }
 
-    /// The tier whose policies applied (`default` unless a tier was chosen).
+    /// The tier whose policies applied (`default` unless a tier was chosen;
+    /// the subject's key for an override or a plan of its own policies).
     #[must_use]
     pub fn tier(&self) -> &str {
         &self.tier

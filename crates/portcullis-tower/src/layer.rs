@@ -8,7 +8,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Response, StatusCode};
-use portcullis_core::{validate_charge, validate_check, Policy, Store, StoreError};
+use portcullis_core::{
+    validate_charge, validate_check, LimitSet, Limits, Policy, PolicySource, Store, StoreError,
+};
 use tower_layer::Layer;
 
 use crate::breaker::{Breaker, UndecidedLog};
@@ -17,6 +19,7 @@ use crate::config::{ConfigError, FailurePolicy, HeaderMode, MissingKey, Mode};
 use crate::deny_cache::DenyCache;
 use crate::headers::{policy_value, ratelimit_prefixes};
 use crate::key::{KeyExtractor, PeerIp};
+use crate::resolve::{Live, PlanResolver};
 use crate::response::LimitedBody;
 use crate::{KeepBodyLayer, RateLimit, RateLimitInfo};
 
@@ -33,7 +36,7 @@ pub const DEFAULT_BREAKER_PAUSE: Duration = Duration::from_secs(1);
 /// Default capacity of the local deny cache (subjects).
 pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 65_536;
 
-type TierFn = Box<dyn for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync>;
+type TierFn = Box<dyn for<'a> Fn(&'a Parts, &'a str) -> Option<&'a str> + Send + Sync>;
 type CostFn = Box<dyn Fn(&Parts) -> u64 + Send + Sync>;
 
 /// A named set of policies checked together.
@@ -41,6 +44,15 @@ type CostFn = Box<dyn Fn(&Parts) -> u64 + Send + Sync>;
 pub(crate) struct Tier {
     pub(crate) name: Arc<str>,
     pub(crate) policies: Arc<[Policy]>,
+    /// What chose these policies, and the version of the limits they came
+    /// from (0 for a static tier).
+    pub(crate) source: PolicySource,
+    pub(crate) version: u64,
+    /// The deny cache's shards (the static tier's index; 0 for live
+    /// tiers) and this tier's identity there (unique per tier object, so
+    /// a change of limits leaves no denial behind).
+    pub(crate) slot: usize,
+    pub(crate) id: u64,
     /// The precomputed `RateLimit-Policy` value.
     pub(crate) policy_header: Option<HeaderValue>,
     /// The precomputed start of each policy's `RateLimit` item.
@@ -70,7 +82,40 @@ impl Tier {
     /// A tier of policies already known to be valid together (non-empty,
     /// names distinct).
     fn from_valid(name: &str, policies: Vec<Policy>) -> Self {
+        let source = if name == DEFAULT_TIER {
+            PolicySource::Default
+        } else {
+            PolicySource::Tier
+        };
+        Self::from_valid_live(name, policies, source, 0)
+    }
+
+    /// A tier of live limits, or of a resolver's plan, validated.
+    pub(crate) fn new_live(
+        name: &str,
+        policies: Vec<Policy>,
+        source: PolicySource,
+        version: u64,
+    ) -> Result<Self, ConfigError> {
+        let mut tier = Self::new(name, policies)?;
+        tier.source = source;
+        tier.version = version;
+        Ok(tier)
+    }
+
+    /// A tier of live limits, of policies known to be valid together.
+    pub(crate) fn from_valid_live(
+        name: &str,
+        policies: Vec<Policy>,
+        source: PolicySource,
+        version: u64,
+    ) -> Self {
+        static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Self {
+            source,
+            version,
+            slot: 0,
+            id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             name: name.into(),
             policy_header: policy_value(&policies),
             ratelimit_prefixes: ratelimit_prefixes(&policies),
@@ -87,8 +132,11 @@ const DEFAULT_TIER: &str = "default";
 pub(crate) struct Shared<St, K> {
     pub(crate) store: Arc<St>,
     pub(crate) key: K,
-    /// Tier 0 holds the default policies.
-    pub(crate) tiers: Box<[Tier]>,
+    /// Tier 0 holds the default policies (with live limits: those when
+    /// the layer was built).
+    pub(crate) tiers: Box<[Arc<Tier>]>,
+    /// Policies from data (`limits`, `resolve_plan`), when configured.
+    pub(crate) live: Option<Live>,
     pub(crate) select_tier: Option<TierFn>,
     pub(crate) cost: Option<CostFn>,
     pub(crate) mode: Mode,
@@ -137,11 +185,11 @@ impl<St, K> fmt::Debug for Shared<St, K> {
 impl<St, K> Shared<St, K> {
     /// The tier for this request: the one the selector names, else the
     /// default.
-    pub(crate) fn tier_index(&self, parts: &Parts) -> usize {
+    pub(crate) fn tier_index(&self, parts: &Parts, key: &str) -> usize {
         let Some(select) = &self.select_tier else {
             return 0;
         };
-        select(parts)
+        select(parts, key)
             .and_then(|name| self.tiers.iter().skip(1).position(|t| &*t.name == name))
             .map_or(0, |i| i + 1)
     }
@@ -248,6 +296,8 @@ impl<St: Store> RateLimitLayer<St, PeerIp> {
             body: LimitedBody::default(),
             no_room_status: StatusCode::TOO_MANY_REQUESTS,
             charge: None,
+            limits: None,
+            plans: None,
         }
     }
 }
@@ -279,7 +329,8 @@ impl<St: Store, K> RateLimitLayer<St, K> {
         KeepBodyLayer::new(self)
     }
 
-    /// The default policies.
+    /// The default policies (with [`RateLimitLayerBuilder::limits`]: those
+    /// in force when the layer was built; the handle has the current ones).
     #[must_use]
     pub fn policies(&self) -> &[Policy] {
         &self.shared.tiers[0].policies
@@ -297,7 +348,11 @@ impl<St: Store, K> RateLimitLayer<St, K> {
         if let Some(cache) = &self.shared.deny_cache {
             cache.remove(key);
         }
-        for tier in self.shared.tiers.iter() {
+        let tiers = match &self.shared.live {
+            Some(live) => live.sets_for(key),
+            None => self.shared.tiers.to_vec(),
+        };
+        for tier in tiers {
             self.shared.store.reset(key, &tier.policies).await?;
         }
         if let Some(cache) = &self.shared.deny_cache {
@@ -345,6 +400,8 @@ pub struct RateLimitLayerBuilder<St, K> {
     body: LimitedBody,
     no_room_status: StatusCode,
     charge: Option<ChargeFn>,
+    limits: Option<Limits>,
+    plans: Option<PlanResolver>,
 }
 
 impl<St, K> fmt::Debug for RateLimitLayerBuilder<St, K> {
@@ -395,6 +452,8 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
             body: self.body,
             no_room_status: self.no_room_status,
             charge: self.charge,
+            limits: self.limits,
+            plans: self.plans,
         }
     }
 
@@ -439,7 +498,96 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     where
         F: for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync + 'static,
     {
+        self.select_tier = Some(Box::new(move |parts, _key| select(parts)));
+        self
+    }
+
+    /// Takes the policies from a live [`Limits`] handle instead of
+    /// [`policy`](Self::policy) and [`tier`](Self::tier): its defaults, its
+    /// tiers (chosen per request by [`tier_by`](Self::tier_by),
+    /// [`resolve_tier`](Self::resolve_tier) or
+    /// [`resolve_plan`](Self::resolve_plan)) and its per-subject overrides
+    /// (by the request's key, before anything else). A change of the
+    /// handle ([`Limits::update`], [`Limits::replace`], a reloaded
+    /// `LimitsFile`) applies from each layer's next request; requests
+    /// being checked finish under the set they started with. The
+    /// `RateLimit-Policy` values and metric labels are computed once per
+    /// change, not per request; [`RateLimitInfo`](crate::RateLimitInfo)
+    /// says which tier or override chose the policies
+    /// ([`RateLimitInfo::source`](crate::RateLimitInfo::source)).
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use http::{Request, Response, StatusCode};
+    /// use portcullis::{LimitSet, Limits, MemoryStore, Policy};
+    /// use portcullis::tower::{Header, RateLimitLayer};
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limits = Limits::new(LimitSet::of([Policy::per_minute(2).name("minute").build()?])?);
+    /// let layer = RateLimitLayer::builder(MemoryStore::new())
+    ///     .key(Header::new(http::HeaderName::from_static("x-customer")))
+    ///     .limits(limits.clone())
+    ///     .build()?;
+    /// let service = layer.layer(service_fn(|_req: Request<()>| async {
+    ///     Ok::<_, Infallible>(Response::new(String::new()))
+    /// }));
+    /// let request = || Request::get("/").header("x-customer", "acme").body(()).unwrap();
+    /// service.clone().oneshot(request()).await?;
+    /// service.clone().oneshot(request()).await?;
+    /// assert_eq!(service.clone().oneshot(request()).await?.status(), StatusCode::TOO_MANY_REQUESTS);
+    ///
+    /// // acme bought a quota of its own: its next request is checked under it
+    /// // (a new policy name starts afresh; the same name would keep the count).
+    /// limits.update(|set| set.override_policies("acme", [Policy::per_minute(100).name("acme-minute").build().unwrap()]))?;
+    /// let response = service.oneshot(request()).await?;
+    /// assert_eq!(response.status(), StatusCode::OK);
+    /// assert_eq!(response.headers()["ratelimit-policy"], "\"acme-minute\";q=100;w=60");
+    /// # Ok(()) }
+    /// ```
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = Some(limits);
+        self
+    }
+
+    /// Chooses the tier for each request from its parts and its key, as
+    /// [`tier_by`](Self::tier_by) does from its parts alone. A synchronous,
+    /// cheap choice (an extension, a header, a prefix of the key); for data
+    /// that must be fetched, see [`resolve_plan`](Self::resolve_plan).
+    ///
+    /// ```
+    /// use portcullis::{LimitSet, Limits, MemoryStore, Policy};
+    /// use portcullis::tower::{ApiKey, RateLimitLayer};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limits = Limits::new(LimitSet::builder()
+    ///     .policy(Policy::per_minute(60).name("minute").build()?)
+    ///     .tier("internal", [Policy::per_minute(6_000).name("minute").build()?])
+    ///     .build()?);
+    /// let layer = RateLimitLayer::builder(MemoryStore::new())
+    ///     .key(ApiKey::new())
+    ///     .limits(limits)
+    ///     .resolve_tier(|parts, _key| parts.headers.contains_key("x-internal").then_some("internal"))
+    ///     .build()?;
+    /// # let _ = layer; Ok(()) }
+    /// ```
+    pub fn resolve_tier<F>(mut self, select: F) -> Self
+    where
+        F: for<'a> Fn(&'a Parts, &'a str) -> Option<&'a str> + Send + Sync + 'static,
+    {
         self.select_tier = Some(Box::new(select));
+        self
+    }
+
+    /// Looks up each subject's plan with `resolver` (a database, a Redis
+    /// hash, a billing API), behind its bounded cache with single-flight:
+    /// see [`PlanResolver`]. A subject's override in the
+    /// [`limits`](Self::limits) wins over its plan; a plan naming a tier
+    /// gets that tier of the limits (of the static
+    /// [`tier`](Self::tier)s without a handle).
+    pub fn resolve_plan(mut self, resolver: PlanResolver) -> Self {
+        self.plans = Some(resolver);
         self
     }
 
@@ -714,12 +862,49 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
         if self.timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
         }
+        if let Some(limits) = &self.limits {
+            if !self.policies.is_empty() || !self.tiers.is_empty() {
+                return Err(ConfigError::PoliciesWithLimits);
+            }
+            // The defaults in force, for `policies()` and the checks below.
+            self.policies = limits.load().defaults().to_vec();
+        }
         let mut tiers = vec![Tier::new(DEFAULT_TIER, std::mem::take(&mut self.policies))?];
         for (name, policies) in std::mem::take(&mut self.tiers) {
             if tiers.iter().any(|t| *t.name == *name) {
                 return Err(ConfigError::DuplicateTier { tier: name });
             }
             tiers.push(Tier::new(&name, policies)?);
+        }
+        // A resolver without a handle: the static tiers as fixed limits.
+        if self.limits.is_none() && self.plans.is_some() {
+            let mut set = LimitSet::builder().policies(tiers[0].policies.iter().cloned());
+            for tier in &tiers[1..] {
+                set = set.tier(&*tier.name, tier.policies.iter().cloned());
+            }
+            let set = set
+                .build()
+                .map_err(|source| ConfigError::Limits { source })?;
+            self.limits = Some(Limits::new(set));
+        }
+        if let Some(limits) = &self.limits {
+            let set = limits.load();
+            let sets = set
+                .tiers()
+                .map(|(name, policies)| (name.to_owned(), policies.clone()));
+            for (name, policies) in sets.chain(set.overrides().filter_map(|(subject, o)| match o {
+                portcullis_core::Override::Policies(p) => Some((subject.to_owned(), p.clone())),
+                _ => None,
+            })) {
+                if self.charge.is_some() {
+                    validate_charge(&policies).map_err(|source| {
+                        ConfigError::ChargeAfterResponse {
+                            tier: Some(name),
+                            source: Some(source),
+                        }
+                    })?;
+                }
+            }
         }
         if self.charge.is_some() {
             if self.cost.is_some() {
@@ -746,6 +931,15 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     fn into_layer(self, tiers: Vec<Tier>) -> RateLimitLayer<St, K> {
         #[cfg(feature = "metrics")]
         crate::observe::describe_metrics();
+        let live = self.limits.map(|limits| Live::new(limits, self.plans));
+        let tiers: Box<[Arc<Tier>]> = tiers
+            .into_iter()
+            .enumerate()
+            .map(|(slot, mut tier)| {
+                tier.slot = slot;
+                Arc::new(tier)
+            })
+            .collect();
         let deny_cache = self
             .deny_cache
             .map(|capacity| DenyCache::new(tiers.len(), capacity));
@@ -753,7 +947,8 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
             shared: Arc::new(Shared {
                 store: self.store,
                 key: self.key,
-                tiers: tiers.into(),
+                tiers,
+                live,
                 select_tier: self.select_tier,
                 cost: self.cost,
                 mode: self.mode,

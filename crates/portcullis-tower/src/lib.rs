@@ -216,6 +216,7 @@ mod key;
 mod layer;
 mod limiter;
 mod observe;
+mod resolve;
 mod response;
 mod service;
 
@@ -243,4 +244,8 @@ pub use layer::{
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use observe::describe_metrics;
+pub use resolve::{
+    Plan, PlanResolver, PlanResolverBuilder, ResolverFailure, DEFAULT_ERROR_TTL,
+    DEFAULT_PLAN_CAPACITY, DEFAULT_PLAN_TTL, DEFAULT_RESOLVE_TIMEOUT, DEFAULT_UNKNOWN_TTL,
+};
 pub use service::RateLimit;

@@ -2,6 +2,8 @@
 //! what to do with a new request, a store verdict, a store error, the end
 //! of a wait.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
@@ -12,6 +14,7 @@ use crate::config::{FailurePolicy, HeaderMode, MissingKey, Mode};
 use crate::headers::RateLimitHeaders;
 use crate::key::{KeyBuf, KeyExtractor};
 use crate::layer::{Shared, Tier};
+use crate::resolve::{Lookup, Picked};
 use crate::response::{self, grpc_content_type};
 use crate::{observe, RateLimitInfo};
 
@@ -20,7 +23,9 @@ use crate::{observe, RateLimitInfo};
 pub(crate) struct Ticket {
     /// The key, inline for IP keys (no `String` per request).
     pub(crate) key: KeyBuf,
-    pub(crate) tier: usize,
+    /// The policies the request is checked under (one set, whatever
+    /// changes meanwhile).
+    pub(crate) tier: Arc<Tier>,
     pub(crate) cost: u64,
     /// When the check being waited for was sent; `None` while no store
     /// future is pending (a store that answers at once needs no clock).
@@ -72,13 +77,14 @@ pub(crate) enum Next<St: Store> {
     Fallback(BoxCheckFuture),
     /// Wait until then, then do that.
     Wait(Instant, Then),
+    /// Wait for the subject's plan to be looked up.
+    Resolve(Lookup),
 }
 
 impl<St: Store, K: KeyExtractor> Shared<St, K> {
-    fn tier(&self, ticket: &Ticket) -> &Tier {
-        // Tickets only carry indices from `tier_index`, which are in range;
-        // fall back to the default tier rather than panic.
-        self.tiers.get(ticket.tier).unwrap_or(&self.tiers[0])
+    #[allow(clippy::unused_self)]
+    fn tier<'t>(&self, ticket: &'t Ticket) -> &'t Tier {
+        &ticket.tier
     }
 
     /// The first step for a new request; its ticket, when it needs one, is
@@ -125,7 +131,12 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             }
             cost
         };
-        let tier = self.tier_index(parts);
+        let picked = self.pick_tier(parts, &key);
+        let tier: &Arc<Tier> = match &picked {
+            Picked::Static(index) => self.tiers.get(*index).unwrap_or(&self.tiers[0]),
+            Picked::Live(tier) => tier,
+            Picked::Later(_) | Picked::Failed => &self.tiers[0],
+        };
         // The span only when it is recorded: building one costs even with
         // no subscriber (and more when `tracing`'s `log` feature is on in
         // the tree).
@@ -133,12 +144,30 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             Some(tracing::debug_span!(
                 "rate_limit",
                 key = %key,
-                tier = %self.tiers.get(tier).map_or("default", |t| &*t.name),
+                tier = %tier.name,
                 cost
             ))
         } else {
             None
         };
+        if matches!(picked, Picked::Later(_) | Picked::Failed) {
+            let ticket = slot.insert(Ticket {
+                key,
+                tier: Arc::clone(tier),
+                cost,
+                sent: None,
+                deadline: match self.mode {
+                    Mode::Shape { max_wait } => Some(Instant::now() + max_wait),
+                    _ => None,
+                },
+                fallback: false,
+                span,
+            });
+            return match picked {
+                Picked::Later(lookup) => Next::Resolve(lookup),
+                _ => self.on_failure(ticket, &parts.headers),
+            };
+        }
         let _entered = span.as_ref().map(|span| span.clone().entered());
         // A denial held by the deny cache (only answers that took a round
         // trip are held), else the store, unless the breaker is open.
@@ -146,7 +175,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
             .deny_cache
             .as_ref()
             .filter(|cache| !cache.is_empty())
-            .and_then(|cache| cache.get(tier, &key, cost, Instant::now()));
+            .and_then(|cache| cache.get(tier.slot, tier.id, &key, cost, Instant::now()));
         let answer = match cached {
             Some(verdict) => Answer::Cached(verdict),
             None if !self.breaker.allow() => Answer::BreakerOpen,
@@ -172,7 +201,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         };
         let ticket = slot.insert(Ticket {
             key,
-            tier,
+            tier: Arc::clone(tier),
             cost,
             sent: None,
             deadline,
@@ -198,8 +227,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     /// The store's answer now, if it answers synchronously
     /// ([`Store::check_now`]).
     #[inline]
-    fn check_now(&self, tier: usize, key: &str, cost: u64) -> Option<Result<Verdict, StoreError>> {
-        let tier = self.tiers.get(tier)?;
+    fn check_now(&self, tier: &Tier, key: &str, cost: u64) -> Option<Result<Verdict, StoreError>> {
         #[cfg(feature = "metrics")]
         let begun = Instant::now();
         let result = self.store.check_now(key, &tier.policies, cost);
@@ -222,8 +250,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     /// [`RateLimitInfo`] or [`Charge`](crate::Charge) in the extensions.
     /// `None` leaves the verdict to [`on_verdict`](Self::on_verdict).
     #[inline]
-    fn forward_at_once(&self, tier: usize, verdict: &Verdict) -> Option<Next<St>> {
-        let tier = self.tiers.get(tier)?;
+    fn forward_at_once(&self, tier: &Tier, verdict: &Verdict) -> Option<Next<St>> {
         if !verdict.is_allowed()
             || !verdict.delay().is_zero()
             || self.mode == Mode::DryRun
@@ -257,14 +284,14 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     /// Checks the store again (after a shaping wait), unless the circuit
     /// breaker is open. A store that answers at once answers here, as
     /// [`Next::Ready`].
-    fn ask_store(&self, ticket: &mut Ticket, headers: &HeaderMap) -> Next<St> {
+    pub(crate) fn ask_store(&self, ticket: &mut Ticket, headers: &HeaderMap) -> Next<St> {
         if !self.breaker.allow() {
             tracing::debug!("store skipped: circuit breaker open");
             return self.on_failure(ticket, headers);
         }
         ticket.fallback = false;
         ticket.sent = None;
-        match self.check_now(ticket.tier, &ticket.key, ticket.cost) {
+        match self.check_now(&ticket.tier, &ticket.key, ticket.cost) {
             Some(result) => Next::Ready(result),
             None => self.check_later(ticket),
         }
@@ -331,7 +358,14 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
                 // that answers at once is as quick as the cache.
                 if let Some((cache, sent)) = self.deny_cache.as_ref().zip(ticket.sent) {
                     if !verdict.is_allowed() {
-                        cache.insert(ticket.tier, &ticket.key, ticket.cost, &verdict, sent);
+                        cache.insert(
+                            ticket.tier.slot,
+                            ticket.tier.id,
+                            &ticket.key,
+                            ticket.cost,
+                            &verdict,
+                            sent,
+                        );
                     }
                 }
                 return self.on_verdict(ticket, parts, verdict);
@@ -433,7 +467,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
 
     /// The store failed, or is skipped (breaker open): apply the failure
     /// policy.
-    fn on_failure(&self, ticket: &mut Ticket, headers: &HeaderMap) -> Next<St> {
+    pub(crate) fn on_failure(&self, ticket: &mut Ticket, headers: &HeaderMap) -> Next<St> {
         match &self.failure {
             FailurePolicy::FailOpen => {
                 self.let_through(self.tier(ticket));
@@ -487,14 +521,16 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
     }
 
     fn info(&self, ticket: &mut Ticket, verdict: Verdict) -> RateLimitInfo {
+        let key = std::mem::take(&mut ticket.key).into_string();
         let tier = self.tier(ticket);
         RateLimitInfo::new(
-            std::mem::take(&mut ticket.key).into_string(),
+            key,
             std::sync::Arc::clone(&tier.name),
             std::sync::Arc::clone(&tier.policies),
             verdict,
             self.mode == Mode::DryRun,
         )
+        .with_source(tier.source, tier.version)
     }
 
     fn limited(&self, ticket: &mut Ticket, headers: &HeaderMap, verdict: Verdict) -> Next<St> {
@@ -521,7 +557,7 @@ impl<St: Store, K: KeyExtractor> Shared<St, K> {
         if verdict.is_allowed() {
             if self.charge.is_some() {
                 if let Some(charge) = extensions.get::<crate::Charge>() {
-                    charge.admit(&ticket.key, ticket.tier, ticket.fallback);
+                    charge.admit(&ticket.key, &ticket.tier, ticket.fallback);
                 }
             }
             observe::allowed(tier);

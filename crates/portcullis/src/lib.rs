@@ -54,6 +54,7 @@
 //! | `axum` | peer addresses from Axum's `ConnectInfo`, `MatchedRoute` |
 //! | `tonic` | peer addresses from Tonic; limited calls answered as `tonic::Status` (`RESOURCE_EXHAUSTED`) with `RetryInfo` and `QuotaFailure` details |
 //! | `metrics` | counters and a latency histogram per policy through the `metrics` crate |
+//! | `config` | `LimitsFile`: policies, tiers and per-subject overrides from a TOML file, with reload (the live [`Limits`] handle needs no feature) |
 //! | `redis` | `redis`: `RedisStore` on standalone Redis, Cluster or Sentinel, ACL users, your own bb8 pool |
 //! | `tls` | `rediss://` through rustls, trusting the system's roots; `tls-webpki-roots` trusts the compiled-in Mozilla roots, `tls-insecure` accepts `#insecure` URLs (tests only) |
 //!

@@ -28,9 +28,13 @@ use portcullis_tower::{HeaderMode, RateLimitLayer};
 use tower::ServiceExt;
 
 const CHILD: &str = "PORTCULLIS_CALLGRIND_CHILD";
-const CONFIGS: [&str; 8] = [
+const CONFIGS: [&str; 10] = [
     "bare",
     "portcullis",
+    // The same policy from a live `Limits` handle, and through a cached
+    // `PlanResolver` (every request's plan is in its cache).
+    "portcullis-limits",
+    "portcullis-resolver",
     "portcullis-limited-only",
     "portcullis-keep-body",
     "portcullis-keep-body-limited-only",
@@ -58,8 +62,39 @@ fn router(config: &str) -> Router {
             .build()
             .expect("valid layer")
     }
+    let limits = || {
+        portcullis_core::Limits::new(
+            portcullis_core::LimitSet::builder()
+                .policy(policy())
+                .tier("bench", [policy()])
+                .build()
+                .expect("valid limits"),
+        )
+    };
     match config {
         "portcullis" => app.layer(portcullis(MemoryStore::new(), policy(), HeaderMode::All)),
+        "portcullis-limits" => app.layer(
+            RateLimitLayer::builder(MemoryStore::new())
+                .limits(limits())
+                .build()
+                .expect("valid layer"),
+        ),
+        "portcullis-resolver" => {
+            let plans = portcullis_tower::PlanResolver::builder(|_key: String| async {
+                Ok::<_, std::convert::Infallible>(Some(portcullis_tower::Plan::Tier(
+                    "bench".into(),
+                )))
+            })
+            .ttl(std::time::Duration::from_secs(3_600))
+            .build();
+            app.layer(
+                RateLimitLayer::builder(MemoryStore::new())
+                    .limits(limits())
+                    .resolve_plan(plans)
+                    .build()
+                    .expect("valid layer"),
+            )
+        }
         "portcullis-boxed" => app.layer(portcullis(
             BoxStore::new(MemoryStore::new()),
             policy(),

@@ -1,0 +1,752 @@
+//! Limits from a TOML file (feature `config`), with reload.
+
+use std::collections::BTreeMap;
+use std::error::Error;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use toml::Spanned;
+
+use crate::{Algorithm, LeakyMode, LimitSet, Limits, Policy};
+
+type BoxError = Box<dyn Error + Send + Sync + 'static>;
+
+/// The algorithms a file may name, as [`Algorithm::as_str`] writes them.
+const ALGORITHMS: &str =
+    "gcra, token_bucket, leaky_meter, leaky_queue, fixed_window, sliding_window, sliding_log";
+
+/// Limits read from a TOML file: the default policies, named tiers and
+/// per-subject overrides, held by a live [`Limits`] handle that
+/// [`reload`](LimitsFile::reload) (or a [`watch`](LimitsFile::watch)er)
+/// updates when the file changes. An invalid new file is refused and the
+/// limits in force stay. Each reload is logged (`tracing`, target
+/// `portcullis::limits`) and, with feature `metrics`, counted in
+/// `portcullis_limits_reloads_total` (label `outcome`: `applied`,
+/// `unchanged`, `refused`), with the gauges `portcullis_limits_version`
+/// (the handle's version) and `portcullis_limits_config_hash` (the first 32
+/// bits of the file's SHA-256, [`hash`](LimitsFile::hash)).
+///
+/// The format: policies by name, then which of them the defaults, each
+/// tier and each override get. A policy has a `limit`, a `period` (a whole
+/// number and a unit: `us`, `ms`, `s`, `m`, `h` or `d`), and optionally an
+/// `algorithm` (`gcra`, the default, `token_bucket`, `leaky_meter`,
+/// `leaky_queue`, `fixed_window`, `sliding_window`, `sliding_log`) and a
+/// `burst`. An override gives a subject (a key as the layer's extractor
+/// produces it) a `tier` or `policies` of its own.
+///
+/// ```
+/// use portcullis::{LimitsFile, PolicySource};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let path = std::env::temp_dir().join(format!("portcullis-doc-{}.toml", std::process::id()));
+/// std::fs::write(&path, r#"
+/// default = ["free-minute", "free-day"]
+///
+/// [policies]
+/// free-minute = { limit = 100, period = "1m" }
+/// free-day = { limit = 5000, period = "1d", algorithm = "fixed_window" }
+/// pro-minute = { limit = 1000, period = "1m", burst = 200 }
+/// acme-minute = { limit = 20000, period = "1m" }
+///
+/// [tiers]
+/// pro = ["pro-minute"]
+///
+/// [overrides]
+/// "customer:globex" = { tier = "pro" }
+/// "customer:acme" = { policies = ["acme-minute"] }
+/// "#)?;
+///
+/// let file = LimitsFile::open(&path)?;
+/// let limits = file.limits(); // give this to every layer
+/// let set = limits.load();
+/// assert_eq!(set.select("customer:acme", None).policies()[0].limit(), 20_000);
+/// assert_eq!(set.select("customer:globex", None).source(), PolicySource::Override);
+///
+/// // A broken edit is refused with the line and the field; the limits stay.
+/// std::fs::write(&path, "default = [\"free-minute\"]\n[policies]\nfree-minute = { limit = 100, period = \"1 minute\" }\n")?;
+/// let err = file.reload().unwrap_err();
+/// assert!(err.to_string().contains(":3:"), "{err}");
+/// assert!(err.to_string().contains("policies.free-minute.period"), "{err}");
+/// assert_eq!(limits.version(), 1);
+/// # std::fs::remove_file(&path)?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LimitsFile {
+    inner: Arc<FileInner>,
+}
+
+struct FileInner {
+    path: PathBuf,
+    limits: Limits,
+    /// The hash of the file whose limits are in force; also serialises
+    /// reloads.
+    hash: Mutex<String>,
+}
+
+impl fmt::Debug for LimitsFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimitsFile")
+            .field("path", &self.inner.path)
+            .field("hash", &self.hash())
+            .field("version", &self.inner.limits.version())
+            .finish()
+    }
+}
+
+/// What a [`LimitsFile::reload`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reload {
+    /// The file has not changed since its limits were loaded.
+    Unchanged {
+        /// Its hash ([`LimitsFile::hash`]).
+        hash: String,
+    },
+    /// The file changed and its limits are now in force.
+    Applied {
+        /// The [`Limits`] version they have.
+        version: u64,
+        /// The new file's hash.
+        hash: String,
+    },
+}
+
+impl LimitsFile {
+    /// Reads and validates the file, and makes a [`Limits`] handle holding
+    /// its limits.
+    ///
+    /// # Errors
+    ///
+    /// A [`LimitsFileError`] naming the file, and for a bad file the line
+    /// and the field and what is allowed there.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, LimitsFileError> {
+        let path = path.as_ref().to_path_buf();
+        let (set, hash) = read(&path)?;
+        let limits = Limits::new(set);
+        observe_applied(&limits, &hash);
+        Ok(Self {
+            inner: Arc::new(FileInner {
+                path,
+                limits,
+                hash: Mutex::new(hash),
+            }),
+        })
+    }
+
+    /// Parses limits from TOML text; `name` (a file name) only appears in
+    /// errors.
+    ///
+    /// ```
+    /// use portcullis::LimitsFile;
+    ///
+    /// let err = LimitsFile::parse("limits.toml", "default = [\"x\"]\n[policies.x]\nlimt = 5\n").unwrap_err();
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "limits.toml:3:1: policies.x.limt: unknown field `limt`, expected one of `limit`, `period`, `algorithm`, `burst`"
+    /// );
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`LimitsFile::open`].
+    pub fn parse(name: impl AsRef<Path>, text: &str) -> Result<LimitSet, LimitsFileError> {
+        parse(name.as_ref(), text)
+    }
+
+    /// The live handle: give clones of it to every layer.
+    #[must_use]
+    pub fn limits(&self) -> Limits {
+        self.inner.limits.clone()
+    }
+
+    /// The file's path.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The SHA-256 of the file whose limits are in force, as 16 hex digits
+    /// (its first 64 bits): what to compare between instances.
+    #[must_use]
+    pub fn hash(&self) -> String {
+        self.lock_hash().clone()
+    }
+
+    fn lock_hash(&self) -> std::sync::MutexGuard<'_, String> {
+        self.inner
+            .hash
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Reads the file again; if it changed and is valid, swaps its limits
+    /// in. The outcome is logged and counted (see the type's docs).
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be read or is invalid: the limits in force stay.
+    pub fn reload(&self) -> Result<Reload, LimitsFileError> {
+        let mut current = self.lock_hash();
+        let outcome = (|| {
+            let text = read_text(&self.inner.path)?;
+            let hash = hash_of(&text);
+            if hash == *current {
+                return Ok(Reload::Unchanged { hash });
+            }
+            let set = parse(&self.inner.path, &text)?;
+            let version = self.inner.limits.replace(set);
+            current.clone_from(&hash);
+            Ok(Reload::Applied { version, hash })
+        })();
+        match &outcome {
+            Ok(Reload::Applied { version, hash }) => {
+                tracing::info!(target: "portcullis::limits", path = %self.inner.path.display(), version, hash, "limits reloaded");
+                count_reload("applied");
+                observe_applied(&self.inner.limits, hash);
+            }
+            Ok(Reload::Unchanged { .. }) => count_reload("unchanged"),
+            Err(error) => {
+                tracing::error!(target: "portcullis::limits", %error, hash = %*current, "limits file refused; the limits in force stay");
+                count_reload("refused");
+            }
+        }
+        outcome
+    }
+
+    /// Re-reads the file every `interval` on a thread of its own (a read
+    /// and a hash of a small file: cheap), applying it when it changed,
+    /// until the returned [`Watcher`] is dropped. With an interval of one
+    /// second, every instance enforces a change within about a second.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let path = std::env::temp_dir().join(format!("portcullis-watch-doc-{}.toml", std::process::id()));
+    /// # std::fs::write(&path, "default = [\"api\"]\n[policies]\napi = { limit = 10, period = \"1s\" }\n")?;
+    /// use std::time::Duration;
+    /// use portcullis::LimitsFile;
+    ///
+    /// let file = LimitsFile::open(&path)?;
+    /// let watcher = file.watch(Duration::from_secs(1));
+    /// // ... serve; the limits follow the file ...
+    /// drop(watcher); // stops watching
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    #[must_use = "the watcher stops when dropped"]
+    pub fn watch(&self, interval: Duration) -> Watcher {
+        let (stop, stopped) = mpsc::channel::<()>();
+        let file = self.clone();
+        let thread = std::thread::Builder::new()
+            .name("portcullis-limits-watch".into())
+            .spawn(move || {
+                // Until the sender is dropped (or sends).
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
+                    // Logged and counted by `reload`.
+                    let _ = file.reload();
+                }
+            });
+        if let Err(error) = &thread {
+            tracing::error!(target: "portcullis::limits", %error, "cannot start the limits file watcher; call reload() instead");
+        }
+        Watcher {
+            stop: Some(stop),
+            thread: thread.ok(),
+        }
+    }
+}
+
+/// Watches a [`LimitsFile`] ([`LimitsFile::watch`]); stops when dropped.
+#[derive(Debug)]
+pub struct Watcher {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn count_reload(outcome: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("portcullis_limits_reloads_total", "outcome" => outcome).increment(1);
+    let _ = outcome;
+}
+
+fn observe_applied(limits: &Limits, hash: &str) {
+    #[cfg(feature = "metrics")]
+    {
+        #[allow(clippy::cast_precision_loss)]
+        metrics::gauge!("portcullis_limits_version").set(limits.version() as f64);
+        let prefix = u32::from_str_radix(hash.get(..8).unwrap_or("0"), 16).unwrap_or(0);
+        metrics::gauge!("portcullis_limits_config_hash").set(f64::from(prefix));
+    }
+    let _ = (limits, hash);
+}
+
+fn read_text(path: &Path) -> Result<String, LimitsFileError> {
+    std::fs::read_to_string(path).map_err(|source| LimitsFileError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn read(path: &Path) -> Result<(LimitSet, String), LimitsFileError> {
+    let text = read_text(path)?;
+    let set = parse(path, &text)?;
+    Ok((set, hash_of(&text)))
+}
+
+fn hash_of(text: &str) -> String {
+    let digest = Sha256::digest(text.as_bytes());
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSpec {
+    default: Spanned<Vec<Spanned<String>>>,
+    #[serde(default)]
+    policies: BTreeMap<String, Spanned<PolicySpec>>,
+    #[serde(default)]
+    tiers: BTreeMap<String, Spanned<Vec<Spanned<String>>>>,
+    #[serde(default)]
+    overrides: BTreeMap<String, Spanned<OverrideSpec>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicySpec {
+    limit: Spanned<u64>,
+    period: Spanned<String>,
+    algorithm: Option<Spanned<String>>,
+    burst: Option<Spanned<u64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OverrideSpec {
+    tier: Option<Spanned<String>>,
+    policies: Option<Spanned<Vec<Spanned<String>>>>,
+}
+
+/// Builds errors that point into `text`.
+struct Locator<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl Locator<'_> {
+    fn error(
+        &self,
+        at: Option<usize>,
+        field: impl Into<String>,
+        message: impl Into<String>,
+        source: Option<BoxError>,
+    ) -> LimitsFileError {
+        let (line, column) = at.map_or((0, 0), |offset| line_column(self.text, offset));
+        LimitsFileError::Invalid {
+            path: self.path.to_path_buf(),
+            line,
+            column,
+            field: field.into(),
+            message: message.into(),
+            source,
+        }
+    }
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+fn parse(path: &Path, text: &str) -> Result<LimitSet, LimitsFileError> {
+    let at = Locator { path, text };
+    let deserializer = toml::Deserializer::parse(text)
+        .map_err(|e| at.error(e.span().map(|s| s.start), "(syntax)", e.message(), None))?;
+    let spec: FileSpec = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        let field = field_path(e.path());
+        let inner = e.into_inner();
+        at.error(inner.span().map(|s| s.start), field, inner.message(), None)
+    })?;
+
+    let mut policies = BTreeMap::new();
+    for (name, spec) in &spec.policies {
+        let field = format!("policies.{name}");
+        let policy = build_policy(&at, &field, name, spec)?;
+        policies.insert(name.as_str(), policy);
+    }
+    let pick = |field: &str,
+                names: &Spanned<Vec<Spanned<String>>>|
+     -> Result<Vec<Policy>, LimitsFileError> {
+        names
+            .get_ref()
+            .iter()
+            .map(|name| {
+                policies.get(name.get_ref().as_str()).cloned().ok_or_else(|| {
+                    let defined: Vec<&str> = policies.keys().copied().collect();
+                    at.error(
+                        Some(name.span().start),
+                        field,
+                        format!(
+                            "no policy is named {:?}: define it under [policies], or use one of: {}",
+                            name.get_ref(),
+                            if defined.is_empty() { "(none defined)".to_owned() } else { defined.join(", ") }
+                        ),
+                        None,
+                    )
+                })
+            })
+            .collect()
+    };
+
+    let mut builder = LimitSet::builder().policies(pick("default", &spec.default)?);
+    for (name, names) in &spec.tiers {
+        builder = builder.tier(name.clone(), pick(&format!("tiers.{name}"), names)?);
+    }
+    for (subject, value) in &spec.overrides {
+        let field = format!("overrides.{subject}");
+        builder = match (&value.get_ref().tier, &value.get_ref().policies) {
+            (Some(tier), None) => {
+                if !spec.tiers.contains_key(tier.get_ref()) {
+                    let defined: Vec<&str> = spec.tiers.keys().map(String::as_str).collect();
+                    return Err(at.error(
+                        Some(tier.span().start),
+                        format!("{field}.tier"),
+                        format!(
+                            "no tier is named {:?}: define it under [tiers], or use one of: {}",
+                            tier.get_ref(),
+                            if defined.is_empty() { "(none defined)".to_owned() } else { defined.join(", ") }
+                        ),
+                        None,
+                    ));
+                }
+                builder.override_tier(subject.clone(), tier.get_ref().clone())
+            }
+            (None, Some(names)) => builder.override_policies(
+                subject.clone(),
+                pick(&format!("{field}.policies"), names)?,
+            ),
+            _ => {
+                return Err(at.error(
+                    Some(value.span().start),
+                    field,
+                    "give either `tier = \"<tier>\"` or `policies = [\"<policy>\", ...]`, not both or neither",
+                    None,
+                ))
+            }
+        };
+    }
+    builder.build().map_err(|error| {
+        // Locate the set the error names.
+        let span = match &error {
+            crate::LimitsError::InvalidPolicies { of, .. }
+            | crate::LimitsError::NoPolicies { of } => locate_owner(&spec, of),
+            crate::LimitsError::InvalidTierName { tier }
+            | crate::LimitsError::DuplicateTier { tier } => {
+                spec.tiers.get(tier).map(|t| t.span().start)
+            }
+            _ => None,
+        };
+        let message = error.to_string();
+        at.error(span, "(limits)", message, Some(Box::new(error)))
+    })
+}
+
+/// The dotted path of a field, without the segments of `Spanned`'s own
+/// representation.
+fn field_path(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for segment in path.iter() {
+        let part = match segment {
+            Segment::Map { key } if key.starts_with("$__serde_spanned") => continue,
+            Segment::Map { key } | Segment::Enum { variant: key } => key.clone(),
+            Segment::Seq { index } => index.to_string(),
+            Segment::Unknown => "?".to_owned(),
+        };
+        if !out.is_empty() {
+            out.push('.');
+        }
+        out.push_str(&part);
+    }
+    if out.is_empty() {
+        out.push_str("(top level)");
+    }
+    out
+}
+
+fn locate_owner(spec: &FileSpec, of: &str) -> Option<usize> {
+    if of.starts_with("the default") {
+        return Some(spec.default.span().start);
+    }
+    let quoted = of.split('"').nth(1)?;
+    if of.starts_with("tier") {
+        spec.tiers.get(quoted).map(|t| t.span().start)
+    } else {
+        spec.overrides.get(quoted).map(|o| o.span().start)
+    }
+}
+
+fn build_policy(
+    at: &Locator<'_>,
+    field: &str,
+    name: &str,
+    spec: &Spanned<PolicySpec>,
+) -> Result<Policy, LimitsFileError> {
+    let PolicySpec {
+        limit,
+        period,
+        algorithm,
+        burst,
+    } = spec.get_ref();
+    let duration = parse_duration(period.get_ref()).ok_or_else(|| {
+        at.error(
+            Some(period.span().start),
+            format!("{field}.period"),
+            format!(
+                "{:?} is not a period: write a whole number and a unit (us, ms, s, m, h, d), for example \"500ms\", \"1s\", \"1m\", \"1h\" or \"1d\"",
+                period.get_ref()
+            ),
+            None,
+        )
+    })?;
+    let mut builder = Policy::per(*limit.get_ref(), duration).name(name);
+    if let Some(algorithm) = algorithm {
+        let parsed = parse_algorithm(algorithm.get_ref()).ok_or_else(|| {
+            at.error(
+                Some(algorithm.span().start),
+                format!("{field}.algorithm"),
+                format!(
+                    "unknown algorithm {:?}: use one of {ALGORITHMS}",
+                    algorithm.get_ref()
+                ),
+                None,
+            )
+        })?;
+        builder = builder.algorithm(parsed);
+    }
+    if let Some(burst) = burst {
+        builder = builder.burst(*burst.get_ref());
+    }
+    builder.build().map_err(|error| {
+        // Point at the field the policy error is about, where it has one.
+        let (sub, span) = match &error {
+            crate::PolicyError::ZeroLimit | crate::PolicyError::SlidingLogLimit { .. } => {
+                ("limit", limit.span())
+            }
+            crate::PolicyError::TooLarge { field: "burst", .. }
+            | crate::PolicyError::ZeroBurst
+            | crate::PolicyError::BurstNotSupported { .. } => (
+                "burst",
+                burst.as_ref().map_or_else(|| spec.span(), Spanned::span),
+            ),
+            crate::PolicyError::TooLarge { field: "limit", .. } => ("limit", limit.span()),
+            crate::PolicyError::InvalidName { .. } => ("", spec.span()),
+            _ => ("period", period.span()),
+        };
+        let field = if sub.is_empty() {
+            field.to_owned()
+        } else {
+            format!("{field}.{sub}")
+        };
+        at.error(
+            Some(span.start),
+            field,
+            "not a valid policy: change the value as the cause says",
+            Some(Box::new(error)),
+        )
+    })
+}
+
+fn parse_algorithm(name: &str) -> Option<Algorithm> {
+    Algorithm::ALL
+        .into_iter()
+        .find(|a| a.as_str() == name)
+        .or(match name {
+            "leaky_bucket" => Some(Algorithm::LeakyBucket(LeakyMode::Meter)),
+            _ => None,
+        })
+}
+
+/// `<whole number><unit>`, unit one of `us`, `ms`, `s`, `m`, `h`, `d`.
+fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let digits = text.find(|c: char| !c.is_ascii_digit())?;
+    let (number, unit) = text.split_at(digits);
+    let number: u64 = number.parse().ok()?;
+    let micros_per = match unit.trim() {
+        "us" | "µs" => 1,
+        "ms" => 1_000,
+        "s" => 1_000_000,
+        "m" | "min" => 60_000_000,
+        "h" => 3_600_000_000,
+        "d" => 86_400_000_000,
+        _ => return None,
+    };
+    number.checked_mul(micros_per).map(Duration::from_micros)
+}
+
+/// Why a limits file was refused. The limits in force stay as they were.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LimitsFileError {
+    /// The file could not be read.
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid limits: bad TOML, an unknown or missing field,
+    /// a bad value, a policy that does not validate, or a name that refers
+    /// to nothing.
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line (0 when unknown).
+        line: usize,
+        /// 1-based column (0 when unknown).
+        column: usize,
+        /// The field, as a dotted path (`policies.free-minute.period`).
+        field: String,
+        /// What is wrong and what is allowed.
+        message: String,
+        /// The underlying error, for a policy or a set that does not
+        /// validate.
+        source: Option<BoxError>,
+    },
+}
+
+impl fmt::Display for LimitsFileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Read { path, .. } => write!(
+                f,
+                "cannot read the limits file {}: check the path and its permissions",
+                path.display()
+            ),
+            Self::Invalid {
+                path,
+                line,
+                column,
+                field,
+                message,
+                ..
+            } => write!(f, "{}:{line}:{column}: {field}: {message}", path.display()),
+        }
+    }
+}
+
+impl Error for LimitsFileError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match self {
+            Self::Read { source, .. } => Some(source),
+            Self::Invalid { source, .. } => source.as_deref().map(|e| e as &(dyn Error + 'static)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+default = ["free"]
+
+[policies]
+free = { limit = 10, period = "1m" }
+pro = { limit = 100, period = "1m", burst = 20 }
+day = { limit = 1000, period = "1d", algorithm = "fixed_window" }
+own = { limit = 5, period = "500ms" }
+
+[tiers]
+pro = ["pro", "day"]
+
+[overrides]
+acme = { tier = "pro" }
+globex = { policies = ["own"] }
+"#;
+
+    fn err(text: &str) -> String {
+        parse(Path::new("limits.toml"), text)
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn a_good_file_parses() {
+        let set = parse(Path::new("limits.toml"), GOOD).unwrap();
+        assert_eq!(set.defaults()[0].name(), "free");
+        let pro = set.tier("pro").unwrap();
+        assert_eq!(pro[0].capacity(), 20);
+        assert_eq!(pro[1].algorithm(), Algorithm::FixedWindow);
+        assert_eq!(set.select("acme", None).name(), "pro");
+        let own = set.select("globex", None);
+        assert_eq!(own.policies()[0].period(), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn errors_name_the_file_line_and_field() {
+        assert_eq!(
+            err("default = [\"a\"]\n[policies]\na = { limit = 10, period = \"1 minute\" }\n"),
+            "limits.toml:3:28: policies.a.period: \"1 minute\" is not a period: write a whole number and a unit (us, ms, s, m, h, d), for example \"500ms\", \"1s\", \"1m\", \"1h\" or \"1d\""
+        );
+        assert_eq!(
+            err("default = [\"a\"]\n[policies]\na = { limit = \"ten\", period = \"1m\" }\n"),
+            "limits.toml:3:15: policies.a.limit: invalid type: string \"ten\", expected u64"
+        );
+        let e = err("default = [\"a\"]\n[policies]\na = { limit = 10, period = \"1m\", algorithm = \"gcrA\" }\n");
+        assert!(e.starts_with("limits.toml:3:46: policies.a.algorithm: unknown algorithm \"gcrA\": use one of gcra, token_bucket"), "{e}");
+        let e = err("default = [\"b\"]\n[policies]\na = { limit = 10, period = \"1m\" }\n");
+        assert_eq!(e, "limits.toml:1:12: default: no policy is named \"b\": define it under [policies], or use one of: a");
+        let e = err("default = [\"a\"]\n[policies]\na = { limit = 0, period = \"1m\" }\n");
+        assert!(
+            e.starts_with("limits.toml:3:15: policies.a.limit: not a valid policy"),
+            "{e}"
+        );
+        let e = err("default = [\"a\"]\n[policies]\na = { limit = 1, period = \"1m\" }\n[overrides]\nx = { tier = \"gold\" }\n");
+        assert!(
+            e.starts_with("limits.toml:5:14: overrides.x.tier: no tier is named \"gold\""),
+            "{e}"
+        );
+        let e = err("default = [\"a\", \"a\"]\n[policies]\na = { limit = 1, period = \"1m\" }\n");
+        assert!(
+            e.starts_with(
+                "limits.toml:1:11: (limits): the default policies has two policies named \"a\""
+            ),
+            "{e}"
+        );
+        let e = err("default = [\"a\"\n");
+        assert!(e.starts_with("limits.toml:1:"), "{e}");
+        let e = err("[policies]\na = { limit = 1, period = \"1m\" }\n");
+        assert!(e.contains("missing field `default`"), "{e}");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(
+            parse_duration("30d"),
+            Some(Duration::from_secs(30 * 86_400))
+        );
+        assert_eq!(parse_duration("1.5s"), None);
+        assert_eq!(parse_duration("s"), None);
+        assert_eq!(parse_duration("10"), None);
+    }
+}
