@@ -20,7 +20,7 @@ const PUBLISHED: [&str; 4] = [
 /// feature added to a manifest is added here (`features_are_listed` holds
 /// the two equal).
 const FEATURES: [(&str, &[&str]); 4] = [
-    ("portcullis-core", &[]),
+    ("portcullis-core", &["config", "metrics"]),
     (
         "portcullis-redis",
         &["tls", "tls-webpki-roots", "tls-insecure"],
@@ -29,6 +29,7 @@ const FEATURES: [(&str, &[&str]); 4] = [
     (
         "portcullis",
         &[
+            "config",
             "redis",
             "tls",
             "tls-webpki-roots",
