@@ -94,6 +94,33 @@ async fn until_functions(store: &RedisStore, subject: &str) -> u64 {
     panic!("the store did not return to Redis Functions after memory was freed");
 }
 
+/// The app of the examples over `store`: one route, limited per `x-user`
+/// by [`policy`], every other setting at its default.
+fn app(store: RedisStore) -> Router {
+    let layer = RateLimitLayer::builder(store)
+        .policy(policy())
+        .key(Header::new(http::HeaderName::from_static("x-user")))
+        .build()
+        .unwrap();
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+/// One request as `user`: its status, and whether it carries `RateLimit`
+/// (it was decided).
+async fn ask(app: &Router, user: &str) -> (StatusCode, bool) {
+    let request = Request::get("/")
+        .header("x-user", user)
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    (
+        response.status(),
+        response.headers().contains_key("ratelimit"),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_store_builds_on_a_full_redis_and_loads_the_library_once_there_is_room() {
     let server = OwnedRedis::start(&["--maxmemory-policy", "noeviction"]);
@@ -165,42 +192,21 @@ async fn the_layer_with_default_settings_starts_on_a_full_redis() {
         .build()
         .await
         .unwrap_or_else(|e| panic!("build() on a full Redis: {e}"));
-    let layer = RateLimitLayer::builder(store)
-        .policy(policy())
-        .key(Header::new(http::HeaderName::from_static("x-user")))
-        .build()
-        .unwrap();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
-    let ask = |user: &'static str| {
-        let app = app.clone();
-        async move {
-            let request = Request::get("/")
-                .header("x-user", user)
-                .body(axum::body::Body::empty())
-                .unwrap();
-            let response = app.oneshot(request).await.unwrap();
-            (
-                response.status(),
-                response.headers().contains_key("ratelimit"),
-            )
-        }
-    };
+    let app = app(store);
     // The held user has exactly four permits left, each decided. (Redis 6.2
     // has no allow-oom scripts: while full it refuses every subject.)
     for _ in 0..if functions { 4 } else { 0 } {
-        assert_eq!(ask("held-user").await, (StatusCode::OK, true));
+        assert_eq!(ask(&app, "held-user").await, (StatusCode::OK, true));
     }
     assert_eq!(
-        ask("held-user").await.0,
+        ask(&app, "held-user").await.0,
         StatusCode::TOO_MANY_REQUESTS,
         "the request after the held user's last permit"
     );
     // New users cannot be stored: denied, never passed undecided, however
     // many (a breaker opened by them would pass them through fail-open).
     for _ in 0..20 {
-        assert_eq!(ask("new-user").await.0, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(ask(&app, "new-user").await.0, StatusCode::TOO_MANY_REQUESTS);
     }
 }
 
@@ -239,8 +245,13 @@ async fn a_cluster_node_full_before_it_ever_loaded_the_library() {
     let store = build()
         .await
         .unwrap_or_else(|e| panic!("build() on a Cluster with a full node: {e}"));
+    // Through the layer with its default settings: the held user is
+    // decided (one permit spent), the new one denied, never passed.
+    let app = app(store.clone());
+    assert_eq!(ask(&app, &held[0]).await, (StatusCode::OK, true));
+    assert_eq!(ask(&app, &held[1]).await.0, StatusCode::TOO_MANY_REQUESTS);
     // The full node: held exact, new refused as out of memory.
-    assert_eq!(remaining(&store, &held[0]).await, 3);
+    assert_eq!(remaining(&store, &held[0]).await, 2);
     let fresh = store.check(&held[1], &[policy()], 1).await;
     assert!(
         matches!(&fresh, Err(StoreError::OutOfMemory { .. })),
