@@ -15,11 +15,11 @@ use portcullis_core::{BoxCheckFuture, Store, StoreError, Verdict};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use crate::charge::PostCharge;
+use super::charge::PostCharge;
+use super::layer::Shared;
+use super::limiter::{Next, Then, Ticket};
 use crate::headers::RateLimitHeaders;
 use crate::key::KeyExtractor;
-use crate::layer::Shared;
-use crate::limiter::{Next, Then, Ticket};
 use crate::RateLimitBody;
 
 pin_project! {
@@ -76,7 +76,7 @@ pin_project! {
         Charging,
         // Waiting for the subject's plan (resolve.rs).
         Resolve {
-            lookup: crate::resolve::Lookup,
+            lookup: super::resolve::Lookup,
         },
     }
 }

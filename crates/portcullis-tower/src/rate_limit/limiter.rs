@@ -10,11 +10,11 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use portcullis_core::{BoxCheckFuture, Decision, ErrorScope, Store, StoreError, Verdict};
 use tokio::time::Instant;
 
+use super::layer::{Shared, Tier};
+use super::resolve::{Lookup, Picked};
 use crate::config::{FailurePolicy, HeaderMode, MissingKey, Mode};
 use crate::headers::RateLimitHeaders;
 use crate::key::{KeyBuf, KeyExtractor};
-use crate::layer::{Shared, Tier};
-use crate::resolve::{Lookup, Picked};
 use crate::response::{self, grpc_content_type};
 use crate::{observe, RateLimitInfo};
 

@@ -13,13 +13,13 @@ use portcullis_core::{
 };
 use tower_layer::Layer;
 
+use super::charge::ChargeFn;
+use super::deny_cache::DenyCache;
+use super::resolve::{Live, PlanResolver};
 use crate::breaker::{Breaker, UndecidedLog};
-use crate::charge::ChargeFn;
 use crate::config::{ConfigError, FailurePolicy, HeaderMode, MissingKey, Mode};
-use crate::deny_cache::DenyCache;
 use crate::headers::{policy_value, ratelimit_prefixes};
 use crate::key::{KeyExtractor, PeerIp};
-use crate::resolve::{Live, PlanResolver};
 use crate::response::LimitedBody;
 use crate::{KeepBodyLayer, RateLimit, RateLimitInfo};
 

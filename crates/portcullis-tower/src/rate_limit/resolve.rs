@@ -20,9 +20,9 @@ use portcullis_core::{LimitSet, Limits, Policy, PolicySource, Store};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::layer::{Shared, Tier};
+use super::limiter::{Next, Ticket};
 use crate::key::KeyExtractor;
-use crate::layer::{Shared, Tier};
-use crate::limiter::{Next, Ticket};
 
 type BoxError = Box<dyn Error + Send + Sync + 'static>;
 type LookupFn = dyn Fn(String) -> Pin<Box<dyn Future<Output = Result<Option<Plan>, BoxError>> + Send>>

@@ -12,10 +12,10 @@ use std::task::{Context, Poll};
 use http::Response;
 use portcullis_core::{ErrorScope, Store, StoreError, Verdict};
 
+use super::layer::{Shared, Tier};
 use crate::config::FailurePolicy;
 use crate::headers::RateLimitHeaders;
 use crate::key::KeyExtractor;
-use crate::layer::{Shared, Tier};
 
 /// What decides a request's cost from its response head.
 pub(crate) type ChargeFn = Box<dyn Fn(&http::response::Parts) -> u64 + Send + Sync>;

@@ -9,11 +9,11 @@ use http_body::Body;
 use portcullis_core::Store;
 use tower_service::Service;
 
-use crate::charge::{Charge, PostCharge};
-use crate::future::ResponseFuture;
+use super::charge::{Charge, PostCharge};
+use super::future::ResponseFuture;
+use super::layer::Shared;
+use super::limiter::Next;
 use crate::key::KeyExtractor;
-use crate::layer::Shared;
-use crate::limiter::Next;
 use crate::RateLimitBody;
 
 /// Middleware that rate-limits requests; built by
