@@ -1,4 +1,6 @@
-//! `RateLimitLayer`, its builder, and the configuration its services share.
+//! `RateLimitLayer`, its builder, and the [`Tier`]s (named sets of
+//! policies) it builds. The state its services share is the
+//! [`Limiter`](super::limiter::Limiter) in `limiter.rs`.
 
 use std::fmt;
 use std::sync::atomic::AtomicBool;
@@ -15,6 +17,7 @@ use tower_layer::Layer;
 
 use super::charge::ChargeFn;
 use super::deny_cache::DenyCache;
+use super::limiter::{CostFn, Limiter, TierFn};
 use super::resolve::{Live, PlanResolver};
 use crate::breaker::{Breaker, UndecidedLog};
 use crate::config::{ConfigError, FailurePolicy, HeaderMode, MissingKey, Mode};
@@ -35,9 +38,6 @@ pub const DEFAULT_BREAKER_THRESHOLD: u32 = 5;
 pub const DEFAULT_BREAKER_PAUSE: Duration = Duration::from_secs(1);
 /// Default capacity of the local deny cache (subjects).
 pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 65_536;
-
-type TierFn = Box<dyn for<'a> Fn(&'a Parts, &'a str) -> Option<&'a str> + Send + Sync>;
-type CostFn = Box<dyn Fn(&Parts) -> u64 + Send + Sync>;
 
 /// A named set of policies checked together.
 #[derive(Debug)]
@@ -128,77 +128,6 @@ impl Tier {
 
 const DEFAULT_TIER: &str = "default";
 
-/// Everything the services of one layer share.
-pub(crate) struct Shared<St, K> {
-    pub(crate) store: Arc<St>,
-    pub(crate) key: K,
-    /// Tier 0 holds the default policies (with live limits: those when
-    /// the layer was built).
-    pub(crate) tiers: Box<[Arc<Tier>]>,
-    /// Policies from data (`limits`, `resolve_plan`), when configured.
-    pub(crate) live: Option<Live>,
-    pub(crate) select_tier: Option<TierFn>,
-    pub(crate) cost: Option<CostFn>,
-    pub(crate) mode: Mode,
-    pub(crate) failure: FailurePolicy,
-    pub(crate) timeout: Duration,
-    pub(crate) breaker: Breaker,
-    pub(crate) deny_cache: Option<DenyCache>,
-    pub(crate) missing_key: MissingKey,
-    pub(crate) header_mode: HeaderMode,
-    pub(crate) legacy_headers: bool,
-    pub(crate) info_in_extensions: bool,
-    pub(crate) body: LimitedBody,
-    /// Whether the missing-key warning was logged.
-    pub(crate) warned_missing_key: AtomicBool,
-    /// Requests let through undecided, logged at most once per second.
-    pub(crate) undecided: UndecidedLog,
-    /// Store errors, logged at most once per second.
-    pub(crate) errors: UndecidedLog,
-    /// The status of a new subject the store has no room for.
-    pub(crate) no_room_status: StatusCode,
-    /// Charging after the response: the cost of a response head.
-    pub(crate) charge: Option<ChargeFn>,
-}
-
-impl<St, K> fmt::Debug for Shared<St, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimitLayer")
-            .field("store", &std::any::type_name::<St>())
-            .field("key", &std::any::type_name::<K>())
-            .field("tiers", &self.tiers)
-            .field("mode", &self.mode)
-            .field("failure", &self.failure)
-            .field("timeout", &self.timeout)
-            .field("breaker", &self.breaker)
-            .field("deny_cache", &self.deny_cache.is_some())
-            .field("missing_key", &self.missing_key)
-            .field("header_mode", &self.header_mode)
-            .field("legacy_headers", &self.legacy_headers)
-            .field("info_in_extensions", &self.info_in_extensions)
-            .field("body", &self.body)
-            .field("no_room_status", &self.no_room_status)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<St, K> Shared<St, K> {
-    /// The tier for this request: the one the selector names, else the
-    /// default.
-    pub(crate) fn tier_index(&self, parts: &Parts, key: &str) -> usize {
-        let Some(select) = &self.select_tier else {
-            return 0;
-        };
-        select(parts, key)
-            .and_then(|name| self.tiers.iter().skip(1).position(|t| &*t.name == name))
-            .map_or(0, |i| i + 1)
-    }
-
-    pub(crate) fn cost(&self, parts: &Parts) -> u64 {
-        self.cost.as_ref().map_or(1, |cost| cost(parts))
-    }
-}
-
 /// Applies rate limiting to requests: a tower `Layer` producing
 /// [`RateLimit`] services.
 ///
@@ -225,20 +154,20 @@ impl<St, K> Shared<St, K> {
 /// # Ok(()) }
 /// ```
 pub struct RateLimitLayer<St, K = PeerIp> {
-    shared: Arc<Shared<St, K>>,
+    limiter: Arc<Limiter<St, K>>,
 }
 
 impl<St, K> Clone for RateLimitLayer<St, K> {
     fn clone(&self) -> Self {
         Self {
-            shared: Arc::clone(&self.shared),
+            limiter: Arc::clone(&self.limiter),
         }
     }
 }
 
 impl<St, K> fmt::Debug for RateLimitLayer<St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.shared.fmt(f)
+        self.limiter.fmt(f)
     }
 }
 
@@ -246,7 +175,7 @@ impl<S, St, K> Layer<S> for RateLimitLayer<St, K> {
     type Service = RateLimit<S, St, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::new(inner, Arc::clone(&self.shared))
+        RateLimit::new(inner, Arc::clone(&self.limiter))
     }
 }
 
@@ -306,7 +235,7 @@ impl<St: Store, K> RateLimitLayer<St, K> {
     /// The store.
     #[must_use]
     pub fn store(&self) -> &Arc<St> {
-        &self.shared.store
+        &self.limiter.store
     }
 
     /// This layer with responses in the inner service's own body type
@@ -333,7 +262,7 @@ impl<St: Store, K> RateLimitLayer<St, K> {
     /// in force when the layer was built; the handle has the current ones).
     #[must_use]
     pub fn policies(&self) -> &[Policy] {
-        &self.shared.tiers[0].policies
+        &self.limiter.tiers[0].policies
     }
 
     /// Forgets the state of `key` (a key as the extractor produces it, for
@@ -345,17 +274,17 @@ impl<St: Store, K> RateLimitLayer<St, K> {
     ///
     /// The store's error.
     pub async fn reset(&self, key: &str) -> Result<(), StoreError> {
-        if let Some(cache) = &self.shared.deny_cache {
+        if let Some(cache) = &self.limiter.deny_cache {
             cache.remove(key);
         }
-        let tiers = match &self.shared.live {
+        let tiers = match &self.limiter.live {
             Some(live) => live.sets_for(key),
-            None => self.shared.tiers.to_vec(),
+            None => self.limiter.tiers.to_vec(),
         };
         for tier in tiers {
-            self.shared.store.reset(key, &tier.policies).await?;
+            self.limiter.store.reset(key, &tier.policies).await?;
         }
-        if let Some(cache) = &self.shared.deny_cache {
+        if let Some(cache) = &self.limiter.deny_cache {
             cache.remove(key);
         }
         Ok(())
@@ -944,7 +873,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
             .deny_cache
             .map(|capacity| DenyCache::new(tiers.len(), capacity));
         RateLimitLayer {
-            shared: Arc::new(Shared {
+            limiter: Arc::new(Limiter {
                 store: self.store,
                 key: self.key,
                 tiers,
