@@ -1,6 +1,6 @@
 //! `RateLimitLayer`, its builder, and the [`Tier`]s (named sets of
 //! policies) it builds. The state its services share is the
-//! [`Limiter`](super::limiter::Limiter) in `limiter.rs`.
+//! [`Limiter`] in `limiter.rs`.
 
 use std::fmt;
 use std::sync::atomic::AtomicBool;
