@@ -202,34 +202,22 @@
 // docs.rs shows which feature each item needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod body;
 mod breaker;
-mod charge;
 mod concurrency;
 mod config;
-mod deny_cache;
-mod future;
 mod headers;
 mod info;
-mod keep_body;
 mod key;
-mod layer;
-mod limiter;
 mod observe;
-mod resolve;
+mod rate_limit;
 mod response;
-mod service;
 
-pub use body::RateLimitBody;
-pub use charge::Charge;
 pub use concurrency::{
     ConcurrencyFailure, ConcurrencyLimit, ConcurrencyLimitBody, ConcurrencyLimitFuture,
     ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder,
 };
 pub use config::{ConfigError, FailurePolicy, HeaderMode, MissingKey, Mode};
-pub use future::ResponseFuture;
 pub use info::RateLimitInfo;
-pub use keep_body::{KeepBody, KeepBodyFuture, KeepBodyLayer};
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use key::MatchedRoute;
@@ -237,15 +225,13 @@ pub use key::{
     ApiKey, BearerToken, BoxKeyExtractor, ClientIp, Global, Header, KeyBuf, KeyExtractor, Method,
     Or, PeerIp, ProxyHeader, User,
 };
-pub use layer::{
-    RateLimitLayer, RateLimitLayerBuilder, DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD,
-    DEFAULT_CHECK_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY,
-};
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use observe::describe_metrics;
-pub use resolve::{
-    Plan, PlanResolver, PlanResolverBuilder, ResolverFailure, DEFAULT_ERROR_TTL,
-    DEFAULT_PLAN_CAPACITY, DEFAULT_PLAN_TTL, DEFAULT_RESOLVE_TIMEOUT, DEFAULT_UNKNOWN_TTL,
+pub use rate_limit::{
+    Charge, KeepBody, KeepBodyFuture, KeepBodyLayer, Plan, PlanResolver, PlanResolverBuilder,
+    RateLimit, RateLimitBody, RateLimitLayer, RateLimitLayerBuilder, ResolverFailure,
+    ResponseFuture, DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD, DEFAULT_CHECK_TIMEOUT,
+    DEFAULT_DENY_CACHE_CAPACITY, DEFAULT_ERROR_TTL, DEFAULT_PLAN_CAPACITY, DEFAULT_PLAN_TTL,
+    DEFAULT_RESOLVE_TIMEOUT, DEFAULT_UNKNOWN_TTL,
 };
-pub use service::RateLimit;

@@ -86,7 +86,7 @@ pub fn describe_metrics() {
     );
 }
 
-use crate::layer::Tier;
+use crate::rate_limit::Tier;
 
 #[cfg(feature = "metrics")]
 fn each_policy(tier: &Tier, mut f: impl FnMut(metrics::SharedString)) {

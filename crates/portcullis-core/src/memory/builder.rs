@@ -1,7 +1,15 @@
 //! [`MemoryStoreBuilder`]: the clock, shard count and subject bound of a
 //! [`MemoryStore`], and building its shards.
 
-use super::*;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, RwLock};
+
+use crossbeam_utils::CachePadded;
+
+use super::table::{Shard, ShardLock};
+use super::{Inner, MemoryStore, StoreClock, WhenFull, DEFAULT_MAX_KEYS, MAX_SHARDS};
+use crate::clock::Counter;
+use crate::Clock;
 
 /// Builder for a [`MemoryStore`]; finish with [`MemoryStoreBuilder::build`].
 ///

@@ -1,12 +1,19 @@
-//! `MemoryStore`'s post-charge ([`Store::charge`]): every policy of the
+//! `MemoryStore`'s post-charge ([`Store::charge`](crate::Store::charge)): every policy of the
 //! subject charged after the fact with [`algorithms::charge`], in one
 //! critical section under the shard's write lock (the general path; the
 //! GCRA hot path then reads the states it leaves like any other).
 
-use super::*;
+use std::sync::atomic::Ordering;
+
+use smallvec::SmallVec;
+
+use super::table::{Key, Shard};
+use super::{Inner, MemoryStore};
+use crate::algorithms::{self, Step};
+use crate::{validate_charge, Policy, StoreError, Verdict};
 
 impl MemoryStore {
-    /// [`Store::charge`], answered at once.
+    /// [`Store::charge`](crate::Store::charge), answered at once.
     pub(super) fn charge_now(
         &self,
         subject: &str,

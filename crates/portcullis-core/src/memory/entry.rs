@@ -3,7 +3,13 @@
 //! into one word) and its general form (a list of [`Slot`]s), and the
 //! packed TAT that both the fast path and the general path read.
 
-use super::*;
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::table::{intern, same_name};
+use crate::algorithms::{GcraState, State};
+use crate::Policy;
 
 /// Bits of a packed TAT that hold its fraction (`tat_rem`, in units of
 /// `1 / scale` µs); the 52 above hold `tat_us`.
@@ -27,7 +33,7 @@ pub(super) fn unpack(packed: u64) -> (u64, u64) {
 }
 
 /// When a packed TAT's state expires: the TAT rounded up to a whole
-/// microsecond (as [`algorithms::check`] reports it).
+/// microsecond (as [`algorithms::check`](crate::algorithms::check) reports it).
 #[inline(always)]
 pub(super) fn packed_expiry(packed: u64) -> u64 {
     (packed >> REM_BITS) + u64::from(packed & REM_MASK != 0)
@@ -142,10 +148,11 @@ pub(super) enum Body {
     /// TAT packed ([`pack`]), which also gives its expiry
     /// ([`packed_expiry`]).
     Tat { name: PolicyRef, tat: AtomicU64 },
-    /// A `Tat` kept in its shard's [`Shard::hot_tat`] instead, on the cache
-    /// line of the shard's lock word: a subject charged by several threads
-    /// at once is moved there, so that each charge contends for one cache
-    /// line rather than two. At most one per shard.
+    /// A `Tat` kept in its shard's
+    /// [`Shard::hot_tat`](super::table::Shard::hot_tat) instead, on the
+    /// cache line of the shard's lock word: a subject charged by several
+    /// threads at once is moved there, so that each charge contends for one
+    /// cache line rather than two. At most one per shard.
     Hot { name: PolicyRef },
     /// Any other states (several policies, other algorithms, a GCRA state
     /// the compact form cannot hold, a policy name the shard does not
@@ -271,7 +278,7 @@ impl Entry {
     }
 
     /// The latest expiry of the states: from then on the entry is absent.
-    /// `hot` is the shard's [`Shard::hot_tat`].
+    /// `hot` is the shard's [`Shard::hot_tat`](super::table::Shard::hot_tat).
     #[inline]
     pub(super) fn expires_at_us(&self, hot: u64) -> u64 {
         match &self.body {
@@ -314,8 +321,8 @@ impl Entry {
     }
 
     /// Stores `state` as `policy`'s. `hot` is the shard's
-    /// [`Shard::hot_tat`] (the general path demotes its subject first, so
-    /// it is never this entry's).
+    /// [`Shard::hot_tat`](super::table::Shard::hot_tat) (the general path
+    /// demotes its subject first, so it is never this entry's).
     #[inline(always)]
     pub(super) fn write(
         &mut self,

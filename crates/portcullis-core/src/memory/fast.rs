@@ -4,8 +4,13 @@
 //! the `u64` GCRA of the general path, and the shard's hot slot (see
 //! "The GCRA hot path" in the module docs).
 
-use super::entry::{pack, packed_expiry, unpack};
-use super::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::entry::{pack, packed_expiry, unpack, Body, Entry};
+use super::table::{Shard, ShardLock};
+use super::{Inner, MemoryStore, SWEEP_EVERY};
+use crate::algorithms::{self, GcraState, State, Step};
+use crate::{Algorithm, Decision, Policy};
 
 impl MemoryStore {
     /// The hot path: a GCRA charge of a subject whose only state is a

@@ -106,30 +106,25 @@
 //! receiving operations keeps its expired entries until it is used again or
 //! [`MemoryStore::purge_expired`] is called (from a timer of the
 //! application's own, if it wants one).
+//!
+//! [`algorithms::check`]: crate::algorithms::check
+//! [`AtomicU64`]: std::sync::atomic::AtomicU64
+//! [`Step::expires_at_us`]: crate::algorithms::Step::expires_at_us
 
-use std::borrow::Cow;
 use std::fmt;
 use std::future::{ready, Ready};
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
-use hashbrown::HashTable;
-use sha2::{Digest, Sha256};
-use smallvec::SmallVec;
 
-use crate::algorithms::{self, GcraState, State, Step};
 use crate::clock::Counter;
 
 pub use self::builder::MemoryStoreBuilder;
-use self::entry::{Body, Entry};
-use self::fast::check_policy;
-use self::table::{intern, same_name, Key, Shard, ShardLock};
-use crate::{
-    validate_charge, validate_check, Algorithm, Clock, Decision, Policy, Store, StoreError,
-    Verdict, MAX_PLAIN_SUBJECT_LEN,
-};
+use self::entry::Entry;
+use self::table::{Key, Shard, ShardLock};
+use crate::{validate_check, Clock, Policy, Store, StoreError, Verdict, MAX_PLAIN_SUBJECT_LEN};
 
 /// Operations on a shard between two incremental sweeps.
 const SWEEP_EVERY: u32 = 64;

@@ -2,7 +2,14 @@
 //! eviction of a full store's nearest-full subject and `make_room` across
 //! shards (see "Expiry and sweeping" in the module docs).
 
-use super::*;
+use std::sync::atomic::Ordering;
+
+use super::table::Shard;
+use super::{
+    Inner, MemoryStore, WhenFull, EVICT_SAMPLE, MAKE_ROOM_ATTEMPTS, MIN_SHRINK_BUCKETS,
+    SWEEP_CHUNK, SWEEP_EVERY, SWEEP_MAX_CHUNKS,
+};
+use crate::StoreError;
 
 impl MemoryStore {
     /// A new subject found the store full and its own shard could not

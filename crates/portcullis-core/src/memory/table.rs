@@ -3,7 +3,18 @@
 //! subjects under the shard's write lock. What an entry holds is in
 //! `entry.rs`.
 
-use super::*;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use hashbrown::HashTable;
+use sha2::{Digest, Sha256};
+use smallvec::SmallVec;
+
+use super::entry::Entry;
+use super::fast::check_policy;
+use super::{Inner, WhenFull, HASHED_KEY_TAG, MAX_INTERNED_NAMES};
+use crate::algorithms::Step;
+use crate::{Decision, Policy, StoreError, Verdict, MAX_PLAIN_SUBJECT_LEN};
 
 /// A subject as stored: its bytes when it is at most
 /// [`MAX_PLAIN_SUBJECT_LEN`] long, or the byte `0xFF` and its SHA-256 digest
@@ -69,12 +80,12 @@ impl ShardLock {
 // (the lock's few bytes precede the shard in its `RwLock`).
 #[repr(C)]
 pub(super) struct Shard {
-    /// The packed TAT of the shard's hot slot ([`Body::Hot`]), if it has
+    /// The packed TAT of the shard's hot slot ([`Body::Hot`](super::entry::Body::Hot)), if it has
     /// one; charged under the read lock by compare-and-swap.
     pub(super) hot_tat: AtomicU64,
     /// Fast-path charges of this shard (counted without a read-modify-write:
     /// two threads may count one), on the cache line the read lock writes
-    /// anyway; every [`SWEEP_EVERY`]-th sweeps the shard.
+    /// anyway; every [`SWEEP_EVERY`](super::SWEEP_EVERY)-th sweeps the shard.
     pub(super) hot_ops: AtomicU32,
     /// The hash of the subject that holds the hot slot.
     pub(super) hot_hash: Option<u64>,

@@ -1,8 +1,9 @@
 //! Unit tests of the memory store's internals (table, sweeps, hot slot).
 
-use super::entry::{pack, packed_expiry, unpack, Slot};
-use super::fast::{tat_admitted, tat_charge, TatCharge};
+use super::entry::{pack, packed_expiry, unpack, Body, Slot};
+use super::fast::{check_policy, tat_admitted, tat_charge, TatCharge};
 use super::*;
+use crate::algorithms::{self, GcraState, State};
 use crate::ManualClock;
 use std::time::Duration;
 

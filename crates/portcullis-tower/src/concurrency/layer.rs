@@ -128,12 +128,14 @@ impl<St: LeaseStore> ConcurrencyLimitLayer<St, PeerIp> {
     pub fn builder_shared(store: Arc<St>) -> ConcurrencyLimitLayerBuilder<St, PeerIp> {
         ConcurrencyLimitLayerBuilder {
             store,
-            policy: None,
             key: PeerIp::new(),
-            missing_key: MissingKey::default(),
-            failure: ConcurrencyFailure::default(),
-            timeout: DEFAULT_CHECK_TIMEOUT,
-            breaker: (DEFAULT_BREAKER_THRESHOLD, DEFAULT_BREAKER_PAUSE),
+            settings: Settings {
+                policy: None,
+                missing_key: MissingKey::default(),
+                failure: ConcurrencyFailure::default(),
+                timeout: DEFAULT_CHECK_TIMEOUT,
+                breaker: (DEFAULT_BREAKER_THRESHOLD, DEFAULT_BREAKER_PAUSE),
+            },
         }
     }
 }
@@ -173,8 +175,15 @@ impl<St, K> ConcurrencyLimitLayer<St, K> {
 #[must_use]
 pub struct ConcurrencyLimitLayerBuilder<St, K> {
     store: Arc<St>,
-    policy: Option<ConcurrencyPolicy>,
     key: K,
+    settings: Settings,
+}
+
+/// The settings of a [`ConcurrencyLimitLayerBuilder`] that do not depend on
+/// its store or key type, so that [`ConcurrencyLimitLayerBuilder::key`]
+/// moves them as one value.
+struct Settings {
+    policy: Option<ConcurrencyPolicy>,
     missing_key: MissingKey,
     failure: ConcurrencyFailure,
     timeout: Duration,
@@ -211,11 +220,11 @@ pub enum ConcurrencyFailure {
 impl<St, K> fmt::Debug for ConcurrencyLimitLayerBuilder<St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConcurrencyLimitLayerBuilder")
-            .field("policy", &self.policy)
-            .field("missing_key", &self.missing_key)
-            .field("failure", &self.failure)
-            .field("timeout", &self.timeout)
-            .field("breaker", &self.breaker)
+            .field("policy", &self.settings.policy)
+            .field("missing_key", &self.settings.missing_key)
+            .field("failure", &self.settings.failure)
+            .field("timeout", &self.settings.timeout)
+            .field("breaker", &self.settings.breaker)
             .finish_non_exhaustive()
     }
 }
@@ -223,7 +232,7 @@ impl<St, K> fmt::Debug for ConcurrencyLimitLayerBuilder<St, K> {
 impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
     /// The concurrency policy (required).
     pub fn policy(mut self, policy: ConcurrencyPolicy) -> Self {
-        self.policy = Some(policy);
+        self.settings.policy = Some(policy);
         self
     }
 
@@ -232,18 +241,14 @@ impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
     pub fn key<K2: KeyExtractor>(self, key: K2) -> ConcurrencyLimitLayerBuilder<St, K2> {
         ConcurrencyLimitLayerBuilder {
             store: self.store,
-            policy: self.policy,
             key,
-            missing_key: self.missing_key,
-            failure: self.failure,
-            timeout: self.timeout,
-            breaker: self.breaker,
+            settings: self.settings,
         }
     }
 
     /// What to do with a request without a key (default: `400`).
     pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
-        self.missing_key = missing_key;
+        self.settings.missing_key = missing_key;
         self
     }
 
@@ -254,7 +259,7 @@ impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
     /// a new subject (a full memory store) denies with `429` whichever is
     /// chosen.
     pub fn on_store_failure(mut self, failure: ConcurrencyFailure) -> Self {
-        self.failure = failure;
+        self.settings.failure = failure;
         self
     }
 
@@ -262,7 +267,7 @@ impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
     /// [`DEFAULT_CHECK_TIMEOUT`]); beyond it the failure policy applies, and
     /// the lease, which may have been granted, is released.
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.settings.timeout = timeout;
         self
     }
 
@@ -273,7 +278,7 @@ impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
     /// for [`RateLimitLayerBuilder::circuit_breaker`](crate::RateLimitLayerBuilder::circuit_breaker);
     /// 0 failures disables the breaker.
     pub fn circuit_breaker(mut self, failures: u32, pause: Duration) -> Self {
-        self.breaker = (failures, pause);
+        self.settings.breaker = (failures, pause);
         self
     }
 
@@ -287,16 +292,19 @@ impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
     /// (a `BoxStore` built with `BoxStore::new` rather than
     /// `BoxStore::with_leases`).
     pub fn build(self) -> Result<ConcurrencyLimitLayer<St, K>, ConfigError> {
-        let policy = self.policy.ok_or(ConfigError::NoConcurrencyPolicy)?;
+        let policy = self
+            .settings
+            .policy
+            .ok_or(ConfigError::NoConcurrencyPolicy)?;
         if !self.store.supports_leases() {
             return Err(ConfigError::LeasesNotSupported {
                 store: std::any::type_name::<St>(),
             });
         }
-        if self.timeout.is_zero() {
+        if self.settings.timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
         }
-        let fail_closed = self.failure == ConcurrencyFailure::FailClosed;
+        let fail_closed = self.settings.failure == ConcurrencyFailure::FailClosed;
         #[cfg(feature = "metrics")]
         crate::observe::describe_metrics();
         Ok(ConcurrencyLimitLayer {
@@ -305,10 +313,10 @@ impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
                 policy_name: Arc::from(policy.name()),
                 policy,
                 key: self.key,
-                missing_key: self.missing_key,
+                missing_key: self.settings.missing_key,
                 fail_closed,
-                timeout: self.timeout,
-                breaker: Breaker::new(self.breaker.0, self.breaker.1),
+                timeout: self.settings.timeout,
+                breaker: Breaker::new(self.settings.breaker.0, self.settings.breaker.1),
                 errors: UndecidedLog::new(),
                 undecided: UndecidedLog::new(),
             }),

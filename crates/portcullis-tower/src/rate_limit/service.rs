@@ -9,11 +9,11 @@ use http_body::Body;
 use portcullis_core::Store;
 use tower_service::Service;
 
-use crate::charge::{Charge, PostCharge};
-use crate::future::ResponseFuture;
+use super::charge::{Charge, PostCharge};
+use super::future::ResponseFuture;
+use super::limiter::Limiter;
+use super::limiter::Next;
 use crate::key::KeyExtractor;
-use crate::layer::Shared;
-use crate::limiter::Next;
 use crate::RateLimitBody;
 
 /// Middleware that rate-limits requests; built by
@@ -54,12 +54,12 @@ use crate::RateLimitBody;
 /// ```
 pub struct RateLimit<S, St, K> {
     inner: S,
-    shared: Arc<Shared<St, K>>,
+    limiter: Arc<Limiter<St, K>>,
 }
 
 impl<S, St, K> RateLimit<S, St, K> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared<St, K>>) -> Self {
-        Self { inner, shared }
+    pub(crate) fn new(inner: S, limiter: Arc<Limiter<St, K>>) -> Self {
+        Self { inner, limiter }
     }
 
     /// The inner service.
@@ -82,7 +82,7 @@ impl<S: Clone, St, K> Clone for RateLimit<S, St, K> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            shared: Arc::clone(&self.shared),
+            limiter: Arc::clone(&self.limiter),
         }
     }
 }
@@ -91,7 +91,7 @@ impl<S: fmt::Debug, St, K> fmt::Debug for RateLimit<S, St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
-            .field("config", &self.shared)
+            .field("config", &self.limiter)
             .finish()
     }
 }
@@ -116,13 +116,13 @@ where
         let (mut parts, body) = request.into_parts();
         // Charging after the response: a handle for the handler, and the
         // post-response step.
-        let charge = self.shared.charge.is_some().then(|| {
+        let charge = self.limiter.charge.is_some().then(|| {
             let handle = Charge::new();
             parts.extensions.insert(handle.clone());
-            PostCharge::new(Arc::clone(&self.shared), handle)
+            PostCharge::new(Arc::clone(&self.limiter), handle)
         });
         let mut ticket = None;
-        let mut next = self.shared.start(&mut parts, &mut ticket);
+        let mut next = self.limiter.start(&mut parts, &mut ticket);
         // A store that answers synchronously does so through
         // `Store::check_now` (`Next::Ready`), so the request is decided here
         // and the inner service is called directly instead of being cloned
@@ -130,7 +130,7 @@ where
         // answer), so this ends after a few rounds.
         if let Some(ticket) = ticket.as_mut() {
             while let Next::Ready(result) = next {
-                next = self.shared.on_result(ticket, &mut parts, result);
+                next = self.limiter.on_result(ticket, &mut parts, result);
             }
         }
         // Each arm builds the returned future in one go (see
@@ -150,7 +150,7 @@ where
                     let inner = std::mem::replace(&mut self.inner, clone);
                     ResponseFuture::pending(
                         next,
-                        Arc::clone(&self.shared),
+                        Arc::clone(&self.limiter),
                         inner,
                         (parts, body),
                         ticket,

@@ -12,10 +12,11 @@ use std::task::{Context, Poll};
 use http::Response;
 use portcullis_core::{ErrorScope, Store, StoreError, Verdict};
 
+use super::layer::Tier;
+use super::limiter::Limiter;
 use crate::config::FailurePolicy;
 use crate::headers::RateLimitHeaders;
 use crate::key::KeyExtractor;
-use crate::layer::{Shared, Tier};
 
 /// What decides a request's cost from its response head.
 pub(crate) type ChargeFn = Box<dyn Fn(&http::response::Parts) -> u64 + Send + Sync>;
@@ -164,7 +165,7 @@ type ChargeFuture = Pin<Box<dyn Future<Output = Option<Verdict>> + Send>>;
 /// The post-response step of a request of a layer that charges after the
 /// response: holds the response while its charge is sent.
 pub(crate) struct PostCharge<R, St, K> {
-    shared: Arc<Shared<St, K>>,
+    limiter: Arc<Limiter<St, K>>,
     handle: Charge,
     response: Option<R>,
     charging: Option<ChargeFuture>,
@@ -175,9 +176,9 @@ pub(crate) struct PostCharge<R, St, K> {
 }
 
 impl<B, St: Store, K: KeyExtractor> PostCharge<Response<B>, St, K> {
-    pub(crate) fn new(shared: Arc<Shared<St, K>>, handle: Charge) -> Box<Self> {
+    pub(crate) fn new(limiter: Arc<Limiter<St, K>>, handle: Charge) -> Box<Self> {
         Box::new(Self {
-            shared,
+            limiter,
             handle,
             response: None,
             charging: None,
@@ -197,7 +198,7 @@ impl<B, St: Store, K: KeyExtractor> PostCharge<Response<B>, St, K> {
         headers: Option<RateLimitHeaders>,
     ) -> Result<(), Response<B>> {
         let (mut parts, body) = response.into_parts();
-        let from_response = self.shared.charge.as_ref().map_or(0, |cost| cost(&parts));
+        let from_response = self.limiter.charge.as_ref().map_or(0, |cost| cost(&parts));
         let Some((subject, cost)) = self.handle.finish(from_response) else {
             if let Some(headers) = headers {
                 headers.apply(&mut parts.headers);
@@ -206,7 +207,7 @@ impl<B, St: Store, K: KeyExtractor> PostCharge<Response<B>, St, K> {
         };
         self.tier = Some(Arc::clone(&subject.tier));
         self.headers = headers;
-        self.charging = Some(Box::pin(charge(Arc::clone(&self.shared), subject, cost)));
+        self.charging = Some(Box::pin(charge(Arc::clone(&self.limiter), subject, cost)));
         self.response = Some(Response::from_parts(parts, body));
         Ok(())
     }
@@ -228,7 +229,7 @@ impl<B, St: Store, K: KeyExtractor> PostCharge<Response<B>, St, K> {
             // the same fields, of the state after the charge.
             if let (Some(verdict), Some(_)) = (charged, &headers) {
                 if let Some(tier) = &self.tier {
-                    headers = Some(self.shared.headers(tier, &verdict, false));
+                    headers = Some(self.limiter.headers(tier, &verdict, false));
                 }
             }
         }
@@ -246,31 +247,31 @@ impl<B, St: Store, K: KeyExtractor> PostCharge<Response<B>, St, K> {
 /// [`FailurePolicy::Fallback`] a charge the main store failed (not one it
 /// refused) goes to the fallback store. The response is never lost.
 async fn charge<St: Store, K: Send + Sync + 'static>(
-    shared: Arc<Shared<St, K>>,
+    limiter: Arc<Limiter<St, K>>,
     subject: Subject,
     cost: u64,
 ) -> Option<Verdict> {
     let policies = Arc::clone(&subject.tier.policies);
-    let fallback = match &shared.failure {
+    let fallback = match &limiter.failure {
         FailurePolicy::Fallback(store) => Some(store),
         _ => None,
     };
     if !subject.fallback {
         let result = within(
-            shared.timeout,
-            shared.store.charge(&subject.key, &policies, cost),
+            limiter.timeout,
+            limiter.store.charge(&subject.key, &policies, cost),
         )
         .await;
         let error = match result {
             Ok(verdict) => {
-                shared.breaker.success();
+                limiter.breaker.success();
                 trace_charged(&subject, cost, &verdict);
                 return Some(verdict);
             }
             Err(error) => error,
         };
         if error.scope() == ErrorScope::Store {
-            shared.breaker.failure();
+            limiter.breaker.failure();
         }
         tracing::warn!(error = crate::observe::chain(&error), key = %subject.key, cost, "charging after the response failed");
         // The fallback store takes what the failure policy sends it: the
@@ -282,7 +283,7 @@ async fn charge<St: Store, K: Send + Sync + 'static>(
         fallback?;
     }
     let store = fallback?;
-    match within(shared.timeout, store.charge(&subject.key, &policies, cost)).await {
+    match within(limiter.timeout, store.charge(&subject.key, &policies, cost)).await {
         Ok(verdict) => {
             trace_charged(&subject, cost, &verdict);
             Some(verdict)

@@ -15,11 +15,11 @@ use portcullis_core::{BoxCheckFuture, Store, StoreError, Verdict};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use crate::charge::PostCharge;
+use super::charge::PostCharge;
+use super::limiter::Limiter;
+use super::limiter::{Next, Then, Ticket};
 use crate::headers::RateLimitHeaders;
 use crate::key::KeyExtractor;
-use crate::layer::Shared;
-use crate::limiter::{Next, Then, Ticket};
 use crate::RateLimitBody;
 
 pin_project! {
@@ -76,14 +76,14 @@ pin_project! {
         Charging,
         // Waiting for the subject's plan (resolve.rs).
         Resolve {
-            lookup: crate::resolve::Lookup,
+            lookup: super::resolve::Lookup,
         },
     }
 }
 
 /// What a request that is still being checked holds on to.
 struct Pending<S, St, K, ReqBody> {
-    shared: Arc<Shared<St, K>>,
+    limiter: Arc<Limiter<St, K>>,
     inner: S,
     // The request in its parts, so the limiter can read the headers while
     // it writes the extensions.
@@ -150,14 +150,14 @@ where
 
     pub(crate) fn pending(
         next: Next<St>,
-        shared: Arc<Shared<St, K>>,
+        limiter: Arc<Limiter<St, K>>,
         inner: S,
         (parts, body): (Parts, ReqBody),
         ticket: Ticket,
         charge: Option<Box<PostCharge<S::Response, St, K>>>,
     ) -> Self {
         let mut pending = Some(Box::new(Pending {
-            shared,
+            limiter,
             inner,
             parts,
             body,
@@ -276,18 +276,18 @@ where
                         return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
                     };
                     match check.poll(cx) {
-                        Poll::Ready(result) => pending.shared.on_result(
+                        Poll::Ready(result) => pending.limiter.on_result(
                             &mut pending.ticket,
                             &mut pending.parts,
                             result,
                         ),
                         Poll::Pending => {
                             let timer = timer.get_or_insert_with(|| {
-                                Box::pin(tokio::time::sleep(pending.shared.timeout))
+                                Box::pin(tokio::time::sleep(pending.limiter.timeout))
                             });
                             ready!(timer.as_mut().poll(cx));
                             pending
-                                .shared
+                                .limiter
                                 .on_timeout(&mut pending.ticket, &mut pending.parts)
                         }
                     }
@@ -297,7 +297,7 @@ where
                         return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
                     };
                     pending
-                        .shared
+                        .limiter
                         .on_result(&mut pending.ticket, &mut pending.parts, result)
                 }
                 StateProj::Fallback { check, timer } => {
@@ -305,18 +305,18 @@ where
                         return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
                     };
                     match check.as_mut().poll(cx) {
-                        Poll::Ready(result) => pending.shared.on_result(
+                        Poll::Ready(result) => pending.limiter.on_result(
                             &mut pending.ticket,
                             &mut pending.parts,
                             result,
                         ),
                         Poll::Pending => {
                             let timer = timer.get_or_insert_with(|| {
-                                Box::pin(tokio::time::sleep(pending.shared.timeout))
+                                Box::pin(tokio::time::sleep(pending.limiter.timeout))
                             });
                             ready!(timer.as_mut().poll(cx));
                             pending
-                                .shared
+                                .limiter
                                 .on_timeout(&mut pending.ticket, &mut pending.parts)
                         }
                     }
@@ -327,7 +327,7 @@ where
                         return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
                     };
                     pending
-                        .shared
+                        .limiter
                         .on_resolved(&mut pending.ticket, &mut pending.parts, &cached)
                 }
                 StateProj::Wait { until, sleep, then } => {
@@ -340,7 +340,7 @@ where
                     };
                     let then = then.take().unwrap_or(Then::Forward(None));
                     pending
-                        .shared
+                        .limiter
                         .after_wait(&mut pending.ticket, &pending.parts.headers, then)
                 }
             };

@@ -1,8 +1,13 @@
-//! The decisions of the layer, independent of how the future is driven:
-//! what to do with a new request, a store verdict, a store error, the end
-//! of a wait.
+//! [`Limiter`], the state the services of one layer share, and all its
+//! methods: the decisions of the layer, independent of how the future is
+//! driven (what to do with a new request, a plan lookup's answer, a store
+//! verdict, a store error, the end of a wait), and the [`Ticket`] and
+//! [`Next`] step they pass along.
 
+use std::fmt;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -10,13 +15,96 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use portcullis_core::{BoxCheckFuture, Decision, ErrorScope, Store, StoreError, Verdict};
 use tokio::time::Instant;
 
+use super::charge::ChargeFn;
+use super::deny_cache::DenyCache;
+use super::layer::Tier;
+use super::resolve::{Cached, Live, Lookup, Picked};
+use crate::breaker::{Breaker, UndecidedLog};
 use crate::config::{FailurePolicy, HeaderMode, MissingKey, Mode};
 use crate::headers::RateLimitHeaders;
 use crate::key::{KeyBuf, KeyExtractor};
-use crate::layer::{Shared, Tier};
-use crate::resolve::{Lookup, Picked};
-use crate::response::{self, grpc_content_type};
+use crate::response::{self, grpc_content_type, LimitedBody};
 use crate::{observe, RateLimitInfo};
+
+/// Chooses a tier by name from a request and its key.
+pub(crate) type TierFn = Box<dyn for<'a> Fn(&'a Parts, &'a str) -> Option<&'a str> + Send + Sync>;
+/// The cost of a request.
+pub(crate) type CostFn = Box<dyn Fn(&Parts) -> u64 + Send + Sync>;
+
+/// The state the services of one layer share: its store, key extractor,
+/// tiers and settings, circuit breaker and deny cache. Its methods are the
+/// steps of a request ([`Limiter::start`], [`Limiter::on_result`], ...).
+/// Charging after the response (`charge.rs`) reads its store, timeout,
+/// breaker and failure policy.
+pub(crate) struct Limiter<St, K> {
+    pub(crate) store: Arc<St>,
+    pub(crate) key: K,
+    /// Tier 0 holds the default policies (with live limits: those when
+    /// the layer was built).
+    pub(crate) tiers: Box<[Arc<Tier>]>,
+    /// Policies from data (`limits`, `resolve_plan`), when configured.
+    pub(crate) live: Option<Live>,
+    pub(crate) select_tier: Option<TierFn>,
+    pub(crate) cost: Option<CostFn>,
+    pub(crate) mode: Mode,
+    pub(crate) failure: FailurePolicy,
+    pub(crate) timeout: Duration,
+    pub(crate) breaker: Breaker,
+    pub(crate) deny_cache: Option<DenyCache>,
+    pub(crate) missing_key: MissingKey,
+    pub(crate) header_mode: HeaderMode,
+    pub(crate) legacy_headers: bool,
+    pub(crate) info_in_extensions: bool,
+    pub(crate) body: LimitedBody,
+    /// Whether the missing-key warning was logged.
+    pub(crate) warned_missing_key: AtomicBool,
+    /// Requests let through undecided, logged at most once per second.
+    pub(crate) undecided: UndecidedLog,
+    /// Store errors, logged at most once per second.
+    pub(crate) errors: UndecidedLog,
+    /// The status of a new subject the store has no room for.
+    pub(crate) no_room_status: StatusCode,
+    /// Charging after the response: the cost of a response head.
+    pub(crate) charge: Option<ChargeFn>,
+}
+
+impl<St, K> fmt::Debug for Limiter<St, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("store", &std::any::type_name::<St>())
+            .field("key", &std::any::type_name::<K>())
+            .field("tiers", &self.tiers)
+            .field("mode", &self.mode)
+            .field("failure", &self.failure)
+            .field("timeout", &self.timeout)
+            .field("breaker", &self.breaker)
+            .field("deny_cache", &self.deny_cache.is_some())
+            .field("missing_key", &self.missing_key)
+            .field("header_mode", &self.header_mode)
+            .field("legacy_headers", &self.legacy_headers)
+            .field("info_in_extensions", &self.info_in_extensions)
+            .field("body", &self.body)
+            .field("no_room_status", &self.no_room_status)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St, K> Limiter<St, K> {
+    /// The tier for this request: the one the selector names, else the
+    /// default.
+    pub(crate) fn tier_index(&self, parts: &Parts, key: &str) -> usize {
+        let Some(select) = &self.select_tier else {
+            return 0;
+        };
+        select(parts, key)
+            .and_then(|name| self.tiers.iter().skip(1).position(|t| &*t.name == name))
+            .map_or(0, |i| i + 1)
+    }
+
+    pub(crate) fn cost(&self, parts: &Parts) -> u64 {
+        self.cost.as_ref().map_or(1, |cost| cost(parts))
+    }
+}
 
 /// One request on its way through the limiter.
 #[derive(Debug)]
@@ -81,7 +169,7 @@ pub(crate) enum Next<St: Store> {
     Resolve(Lookup),
 }
 
-impl<St: Store, K: KeyExtractor> Shared<St, K> {
+impl<St: Store, K: KeyExtractor> Limiter<St, K> {
     #[allow(clippy::unused_self)]
     fn tier<'t>(&self, ticket: &'t Ticket) -> &'t Tier {
         &ticket.tier
@@ -649,4 +737,63 @@ fn delayed_as_denied(verdict: &Verdict) -> Verdict {
             }
         })
         .collect()
+}
+
+/// Per-request policies from data (`resolve.rs`): which tier a request
+/// is checked under, and the step after a plan lookup.
+impl<St: Store, K: KeyExtractor> Limiter<St, K> {
+    /// The tier of a request (`key` is its key).
+    #[inline]
+    pub(crate) fn pick_tier(&self, parts: &Parts, key: &str) -> Picked {
+        match &self.live {
+            None => Picked::Static(self.tier_index(parts, key)),
+            Some(live) => {
+                let select = self.select_tier.as_ref().and_then(|s| s(parts, key));
+                live.pick(key, select)
+            }
+        }
+    }
+
+    /// A lookup answered: check the request under the tier it gives.
+    pub(crate) fn on_resolved(
+        &self,
+        ticket: &mut Ticket,
+        parts: &mut Parts,
+        cached: &Cached,
+    ) -> Next<St> {
+        let _entered = ticket.span.as_ref().map(|span| span.clone().entered());
+        let picked = match &self.live {
+            Some(live) => live.picked_later(&ticket.key, cached),
+            None => Picked::Failed,
+        };
+        match picked {
+            Picked::Live(tier) => ticket.tier = tier,
+            Picked::Static(index) => {
+                if let Some(tier) = self.tiers.get(index) {
+                    ticket.tier = Arc::clone(tier);
+                }
+            }
+            Picked::Later(_) | Picked::Failed => {
+                tracing::debug!("plan lookup failed; the failure policy applies");
+                return self.on_failure(ticket, &parts.headers);
+            }
+        }
+        let cached = self
+            .deny_cache
+            .as_ref()
+            .filter(|cache| !cache.is_empty())
+            .and_then(|cache| {
+                cache.get(
+                    ticket.tier.slot,
+                    ticket.tier.id,
+                    &ticket.key,
+                    ticket.cost,
+                    Instant::now(),
+                )
+            });
+        match cached {
+            Some(verdict) => self.on_verdict(ticket, parts, verdict),
+            None => self.ask_store(ticket, &parts.headers),
+        }
+    }
 }

@@ -1,4 +1,6 @@
-//! `RateLimitLayer`, its builder, and the configuration its services share.
+//! `RateLimitLayer`, its builder, and the [`Tier`]s (named sets of
+//! policies) it builds. The state its services share is the
+//! [`Limiter`] in `limiter.rs`.
 
 use std::fmt;
 use std::sync::atomic::AtomicBool;
@@ -13,13 +15,14 @@ use portcullis_core::{
 };
 use tower_layer::Layer;
 
+use super::charge::ChargeFn;
+use super::deny_cache::DenyCache;
+use super::limiter::{CostFn, Limiter, TierFn};
+use super::resolve::{Live, PlanResolver};
 use crate::breaker::{Breaker, UndecidedLog};
-use crate::charge::ChargeFn;
 use crate::config::{ConfigError, FailurePolicy, HeaderMode, MissingKey, Mode};
-use crate::deny_cache::DenyCache;
 use crate::headers::{policy_value, ratelimit_prefixes};
 use crate::key::{KeyExtractor, PeerIp};
-use crate::resolve::{Live, PlanResolver};
 use crate::response::LimitedBody;
 use crate::{KeepBodyLayer, RateLimit, RateLimitInfo};
 
@@ -35,9 +38,6 @@ pub const DEFAULT_BREAKER_THRESHOLD: u32 = 5;
 pub const DEFAULT_BREAKER_PAUSE: Duration = Duration::from_secs(1);
 /// Default capacity of the local deny cache (subjects).
 pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 65_536;
-
-type TierFn = Box<dyn for<'a> Fn(&'a Parts, &'a str) -> Option<&'a str> + Send + Sync>;
-type CostFn = Box<dyn Fn(&Parts) -> u64 + Send + Sync>;
 
 /// A named set of policies checked together.
 #[derive(Debug)]
@@ -128,77 +128,6 @@ impl Tier {
 
 const DEFAULT_TIER: &str = "default";
 
-/// Everything the services of one layer share.
-pub(crate) struct Shared<St, K> {
-    pub(crate) store: Arc<St>,
-    pub(crate) key: K,
-    /// Tier 0 holds the default policies (with live limits: those when
-    /// the layer was built).
-    pub(crate) tiers: Box<[Arc<Tier>]>,
-    /// Policies from data (`limits`, `resolve_plan`), when configured.
-    pub(crate) live: Option<Live>,
-    pub(crate) select_tier: Option<TierFn>,
-    pub(crate) cost: Option<CostFn>,
-    pub(crate) mode: Mode,
-    pub(crate) failure: FailurePolicy,
-    pub(crate) timeout: Duration,
-    pub(crate) breaker: Breaker,
-    pub(crate) deny_cache: Option<DenyCache>,
-    pub(crate) missing_key: MissingKey,
-    pub(crate) header_mode: HeaderMode,
-    pub(crate) legacy_headers: bool,
-    pub(crate) info_in_extensions: bool,
-    pub(crate) body: LimitedBody,
-    /// Whether the missing-key warning was logged.
-    pub(crate) warned_missing_key: AtomicBool,
-    /// Requests let through undecided, logged at most once per second.
-    pub(crate) undecided: UndecidedLog,
-    /// Store errors, logged at most once per second.
-    pub(crate) errors: UndecidedLog,
-    /// The status of a new subject the store has no room for.
-    pub(crate) no_room_status: StatusCode,
-    /// Charging after the response: the cost of a response head.
-    pub(crate) charge: Option<ChargeFn>,
-}
-
-impl<St, K> fmt::Debug for Shared<St, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimitLayer")
-            .field("store", &std::any::type_name::<St>())
-            .field("key", &std::any::type_name::<K>())
-            .field("tiers", &self.tiers)
-            .field("mode", &self.mode)
-            .field("failure", &self.failure)
-            .field("timeout", &self.timeout)
-            .field("breaker", &self.breaker)
-            .field("deny_cache", &self.deny_cache.is_some())
-            .field("missing_key", &self.missing_key)
-            .field("header_mode", &self.header_mode)
-            .field("legacy_headers", &self.legacy_headers)
-            .field("info_in_extensions", &self.info_in_extensions)
-            .field("body", &self.body)
-            .field("no_room_status", &self.no_room_status)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<St, K> Shared<St, K> {
-    /// The tier for this request: the one the selector names, else the
-    /// default.
-    pub(crate) fn tier_index(&self, parts: &Parts, key: &str) -> usize {
-        let Some(select) = &self.select_tier else {
-            return 0;
-        };
-        select(parts, key)
-            .and_then(|name| self.tiers.iter().skip(1).position(|t| &*t.name == name))
-            .map_or(0, |i| i + 1)
-    }
-
-    pub(crate) fn cost(&self, parts: &Parts) -> u64 {
-        self.cost.as_ref().map_or(1, |cost| cost(parts))
-    }
-}
-
 /// Applies rate limiting to requests: a tower `Layer` producing
 /// [`RateLimit`] services.
 ///
@@ -225,20 +154,20 @@ impl<St, K> Shared<St, K> {
 /// # Ok(()) }
 /// ```
 pub struct RateLimitLayer<St, K = PeerIp> {
-    shared: Arc<Shared<St, K>>,
+    limiter: Arc<Limiter<St, K>>,
 }
 
 impl<St, K> Clone for RateLimitLayer<St, K> {
     fn clone(&self) -> Self {
         Self {
-            shared: Arc::clone(&self.shared),
+            limiter: Arc::clone(&self.limiter),
         }
     }
 }
 
 impl<St, K> fmt::Debug for RateLimitLayer<St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.shared.fmt(f)
+        self.limiter.fmt(f)
     }
 }
 
@@ -246,7 +175,7 @@ impl<S, St, K> Layer<S> for RateLimitLayer<St, K> {
     type Service = RateLimit<S, St, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::new(inner, Arc::clone(&self.shared))
+        RateLimit::new(inner, Arc::clone(&self.limiter))
     }
 }
 
@@ -280,24 +209,26 @@ impl<St: Store> RateLimitLayer<St, PeerIp> {
         RateLimitLayerBuilder {
             store,
             key: PeerIp::new(),
-            policies: Vec::new(),
-            tiers: Vec::new(),
-            select_tier: None,
-            cost: None,
-            mode: Mode::default(),
-            failure: FailurePolicy::default(),
-            timeout: DEFAULT_CHECK_TIMEOUT,
-            breaker: (DEFAULT_BREAKER_THRESHOLD, DEFAULT_BREAKER_PAUSE),
-            deny_cache: Some(DEFAULT_DENY_CACHE_CAPACITY),
-            missing_key: MissingKey::default(),
-            header_mode: HeaderMode::default(),
-            legacy_headers: false,
-            info_in_extensions: false,
-            body: LimitedBody::default(),
-            no_room_status: StatusCode::TOO_MANY_REQUESTS,
-            charge: None,
-            limits: None,
-            plans: None,
+            settings: Settings {
+                policies: Vec::new(),
+                tiers: Vec::new(),
+                select_tier: None,
+                cost: None,
+                mode: Mode::default(),
+                failure: FailurePolicy::default(),
+                timeout: DEFAULT_CHECK_TIMEOUT,
+                breaker: (DEFAULT_BREAKER_THRESHOLD, DEFAULT_BREAKER_PAUSE),
+                deny_cache: Some(DEFAULT_DENY_CACHE_CAPACITY),
+                missing_key: MissingKey::default(),
+                header_mode: HeaderMode::default(),
+                legacy_headers: false,
+                info_in_extensions: false,
+                body: LimitedBody::default(),
+                no_room_status: StatusCode::TOO_MANY_REQUESTS,
+                charge: None,
+                limits: None,
+                plans: None,
+            },
         }
     }
 }
@@ -306,7 +237,7 @@ impl<St: Store, K> RateLimitLayer<St, K> {
     /// The store.
     #[must_use]
     pub fn store(&self) -> &Arc<St> {
-        &self.shared.store
+        &self.limiter.store
     }
 
     /// This layer with responses in the inner service's own body type
@@ -333,7 +264,7 @@ impl<St: Store, K> RateLimitLayer<St, K> {
     /// in force when the layer was built; the handle has the current ones).
     #[must_use]
     pub fn policies(&self) -> &[Policy] {
-        &self.shared.tiers[0].policies
+        &self.limiter.tiers[0].policies
     }
 
     /// Forgets the state of `key` (a key as the extractor produces it, for
@@ -345,17 +276,17 @@ impl<St: Store, K> RateLimitLayer<St, K> {
     ///
     /// The store's error.
     pub async fn reset(&self, key: &str) -> Result<(), StoreError> {
-        if let Some(cache) = &self.shared.deny_cache {
+        if let Some(cache) = &self.limiter.deny_cache {
             cache.remove(key);
         }
-        let tiers = match &self.shared.live {
+        let tiers = match &self.limiter.live {
             Some(live) => live.sets_for(key),
-            None => self.shared.tiers.to_vec(),
+            None => self.limiter.tiers.to_vec(),
         };
         for tier in tiers {
-            self.shared.store.reset(key, &tier.policies).await?;
+            self.limiter.store.reset(key, &tier.policies).await?;
         }
-        if let Some(cache) = &self.shared.deny_cache {
+        if let Some(cache) = &self.limiter.deny_cache {
             cache.remove(key);
         }
         Ok(())
@@ -384,6 +315,13 @@ impl<St: Store, K> RateLimitLayer<St, K> {
 pub struct RateLimitLayerBuilder<St, K> {
     store: Arc<St>,
     key: K,
+    settings: Settings,
+}
+
+/// The settings of a [`RateLimitLayerBuilder`] that do not depend on its
+/// store or key type, so that [`RateLimitLayerBuilder::key`] moves them as
+/// one value.
+struct Settings {
     policies: Vec<Policy>,
     tiers: Vec<(String, Vec<Policy>)>,
     select_tier: Option<TierFn>,
@@ -407,11 +345,11 @@ pub struct RateLimitLayerBuilder<St, K> {
 impl<St, K> fmt::Debug for RateLimitLayerBuilder<St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayerBuilder")
-            .field("policies", &self.policies)
-            .field("tiers", &self.tiers)
-            .field("mode", &self.mode)
-            .field("failure", &self.failure)
-            .field("timeout", &self.timeout)
+            .field("policies", &self.settings.policies)
+            .field("tiers", &self.settings.tiers)
+            .field("mode", &self.settings.mode)
+            .field("failure", &self.settings.failure)
+            .field("timeout", &self.settings.timeout)
             .finish_non_exhaustive()
     }
 }
@@ -421,13 +359,13 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// per day) are checked together in one atomic step: a request is
     /// admitted only if all admit, and a denial charges none.
     pub fn policy(mut self, policy: Policy) -> Self {
-        self.policies.push(policy);
+        self.settings.policies.push(policy);
         self
     }
 
     /// Adds several default policies.
     pub fn policies(mut self, policies: impl IntoIterator<Item = Policy>) -> Self {
-        self.policies.extend(policies);
+        self.settings.policies.extend(policies);
         self
     }
 
@@ -436,24 +374,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
         RateLimitLayerBuilder {
             store: self.store,
             key,
-            policies: self.policies,
-            tiers: self.tiers,
-            select_tier: self.select_tier,
-            cost: self.cost,
-            mode: self.mode,
-            failure: self.failure,
-            timeout: self.timeout,
-            breaker: self.breaker,
-            deny_cache: self.deny_cache,
-            missing_key: self.missing_key,
-            header_mode: self.header_mode,
-            legacy_headers: self.legacy_headers,
-            info_in_extensions: self.info_in_extensions,
-            body: self.body,
-            no_room_status: self.no_room_status,
-            charge: self.charge,
-            limits: self.limits,
-            plans: self.plans,
+            settings: self.settings,
         }
     }
 
@@ -466,7 +387,8 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
         name: impl Into<String>,
         policies: impl IntoIterator<Item = Policy>,
     ) -> Self {
-        self.tiers
+        self.settings
+            .tiers
             .push((name.into(), policies.into_iter().collect()));
         self
     }
@@ -498,7 +420,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     where
         F: for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync + 'static,
     {
-        self.select_tier = Some(Box::new(move |parts, _key| select(parts)));
+        self.settings.select_tier = Some(Box::new(move |parts, _key| select(parts)));
         self
     }
 
@@ -547,7 +469,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// # Ok(()) }
     /// ```
     pub fn limits(mut self, limits: Limits) -> Self {
-        self.limits = Some(limits);
+        self.settings.limits = Some(limits);
         self
     }
 
@@ -576,7 +498,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     where
         F: for<'a> Fn(&'a Parts, &'a str) -> Option<&'a str> + Send + Sync + 'static,
     {
-        self.select_tier = Some(Box::new(select));
+        self.settings.select_tier = Some(Box::new(select));
         self
     }
 
@@ -587,7 +509,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// gets that tier of the limits (of the static
     /// [`tier`](Self::tier)s without a handle).
     pub fn resolve_plan(mut self, resolver: PlanResolver) -> Self {
-        self.plans = Some(resolver);
+        self.settings.plans = Some(resolver);
         self
     }
 
@@ -599,7 +521,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     where
         F: Fn(&Parts) -> u64 + Send + Sync + 'static,
     {
-        self.cost = Some(Box::new(cost));
+        self.settings.cost = Some(Box::new(cost));
         self
     }
 
@@ -691,13 +613,13 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     where
         F: Fn(&http::response::Parts) -> u64 + Send + Sync + 'static,
     {
-        self.charge = Some(Box::new(cost));
+        self.settings.charge = Some(Box::new(cost));
         self
     }
 
     /// Sets the mode (default [`Mode::Enforce`]).
     pub fn mode(mut self, mode: Mode) -> Self {
-        self.mode = mode;
+        self.settings.mode = mode;
         self
     }
 
@@ -719,7 +641,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// [`RateLimitLayerBuilder::no_room_status`] and the table at
     /// [`ErrorScope`](portcullis_core::ErrorScope)).
     pub fn on_store_failure(mut self, failure: FailurePolicy) -> Self {
-        self.failure = failure;
+        self.settings.failure = failure;
         self
     }
 
@@ -733,7 +655,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// the circuit breaker then stops waiting on it after
     /// [`DEFAULT_BREAKER_THRESHOLD`] failures.
     pub fn check_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.settings.timeout = timeout;
         self
     }
 
@@ -742,7 +664,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// probe it. Default 5 failures and 1 second; 0 failures disables the
     /// breaker.
     pub fn circuit_breaker(mut self, failures: u32, pause: Duration) -> Self {
-        self.breaker = (failures, pause);
+        self.settings.breaker = (failures, pause);
         self
     }
 
@@ -758,21 +680,21 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// [`MemoryStore`](portcullis_core::MemoryStore) does) is as quick as the
     /// cache, so it is asked every time.
     pub fn deny_cache(mut self, capacity: usize) -> Self {
-        self.deny_cache = (capacity > 0).then_some(capacity);
+        self.settings.deny_cache = (capacity > 0).then_some(capacity);
         self
     }
 
     /// Sets what happens to requests without a key (default: reject with
     /// `400 Bad Request`).
     pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
-        self.missing_key = missing_key;
+        self.settings.missing_key = missing_key;
         self
     }
 
     /// Sets which responses carry the `RateLimit` and `RateLimit-Policy`
     /// fields (default: all).
     pub fn headers(mut self, mode: HeaderMode) -> Self {
-        self.header_mode = mode;
+        self.settings.header_mode = mode;
         self
     }
 
@@ -780,7 +702,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// `X-RateLimit-Reset` (seconds until the quota is full again, or until
     /// retry when limited) for the binding policy.
     pub fn legacy_headers(mut self, enabled: bool) -> Self {
-        self.legacy_headers = enabled;
+        self.settings.legacy_headers = enabled;
         self
     }
 
@@ -789,7 +711,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// remaining quota (off by default: it costs an allocation per request;
     /// in [`Mode::DryRun`] the info is always there).
     pub fn info_in_extensions(mut self, enabled: bool) -> Self {
-        self.info_in_extensions = enabled;
+        self.settings.info_in_extensions = enabled;
         self
     }
 
@@ -800,14 +722,14 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// `503 Service Unavailable`. Either carries the store's
     /// `Retry-After`; such a request is never let through.
     pub fn no_room_status(mut self, status: StatusCode) -> Self {
-        self.no_room_status = status;
+        self.settings.no_room_status = status;
         self
     }
 
     /// Answers limited HTTP requests with an RFC 9457
     /// `application/problem+json` document instead of plain text.
     pub fn problem_json(mut self) -> Self {
-        self.body = LimitedBody::ProblemJson;
+        self.settings.body = LimitedBody::ProblemJson;
         self
     }
 
@@ -839,7 +761,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
         F: Fn(&RateLimitInfo) -> Response<B> + Send + Sync + 'static,
         B: Into<Bytes>,
     {
-        self.body = LimitedBody::Custom(Arc::new(move |info| build(info).map(Into::into)));
+        self.settings.body = LimitedBody::Custom(Arc::new(move |info| build(info).map(Into::into)));
         self
     }
 
@@ -859,25 +781,28 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// cannot be charged after the response (only GCRA and token bucket
     /// can).
     pub fn build(mut self) -> Result<RateLimitLayer<St, K>, ConfigError> {
-        if self.timeout.is_zero() {
+        if self.settings.timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
         }
-        if let Some(limits) = &self.limits {
-            if !self.policies.is_empty() || !self.tiers.is_empty() {
+        if let Some(limits) = &self.settings.limits {
+            if !self.settings.policies.is_empty() || !self.settings.tiers.is_empty() {
                 return Err(ConfigError::PoliciesWithLimits);
             }
             // The defaults in force, for `policies()` and the checks below.
-            self.policies = limits.load().defaults().to_vec();
+            self.settings.policies = limits.load().defaults().to_vec();
         }
-        let mut tiers = vec![Tier::new(DEFAULT_TIER, std::mem::take(&mut self.policies))?];
-        for (name, policies) in std::mem::take(&mut self.tiers) {
+        let mut tiers = vec![Tier::new(
+            DEFAULT_TIER,
+            std::mem::take(&mut self.settings.policies),
+        )?];
+        for (name, policies) in std::mem::take(&mut self.settings.tiers) {
             if tiers.iter().any(|t| *t.name == *name) {
                 return Err(ConfigError::DuplicateTier { tier: name });
             }
             tiers.push(Tier::new(&name, policies)?);
         }
         // A resolver without a handle: the static tiers as fixed limits.
-        if self.limits.is_none() && self.plans.is_some() {
+        if self.settings.limits.is_none() && self.settings.plans.is_some() {
             let mut set = LimitSet::builder().policies(tiers[0].policies.iter().cloned());
             for tier in &tiers[1..] {
                 set = set.tier(&*tier.name, tier.policies.iter().cloned());
@@ -885,9 +810,9 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
             let set = set
                 .build()
                 .map_err(|source| ConfigError::Limits { source })?;
-            self.limits = Some(Limits::new(set));
+            self.settings.limits = Some(Limits::new(set));
         }
-        if let Some(limits) = &self.limits {
+        if let Some(limits) = &self.settings.limits {
             let set = limits.load();
             let sets = set
                 .tiers()
@@ -896,7 +821,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
                 portcullis_core::Override::Policies(p) => Some((subject.to_owned(), p.clone())),
                 _ => None,
             })) {
-                if self.charge.is_some() {
+                if self.settings.charge.is_some() {
                     validate_charge(&policies).map_err(|source| {
                         ConfigError::ChargeAfterResponse {
                             tier: Some(name),
@@ -906,8 +831,8 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
                 }
             }
         }
-        if self.charge.is_some() {
-            if self.cost.is_some() {
+        if self.settings.charge.is_some() {
+            if self.settings.cost.is_some() {
                 return Err(ConfigError::ChargeAfterResponse {
                     tier: None,
                     source: None,
@@ -926,12 +851,15 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     }
 
     /// The layer, from a validated configuration and its tiers (the default
-    /// tier first); `self.policies` and `self.tiers` are not read. Every
-    /// way of making a layer ends here, so each describes the metrics.
+    /// tier first); `settings.policies` and `settings.tiers` are not read.
+    /// Every way of making a layer ends here, so each describes the metrics.
     fn into_layer(self, tiers: Vec<Tier>) -> RateLimitLayer<St, K> {
         #[cfg(feature = "metrics")]
         crate::observe::describe_metrics();
-        let live = self.limits.map(|limits| Live::new(limits, self.plans));
+        let live = self
+            .settings
+            .limits
+            .map(|limits| Live::new(limits, self.settings.plans));
         let tiers: Box<[Arc<Tier>]> = tiers
             .into_iter()
             .enumerate()
@@ -941,31 +869,32 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
             })
             .collect();
         let deny_cache = self
+            .settings
             .deny_cache
             .map(|capacity| DenyCache::new(tiers.len(), capacity));
         RateLimitLayer {
-            shared: Arc::new(Shared {
+            limiter: Arc::new(Limiter {
                 store: self.store,
                 key: self.key,
                 tiers,
                 live,
-                select_tier: self.select_tier,
-                cost: self.cost,
-                mode: self.mode,
-                failure: self.failure,
-                timeout: self.timeout,
-                breaker: Breaker::new(self.breaker.0, self.breaker.1),
+                select_tier: self.settings.select_tier,
+                cost: self.settings.cost,
+                mode: self.settings.mode,
+                failure: self.settings.failure,
+                timeout: self.settings.timeout,
+                breaker: Breaker::new(self.settings.breaker.0, self.settings.breaker.1),
                 deny_cache,
-                missing_key: self.missing_key,
-                header_mode: self.header_mode,
-                legacy_headers: self.legacy_headers,
-                info_in_extensions: self.info_in_extensions,
-                body: self.body,
+                missing_key: self.settings.missing_key,
+                header_mode: self.settings.header_mode,
+                legacy_headers: self.settings.legacy_headers,
+                info_in_extensions: self.settings.info_in_extensions,
+                body: self.settings.body,
                 warned_missing_key: AtomicBool::new(false),
                 undecided: UndecidedLog::new(),
                 errors: UndecidedLog::new(),
-                no_room_status: self.no_room_status,
-                charge: self.charge,
+                no_room_status: self.settings.no_room_status,
+                charge: self.settings.charge,
             }),
         }
     }

@@ -1,6 +1,9 @@
 //! Per-request policies from data: a live [`Limits`] handle, a tier chosen
 //! per request, and an async [`PlanResolver`] behind a bounded cache with
-//! single-flight.
+//! single-flight. The limiter's steps that use them
+//! ([`Limiter::pick_tier`](super::limiter::Limiter::pick_tier),
+//! [`Limiter::on_resolved`](super::limiter::Limiter::on_resolved)) are in
+//! `limiter.rs`.
 
 use std::collections::HashMap;
 use std::error::Error;
@@ -14,15 +17,12 @@ use std::time::Duration;
 use arc_swap::{ArcSwap, Guard};
 use foldhash::fast::FixedState;
 use hashbrown::HashTable;
-use http::request::Parts;
 use parking_lot::Mutex;
-use portcullis_core::{LimitSet, Limits, Policy, PolicySource, Store};
+use portcullis_core::{LimitSet, Limits, Policy, PolicySource};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::key::KeyExtractor;
-use crate::layer::{Shared, Tier};
-use crate::limiter::{Next, Ticket};
+use super::layer::Tier;
 
 type BoxError = Box<dyn Error + Send + Sync + 'static>;
 type LookupFn = dyn Fn(String) -> Pin<Box<dyn Future<Output = Result<Option<Plan>, BoxError>> + Send>>
@@ -727,7 +727,7 @@ impl Live {
     }
 
     /// The tier for a request whose lookup has answered.
-    fn picked_later(&self, key: &str, cached: &Cached) -> Picked {
+    pub(crate) fn picked_later(&self, key: &str, cached: &Cached) -> Picked {
         let compiled = self.current();
         // An override set while the lookup ran wins.
         if let Some(tier) = compiled.overrides.get(key) {
@@ -736,63 +736,6 @@ impl Live {
         match &self.plans {
             Some(plans) => apply(&compiled, plans.inner.on_failure, cached),
             None => Picked::Live(Arc::clone(&compiled.defaults)),
-        }
-    }
-}
-
-impl<St: Store, K: KeyExtractor> Shared<St, K> {
-    /// The tier of a request (`key` is its key).
-    #[inline]
-    pub(crate) fn pick_tier(&self, parts: &Parts, key: &str) -> Picked {
-        match &self.live {
-            None => Picked::Static(self.tier_index(parts, key)),
-            Some(live) => {
-                let select = self.select_tier.as_ref().and_then(|s| s(parts, key));
-                live.pick(key, select)
-            }
-        }
-    }
-
-    /// A lookup answered: check the request under the tier it gives.
-    pub(crate) fn on_resolved(
-        &self,
-        ticket: &mut Ticket,
-        parts: &mut Parts,
-        cached: &Cached,
-    ) -> Next<St> {
-        let _entered = ticket.span.as_ref().map(|span| span.clone().entered());
-        let picked = match &self.live {
-            Some(live) => live.picked_later(&ticket.key, cached),
-            None => Picked::Failed,
-        };
-        match picked {
-            Picked::Live(tier) => ticket.tier = tier,
-            Picked::Static(index) => {
-                if let Some(tier) = self.tiers.get(index) {
-                    ticket.tier = Arc::clone(tier);
-                }
-            }
-            Picked::Later(_) | Picked::Failed => {
-                tracing::debug!("plan lookup failed; the failure policy applies");
-                return self.on_failure(ticket, &parts.headers);
-            }
-        }
-        let cached = self
-            .deny_cache
-            .as_ref()
-            .filter(|cache| !cache.is_empty())
-            .and_then(|cache| {
-                cache.get(
-                    ticket.tier.slot,
-                    ticket.tier.id,
-                    &ticket.key,
-                    ticket.cost,
-                    Instant::now(),
-                )
-            });
-        match cached {
-            Some(verdict) => self.on_verdict(ticket, parts, verdict),
-            None => self.ask_store(ticket, &parts.headers),
         }
     }
 }
