@@ -21,7 +21,7 @@ use portcullis_core::{Policy, PolicySource, Verdict};
 ///
 /// let policy = Policy::per_second(1).name("api").build().unwrap();
 /// let verdict = Verdict::from_iter([Decision::denied(1, 0, Duration::from_millis(300), Duration::from_secs(1))]);
-/// let info = RateLimitInfo::new("alice", "default", vec![policy].into(), verdict, true);
+/// let info = RateLimitInfo::new("alice", "default", vec![policy].into(), verdict).in_dry_run();
 /// assert!(info.is_denied() && info.is_dry_run());
 /// assert_eq!(info.retry_after_secs(), Some(1));
 /// ```
@@ -37,25 +37,34 @@ pub struct RateLimitInfo {
 }
 
 impl RateLimitInfo {
-    /// Builds an info (the layer does this; public for tests of custom
-    /// response closures).
+    /// Builds an info for `key`, counted under `tier`'s `policies` with
+    /// this `verdict`, enforced (see [`in_dry_run`](Self::in_dry_run)). The
+    /// layer builds these; the constructor is public for tests of custom
+    /// limited-response closures.
     #[must_use]
     pub fn new(
         key: impl Into<String>,
         tier: impl Into<Arc<str>>,
         policies: Arc<[Policy]>,
         verdict: Verdict,
-        dry_run: bool,
     ) -> Self {
         Self {
             key: key.into(),
             tier: tier.into(),
             policies,
             verdict,
-            dry_run,
+            dry_run: false,
             source: PolicySource::Default,
             limits_version: 0,
         }
+    }
+
+    /// This info as the layer reports it in [`Mode::DryRun`](crate::Mode::DryRun):
+    /// the decision was only logged, never enforced.
+    #[must_use]
+    pub fn in_dry_run(mut self) -> Self {
+        self.dry_run = true;
+        self
     }
 
     /// This info with what chose its policies and the version of the live
@@ -67,7 +76,7 @@ impl RateLimitInfo {
     /// use portcullis::tower::RateLimitInfo;
     ///
     /// let policy = Policy::per_second(1).name("acme").build().unwrap();
-    /// let info = RateLimitInfo::new("acme", "acme", vec![policy].into(), Verdict::from_iter([]), false)
+    /// let info = RateLimitInfo::new("acme", "acme", vec![policy].into(), Verdict::from_iter([]))
     ///     .with_source(PolicySource::Override, 7);
     /// assert_eq!((info.source(), info.limits_version()), (PolicySource::Override, Some(7)));
     /// ```

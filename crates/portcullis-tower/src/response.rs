@@ -257,7 +257,7 @@ mod tests {
             Duration::from_millis(1500),
             Duration::from_secs(2),
         )]);
-        RateLimitInfo::new("k", "default", vec![policy].into(), verdict, false)
+        RateLimitInfo::new("k", "default", vec![policy].into(), verdict)
     }
 
     #[test]

@@ -611,14 +611,18 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
     fn info(&self, ticket: &mut Ticket, verdict: Verdict) -> RateLimitInfo {
         let key = std::mem::take(&mut ticket.key).into_string();
         let tier = self.tier(ticket);
-        RateLimitInfo::new(
+        let info = RateLimitInfo::new(
             key,
             std::sync::Arc::clone(&tier.name),
             std::sync::Arc::clone(&tier.policies),
             verdict,
-            self.mode == Mode::DryRun,
         )
-        .with_source(tier.source, tier.version)
+        .with_source(tier.source, tier.version);
+        if self.mode == Mode::DryRun {
+            info.in_dry_run()
+        } else {
+            info
+        }
     }
 
     fn limited(&self, ticket: &mut Ticket, headers: &HeaderMap, verdict: Verdict) -> Next<St> {
