@@ -30,7 +30,7 @@ fn service(
     layer: &RateLimitLayer<MemoryStore, Header>,
 ) -> impl Service<
     Request<()>,
-    Response = Response<portcullis::tower::RateLimitBody<String>>,
+    Response = Response<portcullis::tower::rate_limit::ResponseBody<String>>,
     Error = Infallible,
     Future: Send,
 > + Clone

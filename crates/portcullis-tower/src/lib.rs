@@ -203,18 +203,17 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod breaker;
-mod concurrency;
+pub mod concurrency;
 mod config;
 mod headers;
 mod info;
 mod key;
 mod observe;
-mod rate_limit;
+pub mod rate_limit;
 mod response;
 
 pub use concurrency::{
-    ConcurrencyFailure, ConcurrencyLimit, ConcurrencyLimitBody, ConcurrencyLimitFuture,
-    ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder,
+    ConcurrencyFailure, ConcurrencyLimit, ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder,
 };
 pub use config::{ConfigError, FailurePolicy, HeaderMode, MissingKey, Mode};
 pub use info::RateLimitInfo;
@@ -230,8 +229,8 @@ pub use key::{
 pub use observe::describe_metrics;
 pub use rate_limit::{
     Charge, KeepBody, KeepBodyFuture, KeepBodyLayer, Plan, PlanResolver, PlanResolverBuilder,
-    RateLimit, RateLimitBody, RateLimitLayer, RateLimitLayerBuilder, ResolverFailure,
-    ResponseFuture, DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD, DEFAULT_CHECK_TIMEOUT,
-    DEFAULT_DENY_CACHE_CAPACITY, DEFAULT_ERROR_TTL, DEFAULT_PLAN_CAPACITY, DEFAULT_PLAN_TTL,
-    DEFAULT_RESOLVE_TIMEOUT, DEFAULT_UNKNOWN_TTL,
+    RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResolverFailure, DEFAULT_BREAKER_PAUSE,
+    DEFAULT_BREAKER_THRESHOLD, DEFAULT_CHECK_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY,
+    DEFAULT_ERROR_TTL, DEFAULT_PLAN_CAPACITY, DEFAULT_PLAN_TTL, DEFAULT_RESOLVE_TIMEOUT,
+    DEFAULT_UNKNOWN_TTL,
 };

@@ -1,4 +1,4 @@
-//! [`ConcurrencyLimitFuture`]: acquire a lease (with a timeout), then call
+//! [`ResponseFuture`]: acquire a lease (with a timeout), then call
 //! the inner service holding the permit, then hand the permit to the
 //! response body.
 
@@ -18,7 +18,7 @@ use tower_service::Service;
 use super::layer::Shared;
 use super::permit::Permit;
 use super::service::{Outcome, Ticket};
-use super::ConcurrencyLimitBody;
+use super::ResponseBody;
 
 /// What an acquire under way keeps for the call that follows.
 struct Pending<S, St, K, ReqBody> {
@@ -34,7 +34,7 @@ struct Pending<S, St, K, ReqBody> {
 
 pin_project! {
     /// The response future of [`ConcurrencyLimit`](crate::ConcurrencyLimit).
-    pub struct ConcurrencyLimitFuture<S, St, K, ReqBody>
+    pub struct ResponseFuture<S, St, K, ReqBody>
     where
         S: Service<Request<ReqBody>>,
         St: LeaseStore,
@@ -54,7 +54,7 @@ pin_project! {
     }
 }
 
-impl<S, St, K, ReqBody> fmt::Debug for ConcurrencyLimitFuture<S, St, K, ReqBody>
+impl<S, St, K, ReqBody> fmt::Debug for ResponseFuture<S, St, K, ReqBody>
 where
     S: Service<Request<ReqBody>>,
     St: LeaseStore,
@@ -65,13 +65,13 @@ where
             State::Inner { .. } => "Inner",
             State::Done { .. } => "Done",
         };
-        f.debug_struct("ConcurrencyLimitFuture")
+        f.debug_struct("ResponseFuture")
             .field("state", &state)
             .finish_non_exhaustive()
     }
 }
 
-impl<S, St, K, ReqBody> ConcurrencyLimitFuture<S, St, K, ReqBody>
+impl<S, St, K, ReqBody> ResponseFuture<S, St, K, ReqBody>
 where
     S: Service<Request<ReqBody>>,
     St: LeaseStore,
@@ -119,12 +119,12 @@ where
     }
 }
 
-impl<S, St, K, ReqBody, ResBody> Future for ConcurrencyLimitFuture<S, St, K, ReqBody>
+impl<S, St, K, ReqBody, ResBody> Future for ResponseFuture<S, St, K, ReqBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     St: LeaseStore,
 {
-    type Output = Result<Response<ConcurrencyLimitBody<ResBody>>, S::Error>;
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -186,9 +186,7 @@ where
                         Poll::Pending => Poll::Pending,
                         Poll::Ready(Ok(response)) => {
                             let permit = permit.take();
-                            Poll::Ready(Ok(
-                                response.map(|body| ConcurrencyLimitBody::inner(body, permit))
-                            ))
+                            Poll::Ready(Ok(response.map(|body| ResponseBody::inner(body, permit))))
                         }
                         Poll::Ready(Err(error)) => {
                             drop(permit.take());
@@ -198,7 +196,7 @@ where
                 }
                 StateProj::Done { response } => {
                     let response = response.take().unwrap_or_else(internal_error_bytes);
-                    return Poll::Ready(Ok(response.map(ConcurrencyLimitBody::own)));
+                    return Poll::Ready(Ok(response.map(ResponseBody::own)));
                 }
             }
         }
@@ -212,6 +210,6 @@ fn internal_error_bytes() -> Response<Bytes> {
     response
 }
 
-fn internal_error<B>() -> Response<ConcurrencyLimitBody<B>> {
-    internal_error_bytes().map(ConcurrencyLimitBody::own)
+fn internal_error<B>() -> Response<ResponseBody<B>> {
+    internal_error_bytes().map(ResponseBody::own)
 }

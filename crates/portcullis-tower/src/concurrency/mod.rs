@@ -1,15 +1,18 @@
 //! Keyed concurrency limits: [`ConcurrencyLimitLayer`] (at most N requests
 //! in flight per key, each holding a lease from a
-//! [`LeaseStore`](portcullis_core::LeaseStore)), its service, future, and the
-//! permit the response body holds. The crate docs, "Concurrency limits",
-//! describe it for users.
+//! [`LeaseStore`](portcullis_core::LeaseStore)), its builder, service,
+//! [`ResponseFuture`] and [`ResponseBody`] (which holds the permit until the
+//! body is done). The layer, service and builder are also at the crate
+//! root; the crate docs, "Concurrency limits", describe how to use them.
+//! Like [`rate_limit`](crate::rate_limit), this module names its future and
+//! body `ResponseFuture` and `ResponseBody`.
 
 mod future;
 mod layer;
 mod permit;
 mod service;
 
-pub use future::ConcurrencyLimitFuture;
+pub use future::ResponseFuture;
 pub use layer::{ConcurrencyFailure, ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder};
-pub use permit::ConcurrencyLimitBody;
+pub use permit::ResponseBody;
 pub use service::ConcurrencyLimit;

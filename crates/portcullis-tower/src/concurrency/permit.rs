@@ -1,5 +1,5 @@
 //! The held permit ([`Permit`]): renews its lease while the request runs
-//! and releases it when dropped; and [`ConcurrencyLimitBody`], the response
+//! and releases it when dropped; and [`ResponseBody`], the response
 //! body that holds the permit until the body is done.
 
 use std::fmt;
@@ -194,7 +194,7 @@ pin_project! {
     /// assert_eq!(next.status(), http::StatusCode::OK);
     /// # Ok(()) }
     /// ```
-    pub struct ConcurrencyLimitBody<B> {
+    pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
     }
@@ -208,7 +208,7 @@ pin_project! {
     }
 }
 
-impl<B> ConcurrencyLimitBody<B> {
+impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B, permit: Option<Permit>) -> Self {
         Self {
             kind: Kind::Inner { body, permit },
@@ -224,22 +224,19 @@ impl<B> ConcurrencyLimitBody<B> {
     }
 }
 
-impl<B> fmt::Debug for ConcurrencyLimitBody<B> {
+impl<B> fmt::Debug for ResponseBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
             Kind::Inner { permit, .. } => f
-                .debug_struct("ConcurrencyLimitBody::Inner")
+                .debug_struct("ResponseBody::Inner")
                 .field("permit", permit)
                 .finish_non_exhaustive(),
-            Kind::Own { data } => f
-                .debug_tuple("ConcurrencyLimitBody::Own")
-                .field(data)
-                .finish(),
+            Kind::Own { data } => f.debug_tuple("ResponseBody::Own").field(data).finish(),
         }
     }
 }
 
-impl<B> Body for ConcurrencyLimitBody<B>
+impl<B> Body for ResponseBody<B>
 where
     B: Body<Data = Bytes>,
 {

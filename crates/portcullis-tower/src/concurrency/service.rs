@@ -13,10 +13,10 @@ use http_body::Body;
 use portcullis_core::{ErrorScope, LeaseDecision, LeaseId, LeaseStore, StoreError};
 use tower_service::Service;
 
-use super::future::ConcurrencyLimitFuture;
+use super::future::ResponseFuture;
 use super::layer::Shared;
 use super::permit::Permit;
-use super::ConcurrencyLimitBody;
+use super::ResponseBody;
 use crate::config::MissingKey;
 use crate::headers::ceil_secs;
 use crate::key::{KeyBuf, KeyExtractor};
@@ -257,9 +257,9 @@ where
     K: KeyExtractor,
     ResBody: Body<Data = Bytes>,
 {
-    type Response = Response<ConcurrencyLimitBody<ResBody>>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ConcurrencyLimitFuture<S, St, K, ReqBody>;
+    type Future = ResponseFuture<S, St, K, ReqBody>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -277,10 +277,10 @@ where
             match &shared.missing_key {
                 MissingKey::Skip => {
                     let request = Request::from_parts(parts, body);
-                    return ConcurrencyLimitFuture::forward(self.inner.call(request), None);
+                    return ResponseFuture::forward(self.inner.call(request), None);
                 }
                 MissingKey::Reject { status, message } => {
-                    return ConcurrencyLimitFuture::respond(plain(grpc, *status, message));
+                    return ResponseFuture::respond(plain(grpc, *status, message));
                 }
                 MissingKey::Fallback(fallback) => {
                     key.clear();
@@ -297,9 +297,9 @@ where
         if !shared.store_allowed() {
             return match shared.on_failure(&ticket) {
                 Outcome::Forward(permit) => {
-                    ConcurrencyLimitFuture::forward(self.inner.call(request), permit)
+                    ResponseFuture::forward(self.inner.call(request), permit)
                 }
-                Outcome::Respond(response) => ConcurrencyLimitFuture::respond(response),
+                Outcome::Respond(response) => ResponseFuture::respond(response),
             };
         }
         // A store that answers synchronously (the memory store) is decided
@@ -311,9 +311,9 @@ where
         {
             return match shared.decide(&ticket, result) {
                 Outcome::Forward(permit) => {
-                    ConcurrencyLimitFuture::forward(self.inner.call(request), permit)
+                    ResponseFuture::forward(self.inner.call(request), permit)
                 }
-                Outcome::Respond(response) => ConcurrencyLimitFuture::respond(response),
+                Outcome::Respond(response) => ResponseFuture::respond(response),
             };
         }
         let acquire = shared
@@ -323,6 +323,6 @@ where
         // future; this service keeps a fresh clone.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ConcurrencyLimitFuture::acquiring(acquire, Arc::clone(&self.shared), inner, request, ticket)
+        ResponseFuture::acquiring(acquire, Arc::clone(&self.shared), inner, request, ticket)
     }
 }

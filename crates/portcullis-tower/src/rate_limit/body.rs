@@ -16,7 +16,7 @@ pin_project! {
     /// It is an [`http_body::Body`] with `Data = Bytes` and the inner body's
     /// error, so Axum, Tonic and Hyper accept it as they accept the inner
     /// body.
-    pub struct RateLimitBody<B> {
+    pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
     }
@@ -30,7 +30,7 @@ pin_project! {
     }
 }
 
-impl<B> RateLimitBody<B> {
+impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B) -> Self {
         Self {
             kind: Kind::Inner { body },
@@ -46,7 +46,7 @@ impl<B> RateLimitBody<B> {
     }
 }
 
-impl<B: From<Bytes>> RateLimitBody<B> {
+impl<B: From<Bytes>> ResponseBody<B> {
     /// The body as the inner service's body type: the inner body itself,
     /// or the layer's own bytes through `B::from` (what
     /// [`KeepBodyLayer`](crate::KeepBodyLayer) does to every response).
@@ -54,9 +54,9 @@ impl<B: From<Bytes>> RateLimitBody<B> {
     /// ```
     /// use bytes::Bytes;
     /// use http_body_util::Full;
-    /// use portcullis::tower::RateLimitBody;
+    /// use portcullis::tower::ResponseBody;
     ///
-    /// # fn unwrap(body: RateLimitBody<Full<Bytes>>) -> Full<Bytes> {
+    /// # fn unwrap(body: ResponseBody<Full<Bytes>>) -> Full<Bytes> {
     /// body.into_body()
     /// # }
     /// ```
@@ -68,16 +68,16 @@ impl<B: From<Bytes>> RateLimitBody<B> {
     }
 }
 
-impl<B> fmt::Debug for RateLimitBody<B> {
+impl<B> fmt::Debug for ResponseBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
-            Kind::Inner { .. } => f.write_str("RateLimitBody::Inner"),
-            Kind::Own { data } => f.debug_tuple("RateLimitBody::Own").field(data).finish(),
+            Kind::Inner { .. } => f.write_str("ResponseBody::Inner"),
+            Kind::Own { data } => f.debug_tuple("ResponseBody::Own").field(data).finish(),
         }
     }
 }
 
-impl<B> Body for RateLimitBody<B>
+impl<B> Body for ResponseBody<B>
 where
     B: Body<Data = Bytes>,
 {
@@ -117,29 +117,29 @@ mod tests {
     #[tokio::test]
     async fn own_body_yields_its_bytes_once() {
         let body =
-            RateLimitBody::<http_body_util::Empty<Bytes>>::own(Bytes::from_static(b"slow down"));
+            ResponseBody::<http_body_util::Empty<Bytes>>::own(Bytes::from_static(b"slow down"));
         assert_eq!(body.size_hint().exact(), Some(9));
         assert!(!body.is_end_stream());
         let collected = body.collect().await.unwrap().to_bytes();
         assert_eq!(collected, "slow down");
-        let empty = RateLimitBody::<http_body_util::Empty<Bytes>>::own(Bytes::new());
+        let empty = ResponseBody::<http_body_util::Empty<Bytes>>::own(Bytes::new());
         assert!(empty.is_end_stream());
     }
 
     #[tokio::test]
     async fn into_body_keeps_the_inner_body_and_converts_the_own_one() {
-        let inner = RateLimitBody::inner(http_body_util::Full::new(Bytes::from_static(b"hi")));
+        let inner = ResponseBody::inner(http_body_util::Full::new(Bytes::from_static(b"hi")));
         let inner: http_body_util::Full<Bytes> = inner.into_body();
         assert_eq!(inner.collect().await.unwrap().to_bytes(), "hi");
-        let own = RateLimitBody::<http_body_util::Full<Bytes>>::own(Bytes::from_static(b"429"));
+        let own = ResponseBody::<http_body_util::Full<Bytes>>::own(Bytes::from_static(b"429"));
         assert_eq!(own.into_body().collect().await.unwrap().to_bytes(), "429");
-        let empty = RateLimitBody::<http_body_util::Full<Bytes>>::own(Bytes::new());
+        let empty = ResponseBody::<http_body_util::Full<Bytes>>::own(Bytes::new());
         assert!(empty.into_body().is_end_stream());
     }
 
     #[tokio::test]
     async fn inner_body_passes_through() {
-        let body = RateLimitBody::inner(http_body_util::Full::new(Bytes::from_static(b"hello")));
+        let body = ResponseBody::inner(http_body_util::Full::new(Bytes::from_static(b"hello")));
         assert_eq!(body.collect().await.unwrap().to_bytes(), "hello");
     }
 }

@@ -20,7 +20,7 @@ use super::limiter::Limiter;
 use super::limiter::{Next, Then, Ticket};
 use crate::headers::RateLimitHeaders;
 use crate::key::KeyExtractor;
-use crate::RateLimitBody;
+use crate::rate_limit::ResponseBody;
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).
@@ -229,7 +229,7 @@ where
     St: Store,
     K: KeyExtractor,
 {
-    type Output = Result<Response<RateLimitBody<ResBody>>, S::Error>;
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -255,7 +255,7 @@ where
                             response
                         }
                     };
-                    return Poll::Ready(Ok(response.map(RateLimitBody::inner)));
+                    return Poll::Ready(Ok(response.map(ResponseBody::inner)));
                 }
                 StateProj::Charging => {
                     let charged = match this.charge.as_mut() {
@@ -263,17 +263,17 @@ where
                         None => None,
                     };
                     return Poll::Ready(match charged {
-                        Some(response) => Ok(response.map(RateLimitBody::inner)),
-                        None => Ok(missing_request().map(RateLimitBody::own)),
+                        Some(response) => Ok(response.map(ResponseBody::inner)),
+                        None => Ok(missing_request().map(ResponseBody::own)),
                     });
                 }
                 StateProj::Done { response } => {
                     let response = response.take().unwrap_or_else(missing_request);
-                    return Poll::Ready(Ok(response.map(RateLimitBody::own)));
+                    return Poll::Ready(Ok(response.map(ResponseBody::own)));
                 }
                 StateProj::Check { check, timer } => {
                     let Some(pending) = this.pending.as_mut() else {
-                        return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
+                        return Poll::Ready(Ok(missing_request().map(ResponseBody::own)));
                     };
                     match check.poll(cx) {
                         Poll::Ready(result) => pending.limiter.on_result(
@@ -294,7 +294,7 @@ where
                 }
                 StateProj::Ready { result } => {
                     let Some((pending, result)) = this.pending.as_mut().zip(result.take()) else {
-                        return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
+                        return Poll::Ready(Ok(missing_request().map(ResponseBody::own)));
                     };
                     pending
                         .limiter
@@ -302,7 +302,7 @@ where
                 }
                 StateProj::Fallback { check, timer } => {
                     let Some(pending) = this.pending.as_mut() else {
-                        return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
+                        return Poll::Ready(Ok(missing_request().map(ResponseBody::own)));
                     };
                     match check.as_mut().poll(cx) {
                         Poll::Ready(result) => pending.limiter.on_result(
@@ -324,7 +324,7 @@ where
                 StateProj::Resolve { lookup } => {
                     let cached = ready!(lookup.as_mut().poll(cx));
                     let Some(pending) = this.pending.as_mut() else {
-                        return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
+                        return Poll::Ready(Ok(missing_request().map(ResponseBody::own)));
                     };
                     pending
                         .limiter
@@ -336,7 +336,7 @@ where
                         sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
                     ready!(sleep.as_mut().poll(cx));
                     let Some(pending) = this.pending.as_mut() else {
-                        return Poll::Ready(Ok(missing_request().map(RateLimitBody::own)));
+                        return Poll::Ready(Ok(missing_request().map(ResponseBody::own)));
                     };
                     let then = then.take().unwrap_or(Then::Forward(None));
                     pending

@@ -12,9 +12,9 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::RateLimitBody;
+use crate::rate_limit::ResponseBody;
 
-/// Wraps a layer whose services answer [`RateLimitBody`]s (such as
+/// Wraps a layer whose services answer [`ResponseBody`]s (such as
 /// [`RateLimitLayer`](crate::RateLimitLayer)) so that they answer the inner
 /// service's own body type `B` instead; built with
 /// [`RateLimitLayer::keep_body`](crate::RateLimitLayer::keep_body).
@@ -28,7 +28,7 @@ use crate::RateLimitBody;
 /// by boxing it, so behind the default layer each admitted response costs
 /// one allocation more than the handler's; with `keep_body` it costs none.
 /// A body type without `From<Bytes>` (Tonic's, or a boxed body) keeps the
-/// default [`RateLimitBody`].
+/// default [`ResponseBody`].
 ///
 /// ```
 /// use std::net::SocketAddr;
@@ -88,7 +88,7 @@ impl<S, L: Layer<S>> Layer<S> for KeepBodyLayer<L> {
 }
 
 /// The service of a [`KeepBodyLayer`]: `S`'s responses with their
-/// [`RateLimitBody`] unwrapped into the inner body type.
+/// [`ResponseBody`] unwrapped into the inner body type.
 #[derive(Debug, Clone)]
 pub struct KeepBody<S> {
     inner: S,
@@ -113,7 +113,7 @@ impl<S> KeepBody<S> {
 
 impl<S, Req, B> Service<Req> for KeepBody<S>
 where
-    S: Service<Req, Response = Response<RateLimitBody<B>>>,
+    S: Service<Req, Response = Response<ResponseBody<B>>>,
     B: From<Bytes>,
 {
     type Response = Response<B>;
@@ -144,7 +144,7 @@ pin_project! {
 
 impl<F, B, E> Future for KeepBodyFuture<F>
 where
-    F: Future<Output = Result<Response<RateLimitBody<B>>, E>>,
+    F: Future<Output = Result<Response<ResponseBody<B>>, E>>,
     B: From<Bytes>,
 {
     type Output = Result<Response<B>, E>;
@@ -152,6 +152,6 @@ where
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let response = ready!(self.project().inner.poll(cx))?;
-        Poll::Ready(Ok(response.map(RateLimitBody::into_body)))
+        Poll::Ready(Ok(response.map(ResponseBody::into_body)))
     }
 }

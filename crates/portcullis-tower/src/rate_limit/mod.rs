@@ -1,12 +1,15 @@
-//! Rate limits: [`RateLimitLayer`] (cost per key against a
-//! [`Store`](portcullis_core::Store)), its builder, service and response
-//! future, the limiter state its services share, the deny cache, charging
-//! after the response, per-request policies ([`PlanResolver`]) and the
-//! response body. The crate docs describe it for users.
+//! Rate limits: [`RateLimitLayer`] (a cost per request against a
+//! [`Store`](portcullis_core::Store), per key), its builder, service,
+//! [`ResponseFuture`] and [`ResponseBody`], charging after the response
+//! ([`Charge`]) and per-request policies ([`PlanResolver`]). The layer,
+//! service and builder are also at the crate root; the crate docs describe
+//! how to use them. Like [`concurrency`](crate::concurrency), this module
+//! names its future and body `ResponseFuture` and `ResponseBody`.
 //!
-//! Modules both layers use (response building, headers, circuit breaker,
-//! metrics, configuration, [`RateLimitInfo`](crate::RateLimitInfo)) live at
-//! the crate root.
+//! Inside: the limiter state its services share (`limiter.rs`), the deny
+//! cache, the keep-body variant. Modules both layers use (response
+//! building, headers, circuit breaker, metrics, configuration,
+//! [`RateLimitInfo`](crate::RateLimitInfo)) live at the crate root.
 
 mod body;
 mod charge;
@@ -18,7 +21,7 @@ mod limiter;
 mod resolve;
 mod service;
 
-pub use body::RateLimitBody;
+pub use body::ResponseBody;
 pub use charge::Charge;
 pub use future::ResponseFuture;
 pub use keep_body::{KeepBody, KeepBodyFuture, KeepBodyLayer};

@@ -14,7 +14,7 @@ use super::future::ResponseFuture;
 use super::limiter::Limiter;
 use super::limiter::Next;
 use crate::key::KeyExtractor;
-use crate::RateLimitBody;
+use crate::rate_limit::ResponseBody;
 
 /// Middleware that rate-limits requests; built by
 /// [`RateLimitLayer`](crate::RateLimitLayer).
@@ -103,7 +103,7 @@ where
     K: KeyExtractor,
     ResBody: Body,
 {
-    type Response = Response<RateLimitBody<ResBody>>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<S, St, K, ReqBody>;
 
