@@ -5,7 +5,7 @@
 //! held gives them back by the TTL (on Redis' clock); a cancelled request,
 //! a dropped body and a client that disconnects release their permit;
 //! renewals keep a long request's lease past its TTL; the layer stacks
-//! with `RateLimitLayer`; a layer over `BoxStore::with_leases(RedisStore)`
+//! with `RateLimitLayer`; a layer over `BoxLeaseStore::new(RedisStore)`
 //! (the store an app picks at start-up) never runs more than
 //! `max_in_flight` at once.
 
@@ -22,7 +22,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use portcullis_core::{
-    BoxStore, Clock, ConcurrencyPolicy, LeaseId, LeaseStore, ManualClock, MemoryStore,
+    BoxLeaseStore, Clock, ConcurrencyPolicy, LeaseId, LeaseStore, ManualClock, MemoryStore,
 };
 use portcullis_redis::{ClockMode, RedisStore};
 use portcullis_tests::{redis_url, unique_prefix};
@@ -534,7 +534,7 @@ where
     status
 }
 
-/// A `ConcurrencyLimitLayer` over `BoxStore::with_leases(redis)`: with
+/// A `ConcurrencyLimitLayer` over `BoxLeaseStore::new(redis)`: with
 /// `max_in_flight` requests held inside the handler, every other request
 /// is `429` and Redis itself refuses a permit; once they finish, their
 /// permits come back (released through the box, before the TTL); under a
@@ -543,8 +543,7 @@ where
 async fn boxed_redis_never_exceeds_max_in_flight(redis: RedisStore, now: impl Fn() -> u64) {
     const MAX: u64 = 2;
     const BURST: usize = 24;
-    let store = BoxStore::with_leases(redis);
-    assert!(store.supports_leases(), "{store:?}");
+    let store = BoxLeaseStore::new(redis);
     let policy = ConcurrencyPolicy::max_in_flight(MAX)
         .lease_ttl(Duration::from_secs(60))
         .name("boxed")

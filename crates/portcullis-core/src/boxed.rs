@@ -33,8 +33,8 @@ pub type BoxReleaseFuture = Pin<Box<dyn Future<Output = Result<bool, StoreError>
 /// The lease methods have defaults that answer
 /// [`StoreError::Unsupported`]: the blanket implementation cannot tell
 /// whether a store also implements [`LeaseStore`], so it keeps the
-/// defaults, and [`BoxStore::with_leases`] wraps the store in a private
-/// type that forwards them.
+/// defaults (unreachable: only a [`BoxLeaseStore`] exposes lease calls, and
+/// it always wraps the store in a private type that forwards them).
 //
 // Why one trait with lease methods rather than a second `DynLeaseStore`
 // trait: a `BoxStore` stays one `Arc` to one vtable, and its check path is
@@ -62,12 +62,6 @@ pub(crate) trait DynStore: Send + Sync + 'static {
 
     /// The wrapped store's type name, for `Debug`.
     fn type_name(&self) -> &'static str;
-
-    /// Whether the lease methods reach a [`LeaseStore`] (`false`: they
-    /// answer [`StoreError::Unsupported`]).
-    fn supports_leases_dyn(&self) -> bool {
-        false
-    }
 
     /// [`LeaseStore::acquire`], its future boxed. By default
     /// [`StoreError::Unsupported`].
@@ -144,9 +138,8 @@ fn no_leases(operation: &'static str, store: &str) -> StoreError {
     StoreError::Unsupported {
         operation,
         detail: format!(
-            "the store {store} was boxed without concurrency leases (BoxStore::new): \
-             build the BoxStore with BoxStore::with_leases(store) when the store implements \
-             LeaseStore (MemoryStore and RedisStore do), or use a store that implements LeaseStore"
+            "the store {store} was boxed without concurrency leases: box it with \
+             BoxLeaseStore::new(store) (MemoryStore and RedisStore hold leases)"
         ),
     }
 }
@@ -178,7 +171,7 @@ impl<S: Store> DynStore for S {
     }
 }
 
-/// A store boxed with its leases ([`BoxStore::with_leases`]): forwards
+/// A store boxed with its leases ([`BoxLeaseStore::new`]): forwards
 /// every method of [`DynStore`], the lease methods included. It does not
 /// implement [`Store`] itself, so the blanket implementation above does
 /// not cover it.
@@ -208,10 +201,6 @@ impl<S: Store + LeaseStore> DynStore for WithLeases<S> {
 
     fn type_name(&self) -> &'static str {
         std::any::type_name::<S>()
-    }
-
-    fn supports_leases_dyn(&self) -> bool {
-        true
     }
 
     fn acquire_boxed(
@@ -270,12 +259,10 @@ impl<S: Store + LeaseStore> DynStore for WithLeases<S> {
 /// answered without any, and a store that waits (Redis) has its future
 /// boxed once.
 ///
-/// A `BoxStore` is also a [`LeaseStore`], for a concurrency limit: built
-/// with [`BoxStore::with_leases`] from a store that holds leases
-/// ([`MemoryStore`], `RedisStore`), it forwards them the same way (an
-/// acquire the store answers at once through [`LeaseStore::acquire_now`]
-/// needs no allocation). Built with [`BoxStore::new`], every lease call
-/// answers [`StoreError::Unsupported`].
+/// For a concurrency limit too, box a store that holds leases
+/// ([`MemoryStore`], `RedisStore`) as a [`BoxLeaseStore`]: it forwards them
+/// the same way (an acquire the store answers at once through
+/// [`LeaseStore::acquire_now`] needs no allocation).
 ///
 /// [`MemoryStore`]: crate::MemoryStore
 ///
@@ -299,11 +286,10 @@ pub struct BoxStore {
 }
 
 impl BoxStore {
-    /// Boxes `store` for rate limits only: its lease methods, if it has
-    /// any, are not kept, and every [`LeaseStore`] call on the box answers
-    /// [`StoreError::Unsupported`]. For a store that holds leases, use
-    /// [`BoxStore::with_leases`]. (To share a `BoxStore`, clone it rather
-    /// than box it again.)
+    /// Boxes `store` for rate limits: a `BoxStore` is a [`Store`] only.
+    /// For a store whose concurrency leases are wanted too, use
+    /// [`BoxLeaseStore`], which is also a [`LeaseStore`]. (To share a
+    /// `BoxStore`, clone it rather than box it again.)
     #[must_use]
     pub fn new<S: Store>(store: S) -> Self {
         Self {
@@ -317,49 +303,12 @@ impl BoxStore {
     pub fn from_arc<S: Store>(store: Arc<S>) -> Self {
         Self { inner: store }
     }
-
-    /// Boxes `store` with its concurrency leases: the box is a [`Store`]
-    /// and a [`LeaseStore`], so one `BoxStore` serves both a
-    /// `RateLimitLayer` and a `ConcurrencyLimitLayer`.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use portcullis::{BoxStore, ConcurrencyPolicy, LeaseId, LeaseStore, MemoryStore};
-    ///
-    /// # futures::executor::block_on(async {
-    /// let store = BoxStore::with_leases(MemoryStore::new());
-    /// assert!(store.supports_leases());
-    /// let policy = ConcurrencyPolicy::max_in_flight(2).lease_ttl(Duration::from_secs(30)).build()?;
-    /// let first = store.acquire("tenant", &policy, LeaseId::generate()).await?;
-    /// let second = store.acquire("tenant", &policy, LeaseId::generate()).await?;
-    /// assert!(first.is_granted() && second.is_granted());
-    /// // Both permits are taken: the third is denied.
-    /// let third = store.acquire("tenant", &policy, LeaseId::generate()).await?;
-    /// assert!(!third.is_granted());
-    /// assert_eq!(third.in_flight(), 2);
-    /// // Releasing one frees a permit.
-    /// assert!(store.release("tenant", &policy, first.lease().unwrap().id()).await?);
-    /// assert!(store.acquire("tenant", &policy, LeaseId::generate()).await?.is_granted());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # }).unwrap();
-    /// ```
-    #[must_use]
-    pub fn with_leases<S: Store + LeaseStore>(store: S) -> Self {
-        Self {
-            inner: Arc::new(WithLeases(store)),
-        }
-    }
 }
 
 impl fmt::Debug for BoxStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("BoxStore")
             .field(&self.inner.type_name())
-            .field(&if self.inner.supports_leases_dyn() {
-                "with leases"
-            } else {
-                "without leases"
-            })
             .finish()
     }
 }
@@ -398,19 +347,102 @@ impl Store for BoxStore {
     }
 }
 
-/// The wrapped store's leases when built with [`BoxStore::with_leases`];
-/// [`StoreError::Unsupported`] (scope
-/// [`ErrorScope::Request`](crate::ErrorScope::Request)) for every call when
-/// built with [`BoxStore::new`].
-impl LeaseStore for BoxStore {
-    type AcquireFuture = BoxAcquireFuture;
+/// Any store that holds concurrency leases behind one type: a [`Store`] and
+/// a [`LeaseStore`], so one box serves both a `RateLimitLayer` and a
+/// `ConcurrencyLimitLayer`. A store without leases cannot be put in one (it
+/// does not implement [`LeaseStore`]), so a concurrency layer is never
+/// given a store it cannot use. Converts into a [`BoxStore`] for code that
+/// only checks rates.
+///
+/// ```
+/// use std::time::Duration;
+/// use portcullis::{BoxLeaseStore, BoxStore, ConcurrencyPolicy, LeaseId, LeaseStore, MemoryStore};
+///
+/// # futures::executor::block_on(async {
+/// let store = BoxLeaseStore::new(MemoryStore::new());
+/// let policy = ConcurrencyPolicy::max_in_flight(2).lease_ttl(Duration::from_secs(30)).build()?;
+/// let first = store.acquire("tenant", &policy, LeaseId::generate()).await?;
+/// let second = store.acquire("tenant", &policy, LeaseId::generate()).await?;
+/// assert!(first.is_granted() && second.is_granted());
+/// // Both permits are taken: the third is denied.
+/// let third = store.acquire("tenant", &policy, LeaseId::generate()).await?;
+/// assert!(!third.is_granted());
+/// assert_eq!(third.in_flight(), 2);
+/// // Releasing one frees a permit.
+/// assert!(store.release("tenant", &policy, first.lease().unwrap().id()).await?);
+/// assert!(store.acquire("tenant", &policy, LeaseId::generate()).await?.is_granted());
+/// // The same state, as a rates-only box.
+/// let rates: BoxStore = store.into();
+/// # let _ = rates;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct BoxLeaseStore {
+    inner: Arc<dyn DynStore>,
+}
 
-    /// `true` for a box built with [`BoxStore::with_leases`]; a box built
-    /// with [`BoxStore::new`] answers every lease call
-    /// [`StoreError::Unsupported`].
-    fn supports_leases(&self) -> bool {
-        self.inner.supports_leases_dyn()
+impl BoxLeaseStore {
+    /// Boxes `store` with its concurrency leases.
+    #[must_use]
+    pub fn new<S: Store + LeaseStore>(store: S) -> Self {
+        Self {
+            inner: Arc::new(WithLeases(store)),
+        }
     }
+}
+
+impl From<BoxLeaseStore> for BoxStore {
+    /// The same store (the same state), for rate limits only.
+    fn from(store: BoxLeaseStore) -> Self {
+        Self { inner: store.inner }
+    }
+}
+
+impl fmt::Debug for BoxLeaseStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("BoxLeaseStore")
+            .field(&self.inner.type_name())
+            .finish()
+    }
+}
+
+impl Store for BoxLeaseStore {
+    type CheckFuture = BoxCheckFuture;
+
+    fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
+        self.inner.check_boxed(subject, policies, cost)
+    }
+
+    fn check_now(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Option<Result<Verdict, StoreError>> {
+        self.inner.check_now_dyn(subject, policies, cost)
+    }
+
+    fn charge(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> impl Future<Output = Result<Verdict, StoreError>> + Send + 'static {
+        self.inner.charge_boxed(subject, policies, cost)
+    }
+
+    fn reset(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        self.inner.reset_boxed(subject, policies)
+    }
+}
+
+impl LeaseStore for BoxLeaseStore {
+    type AcquireFuture = BoxAcquireFuture;
 
     fn acquire(
         &self,
@@ -542,9 +574,8 @@ mod tests {
     }
 
     #[test]
-    fn with_leases_grants_up_to_the_limit_and_release_frees_a_permit() {
-        let store = BoxStore::with_leases(MemoryStore::new());
-        assert!(store.supports_leases());
+    fn a_lease_box_grants_up_to_the_limit_and_release_frees_a_permit() {
+        let store = BoxLeaseStore::new(MemoryStore::new());
         let policy = concurrency(2);
         // The memory store answers at once through the box.
         let first = store
@@ -585,69 +616,21 @@ mod tests {
         let p = policies();
         assert!(store.check_now("t", &p, 1).unwrap().unwrap().is_allowed());
         assert!(format!("{store:?}").contains("MemoryStore"));
-        assert!(format!("{store:?}").contains("with leases"));
+        assert!(format!("{store:?}").starts_with("BoxLeaseStore"));
     }
 
     #[test]
-    fn without_leases_every_lease_call_is_unsupported_and_says_what_to_do() {
-        // A check-only store (no LeaseStore), and a lease-capable store
-        // boxed with `new`: neither keeps leases.
-        let policy = concurrency(1);
-        for store in [
-            BoxStore::new(Deferred(MemoryStore::new())),
-            BoxStore::new(MemoryStore::new()),
-        ] {
-            assert!(!store.supports_leases());
-            let now = store
-                .acquire_now("t", &policy, LeaseId::generate())
-                .expect("answered at once")
-                .unwrap_err();
-            let later =
-                futures::executor::block_on(store.acquire("t", &policy, LeaseId::generate()))
-                    .unwrap_err();
-            for err in [&now, &later] {
-                assert!(
-                    matches!(
-                        err,
-                        StoreError::Unsupported {
-                            operation: "acquire",
-                            ..
-                        }
-                    ),
-                    "{err:?}"
-                );
-                let message = err.to_string();
-                assert!(message.contains("BoxStore::with_leases"), "{message}");
-                assert!(message.contains("LeaseStore"), "{message}");
-                assert!(message.contains(store.inner.type_name()), "{message}");
-                assert_eq!(err.scope(), crate::ErrorScope::Request);
-            }
-            let renew = futures::executor::block_on(store.renew("t", &policy, LeaseId::generate()))
-                .unwrap_err();
-            assert!(matches!(
-                renew,
-                StoreError::Unsupported {
-                    operation: "renew",
-                    ..
-                }
-            ));
-            let release =
-                futures::executor::block_on(store.release("t", &policy, LeaseId::generate()))
-                    .unwrap_err();
-            assert!(matches!(
-                release,
-                StoreError::Unsupported {
-                    operation: "release",
-                    ..
-                }
-            ));
-            assert!(format!("{store:?}").contains("without leases"));
-            // Rate limits are unaffected.
-            assert!(
-                futures::executor::block_on(store.check("t", &policies(), 1))
-                    .unwrap()
-                    .is_allowed()
-            );
-        }
+    fn a_lease_box_and_the_rates_only_box_made_from_it_share_one_state() {
+        let leases = BoxLeaseStore::new(MemoryStore::new());
+        let rates = BoxStore::from(leases.clone());
+        let p = policies();
+        let first = futures::executor::block_on(leases.check("t", &p, 1)).unwrap();
+        let second = futures::executor::block_on(rates.check("t", &p, 1)).unwrap();
+        assert_eq!(
+            second.decisions()[0].remaining() + 1,
+            first.decisions()[0].remaining()
+        );
+        assert!(format!("{rates:?}").starts_with("BoxStore"));
+        assert!(format!("{rates:?}").contains("MemoryStore"));
     }
 }

@@ -456,15 +456,6 @@ pub trait LeaseStore: Send + Sync + 'static {
         lease: LeaseId,
     ) -> Self::AcquireFuture;
 
-    /// Whether this store holds leases at all. `true` by default; a
-    /// [`BoxStore`](crate::BoxStore) built with
-    /// [`BoxStore::new`](crate::BoxStore::new) answers `false` (its lease
-    /// calls are [`StoreError::Unsupported`]), so a concurrency layer can
-    /// refuse it when it is built rather than on every request.
-    fn supports_leases(&self) -> bool {
-        true
-    }
-
     /// Answers an acquire at once when the store can (the memory store);
     /// `None` means use [`LeaseStore::acquire`] (nothing was done).
     fn acquire_now(
@@ -513,10 +504,6 @@ pub trait LeaseStore: Send + Sync + 'static {
 
 impl<T: LeaseStore> LeaseStore for Arc<T> {
     type AcquireFuture = T::AcquireFuture;
-
-    fn supports_leases(&self) -> bool {
-        (**self).supports_leases()
-    }
 
     fn acquire(
         &self,

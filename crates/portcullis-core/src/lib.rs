@@ -52,7 +52,8 @@ mod store;
 mod subject;
 
 pub use boxed::{
-    BoxAcquireFuture, BoxCheckFuture, BoxReleaseFuture, BoxRenewFuture, BoxResetFuture, BoxStore,
+    BoxAcquireFuture, BoxCheckFuture, BoxLeaseStore, BoxReleaseFuture, BoxRenewFuture,
+    BoxResetFuture, BoxStore,
 };
 pub use clock::{Clock, FastClock, ManualClock, SystemClock};
 pub use concurrency::{

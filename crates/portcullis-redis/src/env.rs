@@ -3,7 +3,7 @@
 //! is unset), behind one type that holds rate limits and concurrency
 //! leases.
 
-use portcullis_core::{BoxStore, MemoryStore};
+use portcullis_core::{BoxLeaseStore, MemoryStore};
 
 use crate::{redact_url, BuildError, RedisStore};
 
@@ -11,18 +11,19 @@ use crate::{redact_url, BuildError, RedisStore};
 /// built from its URL (what [`RedisStoreBuilder::url`](crate::RedisStoreBuilder::url)
 /// takes: `redis://`, `rediss://`, `redis+unix://`) when it is set and not
 /// empty, else a [`MemoryStore`] with its defaults. Both
-/// come as a [`BoxStore`], so the application is not generic over the
-/// store, boxed [with their leases](BoxStore::with_leases): the one store
-/// serves a `RateLimitLayer` ([`Store`](portcullis_core::Store)) and a
-/// `ConcurrencyLimitLayer` ([`LeaseStore`](portcullis_core::LeaseStore)).
+/// come as a [`BoxLeaseStore`], so the application is not generic over the
+/// store, and the one store serves a `RateLimitLayer`
+/// ([`Store`](portcullis_core::Store)) and a `ConcurrencyLimitLayer`
+/// ([`LeaseStore`](portcullis_core::LeaseStore)); `.into()` makes it a
+/// [`BoxStore`](portcullis_core::BoxStore) where only rates are checked.
 ///
 /// The Redis store is built with its defaults and connected at once, so a
 /// wrong URL or an unreachable server fails here, at start-up, with a
 /// message that says what to change. Where the state lives is logged at
 /// `info` (the URL with its password replaced by `***`). For a key prefix,
 /// TLS files, a pool size or timeouts, build the store yourself with
-/// [`RedisStore::builder`] and pass it to [`BoxStore::with_leases`] (or to
-/// [`BoxStore::new`] if it needs no concurrency limits).
+/// [`RedisStore::builder`] and pass it to [`BoxLeaseStore::new`] (or to
+/// `BoxStore::new` if it needs no concurrency limits).
 ///
 /// # Errors
 ///
@@ -41,13 +42,12 @@ use crate::{redact_url, BuildError, RedisStore};
 /// assert!(store.check("alice", &policies, 1).await?.is_allowed());
 /// assert!(!store.check("alice", &policies, 1).await?.is_allowed());
 /// // The same store holds concurrency leases.
-/// assert!(store.supports_leases());
 /// let running = ConcurrencyPolicy::max_in_flight(1).lease_ttl(Duration::from_secs(30)).build()?;
 /// assert!(store.acquire("alice", &running, LeaseId::generate()).await?.is_granted());
 /// assert!(!store.acquire("alice", &running, LeaseId::generate()).await?.is_granted());
 /// # Ok(()) }
 /// ```
-pub async fn store_from_env(var: &str) -> Result<BoxStore, BuildError> {
+pub async fn store_from_env(var: &str) -> Result<BoxLeaseStore, BuildError> {
     match std::env::var(var) {
         Ok(url) if !url.trim().is_empty() => {
             let store = RedisStore::builder().url(url.trim()).build().await?;
@@ -55,13 +55,13 @@ pub async fn store_from_env(var: &str) -> Result<BoxStore, BuildError> {
                 "rate-limit state in Redis at {} ({var})",
                 redact_url(url.trim())
             );
-            Ok(BoxStore::with_leases(store))
+            Ok(BoxLeaseStore::new(store))
         }
         _ => {
             tracing::info!(
                 "rate-limit state in process memory; set {var} to a redis:// URL to share it between instances"
             );
-            Ok(BoxStore::with_leases(MemoryStore::new()))
+            Ok(BoxLeaseStore::new(MemoryStore::new()))
         }
     }
 }

@@ -256,14 +256,6 @@ pub enum ConfigError {
     /// without a [`ConcurrencyPolicy`](portcullis_core::ConcurrencyPolicy)
     /// ([`ConcurrencyLimitLayerBuilder::policy`](crate::ConcurrencyLimitLayerBuilder::policy)).
     NoConcurrencyPolicy,
-    /// A [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer) was given a
-    /// store that holds no leases
-    /// ([`LeaseStore::supports_leases`](portcullis_core::LeaseStore::supports_leases)
-    /// is `false`: a `BoxStore` built with `BoxStore::new`).
-    LeasesNotSupported {
-        /// The store's type.
-        store: &'static str,
-    },
     /// Policies or tiers were given with `.policy(..)` or `.tier(..)` and a
     /// live [`Limits`](portcullis_core::Limits) handle with `.limits(..)`.
     PoliciesWithLimits,
@@ -304,10 +296,6 @@ impl fmt::Display for ConfigError {
             ),
             Self::NoConcurrencyPolicy => f.write_str(
                 "the concurrency limit has no policy: give it one with .policy(ConcurrencyPolicy::max_in_flight(n).build()?)",
-            ),
-            Self::LeasesNotSupported { store } => write!(
-                f,
-                "the store {store} holds no concurrency leases: box it with BoxStore::with_leases(store) (MemoryStore and RedisStore hold leases), or give the layer the store itself",
             ),
             Self::PoliciesWithLimits => f.write_str(
                 "the layer was given both policies (.policy/.tier) and a Limits handle (.limits): put the policies and tiers in the LimitSet of the handle",

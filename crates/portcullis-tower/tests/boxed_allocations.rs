@@ -16,8 +16,8 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use portcullis_core::{
-    BoxStore, ConcurrencyPolicy, LeaseId, LeaseStore, MemoryStore, Policy, Store, StoreError,
-    Verdict,
+    BoxLeaseStore, BoxStore, ConcurrencyPolicy, LeaseId, LeaseStore, MemoryStore, Policy, Store,
+    StoreError, Verdict,
 };
 use portcullis_tower::{ConcurrencyLimitLayer, Global, RateLimitLayer};
 use tower::{service_fn, Layer, ServiceExt};
@@ -157,13 +157,12 @@ fn main() {
     let deferred = allocations_per_request(&runtime, Deferred(MemoryStore::new()));
     let boxed_deferred =
         allocations_per_request(&runtime, BoxStore::new(Deferred(MemoryStore::new())));
-    let leased_memory =
-        allocations_per_request(&runtime, BoxStore::with_leases(MemoryStore::new()));
+    let leased_memory = allocations_per_request(&runtime, BoxLeaseStore::new(MemoryStore::new()));
     let acquire_memory = allocations_per_acquire_now(&MemoryStore::new());
-    let acquire_boxed = allocations_per_acquire_now(&BoxStore::with_leases(MemoryStore::new()));
+    let acquire_boxed = allocations_per_acquire_now(&BoxLeaseStore::new(MemoryStore::new()));
     let concurrency_memory = allocations_per_leased_request(&runtime, MemoryStore::new());
     let concurrency_boxed =
-        allocations_per_leased_request(&runtime, BoxStore::with_leases(MemoryStore::new()));
+        allocations_per_leased_request(&runtime, BoxLeaseStore::new(MemoryStore::new()));
     println!(
         "allocations per request: memory {memory}, boxed memory {boxed_memory}, \
          deferred {deferred}, boxed deferred {boxed_deferred}, \

@@ -21,7 +21,7 @@ use std::process::ExitCode;
 
 use portcullis::redis::store_from_env;
 use portcullis::tower::{PeerIp, RateLimitLayer};
-use portcullis::{BoxStore, Policy};
+use portcullis::{BoxLeaseStore, Policy};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};
 use tonic_health::pb::health_client::HealthClient;
@@ -37,13 +37,13 @@ async fn main() -> ExitCode {
 async fn start() -> Result<(), Box<dyn Error>> {
     // Without a subscriber, the limiter's warnings (requests let through
     // because the store failed, the circuit breaker opening) are lost.
-    // Picked at start-up; `BoxStore` holds either store, so `run` is not
+    // Picked at start-up; `BoxLeaseStore` holds either store, so `run` is not
     // generic.
     let store = store_from_env("REDIS_URL").await?;
     run(store).await
 }
 
-async fn run(store: BoxStore) -> Result<(), Box<dyn Error>> {
+async fn run(store: BoxLeaseStore) -> Result<(), Box<dyn Error>> {
     let policy = Policy::per_minute(3).name("grpc").build()?;
     let layer = RateLimitLayer::builder(store)
         .policy(policy)

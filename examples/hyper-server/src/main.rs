@@ -23,7 +23,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use portcullis::redis::store_from_env;
 use portcullis::tower::{PeerIp, RateLimitLayer};
-use portcullis::{BoxStore, Policy};
+use portcullis::{BoxLeaseStore, Policy};
 use tower::{Layer, ServiceExt};
 
 async fn hello(_request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
@@ -45,7 +45,7 @@ async fn start() -> Result<(), Box<dyn Error>> {
     run(store_from_env("REDIS_URL").await?).await
 }
 
-async fn run(store: BoxStore) -> Result<(), Box<dyn Error>> {
+async fn run(store: BoxLeaseStore) -> Result<(), Box<dyn Error>> {
     let layer = RateLimitLayer::builder(store)
         .policy(Policy::per_second(1).burst(2).name("hyper").build()?)
         .key(PeerIp::new())

@@ -32,7 +32,7 @@ use axum::routing::get;
 use axum::Router;
 use portcullis::redis::store_from_env;
 use portcullis::tower::{BoxKeyExtractor, ClientIp, PeerIp, RateLimitLayer};
-use portcullis::{BoxStore, Policy};
+use portcullis::{BoxLeaseStore, Policy};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -84,7 +84,7 @@ async fn start() -> Result<(), Box<dyn Error>> {
 /// `key` is chosen at start-up (`PeerIp` or `ClientIp`, two types), so it is
 /// held as a `BoxKeyExtractor`.
 async fn serve(
-    store: BoxStore,
+    store: BoxLeaseStore,
     key: BoxKeyExtractor,
     policy: Policy,
     addr: SocketAddr,

@@ -44,7 +44,7 @@ use axum::{Extension, Router};
 use http::{HeaderName, StatusCode};
 use portcullis::redis::store_from_env;
 use portcullis::tower::{Header, Plan, PlanResolver, RateLimitInfo, RateLimitLayer};
-use portcullis::{BoxStore, LimitSet, Limits, Policy};
+use portcullis::{BoxLeaseStore, LimitSet, Limits, Policy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::broadcast;
 
@@ -101,7 +101,7 @@ async fn plan_of(
 /// limits, and the change feed.
 fn instance(
     name: &'static str,
-    store: BoxStore,
+    store: BoxLeaseStore,
     limits: &Limits,
     db: PathBuf,
     changes: &broadcast::Sender<String>,

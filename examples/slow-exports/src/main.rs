@@ -8,7 +8,7 @@
 //! State lives in process memory, or in Redis when `REDIS_URL` is set
 //! (`REDIS_URL=redis://127.0.0.1:6379 cargo run -p slow-exports`): then
 //! every instance shares both limits. Either way it is one
-//! [`BoxStore`] from
+//! [`BoxLeaseStore`] from
 //! [`store_from_env`], boxed with its leases, so one store serves both
 //! layers and nothing is generic over it (where the state lives is logged
 //! at start-up). The server listens on
@@ -33,7 +33,7 @@ use axum::routing::post;
 use axum::Router;
 use portcullis::redis::store_from_env;
 use portcullis::tower::{ConcurrencyLimitLayer, Header, MissingKey, RateLimitLayer};
-use portcullis::{BoxStore, ConcurrencyPolicy, Policy};
+use portcullis::{BoxLeaseStore, ConcurrencyPolicy, Policy};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -61,7 +61,11 @@ async fn start() -> Result<(), Box<dyn Error>> {
     serve(store, addr, export_secs).await
 }
 
-async fn serve(store: BoxStore, addr: SocketAddr, export_secs: u64) -> Result<(), Box<dyn Error>> {
+async fn serve(
+    store: BoxLeaseStore,
+    addr: SocketAddr,
+    export_secs: u64,
+) -> Result<(), Box<dyn Error>> {
     let tenant = Header::new(HeaderName::from_static("x-tenant"));
     let missing = MissingKey::reject(StatusCode::BAD_REQUEST, "send an x-tenant header\n");
     // At most two exports running per tenant. A lease lives 30 s unless the

@@ -15,7 +15,7 @@
 //!
 //! State lives in process memory, or in Redis when `REDIS_URL` is set (so
 //! several instances share one limit), picked at start-up into a
-//! `BoxStore` so the app is not generic over the store. Logs go to stderr (`RUST_LOG`).
+//! `BoxLeaseStore` so the app is not generic over the store. Logs go to stderr (`RUST_LOG`).
 //! Listens on 127.0.0.1:3000 or the port in `PORT`. Try:
 //!
 //! ```text
@@ -36,7 +36,7 @@ use axum::{Extension, Router};
 use http::StatusCode;
 use portcullis::redis::store_from_env;
 use portcullis::tower::{BearerToken, MissingKey, RateLimitInfo, RateLimitLayer, User};
-use portcullis::{BoxStore, Policy};
+use portcullis::{BoxLeaseStore, Policy};
 
 /// The authenticated user, put in the extensions by `authenticate`.
 #[derive(Debug, Clone)]
@@ -106,14 +106,14 @@ async fn main() -> ExitCode {
 async fn start() -> Result<(), Box<dyn Error>> {
     // Without a subscriber, the limiter's warnings (requests let through
     // because the store failed, the circuit breaker opening) are lost.
-    // The store is picked at start-up; `BoxStore` holds either, so nothing
+    // The store is picked at start-up; `BoxLeaseStore` holds either, so nothing
     // below is generic over it.
     let store = store_from_env("REDIS_URL").await?;
     serve(store).await
 }
 
 /// Both layers share `store` (a clone shares its state).
-async fn serve(store: BoxStore) -> Result<(), Box<dyn Error>> {
+async fn serve(store: BoxLeaseStore) -> Result<(), Box<dyn Error>> {
     // Per token, before authentication; requests without a token get 401.
     let per_token = RateLimitLayer::builder(store.clone())
         .policy(Policy::per_second(20).name("token-burst").build()?)

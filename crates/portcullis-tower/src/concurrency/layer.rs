@@ -287,20 +287,15 @@ impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
     /// # Errors
     ///
     /// [`ConfigError::NoConcurrencyPolicy`] without a policy,
-    /// [`ConfigError::ZeroTimeout`] for a zero timeout,
-    /// [`ConfigError::LeasesNotSupported`] for a store that holds no leases
-    /// (a `BoxStore` built with `BoxStore::new` rather than
-    /// `BoxStore::with_leases`).
+    /// [`ConfigError::ZeroTimeout`] for a zero timeout. (A store without
+    /// leases is refused by the compiler: the layer needs a
+    /// [`LeaseStore`](portcullis_core::LeaseStore), such as `MemoryStore`,
+    /// `RedisStore` or a `BoxLeaseStore`.)
     pub fn build(self) -> Result<ConcurrencyLimitLayer<St, K>, ConfigError> {
         let policy = self
             .settings
             .policy
             .ok_or(ConfigError::NoConcurrencyPolicy)?;
-        if !self.store.supports_leases() {
-            return Err(ConfigError::LeasesNotSupported {
-                store: std::any::type_name::<St>(),
-            });
-        }
         if self.settings.timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
         }
