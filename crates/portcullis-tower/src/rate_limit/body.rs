@@ -54,7 +54,7 @@ impl<B: From<Bytes>> ResponseBody<B> {
     /// ```
     /// use bytes::Bytes;
     /// use http_body_util::Full;
-    /// use portcullis::tower::ResponseBody;
+    /// use portcullis::tower::rate_limit::ResponseBody;
     ///
     /// # fn unwrap(body: ResponseBody<Full<Bytes>>) -> Full<Bytes> {
     /// body.into_body()
