@@ -40,9 +40,9 @@ use std::time::Duration;
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::routing::post;
 use axum::{Extension, Router};
-use portcullis::redis::{redact_url, RedisStore};
+use portcullis::redis::store_from_env;
 use portcullis::tower::{ApiKey, Charge, Header, PeerIp, RateLimitLayer};
-use portcullis::{BoxStore, MemoryStore, Policy};
+use portcullis::{BoxStore, Policy};
 
 /// Tokens a prompt "uses" in this demo: 1 000 per word.
 const TOKENS_PER_WORD: u64 = 1_000;
@@ -61,26 +61,9 @@ async fn start() -> Result<(), Box<dyn Error>> {
         Err(_) => 3000,
     };
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let (store, store_name) = match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => {
-            let store = RedisStore::builder().url(&url).build().await?;
-            store.ping().await.map_err(|e| {
-                format!(
-                    "cannot reach Redis at {}: {}",
-                    redact_url(&url),
-                    with_causes(&e)
-                )
-            })?;
-            (
-                BoxStore::new(store),
-                format!("Redis at {}", redact_url(&url)),
-            )
-        }
-        _ => (
-            BoxStore::new(MemoryStore::new()),
-            "process memory".to_owned(),
-        ),
-    };
+    // Redis when REDIS_URL is set (connected and checked now), else memory;
+    // where the state lives is logged.
+    let store: BoxStore = store_from_env("REDIS_URL").await?.into();
 
     // 5 failed logins per 15 minutes per (client IP, username).
     let failed_logins = RateLimitLayer::builder(store.clone())
@@ -114,7 +97,7 @@ async fn start() -> Result<(), Box<dyn Error>> {
 
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!(
-        "login-and-llm listening on http://{}/ (state in {store_name})",
+        "login-and-llm listening on http://{}/",
         listener.local_addr()?
     );
     axum::serve(
@@ -126,18 +109,6 @@ async fn start() -> Result<(), Box<dyn Error>> {
     })
     .await?;
     Ok(())
-}
-
-/// `error` and its causes (each `source()`: Redis's own error), on one line.
-fn with_causes(error: &dyn Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(error) = cause {
-        text.push_str(": ");
-        text.push_str(&error.to_string());
-        cause = error.source();
-    }
-    text
 }
 
 /// Accepts the password `open sesame`; anything else is a `401`, which the
