@@ -313,39 +313,47 @@ impl fmt::Debug for BoxStore {
     }
 }
 
-impl Store for BoxStore {
-    type CheckFuture = BoxCheckFuture;
+/// `Store` for a box: every call forwarded to the `dyn DynStore` it holds
+/// (the same for [`BoxStore`] and [`BoxLeaseStore`]).
+macro_rules! forward_store {
+    ($box:ty) => {
+        impl Store for $box {
+            type CheckFuture = BoxCheckFuture;
 
-    fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
-        self.inner.check_boxed(subject, policies, cost)
-    }
+            fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
+                self.inner.check_boxed(subject, policies, cost)
+            }
 
-    fn check_now(
-        &self,
-        subject: &str,
-        policies: &[Policy],
-        cost: u64,
-    ) -> Option<Result<Verdict, StoreError>> {
-        self.inner.check_now_dyn(subject, policies, cost)
-    }
+            fn check_now(
+                &self,
+                subject: &str,
+                policies: &[Policy],
+                cost: u64,
+            ) -> Option<Result<Verdict, StoreError>> {
+                self.inner.check_now_dyn(subject, policies, cost)
+            }
 
-    fn charge(
-        &self,
-        subject: &str,
-        policies: &[Policy],
-        cost: u64,
-    ) -> impl Future<Output = Result<Verdict, StoreError>> + Send + 'static {
-        self.inner.charge_boxed(subject, policies, cost)
-    }
+            fn charge(
+                &self,
+                subject: &str,
+                policies: &[Policy],
+                cost: u64,
+            ) -> impl Future<Output = Result<Verdict, StoreError>> + Send + 'static {
+                self.inner.charge_boxed(subject, policies, cost)
+            }
 
-    fn reset(
-        &self,
-        subject: &str,
-        policies: &[Policy],
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
-        self.inner.reset_boxed(subject, policies)
-    }
+            fn reset(
+                &self,
+                subject: &str,
+                policies: &[Policy],
+            ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+                self.inner.reset_boxed(subject, policies)
+            }
+        }
+    };
 }
+
+forward_store!(BoxStore);
 
 /// Any store that holds concurrency leases behind one type: a [`Store`] and
 /// a [`LeaseStore`], so one box serves both a `RateLimitLayer` and a
@@ -407,39 +415,7 @@ impl fmt::Debug for BoxLeaseStore {
     }
 }
 
-impl Store for BoxLeaseStore {
-    type CheckFuture = BoxCheckFuture;
-
-    fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
-        self.inner.check_boxed(subject, policies, cost)
-    }
-
-    fn check_now(
-        &self,
-        subject: &str,
-        policies: &[Policy],
-        cost: u64,
-    ) -> Option<Result<Verdict, StoreError>> {
-        self.inner.check_now_dyn(subject, policies, cost)
-    }
-
-    fn charge(
-        &self,
-        subject: &str,
-        policies: &[Policy],
-        cost: u64,
-    ) -> impl Future<Output = Result<Verdict, StoreError>> + Send + 'static {
-        self.inner.charge_boxed(subject, policies, cost)
-    }
-
-    fn reset(
-        &self,
-        subject: &str,
-        policies: &[Policy],
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
-        self.inner.reset_boxed(subject, policies)
-    }
-}
+forward_store!(BoxLeaseStore);
 
 impl LeaseStore for BoxLeaseStore {
     type AcquireFuture = BoxAcquireFuture;
