@@ -12,10 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Every key the Redis tests write starts with this (the TTL test scans it).
-pub const TEST_PREFIX: &str = "tg-test";
+pub const TEST_PREFIX: &str = "pc-test";
 
 /// A key prefix no other call in this process, nor any other process, uses:
-/// `tg-test-<what>-<pid>-<nanos>-<n>`, so runs sharing a server never share
+/// `pc-test-<what>-<pid>-<nanos>-<n>`, so runs sharing a server never share
 /// state.
 #[must_use]
 pub fn unique_prefix(what: &str) -> String {

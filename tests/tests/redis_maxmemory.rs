@@ -98,7 +98,7 @@ fn a_refused_config_get_is_skipped_silently() {
         .arg("app")
         .arg("on")
         .arg(">pw")
-        .arg("~tg-test*");
+        .arg("~pc-test*");
     for rule in ACL_COMMANDS.split(' ') {
         setuser.arg(rule);
     }

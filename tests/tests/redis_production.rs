@@ -318,7 +318,7 @@ fn acl_user(name: &str, rules: &[&str]) -> String {
 }
 
 async fn permission_error(prefix: &str, rules: &[&str]) -> (String, BuildError) {
-    let user = format!("tg-noperm-{}", &prefix[prefix.len() - 6..]);
+    let user = format!("pc-noperm-{}", &prefix[prefix.len() - 6..]);
     let url = acl_user(&user, rules);
     let error = RedisStore::builder()
         .url(url)
@@ -389,7 +389,7 @@ async fn the_documented_acl_grant_is_enough() {
     let key_rule = format!("~{prefix}:*");
     let mut rules = vec![key_rule.as_str()];
     rules.extend(ACL_COMMANDS.split(' '));
-    let user = format!("tg-grant-{}", &prefix[prefix.len() - 6..]);
+    let user = format!("pc-grant-{}", &prefix[prefix.len() - 6..]);
     let store = RedisStore::builder()
         .url(acl_user(&user, &rules))
         .prefix(&prefix)

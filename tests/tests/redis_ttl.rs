@@ -81,7 +81,7 @@ async fn every_key_written_has_a_ttl_on_the_cluster() {
     assert!(total >= 7 * 3 + 4, "only {total} keys");
 }
 
-/// Whatever the other Redis tests left (they all write under `tg-test`),
+/// Whatever the other Redis tests left (they all write under `pc-test`),
 /// nothing is immortal. Keys written in the same instant as their TTL, in
 /// one script, so this holds while other tests run.
 #[test]

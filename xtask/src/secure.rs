@@ -22,11 +22,11 @@ use crate::{Error, Result};
 
 /// The ACL user of the TLS servers.
 pub(crate) const ACL_USER: &str = "portcullis";
-/// What the ACL user may do: the key prefixes of the tests (`tg-test…`)
+/// What the ACL user may do: the key prefixes of the tests (`pc-test…`)
 /// and of the examples (`portcullis:`), and only the commands of
 /// `portcullis_redis::ACL_COMMANDS`.
 const ACL_RULES: &[&str] = &[
-    "~tg-test*",
+    "~pc-test*",
     "~portcullis:*",
     "+ping",
     "+evalsha",
@@ -496,7 +496,7 @@ mod tests {
         assert!(get("PORTCULLIS_REDIS_ACL_ADMIN_URL").starts_with("redis://:"));
         // Unauthenticated on the plain port: refused.
         let mut conn = Connection::open(secure.tls.server.port, IO_TIMEOUT).unwrap();
-        let reply = conn.command(&["GET", "tg-test-x"]).unwrap();
+        let reply = conn.command(&["GET", "pc-test-x"]).unwrap();
         assert!(
             matches!(&reply, Reply::Error(e) if e.starts_with("NOAUTH")),
             "{reply}"
@@ -505,7 +505,7 @@ mod tests {
         let auth = conn.command(&["AUTH", ACL_USER, &secure.password]).unwrap();
         assert_eq!(auth, Reply::Status("OK".to_owned()));
         assert!(matches!(
-            conn.command(&["GET", "tg-test-x"]).unwrap(),
+            conn.command(&["GET", "pc-test-x"]).unwrap(),
             Reply::Bulk(None)
         ));
         let config = conn.command(&["CONFIG", "GET", "maxmemory"]).unwrap();

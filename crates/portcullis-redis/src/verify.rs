@@ -251,20 +251,20 @@ mod tests {
             "this user has no permissions to run the 'evalsha' command".to_owned(),
         ));
         assert!(is_noperm(&command));
-        assert_eq!(permission(&command, "tg"), "+evalsha");
+        assert_eq!(permission(&command, "pc"), "+evalsha");
         let key = RedisError::from((
             ErrorKind::Server(ServerErrorKind::NoPerm),
             "An error was signalled by the server",
             "this user has no permissions to access one of the keys used as arguments".to_owned(),
         ));
-        assert_eq!(permission(&key, "tg"), "~tg:*");
+        assert_eq!(permission(&key, "pc"), "~pc:*");
         let script = RedisError::from((
             ErrorKind::Server(ServerErrorKind::ResponseError),
             "An error was signalled by the server",
             "The user executing the script can't run this command or subcommand script: 104ae6, on @user_script:1.".to_owned(),
         ));
         assert!(is_noperm(&script));
-        assert_eq!(permission(&script, "tg"), SCRIPT_COMMANDS);
+        assert_eq!(permission(&script, "pc"), SCRIPT_COMMANDS);
     }
 
     #[test]
