@@ -1,14 +1,17 @@
-//! Responses the layer writes itself: limited (429 or gRPC 8), store down
-//! (503 or gRPC 14), missing key, and cost too high.
+//! Responses both layers write themselves: limited by a rate (429 or gRPC
+//! 8) or by a concurrency limit, store down (503 or gRPC 14), no room for a
+//! new subject, missing key, cost too high, and the 500 of a future that
+//! lost its request. Headers of limited responses are `headers.rs`.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 
-use crate::headers::RateLimitHeaders;
+use crate::headers::{ceil_secs, RateLimitHeaders};
 use crate::RateLimitInfo;
 
 static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
@@ -165,6 +168,55 @@ pub(crate) fn plain(
         Some(content_type) => grpc(content_type, status, message),
         None => text(status, Bytes::copy_from_slice(message.as_bytes())),
     }
+}
+
+/// Adds `Retry-After` (whole seconds, rounded up, at least 1) and, for a
+/// gRPC request, `grpc-retry-pushback-ms`.
+pub(crate) fn set_retry_after(response: &mut Response<Bytes>, retry: Duration, grpc: bool) {
+    let headers = response.headers_mut();
+    headers.insert(RETRY_AFTER, HeaderValue::from(ceil_secs(retry).max(1)));
+    if grpc {
+        let millis = u64::try_from(retry.as_millis()).unwrap_or(u64::MAX);
+        headers.insert(GRPC_RETRY_PUSHBACK_MS.clone(), HeaderValue::from(millis));
+    }
+}
+
+/// The `500` of a response future that lost its request (unreachable: a
+/// waiting state keeps its request until it forwards it), logged at
+/// `error`.
+pub(crate) fn internal_error(what: &str) -> Response<Bytes> {
+    tracing::error!("{what}; answering 500");
+    let mut response = Response::new(Bytes::from_static(b"internal error in the rate limiter\n"));
+    *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+    response
+}
+
+/// The `429` (gRPC `RESOURCE_EXHAUSTED`) of a request denied by a
+/// concurrency limit, with `Retry-After` when the store knows when a
+/// permit comes back.
+pub(crate) fn concurrency_limited(
+    grpc_type: Option<HeaderValue>,
+    policy: &str,
+    limit: u64,
+    retry_after: Option<Duration>,
+) -> Response<Bytes> {
+    let mut message =
+        format!("Too many requests: concurrency limit \"{policy}\" of {limit} in flight reached");
+    if let Some(retry) = retry_after {
+        let secs = ceil_secs(retry).max(1);
+        let unit = if secs == 1 { "second" } else { "seconds" };
+        let _ = write!(
+            message,
+            "; a permit frees when a running request ends, or in {secs} {unit} unless its lease is renewed"
+        );
+    }
+    message.push_str(".\n");
+    let grpc = grpc_type.is_some();
+    let mut response = plain(grpc_type, StatusCode::TOO_MANY_REQUESTS, &message);
+    if let Some(retry) = retry_after {
+        set_retry_after(&mut response, retry, grpc);
+    }
+    response
 }
 
 fn limited_message(info: &RateLimitInfo) -> String {

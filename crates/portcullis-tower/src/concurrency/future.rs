@@ -15,16 +15,15 @@ use portcullis_core::{LeaseStore, StoreError};
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use super::layer::Shared;
+use super::limiter::{Limiter, Outcome, Ticket};
 use super::permit::Permit;
-use super::service::{Outcome, Ticket};
 use super::ResponseBody;
 
 /// What an acquire under way keeps for the call that follows.
 struct Pending<S, St, K, ReqBody> {
     inner: S,
     request: Request<ReqBody>,
-    shared: Arc<Shared<St, K>>,
+    limiter: Arc<Limiter<St, K>>,
     ticket: Ticket,
     /// Releases the lease if this future is dropped (or the store fails)
     /// before the acquire's answer says it was not granted.
@@ -94,15 +93,15 @@ where
 
     pub(crate) fn acquiring(
         acquire: St::AcquireFuture,
-        shared: Arc<Shared<St, K>>,
+        limiter: Arc<Limiter<St, K>>,
         inner: S,
         request: Request<ReqBody>,
         ticket: Ticket,
     ) -> Self {
         let cleanup = Some(Permit::release_on_drop(
-            &shared.store,
+            &limiter.store,
             Arc::clone(&ticket.subject),
-            &shared.policy,
+            &limiter.policy,
             ticket.lease,
         ));
         Self {
@@ -110,7 +109,7 @@ where
             pending: Some(Box::new(Pending {
                 inner,
                 request,
-                shared,
+                limiter,
                 ticket,
                 cleanup,
                 timer: None,
@@ -138,7 +137,7 @@ where
                     let result = match acquire.poll(cx) {
                         Poll::Ready(result) => result,
                         Poll::Pending => {
-                            let timeout = pending.shared.timeout;
+                            let timeout = pending.limiter.timeout;
                             let timer = pending
                                 .timer
                                 .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
@@ -157,7 +156,7 @@ where
                             cleanup.disarm();
                         }
                     }
-                    let outcome = pending.shared.decide(&pending.ticket, result);
+                    let outcome = pending.limiter.decide(&pending.ticket, result);
                     if matches!(outcome, Outcome::Forward(Some(_))) {
                         // Granted: the permit releases it from now on.
                         if let Some(cleanup) = pending.cleanup.take() {
@@ -204,10 +203,7 @@ where
 }
 
 fn internal_error_bytes() -> Response<Bytes> {
-    tracing::error!("concurrency limit future polled after completion");
-    let mut response = Response::new(Bytes::from_static(b"internal error\n"));
-    *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
-    response
+    crate::response::internal_error("concurrency limit future polled after completion")
 }
 
 fn internal_error<B>() -> Response<ResponseBody<B>> {

@@ -1,5 +1,5 @@
-//! [`ConcurrencyLimitLayer`], its builder, and the configuration its
-//! services share.
+//! [`ConcurrencyLimitLayer`] and its builder (the state its services share
+//! is `limiter.rs`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -8,43 +8,12 @@ use std::time::Duration;
 use portcullis_core::{ConcurrencyPolicy, LeaseStore};
 use tower_layer::Layer;
 
+use super::limiter::Limiter;
 use super::ConcurrencyLimit;
 use crate::breaker::{Breaker, UndecidedLog};
 use crate::config::{ConfigError, MissingKey};
 use crate::key::{KeyExtractor, PeerIp};
 use crate::{DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD, DEFAULT_CHECK_TIMEOUT};
-
-/// What the services of one layer share.
-pub(crate) struct Shared<St, K> {
-    pub(crate) store: Arc<St>,
-    pub(crate) policy: ConcurrencyPolicy,
-    pub(crate) key: K,
-    pub(crate) missing_key: MissingKey,
-    pub(crate) fail_closed: bool,
-    pub(crate) timeout: Duration,
-    /// Stops asking a store that keeps failing store-wide, as the rate
-    /// layer's does.
-    pub(crate) breaker: Breaker,
-    /// Store errors, logged at most once per second.
-    pub(crate) errors: UndecidedLog,
-    /// Requests run without a permit (fail-open), logged at most once per
-    /// second.
-    pub(crate) undecided: UndecidedLog,
-    /// The policy's name, shared by the metrics' `policy` label.
-    pub(crate) policy_name: Arc<str>,
-}
-
-impl<St, K> fmt::Debug for Shared<St, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ConcurrencyLimitLayer")
-            .field("policy", &self.policy)
-            .field("missing_key", &self.missing_key)
-            .field("fail_closed", &self.fail_closed)
-            .field("timeout", &self.timeout)
-            .field("breaker", &self.breaker)
-            .finish_non_exhaustive()
-    }
-}
 
 /// A tower `Layer` that allows each key (tenant, user, IP…) at
 /// most [`ConcurrencyPolicy::limit`] requests in flight at once, answering
@@ -91,20 +60,20 @@ impl<St, K> fmt::Debug for Shared<St, K> {
 /// # let _ = app; Ok(()) }
 /// ```
 pub struct ConcurrencyLimitLayer<St, K = PeerIp> {
-    shared: Arc<Shared<St, K>>,
+    limiter: Arc<Limiter<St, K>>,
 }
 
 impl<St, K> Clone for ConcurrencyLimitLayer<St, K> {
     fn clone(&self) -> Self {
         Self {
-            shared: Arc::clone(&self.shared),
+            limiter: Arc::clone(&self.limiter),
         }
     }
 }
 
 impl<St, K> fmt::Debug for ConcurrencyLimitLayer<St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.shared.fmt(f)
+        self.limiter.fmt(f)
     }
 }
 
@@ -112,7 +81,7 @@ impl<S, St, K> Layer<S> for ConcurrencyLimitLayer<St, K> {
     type Service = ConcurrencyLimit<S, St, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ConcurrencyLimit::new(inner, Arc::clone(&self.shared))
+        ConcurrencyLimit::new(inner, Arc::clone(&self.limiter))
     }
 }
 
@@ -144,13 +113,13 @@ impl<St, K> ConcurrencyLimitLayer<St, K> {
     /// The store.
     #[must_use]
     pub fn store(&self) -> &Arc<St> {
-        &self.shared.store
+        &self.limiter.store
     }
 
     /// The policy.
     #[must_use]
     pub fn policy(&self) -> &ConcurrencyPolicy {
-        &self.shared.policy
+        &self.limiter.policy
     }
 }
 
@@ -303,7 +272,7 @@ impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
         #[cfg(feature = "metrics")]
         crate::observe::describe_metrics();
         Ok(ConcurrencyLimitLayer {
-            shared: Arc::new(Shared {
+            limiter: Arc::new(Limiter {
                 store: self.store,
                 policy_name: Arc::from(policy.name()),
                 policy,

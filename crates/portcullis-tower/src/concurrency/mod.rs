@@ -7,12 +7,19 @@
 //! Like [`rate_limit`](crate::rate_limit), this module names its future and
 //! body `ResponseFuture` and `ResponseBody`.
 
+//!
+//! Inside: the state the services of one layer share and the decision on an
+//! acquire's result (`limiter.rs`, like the rate layer's), and the held
+//! lease (`permit.rs`).
+
+mod body;
 mod future;
 mod layer;
+mod limiter;
 mod permit;
 mod service;
 
+pub use body::ResponseBody;
 pub use future::ResponseFuture;
 pub use layer::{ConcurrencyFailure, ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder};
-pub use permit::ResponseBody;
 pub use service::ConcurrencyLimit;
