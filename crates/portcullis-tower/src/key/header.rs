@@ -2,14 +2,14 @@
 
 use http::header::{HeaderName, AUTHORIZATION};
 use http::request::Parts;
-use portcullis_core::{hash_subject, is_plain};
+use portcullis_core::subject::{hash_subject, is_plain};
 
 use super::{KeyBuf, KeyExtractor};
 
 /// Keys on the value of a request header, for example a tenant id set by a
 /// trusted gateway.
 ///
-/// A value made of plain characters (see [`portcullis_core::is_plain`]) is the
+/// A value made of plain characters (see [`portcullis_core::subject::is_plain`]) is the
 /// key as it is; any other value (long, non-ASCII, not UTF-8) is hashed. An
 /// absent or empty header yields no key. For secrets use [`ApiKey`], which
 /// always hashes.

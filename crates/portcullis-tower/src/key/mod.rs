@@ -11,7 +11,7 @@ use std::fmt;
 pub use boxed::BoxKeyExtractor;
 pub use buf::KeyBuf;
 use http::request::Parts;
-use portcullis_core::{hash_subject, is_plain};
+use portcullis_core::subject::{hash_subject, is_plain};
 
 pub use header::{ApiKey, BearerToken, Header};
 pub use ip::{ClientIp, PeerIp, ProxyHeader};

@@ -217,10 +217,44 @@ where
 
 /// Unreachable: every waiting state keeps its request until it is forwarded.
 fn missing_request() -> Response<Bytes> {
-    tracing::error!("rate limiter lost its request; answering 500");
-    let mut response = Response::new(Bytes::from_static(b"internal error in the rate limiter\n"));
-    *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
-    response
+    crate::response::internal_error("rate limiter lost its request")
+}
+
+/// [`missing_request`] as the future's answer.
+fn lost<B>() -> Response<ResponseBody<B>> {
+    missing_request().map(ResponseBody::own)
+}
+
+/// Polls a store's check (the first store's or the fallback's), bounded
+/// by the layer's check timeout from its first `Pending`, and turns its
+/// answer (or the timeout) into the next step.
+fn poll_check<F, S, St, K, ReqBody>(
+    check: Pin<&mut F>,
+    timer: &mut Option<Pin<Box<Sleep>>>,
+    pending: &mut Pending<S, St, K, ReqBody>,
+    cx: &mut Context<'_>,
+) -> Poll<Next<St>>
+where
+    F: Future<Output = Result<Verdict, StoreError>> + ?Sized,
+    St: Store,
+    K: KeyExtractor,
+{
+    let next = match check.poll(cx) {
+        Poll::Ready(result) => {
+            pending
+                .limiter
+                .on_result(&mut pending.ticket, &mut pending.parts, result)
+        }
+        Poll::Pending => {
+            let timer =
+                timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(pending.limiter.timeout)));
+            ready!(timer.as_mut().poll(cx));
+            pending
+                .limiter
+                .on_timeout(&mut pending.ticket, &mut pending.parts)
+        }
+    };
+    Poll::Ready(next)
 }
 
 impl<S, St, K, ReqBody, ResBody> Future for ResponseFuture<S, St, K, ReqBody>
@@ -264,7 +298,7 @@ where
                     };
                     return Poll::Ready(match charged {
                         Some(response) => Ok(response.map(ResponseBody::inner)),
-                        None => Ok(missing_request().map(ResponseBody::own)),
+                        None => Ok(lost()),
                     });
                 }
                 StateProj::Done { response } => {
@@ -273,28 +307,13 @@ where
                 }
                 StateProj::Check { check, timer } => {
                     let Some(pending) = this.pending.as_mut() else {
-                        return Poll::Ready(Ok(missing_request().map(ResponseBody::own)));
+                        return Poll::Ready(Ok(lost()));
                     };
-                    match check.poll(cx) {
-                        Poll::Ready(result) => pending.limiter.on_result(
-                            &mut pending.ticket,
-                            &mut pending.parts,
-                            result,
-                        ),
-                        Poll::Pending => {
-                            let timer = timer.get_or_insert_with(|| {
-                                Box::pin(tokio::time::sleep(pending.limiter.timeout))
-                            });
-                            ready!(timer.as_mut().poll(cx));
-                            pending
-                                .limiter
-                                .on_timeout(&mut pending.ticket, &mut pending.parts)
-                        }
-                    }
+                    ready!(poll_check(check, timer, pending, cx))
                 }
                 StateProj::Ready { result } => {
                     let Some((pending, result)) = this.pending.as_mut().zip(result.take()) else {
-                        return Poll::Ready(Ok(missing_request().map(ResponseBody::own)));
+                        return Poll::Ready(Ok(lost()));
                     };
                     pending
                         .limiter
@@ -302,29 +321,14 @@ where
                 }
                 StateProj::Fallback { check, timer } => {
                     let Some(pending) = this.pending.as_mut() else {
-                        return Poll::Ready(Ok(missing_request().map(ResponseBody::own)));
+                        return Poll::Ready(Ok(lost()));
                     };
-                    match check.as_mut().poll(cx) {
-                        Poll::Ready(result) => pending.limiter.on_result(
-                            &mut pending.ticket,
-                            &mut pending.parts,
-                            result,
-                        ),
-                        Poll::Pending => {
-                            let timer = timer.get_or_insert_with(|| {
-                                Box::pin(tokio::time::sleep(pending.limiter.timeout))
-                            });
-                            ready!(timer.as_mut().poll(cx));
-                            pending
-                                .limiter
-                                .on_timeout(&mut pending.ticket, &mut pending.parts)
-                        }
-                    }
+                    ready!(poll_check(check.as_mut(), timer, pending, cx))
                 }
                 StateProj::Resolve { lookup } => {
                     let cached = ready!(lookup.as_mut().poll(cx));
                     let Some(pending) = this.pending.as_mut() else {
-                        return Poll::Ready(Ok(missing_request().map(ResponseBody::own)));
+                        return Poll::Ready(Ok(lost()));
                     };
                     pending
                         .limiter
@@ -336,7 +340,7 @@ where
                         sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
                     ready!(sleep.as_mut().poll(cx));
                     let Some(pending) = this.pending.as_mut() else {
-                        return Poll::Ready(Ok(missing_request().map(ResponseBody::own)));
+                        return Poll::Ready(Ok(lost()));
                     };
                     let then = then.take().unwrap_or(Then::Forward(None));
                     pending

@@ -1,8 +1,8 @@
-//! [`Limiter`], the state the services of one layer share, and all its
+//! [`Limiter`], the state the services of one layer share, and its
 //! methods: the decisions of the layer, independent of how the future is
 //! driven (what to do with a new request, a plan lookup's answer, a store
-//! verdict, a store error, the end of a wait), and the [`Ticket`] and
-//! [`Next`] step they pass along.
+//! verdict, the end of a wait), and the [`Ticket`] and [`Next`] step they
+//! pass along. What it does when the store fails is `failure.rs`.
 
 use std::fmt;
 use std::sync::atomic::AtomicBool;
@@ -169,9 +169,24 @@ pub(crate) enum Next<St: Store> {
     Resolve(Lookup),
 }
 
+/// The request's span, only when it is recorded: building one costs even
+/// with no subscriber (and more when `tracing`'s `log` feature is on in the
+/// tree).
+#[inline]
+fn request_span(key: &KeyBuf, tier: &Tier, cost: u64) -> Option<tracing::Span> {
+    tracing::enabled!(tracing::Level::DEBUG).then(|| {
+        tracing::debug_span!(
+            "rate_limit",
+            key = %key,
+            tier = %tier.name,
+            cost
+        )
+    })
+}
+
 impl<St: Store, K: KeyExtractor> Limiter<St, K> {
     #[allow(clippy::unused_self)]
-    fn tier<'t>(&self, ticket: &'t Ticket) -> &'t Tier {
+    pub(super) fn tier<'t>(&self, ticket: &'t Ticket) -> &'t Tier {
         &ticket.tier
     }
 
@@ -180,44 +195,11 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
     /// the large values are not copied on the hot path).
     pub(crate) fn start(&self, parts: &mut Parts, slot: &mut Option<Ticket>) -> Next<St> {
         let mut key = KeyBuf::new();
-        if !self.key.extract_into(parts, &mut key) {
-            match &self.missing_key {
-                MissingKey::Skip => {
-                    tracing::trace!("no rate-limit key; not limited");
-                    return Next::Forward(None);
-                }
-                MissingKey::Reject { status, message } => {
-                    if !self
-                        .warned_missing_key
-                        .swap(true, std::sync::atomic::Ordering::Relaxed)
-                    {
-                        tracing::warn!(
-                            %status,
-                            key = std::any::type_name::<K>(),
-                            "a request had no rate-limit key and was rejected (logged once per layer); \
-                             for a peer IP, serve Axum with into_make_service_with_connect_info::<SocketAddr>() \
-                             or put the SocketAddr in the request extensions; or choose MissingKey::Skip or a fallback key"
-                        );
-                    }
-                    tracing::debug!(%status, "no rate-limit key; rejected");
-                    let grpc = grpc_content_type(&parts.headers);
-                    return Next::Respond(Box::new(response::plain(grpc, *status, message)));
-                }
-                MissingKey::Fallback(fallback) => {
-                    key.clear();
-                    key.push_str(fallback);
-                }
-            }
+        if let Err(next) = self.read_key(parts, &mut key) {
+            return next;
         }
-        // Charging after the response: only a peek now.
-        let cost = if self.charge.is_some() {
-            0
-        } else {
-            let cost = self.cost(parts);
-            if cost == 0 {
-                return Next::Forward(None);
-            }
-            cost
+        let Some(cost) = self.request_cost(parts) else {
+            return Next::Forward(None);
         };
         let picked = self.pick_tier(parts, &key);
         let tier: &Arc<Tier> = match &picked {
@@ -225,77 +207,20 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
             Picked::Live(tier) => tier,
             Picked::Later(_) | Picked::Failed => &self.tiers[0],
         };
-        // The span only when it is recorded: building one costs even with
-        // no subscriber (and more when `tracing`'s `log` feature is on in
-        // the tree).
-        let span = if tracing::enabled!(tracing::Level::DEBUG) {
-            Some(tracing::debug_span!(
-                "rate_limit",
-                key = %key,
-                tier = %tier.name,
-                cost
-            ))
-        } else {
-            None
-        };
+        let span = request_span(&key, tier, cost);
         if matches!(picked, Picked::Later(_) | Picked::Failed) {
-            let ticket = slot.insert(Ticket {
-                key,
-                tier: Arc::clone(tier),
-                cost,
-                sent: None,
-                deadline: match self.mode {
-                    Mode::Shape { max_wait } => Some(Instant::now() + max_wait),
-                    _ => None,
-                },
-                fallback: false,
-                span,
-            });
+            let ticket = slot.insert(self.ticket(key, tier, cost, span));
             return match picked {
                 Picked::Later(lookup) => Next::Resolve(lookup),
                 _ => self.on_failure(ticket, &parts.headers),
             };
         }
         let _entered = span.as_ref().map(|span| span.clone().entered());
-        // A denial held by the deny cache (only answers that took a round
-        // trip are held), else the store, unless the breaker is open.
-        let cached = self
-            .deny_cache
-            .as_ref()
-            .filter(|cache| !cache.is_empty())
-            .and_then(|cache| cache.get(tier.slot, tier.id, &key, cost, Instant::now()));
-        let answer = match cached {
-            Some(verdict) => Answer::Cached(verdict),
-            None if !self.breaker.allow() => Answer::BreakerOpen,
-            None => match self.check_now(tier, &key, cost) {
-                Some(Ok(verdict)) if span.is_none() => {
-                    // The common case of a store that answers at once: an
-                    // admitted request that needs nothing more than its
-                    // headers is forwarded with no ticket written.
-                    if let Some(next) = self.forward_at_once(tier, &verdict) {
-                        return next;
-                    }
-                    Answer::Now(Ok(verdict))
-                }
-                Some(result) => Answer::Now(result),
-                None => Answer::Later,
-            },
+        let answer = match self.answer(tier, &key, cost, span.is_none()) {
+            Ok(answer) => answer,
+            Err(next) => return next,
         };
-        // The clock only where it is read: the shaping deadline here, a
-        // check sent to a store that answers later, a non-empty deny cache.
-        let deadline = match self.mode {
-            Mode::Shape { max_wait } => Some(Instant::now() + max_wait),
-            _ => None,
-        };
-        let ticket = slot.insert(Ticket {
-            key,
-            tier: Arc::clone(tier),
-            cost,
-            sent: None,
-            deadline,
-            fallback: false,
-            span,
-        });
+        let ticket = slot.insert(self.ticket(key, tier, cost, span));
         match answer {
             Answer::Cached(verdict) => {
                 tracing::trace!(key = %ticket.key, "denied by the local deny cache");
@@ -309,6 +234,111 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
             // `Next::Ready` that `call` moves back into `on_result`.
             Answer::Now(result) => self.on_result(ticket, parts, result),
             Answer::Later => self.check_later(ticket),
+        }
+    }
+
+    /// Reads the request's key into `key`; a request without one is
+    /// forwarded, rejected, or given the fallback key, as configured.
+    #[inline]
+    fn read_key(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), Next<St>> {
+        if self.key.extract_into(parts, key) {
+            return Ok(());
+        }
+        match &self.missing_key {
+            MissingKey::Skip => {
+                tracing::trace!("no rate-limit key; not limited");
+                Err(Next::Forward(None))
+            }
+            MissingKey::Reject { status, message } => {
+                if !self
+                    .warned_missing_key
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::warn!(
+                        %status,
+                        key = std::any::type_name::<K>(),
+                        "a request had no rate-limit key and was rejected (logged once per layer); \
+                         for a peer IP, serve Axum with into_make_service_with_connect_info::<SocketAddr>() \
+                         or put the SocketAddr in the request extensions; or choose MissingKey::Skip or a fallback key"
+                    );
+                }
+                tracing::debug!(%status, "no rate-limit key; rejected");
+                let grpc = grpc_content_type(&parts.headers);
+                Err(Next::Respond(Box::new(response::plain(
+                    grpc, *status, message,
+                ))))
+            }
+            MissingKey::Fallback(fallback) => {
+                key.clear();
+                key.push_str(fallback);
+                Ok(())
+            }
+        }
+    }
+
+    /// The cost to check now: 0 (a peek) when the layer charges after the
+    /// response; `None` for a request that costs nothing (not limited).
+    #[inline]
+    fn request_cost(&self, parts: &Parts) -> Option<u64> {
+        if self.charge.is_some() {
+            return Some(0);
+        }
+        let cost = self.cost(parts);
+        (cost != 0).then_some(cost)
+    }
+
+    /// The answer that needs no waiting: a denial held by the deny cache
+    /// (only answers that took a round trip are held), the open breaker,
+    /// or a synchronous store's verdict; else `Later`. `Err` is a request
+    /// admitted at once that needs no ticket (only when `fast`: no span).
+    #[inline]
+    fn answer(&self, tier: &Tier, key: &str, cost: u64, fast: bool) -> Result<Answer, Next<St>> {
+        let cached = self
+            .deny_cache
+            .as_ref()
+            .filter(|cache| !cache.is_empty())
+            .and_then(|cache| cache.get(tier.slot, tier.id, key, cost, Instant::now()));
+        Ok(match cached {
+            Some(verdict) => Answer::Cached(verdict),
+            None if !self.breaker.allow() => Answer::BreakerOpen,
+            None => match self.check_now(tier, key, cost) {
+                Some(Ok(verdict)) if fast => {
+                    // The common case of a store that answers at once: an
+                    // admitted request that needs nothing more than its
+                    // headers is forwarded with no ticket written.
+                    if let Some(next) = self.forward_at_once(tier, &verdict) {
+                        return Err(next);
+                    }
+                    Answer::Now(Ok(verdict))
+                }
+                Some(result) => Answer::Now(result),
+                None => Answer::Later,
+            },
+        })
+    }
+
+    /// A new request's ticket. The clock is read only where it is needed:
+    /// the shaping deadline here, a check sent to a store that answers
+    /// later, a non-empty deny cache.
+    #[inline]
+    fn ticket(
+        &self,
+        key: KeyBuf,
+        tier: &Arc<Tier>,
+        cost: u64,
+        span: Option<tracing::Span>,
+    ) -> Ticket {
+        Ticket {
+            key,
+            tier: Arc::clone(tier),
+            cost,
+            sent: None,
+            deadline: match self.mode {
+                Mode::Shape { max_wait } => Some(Instant::now() + max_wait),
+                _ => None,
+            },
+            fallback: false,
+            span,
         }
     }
 
@@ -493,86 +523,6 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
                     StatusCode::TOO_MANY_REQUESTS,
                     &message,
                 )))
-            }
-        }
-    }
-
-    /// A new subject the store has no room for: denied, whatever the
-    /// failure policy (letting it through would leave every fresh identity
-    /// of a flood unlimited), with the store's `Retry-After`.
-    fn no_room(&self, headers: &HeaderMap, error: &StoreError) -> Next<St> {
-        if self.mode == Mode::DryRun {
-            // A dry run never rejects: it reports what enforcing would do.
-            tracing::info!(
-                error = crate::observe::chain(error),
-                "dry run: would have been denied (no room for a new subject)"
-            );
-            return Next::Forward(None);
-        }
-        tracing::debug!(
-            error = crate::observe::chain(error),
-            "no room for a new subject; denied"
-        );
-        let mut response = response::plain(
-            grpc_content_type(headers),
-            self.no_room_status,
-            "the rate limiter cannot take on new clients right now; retry later\n",
-        );
-        if let Some(retry_after) = error.retry_after() {
-            response.headers_mut().insert(
-                http::header::RETRY_AFTER,
-                HeaderValue::from(crate::headers::ceil_secs(retry_after).max(1)),
-            );
-        }
-        Next::Respond(Box::new(response))
-    }
-
-    /// Logs a store error (`what` happened) at `warn`, at most once per
-    /// second per layer with the count of errors since the last log (every
-    /// one at `debug`).
-    fn log_error(&self, error: &StoreError, what: &str) {
-        tracing::debug!(error = crate::observe::chain(error), "{what}");
-        if let Some(count) = self.errors.record() {
-            tracing::warn!(
-                error = crate::observe::chain(error),
-                count,
-                "{what}: {count} store error(s) since the last such warning"
-            );
-        }
-    }
-
-    /// Counts and logs (at most once per second) a request let through
-    /// undecided.
-    fn let_through(&self, tier: &Tier) {
-        observe::fail_open(tier);
-        if let Some(count) = self.undecided.record() {
-            tracing::warn!(
-                count,
-                "rate limiter failing open: {count} request(s) let through undecided since the last such warning"
-            );
-        }
-    }
-
-    /// The store failed, or is skipped (breaker open): apply the failure
-    /// policy.
-    pub(crate) fn on_failure(&self, ticket: &mut Ticket, headers: &HeaderMap) -> Next<St> {
-        match &self.failure {
-            FailurePolicy::FailOpen => {
-                self.let_through(self.tier(ticket));
-                Next::Forward(None)
-            }
-            FailurePolicy::FailClosed => Next::Respond(Box::new(response::plain(
-                grpc_content_type(headers),
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the rate limiter is unavailable; retry later\n",
-            ))),
-            FailurePolicy::Fallback(store) => {
-                ticket.fallback = true;
-                let tier = self.tier(ticket);
-                match store.check_now(&ticket.key, &tier.policies, ticket.cost) {
-                    Some(result) => Next::Ready(result),
-                    None => Next::Fallback(store.check(&ticket.key, &tier.policies, ticket.cost)),
-                }
             }
         }
     }

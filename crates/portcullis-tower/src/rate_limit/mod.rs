@@ -6,14 +6,16 @@
 //! how to use them. Like [`concurrency`](crate::concurrency), this module
 //! names its future and body `ResponseFuture` and `ResponseBody`.
 //!
-//! Inside: the limiter state its services share (`limiter.rs`), the deny
-//! cache, the keep-body variant. Modules both layers use (response
+//! Inside: the limiter state its services share (`limiter.rs`) and what it
+//! does when the store fails (`failure.rs`), the deny cache, the keep-body
+//! variant. Modules both layers use (response
 //! building, headers, circuit breaker, metrics, configuration,
 //! [`RateLimitInfo`](crate::RateLimitInfo)) live at the crate root.
 
 mod body;
 mod charge;
 mod deny_cache;
+mod failure;
 mod future;
 mod keep_body;
 mod layer;

@@ -1,0 +1,95 @@
+//! What the [`Limiter`] does when its store fails or is skipped: the
+//! failure policy (fail open, fail closed, a fallback store), the answer
+//! to a new subject the store has no room for, and the rate-limited logs
+//! of errors and of requests let through undecided.
+
+use http::{HeaderMap, StatusCode};
+use portcullis_core::{Store, StoreError};
+
+use super::layer::Tier;
+use super::limiter::{Limiter, Next, Ticket};
+use crate::config::{FailurePolicy, Mode};
+use crate::key::KeyExtractor;
+use crate::observe;
+use crate::response::{self, grpc_content_type};
+
+impl<St: Store, K: KeyExtractor> Limiter<St, K> {
+    /// A new subject the store has no room for: denied, whatever the
+    /// failure policy (letting it through would leave every fresh identity
+    /// of a flood unlimited), with the store's `Retry-After`.
+    pub(super) fn no_room(&self, headers: &HeaderMap, error: &StoreError) -> Next<St> {
+        if self.mode == Mode::DryRun {
+            // A dry run never rejects: it reports what enforcing would do.
+            tracing::info!(
+                error = crate::observe::chain(error),
+                "dry run: would have been denied (no room for a new subject)"
+            );
+            return Next::Forward(None);
+        }
+        tracing::debug!(
+            error = crate::observe::chain(error),
+            "no room for a new subject; denied"
+        );
+        let grpc = grpc_content_type(headers);
+        let is_grpc = grpc.is_some();
+        let mut response = response::plain(
+            grpc,
+            self.no_room_status,
+            "the rate limiter cannot take on new clients right now; retry later\n",
+        );
+        if let Some(retry_after) = error.retry_after() {
+            response::set_retry_after(&mut response, retry_after, is_grpc);
+        }
+        Next::Respond(Box::new(response))
+    }
+
+    /// Logs a store error (`what` happened) at `warn`, at most once per
+    /// second per layer with the count of errors since the last log (every
+    /// one at `debug`).
+    pub(super) fn log_error(&self, error: &StoreError, what: &str) {
+        tracing::debug!(error = crate::observe::chain(error), "{what}");
+        if let Some(count) = self.errors.record() {
+            tracing::warn!(
+                error = crate::observe::chain(error),
+                count,
+                "{what}: {count} store error(s) since the last such warning"
+            );
+        }
+    }
+
+    /// Counts and logs (at most once per second) a request let through
+    /// undecided.
+    pub(super) fn let_through(&self, tier: &Tier) {
+        observe::fail_open(tier);
+        if let Some(count) = self.undecided.record() {
+            tracing::warn!(
+                count,
+                "rate limiter failing open: {count} request(s) let through undecided since the last such warning"
+            );
+        }
+    }
+
+    /// The store failed, or is skipped (breaker open): apply the failure
+    /// policy.
+    pub(crate) fn on_failure(&self, ticket: &mut Ticket, headers: &HeaderMap) -> Next<St> {
+        match &self.failure {
+            FailurePolicy::FailOpen => {
+                self.let_through(self.tier(ticket));
+                Next::Forward(None)
+            }
+            FailurePolicy::FailClosed => Next::Respond(Box::new(response::plain(
+                grpc_content_type(headers),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the rate limiter is unavailable; retry later\n",
+            ))),
+            FailurePolicy::Fallback(store) => {
+                ticket.fallback = true;
+                let tier = self.tier(ticket);
+                match store.check_now(&ticket.key, &tier.policies, ticket.cost) {
+                    Some(result) => Next::Ready(result),
+                    None => Next::Fallback(store.check(&ticket.key, &tier.policies, ticket.cost)),
+                }
+            }
+        }
+    }
+}
