@@ -6,7 +6,7 @@
 //! inside the sliding window) + current`. A request is admitted when the
 //! estimate, with its cost added, is at most `limit`. The weighting is exact
 //! (integers scaled by the period; past 2^52, in whole units of
-//! [`Policy::weight_unit_micros`] with the weight rounded up), so the
+//! [`weight_unit_micros`](super::weight_unit_micros) with the weight rounded up), so the
 //! estimate never exceeds the limit at an admission.
 //!
 //! The estimate assumes the previous window's permits were spread evenly; a
@@ -45,11 +45,99 @@ pub(super) fn check(
     // a power of ten dividing the period otherwise), rounded up.
     let unit = u128::from(policy.weight_unit_micros());
     let period_units = period / unit;
-    let mut now = u128::from(now_us);
+    let Window {
+        window_start,
+        elapsed,
+        lag,
+        previous,
+        current,
+        repair,
+    } = window(state, limit_u64, period, u128::from(now_us));
+    // The weight `period − elapsed` in units, rounded up.
+    let elapsed_units = elapsed / unit;
+    let weighted = previous * (period_units - elapsed_units);
+    // Room for the previous window's weight when `current + c` are
+    // counted: (limit − current − c)·period ≥ previous·weight.
+    let room = |charged: u128| (limit.checked_sub(charged)).map(|free| free * period_units);
+    let remaining_of = |charged: u128| {
+        room(charged).map_or(0, |room| {
+            saturate(room.saturating_sub(weighted) / period_units)
+        })
+    };
+    let remaining_old = remaining_of(current);
+    let reset = |current: u128| {
+        let until_full = if current > 0 {
+            2 * period - elapsed
+        } else if previous > 0 {
+            period - elapsed
+        } else {
+            return Duration::ZERO;
+        };
+        micros(lag + until_full)
+    };
+
+    let cost_eval = u128::from(cost.max(1));
+    if room(current + cost_eval).is_none_or(|room| weighted > room) {
+        let retry_after = Retry {
+            limit,
+            period,
+            unit,
+            elapsed,
+            previous,
+            current,
+        }
+        .after(cost_eval);
+        let denied = Decision::denied(
+            limit_u64,
+            remaining_old,
+            micros(lag + retry_after),
+            reset(current),
+        );
+        return step(denied, repair, now_us);
+    }
+    if cost == 0 {
+        let peek = Decision::allowed(limit_u64, remaining_old, reset(current));
+        return step(peek, repair, now_us);
+    }
+    let current = current + cost_eval;
+    let remaining = remaining_of(current);
+    let new_state = State::SlidingWindow(SlidingWindowState {
+        // The window start is `now_us` rounded down or the stored one.
+        window_start_us: saturate(window_start),
+        // Both counts are at most `limit`.
+        previous: saturate(previous),
+        current: saturate(current),
+    });
+    step(
+        Decision::allowed(limit_u64, remaining, reset(current)),
+        Some(new_state),
+        now_us,
+    )
+}
+
+/// The stored state as the window that contains now sees it.
+struct Window {
+    /// The start of the window the figures are for (now's, or the stored
+    /// one when a clock a little behind the writer's reads it).
+    window_start: u128,
+    /// Time since `window_start`, µs.
+    elapsed: u128,
+    /// Above 0 only when a clock a little behind the one that wrote the state
+    /// reads it: the stored window is used from its start, and the figures
+    /// measured from the real now.
+    lag: u128,
+    /// The previous and current windows' counts, at most the limit.
+    previous: u128,
+    current: u128,
+    /// The clamped state to write back, if the stored one was out of range.
+    repair: Option<State>,
+}
+
+/// Reads `state` at `now` through the current policy (`limit`, `period`).
+fn window(state: Option<&SlidingWindowState>, limit_u64: u64, period: u128, now: u128) -> Window {
+    let limit = u128::from(limit_u64);
+    let mut now = now;
     let mut window_start = now - now % period;
-    // > 0 only when a clock a little behind the one that wrote the state
-    // reads it: the stored window is used from its start, and the figures
-    // measured from the real now.
     let mut lag = 0;
     let mut repair = None;
     let (previous, current) = match state {
@@ -95,74 +183,57 @@ pub(super) fn check(
         }
         None => (0, 0),
     };
-    let elapsed = now - window_start;
-    // The weight `period − elapsed` in units, rounded up.
-    let elapsed_units = elapsed / unit;
-    let weighted = previous * (period_units - elapsed_units);
-    // Room for the previous window's weight when `current + c` are
-    // counted: (limit − current − c)·period ≥ previous·weight.
-    let room = |charged: u128| (limit.checked_sub(charged)).map(|free| free * period_units);
-    let remaining_of = |charged: u128| {
-        room(charged).map_or(0, |room| {
-            saturate(room.saturating_sub(weighted) / period_units)
-        })
-    };
-    let remaining_old = remaining_of(current);
-    let reset = |current: u128| {
-        let until_full = if current > 0 {
-            2 * period - elapsed
-        } else if previous > 0 {
-            period - elapsed
-        } else {
-            return Duration::ZERO;
-        };
-        micros(lag + until_full)
-    };
+    Window {
+        window_start,
+        elapsed: now - window_start,
+        lag,
+        previous,
+        current,
+        repair,
+    }
+}
 
-    let cost_eval = u128::from(cost.max(1));
-    if room(current + cost_eval).is_none_or(|room| weighted > room) {
-        let retry_after = if current + cost_eval <= limit {
+/// What a denied request's `retry_after` is computed from.
+#[derive(Clone, Copy)]
+struct Retry {
+    limit: u128,
+    period: u128,
+    unit: u128,
+    elapsed: u128,
+    previous: u128,
+    current: u128,
+}
+
+impl Retry {
+    /// µs from the window's view of now until a request of `cost` alone is
+    /// admitted, exactly.
+    fn after(&self, cost: u128) -> u128 {
+        let Self {
+            limit,
+            period,
+            unit,
+            elapsed,
+            previous,
+            current,
+        } = *self;
+        let period_units = period / unit;
+        if current + cost <= limit {
             // Wait in this window until the previous window's weight has
             // dropped enough: previous·(units − e) ≤ room. Denied means
             // previous·weight > room ≥ 0, so previous > 0, and
             // room div previous < weight ≤ units.
-            let room = (limit - current - cost_eval) * period_units;
+            let room = (limit - current - cost) * period_units;
             let earliest = period_units - room / previous.max(1);
             (earliest * unit).saturating_sub(elapsed)
         } else {
             // Not before the next window, where the current count becomes
             // the previous one: current·(units − e) ≤ (limit − cost)·units.
             // current + cost > limit ≥ cost, so current > 0.
-            let room = (limit - cost_eval) * period_units;
+            let room = (limit - cost) * period_units;
             let earliest = period_units - (room / current.max(1)).min(period_units);
             (period - elapsed) + earliest * unit
-        };
-        let denied = Decision::denied(
-            limit_u64,
-            remaining_old,
-            micros(lag + retry_after),
-            reset(current),
-        );
-        return step(denied, repair, now_us);
+        }
     }
-    if cost == 0 {
-        let peek = Decision::allowed(limit_u64, remaining_old, reset(current));
-        return step(peek, repair, now_us);
-    }
-    let current = current + cost_eval;
-    let remaining = remaining_of(current);
-    let new_state = State::SlidingWindow(SlidingWindowState {
-        // The window start is `now_us` rounded down or the stored one.
-        window_start_us: saturate(window_start),
-        // Both counts are at most `limit`.
-        previous: saturate(previous),
-        current: saturate(current),
-    });
-    step(
-        Decision::allowed(limit_u64, remaining, reset(current)),
-        Some(new_state),
-        now_us,
-    )
 }
 
 #[cfg(test)]
