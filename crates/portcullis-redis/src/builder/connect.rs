@@ -23,107 +23,122 @@ impl RedisStoreBuilder {
         match target {
             Target::Standalone(url) => {
                 let info = self.parse(&url)?;
-                let info = self.with_tls(self.with_auth(info), &url)?;
-                let user = user_of(&info);
-                let manager = StandaloneManager::server(info, self.connect_timeout, self.timeout)
-                    .map_err(|source| invalid_url(&url, source))?;
-                let pool = self.standalone_pool(manager, &url, &user).await?;
-                Ok((pool, redact_url(&url), user))
+                self.open_standalone(info, redact_url(&url), &url).await
             }
             Target::Client(client) => {
                 let info = client.get_connection_info().clone();
                 let description = info.addr().to_string();
-                let info = self.with_tls(self.with_auth(info), &description)?;
-                let user = user_of(&info);
-                let manager = StandaloneManager::server(info, self.connect_timeout, self.timeout)
-                    .map_err(|source| invalid_url(&description, source))?;
-                let pool = self.standalone_pool(manager, &description, &user).await?;
-                Ok((pool, description, user))
+                self.open_standalone(info, description.clone(), &description)
+                    .await
             }
-            Target::Sentinel { master, urls } => {
-                let (client, user) = self.sentinel_client(&master, &urls)?;
-                let description = format!(
-                    "the primary {master:?} of the Sentinels {}",
-                    urls.iter()
-                        .map(|u| redact_url(u))
-                        .collect::<Vec<_>>()
-                        .join(",")
-                );
-                let manager =
-                    StandaloneManager::sentinel(client, self.connect_timeout, self.timeout);
-                let last = manager.last_error();
-                if self.lazy {
-                    let pool = self.pool_builder().build_unchecked(manager);
-                    return Ok((Pool::Standalone(pool, last), description, user));
-                }
-                let built = self.pool_builder().build(manager).await;
-                let pool = match built {
-                    Ok(pool) => pool,
-                    Err(source)
-                        if source.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel =>
-                    {
-                        return Err(BuildError::UnknownSentinelMaster { master, source })
-                    }
-                    Err(source) => {
-                        return Err(verify::connect_error(
-                            &description,
-                            &user,
-                            &self.prefix,
-                            source,
-                        ))
-                    }
-                };
-                Ok((Pool::Standalone(pool, last), description, user))
-            }
-            Target::Cluster(urls) => {
-                if urls.is_empty() {
-                    return Err(BuildError::NoServer);
-                }
-                let mut infos = Vec::with_capacity(urls.len());
-                for url in &urls {
-                    infos.push(self.with_auth(self.parse(url)?));
-                }
-                let user = user_of(&infos[0]);
-                let description = urls
-                    .iter()
-                    .map(|u| redact_url(u))
-                    .collect::<Vec<_>>()
-                    .join(",");
-                let builder = ClusterClientBuilder::new(infos)
-                    // Never resend a command that may have run: the store
-                    // itself resends only what the server proves did not
-                    // run (NOSCRIPT, MOVED, TRYAGAIN).
-                    .retries(0)
-                    .connection_timeout(self.connect_timeout)
-                    .response_timeout(self.timeout);
-                let builder = if self.tls.is_set() {
-                    with_cluster_certs(builder, &self.tls, &description)?
-                } else {
-                    builder
-                };
-                let client = builder
-                    .build()
-                    .map_err(|source| invalid_url(&description, source))?;
-                let pool = self.cluster_pool(client, &description, &user).await?;
-                Ok((pool, description, user))
-            }
+            Target::Sentinel { master, urls } => self.open_sentinel(master, &urls).await,
+            Target::Cluster(urls) => self.open_cluster(&urls).await,
             Target::ClusterClient(client) => {
                 let description = "the application's ClusterClient".to_owned();
-                let user = self
-                    .username
-                    .clone()
-                    .unwrap_or_else(|| "default".to_owned());
+                let user = self.user_or_default();
                 let pool = self.cluster_pool(*client, &description, &user).await?;
                 Ok((pool, description, user))
             }
             Target::Pool(pool) => Ok((
                 Pool::External(pool),
                 "the application's bb8-redis pool".to_owned(),
-                self.username
-                    .clone()
-                    .unwrap_or_else(|| "default".to_owned()),
+                self.user_or_default(),
             )),
         }
+    }
+
+    /// The builder's user name, or Redis's `default`.
+    fn user_or_default(&self) -> String {
+        self.username
+            .clone()
+            .unwrap_or_else(|| "default".to_owned())
+    }
+
+    /// A pool of one standalone server (`url`, for errors: the URL or the
+    /// client's address; `description`, the same with passwords redacted).
+    async fn open_standalone(
+        &self,
+        info: ConnectionInfo,
+        description: String,
+        url: &str,
+    ) -> Result<(Pool, String, String), BuildError> {
+        let info = self.with_tls(self.with_auth(info), url)?;
+        let user = user_of(&info);
+        let manager = StandaloneManager::server(info, self.connect_timeout, self.timeout)
+            .map_err(|source| invalid_url(url, source))?;
+        let pool = self.standalone_pool(manager, url, &user).await?;
+        Ok((pool, description, user))
+    }
+
+    /// A pool of the primary that the Sentinels at `urls` name `master`.
+    async fn open_sentinel(
+        &self,
+        master: String,
+        urls: &[String],
+    ) -> Result<(Pool, String, String), BuildError> {
+        let (client, user) = self.sentinel_client(&master, urls)?;
+        let description = format!(
+            "the primary {master:?} of the Sentinels {}",
+            urls.iter()
+                .map(|u| redact_url(u))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let manager = StandaloneManager::sentinel(client, self.connect_timeout, self.timeout);
+        let last = manager.last_error();
+        if self.lazy {
+            let pool = self.pool_builder().build_unchecked(manager);
+            return Ok((Pool::Standalone(pool, last), description, user));
+        }
+        let pool = match self.pool_builder().build(manager).await {
+            Ok(pool) => pool,
+            Err(source) if source.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel => {
+                return Err(BuildError::UnknownSentinelMaster { master, source })
+            }
+            Err(source) => {
+                return Err(verify::connect_error(
+                    &description,
+                    &user,
+                    &self.prefix,
+                    source,
+                ))
+            }
+        };
+        Ok((Pool::Standalone(pool, last), description, user))
+    }
+
+    /// A pool of Cluster connections seeded by `urls`.
+    async fn open_cluster(&self, urls: &[String]) -> Result<(Pool, String, String), BuildError> {
+        if urls.is_empty() {
+            return Err(BuildError::NoServer);
+        }
+        let mut infos = Vec::with_capacity(urls.len());
+        for url in urls {
+            infos.push(self.with_auth(self.parse(url)?));
+        }
+        let user = user_of(&infos[0]);
+        let description = urls
+            .iter()
+            .map(|u| redact_url(u))
+            .collect::<Vec<_>>()
+            .join(",");
+        let builder = ClusterClientBuilder::new(infos)
+            // Never resend a command that may have run: the store itself
+            // resends only what the server proves did not run (NOSCRIPT,
+            // MOVED, TRYAGAIN).
+            .retries(0)
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.timeout);
+        let builder = if self.tls.is_set() {
+            with_cluster_certs(builder, &self.tls, &description)?
+        } else {
+            builder
+        };
+        let client = builder
+            .build()
+            .map_err(|source| invalid_url(&description, source))?;
+        let pool = self.cluster_pool(client, &description, &user).await?;
+        Ok((pool, description, user))
     }
 
     fn pool_builder<M: bb8::ManageConnection>(&self) -> bb8::Builder<M> {
