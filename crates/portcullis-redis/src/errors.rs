@@ -12,8 +12,8 @@ use crate::builder::MAX_PREFIX_LEN;
 /// `ACL SETUSER <user> on ><password> ~<prefix>:* <ACL_COMMANDS>`: the
 /// commands the store sends (`EVALSHA`, `SCRIPT LOAD`, `DEL` for resets,
 /// `HMGET` for the rate limiter's configuration, `PING`) and the ones its
-/// scripts call. `CONFIG GET` is optional (see the crate docs, "Failure
-/// semantics").
+/// scripts call. `CONFIG GET` is optional (see the
+/// [guide](crate::guide#failure-semantics)).
 pub const ACL_COMMANDS: &str = "+ping +evalsha +script|load +time +get +set +exists +del +hmget +hset +pexpire +pexpireat +zadd +zcount +zrangebyscore +zremrangebyrank +zremrangebyscore +zrevrange +zcard +zscore +zrem";
 
 /// What an ACL user needs besides [`ACL_COMMANDS`] on a Redis Cluster: the

@@ -6,8 +6,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use portcullis_core::subject::encode_subject;
 use portcullis_core::{
-    encode_subject, validate_check, Algorithm, Clock, Decision, Policy, Store, StoreError, Verdict,
+    validate_check, Algorithm, Clock, Decision, Policy, Store, StoreError, Verdict,
 };
 use redis::{Cmd, RedisError, Value};
 use smallvec::SmallVec;
@@ -73,7 +74,7 @@ pub(crate) struct Inner {
 /// atomic Lua script call, with the same decisions as
 /// [`MemoryStore`](portcullis_core::MemoryStore).
 ///
-/// Cheap to clone; clones share the pool. See the [crate docs](crate) for
+/// Cheap to clone; clones share the pool. See the [guide](crate::guide) for
 /// the key layout, clock modes and failure semantics.
 ///
 /// ```no_run

@@ -322,7 +322,7 @@ impl RedisStoreBuilder {
     /// Hash every subject before it reaches Redis (default `false`): turn
     /// this on when subjects are secrets such as API tokens. Subjects that
     /// are long or have characters outside `A-Z a-z 0-9 . _ - : / @ + = ,`
-    /// are always hashed (see [`encode_subject`](portcullis_core::encode_subject)).
+    /// are always hashed (see [`encode_subject`](portcullis_core::subject::encode_subject)).
     pub fn hash_subjects(mut self, hash_subjects: bool) -> Self {
         self.hash_subjects = hash_subjects;
         self
@@ -339,7 +339,7 @@ impl RedisStoreBuilder {
     /// timeout on the first request. It also reads `maxmemory` and
     /// `maxmemory-policy` where `CONFIG GET` is allowed, and logs a warning
     /// (tracing) when a full Redis would refuse writes (`noeviction` with
-    /// `maxmemory` set); see the crate docs, "Failure semantics".
+    /// `maxmemory` set); see the [guide](crate::guide#failure-semantics).
     ///
     /// Must run inside a Tokio runtime (it spawns the pool's tasks).
     ///
