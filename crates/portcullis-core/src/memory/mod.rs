@@ -8,108 +8,9 @@
 //! the read lock and the hot slot), `sweep.rs` (sweeps, purges, eviction, room across
 //! shards) and `builder.rs` ([`MemoryStoreBuilder`]).
 //!
-//! # Layout
-//!
-//! State lives in a fixed number of shards, each a [`std::sync::RwLock`]
-//! on its own cache line around a [`hashbrown::HashTable`] of entries,
-//! stored in the table itself: a lookup reads a group of control bytes and
-//! then the entry, two dependent memory accesses. (A dense `Vec` of entries
-//! behind a table of positions holds less memory but adds a third access,
-//! and measured slower at a million subjects.) An entry is one subject, in
-//! 40 bytes: its key (inline up to 22 bytes), and either the compact form
-//! (one GCRA state, its TAT packed into one atomic word, and the index and
-//! address of its policy's name among the shard's interned names, so that
-//! the fast path recognises the policy by one comparison) or a boxed list of
-//! slots (policy name, algorithm state, expiry) for anything else. The
-//! subject's hash
-//! picks the shard, so every policy of one subject sits behind one lock and
-//! a multi-policy check is one critical section under the write lock: every
-//! policy's [`algorithms::check`] is computed first and the new states are
-//! written only if all admit.
-//!
-//! The subject is hashed once per call; the same hash picks the shard (from
-//! high bits) and the bucket (hashbrown uses the low bits and the top
-//! seven). A lookup borrows the caller's `&str` and allocates nothing; only
-//! a new subject may allocate (its key when longer than 22 bytes, and its
-//! list of slots when it is not in the compact form; policy names are
-//! shared). An entry is 40 bytes plus those allocations.
-//!
-//! # The GCRA hot path
-//!
-//! A subject's single GCRA state is kept as one [`AtomicU64`], its TAT
-//! packed as 52 bits of whole microseconds and 12 of fraction (every state
-//! of a policy whose emission interval `period / limit` is whole, such as
-//! ten per second, and of any policy whose limit is below 4096, such as
-//! three per ten seconds), which also gives its expiry. A one-policy GCRA
-//! charge of a subject that holds only such a state runs under the shard's
-//! **read** lock and replaces the TAT by compare-and-swap, with the
-//! arithmetic of [`algorithms::check`] split into whole microseconds and a
-//! fraction, with the policy's constants computed when it is built, so that
-//! admitting takes no division under the lock (one after it, for
-//! `remaining`) and a denial one (`ALGORITHMS.md`, "MemoryStore's GCRA fast
-//! path"; a property test holds the two equal). Charges of any subjects in one shard, including the same
-//! subject, then proceed in parallel, and stay exact: a swap that lost to
-//! another recomputes from the TAT that won. A subject whose swap lost
-//! becomes its shard's *hot slot*: its TAT moves (under the write lock)
-//! next to the shard's lock word, so that charging it contends for one
-//! cache line instead of two; the general path moves it back into its
-//! entry before touching the subject, and a sweep frees it with the entry.
-//! One subject per shard holds the hot slot, until its state expires.
-//! Everything else (new subjects,
-//! other algorithms, several policies, TATs that do not pack, peeks) takes
-//! the write lock, with GCRA on a `u64` fast path there too.
-//!
-//! # Expiry and sweeping
-//!
-//! Every slot knows when its state is back to full capacity
-//! ([`Step::expires_at_us`]); an entry expires with the latest of its
-//! slots. A state past its expiry is the same as no state, so expired slots
-//! and entries are treated as absent on lookup and reused in place. Memory is
-//! reclaimed without a background thread, by work proportional to the
-//! operations a shard serves:
-//!
-//! - **Incremental sweep.** Every [`SWEEP_EVERY`] operations on a shard
-//!   scan the next [`SWEEP_CHUNK`] buckets of its table (a cursor walks the
-//!   table round and round) and drop expired entries. While a chunk yields
-//!   at least a quarter of its buckets as expired entries, up to
-//!   [`SWEEP_MAX_CHUNKS`] chunks are scanned in a row (the work is then
-//!   paid for by the entries freed, which were each inserted once). When
-//!   the cursor completes a pass over a table that is more than three
-//!   quarters empty, the table shrinks.
-//!   Hot-path charges count in their own per-shard counter, on the cache
-//!   line the read lock writes anyway, by a load and a store rather than a
-//!   read-modify-write (two threads may count one charge): every
-//!   [`SWEEP_EVERY`]-th sweeps a shard, taking the shards in turn from the
-//!   one charged (so one busy subject keeps every shard swept).
-//! - **Sweep before growth.** When inserting a subject would make a shard's
-//!   table grow, the whole shard is swept first; if that frees less than an
-//!   eighth of it, the table grows at once, so the next such sweep is at
-//!   least an eighth of a table's worth of inserts away.
-//! - **`max_keys`.** The store holds at most [`DEFAULT_MAX_KEYS`] subjects
-//!   unless told otherwise ([`MemoryStoreBuilder::max_keys`],
-//!   [`MemoryStoreBuilder::unbounded`]). When it is full, a new subject
-//!   first sweeps its own shard; if nothing there has expired it evicts, in
-//!   its own shard (when that holds at least half its share of the bound,
-//!   else in the fullest shard), the sampled entry that is soonest back to
-//!   full capacity ([`WhenFull::EvictNearestFull`], the default), or (with
-//!   [`WhenFull::Deny`]) sweeps every shard that may hold expired entries,
-//!   outside its own lock, and retries.
-//!   Subjects already held never need room: they are always checked
-//!   exactly, except the one an eviction removes.
-//!
-//! Each shard keeps a lower bound of its entries' expiry times (made exact
-//! by every full sweep and at the end of every incremental pass; a hot-path
-//! charge only moves an expiry later), so shards with nothing expired skip
-//! their sweeps without a scan.
-//!
-//! Each of these costs O(1) amortized per operation. A shard that stops
-//! receiving operations keeps its expired entries until it is used again or
-//! [`MemoryStore::purge_expired`] is called (from a timer of the
-//! application's own, if it wants one).
-//!
-//! [`algorithms::check`]: crate::algorithms::check
-//! [`AtomicU64`]: std::sync::atomic::AtomicU64
-//! [`Step::expires_at_us`]: crate::algorithms::Step::expires_at_us
+//! How it holds state (the layout, the GCRA hot path under the read lock,
+//! expiry and sweeping, the bound) is described in `ALGORITHMS.md`, "How
+//! `MemoryStore` holds its state".
 
 use std::fmt;
 use std::future::{ready, Ready};
@@ -124,7 +25,8 @@ use crate::clock::Counter;
 pub use self::builder::MemoryStoreBuilder;
 use self::entry::Entry;
 use self::table::{Key, Shard, ShardLock};
-use crate::{validate_check, Clock, Policy, Store, StoreError, Verdict, MAX_PLAIN_SUBJECT_LEN};
+use crate::subject::MAX_PLAIN_SUBJECT_LEN;
+use crate::{validate_check, Clock, Policy, Store, StoreError, Verdict};
 
 /// Operations on a shard between two incremental sweeps.
 const SWEEP_EVERY: u32 = 64;
