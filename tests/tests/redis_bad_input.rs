@@ -6,7 +6,8 @@ mod redis_common;
 
 use std::time::Duration;
 
-use portcullis_core::{encode_subject, Algorithm, Policy, Store, StoreError};
+use portcullis_core::subject::encode_subject;
+use portcullis_core::{Algorithm, Policy, Store, StoreError};
 use portcullis_redis::{ClockMode, RedisStore};
 use portcullis_tests::unique_prefix;
 

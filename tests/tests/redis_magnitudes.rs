@@ -35,7 +35,7 @@ fn sold(algorithm: Algorithm) -> Vec<Policy> {
 /// The longest a subject can wait: the full reset (two periods for a
 /// sliding window).
 fn full_reset(policy: &Policy) -> Duration {
-    let (scale, increment) = policy.emission_interval();
+    let (scale, increment) = portcullis_core::algorithms::emission_interval(policy);
     match policy.algorithm() {
         Algorithm::SlidingWindow => policy.period() * 2,
         Algorithm::FixedWindow | Algorithm::SlidingLog => policy.period(),

@@ -10,7 +10,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::OnceLock;
 
 use http::{HeaderName, HeaderValue, Request, StatusCode};
-use portcullis_core::{hash_subject, is_plain, MemoryStore, Policy};
+use portcullis_core::subject::{hash_subject, is_plain};
+use portcullis_core::{MemoryStore, Policy};
 use portcullis_tests::reliability::{classify, probe_service, Reply};
 use portcullis_tower::{
     ApiKey, BearerToken, ClientIp, Header, KeyExtractor, MissingKey, PeerIp, ProxyHeader,

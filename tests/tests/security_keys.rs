@@ -9,7 +9,8 @@
 
 use std::collections::HashSet;
 
-use portcullis_core::{encode_subject, hash_subject, MemoryStore, Policy, Store};
+use portcullis_core::subject::{encode_subject, hash_subject};
+use portcullis_core::{MemoryStore, Policy, Store};
 use portcullis_redis::RedisStore;
 use portcullis_tests::reliability::{admin, command, crc16_slot, Rng};
 use proptest::prelude::*;

@@ -61,12 +61,12 @@ fn extreme_policies_are_refused_with_the_field_named_or_built() {
                 // Built policies are exact in Lua's doubles: every product
                 // the algorithm forms is at most 2^52 (ALGORITHMS.md,
                 // "Magnitudes").
-                let (scale, increment) = policy.emission_interval();
+                let (scale, increment) = portcullis_core::algorithms::emission_interval(&policy);
                 let period = u128::from(policy.period_micros());
                 let product = match policy.algorithm() {
                     Algorithm::SlidingWindow => {
                         u128::from(policy.limit()) * period
-                            / u128::from(policy.weight_unit_micros())
+                            / u128::from(portcullis_core::algorithms::weight_unit_micros(&policy))
                     }
                     Algorithm::FixedWindow | Algorithm::SlidingLog => u128::from(policy.limit()),
                     _ => u128::from(policy.capacity()) * u128::from(increment),

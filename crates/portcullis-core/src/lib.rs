@@ -49,7 +49,7 @@ mod limits_file;
 mod memory;
 mod policy;
 mod store;
-mod subject;
+pub mod subject;
 
 pub use boxed::{
     BoxAcquireFuture, BoxCheckFuture, BoxLeaseStore, BoxReleaseFuture, BoxRenewFuture,
@@ -74,6 +74,3 @@ pub use policy::{
     SLIDING_LOG_MAX_LIMIT,
 };
 pub use store::{validate_charge, validate_check, Store};
-pub use subject::{
-    encode_subject, hash_subject, is_plain, HASHED_SUBJECT_PREFIX, MAX_PLAIN_SUBJECT_LEN,
-};

@@ -262,8 +262,9 @@ impl Policy {
     /// up (ALGORITHMS.md, "Magnitudes"), lowering the rate by less than one
     /// part in `increment`. Window algorithms return `(limit, period)`.
     ///
+    /// Public as [`algorithms::emission_interval`](crate::algorithms::emission_interval).
     #[must_use]
-    pub const fn emission_interval(&self) -> (u64, u64) {
+    pub(crate) const fn emission_interval(&self) -> (u64, u64) {
         (self.scale, self.increment)
     }
 
@@ -272,8 +273,9 @@ impl Policy {
     /// divides the period and keeps `limit × period / unit` within
     /// [`MAX_MAGNITUDE`] (the weight is then rounded up, never down). 1 for
     /// other algorithms.
+    /// Public as [`algorithms::weight_unit_micros`](crate::algorithms::weight_unit_micros).
     #[must_use]
-    pub const fn weight_unit_micros(&self) -> u64 {
+    pub(crate) const fn weight_unit_micros(&self) -> u64 {
         self.weight_unit_us
     }
 

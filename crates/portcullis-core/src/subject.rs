@@ -1,4 +1,9 @@
-//! Turning caller-supplied subjects into safe storage keys.
+//! How a subject becomes the text a store keys it by: plain subjects stay
+//! readable, anything else (long, secret, or with characters a Redis
+//! Cluster hash tag or a log line would misread) becomes a SHA-256 hash.
+//! Stores do this themselves; a custom key extractor uses [`hash_subject`]
+//! for a secret it reads (as the built-in token extractors do), and
+//! [`encode_subject`] shows the key a subject is stored under.
 
 use std::borrow::Cow;
 
@@ -23,7 +28,7 @@ pub const HASHED_SUBJECT_PREFIX: &str = "#";
 /// secrets such as API tokens.
 ///
 /// ```
-/// use portcullis::encode_subject;
+/// use portcullis::subject::encode_subject;
 ///
 /// assert_eq!(encode_subject("2001:db8::1", false), "2001:db8::1");
 /// let hashed = encode_subject("evil}{key with spaces", false);

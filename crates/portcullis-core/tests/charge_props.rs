@@ -79,7 +79,7 @@ proptest! {
             .map(|algorithm| policy(algorithm, limit, period, burst));
         let mut decisions: [Vec<_>; 2] = [Vec::new(), Vec::new()];
         for (policy, decisions) in policies.iter().zip(decisions.iter_mut()) {
-            let (scale, increment) = policy.emission_interval();
+            let (scale, increment) = algorithms::emission_interval(policy);
             let full = u128::from(policy.capacity()) * u128::from(increment);
             let full_reset = u64::try_from(full.div_ceil(u128::from(scale))).unwrap();
             let interval = increment.div_ceil(scale);

@@ -51,7 +51,7 @@ fn quotas_as_sold_are_accepted_by_every_algorithm_with_bursts_up_to_the_limit() 
                 let policy = builder.build().unwrap_or_else(|e| {
                     panic!("{limit} per {period:?} with {algorithm} burst {burst:?}: {e}")
                 });
-                let (scale, increment) = policy.emission_interval();
+                let (scale, increment) = algorithms::emission_interval(&policy);
                 if algorithm.has_burst() && !policy.is_exact() {
                     // Rounded: every product within 2^52, the interval never
                     // shorter than exact, and rounded by less than one part
@@ -73,12 +73,15 @@ fn quotas_as_sold_are_accepted_by_every_algorithm_with_bursts_up_to_the_limit() 
 fn per_day_u32_max_rounds_its_interval_to_a_multiple_of_2_to_the_minus_15_us() {
     let policy = Policy::per_day(u64::from(u32::MAX)).build().unwrap();
     // 86 400 s / (2^32 − 1) = 20.1166… µs, rounded up to 659 180 / 2^15 µs.
-    assert_eq!(policy.emission_interval(), (1 << 15, 659_180));
+    assert_eq!(algorithms::emission_interval(&policy), (1 << 15, 659_180));
     assert!(!policy.is_exact());
     // 10^6 per day is exact with a burst of 52 124 or less.
     let exact = Policy::per_day(1_000_000).burst(52_124).build().unwrap();
     assert!(exact.is_exact());
-    assert_eq!(exact.emission_interval(), (1_000_000, 86_400_000_000));
+    assert_eq!(
+        algorithms::emission_interval(&exact),
+        (1_000_000, 86_400_000_000)
+    );
 }
 
 /// A daily fixed window of u32::MAX: all of it at once, nothing more until
@@ -130,7 +133,7 @@ fn greedy(policy: &Policy, periods: u64, steps_per_period: u64) -> u128 {
 /// one part in `increment`, plus the rounding down of the last partial
 /// permit), and never more than exact arithmetic allows, `B + k·L`.
 fn assert_undershoot_bound(policy: &Policy, periods: u64) {
-    let (_, increment) = policy.emission_interval();
+    let (_, increment) = algorithms::emission_interval(policy);
     let capacity = u128::from(policy.capacity());
     let limit = u128::from(policy.limit());
     let k = u128::from(periods);

@@ -220,7 +220,7 @@ impl RedisStore {
     /// ```
     #[must_use]
     pub fn rate_limiter(&self, name: &str) -> RateLimiter {
-        let tag = portcullis_core::encode_subject(name, false);
+        let tag = portcullis_core::subject::encode_subject(name, false);
         let base = format!("{}:limiter:{{{tag}}}", self.prefix());
         let client_id: Arc<str> = new_client_id().into();
         RateLimiter {

@@ -13,7 +13,7 @@
 //! units of `1 / limit`, so emission intervals that are not whole
 //! microseconds (3 per second is 333 333⅓ µs) accumulate exactly and never
 //! drift. (A policy past 2^52 counts in `1 / 2^k` µs instead, its interval
-//! rounded up: [`Policy::emission_interval`].) Denials write nothing but a
+//! rounded up: [`emission_interval`](super::emission_interval).) Denials write nothing but a
 //! repair (ALGORITHMS.md, "Changing a policy").
 //!
 //! **When to pick it.** By default: it is the cheapest algorithm (one integer

@@ -17,7 +17,7 @@
 //!
 //! **State.** Meter: [`LeakyMeterState`], the water level in units of
 //! `1 / period` of a permit (of `1 / increment` past 2^52:
-//! [`Policy::emission_interval`]; so draining `limit` units per microsecond
+//! [`emission_interval`](super::emission_interval); so draining `limit` units per microsecond
 //! is exact) and when it was computed. Queue: [`LeakyQueueState`], the exact
 //! time the queue is empty, the same number GCRA keeps. Denials write
 //! nothing.

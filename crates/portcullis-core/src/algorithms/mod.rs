@@ -129,6 +129,43 @@ pub struct Step {
     pub expires_at_us: u64,
 }
 
+/// How the bucket algorithms (GCRA, token bucket, leaky bucket) of
+/// `policy` count time: `(scale, increment)`, one permit taking
+/// `increment / scale` µs. When [`Policy::is_exact`] this is `(limit,
+/// period)`; otherwise the interval is rounded up (ALGORITHMS.md,
+/// "Magnitudes"), lowering the rate by less than one part in `increment`.
+/// Window algorithms return `(limit, period)`.
+///
+/// ```
+/// use portcullis::{algorithms, Policy};
+///
+/// let policy = Policy::per_second(3).build()?;
+/// assert_eq!(algorithms::emission_interval(&policy), (3, 1_000_000));
+/// # Ok::<(), portcullis::PolicyError>(())
+/// ```
+#[must_use]
+pub fn emission_interval(policy: &Policy) -> (u64, u64) {
+    policy.emission_interval()
+}
+
+/// The unit, in µs, in which a sliding window of `policy` weighs its
+/// previous window: 1 when exact, else the smallest power of ten that
+/// divides the period and keeps `limit × period / unit` within
+/// [`MAX_MAGNITUDE`](crate::MAX_MAGNITUDE) (the weight is then rounded up,
+/// never down). 1 for other algorithms.
+///
+/// ```
+/// use portcullis::{algorithms, Algorithm, Policy};
+///
+/// let policy = Policy::per_minute(100).algorithm(Algorithm::SlidingWindow).build()?;
+/// assert_eq!(algorithms::weight_unit_micros(&policy), 1);
+/// # Ok::<(), portcullis::PolicyError>(())
+/// ```
+#[must_use]
+pub fn weight_unit_micros(policy: &Policy) -> u64 {
+    policy.weight_unit_micros()
+}
+
 /// Applies `policy` to `state` at `now_us` for `cost` permits.
 ///
 /// `state` is `None` for a subject never seen (or forgotten). A state of

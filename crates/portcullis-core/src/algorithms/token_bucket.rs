@@ -7,7 +7,7 @@
 //! `limit` per `period`.
 //!
 //! **State.** [`TokenBucketState`]: the level in units of `1 / period` of a
-//! token (of `1 / increment` past 2^52: [`Policy::emission_interval`]) —
+//! token (of `1 / increment` past 2^52: [`emission_interval`](super::emission_interval)) —
 //! so the refill is exactly `limit` units per microsecond and a
 //! fraction of a token is never lost, however often the bucket is read — and
 //! the time it was computed. Denials write nothing.

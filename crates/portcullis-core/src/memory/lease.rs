@@ -23,9 +23,8 @@ use sha2::{Digest, Sha256};
 
 use super::{MemoryStore, HASHED_KEY_TAG};
 use crate::algorithms::lease::{self, LeaseState};
-use crate::{
-    ConcurrencyPolicy, LeaseDecision, LeaseId, LeaseStore, StoreError, MAX_PLAIN_SUBJECT_LEN,
-};
+use crate::subject::MAX_PLAIN_SUBJECT_LEN;
+use crate::{ConcurrencyPolicy, LeaseDecision, LeaseId, LeaseStore, StoreError};
 
 /// Number of lease shards (a power of two).
 const LEASE_SHARDS: usize = 64;

@@ -14,7 +14,8 @@ use super::entry::Entry;
 use super::fast::check_policy;
 use super::{Inner, WhenFull, HASHED_KEY_TAG, MAX_INTERNED_NAMES};
 use crate::algorithms::Step;
-use crate::{Decision, Policy, StoreError, Verdict, MAX_PLAIN_SUBJECT_LEN};
+use crate::subject::MAX_PLAIN_SUBJECT_LEN;
+use crate::{Decision, Policy, StoreError, Verdict};
 
 /// A subject as stored: its bytes when it is at most
 /// [`MAX_PLAIN_SUBJECT_LEN`] long, or the byte `0xFF` and its SHA-256 digest
