@@ -209,7 +209,7 @@ fn version_skips(version: &str) -> Vec<&'static str> {
 
 /// The tests of Redis Functions and of `allow-oom` scripts (Redis 7): the
 /// ones a Redis 6.2 run skips.
-const FUNCTIONS_ONLY: [&str; 11] = [
+const FUNCTIONS_ONLY: [&str; 12] = [
     "functions_are_the_default_and_the_library_is_loaded",
     "an_acl_user_granted_the_documented_function_rules_runs_on_functions",
     "an_acl_without_functions_falls_back_to_evalsha",
@@ -221,6 +221,7 @@ const FUNCTIONS_ONLY: [&str; 11] = [
     "a_store_builds_on_a_full_redis_and_loads_the_library_once_there_is_room",
     "a_cluster_node_full_before_it_ever_loaded_the_library",
     "out_of_memory_keeps_held_subjects_and_refuses_new_ones",
+    "coalesced_checks_decide_as_checks_sent_one_by_one",
 ];
 
 /// Appends `--skip <name>` for each of `skips` to a `cargo test` command

@@ -58,9 +58,7 @@ impl RedisStore {
                 other => other?,
             };
             match value {
-                Value::Int(reply) => {
-                    fast_decision(&policy, reply, cost).map(|d| std::iter::once(d).collect())
-                }
+                Value::Int(reply) => verdict(&policy, reply, cost),
                 // A state the function handed to the general check.
                 other => store::parse_verdict(other, &[policy.capacity()]),
             }
@@ -91,6 +89,16 @@ async fn evalsha(
     };
     cmd.arg(cost).arg(policy);
     store::run(inner, &script, &cmd, key).await
+}
+
+/// The verdict for the fast function's reply (or one reply of the
+/// coalesced GCRA function, which answers the same for each check).
+pub(crate) fn verdict(
+    policy: &Policy,
+    reply: i64,
+    cost: u64,
+) -> Result<portcullis_core::Verdict, StoreError> {
+    fast_decision(policy, reply, cost).map(|d| std::iter::once(d).collect())
 }
 
 /// The decision for the fast function's reply: the state's lead over now

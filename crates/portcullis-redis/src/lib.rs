@@ -74,6 +74,7 @@
 mod builder;
 mod cell;
 mod charge;
+mod coalesce;
 mod connection;
 mod env;
 mod errors;

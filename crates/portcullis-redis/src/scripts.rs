@@ -25,6 +25,7 @@ const LIBRARY: &str = include_str!("lua/library.lua");
 const CHARGE: &str = include_str!("lua/charge.lua");
 const CHARGE_LIBRARY: &str = include_str!("lua/charge_library.lua");
 const LEASE: &str = include_str!("lua/lease.lua");
+const BATCH: &str = include_str!("lua/batch.lua");
 
 /// The algorithm sources in the order they are concatenated (the queue
 /// uses the GCRA arithmetic, so GCRA comes first).
@@ -276,6 +277,10 @@ pub(crate) struct Library {
     charge: LuaScript,
     /// Acquire, renew and release of leases (lease.lua).
     lease: LuaScript,
+    /// Coalesced checks (batch.lua): the general form, and the one-policy
+    /// GCRA form of the fast function; each with its allow-oom twin.
+    batch: LuaScript,
+    gcra_batch: LuaScript,
 }
 
 impl Library {
@@ -290,10 +295,11 @@ impl Library {
         body.push_str(LEASE);
         body.push_str(LIBRARY);
         body.push_str(CHARGE_LIBRARY);
+        body.push_str(BATCH);
         let hash = redis::Script::new(&body).get_hash().to_owned();
         let name = format!("portcullis_{}", &hash[..12]);
         let source: Arc<str> = format!(
-            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom'\n{body}"
+            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM, FN_BATCH, FN_BATCH_OOM, FN_GCRA_BATCH, FN_GCRA_BATCH_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom', '{name}_batch', '{name}_batch_oom', '{name}_gcra_batch', '{name}_gcra_batch_oom'\n{body}"
         )
         .into();
         let function = |suffix: &str| LuaScript {
@@ -310,7 +316,13 @@ impl Library {
         lease.allow_oom = Some(Arc::new(function("lease_oom")));
         let mut charge = function("charge");
         charge.allow_oom = Some(Arc::new(function("charge_oom")));
+        let mut batch = function("batch");
+        batch.allow_oom = Some(Arc::new(function("batch_oom")));
+        let mut gcra_batch = function("gcra_batch");
+        gcra_batch.allow_oom = Some(Arc::new(function("gcra_batch_oom")));
         Self {
+            batch,
+            gcra_batch,
             check,
             peek: function("peek"),
             gcra,
@@ -337,6 +349,12 @@ impl Library {
     /// The post-charge function.
     pub(crate) fn charge_function(&self) -> &LuaScript {
         &self.charge
+    }
+
+    /// The coalesced check functions (batch.lua): the general one and the
+    /// one-policy GCRA one.
+    pub(crate) fn batch_functions(&self) -> (&LuaScript, &LuaScript) {
+        (&self.batch, &self.gcra_batch)
     }
 
     /// The lease function (`FCALL`).

@@ -14,6 +14,7 @@ use redis::{Cmd, RedisError, Value};
 use smallvec::SmallVec;
 
 use crate::builder::RedisStoreBuilder;
+use crate::coalesce::{self, Batch, Coalescer, Join, Lead};
 use crate::connection::{self, Pool};
 use crate::functions::{self, CallPath};
 use crate::scripts::{self, LuaScript, ScriptCache};
@@ -68,6 +69,9 @@ pub(crate) struct Inner {
     pub(crate) hash_subjects: bool,
     pub(crate) scripts: ScriptCache,
     pub(crate) limiter_script: LuaScript,
+    /// Checks waiting for a call in flight for their subject and policies
+    /// (coalesce.rs); `None` when coalescing is off.
+    pub(crate) coalescer: Option<Coalescer>,
 }
 
 /// A rate-limit [`Store`] in Redis or Redis Cluster: every check is one
@@ -274,6 +278,83 @@ impl RedisStore {
     ) -> Result<CheckFuture, StoreError> {
         validate_check(policies, cost)?;
         let path = self.inner.scripts.path().choose();
+        // Charges on the Functions path join a call in flight for the same
+        // subject and policies (coalesce.rs); peeks and scripts go alone.
+        if let (Some(coalescer), CallPath::Functions, true) =
+            (&self.inner.coalescer, path, cost > 0)
+        {
+            let encoded = self.subject(subject);
+            let key = self.batch_key(&encoded, policies);
+            match coalescer.join(&key, cost) {
+                Join::Wait(answer) => {
+                    return Ok(Box::pin(coalesce::wait(answer, self.inner.timeout)));
+                }
+                Join::Lead => {
+                    let lead = self.lead(key.into(), &encoded, policies, cost);
+                    let call = self.call_future(path, subject, policies, cost);
+                    return Ok(Box::pin(async move {
+                        let verdict = call?.await;
+                        // The checks that waited meanwhile go now.
+                        drop(lead);
+                        verdict
+                    }));
+                }
+            }
+        }
+        self.call_future(path, subject, policies, cost)
+    }
+
+    /// What identifies checks that may share a call: the subject's keys
+    /// and each policy's name, algorithm and figures.
+    fn batch_key(&self, encoded_subject: &str, policies: &[Policy]) -> String {
+        use std::fmt::Write as _;
+        let mut key = self.key(encoded_subject, "");
+        for policy in policies {
+            let _ = write!(
+                key,
+                "\n{}\n{:?}:{}:{}:{}",
+                policy.name(),
+                policy.algorithm(),
+                policy.limit(),
+                policy.period_micros(),
+                policy.capacity()
+            );
+        }
+        key
+    }
+
+    /// The [`Lead`] of a check that makes the call for its subject and
+    /// policies.
+    fn lead(&self, key: Box<str>, encoded: &str, policies: &[Policy], cost: u64) -> Lead {
+        let keys = policies
+            .iter()
+            .map(|policy| self.key(encoded, policy.name()))
+            .collect();
+        // The fast batch takes every cost a fast check takes: the policy
+        // decides, not this check's cost.
+        let fast = self
+            .inner
+            .scripts
+            .library()
+            .fast_gcra(policies, cost.clamp(1, policies[0].capacity()))
+            .is_some();
+        let plan =
+            scripts::Library::plan(policies.iter().map(Policy::algorithm)).unwrap_or_default();
+        Lead::new(
+            Arc::clone(&self.inner),
+            key,
+            Batch::new(keys, policies, plan, fast),
+        )
+    }
+
+    /// One check, alone, as one call.
+    fn call_future(
+        &self,
+        path: CallPath,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Result<CheckFuture, StoreError> {
         if path != CallPath::Evalsha {
             if let Some(script) = self.inner.scripts.library().fast_gcra(policies, cost) {
                 let script = script.clone();
@@ -398,6 +479,13 @@ pub(crate) fn evalsha_from_fcall(script: &LuaScript, fcall: &Cmd, keys: usize) -
         }
     }
     cmd
+}
+
+/// The error of a check of a subject Redis has no memory for.
+pub(crate) fn out_of_memory() -> StoreError {
+    StoreError::OutOfMemory {
+        retry_after: OUT_OF_MEMORY_RETRY,
+    }
 }
 
 /// How long a subject Redis has no memory for is told to wait: Redis frees

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use redis::cluster::ClusterClient;
 
+use crate::coalesce::Coalescer;
 use crate::errors::BuildError;
 use crate::redact::redact_url;
 use crate::scripts::{self, ScriptCache};
@@ -110,6 +111,7 @@ pub struct RedisStoreBuilder {
     password: Option<String>,
     tls: TlsFiles,
     lazy: bool,
+    coalesce: bool,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -130,6 +132,7 @@ impl fmt::Debug for RedisStoreBuilder {
                 &self.tls.client.as_ref().map(|_| "<set>"),
             )
             .field("lazy_connect", &self.lazy)
+            .field("coalesce", &self.coalesce)
             .finish()
     }
 }
@@ -148,6 +151,7 @@ impl Default for RedisStoreBuilder {
             password: None,
             tls: TlsFiles::default(),
             lazy: false,
+            coalesce: true,
         }
     }
 }
@@ -328,6 +332,33 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Coalesce concurrent checks of one subject (default `true`): checks of
+    /// the same subject and policies that arrive while a call for them is
+    /// in flight wait for it to end, then go to Redis together as one call
+    /// that decides them one after another in arrival order, exactly as if
+    /// each had been sent alone at that instant. A check that finds no call
+    /// in flight is sent at once: nothing waits for a batch to fill. A busy
+    /// subject then costs Redis one call per round trip instead of one per
+    /// request. Charges on the Redis Functions path are coalesced; peeks,
+    /// and every check on the `EVALSHA` path, go alone. Turn it off to send
+    /// every check as its own call.
+    ///
+    /// ```no_run
+    /// use portcullis::redis::RedisStore;
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = RedisStore::builder()
+    ///     .url("redis://127.0.0.1:6379")
+    ///     .coalesce(false) // one call per check
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn coalesce(mut self, coalesce: bool) -> Self {
+        self.coalesce = coalesce;
+        self
+    }
+
     /// Validates the configuration, connects, and checks the server.
     ///
     /// Unless [`lazy_connect(true)`](Self::lazy_connect), `build()` opens
@@ -379,6 +410,7 @@ impl RedisStoreBuilder {
                 hash_subjects: self.hash_subjects,
                 scripts: ScriptCache::new(),
                 limiter_script: scripts::limiter(),
+                coalescer: self.coalesce.then(Coalescer::new),
             }),
         };
         if !self.lazy {

@@ -1,0 +1,473 @@
+//! Exact coalescing: checks of one subject and policies that arrive while
+//! a call for them is in flight wait, and go to Redis together as one call
+//! (batch.lua) that decides them one after another in arrival order, as if
+//! each had been sent alone at the same instant. A check that finds no
+//! call in flight goes at once, alone: nothing ever waits for a batch to
+//! fill.
+//!
+//! [`Coalescer`] keeps, per subject and policies, the checks waiting for
+//! the call in flight; the check that made the call holds a [`Lead`], and
+//! when its call ends (or it is dropped) the waiting checks are sent by a
+//! task on the runtime, in batches of at most [`MAX_BATCH`], until none
+//! wait. A waiting check whose request was cancelled before its batch was
+//! sent is left out of it: it is never charged. A batch that fails fails
+//! each of its checks with the same error, and is never sent again.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use portcullis_core::{Algorithm, Policy, StoreError, Verdict};
+use redis::Value;
+use smallvec::SmallVec;
+use tokio::sync::oneshot;
+
+use crate::fast;
+use crate::store::{self, ClockMode, Inner};
+
+/// The most checks one coalesced call decides; more wait for the next.
+pub(crate) const MAX_BATCH: usize = 128;
+
+/// Shards of the table of calls in flight (a power of two).
+const SHARDS: usize = 16;
+
+type Reply = Result<Verdict, StoreError>;
+
+/// One shard: the calls in flight, by subject and policies, each with the
+/// checks waiting for it.
+type Shard = HashMap<Box<str>, Vec<Waiter>>;
+
+/// A check waiting for the call in flight for its subject and policies.
+struct Waiter {
+    cost: u64,
+    reply: oneshot::Sender<Reply>,
+}
+
+/// The calls in flight, by subject and policies, with the checks waiting
+/// for each.
+pub(crate) struct Coalescer {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl fmt::Debug for Coalescer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Coalescer").finish_non_exhaustive()
+    }
+}
+
+/// What a check does: make the call itself, or wait for a batch.
+pub(crate) enum Join {
+    /// No call is in flight: make it (and keep the [`Lead`] until it ends).
+    Lead,
+    /// A call is in flight: this answer comes from the next batch.
+    Wait(oneshot::Receiver<Reply>),
+}
+
+impl Coalescer {
+    pub(crate) fn new() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: std::collections::hash_map::RandomState::new(),
+        }
+    }
+
+    fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
+        // The low bits pick the shard; `SHARDS` is a power of two.
+        let index = (self.hasher.hash_one(key) as usize) & (SHARDS - 1);
+        // A panic while holding the lock leaves a table that is still
+        // consistent (every change is one insert, push or remove).
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Joins the call in flight for `key`, or makes this check the one
+    /// that calls.
+    pub(crate) fn join(&self, key: &str, cost: u64) -> Join {
+        let mut shard = self.shard(key);
+        if let Some(waiting) = shard.get_mut(key) {
+            let (reply, answer) = oneshot::channel();
+            waiting.push(Waiter { cost, reply });
+            return Join::Wait(answer);
+        }
+        shard.insert(key.into(), Vec::new());
+        Join::Lead
+    }
+
+    /// The call for `key` ended: the next batch (the call stays in flight,
+    /// made by the caller), or `None` when no check waits (then nothing
+    /// is in flight for `key` any more). Checks whose requests were
+    /// cancelled are dropped here, uncharged.
+    fn next(&self, key: &str) -> Option<Vec<Waiter>> {
+        let mut shard = self.shard(key);
+        let waiting = shard.get_mut(key)?;
+        waiting.retain(|waiter| !waiter.reply.is_closed());
+        if waiting.is_empty() {
+            shard.remove(key);
+            return None;
+        }
+        let n = waiting.len().min(MAX_BATCH);
+        Some(waiting.drain(..n).collect())
+    }
+}
+
+/// How to send a batch of checks of one subject and policies.
+pub(crate) struct Batch {
+    /// The state key of each policy.
+    keys: SmallVec<[String; 2]>,
+    /// The plan argument (one letter per policy).
+    plan: SmallVec<[u8; 8]>,
+    /// Each policy as `<limit>:<period_us>:<capacity>`.
+    policies: SmallVec<[String; 2]>,
+    capacities: SmallVec<[u64; 2]>,
+    algorithms: SmallVec<[Algorithm; 2]>,
+    /// The policy, when the fast GCRA batch takes it.
+    fast: Option<Policy>,
+}
+
+impl Batch {
+    pub(crate) fn new(
+        keys: SmallVec<[String; 2]>,
+        policies: &[Policy],
+        plan: SmallVec<[u8; 8]>,
+        fast: bool,
+    ) -> Self {
+        Self {
+            keys,
+            plan,
+            policies: policies
+                .iter()
+                .map(|p| format!("{}:{}:{}", p.limit(), p.period_micros(), p.capacity()))
+                .collect(),
+            capacities: policies.iter().map(Policy::capacity).collect(),
+            algorithms: policies.iter().map(Policy::algorithm).collect(),
+            fast: fast.then(|| policies[0].clone()),
+        }
+    }
+}
+
+/// Held by the check that made the call for `key`: when it is dropped
+/// (the call ended, or the request was cancelled), the checks that waited
+/// meanwhile are sent.
+pub(crate) struct Lead {
+    inner: Arc<Inner>,
+    key: Box<str>,
+    batch: Option<Batch>,
+}
+
+impl Lead {
+    pub(crate) fn new(inner: Arc<Inner>, key: Box<str>, batch: Batch) -> Self {
+        Self {
+            inner,
+            key,
+            batch: Some(batch),
+        }
+    }
+}
+
+impl Drop for Lead {
+    fn drop(&mut self) {
+        let Some(coalescer) = self.inner.coalescer.as_ref() else {
+            return;
+        };
+        let Some(waiters) = coalescer.next(&self.key) else {
+            return;
+        };
+        let Some(batch) = self.batch.take() else {
+            return;
+        };
+        let inner = Arc::clone(&self.inner);
+        let key = std::mem::take(&mut self.key);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(send_batches(inner, key, batch, waiters));
+            }
+            Err(_) => {
+                // Unreachable in practice: the call that just ended ran on
+                // a runtime. Nothing was sent, so nothing was charged.
+                for waiter in waiters {
+                    let _ = waiter.reply.send(Err(StoreError::unavailable(
+                        "no tokio runtime to send the coalesced checks on",
+                    )));
+                }
+                while let Some(waiters) = coalescer.next(&key) {
+                    for waiter in waiters {
+                        let _ = waiter.reply.send(Err(StoreError::unavailable(
+                            "no tokio runtime to send the coalesced checks on",
+                        )));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How long a waiting check waits: the call in flight and its own batch,
+/// each bounded by the store's timeout.
+pub(crate) fn wait_bound(timeout: Duration) -> Duration {
+    timeout.saturating_mul(2)
+}
+
+/// The answer of a waiting check.
+pub(crate) async fn wait(answer: oneshot::Receiver<Reply>, timeout: Duration) -> Reply {
+    let after = wait_bound(timeout);
+    match tokio::time::timeout(after, answer).await {
+        Ok(Ok(reply)) => reply,
+        // The task sending the batch ended without answering (the runtime
+        // shut down): the check may have been sent.
+        Ok(Err(_)) => Err(StoreError::OutcomeUnknown {
+            source: "the coalesced call ended without an answer".into(),
+        }),
+        Err(_) => Err(StoreError::Timeout { after }),
+    }
+}
+
+/// Sends the waiting checks of `key` batch after batch until none wait.
+async fn send_batches(inner: Arc<Inner>, key: Box<str>, batch: Batch, mut waiters: Vec<Waiter>) {
+    loop {
+        let costs: SmallVec<[u64; 16]> = waiters.iter().map(|w| w.cost).collect();
+        match decide(&inner, &batch, &costs).await {
+            Ok(replies) => {
+                for (waiter, reply) in waiters.drain(..).zip(replies) {
+                    let _ = waiter.reply.send(reply);
+                }
+            }
+            Err(error) => {
+                for waiter in waiters.drain(..) {
+                    let _ = waiter.reply.send(Err(share(&error)));
+                }
+            }
+        }
+        let Some(coalescer) = inner.coalescer.as_ref() else {
+            return;
+        };
+        match coalescer.next(&key) {
+            Some(next) => waiters = next,
+            None => return,
+        }
+    }
+}
+
+/// Decides `costs` in turn in one call (two when the fast batch hands a
+/// state to the general one; one call per check, in turn, on a server
+/// that refuses Functions from now on).
+async fn decide(inner: &Inner, batch: &Batch, costs: &[u64]) -> Result<Vec<Reply>, StoreError> {
+    let (general, gcra) = inner.scripts.library().batch_functions();
+    let first_key = batch.keys[0].as_str();
+    let now = now_argument(inner);
+    if let Some(policy) = &batch.fast {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(gcra.sha())
+            .arg(1)
+            .arg(first_key)
+            .arg(batch.policies[0].as_str())
+            .arg(now.as_str());
+        for cost in costs {
+            cmd.arg(*cost);
+        }
+        match store::run(inner, gcra, &cmd, first_key).await {
+            Ok(Value::Array(items)) if items.len() == costs.len() => {
+                return Ok(items
+                    .into_iter()
+                    .zip(costs)
+                    .map(|(item, &cost)| match item {
+                        Value::Int(reply) => fast::verdict(policy, reply, cost),
+                        other => Err(store::protocol(format!(
+                            "a coalesced GCRA check answered {other:?}"
+                        ))),
+                    })
+                    .collect());
+            }
+            // A state only the general check reads: nothing was written.
+            Ok(Value::SimpleString(status)) if status == "GENERAL" => {}
+            Ok(other) => {
+                return Err(store::protocol(format!(
+                    "coalesced GCRA checks answered {other:?}"
+                )))
+            }
+            Err(error) if inner.scripts.path().refused(&error) => {
+                return one_by_one(inner, batch, costs).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(general.sha()).arg(batch.keys.len());
+    for key in &batch.keys {
+        cmd.arg(key.as_str());
+    }
+    cmd.arg(batch.plan.as_slice())
+        .arg(now.as_str())
+        .arg(costs.len());
+    for cost in costs {
+        cmd.arg(*cost);
+    }
+    for policy in &batch.policies {
+        cmd.arg(policy.as_str());
+    }
+    match store::run(inner, general, &cmd, first_key).await {
+        Ok(Value::Array(items)) if items.len() == costs.len() => Ok(items
+            .into_iter()
+            .map(|item| match item {
+                Value::SimpleString(status) if status == "NOROOM" => Err(store::out_of_memory()),
+                item => store::parse_verdict(item, &batch.capacities),
+            })
+            .collect()),
+        Ok(other) => Err(store::protocol(format!(
+            "coalesced checks answered {other:?}"
+        ))),
+        Err(error) if inner.scripts.path().refused(&error) => one_by_one(inner, batch, costs).await,
+        Err(error) => Err(error),
+    }
+}
+
+/// The checks as scripts, one call each, in turn: Redis refused the
+/// Functions (nothing ran) and the store uses `EVALSHA` from now on.
+#[cold]
+async fn one_by_one(inner: &Inner, batch: &Batch, costs: &[u64]) -> Result<Vec<Reply>, StoreError> {
+    let script = inner.scripts.get(batch.algorithms.iter().copied())?;
+    let mut replies = Vec::with_capacity(costs.len());
+    for &cost in costs {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.sha()).arg(batch.keys.len());
+        for key in &batch.keys {
+            cmd.arg(key.as_str());
+        }
+        cmd.arg(now_argument(inner).as_str()).arg(cost);
+        for policy in &batch.policies {
+            cmd.arg(policy.as_str());
+        }
+        let reply = match store::run(inner, &script, &cmd, &batch.keys[0]).await {
+            Ok(value) => store::parse_verdict(value, &batch.capacities),
+            Err(error) => Err(error),
+        };
+        replies.push(reply);
+    }
+    Ok(replies)
+}
+
+/// The time argument: empty for Redis `TIME`, read once per batch.
+fn now_argument(inner: &Inner) -> String {
+    match &inner.clock {
+        ClockMode::Redis => String::new(),
+        ClockMode::Client(clock) => clock.now_micros().to_string(),
+    }
+}
+
+/// The same error for every check of a failed batch: the kind and figures
+/// copied, a backend error shared (it stays the `source()`, printed once).
+fn share(error: &StoreError) -> StoreError {
+    match error {
+        StoreError::Timeout { after } => StoreError::Timeout { after: *after },
+        StoreError::OutOfMemory { retry_after } => StoreError::OutOfMemory {
+            retry_after: *retry_after,
+        },
+        StoreError::Unavailable { source } => StoreError::Unavailable {
+            source: Box::new(Shared::of(&**source)),
+        },
+        StoreError::OutcomeUnknown { source } => StoreError::OutcomeUnknown {
+            source: Box::new(Shared::of(&**source)),
+        },
+        StoreError::Rejected { source } => StoreError::Rejected {
+            source: Box::new(Shared::of(&**source)),
+        },
+        StoreError::Protocol { detail } => StoreError::Protocol {
+            detail: detail.clone(),
+        },
+        other => StoreError::OutcomeUnknown {
+            source: other.to_string().into(),
+        },
+    }
+}
+
+/// A backend error shown to several checks: its text and its causes.
+struct Shared {
+    text: String,
+    source: Option<Box<Shared>>,
+}
+
+impl Shared {
+    fn of(error: &(dyn std::error::Error + 'static)) -> Self {
+        Self {
+            text: error.to_string(),
+            source: error.source().map(|cause| Box::new(Self::of(cause))),
+        }
+    }
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl fmt::Display for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for Shared {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|cause| cause as &(dyn std::error::Error + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_check_leads_and_the_others_wait_in_order() {
+        let coalescer = Coalescer::new();
+        assert!(matches!(coalescer.join("k", 1), Join::Lead));
+        let waits: Vec<_> = (2..5)
+            .map(|cost| match coalescer.join("k", cost) {
+                Join::Wait(answer) => answer,
+                Join::Lead => panic!("a second leader while a call is in flight"),
+            })
+            .collect();
+        // Another subject is not held up.
+        assert!(matches!(coalescer.join("other", 1), Join::Lead));
+        let batch = coalescer.next("k").expect("three wait");
+        assert_eq!(batch.iter().map(|w| w.cost).collect::<Vec<_>>(), [2, 3, 4]);
+        drop(waits);
+        // Still in flight (the batch), so a new check waits.
+        assert!(matches!(coalescer.join("k", 9), Join::Wait(_)));
+        // Its request was dropped: it is left out, and the key is free.
+        assert!(coalescer.next("k").is_none());
+        assert!(matches!(coalescer.join("k", 1), Join::Lead));
+    }
+
+    #[test]
+    fn a_batch_holds_at_most_max_batch_checks() {
+        let coalescer = Coalescer::new();
+        assert!(matches!(coalescer.join("k", 1), Join::Lead));
+        let _waits: Vec<_> = (0..MAX_BATCH + 3).map(|_| coalescer.join("k", 1)).collect();
+        assert_eq!(coalescer.next("k").map(|b| b.len()), Some(MAX_BATCH));
+        assert_eq!(coalescer.next("k").map(|b| b.len()), Some(3));
+        assert!(coalescer.next("k").is_none());
+    }
+
+    #[test]
+    fn a_shared_error_keeps_its_kind_and_its_cause_once() {
+        let redis = redis::RedisError::from((redis::ErrorKind::Io, "connection reset"));
+        let error = StoreError::OutcomeUnknown {
+            source: Box::new(redis),
+        };
+        let shared = share(&error);
+        assert!(matches!(shared, StoreError::OutcomeUnknown { .. }));
+        assert_eq!(shared.to_string(), error.to_string());
+        let cause = std::error::Error::source(&shared).expect("the cause is kept");
+        assert!(cause.to_string().contains("connection reset"), "{cause}");
+        assert_eq!(
+            std::error::Error::source(&error).map(ToString::to_string),
+            Some(cause.to_string())
+        );
+    }
+}

@@ -1,0 +1,123 @@
+-- Coalesced checks (coalesce.rs): the checks of one subject and policies
+-- that waited on one client while a call for them was in flight, sent as
+-- one call that decides them one after another, in the order given, as if
+-- each had been called alone at the same instant. One reply per check.
+-- (Library only: after library.lua, which defines plan() and GCRA_PLAN.)
+--
+-- batch(keys, args): the general form, every algorithm and several
+-- policies. ARGV[1] = the plan, ARGV[2] = now or '' (TIME, read once),
+-- ARGV[3] = n, the number of checks, ARGV[3+j] = the cost of check j,
+-- ARGV[4+n..] = the policies, as check.lua takes them. Reply: n replies,
+-- each what check.lua answers alone (five integers per policy, or the
+-- status NOROOM from the allow-oom twin).
+local function batch(keys, args, no_new_keys)
+  local p = plan(args[1])
+  if p == nil then
+    return redis.error_reply('ERR portcullis: unknown plan; upgrade portcullis-redis')
+  end
+  local n = tonumber(args[3])
+  if n == nil or n < 1 or #args ~= 3 + n + #keys then
+    return redis.error_reply('ERR portcullis: batch of ' .. tostring(args[3]) .. ' checks called with ' .. #args .. ' arguments')
+  end
+  -- One check's arguments (check.lua, o = 1): plan, now, cost, policies.
+  local one = { args[1], fmt(now_of(args[2])), '' }
+  for i = 1, #keys do
+    one[3 + i] = args[3 + n + i]
+  end
+  local replies = {}
+  for j = 1, n do
+    one[3] = args[3 + j]
+    local reply = check(p, keys, one, 1, no_new_keys)
+    if type(reply) == 'table' and reply.err ~= nil then
+      -- Arguments it refuses are the same for every check: the first
+      -- check answers it, and nothing was written.
+      return reply
+    end
+    replies[j] = reply
+  end
+  return replies
+end
+
+-- gcra_batch(keys, args): one GCRA policy that the fast function takes
+-- (library.lua): one GET, the checks in turn on the state's lead over now,
+-- and one SET when any admitted. ARGV[1] = "<limit>:<period_us>:<capacity>",
+-- ARGV[2] = now or '', ARGV[3..] = the costs. Reply: one integer per
+-- check, as the fast function answers alone (the lead before it: ahead
+-- when admitted, -1 - ahead when denied); or the status GENERAL, having
+-- written nothing, for a state only the general check reads (the client
+-- then sends the general batch); or NOROOM from the allow-oom twin.
+local BATCH_POLICIES = {}
+local batch_policy_count = 0
+local function batch_policy_of(arg)
+  local f = BATCH_POLICIES[arg]
+  if f ~= nil then
+    return f
+  end
+  local a, b, c = string.match(arg, '^(%d+):(%d+):(%d+)$')
+  if a == nil then
+    return nil
+  end
+  local L, P, B = tonumber(a), tonumber(b), tonumber(c)
+  if L < 1 or P % L ~= 0 or B * P > MAX then
+    return nil
+  end
+  local ei = P / L
+  local cap = B * ei
+  f = { ei, cap, cap + tolerance(cap), B }
+  if batch_policy_count >= 4096 then
+    BATCH_POLICIES, batch_policy_count = {}, 0
+  end
+  BATCH_POLICIES[arg] = f
+  batch_policy_count = batch_policy_count + 1
+  return f
+end
+local function gcra_batch(keys, args, no_new_keys)
+  local f = batch_policy_of(args[1])
+  if f == nil then
+    return redis.error_reply('ERR portcullis: batch GCRA argument is not <limit>:<period_us>:<capacity>; upgrade portcullis-redis')
+  end
+  local now = now_of(args[2])
+  local value = redis.pcall('GET', keys[1])
+  local ahead = 0
+  if value then
+    local tat = type(value) == 'string' and tonumber(value, 16)
+    if not tat or tat >= 2 * MAX or tat - now > f[3] then
+      return redis.status_reply('GENERAL')
+    end
+    if tat > now then
+      ahead = tat - now
+    end
+  elseif no_new_keys then
+    return redis.status_reply('NOROOM')
+  end
+  local replies = {}
+  local admitted = false
+  for j = 3, #args do
+    local cost = tonumber(args[j])
+    if cost == nil or cost < 1 or cost > f[4] then
+      return redis.error_reply('ERR portcullis: batch GCRA cost is not between 1 and the capacity')
+    end
+    local span = ahead + cost * f[1]
+    if span > f[2] then
+      replies[j - 2] = -1 - ahead
+    else
+      replies[j - 2] = ahead
+      ahead = span
+      admitted = true
+    end
+  end
+  if admitted then
+    put(keys[1], string.format('%x', now + ahead), now + ahead)
+  end
+  return replies
+end
+redis.register_function{ function_name = FN_BATCH,
+  callback = function(keys, args) return batch(keys, args, false) end }
+redis.register_function{ function_name = FN_BATCH_OOM,
+  callback = function(keys, args) return batch(keys, args, true) end,
+  flags = { 'allow-oom' } }
+redis.register_function{ function_name = FN_GCRA_BATCH,
+  callback = function(keys, args) return gcra_batch(keys, args, false) end }
+redis.register_function{ function_name = FN_GCRA_BATCH_OOM,
+  callback = function(keys, args) return gcra_batch(keys, args, true) end,
+  flags = { 'allow-oom' } }

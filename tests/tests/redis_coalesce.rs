@@ -1,0 +1,243 @@
+//! Exact coalescing (`RedisStoreBuilder::coalesce`, on by default): checks
+//! of one subject that arrive while a call for it is in flight go as one
+//! call, and decide exactly what the same checks sent one by one decide
+//! (`MemoryStore`, sequentially, at the same instant); a check cancelled
+//! while it waits is never charged; a batch that fails fails each of its
+//! checks once, and charges nothing twice.
+//!
+//! Redis Functions only (coalescing is off on the `EVALSHA` path): xtask
+//! skips these by name on servers before Redis 7. One test function runs
+//! the steps in turn, because two of them read server-wide counters
+//! (`INFO commandstats`) and one pauses the server.
+
+mod redis_common;
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use portcullis_core::{Algorithm, Decision, ManualClock, MemoryStore, Policy, Store};
+use portcullis_redis::{ClockMode, RedisStore};
+use portcullis_tests::unique_prefix;
+use redis_common::{client, manual_clock};
+
+/// How many checks go at once: one leads, the rest wait for one batch.
+const CONCURRENT: usize = 64;
+
+/// The costs of the checks, in the order they are made: varied, so that
+/// the order decides which are admitted.
+fn costs() -> Vec<u64> {
+    (0..CONCURRENT as u64).map(|i| 1 + (i * 7) % 3).collect()
+}
+
+async fn store(prefix: &str, clock: ClockMode, coalesce: bool) -> RedisStore {
+    RedisStore::builder()
+        .url(portcullis_tests::redis_url())
+        .prefix(prefix)
+        .timeout(redis_common::TEST_TIMEOUT)
+        .clock(clock)
+        .coalesce(coalesce)
+        .build()
+        .await
+        .expect("the store should build")
+}
+
+/// The decisions of `costs` made at once on `store` (each check joins in
+/// the order of `costs`: `check` is called for all before any is polled).
+async fn at_once(
+    store: &RedisStore,
+    subject: &str,
+    policies: &[Policy],
+    costs: &[u64],
+) -> Vec<Vec<Decision>> {
+    let checks: Vec<_> = costs
+        .iter()
+        .map(|&cost| store.check(subject, policies, cost))
+        .collect();
+    join_all(checks)
+        .await
+        .into_iter()
+        .map(|verdict| {
+            verdict
+                .expect("the check should be decided")
+                .decisions()
+                .to_vec()
+        })
+        .collect()
+}
+
+/// The decisions of `costs` made one after another on a `MemoryStore` at
+/// `clock`'s (frozen) time.
+fn one_by_one(clock: &ManualClock, policies: &[Policy], costs: &[u64]) -> Vec<Vec<Decision>> {
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    costs
+        .iter()
+        .map(|&cost| {
+            memory
+                .check_now("s", policies, cost)
+                .expect("the memory store answers at once")
+                .expect("the check should be decided")
+                .decisions()
+                .to_vec()
+        })
+        .collect()
+}
+
+/// Policy sets that take each form of the coalesced call: the fast GCRA
+/// batch, and the general batch (a fractional GCRA interval, other
+/// algorithms, several policies).
+fn policy_sets() -> Vec<(&'static str, Vec<Policy>)> {
+    let per = |limit, secs, algorithm, name: &str| {
+        Policy::per(limit, Duration::from_secs(secs))
+            .algorithm(algorithm)
+            .name(name)
+            .build()
+            .unwrap()
+    };
+    vec![
+        (
+            "gcra, whole interval",
+            vec![per(40, 1, Algorithm::Gcra, "a")],
+        ),
+        (
+            "gcra, fractional interval",
+            vec![per(37, 7, Algorithm::Gcra, "a")],
+        ),
+        (
+            "token bucket",
+            vec![per(30, 60, Algorithm::TokenBucket, "a")],
+        ),
+        ("sliding log", vec![per(25, 60, Algorithm::SlidingLog, "a")]),
+        (
+            "gcra and sliding window",
+            vec![
+                per(50, 1, Algorithm::Gcra, "a"),
+                per(35, 60, Algorithm::SlidingWindow, "b"),
+            ],
+        ),
+    ]
+}
+
+/// `cmdstat_fcall`'s call count on the test server.
+fn fcalls(connection: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(connection)
+        .expect("INFO commandstats");
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_fcall:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalesced_checks_decide_as_checks_sent_one_by_one() {
+    assert!(
+        portcullis_tests::server_has_functions(),
+        "coalescing needs Redis Functions (Redis 7 or later); xtask skips this test on older servers"
+    );
+    let clock = manual_clock();
+    let prefix = unique_prefix("coalesce");
+    let redis = store(&prefix, client(&clock), true).await;
+    let costs = costs();
+
+    // Memory, one by one = Redis, all at once: every decision, in order.
+    for (i, (what, policies)) in policy_sets().into_iter().enumerate() {
+        let subject = format!("differential-{i}");
+        let expected = one_by_one(&clock, &policies, &costs);
+        let got = at_once(&redis, &subject, &policies, &costs).await;
+        assert_eq!(
+            got, expected,
+            "{what}: coalesced decisions differ from sequential ones"
+        );
+        let admitted = got
+            .iter()
+            .filter(|d| d.iter().all(Decision::is_allowed))
+            .count();
+        assert!(
+            admitted > 0 && admitted < CONCURRENT,
+            "{what}: {admitted} admitted; the case should admit some and deny others"
+        );
+    }
+
+    // One call leads, the other 63 go as one: two FCALLs for 64 checks
+    // (none is in flight before, and all 64 join before the first answer
+    // can arrive: they are made before any is polled).
+    let mut raw = redis_common::raw(&portcullis_tests::redis_url());
+    let hot = [Policy::per_second(1_000).name("hot").build().unwrap()];
+    let before = fcalls(&mut raw);
+    let decided = at_once(&redis, "hot", &hot, &vec![1; CONCURRENT]).await;
+    let calls = fcalls(&mut raw) - before;
+    assert!(decided.iter().all(|d| d[0].is_allowed()));
+    assert_eq!(
+        calls, 2,
+        "64 concurrent checks of one subject should take 2 calls"
+    );
+    // Without coalescing, one call per check.
+    let separate = store(&prefix, client(&clock), false).await;
+    let before = fcalls(&mut raw);
+    at_once(&separate, "hot-separate", &hot, &vec![1; CONCURRENT]).await;
+    assert_eq!(fcalls(&mut raw) - before, CONCURRENT as u64);
+
+    // A waiting check whose request is dropped before its batch goes is
+    // not charged.
+    let small = [Policy::per_minute(100).name("cancel").build().unwrap()];
+    let mut checks: Vec<_> = (0..11)
+        .map(|_| Some(redis.check("cancel", &small, 1)))
+        .collect();
+    for check in checks.iter_mut().skip(1).step_by(2) {
+        // Checks 1, 3, 5, 7, 9: made (they joined the queue), then dropped.
+        check.take();
+    }
+    let kept = join_all(checks.into_iter().flatten()).await;
+    assert!(kept
+        .iter()
+        .all(|v| v.as_ref().is_ok_and(|v| v.is_allowed())));
+    let left = redis.peek("cancel", &small).await.unwrap();
+    assert_eq!(
+        left.decisions()[0].remaining(),
+        100 - 6,
+        "6 checks ran (the leader and 5 kept); the 5 dropped ones were not charged"
+    );
+
+    // A batch that meets an error fails each of its checks once and is
+    // never sent again: the server pauses writes longer than the store
+    // waits, so the leader and the batch time out; when the pause ends the
+    // two calls run, once each.
+    let limit = 1_000;
+    let paused = [Policy::per_hour(limit).name("paused").build().unwrap()];
+    let quick = RedisStore::builder()
+        .url(portcullis_tests::redis_url())
+        .prefix(&prefix)
+        .timeout(Duration::from_millis(300))
+        .clock(client(&clock))
+        .build()
+        .await
+        .expect("the store should build");
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1_500)
+        .arg("WRITE")
+        .query(&mut raw)
+        .expect("CLIENT PAUSE");
+    let failed = join_all((0..CONCURRENT).map(|_| quick.check("paused", &paused, 1))).await;
+    for result in &failed {
+        let error = result
+            .as_ref()
+            .expect_err("a check during the pause should fail");
+        assert!(error.is_backend(), "{error:?}");
+    }
+    let () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query(&mut raw)
+        .expect("CLIENT UNPAUSE");
+    // Whatever ran, ran once: at most 64 permits are gone, never more.
+    let left = redis.peek("paused", &paused).await.unwrap().decisions()[0].remaining();
+    assert!(
+        left >= limit - CONCURRENT as u64,
+        "{} permits charged for {CONCURRENT} failed checks: a batch was sent twice",
+        limit - left
+    );
+    // And the subject is decided again at once.
+    assert!(redis.check("paused", &paused, 1).await.is_ok());
+}
