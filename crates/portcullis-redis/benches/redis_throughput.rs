@@ -16,9 +16,17 @@
 //!    difference in calls, is the cost of one check (start-up, connection
 //!    and script loading cancel). Random keys over 100k, and one hot key
 //!    paced at 200 calls/s on Redis' clock, so about half are admitted.
+//!    A third figure, **hot ×64**, sends 64 checks of the hot key at once,
+//!    round after round: there coalescing (on by default) decides the
+//!    checks that wait for a call in flight in one call; the workload
+//!    "not coalesced" is the same store with it off.
 //! 2. **checks/s at the pipelined ceiling** (50 tasks on one multiplexed
 //!    connection, which pipelines) with p50/p99 latency, three runs each,
 //!    median and range.
+//!
+//! `PORTCULLIS_BENCH_ONLY=<text>` keeps the workloads whose name contains
+//! it (and the peers); `PORTCULLIS_BENCH_INSTRUCTIONS_ONLY=1` skips the
+//! checks/s part.
 //!
 //! It prints one table with the ratios portcullis / peer.
 
@@ -233,6 +241,7 @@ fn peers_dir() -> PathBuf {
 fn workloads() -> Vec<Workload> {
     let mut list: Vec<Workload> = Vec::new();
     let store = |name: &str, policies: Vec<Policy>, evalsha: bool| {
+        let coalesce = !name.contains("not coalesced");
         let policies: Arc<[Policy]> = policies.into();
         Workload {
             name: name.to_owned(),
@@ -248,6 +257,7 @@ fn workloads() -> Vec<Workload> {
                     let store = RedisStore::builder()
                         .url(url)
                         .pool_size(1)
+                        .coalesce(coalesce)
                         .timeout(Duration::from_secs(30))
                         .build()
                         .await
@@ -258,6 +268,11 @@ fn workloads() -> Vec<Workload> {
         }
     };
     list.push(store("portcullis GCRA, Functions", vec![gcra()], false));
+    list.push(store(
+        "portcullis GCRA, Functions, not coalesced",
+        vec![gcra()],
+        false,
+    ));
     list.push(store("portcullis GCRA, EVALSHA", vec![gcra()], true));
     for (file, args) in [
         // burst, rate, period_ms, cost
@@ -315,7 +330,13 @@ fn workloads() -> Vec<Workload> {
         vec![gcra(), daily],
         false,
     ));
-    list
+    match std::env::var("PORTCULLIS_BENCH_ONLY") {
+        Ok(only) => list
+            .into_iter()
+            .filter(|w| w.peer || w.name.contains(&only))
+            .collect(),
+        Err(_) => list,
+    }
 }
 
 async fn connect(url: &str) -> MultiplexedConnection {
@@ -412,6 +433,39 @@ async fn instructions(server: &Server, target: &Target, hot: bool) -> (f64, f64)
     (per_call, admitted)
 }
 
+/// Checks of the hot key sent 64 at a time per round.
+const AT_ONCE: u64 = 64;
+
+/// Server instructions per check when `AT_ONCE` checks of the hot key go
+/// at once, round after round, and the share admitted.
+async fn instructions_at_once(server: &Server, target: &Target) -> (f64, f64) {
+    async fn rounds(target: &Target, rounds: u64) -> u64 {
+        let mut admitted = 0;
+        for _ in 0..rounds {
+            let checks = (0..AT_ONCE).map(|_| {
+                let mut target = target.clone();
+                async move { target.call("hot-at-once").await }
+            });
+            admitted += futures_util::future::join_all(checks)
+                .await
+                .into_iter()
+                .map(u64::from)
+                .sum::<u64>();
+        }
+        admitted
+    }
+    let (small, large) = (SMALL / AT_ONCE, LARGE / AT_ONCE);
+    rounds(target, 2).await;
+    server.instructions();
+    let admitted_small = rounds(target, small).await;
+    let i_small = server.instructions();
+    let admitted_large = rounds(target, large).await;
+    let i_large = server.instructions();
+    let per_call = (i_large as f64 - i_small as f64) / ((large - small) * AT_ONCE) as f64;
+    let admitted = (admitted_small + admitted_large) as f64 / ((small + large) * AT_ONCE) as f64;
+    (per_call, admitted)
+}
+
 /// Checks/s, p50 and p99 (µs) of one run at the ceiling.
 async fn throughput(target: &Target, hot: bool, seed: u64) -> (f64, f64, f64) {
     let deadline = Instant::now() + RUN_TIME;
@@ -458,6 +512,7 @@ struct Row {
     name: String,
     peer: bool,
     instructions: [(f64, f64); 2],
+    at_once: (f64, f64),
     rate: [(f64, f64, f64); 2],
     latency: [(f64, f64); 2],
 }
@@ -481,23 +536,50 @@ async fn run() {
         }
         let random = instructions(&server, &target, false).await;
         let hot = instructions(&server, &target, true).await;
+        let at_once = instructions_at_once(&server, &target).await;
         println!(
-            "  {:<32} random {:>8.0} ({:.0}% admitted)  hot {:>8.0} ({:.0}% admitted)",
+            "  {:<42} random {:>8.0} ({:.0}% admitted)  hot {:>8.0} ({:.0}% admitted)  hot x{AT_ONCE} {:>8.0} ({:.0}% admitted)",
             workload.name,
             random.0,
             100.0 * random.1,
             hot.0,
-            100.0 * hot.1
+            100.0 * hot.1,
+            at_once.0,
+            100.0 * at_once.1
         );
         rows.push(Row {
             name: workload.name.clone(),
             peer: workload.peer,
             instructions: [random, hot],
+            at_once,
             rate: [(0.0, 0.0, 0.0); 2],
             latency: [(0.0, 0.0); 2],
         });
     }
     drop(server);
+    {
+        println!();
+        println!("| per check | server instructions, random / hot / hot x{AT_ONCE} | x redis_rate peer (hot x{AT_ONCE}) |");
+        println!("|---|---|---|");
+        let peer = rows
+            .iter()
+            .find(|r| r.peer && r.name.contains("redis_rate"))
+            .map(|r| r.at_once.0)
+            .unwrap_or(f64::NAN);
+        for row in &rows {
+            println!(
+                "| {} | {:.1}k / {:.1}k / {:.1}k | {:.2} |",
+                row.name,
+                row.instructions[0].0 / 1e3,
+                row.instructions[1].0 / 1e3,
+                row.at_once.0 / 1e3,
+                row.at_once.0 / peer
+            );
+        }
+    }
+    if std::env::var_os("PORTCULLIS_BENCH_INSTRUCTIONS_ONLY").is_some() {
+        return;
+    }
     println!("checks/s at the ceiling ({TASKS} tasks, {RUNS} runs of {RUN_TIME:?}) ...");
     let server = Server::start(false);
     for (workload, row) in workloads.iter().zip(&mut rows) {

@@ -71,6 +71,7 @@
 // docs.rs shows which feature an item needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod budget;
 mod builder;
 mod cell;
 mod charge;
@@ -89,6 +90,7 @@ mod store;
 mod tls;
 mod verify;
 
+pub use budget::{LocalBudget, DEFAULT_BUDGET_SUBJECTS, DEFAULT_LEASE, DEFAULT_MAX_PERMITS};
 pub use builder::{
     RedisPool, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_PREFIX,
     DEFAULT_TIMEOUT, MAX_PREFIX_LEN,

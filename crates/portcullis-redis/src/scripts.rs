@@ -281,6 +281,8 @@ pub(crate) struct Library {
     /// GCRA form of the fast function; each with its allow-oom twin.
     batch: LuaScript,
     gcra_batch: LuaScript,
+    /// Leases of permits for a local budget (batch.lua, budget.rs).
+    gcra_take: LuaScript,
 }
 
 impl Library {
@@ -299,7 +301,7 @@ impl Library {
         let hash = redis::Script::new(&body).get_hash().to_owned();
         let name = format!("portcullis_{}", &hash[..12]);
         let source: Arc<str> = format!(
-            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM, FN_BATCH, FN_BATCH_OOM, FN_GCRA_BATCH, FN_GCRA_BATCH_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom', '{name}_batch', '{name}_batch_oom', '{name}_gcra_batch', '{name}_gcra_batch_oom'\n{body}"
+            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM, FN_BATCH, FN_BATCH_OOM, FN_GCRA_BATCH, FN_GCRA_BATCH_OOM, FN_GCRA_TAKE, FN_GCRA_TAKE_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom', '{name}_batch', '{name}_batch_oom', '{name}_gcra_batch', '{name}_gcra_batch_oom', '{name}_gcra_take', '{name}_gcra_take_oom'\n{body}"
         )
         .into();
         let function = |suffix: &str| LuaScript {
@@ -320,9 +322,12 @@ impl Library {
         batch.allow_oom = Some(Arc::new(function("batch_oom")));
         let mut gcra_batch = function("gcra_batch");
         gcra_batch.allow_oom = Some(Arc::new(function("gcra_batch_oom")));
+        let mut gcra_take = function("gcra_take");
+        gcra_take.allow_oom = Some(Arc::new(function("gcra_take_oom")));
         Self {
             batch,
             gcra_batch,
+            gcra_take,
             check,
             peek: function("peek"),
             gcra,
@@ -355,6 +360,11 @@ impl Library {
     /// one-policy GCRA one.
     pub(crate) fn batch_functions(&self) -> (&LuaScript, &LuaScript) {
         (&self.batch, &self.gcra_batch)
+    }
+
+    /// The function that leases permits for a local budget.
+    pub(crate) fn take_function(&self) -> &LuaScript {
+        &self.gcra_take
     }
 
     /// The lease function (`FCALL`).

@@ -13,6 +13,7 @@ use portcullis_core::{
 use redis::{Cmd, RedisError, Value};
 use smallvec::SmallVec;
 
+use crate::budget::{self, Budget, Plan};
 use crate::builder::RedisStoreBuilder;
 use crate::coalesce::{self, Batch, Coalescer, Join, Lead};
 use crate::connection::{self, Pool};
@@ -72,6 +73,9 @@ pub(crate) struct Inner {
     /// Checks waiting for a call in flight for their subject and policies
     /// (coalesce.rs); `None` when coalescing is off.
     pub(crate) coalescer: Option<Coalescer>,
+    /// Leases of permits for busy subjects (budget.rs); `None` unless
+    /// configured.
+    pub(crate) budget: Option<Budget>,
 }
 
 /// A rate-limit [`Store`] in Redis or Redis Cluster: every check is one
@@ -278,6 +282,9 @@ impl RedisStore {
     ) -> Result<CheckFuture, StoreError> {
         validate_check(policies, cost)?;
         let path = self.inner.scripts.path().choose();
+        if let Some(future) = self.budget_answer(path, subject, policies, cost) {
+            return Ok(future);
+        }
         // Charges on the Functions path join a call in flight for the same
         // subject and policies (coalesce.rs); peeks and scripts go alone.
         if let (Some(coalescer), CallPath::Functions, true) =
@@ -302,6 +309,45 @@ impl RedisStore {
             }
         }
         self.call_future(path, subject, policies, cost)
+    }
+
+    /// The check's answer from the local budget (admitted from a lease, or
+    /// a lease call), when the store has one and the check takes it.
+    fn budget_answer(
+        &self,
+        path: CallPath,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Option<CheckFuture> {
+        let budget = self.inner.budget.as_ref()?;
+        let [policy] = policies else {
+            return None;
+        };
+        if path != CallPath::Functions
+            || cost == 0
+            || !budget.takes(policy)
+            || self
+                .inner
+                .scripts
+                .library()
+                .fast_gcra(policies, cost)
+                .is_none()
+        {
+            return None;
+        }
+        let key = self.key(&self.subject(subject), policy.name());
+        match budget.plan(&key, policy, cost, budget::now_us(&self.inner.clock)) {
+            Plan::Local(verdict) => Some(Box::pin(std::future::ready(Ok(verdict)))),
+            Plan::Lease(want) => Some(Box::pin(budget::lease(
+                Arc::clone(&self.inner),
+                key,
+                policy.clone(),
+                cost,
+                want,
+            ))),
+            Plan::Exact => None,
+        }
     }
 
     /// What identifies checks that may share a call: the subject's keys

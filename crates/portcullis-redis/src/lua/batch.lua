@@ -111,6 +111,50 @@ local function gcra_batch(keys, args, no_new_keys)
   end
   return replies
 end
+-- gcra_take(keys, args): a lease of permits for a local budget
+-- (budget.rs): as many permits as the state allows, at least ARGV[3] and
+-- at most ARGV[4], charged at once. ARGV[1] = "<limit>:<period_us>:<capacity>",
+-- ARGV[2] = now or ''. Reply: { n, ahead } with n the permits charged and
+-- ahead the state's lead over now before the call; n = 0 (and nothing
+-- written) when not even ARGV[3] fit. GENERAL or NOROOM as gcra_batch.
+local function gcra_take(keys, args, no_new_keys)
+  local f = batch_policy_of(args[1])
+  local least, most = tonumber(args[3]), tonumber(args[4])
+  if f == nil or least == nil or most == nil or least < 1 or least > most or least > f[4] then
+    return redis.error_reply('ERR portcullis: a lease of permits needs <limit>:<period_us>:<capacity>, now, least, most; upgrade portcullis-redis')
+  end
+  local now = now_of(args[2])
+  local value = redis.pcall('GET', keys[1])
+  local ahead = 0
+  if value then
+    local tat = type(value) == 'string' and tonumber(value, 16)
+    if not tat or tat >= 2 * MAX or tat - now > f[3] then
+      return redis.status_reply('GENERAL')
+    end
+    if tat > now then
+      ahead = tat - now
+    end
+  elseif no_new_keys then
+    return redis.status_reply('NOROOM')
+  end
+  -- The most permits that fit: ahead + n * interval <= capacity.
+  local fit = math.floor((f[2] - ahead) / f[1])
+  if fit < least then
+    return { 0, ahead }
+  end
+  local n = most
+  if fit < n then
+    n = fit
+  end
+  local span = ahead + n * f[1]
+  put(keys[1], string.format('%x', now + span), now + span)
+  return { n, ahead }
+end
+redis.register_function{ function_name = FN_GCRA_TAKE,
+  callback = function(keys, args) return gcra_take(keys, args, false) end }
+redis.register_function{ function_name = FN_GCRA_TAKE_OOM,
+  callback = function(keys, args) return gcra_take(keys, args, true) end,
+  flags = { 'allow-oom' } }
 redis.register_function{ function_name = FN_BATCH,
   callback = function(keys, args) return batch(keys, args, false) end }
 redis.register_function{ function_name = FN_BATCH_OOM,

@@ -1,0 +1,548 @@
+//! The local budget ([`LocalBudget`], opt-in): for a busy subject, an
+//! instance takes a slice of its allowance from Redis in one call (a lease
+//! of up to `max_permits` permits, charged in Redis at once) and admits
+//! from it locally until the slice is spent or the lease ends; what is
+//! left when the lease ends is dropped, never given back. The size of the
+//! next lease follows the subject's demand on this instance over the last
+//! lease period, so a quiet subject (at most one check per period) is
+//! never leased: each of its checks goes to Redis and is exact.
+//!
+//! Every permit admitted was charged in Redis before, at most one lease
+//! period earlier; that gives the bound the docs state
+//! ([`LocalBudget::overshoot_bound`]).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use portcullis_core::{Decision, Policy, StoreError, Verdict};
+use redis::Value;
+
+use crate::store::{self, ClockMode, Inner};
+
+/// Shards of the table of subjects (a power of two).
+const SHARDS: usize = 16;
+
+/// A local budget: busy subjects are admitted from leases of permits
+/// taken from Redis, so a hot subject costs Redis a fraction of a call per
+/// request, at the price of a stated overshoot. Give it to
+/// [`RedisStoreBuilder::local_budget`](crate::RedisStoreBuilder::local_budget).
+///
+/// It applies to checks of one GCRA policy whose emission interval is a
+/// whole number of microseconds (the Redis fast path; `per_second(1000)`,
+/// `per_minute(600)`), with a cost of at least 1, on the Redis Functions
+/// path; other checks are exact as always. [`LocalBudget::policies`]
+/// limits it to policies by name.
+///
+/// **The bound.** Every permit an instance admits locally was charged in
+/// Redis when it was leased, at most one lease period earlier, and at
+/// most `max_permits` leased permits wait unspent on one instance at a
+/// time. So over any interval, the subject is admitted at most
+/// `min(instances × max_permits, ⌈limit × lease / period⌉)` permits more
+/// than the exact policy would admit in that interval
+/// ([`LocalBudget::overshoot_bound`]); over any period-long stretch once
+/// leases have ended, no more than the policy's own allowance. Permits
+/// left when a lease ends (or held by an instance that stopped) are lost:
+/// the subject gets fewer, never more, and its state in Redis recovers at
+/// the policy's rate.
+///
+/// **Headers.** A locally admitted request reports `remaining` as this
+/// instance sees it: what Redis held when the lease was taken, less what
+/// this instance admitted since. Other instances' use is not in it.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use portcullis::Policy;
+/// use portcullis::redis::{LocalBudget, RedisStore};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let budget = LocalBudget::new()
+///     .max_permits(32)
+///     .lease(Duration::from_millis(100))
+///     .policies(["api"]);
+/// let policy = Policy::per_second(1_000).name("api").build()?;
+/// // Three instances: at most min(3 × 32, 1000 × 0.1) = 96 permits over.
+/// assert_eq!(budget.overshoot_bound(&policy, 3), 96);
+/// let store = RedisStore::builder()
+///     .url("redis://127.0.0.1:6379")
+///     .local_budget(budget)
+///     .build()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+#[must_use]
+pub struct LocalBudget {
+    max_permits: u64,
+    lease: Duration,
+    max_subjects: usize,
+    policies: Option<Arc<[Box<str>]>>,
+}
+
+impl fmt::Debug for LocalBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalBudget")
+            .field("max_permits", &self.max_permits)
+            .field("lease", &self.lease)
+            .field("max_subjects", &self.max_subjects)
+            .field("policies", &self.policies)
+            .finish()
+    }
+}
+
+impl Default for LocalBudget {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Default [`LocalBudget::max_permits`].
+pub const DEFAULT_MAX_PERMITS: u64 = 64;
+/// Default [`LocalBudget::lease`].
+pub const DEFAULT_LEASE: Duration = Duration::from_millis(100);
+/// Default [`LocalBudget::max_subjects`].
+pub const DEFAULT_BUDGET_SUBJECTS: usize = 65_536;
+
+impl LocalBudget {
+    /// Leases of at most [`DEFAULT_MAX_PERMITS`] permits, each for
+    /// [`DEFAULT_LEASE`], for every policy the budget can take.
+    pub fn new() -> Self {
+        Self {
+            max_permits: DEFAULT_MAX_PERMITS,
+            lease: DEFAULT_LEASE,
+            max_subjects: DEFAULT_BUDGET_SUBJECTS,
+            policies: None,
+        }
+    }
+
+    /// The most permits one lease takes (at least 1; 1 turns leasing off).
+    /// Larger leases save more calls and widen the bound.
+    pub fn max_permits(mut self, max_permits: u64) -> Self {
+        self.max_permits = max_permits.max(1);
+        self
+    }
+
+    /// How long a lease's permits may be spent (must be positive; checked
+    /// at `build()`). Shorter leases tighten the bound and lose fewer
+    /// permits when demand drops.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How many subjects the budget tracks at once (at least 1); a subject
+    /// that finds no room is checked exactly.
+    pub fn max_subjects(mut self, max_subjects: usize) -> Self {
+        self.max_subjects = max_subjects.max(1);
+        self
+    }
+
+    /// Only the policies with these names take the budget; others stay
+    /// exact.
+    pub fn policies<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.policies = Some(names.into_iter().map(|n| n.as_ref().into()).collect());
+        self
+    }
+
+    /// The most permits `instances` instances with this budget admit for
+    /// one subject of `policy` beyond what the exact policy admits in any
+    /// interval: `min(instances × max_permits, ⌈limit × lease / period⌉)`.
+    #[must_use]
+    pub fn overshoot_bound(&self, policy: &Policy, instances: u64) -> u64 {
+        let by_leases = instances.saturating_mul(self.max_permits);
+        let lease = u128::from(u64::try_from(self.lease.as_micros()).unwrap_or(u64::MAX));
+        let by_rate =
+            (u128::from(policy.limit()) * lease).div_ceil(u128::from(policy.period_micros()));
+        by_leases.min(u64::try_from(by_rate).unwrap_or(u64::MAX))
+    }
+
+    pub(crate) fn lease_time(&self) -> Duration {
+        self.lease
+    }
+
+    fn takes(&self, policy: &Policy) -> bool {
+        self.max_permits > 1
+            && self
+                .policies
+                .as_ref()
+                .is_none_or(|names| names.iter().any(|n| &**n == policy.name()))
+    }
+}
+
+/// The budget's clock, in µs: the store's client clock in
+/// [`ClockMode::Client`] (so that leases end in the time the scripts
+/// charge in), else a monotonic clock of this process.
+pub(crate) fn now_us(clock: &ClockMode) -> u64 {
+    match clock {
+        ClockMode::Client(clock) => clock.now_micros(),
+        ClockMode::Redis => {
+            static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+            let epoch = EPOCH.get_or_init(std::time::Instant::now);
+            u64::try_from(epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+        }
+    }
+}
+
+/// A subject's budget on this instance. Times are µs of [`now_us`].
+struct Slot {
+    /// Leased permits not yet admitted.
+    permits: u64,
+    /// When the lease's permits may no longer be spent: one lease period
+    /// after the lease call was sent, so no earlier than one period after
+    /// Redis charged them.
+    expires: u64,
+    /// `remaining` as this instance sees it.
+    remaining: u64,
+    reset_after: Duration,
+    /// The demand (permits) of the current and the last lease period.
+    period_start: u64,
+    demand: u64,
+    last_demand: u64,
+    /// A lease call is in flight (checks meanwhile go to Redis, exact).
+    leasing: bool,
+}
+
+/// What a check does with the budget.
+pub(crate) enum Plan {
+    /// Admitted from the lease.
+    Local(Verdict),
+    /// Take a lease of up to this many permits (this check's cost first).
+    Lease(u64),
+    /// Check in Redis as always.
+    Exact,
+}
+
+type Shard = HashMap<Box<str>, Slot>;
+
+/// The budgets of the subjects of one store.
+pub(crate) struct Budget {
+    config: LocalBudget,
+    shards: Box<[Mutex<Shard>]>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl fmt::Debug for Budget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.config.fmt(f)
+    }
+}
+
+impl Budget {
+    pub(crate) fn new(config: LocalBudget) -> Self {
+        Self {
+            config,
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: std::collections::hash_map::RandomState::new(),
+        }
+    }
+
+    pub(crate) fn takes(&self, policy: &Policy) -> bool {
+        self.config.takes(policy)
+    }
+
+    fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
+        let index = (self.hasher.hash_one(key) as usize) & (SHARDS - 1);
+        // Every change under the lock leaves the table consistent.
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What the check of `cost` of the subject whose state is `key` does
+    /// at `now` (µs of [`now_us`]).
+    pub(crate) fn plan(&self, key: &str, policy: &Policy, cost: u64, now: u64) -> Plan {
+        let lease = u64::try_from(self.config.lease.as_micros()).unwrap_or(u64::MAX);
+        let limit_per_shard = self.config.max_subjects.div_ceil(SHARDS);
+        let mut shard = self.shard(key);
+        if !shard.contains_key(key) {
+            if shard.len() >= limit_per_shard {
+                // Forget subjects idle for two lease periods.
+                shard.retain(|_, slot| {
+                    slot.leasing || now.saturating_sub(slot.period_start) < lease.saturating_mul(2)
+                });
+                if shard.len() >= limit_per_shard {
+                    return Plan::Exact;
+                }
+            }
+            shard.insert(
+                key.into(),
+                Slot {
+                    permits: 0,
+                    expires: now,
+                    remaining: 0,
+                    reset_after: Duration::ZERO,
+                    period_start: now,
+                    demand: 0,
+                    last_demand: 0,
+                    leasing: false,
+                },
+            );
+        }
+        let Some(slot) = shard.get_mut(key) else {
+            return Plan::Exact;
+        };
+        let since = now.saturating_sub(slot.period_start);
+        if since >= lease {
+            slot.last_demand = if since < lease.saturating_mul(2) {
+                slot.demand
+            } else {
+                0
+            };
+            slot.demand = 0;
+            slot.period_start = now;
+        }
+        slot.demand = slot.demand.saturating_add(cost);
+        if slot.permits >= cost && now < slot.expires {
+            slot.permits -= cost;
+            slot.remaining = slot.remaining.saturating_sub(cost);
+            let decision = Decision::allowed(policy.capacity(), slot.remaining, slot.reset_after);
+            return Plan::Local(std::iter::once(decision).collect());
+        }
+        // Leftovers too few for this cost, or past the lease: dropped.
+        slot.permits = 0;
+        let want = slot
+            .last_demand
+            .min(self.config.max_permits)
+            .min(policy.capacity());
+        if want <= cost || slot.leasing {
+            return Plan::Exact;
+        }
+        slot.leasing = true;
+        Plan::Lease(want)
+    }
+
+    /// A lease call for `key`, sent at `sent` (µs of [`now_us`]), ended:
+    /// `granted` permits were charged (this check's `cost` among them) at
+    /// `decision` (None: it failed).
+    fn leased(&self, key: &str, cost: u64, granted: u64, sent: u64, decision: Option<&Decision>) {
+        let mut shard = self.shard(key);
+        let Some(slot) = shard.get_mut(key) else {
+            return;
+        };
+        slot.leasing = false;
+        if let Some(decision) = decision.filter(|d| d.is_allowed() && granted >= cost) {
+            slot.permits = granted - cost;
+            let lease = u64::try_from(self.config.lease.as_micros()).unwrap_or(u64::MAX);
+            slot.expires = sent.saturating_add(lease);
+            slot.remaining = decision.remaining();
+            slot.reset_after = decision.reset_after();
+        }
+    }
+}
+
+/// Clears the subject's `leasing` mark if the lease call's future is
+/// dropped before it ends.
+struct Leasing {
+    inner: Arc<Inner>,
+    key: String,
+    cost: u64,
+    sent: u64,
+    done: bool,
+}
+
+impl Drop for Leasing {
+    fn drop(&mut self) {
+        if !self.done {
+            if let Some(budget) = &self.inner.budget {
+                budget.leased(&self.key, self.cost, 0, self.sent, None);
+            }
+        }
+    }
+}
+
+/// The lease call: up to `want` permits of `policy` for `key`, this
+/// check's `cost` first.
+pub(crate) async fn lease(
+    inner: Arc<Inner>,
+    key: String,
+    policy: Policy,
+    cost: u64,
+    want: u64,
+) -> Result<Verdict, StoreError> {
+    let mut guard = Leasing {
+        sent: now_us(&inner.clock),
+        inner: Arc::clone(&inner),
+        key,
+        cost,
+        done: false,
+    };
+    let script = inner.scripts.library().take_function();
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(script.sha())
+        .arg(1)
+        .arg(guard.key.as_str())
+        .arg(format!(
+            "{}:{}:{}",
+            policy.limit(),
+            policy.period_micros(),
+            policy.capacity()
+        ));
+    match &inner.clock {
+        ClockMode::Redis => cmd.arg(""),
+        ClockMode::Client(clock) => cmd.arg(clock.now_micros()),
+    };
+    cmd.arg(cost).arg(want);
+    let answer = store::run(&inner, script, &cmd, &guard.key).await;
+    let (granted, verdict) = match answer {
+        Ok(Value::Array(items)) => match store::ints::<2>(&items)? {
+            [granted, ahead] if granted > 0 => {
+                let granted = granted.unsigned_abs();
+                (granted, crate::fast::verdict(&policy, ahead, cost)?)
+            }
+            [_, ahead] => (0, crate::fast::verdict(&policy, -1 - ahead, cost)?),
+        },
+        // A state only the general check reads, or a refused function:
+        // this check alone, exactly; the next lease finds the state read.
+        Ok(Value::SimpleString(status)) if status == "GENERAL" => {
+            (0, exact(&inner, &guard.key, &policy, cost).await?)
+        }
+        Ok(other) => {
+            return Err(store::protocol(format!(
+                "a lease of permits answered {other:?}"
+            )))
+        }
+        Err(error) if inner.scripts.path().refused(&error) => {
+            (0, exact(&inner, &guard.key, &policy, cost).await?)
+        }
+        Err(error) => return Err(error),
+    };
+    if let Some(budget) = &inner.budget {
+        budget.leased(
+            &guard.key,
+            cost,
+            granted,
+            guard.sent,
+            Some(verdict.binding()),
+        );
+    }
+    guard.done = true;
+    Ok(verdict)
+}
+
+/// One check of `cost`, as the general script decides it (`EVALSHA`).
+#[cold]
+async fn exact(
+    inner: &Inner,
+    key: &str,
+    policy: &Policy,
+    cost: u64,
+) -> Result<Verdict, StoreError> {
+    let script = inner.scripts.get(std::iter::once(policy.algorithm()))?;
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.sha()).arg(1).arg(key);
+    match &inner.clock {
+        ClockMode::Redis => cmd.arg(""),
+        ClockMode::Client(clock) => cmd.arg(clock.now_micros()),
+    };
+    cmd.arg(cost).arg(format!(
+        "{}:{}:{}",
+        policy.limit(),
+        policy.period_micros(),
+        policy.capacity()
+    ));
+    let value = store::run(inner, &script, &cmd, key).await?;
+    store::parse_verdict(value, &[policy.capacity()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> Policy {
+        Policy::per_second(1_000).name("api").build().unwrap()
+    }
+
+    #[test]
+    fn the_bound_is_the_smaller_of_leases_and_rate() {
+        let budget = LocalBudget::new()
+            .max_permits(32)
+            .lease(Duration::from_millis(100));
+        assert_eq!(budget.overshoot_bound(&policy(), 3), 96);
+        assert_eq!(budget.overshoot_bound(&policy(), 10), 100);
+        let slow = Policy::per_minute(60).name("api").build().unwrap();
+        // 60 per minute over 100 ms: 0.1, rounded up to 1.
+        assert_eq!(budget.overshoot_bound(&slow, 3), 1);
+    }
+
+    const MS: u64 = 1_000;
+
+    #[test]
+    fn a_quiet_subject_is_never_leased_and_a_busy_one_is() {
+        let budget = Budget::new(LocalBudget::new().lease(Duration::from_millis(100)));
+        let policy = policy();
+        // One check per lease period: exact every time.
+        for i in 0..5 {
+            assert!(matches!(
+                budget.plan("k", &policy, 1, i * 150 * MS),
+                Plan::Exact
+            ));
+        }
+        // Ten checks in one period: the next period leases ten.
+        for _ in 0..10 {
+            assert!(matches!(budget.plan("busy", &policy, 1, 0), Plan::Exact));
+        }
+        let Plan::Lease(want) = budget.plan("busy", &policy, 1, 100 * MS) else {
+            panic!("a busy subject should lease");
+        };
+        assert_eq!(want, 10);
+        // While the lease is in flight, checks are exact.
+        assert!(matches!(
+            budget.plan("busy", &policy, 1, 100 * MS),
+            Plan::Exact
+        ));
+        let decision = Decision::allowed(1_000, 900, Duration::from_millis(100));
+        budget.leased("busy", 1, want, 100 * MS, Some(&decision));
+        for left in (0..9).rev() {
+            let Plan::Local(verdict) = budget.plan("busy", &policy, 1, 101 * MS) else {
+                panic!("the lease should admit");
+            };
+            assert_eq!(verdict.binding().remaining(), 900 - (9 - left));
+        }
+        // Spent: the next check leases again (or goes exact).
+        assert!(!matches!(
+            budget.plan("busy", &policy, 1, 102 * MS),
+            Plan::Local(_)
+        ));
+    }
+
+    #[test]
+    fn a_lease_ends_one_period_after_it_was_sent() {
+        let budget = Budget::new(LocalBudget::new().lease(Duration::from_millis(100)));
+        let policy = policy();
+        for _ in 0..20 {
+            budget.plan("k", &policy, 1, 0);
+        }
+        let Plan::Lease(want) = budget.plan("k", &policy, 1, 100 * MS) else {
+            panic!("a busy subject should lease");
+        };
+        let decision = Decision::allowed(1_000, 500, Duration::ZERO);
+        // Sent at 100 ms, answered at 150 ms: spendable until 200 ms.
+        budget.leased("k", 1, want, 100 * MS, Some(&decision));
+        assert!(matches!(
+            budget.plan("k", &policy, 1, 199 * MS),
+            Plan::Local(_)
+        ));
+        assert!(!matches!(
+            budget.plan("k", &policy, 1, 200 * MS),
+            Plan::Local(_)
+        ));
+    }
+
+    #[test]
+    fn a_full_table_checks_new_subjects_exactly() {
+        let budget = Budget::new(LocalBudget::new().max_subjects(SHARDS));
+        let policy = policy();
+        let exact = (0..1_000)
+            .filter(|i| matches!(budget.plan(&format!("s{i}"), &policy, 1, 0), Plan::Exact))
+            .count();
+        assert_eq!(exact, 1_000);
+        let held: usize = budget.shards.iter().map(|s| s.lock().unwrap().len()).sum();
+        assert!(held <= SHARDS, "{held} subjects held, at most {SHARDS}");
+    }
+}
