@@ -206,6 +206,12 @@ struct Slot {
     last_demand: u64,
     /// A lease call is in flight (checks meanwhile go to Redis, exact).
     leasing: bool,
+    /// Redis denied a cost of `denied_cost` until `denied_until`: as a
+    /// state's lead only grows, it denies every cost at least that large
+    /// before then, so those are denied here.
+    denied_until: u64,
+    denied_cost: u64,
+    denied_reset: u64,
 }
 
 /// What a check does with the budget.
@@ -281,6 +287,9 @@ impl Budget {
                     demand: 0,
                     last_demand: 0,
                     leasing: false,
+                    denied_until: 0,
+                    denied_cost: 0,
+                    denied_reset: 0,
                 },
             );
         }
@@ -298,6 +307,15 @@ impl Budget {
             slot.period_start = now;
         }
         slot.demand = slot.demand.saturating_add(cost);
+        if now < slot.denied_until && cost >= slot.denied_cost {
+            let decision = Decision::denied(
+                policy.capacity(),
+                0,
+                Duration::from_micros(slot.denied_until - now),
+                Duration::from_micros(slot.denied_reset.saturating_sub(now)),
+            );
+            return Plan::Local(std::iter::once(decision).collect());
+        }
         if slot.permits >= cost && now < slot.expires {
             slot.permits -= cost;
             slot.remaining = slot.remaining.saturating_sub(cost);
@@ -326,6 +344,17 @@ impl Budget {
             return;
         };
         slot.leasing = false;
+        if let Some(retry) = decision.and_then(Decision::retry_after) {
+            // Measured from when the call was sent, which is no later than
+            // when Redis decided: the local denial ends no later than
+            // Redis' would.
+            let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+            slot.denied_until = sent.saturating_add(micros(retry));
+            slot.denied_cost = cost;
+            slot.denied_reset =
+                decision.map_or(sent, |d| sent.saturating_add(micros(d.reset_after())));
+            return;
+        }
         if let Some(decision) = decision.filter(|d| d.is_allowed() && granted >= cost) {
             slot.permits = granted - cost;
             let lease = u64::try_from(self.config.lease.as_micros()).unwrap_or(u64::MAX);
@@ -530,6 +559,35 @@ mod tests {
         ));
         assert!(!matches!(
             budget.plan("k", &policy, 1, 200 * MS),
+            Plan::Local(_)
+        ));
+    }
+
+    #[test]
+    fn a_denial_is_repeated_locally_until_its_retry_after() {
+        let budget = Budget::new(LocalBudget::new().lease(Duration::from_millis(100)));
+        let policy = policy();
+        for _ in 0..20 {
+            budget.plan("k", &policy, 2, 0);
+        }
+        let Plan::Lease(_) = budget.plan("k", &policy, 2, 100 * MS) else {
+            panic!("a busy subject should lease");
+        };
+        let denied = Decision::denied(10, 0, Duration::from_millis(30), Duration::from_secs(1));
+        budget.leased("k", 2, 0, 100 * MS, Some(&denied));
+        let Plan::Local(verdict) = budget.plan("k", &policy, 2, 110 * MS) else {
+            panic!("the denial should be repeated here");
+        };
+        assert!(!verdict.is_allowed());
+        assert_eq!(verdict.retry_after(), Some(Duration::from_millis(20)));
+        // A smaller cost may fit: asked of Redis. So is any cost once the
+        // retry-after has passed.
+        assert!(!matches!(
+            budget.plan("k", &policy, 1, 110 * MS),
+            Plan::Local(_)
+        ));
+        assert!(!matches!(
+            budget.plan("k", &policy, 2, 130 * MS),
             Plan::Local(_)
         ));
     }

@@ -1,0 +1,245 @@
+//! The local budget (`LocalBudget`): three OS processes (the
+//! `budget_worker` binary), each a store with a budget on a client clock
+//! this test drives, check one hot subject at the same simulated instants.
+//! In every interval of the run they are admitted no more than the exact
+//! policy admits plus the bound `LocalBudget::overshoot_bound` states, one
+//! of them killed mid-run while it holds a lease; leases save most Redis
+//! calls; and a quiet subject decides exactly as the memory store does.
+//!
+//! Redis Functions only (the budget takes the fast GCRA path): xtask skips
+//! these by name on servers before Redis 7. One test function runs the
+//! steps in turn, because one of them reads a server-wide counter.
+
+mod redis_common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use std::time::Duration;
+
+use portcullis_core::{Clock, MemoryStore, Policy, Store};
+use portcullis_redis::{LocalBudget, RedisStore};
+use portcullis_tests::unique_prefix;
+use redis_common::{client, manual_clock};
+
+const WORKERS: usize = 3;
+/// 250 per second, burst 25: a whole emission interval (4 ms), the fast
+/// path the budget takes.
+const LIMIT: u64 = 250;
+const PERIOD_MS: u64 = 1_000;
+const BURST: u64 = 25;
+const MAX_PERMITS: u64 = 16;
+const LEASE_MS: u64 = 50;
+/// Simulated time per step, and checks per worker per step: 300 per
+/// second per worker, 900 in all against 250 allowed.
+const STEP_US: u64 = 10_000;
+const CHECKS_PER_STEP: u64 = 3;
+const STEPS: usize = 200;
+/// The step after which the last worker is killed.
+const KILL_AT: usize = 100;
+
+struct Worker {
+    child: Child,
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+}
+
+impl Worker {
+    fn start(prefix: &str, subject: &str, limit: u64, burst: u64) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_budget_worker"))
+            .args(["--url", &portcullis_tests::redis_url()])
+            .args(["--prefix", prefix, "--subject", subject])
+            .args(["--limit", &limit.to_string()])
+            .args(["--period-ms", &PERIOD_MS.to_string()])
+            .args(["--burst", &burst.to_string()])
+            .args(["--max-permits", &MAX_PERMITS.to_string()])
+            .args(["--lease-ms", &LEASE_MS.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the budget_worker binary should start");
+        let input = child.stdin.take().expect("piped stdin");
+        let output = BufReader::new(child.stdout.take().expect("piped stdout"));
+        Self {
+            child,
+            input,
+            output,
+        }
+    }
+
+    /// Sends one step; [`Worker::admitted`] reads its answer.
+    fn send(&mut self, now: u64, checks: u64) {
+        writeln!(self.input, "{now} {checks}")
+            .and_then(|()| self.input.flush())
+            .expect("the worker reads its steps");
+    }
+
+    fn admitted(&mut self) -> u64 {
+        let mut line = String::new();
+        self.output
+            .read_line(&mut line)
+            .expect("the worker answers");
+        let mut words = line.split_whitespace().map(|w| w.parse::<u64>());
+        match (words.next(), words.next()) {
+            (Some(Ok(admitted)), Some(Ok(0))) => admitted,
+            _ => panic!("the worker answered {line:?} (errors are on stderr)"),
+        }
+    }
+}
+
+/// `cmdstat_fcall`'s call count on the test server.
+fn fcalls(connection: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(connection)
+        .expect("INFO commandstats");
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_fcall:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(0)
+}
+
+fn policy() -> Policy {
+    Policy::per(LIMIT, Duration::from_millis(PERIOD_MS))
+        .burst(BURST)
+        .name("budget")
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn three_processes_with_leases_stay_within_the_stated_bound() {
+    assert!(
+        portcullis_tests::server_has_functions(),
+        "the local budget needs Redis Functions (Redis 7 or later); xtask skips this test on older servers"
+    );
+    let prefix = unique_prefix("budget");
+    let policy = policy();
+    let budget = LocalBudget::new()
+        .max_permits(MAX_PERMITS)
+        .lease(Duration::from_millis(LEASE_MS));
+    let bound = budget.overshoot_bound(&policy, WORKERS as u64);
+    // min(3 × 16, ⌈250 × 50 ms / 1 s⌉) = 13.
+    assert_eq!(bound, 13);
+    let interval_us = PERIOD_MS * 1_000 / LIMIT;
+
+    let mut raw = redis_common::raw(&portcullis_tests::redis_url());
+    let mut workers: Vec<Worker> = (0..WORKERS)
+        .map(|_| Worker::start(&prefix, "hot", LIMIT, BURST))
+        .collect();
+    let start = redis_common::manual_clock().now_micros();
+    let mut admitted = Vec::with_capacity(STEPS);
+    for step in 0..STEPS {
+        if step == KILL_AT {
+            // Killed while it holds a lease (it has been busy every step):
+            // its permits are lost, never handed out twice.
+            let mut worker = workers.pop().expect("a worker to kill");
+            worker.child.kill().expect("the worker can be killed");
+            worker.child.wait().expect("the killed worker is reaped");
+        }
+        let now = start + step as u64 * STEP_US;
+        // Every worker gets the step before any answers: they race.
+        for worker in &mut workers {
+            worker.send(now, CHECKS_PER_STEP);
+        }
+        admitted.push(workers.iter_mut().map(Worker::admitted).sum::<u64>());
+    }
+    drop(workers);
+
+    // Every interval [i, j] of steps: no more than the exact policy's
+    // envelope (the burst plus one permit per emission interval elapsed)
+    // plus the bound.
+    let mut worst = i64::MIN;
+    for i in 0..STEPS {
+        let mut sum = 0;
+        for (j, step) in admitted.iter().enumerate().skip(i) {
+            sum += step;
+            let elapsed = (j - i) as u64 * STEP_US;
+            let exact = BURST + elapsed / interval_us;
+            worst = worst.max(sum as i64 - exact as i64);
+            assert!(
+                sum <= exact + bound,
+                "steps {i}..={j}: {sum} admitted, exact policy {exact}, bound {bound}"
+            );
+        }
+    }
+    // Over the whole run, every permit admitted was charged in Redis: no
+    // more than the exact policy allows, at all.
+    let total: u64 = admitted.iter().sum();
+    let run_us = (STEPS as u64 - 1) * STEP_US;
+    assert!(
+        total <= BURST + run_us / interval_us,
+        "{total} admitted over the run"
+    );
+    // The killed worker's lease did not starve the others.
+    assert!(
+        admitted[KILL_AT..].iter().sum::<u64>() > 0,
+        "nothing admitted after the kill"
+    );
+    eprintln!(
+        "oversubscribed: {total} admitted, worst interval {worst} over the exact policy (bound {bound})"
+    );
+
+    // A busy subject under its limit (900 checks/s against 2 000): every
+    // check admitted, and leases save most Redis calls.
+    let mut workers: Vec<Worker> = (0..WORKERS)
+        .map(|_| Worker::start(&prefix, "busy", 2_000, 100))
+        .collect();
+    let calls_before = fcalls(&mut raw);
+    let (mut checks, mut admitted) = (0, 0);
+    for step in 0..STEPS {
+        let now = start + step as u64 * STEP_US;
+        for worker in &mut workers {
+            worker.send(now, CHECKS_PER_STEP);
+        }
+        admitted += workers.iter_mut().map(Worker::admitted).sum::<u64>();
+        checks += WORKERS as u64 * CHECKS_PER_STEP;
+    }
+    let calls = fcalls(&mut raw) - calls_before;
+    drop(workers);
+    eprintln!(
+        "under its limit: {checks} checks, {admitted} admitted, {calls} Redis calls ({:.3} per check)",
+        calls as f64 / checks as f64
+    );
+    assert_eq!(admitted, checks, "a subject under its limit is always admitted");
+    assert!(
+        calls * 4 < checks,
+        "{calls} Redis calls for {checks} checks: leases should save most of them"
+    );
+
+    // A quiet subject (one check per lease period) is never leased: every
+    // decision is the exact one, as the memory store makes it.
+    let clock = manual_clock();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let store = runtime
+        .block_on(
+            RedisStore::builder()
+                .url(portcullis_tests::redis_url())
+                .prefix(&prefix)
+                .timeout(redis_common::TEST_TIMEOUT)
+                .clock(client(&clock))
+                .local_budget(budget)
+                .build(),
+        )
+        .expect("the store should build");
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    // 4 per second: a whole emission interval, so the budget could take it.
+    let quiet = [Policy::per_second(4)
+        .burst(2)
+        .name("quiet")
+        .build()
+        .unwrap()];
+    for _ in 0..40 {
+        clock.advance(Duration::from_millis(LEASE_MS + 20));
+        let redis = runtime
+            .block_on(store.check("quiet", &quiet, 1))
+            .expect("a check");
+        let memory = memory
+            .check_now("quiet", &quiet, 1)
+            .expect("at once")
+            .expect("a check");
+        assert_eq!(redis.decisions(), memory.decisions());
+    }
+}
