@@ -203,7 +203,10 @@ fn three_processes_with_leases_stay_within_the_stated_bound() {
         "under its limit: {checks} checks, {admitted} admitted, {calls} Redis calls ({:.3} per check)",
         calls as f64 / checks as f64
     );
-    assert_eq!(admitted, checks, "a subject under its limit is always admitted");
+    assert_eq!(
+        admitted, checks,
+        "a subject under its limit is always admitted"
+    );
     assert!(
         calls * 4 < checks,
         "{calls} Redis calls for {checks} checks: leases should save most of them"

@@ -23,7 +23,7 @@ Commands:
         --masters N   Cluster masters (default 3)
         --replicas N  replicas per master (default 0)
         --no-stdin    ignore stdin: run until interrupted or killed
-  bench <core|redis|http|all> [-- <criterion args>]
+  bench <core|redis|http|scale|all> [-- <criterion args>]
         Run the benches (redis and http against a fresh local
         redis-server): core = portcullis-core memory_cost (MemoryStore vs
         governor: instructions per check under callgrind, resident bytes
@@ -32,7 +32,12 @@ Commands:
         redis-server pinned to core 0: server instructions per check by
         callgrind and checks/s, portcullis vs the peer scripts of
         ../shared/bench; needs valgrind and taskset; about 4 minutes),
-        http = portcullis-tower http_throughput.
+        http = portcullis-tower http_throughput,
+        scale = three app instances on one Redis, loaded out of process
+        (MemoryStore, Redis exact, Redis with a local budget: req/s against
+        the bare app, Redis calls and server instructions per request,
+        overshoot against the stated bound; needs valgrind and taskset;
+        about 3 minutes; not part of `all`).
   reliability
         Fault and abuse scenarios against a standalone server and a Cluster
         of 3 masters with 1 replica each (Redis killed, slow, pool exhausted,
@@ -127,6 +132,8 @@ pub(crate) enum BenchTarget {
     Redis,
     /// `portcullis-tower`'s `http_throughput` (needs a server).
     Http,
+    /// `portcullis-tests`' `scale` binary (starts its own servers).
+    Scale,
     /// All of the above, in that order.
     All,
 }
@@ -138,6 +145,7 @@ impl BenchTarget {
             BenchTarget::Core => &[BenchTarget::Core],
             BenchTarget::Redis => &[BenchTarget::Redis],
             BenchTarget::Http => &[BenchTarget::Http],
+            BenchTarget::Scale => &[BenchTarget::Scale],
             BenchTarget::All => &[BenchTarget::Core, BenchTarget::Redis, BenchTarget::Http],
         }
     }
@@ -211,6 +219,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Invocation, UsageError> {
                     "core" => BenchTarget::Core,
                     "redis" => BenchTarget::Redis,
                     "http" => BenchTarget::Http,
+                    "scale" => BenchTarget::Scale,
                     "all" => BenchTarget::All,
                     other => {
                         return Err(UsageError(format!(

@@ -8,7 +8,7 @@
 //!   started on free ports and announced through `PORTCULLIS_REDIS_*`
 //!   environment variables.
 //! - `cargo xtask redis` starts the same servers for a local shell.
-//! - `cargo xtask bench <core|redis|http|all>` runs the criterion benches.
+//! - `cargo xtask bench <core|redis|http|scale|all>` runs the benches.
 //!
 //! The server management lives in [`redis`] (plain servers) and
 //! [`secure`] (TLS, ACL and Sentinel) so that later commands can reuse it.
@@ -422,12 +422,29 @@ impl Bench {
                 name: "http_throughput",
                 needs_redis: true,
             },
+            // A binary, not a criterion bench: it starts its own servers.
+            BenchTarget::Scale => Self {
+                package: "portcullis-tests",
+                dir: "tests",
+                name: "scale",
+                needs_redis: false,
+            },
         }
+    }
+
+    /// Whether it is a binary (`src/bin/<name>.rs`, run with `cargo run
+    /// --release`) rather than a criterion bench.
+    fn is_binary(self) -> bool {
+        self.dir == "tests"
     }
 
     /// The bench's source file, relative to the workspace root.
     fn source(self) -> String {
-        format!("{}/benches/{}.rs", self.dir, self.name)
+        if self.is_binary() {
+            format!("{}/src/bin/{}.rs", self.dir, self.name)
+        } else {
+            format!("{}/benches/{}.rs", self.dir, self.name)
+        }
     }
 }
 
@@ -453,7 +470,11 @@ fn bench(target: BenchTarget, bench_args: &[String]) -> Result<()> {
     };
     let mut stages = Stages::new(benches.len());
     let result = benches.iter().try_for_each(|bench| {
-        let mut args = vec!["bench", "-p", bench.package, "--bench", bench.name];
+        let mut args = if bench.is_binary() {
+            vec!["run", "--release", "-p", bench.package, "--bin", bench.name]
+        } else {
+            vec!["bench", "-p", bench.package, "--bench", bench.name]
+        };
         if !bench_args.is_empty() {
             args.push("--");
             args.extend(bench_args.iter().map(String::as_str));
