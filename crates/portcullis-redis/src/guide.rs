@@ -132,6 +132,23 @@
 //! the library's `portcullis_<hash>_charge` function, or its own composed
 //! script on the `EVALSHA` path. Checks run the same code as without it.
 //!
+//! # Many checks, one call
+//!
+//! Charges of one subject and policies that arrive while a call for them is
+//! in flight wait for it, then go together as one call of `batch.lua`
+//! (`portcullis_<hash>_batch`, or `_gcra_batch` for a one-policy GCRA check
+//! of the fast path: one `GET`, one `SET`), which decides them one after
+//! another in arrival order, as sequential checks at that instant would
+//! (ALGORITHMS.md, "Coalesced checks"). Nothing waits for a batch to fill; a
+//! batch holds at most 128 checks. Off with
+//! [`RedisStoreBuilder::coalesce(false)`](crate::RedisStoreBuilder::coalesce);
+//! peeks and the `EVALSHA` path are never coalesced.
+//!
+//! With a [`LocalBudget`](crate::LocalBudget), a busy subject's checks are
+//! admitted from leases of permits (`portcullis_<hash>_gcra_take`: as many
+//! permits as fit, up to the demand of the last lease period, charged at
+//! once), with the bound the type states.
+//!
 //! # Clock modes
 //!
 //! [`ClockMode::Redis`] (the default) reads Redis' `TIME` inside the script:

@@ -64,6 +64,10 @@
 //! TLS plus an ACL user or password, which is what the tests cover on a
 //! standalone server.
 //!
+//! Concurrent checks of one subject share a call (exact, on by default:
+//! [`RedisStoreBuilder::coalesce`]); a [`LocalBudget`] trades a stated
+//! overshoot for a fraction of a call per request on hot subjects.
+//!
 //! The [`guide`] is the operations manual: TLS, ACL users, Sentinel, your
 //! own pool, the key layout, the scripts, clock modes, failure semantics,
 //! connections and the compatibility APIs.
