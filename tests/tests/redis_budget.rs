@@ -88,19 +88,6 @@ impl Worker {
     }
 }
 
-/// `cmdstat_fcall`'s call count on the test server.
-fn fcalls(connection: &mut redis::Connection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(connection)
-        .expect("INFO commandstats");
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_fcall:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|calls| calls.parse().ok())
-        .unwrap_or(0)
-}
-
 fn policy() -> Policy {
     Policy::per(LIMIT, Duration::from_millis(PERIOD_MS))
         .burst(BURST)
@@ -187,7 +174,7 @@ fn three_processes_with_leases_stay_within_the_stated_bound() {
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|_| Worker::start(&prefix, "busy", 2_000, 100))
         .collect();
-    let calls_before = fcalls(&mut raw);
+    let calls_before = redis_common::fcalls(&mut raw);
     let (mut checks, mut admitted) = (0, 0);
     for step in 0..STEPS {
         let now = start + step as u64 * STEP_US;
@@ -197,7 +184,7 @@ fn three_processes_with_leases_stay_within_the_stated_bound() {
         admitted += workers.iter_mut().map(Worker::admitted).sum::<u64>();
         checks += WORKERS as u64 * CHECKS_PER_STEP;
     }
-    let calls = fcalls(&mut raw) - calls_before;
+    let calls = redis_common::fcalls(&mut raw) - calls_before;
     drop(workers);
     eprintln!(
         "under its limit: {checks} checks, {admitted} admitted, {calls} Redis calls ({:.3} per check)",

@@ -117,19 +117,6 @@ fn policy_sets() -> Vec<(&'static str, Vec<Policy>)> {
     ]
 }
 
-/// `cmdstat_fcall`'s call count on the test server.
-fn fcalls(connection: &mut redis::Connection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(connection)
-        .expect("INFO commandstats");
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_fcall:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|calls| calls.parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coalesced_checks_decide_as_checks_sent_one_by_one() {
     assert!(
@@ -165,9 +152,9 @@ async fn coalesced_checks_decide_as_checks_sent_one_by_one() {
     // can arrive: they are made before any is polled).
     let mut raw = redis_common::raw(&portcullis_tests::redis_url());
     let hot = [Policy::per_second(1_000).name("hot").build().unwrap()];
-    let before = fcalls(&mut raw);
+    let before = redis_common::fcalls(&mut raw);
     let decided = at_once(&redis, "hot", &hot, &vec![1; CONCURRENT]).await;
-    let calls = fcalls(&mut raw) - before;
+    let calls = redis_common::fcalls(&mut raw) - before;
     assert!(decided.iter().all(|d| d[0].is_allowed()));
     assert_eq!(
         calls, 2,
@@ -175,9 +162,9 @@ async fn coalesced_checks_decide_as_checks_sent_one_by_one() {
     );
     // Without coalescing, one call per check.
     let separate = store(&prefix, client(&clock), false).await;
-    let before = fcalls(&mut raw);
+    let before = redis_common::fcalls(&mut raw);
     at_once(&separate, "hot-separate", &hot, &vec![1; CONCURRENT]).await;
-    assert_eq!(fcalls(&mut raw) - before, CONCURRENT as u64);
+    assert_eq!(redis_common::fcalls(&mut raw) - before, CONCURRENT as u64);
 
     // A waiting check whose request is dropped before its batch goes is
     // not charged.

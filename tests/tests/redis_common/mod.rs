@@ -128,6 +128,21 @@ pub(crate) fn client(clock: &ManualClock) -> ClockMode {
     ClockMode::Client(Arc::new(clock.clone()))
 }
 
+/// `cmdstat_fcall`'s call count on the server of `connection` (`INFO
+/// commandstats`: server-wide, so a test reading it runs its steps in
+/// turn).
+pub(crate) fn fcalls(connection: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(connection)
+        .expect("INFO commandstats");
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_fcall:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(0)
+}
+
 /// A plain synchronous connection to `url`, for inspecting keys.
 pub(crate) fn raw(url: &str) -> redis::Connection {
     redis::Client::open(url)

@@ -71,24 +71,34 @@ local function batch_policy_of(arg)
   batch_policy_count = batch_policy_count + 1
   return f
 end
-local function gcra_batch(keys, args, no_new_keys)
-  local f = batch_policy_of(args[1])
-  if f == nil then
-    return redis.error_reply('ERR portcullis: batch GCRA argument is not <limit>:<period_us>:<capacity>; upgrade portcullis-redis')
-  end
-  local now = now_of(args[2])
-  local value = redis.pcall('GET', keys[1])
-  local ahead = 0
+-- The state's lead over now, for gcra_batch and gcra_take: a number, or a
+-- status reply (GENERAL for a state only the general check reads, NOROOM
+-- for a new key under the allow-oom twin), having written nothing.
+local function batch_lead(key, now, f, no_new_keys)
+  local value = redis.pcall('GET', key)
   if value then
     local tat = type(value) == 'string' and tonumber(value, 16)
     if not tat or tat >= 2 * MAX or tat - now > f[3] then
       return redis.status_reply('GENERAL')
     end
     if tat > now then
-      ahead = tat - now
+      return tat - now
     end
+    return 0
   elseif no_new_keys then
     return redis.status_reply('NOROOM')
+  end
+  return 0
+end
+local function gcra_batch(keys, args, no_new_keys)
+  local f = batch_policy_of(args[1])
+  if f == nil then
+    return redis.error_reply('ERR portcullis: batch GCRA argument is not <limit>:<period_us>:<capacity>; upgrade portcullis-redis')
+  end
+  local now = now_of(args[2])
+  local ahead = batch_lead(keys[1], now, f, no_new_keys)
+  if type(ahead) ~= 'number' then
+    return ahead
   end
   local replies = {}
   local admitted = false
@@ -124,18 +134,9 @@ local function gcra_take(keys, args, no_new_keys)
     return redis.error_reply('ERR portcullis: a lease of permits needs <limit>:<period_us>:<capacity>, now, least, most; upgrade portcullis-redis')
   end
   local now = now_of(args[2])
-  local value = redis.pcall('GET', keys[1])
-  local ahead = 0
-  if value then
-    local tat = type(value) == 'string' and tonumber(value, 16)
-    if not tat or tat >= 2 * MAX or tat - now > f[3] then
-      return redis.status_reply('GENERAL')
-    end
-    if tat > now then
-      ahead = tat - now
-    end
-  elseif no_new_keys then
-    return redis.status_reply('NOROOM')
+  local ahead = batch_lead(keys[1], now, f, no_new_keys)
+  if type(ahead) ~= 'number' then
+    return ahead
   end
   -- The most permits that fit: ahead + n * interval <= capacity.
   local fit = math.floor((f[2] - ahead) / f[1])
