@@ -259,6 +259,32 @@ impl Drop for OwnedRedis {
     }
 }
 
+/// The `--name value` pairs of a helper binary's arguments (`hammer`,
+/// `latency`, `budget_worker`, `scale`), names without their dashes.
+///
+/// # Errors
+///
+/// A message naming the first argument that is not in such a pair.
+pub fn option_pairs(
+    program: &str,
+    args: &[String],
+) -> Result<std::collections::HashMap<String, String>, String> {
+    let mut options = std::collections::HashMap::new();
+    for pair in args.chunks(2) {
+        match pair {
+            [key, value] if key.starts_with("--") => {
+                options.insert(key.trim_start_matches("--").to_owned(), value.clone());
+            }
+            _ => {
+                return Err(format!(
+                    "{program}: arguments come in `--name value` pairs, got {pair:?}"
+                ))
+            }
+        }
+    }
+    Ok(options)
+}
+
 pub mod reliability;
 mod sentinel;
 

@@ -14,7 +14,6 @@
 //! `<admitted> <errors>`. Exits at the end of stdin; exits 2 on bad
 //! arguments.
 
-use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -25,18 +24,13 @@ use portcullis_redis::{ClockMode, LocalBudget, RedisStore};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut options = HashMap::new();
-    for pair in args.chunks(2) {
-        match pair {
-            [key, value] if key.starts_with("--") => {
-                options.insert(key.trim_start_matches("--").to_owned(), value.clone());
-            }
-            _ => {
-                eprintln!("budget_worker: arguments come in `--name value` pairs, got {pair:?}");
-                return ExitCode::from(2);
-            }
+    let options = match portcullis_tests::option_pairs("budget_worker", &args) {
+        Ok(options) => options,
+        Err(error) => {
+            eprintln!("{error}");
+            return ExitCode::from(2);
         }
-    }
+    };
     let text = |name: &str| options.get(name).cloned();
     let number = |name: &str| options.get(name).and_then(|v| v.parse::<u64>().ok());
     let (

@@ -12,7 +12,6 @@
 //! time (milliseconds since the epoch), so several processes race. Exits 2
 //! on bad arguments.
 
-use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -25,18 +24,13 @@ fn algorithm(name: &str) -> Option<Algorithm> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut options = HashMap::new();
-    for pair in args.chunks(2) {
-        match pair {
-            [key, value] if key.starts_with("--") => {
-                options.insert(key.trim_start_matches("--").to_owned(), value.clone());
-            }
-            _ => {
-                eprintln!("hammer: arguments come in `--name value` pairs, got {pair:?}");
-                return ExitCode::from(2);
-            }
+    let options = match portcullis_tests::option_pairs("hammer", &args) {
+        Ok(options) => options,
+        Err(error) => {
+            eprintln!("{error}");
+            return ExitCode::from(2);
         }
-    }
+    };
     let get = |name: &str| options.get(name).cloned();
     let number = |name: &str| get(name).and_then(|v| v.parse::<u64>().ok());
     let (

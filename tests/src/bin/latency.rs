@@ -11,7 +11,6 @@
 //! Prints the latency percentiles and how many checks would have exceeded
 //! 100 ms, 250 ms and 500 ms. Exits 2 on bad arguments.
 
-use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -24,18 +23,13 @@ use tower::{service_fn, Layer, ServiceExt};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut options = HashMap::new();
-    for pair in args.chunks(2) {
-        match pair {
-            [key, value] if key.starts_with("--") => {
-                options.insert(key.trim_start_matches("--").to_owned(), value.clone());
-            }
-            _ => {
-                eprintln!("latency: arguments come in `--name value` pairs, got {pair:?}");
-                return ExitCode::from(2);
-            }
+    let options = match portcullis_tests::option_pairs("latency", &args) {
+        Ok(options) => options,
+        Err(error) => {
+            eprintln!("{error}");
+            return ExitCode::from(2);
         }
-    }
+    };
     let number = |name: &str, default: u64| -> Option<u64> {
         options.get(name).map_or(Some(default), |v| v.parse().ok())
     };

@@ -57,8 +57,10 @@ const BUCKET_US: u64 = 10_000;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
-        Some("serve") => serve(&options(&args[1..])),
-        Some("load") => load(&options(&args[1..])),
+        Some("serve") => {
+            portcullis_tests::option_pairs("scale", &args[1..]).and_then(|o| serve(&o))
+        }
+        Some("load") => portcullis_tests::option_pairs("scale", &args[1..]).and_then(|o| load(&o)),
         None => bench(),
         Some(other) => Err(format!("unknown mode {other:?}: serve, load, or nothing")),
     };
@@ -69,15 +71,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn options(args: &[String]) -> HashMap<String, String> {
-    args.chunks(2)
-        .filter_map(|pair| match pair {
-            [key, value] => Some((key.trim_start_matches("--").to_owned(), value.clone())),
-            _ => None,
-        })
-        .collect()
 }
 
 fn get<T: std::str::FromStr>(options: &HashMap<String, String>, name: &str) -> Result<T, String> {
