@@ -214,6 +214,45 @@ struct Slot {
     denied_reset: u64,
 }
 
+impl Slot {
+    /// Counts `cost` in the demand of the lease period that holds `now`.
+    fn count(&mut self, cost: u64, now: u64, lease: u64) {
+        let since = now.saturating_sub(self.period_start);
+        if since >= lease {
+            self.last_demand = if since < lease.saturating_mul(2) {
+                self.demand
+            } else {
+                0
+            };
+            self.demand = 0;
+            self.period_start = now;
+        }
+        self.demand = self.demand.saturating_add(cost);
+    }
+
+    /// The answer from this instance alone, if it has one: a denial Redis
+    /// gave that still holds, or permits of a live lease (counted in the
+    /// demand, and spent, when it answers).
+    fn answer(&mut self, policy: &Policy, cost: u64, now: u64, lease: u64) -> Option<Verdict> {
+        let decision = if now < self.denied_until && cost >= self.denied_cost {
+            Decision::denied(
+                policy.capacity(),
+                0,
+                Duration::from_micros(self.denied_until - now),
+                Duration::from_micros(self.denied_reset.saturating_sub(now)),
+            )
+        } else if self.permits >= cost && now < self.expires {
+            self.permits -= cost;
+            self.remaining = self.remaining.saturating_sub(cost);
+            Decision::allowed(policy.capacity(), self.remaining, self.reset_after)
+        } else {
+            return None;
+        };
+        self.count(cost, now, lease);
+        Some(std::iter::once(decision).collect())
+    }
+}
+
 /// What a check does with the budget.
 pub(crate) enum Plan {
     /// Admitted from the lease.
@@ -296,32 +335,10 @@ impl Budget {
         let Some(slot) = shard.get_mut(key) else {
             return Plan::Exact;
         };
-        let since = now.saturating_sub(slot.period_start);
-        if since >= lease {
-            slot.last_demand = if since < lease.saturating_mul(2) {
-                slot.demand
-            } else {
-                0
-            };
-            slot.demand = 0;
-            slot.period_start = now;
+        if let Some(verdict) = slot.answer(policy, cost, now, lease) {
+            return Plan::Local(verdict);
         }
-        slot.demand = slot.demand.saturating_add(cost);
-        if now < slot.denied_until && cost >= slot.denied_cost {
-            let decision = Decision::denied(
-                policy.capacity(),
-                0,
-                Duration::from_micros(slot.denied_until - now),
-                Duration::from_micros(slot.denied_reset.saturating_sub(now)),
-            );
-            return Plan::Local(std::iter::once(decision).collect());
-        }
-        if slot.permits >= cost && now < slot.expires {
-            slot.permits -= cost;
-            slot.remaining = slot.remaining.saturating_sub(cost);
-            let decision = Decision::allowed(policy.capacity(), slot.remaining, slot.reset_after);
-            return Plan::Local(std::iter::once(decision).collect());
-        }
+        slot.count(cost, now, lease);
         // Leftovers too few for this cost, or past the lease: dropped.
         slot.permits = 0;
         let want = slot
@@ -333,6 +350,15 @@ impl Budget {
         }
         slot.leasing = true;
         Plan::Lease(want)
+    }
+
+    /// The answer of this instance alone for a check of `cost` of `key` at
+    /// `now`, when it has one (see `Slot::answer`); `None` changes nothing.
+    pub(crate) fn local(&self, key: &str, policy: &Policy, cost: u64, now: u64) -> Option<Verdict> {
+        let lease = u64::try_from(self.config.lease.as_micros()).unwrap_or(u64::MAX);
+        self.shard(key)
+            .get_mut(key)?
+            .answer(policy, cost, now, lease)
     }
 
     /// A lease call for `key`, sent at `sent` (µs of [`now_us`]), ended:

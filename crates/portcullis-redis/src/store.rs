@@ -311,6 +311,31 @@ impl RedisStore {
         self.call_future(path, subject, policies, cost)
     }
 
+    /// The local budget and the state key of a check it takes: one GCRA
+    /// policy of the fast path, a charge, on the Functions path.
+    fn budget_for(
+        &self,
+        path: CallPath,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Option<(&Budget, String)> {
+        let budget = self.inner.budget.as_ref()?;
+        let [policy] = policies else {
+            return None;
+        };
+        let takes = path == CallPath::Functions
+            && cost > 0
+            && budget.takes(policy)
+            && self
+                .inner
+                .scripts
+                .library()
+                .fast_gcra(policies, cost)
+                .is_some();
+        takes.then(|| (budget, self.key(&self.subject(subject), policy.name())))
+    }
+
     /// The check's answer from the local budget (admitted from a lease, or
     /// a lease call), when the store has one and the check takes it.
     fn budget_answer(
@@ -320,23 +345,8 @@ impl RedisStore {
         policies: &[Policy],
         cost: u64,
     ) -> Option<CheckFuture> {
-        let budget = self.inner.budget.as_ref()?;
-        let [policy] = policies else {
-            return None;
-        };
-        if path != CallPath::Functions
-            || cost == 0
-            || !budget.takes(policy)
-            || self
-                .inner
-                .scripts
-                .library()
-                .fast_gcra(policies, cost)
-                .is_none()
-        {
-            return None;
-        }
-        let key = self.key(&self.subject(subject), policy.name());
+        let (budget, key) = self.budget_for(path, subject, policies, cost)?;
+        let policy = &policies[0];
         match budget.plan(&key, policy, cost, budget::now_us(&self.inner.clock)) {
             Plan::Local(verdict) => Some(Box::pin(std::future::ready(Ok(verdict)))),
             Plan::Lease(want) => Some(Box::pin(budget::lease(
@@ -627,6 +637,22 @@ impl Store for RedisStore {
             Ok(future) => future,
             Err(error) => Box::pin(std::future::ready(Err(error))),
         }
+    }
+
+    /// Answers at once only from a [`LocalBudget`](crate::LocalBudget):
+    /// permits of a live lease, or a denial Redis gave that still holds.
+    /// Everything else goes to Redis through [`Store::check`].
+    fn check_now(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Option<Result<Verdict, StoreError>> {
+        self.inner.budget.as_ref()?;
+        let path = self.inner.scripts.path().choose();
+        let (budget, key) = self.budget_for(path, subject, policies, cost)?;
+        let now = budget::now_us(&self.inner.clock);
+        budget.local(&key, &policies[0], cost, now).map(Ok)
     }
 
     /// One atomic script call for every policy (charge.lua; `FCALL` of the
