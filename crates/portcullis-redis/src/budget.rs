@@ -263,7 +263,14 @@ pub(crate) enum Plan {
     Exact,
 }
 
-type Shard = HashMap<Box<str>, Slot>;
+/// One shard: its subjects, and how many new subjects may still be
+/// turned away before a full shard is swept again (so a shard full of
+/// busy subjects is not scanned for every new one).
+#[derive(Default)]
+struct Shard {
+    slots: HashMap<Box<str>, Slot>,
+    sweep_after: usize,
+}
 
 /// The budgets of the subjects of one store.
 pub(crate) struct Budget {
@@ -282,7 +289,7 @@ impl Budget {
     pub(crate) fn new(config: LocalBudget) -> Self {
         Self {
             config,
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: std::collections::hash_map::RandomState::new(),
         }
     }
@@ -305,17 +312,26 @@ impl Budget {
         let lease = u64::try_from(self.config.lease.as_micros()).unwrap_or(u64::MAX);
         let limit_per_shard = self.config.max_subjects.div_ceil(SHARDS);
         let mut shard = self.shard(key);
-        if !shard.contains_key(key) {
-            if shard.len() >= limit_per_shard {
+        let shard = &mut *shard;
+        if !shard.slots.contains_key(key) {
+            if shard.slots.len() >= limit_per_shard {
+                if shard.sweep_after > 0 {
+                    shard.sweep_after -= 1;
+                    return Plan::Exact;
+                }
                 // Forget subjects idle for two lease periods.
-                shard.retain(|_, slot| {
+                shard.slots.retain(|_, slot| {
                     slot.leasing || now.saturating_sub(slot.period_start) < lease.saturating_mul(2)
                 });
-                if shard.len() >= limit_per_shard {
+                if shard.slots.len() >= limit_per_shard {
+                    // Still full: the next eighth of a shard's worth of new
+                    // subjects are checked exactly without a sweep, so a
+                    // sweep costs O(1) per new subject, amortized.
+                    shard.sweep_after = limit_per_shard.div_ceil(8);
                     return Plan::Exact;
                 }
             }
-            shard.insert(
+            shard.slots.insert(
                 key.into(),
                 Slot {
                     permits: 0,
@@ -332,7 +348,7 @@ impl Budget {
                 },
             );
         }
-        let Some(slot) = shard.get_mut(key) else {
+        let Some(slot) = shard.slots.get_mut(key) else {
             return Plan::Exact;
         };
         if let Some(verdict) = slot.answer(policy, cost, now, lease) {
@@ -357,6 +373,7 @@ impl Budget {
     pub(crate) fn local(&self, key: &str, policy: &Policy, cost: u64, now: u64) -> Option<Verdict> {
         let lease = u64::try_from(self.config.lease.as_micros()).unwrap_or(u64::MAX);
         self.shard(key)
+            .slots
             .get_mut(key)?
             .answer(policy, cost, now, lease)
     }
@@ -366,7 +383,7 @@ impl Budget {
     /// `decision` (None: it failed).
     fn leased(&self, key: &str, cost: u64, granted: u64, sent: u64, decision: Option<&Decision>) {
         let mut shard = self.shard(key);
-        let Some(slot) = shard.get_mut(key) else {
+        let Some(slot) = shard.slots.get_mut(key) else {
             return;
         };
         slot.leasing = false;
@@ -626,7 +643,11 @@ mod tests {
             .filter(|i| matches!(budget.plan(&format!("s{i}"), &policy, 1, 0), Plan::Exact))
             .count();
         assert_eq!(exact, 1_000);
-        let held: usize = budget.shards.iter().map(|s| s.lock().unwrap().len()).sum();
+        let held: usize = budget
+            .shards
+            .iter()
+            .map(|s| s.lock().unwrap().slots.len())
+            .sum();
         assert!(held <= SHARDS, "{held} subjects held, at most {SHARDS}");
     }
 }
