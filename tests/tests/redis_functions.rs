@@ -412,8 +412,32 @@ fn next_fcall(monitor: &mut std::io::BufReader<std::net::TcpStream>) -> String {
     }
 }
 
+/// The stored values the fast GCRA functions are tested from: absent, a
+/// plain lead, one beyond the clock tolerance (repaired by the general
+/// check), a tagged remainder, garbage, and a key of another type.
+fn gcra_starts(now: u64) -> [(&'static str, redis::Value); 6] {
+    [
+        ("absent", redis::Value::Nil),
+        (
+            "ahead",
+            redis::Value::BulkString(format!("{:x}", now + 30_000).into_bytes()),
+        ),
+        (
+            "beyond the tolerance",
+            redis::Value::BulkString(format!("{:x}", now + 10_000_000).into_bytes()),
+        ),
+        (
+            "tagged remainder",
+            redis::Value::BulkString(format!("gcra:{}:2", now + 20_000).into_bytes()),
+        ),
+        ("garbage", redis::Value::BulkString(b"not a state".to_vec())),
+        ("another type", redis::Value::Array(Vec::new())),
+    ]
+}
+
 /// One GCRA policy with a whole-microsecond interval takes the fast
-/// function (one integer back); anything else the general check. Every
+/// function (one integer back), several such policies gcra_multi (one
+/// integer per policy); anything else the general check. Every
 /// state the fast function cannot read itself (a tagged state with a
 /// remainder, a time further ahead than the tolerance, a value of another
 /// type, garbage) is handed to the general check inside the same call, and
@@ -481,23 +505,7 @@ async fn the_fast_gcra_function_agrees_with_the_general_check() {
             .flatten()
     };
     let now = clock.now_micros();
-    let starts: [(&str, redis::Value); 6] = [
-        ("absent", redis::Value::Nil),
-        (
-            "ahead",
-            redis::Value::BulkString(format!("{:x}", now + 30_000).into_bytes()),
-        ),
-        (
-            "beyond the tolerance",
-            redis::Value::BulkString(format!("{:x}", now + 10_000_000).into_bytes()),
-        ),
-        (
-            "tagged remainder",
-            redis::Value::BulkString(format!("gcra:{}:2", now + 20_000).into_bytes()),
-        ),
-        ("garbage", redis::Value::BulkString(b"not a state".to_vec())),
-        ("another type", redis::Value::Array(Vec::new())),
-    ];
+    let starts = gcra_starts(now);
     for (label, start) in starts {
         set(&mut raw, &fast, start.clone());
         set(&mut raw, &general, start);
@@ -522,7 +530,60 @@ async fn the_fast_gcra_function_agrees_with_the_general_check() {
         }
     }
 
-    // A fractional interval, two policies or a peek: the general check.
+    // Two GCRA policies of the fast path: gcra_multi, one integer per
+    // policy, the same decisions and states as the general check, from
+    // every start (set on the first policy's key; the second's is absent),
+    // through denials by one policy and by both.
+    let two = [
+        Policy::per_second(100).burst(5).name("p").build().unwrap(),
+        Policy::per_second(50).burst(3).name("q").build().unwrap(),
+    ];
+    let stored_q = |raw: &mut redis::Connection, store: &RedisStore| -> Option<String> {
+        redis::cmd("GET")
+            .arg(store.key_for("s", "q"))
+            .query(raw)
+            .ok()
+            .flatten()
+    };
+    for (label, start) in gcra_starts(now) {
+        set(&mut raw, &fast, start.clone());
+        set(&mut raw, &general, start);
+        for store in [&fast, &general] {
+            let _: () = redis::cmd("DEL")
+                .arg(store.key_for("s", "q"))
+                .query(&mut raw)
+                .unwrap();
+        }
+        for step in 0..8 {
+            let a = fast.check("s", &two, 1 + step % 2).await;
+            let line = next_fcall(&mut monitor);
+            assert!(
+                line.contains("_gcra_multi\""),
+                "{label}, step {step}: {line}"
+            );
+            let b = general.check("s", &two, 1 + step % 2).await;
+            match (&a, &b) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "two policies, {label}, step {step}"),
+                (Err(_), Err(_)) => {}
+                _ => panic!("two policies, {label}, step {step}: {a:?} / {b:?}"),
+            }
+            if label != "another type" {
+                assert_eq!(
+                    stored(&mut raw, &fast),
+                    stored(&mut raw, &general),
+                    "{label}"
+                );
+            }
+            assert_eq!(
+                stored_q(&mut raw, &fast),
+                stored_q(&mut raw, &general),
+                "{label}"
+            );
+            clock.advance(Duration::from_millis(3));
+        }
+    }
+
+    // A fractional interval, or a peek: the general check.
     fast.check("s", &fractional, 1).await.unwrap();
     assert!(next_fcall(&mut monitor).contains("_check\""));
     fast.check("s", &whole, 0).await.unwrap();

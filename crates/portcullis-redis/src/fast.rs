@@ -1,14 +1,15 @@
-//! The fast path of a `RedisStore` check: one GCRA policy with a
-//! whole-microsecond emission interval, called through the library's
-//! `<name>_gcra` function, which answers one integer instead of five
-//! (ALGORITHMS.md, "The Redis fast path"). The decision is derived here,
-//! with the core's own arithmetic, from the state's lead over now.
+//! The fast paths of a `RedisStore` check: GCRA policies with
+//! whole-microsecond emission intervals, called through the library's
+//! `<name>_gcra` function (one policy), which answers one integer instead
+//! of five, or `<name>_gcra_multi` (several), one integer per policy
+//! (ALGORITHMS.md, "The Redis fast path"). The decisions are derived here,
+//! with the core's own arithmetic, from each state's lead over now.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 
 use portcullis_core::algorithms::{self, GcraState, State};
-use portcullis_core::{Algorithm, Decision, Policy, StoreError};
+use portcullis_core::{Algorithm, Decision, Policy, StoreError, Verdict};
 use redis::Value;
 
 use crate::scripts::LuaScript;
@@ -64,6 +65,104 @@ impl RedisStore {
             }
         })
     }
+}
+
+impl RedisStore {
+    /// The check of two or more GCRA policies of the fast path through
+    /// `script` (gcra_multi.lua, chosen by
+    /// [`Library::fast_gcra_multi`](crate::scripts::Library::fast_gcra_multi)).
+    pub(crate) fn fast_gcra_multi_future(
+        &self,
+        script: LuaScript,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> store::CheckFuture {
+        let subject = self.subject(subject);
+        let keys: Vec<String> = policies
+            .iter()
+            .map(|policy| self.key(&subject, policy.name()))
+            .collect();
+        let arguments: Vec<String> = policies
+            .iter()
+            .map(|p| format!("{}:{}:{}", p.limit(), p.period_micros(), p.capacity()))
+            .collect();
+        let now = match &self.inner.clock {
+            ClockMode::Redis => None,
+            ClockMode::Client(clock) => Some(clock.now_micros()),
+        };
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(script.sha()).arg(keys.len());
+        for key in &keys {
+            cmd.arg(key.as_str());
+        }
+        cmd.arg(cost);
+        for argument in &arguments {
+            cmd.arg(argument.as_str());
+        }
+        if let Some(now) = now {
+            cmd.arg(now);
+        }
+        let policies: Vec<Policy> = policies.to_vec();
+        let inner = Arc::clone(&self.inner);
+        Box::pin(async move {
+            let value = match store::run(&inner, &script, &cmd, &keys[0]).await {
+                // Redis refused FCALL or FUNCTION LOAD, so nothing ran:
+                // EVALSHA from now on, this check first.
+                Err(error) if inner.scripts.path().refused(&error) => {
+                    let script = inner.scripts.get(policies.iter().map(Policy::algorithm))?;
+                    let mut cmd = redis::cmd("EVALSHA");
+                    cmd.arg(script.sha()).arg(keys.len());
+                    for key in &keys {
+                        cmd.arg(key.as_str());
+                    }
+                    match now {
+                        Some(now) => cmd.arg(now),
+                        None => cmd.arg(""),
+                    };
+                    cmd.arg(cost);
+                    for argument in &arguments {
+                        cmd.arg(argument.as_str());
+                    }
+                    store::run(&inner, &script, &cmd, &keys[0]).await?
+                }
+                other => other?,
+            };
+            let capacities: Vec<u64> = policies.iter().map(Policy::capacity).collect();
+            match value {
+                Value::Array(items)
+                    if items.len() == policies.len()
+                        && items.iter().all(|item| matches!(item, Value::Int(_))) =>
+                {
+                    let leads: Vec<i64> = items
+                        .iter()
+                        .filter_map(|item| match item {
+                            Value::Int(lead) => Some(*lead),
+                            _ => None,
+                        })
+                        .collect();
+                    multi_verdict(&policies, &leads, cost)
+                }
+                // A state the function handed to the general check.
+                other => store::parse_verdict(other, &capacities),
+            }
+        })
+    }
+}
+
+/// The verdict for gcra_multi's replies, one lead per policy: when every
+/// policy admits, each decision is its charge; otherwise nothing was
+/// charged, and a policy that would have admitted reports its peek.
+fn multi_verdict(policies: &[Policy], leads: &[i64], cost: u64) -> Result<Verdict, StoreError> {
+    let all = leads.iter().all(|lead| *lead >= 0);
+    policies
+        .iter()
+        .zip(leads)
+        .map(|(policy, &lead)| {
+            let cost = if all || lead < 0 { cost } else { 0 };
+            fast_decision(policy, lead, cost)
+        })
+        .collect()
 }
 
 /// The general check's `EVALSHA` for a fast check the server refused as a

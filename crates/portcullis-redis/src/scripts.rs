@@ -26,6 +26,7 @@ const CHARGE: &str = include_str!("lua/charge.lua");
 const CHARGE_LIBRARY: &str = include_str!("lua/charge_library.lua");
 const LEASE: &str = include_str!("lua/lease.lua");
 const BATCH: &str = include_str!("lua/batch.lua");
+const GCRA_MULTI: &str = include_str!("lua/gcra_multi.lua");
 
 /// The algorithm sources in the order they are concatenated (the queue
 /// uses the GCRA arithmetic, so GCRA comes first).
@@ -283,6 +284,8 @@ pub(crate) struct Library {
     gcra_batch: LuaScript,
     /// Leases of permits for a local budget (batch.lua, budget.rs).
     gcra_take: LuaScript,
+    /// A check of several GCRA policies of the fast path (gcra_multi.lua).
+    gcra_multi: LuaScript,
 }
 
 impl Library {
@@ -298,10 +301,11 @@ impl Library {
         body.push_str(LIBRARY);
         body.push_str(CHARGE_LIBRARY);
         body.push_str(BATCH);
+        body.push_str(GCRA_MULTI);
         let hash = redis::Script::new(&body).get_hash().to_owned();
         let name = format!("portcullis_{}", &hash[..12]);
         let source: Arc<str> = format!(
-            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM, FN_BATCH, FN_BATCH_OOM, FN_GCRA_BATCH, FN_GCRA_BATCH_OOM, FN_GCRA_TAKE, FN_GCRA_TAKE_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom', '{name}_batch', '{name}_batch_oom', '{name}_gcra_batch', '{name}_gcra_batch_oom', '{name}_gcra_take', '{name}_gcra_take_oom'\n{body}"
+            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM, FN_BATCH, FN_BATCH_OOM, FN_GCRA_BATCH, FN_GCRA_BATCH_OOM, FN_GCRA_TAKE, FN_GCRA_TAKE_OOM, FN_GCRA_MULTI, FN_GCRA_MULTI_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom', '{name}_batch', '{name}_batch_oom', '{name}_gcra_batch', '{name}_gcra_batch_oom', '{name}_gcra_take', '{name}_gcra_take_oom', '{name}_gcra_multi', '{name}_gcra_multi_oom'\n{body}"
         )
         .into();
         let function = |suffix: &str| LuaScript {
@@ -322,12 +326,15 @@ impl Library {
         batch.allow_oom = Some(Arc::new(function("batch_oom")));
         let mut gcra_batch = function("gcra_batch");
         gcra_batch.allow_oom = Some(Arc::new(function("gcra_batch_oom")));
+        let mut gcra_multi = function("gcra_multi");
+        gcra_multi.allow_oom = Some(Arc::new(function("gcra_multi_oom")));
         let mut gcra_take = function("gcra_take");
         gcra_take.allow_oom = Some(Arc::new(function("gcra_take_oom")));
         Self {
             batch,
             gcra_batch,
             gcra_take,
+            gcra_multi,
             check,
             peek: function("peek"),
             gcra,
@@ -381,18 +388,15 @@ impl Library {
         let [policy] = policies else {
             return None;
         };
-        let (limit, period) = (policy.limit(), policy.period_micros());
-        let fits = policy.algorithm() == Algorithm::Gcra
-            && cost >= 1
-            && cost <= policy.capacity()
-            && limit >= 1
-            && period % limit == 0
-            && policy.is_exact()
-            && policy
-                .capacity()
-                .checked_mul(period)
-                .is_some_and(|product| product <= portcullis_core::MAX_MAGNITUDE);
-        fits.then_some(&self.gcra)
+        fast_gcra_policy(policy, cost).then_some(&self.gcra)
+    }
+
+    /// The function for a check of two or more GCRA policies that each
+    /// take the fast path (gcra_multi.lua), when this check is one.
+    pub(crate) fn fast_gcra_multi(&self, policies: &[Policy], cost: u64) -> Option<&LuaScript> {
+        let fits =
+            policies.len() >= 2 && policies.iter().all(|policy| fast_gcra_policy(policy, cost));
+        fits.then_some(&self.gcra_multi)
     }
 
     /// The plan argument: one letter per policy.
@@ -405,6 +409,24 @@ impl Library {
 }
 
 type Plan = SmallVec<[Algorithm; 4]>;
+
+/// Whether a check of `cost` against `policy` takes the GCRA fast path: a
+/// GCRA policy whose emission interval is a whole number of microseconds
+/// and whose `capacity × period` is exact in Lua, and a cost of at least 1
+/// (ALGORITHMS.md, "The Redis fast path").
+fn fast_gcra_policy(policy: &Policy, cost: u64) -> bool {
+    let (limit, period) = (policy.limit(), policy.period_micros());
+    policy.algorithm() == Algorithm::Gcra
+        && cost >= 1
+        && cost <= policy.capacity()
+        && limit >= 1
+        && period % limit == 0
+        && policy.is_exact()
+        && policy
+            .capacity()
+            .checked_mul(period)
+            .is_some_and(|product| product <= portcullis_core::MAX_MAGNITUDE)
+}
 
 /// Composed scripts by algorithm combination. Single-policy scripts are
 /// composed up front; combinations on first use.

@@ -416,6 +416,10 @@ impl RedisStore {
                 let script = script.clone();
                 return Ok(self.fast_gcra_future(script, subject, &policies[0], cost));
             }
+            if let Some(script) = self.inner.scripts.library().fast_gcra_multi(policies, cost) {
+                let script = script.clone();
+                return Ok(self.fast_gcra_multi_future(script, subject, policies, cost));
+            }
         }
         let (script, plan) = match path {
             CallPath::Evalsha => (
