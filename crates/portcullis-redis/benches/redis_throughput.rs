@@ -330,6 +330,17 @@ fn workloads() -> Vec<Workload> {
         vec![gcra(), daily],
         false,
     ));
+    // Both policies on the fast path (whole-µs intervals, burst × period
+    // within 2^52): gcra_multi.
+    let hourly = Policy::per_hour(10_000)
+        .name("hourly")
+        .build()
+        .expect("a policy");
+    list.push(store(
+        "portcullis GCRA + hourly GCRA",
+        vec![gcra(), hourly],
+        false,
+    ));
     match std::env::var("PORTCULLIS_BENCH_ONLY") {
         Ok(only) => list
             .into_iter()
