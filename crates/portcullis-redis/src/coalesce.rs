@@ -10,8 +10,10 @@
 //! when its call ends (or it is dropped) the waiting checks are sent by a
 //! task on the runtime, in batches of at most [`MAX_BATCH`], until none
 //! wait. A waiting check whose request was cancelled before its batch was
-//! sent is left out of it: it is never charged. A batch that fails fails
-//! each of its checks with the same error, and is never sent again.
+//! sent is left out of it: it is never charged. A call that fails
+//! store-wide fails the checks that waited for it at once, unsent; a batch
+//! that fails fails each of its checks with the same error, and is never
+//! sent again.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -156,6 +158,10 @@ pub(crate) struct Lead {
     inner: Arc<Inner>,
     key: Box<str>,
     batch: Option<Batch>,
+    /// The store-wide error the call met, if it did: the checks that
+    /// waited get it at once, unsent, rather than a second call that would
+    /// wait out the same failure.
+    failed: Option<StoreError>,
 }
 
 impl Lead {
@@ -164,6 +170,16 @@ impl Lead {
             inner,
             key,
             batch: Some(batch),
+            failed: None,
+        }
+    }
+
+    /// The call ended with `error`.
+    pub(crate) fn failed(&mut self, error: &StoreError) {
+        if error.is_store_wide() {
+            self.failed = Some(StoreError::Unavailable {
+                source: Box::new(Shared::unsent(error)),
+            });
         }
     }
 }
@@ -176,6 +192,16 @@ impl Drop for Lead {
         let Some(waiters) = coalescer.next(&self.key) else {
             return;
         };
+        if let Some(error) = &self.failed {
+            // Nothing of theirs was sent: each fails as the call did.
+            let mut waiters = Some(waiters);
+            while let Some(batch) = waiters.take().or_else(|| coalescer.next(&self.key)) {
+                for waiter in batch {
+                    let _ = waiter.reply.send(Err(share(error)));
+                }
+            }
+            return;
+        }
         let Some(batch) = self.batch.take() else {
             return;
         };
@@ -205,8 +231,10 @@ impl Drop for Lead {
     }
 }
 
-/// How long a waiting check waits: the call in flight and its own batch,
-/// each bounded by the store's timeout.
+/// How long a waiting check waits at most: the call in flight, then its
+/// own batch, each bounded by the store's timeout. A call in flight that
+/// fails store-wide fails the waiting checks at once (unsent), so a wait
+/// this long means a slow server, and the check may have been applied.
 pub(crate) fn wait_bound(timeout: Duration) -> Duration {
     timeout.saturating_mul(2)
 }
@@ -390,6 +418,15 @@ struct Shared {
 }
 
 impl Shared {
+    /// The cause of a check left unsent because the call in flight for its
+    /// subject failed with `error`.
+    fn unsent(error: &StoreError) -> Self {
+        Self {
+            text: "not sent: the call in flight for this subject failed".to_owned(),
+            source: Some(Box::new(Self::of(error))),
+        }
+    }
+
     fn of(error: &(dyn std::error::Error + 'static)) -> Self {
         Self {
             text: error.to_string(),

@@ -297,11 +297,18 @@ impl RedisStore {
                     return Ok(Box::pin(coalesce::wait(answer, self.inner.timeout)));
                 }
                 Join::Lead => {
-                    let lead = self.lead(key.into(), &encoded, policies, cost);
+                    let mut lead = self.lead(key.into(), &encoded, policies, cost);
                     let call = self.call_future(path, subject, policies, cost);
                     return Ok(Box::pin(async move {
-                        let verdict = call?.await;
-                        // The checks that waited meanwhile go now.
+                        let verdict = match call {
+                            Ok(call) => call.await,
+                            Err(error) => Err(error),
+                        };
+                        if let Err(error) = &verdict {
+                            lead.failed(error);
+                        }
+                        // The checks that waited meanwhile go now (or fail
+                        // as this call did, unsent).
                         drop(lead);
                         verdict
                     }));

@@ -149,10 +149,14 @@ async fn hot_phase(
     hot: bool,
     tag: &str,
 ) -> HotPhase {
+    // Coalescing off: this scenario measures what the deny cache alone
+    // saves (coalesced denials of the hot subject would share calls in
+    // both phases; `redis_coalesce` measures that).
     let store = RedisStore::builder()
         .url(server_url)
         .prefix(format!("hot-{tag}-{}", std::process::id()))
         .timeout(Duration::from_secs(1))
+        .coalesce(false)
         .build()
         .await
         .expect("the store builds");
