@@ -79,6 +79,7 @@ mod coalesce;
 mod connection;
 mod env;
 mod errors;
+mod extended;
 mod fast;
 mod functions;
 pub mod guide;
