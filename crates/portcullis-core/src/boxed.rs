@@ -382,7 +382,8 @@ macro_rules! forward_store {
                 cost: u64,
                 options: &CheckOptions,
             ) -> impl Future<Output = Result<Checked, StoreError>> + Send + 'static {
-                self.inner.check_with_boxed(subject, policies, cost, options)
+                self.inner
+                    .check_with_boxed(subject, policies, cost, options)
             }
 
             fn reset(

@@ -51,19 +51,24 @@ impl Classes {
         let mut classes: Vec<Class> = Vec::with_capacity(given.len());
         for (name, percent) in given {
             if validate_name(&name).is_err() {
-                return Err(refuse(&name, "use 1 to 64 ASCII letters, digits, '_', '-' or '.' for a class name".to_owned()));
+                return Err(refuse(
+                    &name,
+                    "use 1 to 64 ASCII letters, digits, '_', '-' or '.' for a class name"
+                        .to_owned(),
+                ));
             }
             if classes.iter().any(|class| *class.name == *name) {
-                return Err(refuse(&name, "the class is defined twice: give each class one reserve".to_owned()));
+                return Err(refuse(
+                    &name,
+                    "the class is defined twice: give each class one reserve".to_owned(),
+                ));
             }
             if percent >= 100 {
                 return Err(refuse(&name, format!("a reserve of {percent} % leaves the class nothing: give a reserve below 100 %")));
             }
             // ceil(capacity × percent / 100), exact in u128.
-            let reserve = u64::try_from(
-                (u128::from(capacity) * u128::from(percent)).div_ceil(100),
-            )
-            .unwrap_or(u64::MAX);
+            let reserve = u64::try_from((u128::from(capacity) * u128::from(percent)).div_ceil(100))
+                .unwrap_or(u64::MAX);
             if reserve >= capacity {
                 return Err(refuse(&name, format!("a reserve of {percent} % of a capacity of {capacity} is {reserve} permits, which leaves the class none: lower the reserve or raise the limit or burst")));
             }

@@ -70,10 +70,10 @@ pub use limits::{
 #[cfg(feature = "config")]
 #[cfg_attr(docsrs, doc(cfg(feature = "config")))]
 pub use limits_file::{LimitsFile, LimitsFileError, Reload, Watcher};
+pub use memory::{MemoryStore, MemoryStoreBuilder, WhenFull, DEFAULT_MAX_KEYS};
 pub use options::{
     CheckOptions, CheckPlan, Checked, Record, MAX_IDEMPOTENCY_KEY_LEN, MAX_IDEMPOTENCY_WINDOW,
 };
-pub use memory::{MemoryStore, MemoryStoreBuilder, WhenFull, DEFAULT_MAX_KEYS};
 pub use policy::{
     Algorithm, LeakyMode, Policy, PolicyBuilder, PolicyError, MAX_MAGNITUDE, MAX_POLICY_NAME_LEN,
     SLIDING_LOG_MAX_LIMIT,

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::{hash_subject, validate_check, Policy, StoreError, Verdict};
+use crate::subject::hash_subject;
+use crate::{validate_check, Policy, StoreError, Verdict};
 
 /// The longest idempotency window accepted: 30 days.
 pub const MAX_IDEMPOTENCY_WINDOW: Duration = Duration::from_secs(30 * 86_400);
@@ -22,8 +23,10 @@ pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 1024;
 ///   subject and the same policy names) is decided and charged as usual,
 ///   and its decision is recorded beside the subject's state for `window`;
 ///   a repeat within the window answers that first decision again
-///   ([`Checked::is_replay`]) and charges nothing. A peek (cost 0) neither
-///   records nor replays.
+///   ([`Checked::is_replay`]) and charges nothing. A check of cost 0 (a
+///   peek) records its answer too: the tower layer's
+///   `charge_from_response` peeks this way, so a retry replays the peek and
+///   is not charged again after its response.
 /// - With a class, each policy that defines classes
 ///   ([`PolicyBuilder::class`](crate::PolicyBuilder::class)) admits the
 ///   request only while its class's reserve remains after the charge.
@@ -117,7 +120,7 @@ impl CheckOptions {
     /// For store implementations: validates a check with these options
     /// (as [`validate_check`], plus the options) and plans it: each
     /// policy's reserve in permits, in order, and the idempotency record
-    /// to consult (none for a peek).
+    /// to consult.
     ///
     /// ```
     /// use std::time::Duration;
@@ -185,10 +188,8 @@ impl CheckOptions {
                         "the window {window:?} is out of range: give a window of 1 ms to 30 days"
                     )));
                 }
-                let window_us = u64::try_from(window.as_micros())
-                    .unwrap_or(u64::MAX)
-                    .max(1);
-                (cost > 0).then(|| Record {
+                let window_us = u64::try_from(window.as_micros()).unwrap_or(u64::MAX).max(1);
+                Some(Record {
                     id: record_id(policies, key),
                     window_us,
                 })
@@ -258,7 +259,7 @@ impl CheckPlan {
         self.reserves.iter().any(|r| *r > 0)
     }
 
-    /// The idempotency record, when the check has a key and a cost.
+    /// The idempotency record, when the check has a key.
     #[must_use]
     pub fn record(&self) -> Option<&Record> {
         self.record.as_ref()

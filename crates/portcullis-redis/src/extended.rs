@@ -60,7 +60,10 @@ impl RedisStore {
         }
         self.push_now(&mut cmd);
         cmd.arg(cost);
-        cmd.arg(plan.record().map_or(0, portcullis_core::Record::window_micros));
+        cmd.arg(
+            plan.record()
+                .map_or(0, portcullis_core::Record::window_micros),
+        );
         for policy in policies {
             cmd.arg(format!(
                 "{}:{}:{}",
@@ -104,9 +107,11 @@ fn parse_checked(value: Value, capacities: &[u64]) -> Result<Checked, StoreError
     let items = text
         .split(',')
         .map(|item| {
-            item.parse::<i64>().map(Value::Int).map_err(|_| StoreError::Protocol {
-                detail: format!("an idempotency record holds {item:?}, not an integer"),
-            })
+            item.parse::<i64>()
+                .map(Value::Int)
+                .map_err(|_| StoreError::Protocol {
+                    detail: format!("an idempotency record holds {item:?}, not an integer"),
+                })
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Checked::new(

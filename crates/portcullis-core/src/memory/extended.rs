@@ -51,12 +51,13 @@ impl Records {
     /// Makes room for one more record, per the bound; `false` when the
     /// store denies rather than evicts and nothing has expired.
     fn make_room(&mut self, inner: &Inner, now: u64) -> bool {
-        let share = inner.max_keys.map(|max| {
-            (max / inner.shards.len()).max(MIN_RECORDS_PER_SHARD)
-        });
+        let share = inner
+            .max_keys
+            .map(|max| (max / inner.shards.len()).max(MIN_RECORDS_PER_SHARD));
         let len = self.map.len();
         if len >= self.sweep_at.max(64) || share.is_some_and(|share| len >= share) {
-            self.map.retain(|_, (expires_at_us, _)| *expires_at_us > now);
+            self.map
+                .retain(|_, (expires_at_us, _)| *expires_at_us > now);
             // Amortized: the next sweep after as many inserts again.
             self.sweep_at = self.map.len() * 2;
         }
@@ -191,7 +192,9 @@ impl Shard {
         if cost > 0 && steps.iter().any(|step| !step.decision.is_allowed()) {
             // Nothing is charged: the policies that would have admitted
             // report their state as a peek of their class does.
-            for ((policy, reserve), step) in policies.iter().zip(plan.reserves()).zip(steps.iter_mut()) {
+            for ((policy, reserve), step) in
+                policies.iter().zip(plan.reserves()).zip(steps.iter_mut())
+            {
                 if step.decision.is_allowed() {
                     let state = state_of(policy);
                     *step = check_class(policy, state.as_deref(), now, 0, *reserve, check_policy);

@@ -88,12 +88,12 @@ local function check_ext(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
       end
     end
   end
-  if NO_NEW_KEYS and cost > 0 then
+  if NO_NEW_KEYS then
     -- The allow-oom twin: a record or a state key to create is refused.
     if window > 0 and redis.call('EXISTS', record) == 0 then
       return redis.status_reply('NOROOM')
     end
-    if all then
+    if all and cost > 0 then
       for i = 1, n do
         local d = decisions[i]
         if (d[9] ~= nil or d[6] ~= nil) and redis.call('EXISTS', KEYS[i]) == 0 then
