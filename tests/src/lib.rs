@@ -418,3 +418,22 @@ mod tests {
         assert_eq!(parse_server_version("no version here"), None);
     }
 }
+
+/// The priority-class tests' policy (`tests/redis_options.rs` and the
+/// `priority_worker` binary): 10 per hour, named `api`, with the classes
+/// `critical` (may spend all of it), `interactive` (while 20 % remains)
+/// and `batch` (while 50 % remains).
+///
+/// # Panics
+///
+/// Never: the policy is valid.
+#[must_use]
+pub fn priority_policy() -> portcullis_core::Policy {
+    portcullis_core::Policy::per_hour(10)
+        .name("api")
+        .class("critical", 0)
+        .class("interactive", 20)
+        .class("batch", 50)
+        .build()
+        .expect("the priority policy is valid")
+}

@@ -106,7 +106,7 @@ pub(crate) fn ask<St: Store>(
 impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// Makes retries free: a request whose `key` extractor yields an
     /// **idempotency key** (a header such as `Idempotency-Key`:
-    /// [`Header::new("idempotency-key")`](crate::Header)) is charged once
+    /// [`Header`](crate::Header) of `idempotency-key`) is charged once
     /// per key, subject and policies within `window`. A repeat within the
     /// window is answered as the first request was (admitted, or denied
     /// with the same headers), and charges nothing; with
@@ -136,11 +136,11 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let layer = RateLimitLayer::builder(MemoryStore::new())
     ///     .policy(Policy::per_minute(1).name("payments").build()?)
-    ///     .key(Header::new("x-account"))
-    ///     .idempotency_key(Header::new("idempotency-key"), Duration::from_secs(600))
+    ///     .key(Header::new(http::HeaderName::from_static("x-account")))
+    ///     .idempotency_key(Header::new(http::HeaderName::from_static("idempotency-key")), Duration::from_secs(600))
     ///     .build()?;
     /// let service = layer.layer(service_fn(|_req: Request<()>| async {
-    ///     Ok::<_, std::convert::Infallible>(http::Response::new(()))
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
     /// }));
     /// let pay = || Request::builder()
     ///     .header("x-account", "acme")
@@ -185,10 +185,10 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// let layer = RateLimitLayer::builder(MemoryStore::new())
     ///     .policy(policy)
     ///     .key(Global)
-    ///     .priority(Header::new("x-priority"))
+    ///     .priority(Header::new(http::HeaderName::from_static("x-priority")))
     ///     .build()?;
     /// let service = layer.layer(service_fn(|_req: Request<()>| async {
-    ///     Ok::<_, std::convert::Infallible>(http::Response::new(()))
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
     /// }));
     /// let call = |class: &str| Request::builder().header("x-priority", class).body(()).unwrap();
     /// let mut statuses = Vec::new();
