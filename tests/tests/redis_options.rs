@@ -51,7 +51,10 @@ async fn a_retry_after_a_timeout_is_charged_once_across_two_instances() {
         RateLimitLayer::builder(store)
             .policies(payments())
             .key(Header::new(http::HeaderName::from_static("x-account")))
-            .idempotency_key(Header::new(http::HeaderName::from_static("idempotency-key")), WINDOW)
+            .idempotency_key(
+                Header::new(http::HeaderName::from_static("idempotency-key")),
+                WINDOW,
+            )
             .build()
             .unwrap()
     };
@@ -125,7 +128,11 @@ async fn a_record_expires_with_its_window_in_memory_and_redis_alike() {
     clock.advance(Duration::from_secs(9));
     let retry = same(&stores, "acme", &policies, 1, &options).await.unwrap();
     assert!(retry.is_replay());
-    assert_eq!(retry.verdict(), first.verdict(), "the first decision, as it was");
+    assert_eq!(
+        retry.verdict(),
+        first.verdict(),
+        "the first decision, as it was"
+    );
     clock.advance(Duration::from_secs(1));
     let later = same(&stores, "acme", &policies, 1, &options).await.unwrap();
     assert!(!later.is_replay(), "the window is over: a new charge");
@@ -152,7 +159,10 @@ async fn charge_from_response_does_not_charge_a_retry_again() {
         let layer = RateLimitLayer::builder_shared(std::sync::Arc::clone(&store))
             .policies(policies.iter().cloned())
             .key(Header::new(http::HeaderName::from_static("x-account")))
-            .idempotency_key(Header::new(http::HeaderName::from_static("idempotency-key")), WINDOW)
+            .idempotency_key(
+                Header::new(http::HeaderName::from_static("idempotency-key")),
+                WINDOW,
+            )
             .charge_from_response(|_parts| 2)
             .build()
             .unwrap();
@@ -167,7 +177,11 @@ async fn charge_from_response_does_not_charge_a_retry_again() {
     }
     let redis = standalone(&unique_prefix("idem-charge"), ClockMode::Redis).await;
     assert_eq!(run(redis, &policies).await, 3, "Redis: charged 2 once");
-    assert_eq!(run(MemoryStore::new(), &policies).await, 3, "memory: charged 2 once");
+    assert_eq!(
+        run(MemoryStore::new(), &policies).await,
+        3,
+        "memory: charged 2 once"
+    );
 }
 
 /// Runs `n` checks of `class`; how many were admitted.
@@ -202,7 +216,11 @@ async fn a_batch_flood_from_three_processes_leaves_critical_its_share_exactly() 
     for output in workers {
         let output = output.expect("the worker should run");
         let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(output.status.success(), "{stdout} {}", String::from_utf8_lossy(&output.stderr));
+        assert!(
+            output.status.success(),
+            "{stdout} {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
         let fields: Vec<u64> = stdout
             .trim()
             .split(' ')
@@ -224,13 +242,22 @@ async fn a_batch_flood_from_three_processes_leaves_critical_its_share_exactly() 
         let redis = &redis;
         async move {
             let options = CheckOptions::new().class(class);
-            let checked = redis.check_with("acme", &[priority_policy()], 1, &options).await;
+            let checked = redis
+                .check_with("acme", &[priority_policy()], 1, &options)
+                .await;
             checked.unwrap().verdict().retry_after().unwrap()
         }
     };
-    let (critical, interactive, batch) = (retry("critical").await, retry("interactive").await, retry("batch").await);
+    let (critical, interactive, batch) = (
+        retry("critical").await,
+        retry("interactive").await,
+        retry("batch").await,
+    );
     assert!(critical <= Duration::from_secs(360), "{critical:?}");
-    assert!(interactive > critical + Duration::from_secs(600), "{interactive:?}");
+    assert!(
+        interactive > critical + Duration::from_secs(600),
+        "{interactive:?}"
+    );
     assert!(batch > interactive + Duration::from_secs(1000), "{batch:?}");
     // Memory decides alike.
     let memory = MemoryStore::new();
@@ -245,9 +272,23 @@ async fn bad_classes_and_windows_are_refused_alike() {
     let clock = manual_clock();
     let stores = both(&clock).await;
     let policies = [priority_policy()];
-    let unknown = same(&stores, "acme", &policies, 1, &CheckOptions::new().class("gold")).await;
+    let unknown = same(
+        &stores,
+        "acme",
+        &policies,
+        1,
+        &CheckOptions::new().class("gold"),
+    )
+    .await;
     assert!(unknown.unwrap_err().contains("no class"));
-    let too_much = same(&stores, "acme", &policies, 6, &CheckOptions::new().class("batch")).await;
+    let too_much = same(
+        &stores,
+        "acme",
+        &policies,
+        6,
+        &CheckOptions::new().class("batch"),
+    )
+    .await;
     assert!(too_much.unwrap_err().contains("cost 6"));
     let zero = CheckOptions::new().idempotency_key("k", Duration::ZERO);
     assert!(same(&stores, "acme", &policies, 1, &zero).await.is_err());
@@ -271,7 +312,10 @@ struct Op {
 
 fn classed(algorithm: Algorithm, name: &str) -> impl Strategy<Value = Policy> {
     let name = name.to_owned();
-    (1_u64..=10, prop::sample::select(vec![1_000_000_u64, 7_000_013, 60_000_000]))
+    (
+        1_u64..=10,
+        prop::sample::select(vec![1_000_000_u64, 7_000_013, 60_000_000]),
+    )
         .prop_map(move |(limit, period)| {
             Policy::per(limit + 2, Duration::from_micros(period))
                 .algorithm(algorithm)
@@ -306,7 +350,11 @@ fn case() -> impl Strategy<Value = (Vec<Policy>, Vec<Op>)> {
     let op = (
         prop_oneof![2 => Just(0_u64), 2 => 1_u64..=500_000, 1 => 0_u64..=20_000_000],
         prop_oneof![6 => Just(1_u64), 1 => Just(0_u64), 2 => 0_u64..=4],
-        prop::option::of(prop::sample::select(vec!["critical", "interactive", "batch"])),
+        prop::option::of(prop::sample::select(vec![
+            "critical",
+            "interactive",
+            "batch",
+        ])),
         prop::option::of(prop::sample::select(vec!["k1", "k2", "k3"])),
     )
         .prop_map(|(step, cost, class, key)| Op {
@@ -322,8 +370,7 @@ fn case() -> impl Strategy<Value = (Vec<Policy>, Vec<Op>)> {
 fn check_with_matches_memory() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let clock = manual_clock();
-    let redis =
-        runtime.block_on(standalone(&unique_prefix("diff-options"), client(&clock)));
+    let redis = runtime.block_on(standalone(&unique_prefix("diff-options"), client(&clock)));
     let mut runner = TestRunner::new(Config {
         cases: 48,
         failure_persistence: None,

@@ -63,7 +63,10 @@ fn main() -> ExitCode {
         let class = CheckOptions::new().class(get("class"));
         let (mut admitted, mut denied, mut errors) = (0, 0, 0);
         for _ in 0..requests {
-            match store.check_with(&get("subject"), &policies, 1, &class).await {
+            match store
+                .check_with(&get("subject"), &policies, 1, &class)
+                .await
+            {
                 Ok(checked) if checked.verdict().is_allowed() => admitted += 1,
                 Ok(_) => denied += 1,
                 Err(error) => {
