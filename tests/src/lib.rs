@@ -423,6 +423,25 @@ fn read_env_file(name: &str) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| panic!("{name}={path}: cannot read it: {e}"))
 }
 
+/// The priority-class tests' policy (`tests/redis_options.rs` and the
+/// `priority_worker` binary): 10 per hour, named `api`, with the classes
+/// `critical` (may spend all of it), `interactive` (while 20 % remains)
+/// and `batch` (while 50 % remains).
+///
+/// # Panics
+///
+/// Never: the policy is valid.
+#[must_use]
+pub fn priority_policy() -> portcullis_core::Policy {
+    portcullis_core::Policy::per_hour(10)
+        .name("api")
+        .class("critical", 0)
+        .class("interactive", 20)
+        .class("batch", 50)
+        .build()
+        .expect("the priority policy is valid")
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_server_version;

@@ -211,13 +211,19 @@ async fn coalesced_checks_decide_as_checks_sent_one_by_one() {
     let failed = join_all((0..CONCURRENT).map(|_| quick.check("paused", &paused, 1))).await;
     let mut unsent = 0;
     for result in &failed {
-        let error = result.as_ref().expect_err("a check during the pause should fail");
+        let error = result
+            .as_ref()
+            .expect_err("a check during the pause should fail");
         assert!(error.is_store_wide(), "{error:?}");
         if matches!(error, portcullis_core::StoreError::Unavailable { .. }) {
             unsent += 1;
         }
     }
-    assert_eq!(unsent, CONCURRENT - 1, "all but the leading call fail unsent");
+    assert_eq!(
+        unsent,
+        CONCURRENT - 1,
+        "all but the leading call fail unsent"
+    );
     let () = redis::cmd("CLIENT")
         .arg("UNPAUSE")
         .query(&mut raw)

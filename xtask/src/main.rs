@@ -243,7 +243,7 @@ fn add_skips(args: &mut Vec<String>, skips: &[&str]) {
 /// The Redis suites that `test` runs a second time on the `EVALSHA` path
 /// (`PORTCULLIS_REDIS_CALL_PATH=evalsha`: their stores log in as an ACL user
 /// without Redis Functions).
-const EVALSHA_SUITES: [&str; 10] = [
+const EVALSHA_SUITES: [&str; 11] = [
     "charge_after_response",
     "redis_differential",
     "redis_compat",
@@ -254,6 +254,7 @@ const EVALSHA_SUITES: [&str; 10] = [
     "redis_concurrency",
     "redis_restart",
     "concurrency_limit",
+    "redis_options",
 ];
 
 /// The servers `test` and `redis` start; dropping them stops them.

@@ -8,8 +8,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::{
-    ConcurrencyPolicy, LeaseDecision, LeaseId, LeaseStore, Policy, Store, StoreError, Verdict,
+    CheckOptions, Checked, ConcurrencyPolicy, LeaseDecision, LeaseId, LeaseStore, Policy, Store,
+    StoreError, Verdict,
 };
+
+/// The future of [`Store::check_with`] on a box.
+type BoxCheckWithFuture = Pin<Box<dyn Future<Output = Result<Checked, StoreError>> + Send>>;
 
 /// The check future of a [`BoxStore`]: the wrapped store's future, boxed.
 pub type BoxCheckFuture = Pin<Box<dyn Future<Output = Result<Verdict, StoreError>> + Send>>;
@@ -56,6 +60,15 @@ pub(crate) trait DynStore: Send + Sync + 'static {
 
     /// [`Store::charge`], its future boxed.
     fn charge_boxed(&self, subject: &str, policies: &[Policy], cost: u64) -> BoxCheckFuture;
+
+    /// [`Store::check_with`], its future boxed.
+    fn check_with_boxed(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+        options: &CheckOptions,
+    ) -> BoxCheckWithFuture;
 
     /// [`Store::reset`], its future boxed.
     fn reset_boxed(&self, subject: &str, policies: &[Policy]) -> BoxResetFuture;
@@ -162,6 +175,16 @@ impl<S: Store> DynStore for S {
         Box::pin(self.charge(subject, policies, cost))
     }
 
+    fn check_with_boxed(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+        options: &CheckOptions,
+    ) -> BoxCheckWithFuture {
+        Box::pin(self.check_with(subject, policies, cost, options))
+    }
+
     fn reset_boxed(&self, subject: &str, policies: &[Policy]) -> BoxResetFuture {
         Box::pin(self.reset(subject, policies))
     }
@@ -193,6 +216,16 @@ impl<S: Store + LeaseStore> DynStore for WithLeases<S> {
 
     fn charge_boxed(&self, subject: &str, policies: &[Policy], cost: u64) -> BoxCheckFuture {
         Box::pin(self.0.charge(subject, policies, cost))
+    }
+
+    fn check_with_boxed(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+        options: &CheckOptions,
+    ) -> BoxCheckWithFuture {
+        Box::pin(self.0.check_with(subject, policies, cost, options))
     }
 
     fn reset_boxed(&self, subject: &str, policies: &[Policy]) -> BoxResetFuture {
@@ -340,6 +373,17 @@ macro_rules! forward_store {
                 cost: u64,
             ) -> impl Future<Output = Result<Verdict, StoreError>> + Send + 'static {
                 self.inner.charge_boxed(subject, policies, cost)
+            }
+
+            fn check_with(
+                &self,
+                subject: &str,
+                policies: &[Policy],
+                cost: u64,
+                options: &CheckOptions,
+            ) -> impl Future<Output = Result<Checked, StoreError>> + Send + 'static {
+                self.inner
+                    .check_with_boxed(subject, policies, cost, options)
             }
 
             fn reset(

@@ -118,6 +118,23 @@ impl Decision {
         }
     }
 
+    /// The same decision with `remaining` replaced: how a store reports
+    /// what a priority class may still spend (the shared remaining less the
+    /// class's reserve).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use portcullis::Decision;
+    ///
+    /// let decision = Decision::allowed(10, 7, Duration::from_secs(3));
+    /// assert_eq!(decision.with_remaining(2).remaining(), 2);
+    /// ```
+    #[must_use]
+    pub const fn with_remaining(mut self, remaining: u64) -> Self {
+        self.remaining = remaining;
+        self
+    }
+
     /// The same decision with a queueing delay (leaky bucket in queue mode).
     #[must_use]
     pub const fn with_delay(mut self, delay: Duration) -> Self {

@@ -39,6 +39,7 @@
 
 pub mod algorithms;
 mod boxed;
+mod classes;
 mod clock;
 mod concurrency;
 mod decision;
@@ -47,6 +48,7 @@ mod limits;
 #[cfg(feature = "config")]
 mod limits_file;
 mod memory;
+mod options;
 mod policy;
 mod store;
 pub mod subject;
@@ -69,6 +71,9 @@ pub use limits::{
 #[cfg_attr(docsrs, doc(cfg(feature = "config")))]
 pub use limits_file::{LimitsFile, LimitsFileError, Reload, Watcher};
 pub use memory::{MemoryStore, MemoryStoreBuilder, WhenFull, DEFAULT_MAX_KEYS};
+pub use options::{
+    CheckOptions, CheckPlan, Checked, Record, MAX_IDEMPOTENCY_KEY_LEN, MAX_IDEMPOTENCY_WINDOW,
+};
 pub use policy::{
     Algorithm, LeakyMode, Policy, PolicyBuilder, PolicyError, MAX_MAGNITUDE, MAX_POLICY_NAME_LEN,
     SLIDING_LOG_MAX_LIMIT,

@@ -156,6 +156,8 @@ pub struct Policy {
     /// Derived from the fields above: what the memory store's GCRA hot
     /// path needs so that it divides by nothing.
     gcra: GcraConsts,
+    /// Priority classes and their reserves (`classes.rs`).
+    pub(crate) classes: crate::classes::Classes,
 }
 
 /// A bucket policy's magnitudes split into whole microseconds and
@@ -239,6 +241,7 @@ impl Policy {
             limit,
             period,
             burst: None,
+            classes: Vec::new(),
         }
     }
 
@@ -362,6 +365,8 @@ pub struct PolicyBuilder {
     limit: u64,
     period: Duration,
     burst: Option<u64>,
+    /// Priority classes as given: name and reserve in percent (`classes.rs`).
+    pub(crate) classes: Vec<(String, u8)>,
 }
 
 impl PolicyBuilder {
@@ -422,6 +427,7 @@ impl PolicyBuilder {
             limit,
             period,
             burst,
+            classes,
         } = self;
         if limit == 0 {
             return Err(PolicyError::ZeroLimit);
@@ -485,7 +491,10 @@ impl PolicyBuilder {
             increment,
             weight_unit_us,
         } = magnitudes;
+        let classes =
+            crate::classes::Classes::build(&name, algorithm, burst.unwrap_or(limit), classes)?;
         Ok(Policy {
+            classes,
             name: name.into(),
             algorithm,
             limit,
@@ -703,6 +712,17 @@ pub enum PolicyError {
         /// The name given (at most 80 characters of it).
         name: String,
     },
+    /// A priority class ([`PolicyBuilder::class`]) was refused: a bad or
+    /// repeated name, a reserve of 100 % or more, a reserve that leaves no
+    /// permit to the class, or an algorithm without classes.
+    InvalidClass {
+        /// The policy's name.
+        policy: String,
+        /// The class's name (at most 80 characters of it).
+        class: String,
+        /// What is wrong and what to do.
+        reason: String,
+    },
 }
 
 impl fmt::Display for PolicyError {
@@ -724,6 +744,7 @@ impl fmt::Display for PolicyError {
                 }
             }
             Self::InvalidName { name } => write!(f, "policy name {name:?} is invalid: use 1 to {MAX_POLICY_NAME_LEN} ASCII letters, digits, '_', '-' or '.'"),
+            Self::InvalidClass { policy, class, reason } => write!(f, "policy {policy:?}: priority class {class:?}: {reason}"),
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::future::Future;
 
-use crate::{Policy, StoreError, Verdict};
+use crate::{CheckOptions, Checked, Policy, StoreError, Verdict};
 
 /// Where rate-limit state lives: process memory ([`MemoryStore`]) or Redis
 /// (`portcullis-redis`).
@@ -132,6 +132,57 @@ pub trait Store: Send + Sync + 'static {
                 std::any::type_name::<Self>()
             ),
         }))
+    }
+
+    /// [`Store::check`] with [`CheckOptions`]: an idempotency key (a repeat
+    /// within its window answers the first decision and charges nothing)
+    /// and a priority class (each policy's class reserve must remain after
+    /// the charge). The record lookup, the class thresholds, the check and
+    /// the record's write are one atomic step.
+    ///
+    /// With empty options it is [`Store::check`]. The default
+    /// implementation answers [`StoreError::Unsupported`] for any other
+    /// options: [`MemoryStore`](crate::MemoryStore) and `RedisStore`
+    /// implement it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use portcullis::{CheckOptions, MemoryStore, Policy, Store};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let store = MemoryStore::new();
+    /// let policies = [Policy::per_minute(1).name("exports").build()?];
+    /// let once = CheckOptions::new().idempotency_key("export-42", Duration::from_secs(60));
+    /// assert!(store.check_with("acme", &policies, 1, &once).await?.verdict().is_allowed());
+    /// // The retry is answered as the first attempt was, not denied.
+    /// let retry = store.check_with("acme", &policies, 1, &once).await?;
+    /// assert!(retry.is_replay() && retry.verdict().is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::check`], and as [`CheckOptions::plan`] for bad options.
+    fn check_with(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+        options: &CheckOptions,
+    ) -> impl Future<Output = Result<Checked, StoreError>> + Send + 'static {
+        let plain = if options.is_empty() {
+            Ok(self.check(subject, policies, cost))
+        } else {
+            Err(StoreError::Unsupported {
+                operation: "check_with",
+                detail: format!(
+                    "the store {} has no idempotency keys or priority classes; use MemoryStore or RedisStore, or implement Store::check_with",
+                    std::any::type_name::<Self>()
+                ),
+            })
+        };
+        async move { Ok(Checked::new(plain?.await?, false)) }
     }
 
     /// Forgets the state of `policies` for `subject`: its next check sees

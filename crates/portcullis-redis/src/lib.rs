@@ -83,6 +83,7 @@ mod coalesce;
 mod connection;
 mod env;
 mod errors;
+mod extended;
 mod fast;
 mod functions;
 pub mod guide;

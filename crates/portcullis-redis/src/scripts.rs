@@ -27,6 +27,8 @@ const CHARGE_LIBRARY: &str = include_str!("lua/charge_library.lua");
 const LEASE: &str = include_str!("lua/lease.lua");
 const BATCH: &str = include_str!("lua/batch.lua");
 const GCRA_MULTI: &str = include_str!("lua/gcra_multi.lua");
+const EXTENDED: &str = include_str!("lua/extended.lua");
+const EXTENDED_LIBRARY: &str = include_str!("lua/extended_library.lua");
 
 /// The algorithm sources in the order they are concatenated (the queue
 /// uses the GCRA arithmetic, so GCRA comes first).
@@ -163,6 +165,26 @@ impl LuaScript {
 /// Composes the check script for a list of algorithms (one per policy, in
 /// order).
 pub(crate) fn compose(plan: &[Algorithm]) -> Result<LuaScript, StoreError> {
+    compose_with(plan, "", RUN_CHECK, RUN_CHECK_NO_NEW_KEYS)
+}
+
+/// The last line of a check with options (extended.lua) and of its twin.
+const RUN_EXT: &str = "return check_ext(PLAN, KEYS, ARGV, 0, false)\n";
+const RUN_EXT_NO_NEW_KEYS: &str = "return check_ext(PLAN, KEYS, ARGV, 0, true)\n";
+
+/// Composes the script of a check with options (extended.lua).
+pub(crate) fn compose_ext(plan: &[Algorithm]) -> Result<LuaScript, StoreError> {
+    compose_with(plan, EXTENDED, RUN_EXT, RUN_EXT_NO_NEW_KEYS)
+}
+
+/// The check script with `tail` after check.lua and `run` / `run_oom` as
+/// the last lines of the script and its allow-oom twin.
+fn compose_with(
+    plan: &[Algorithm],
+    tail: &str,
+    run: &str,
+    run_oom: &str,
+) -> Result<LuaScript, StoreError> {
     let mut needed: SmallVec<[Part; 8]> = SmallVec::new();
     let mut names: SmallVec<[&str; 4]> = SmallVec::new();
     for algorithm in plan {
@@ -191,8 +213,9 @@ pub(crate) fn compose(plan: &[Algorithm]) -> Result<LuaScript, StoreError> {
     }
     source.push_str("}\n");
     source.push_str(CHECK);
-    let twin = format!("{ALLOW_OOM_SHEBANG}{source}{RUN_CHECK_NO_NEW_KEYS}");
-    source.push_str(RUN_CHECK);
+    source.push_str(tail);
+    let twin = format!("{ALLOW_OOM_SHEBANG}{source}{run_oom}");
+    source.push_str(run);
     let mut script = LuaScript::new(source);
     script.allow_oom = Some(Arc::new(LuaScript::new(twin)));
     Ok(script)
@@ -286,6 +309,8 @@ pub(crate) struct Library {
     gcra_take: LuaScript,
     /// A check of several GCRA policies of the fast path (gcra_multi.lua).
     gcra_multi: LuaScript,
+    /// A check with options (extended.lua, `FCALL`); twin `ext_oom`.
+    ext: LuaScript,
 }
 
 impl Library {
@@ -296,16 +321,18 @@ impl Library {
             body.push_str(text);
         }
         body.push_str(CHECK);
+        body.push_str(EXTENDED);
         body.push_str(CHARGE);
         body.push_str(LEASE);
         body.push_str(LIBRARY);
         body.push_str(CHARGE_LIBRARY);
         body.push_str(BATCH);
         body.push_str(GCRA_MULTI);
+        body.push_str(EXTENDED_LIBRARY);
         let hash = redis::Script::new(&body).get_hash().to_owned();
         let name = format!("portcullis_{}", &hash[..12]);
         let source: Arc<str> = format!(
-            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM, FN_BATCH, FN_BATCH_OOM, FN_GCRA_BATCH, FN_GCRA_BATCH_OOM, FN_GCRA_TAKE, FN_GCRA_TAKE_OOM, FN_GCRA_MULTI, FN_GCRA_MULTI_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom', '{name}_batch', '{name}_batch_oom', '{name}_gcra_batch', '{name}_gcra_batch_oom', '{name}_gcra_take', '{name}_gcra_take_oom', '{name}_gcra_multi', '{name}_gcra_multi_oom'\n{body}"
+            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM, FN_BATCH, FN_BATCH_OOM, FN_GCRA_BATCH, FN_GCRA_BATCH_OOM, FN_GCRA_TAKE, FN_GCRA_TAKE_OOM, FN_GCRA_MULTI, FN_GCRA_MULTI_OOM, FN_EXT, FN_EXT_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom', '{name}_batch', '{name}_batch_oom', '{name}_gcra_batch', '{name}_gcra_batch_oom', '{name}_gcra_take', '{name}_gcra_take_oom', '{name}_gcra_multi', '{name}_gcra_multi_oom', '{name}_ext', '{name}_ext_oom'\n{body}"
         )
         .into();
         let function = |suffix: &str| LuaScript {
@@ -322,6 +349,8 @@ impl Library {
         lease.allow_oom = Some(Arc::new(function("lease_oom")));
         let mut charge = function("charge");
         charge.allow_oom = Some(Arc::new(function("charge_oom")));
+        let mut ext = function("ext");
+        ext.allow_oom = Some(Arc::new(function("ext_oom")));
         let mut batch = function("batch");
         batch.allow_oom = Some(Arc::new(function("batch_oom")));
         let mut gcra_batch = function("gcra_batch");
@@ -331,6 +360,7 @@ impl Library {
         let mut gcra_take = function("gcra_take");
         gcra_take.allow_oom = Some(Arc::new(function("gcra_take_oom")));
         Self {
+            ext,
             batch,
             gcra_batch,
             gcra_take,
@@ -372,6 +402,11 @@ impl Library {
     /// The function that leases permits for a local budget.
     pub(crate) fn take_function(&self) -> &LuaScript {
         &self.gcra_take
+    }
+
+    /// The check-with-options function (`FCALL`).
+    pub(crate) fn ext_function(&self) -> &LuaScript {
+        &self.ext
     }
 
     /// The lease function (`FCALL`).
@@ -436,6 +471,8 @@ pub(crate) struct ScriptCache {
     combined: RwLock<HashMap<Plan, LuaScript>>,
     /// Post-charge scripts by algorithm combination, composed on first use.
     charges: RwLock<HashMap<Plan, LuaScript>>,
+    /// Scripts of checks with options, composed on first use.
+    exts: RwLock<HashMap<Plan, LuaScript>>,
     library: Library,
     path: PathState,
 }
@@ -450,6 +487,7 @@ impl ScriptCache {
             single,
             combined: RwLock::new(HashMap::new()),
             charges: RwLock::new(HashMap::new()),
+            exts: RwLock::new(HashMap::new()),
             library: Library::new(),
             path: PathState::default(),
         }
@@ -489,6 +527,23 @@ impl ScriptCache {
 }
 
 impl ScriptCache {
+    /// The script of a check with options for these algorithms, in order.
+    pub(crate) fn get_ext(
+        &self,
+        plan: impl Iterator<Item = Algorithm>,
+    ) -> Result<LuaScript, StoreError> {
+        let plan: Plan = plan.collect();
+        {
+            let exts = self.exts.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(script) = exts.get(&plan) {
+                return Ok(script.clone());
+            }
+        }
+        let script = compose_ext(&plan)?;
+        let mut exts = self.exts.write().unwrap_or_else(|e| e.into_inner());
+        Ok(exts.entry(plan).or_insert(script).clone())
+    }
+
     /// The post-charge script for these algorithms, in this order.
     pub(crate) fn get_charge(
         &self,

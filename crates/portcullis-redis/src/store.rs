@@ -679,6 +679,20 @@ impl Store for RedisStore {
         async move { future?.await }
     }
 
+    /// One atomic script call: the idempotency record, the class
+    /// reserves and every policy (extended.lua; `FCALL` of the library's
+    /// `ext` function, or `EVALSHA` on that path). See [`Store::check_with`].
+    fn check_with(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+        options: &portcullis_core::CheckOptions,
+    ) -> impl Future<Output = Result<portcullis_core::Checked, StoreError>> + Send + 'static {
+        let future = self.check_with_future(subject, policies, cost, options);
+        async move { future?.await }
+    }
+
     fn reset(
         &self,
         subject: &str,

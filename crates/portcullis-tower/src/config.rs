@@ -266,6 +266,14 @@ pub enum ConfigError {
         /// What is wrong.
         source: portcullis_core::LimitsError,
     },
+    /// The idempotency window
+    /// ([`idempotency_key`](crate::RateLimitLayerBuilder::idempotency_key))
+    /// is zero or longer than
+    /// [`MAX_IDEMPOTENCY_WINDOW`](portcullis_core::MAX_IDEMPOTENCY_WINDOW).
+    IdempotencyWindow {
+        /// The window given.
+        window: std::time::Duration,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -302,6 +310,10 @@ impl fmt::Display for ConfigError {
             ),
             Self::Limits { .. } => f.write_str(
                 "the layer's policies and tiers are not valid limits for a plan resolver: fix what the cause names",
+            ),
+            Self::IdempotencyWindow { window } => write!(
+                f,
+                "the idempotency window {window:?} is out of range: give a window of 1 ms to 30 days, as long as clients may retry"
             ),
         }
     }

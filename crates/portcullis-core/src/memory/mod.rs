@@ -463,6 +463,17 @@ impl Store for MemoryStore {
         ready(self.charge_now(subject, policies, cost))
     }
 
+    fn check_with(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+        options: &crate::CheckOptions,
+    ) -> impl std::future::Future<Output = Result<crate::Checked, StoreError>> + Send + 'static
+    {
+        ready(self.check_with_now(subject, policies, cost, options))
+    }
+
     fn reset(
         &self,
         subject: &str,
@@ -524,6 +535,7 @@ impl Inner {
 mod builder;
 mod charge;
 mod entry;
+mod extended;
 mod fast;
 mod lease;
 mod sweep;

@@ -228,6 +228,7 @@ impl<St: Store> RateLimitLayer<St, PeerIp> {
                 charge: None,
                 limits: None,
                 plans: None,
+                extended: super::extended::Extended::default(),
             },
         }
     }
@@ -340,6 +341,8 @@ struct Settings {
     charge: Option<ChargeFn>,
     limits: Option<Limits>,
     plans: Option<PlanResolver>,
+    /// Idempotency keys and priority classes (`extended.rs`).
+    extended: super::extended::Extended,
 }
 
 impl<St, K> fmt::Debug for RateLimitLayerBuilder<St, K> {
@@ -351,6 +354,13 @@ impl<St, K> fmt::Debug for RateLimitLayerBuilder<St, K> {
             .field("failure", &self.settings.failure)
             .field("timeout", &self.settings.timeout)
             .finish_non_exhaustive()
+    }
+}
+
+impl<St, K> RateLimitLayerBuilder<St, K> {
+    /// The idempotency and priority settings (`extended.rs`).
+    pub(super) fn extended_mut(&mut self) -> &mut super::extended::Extended {
+        &mut self.settings.extended
     }
 }
 
@@ -784,6 +794,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
         if self.settings.timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
         }
+        super::extended::validate(&self.settings.extended)?;
         if let Some(limits) = &self.settings.limits {
             if !self.settings.policies.is_empty() || !self.settings.tiers.is_empty() {
                 return Err(ConfigError::PoliciesWithLimits);
@@ -868,10 +879,14 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
                 Arc::new(tier)
             })
             .collect();
+        // A held denial is one class's, or one idempotency key's: with
+        // either, every check goes to the store.
         let deny_cache = self
             .settings
             .deny_cache
+            .filter(|_| self.settings.extended.is_empty())
             .map(|capacity| DenyCache::new(tiers.len(), capacity));
+        let extended = (!self.settings.extended.is_empty()).then_some(self.settings.extended);
         RateLimitLayer {
             limiter: Arc::new(Limiter {
                 store: self.store,
@@ -895,6 +910,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
                 errors: UndecidedLog::new(),
                 no_room_status: self.settings.no_room_status,
                 charge: self.settings.charge,
+                extended,
             }),
         }
     }

@@ -66,6 +66,9 @@ pub(crate) struct Limiter<St, K> {
     pub(crate) no_room_status: StatusCode,
     /// Charging after the response: the cost of a response head.
     pub(crate) charge: Option<ChargeFn>,
+    /// Idempotency keys and priority classes, when configured
+    /// (`extended.rs`).
+    pub(crate) extended: Option<super::extended::Extended>,
 }
 
 impl<St, K> fmt::Debug for Limiter<St, K> {
@@ -125,6 +128,8 @@ pub(crate) struct Ticket {
     /// The `rate_limit` span the request's events belong to; `None` (no
     /// span object to drop or enter) unless `debug` is enabled.
     pub(crate) span: Option<tracing::Span>,
+    /// The request's idempotency key and class (`extended.rs`), if any.
+    pub(crate) extra: Option<Box<super::extended::Extra>>,
 }
 
 /// How the store's answer for a new request came, before its ticket is
@@ -201,6 +206,7 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
         let Some(cost) = self.request_cost(parts) else {
             return Next::Forward(None);
         };
+        let extra = self.extended.as_ref().and_then(|e| e.extra(parts));
         let picked = self.pick_tier(parts, &key);
         let tier: &Arc<Tier> = match &picked {
             Picked::Static(index) => self.tiers.get(*index).unwrap_or(&self.tiers[0]),
@@ -210,17 +216,31 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
         let span = request_span(&key, tier, cost);
         if matches!(picked, Picked::Later(_) | Picked::Failed) {
             let ticket = slot.insert(self.ticket(key, tier, cost, span));
+            ticket.extra = extra;
             return match picked {
                 Picked::Later(lookup) => Next::Resolve(lookup),
                 _ => self.on_failure(ticket, &parts.headers),
             };
         }
         let _entered = span.as_ref().map(|span| span.clone().entered());
-        let answer = match self.answer(tier, &key, cost, span.is_none()) {
-            Ok(answer) => answer,
-            Err(next) => return next,
+        // With an idempotency key or a class, the check with options (the
+        // deny cache is off for such a layer); else the plain answer.
+        let mut asked = None;
+        let answer = match extra.as_deref() {
+            Some(options) if self.breaker.allow() => {
+                match self.ask_with(tier, &key, cost, Some(options), &mut asked) {
+                    Some(result) => Answer::Now(result),
+                    None => Answer::Later,
+                }
+            }
+            Some(_) => Answer::BreakerOpen,
+            None => match self.answer(tier, &key, cost, span.is_none()) {
+                Ok(answer) => answer,
+                Err(next) => return next,
+            },
         };
         let ticket = slot.insert(self.ticket(key, tier, cost, span));
+        ticket.extra = extra;
         match answer {
             Answer::Cached(verdict) => {
                 tracing::trace!(key = %ticket.key, "denied by the local deny cache");
@@ -233,7 +253,34 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
             // Decided at once: straight to `call`, rather than as a
             // `Next::Ready` that `call` moves back into `on_result`.
             Answer::Now(result) => self.on_result(ticket, parts, result),
-            Answer::Later => self.check_later(ticket),
+            Answer::Later => match asked {
+                // The check with options, already sent.
+                Some(future) => {
+                    ticket.sent = Some(Instant::now());
+                    Next::Fallback(future)
+                }
+                None => self.check_later(ticket),
+            },
+        }
+    }
+
+    /// A check with a request's options (`extended.rs`): its answer now,
+    /// or `None` with the future that answers later in `asked`.
+    fn ask_with(
+        &self,
+        tier: &Tier,
+        key: &str,
+        cost: u64,
+        extra: Option<&super::extended::Extra>,
+        asked: &mut Option<BoxCheckFuture>,
+    ) -> Option<Result<Verdict, StoreError>> {
+        let extra = extra?;
+        match super::extended::ask(&*self.store, key, &tier.policies, cost, extra) {
+            super::extended::Asked::Now(result) => Some(result),
+            super::extended::Asked::Later(future) => {
+                *asked = Some(future);
+                None
+            }
         }
     }
 
@@ -339,6 +386,7 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
             },
             fallback: false,
             span,
+            extra: None,
         }
     }
 
@@ -597,7 +645,9 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
         let tier = self.tier(ticket);
         let extensions = &mut parts.extensions;
         if verdict.is_allowed() {
-            if self.charge.is_some() {
+            // A replay was charged by the request it repeats.
+            let replay = ticket.extra.as_ref().is_some_and(|extra| extra.is_replay());
+            if self.charge.is_some() && !replay {
                 if let Some(charge) = extensions.get::<crate::Charge>() {
                     charge.admit(&ticket.key, &ticket.tier, ticket.fallback);
                 }

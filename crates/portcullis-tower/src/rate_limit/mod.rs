@@ -15,6 +15,7 @@
 mod body;
 mod charge;
 mod deny_cache;
+mod extended;
 mod failure;
 mod future;
 mod keep_body;

@@ -1,0 +1,218 @@
+//! Priority classes of a policy: names with reserved headroom over the
+//! policy's one shared state ([`PolicyBuilder::class`], [`Policy::class_reserve`]),
+//! and the class check every store applies (ALGORITHMS.md, "Priority
+//! classes").
+//!
+//! A class with a reserve of `r` permits is admitted only while at least
+//! `r` permits remain *after* its charge. Every algorithm that supports
+//! classes admits a cost `c` exactly when it would admit `c + r`, so the
+//! class check is "would `c + r` be admitted? then charge `c`", and a
+//! denial's `retry_after` is that of `c + r`: when the class may go again.
+
+use std::sync::Arc;
+
+use crate::algorithms::{State, Step};
+use crate::policy::validate_name;
+use crate::{Algorithm, Decision, LeakyMode, Policy, PolicyBuilder, PolicyError};
+
+/// One class: its name, its reserve as given, and in permits.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Class {
+    name: Arc<str>,
+    reserve: u64,
+}
+
+/// A policy's classes (none for most policies: no allocation).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub(crate) struct Classes(Option<Arc<[Class]>>);
+
+impl Classes {
+    /// Validates the classes given to a builder.
+    pub(crate) fn build(
+        policy: &str,
+        algorithm: Algorithm,
+        capacity: u64,
+        given: Vec<(String, u8)>,
+    ) -> Result<Self, PolicyError> {
+        if given.is_empty() {
+            return Ok(Self(None));
+        }
+        let refuse = |class: &str, reason: String| PolicyError::InvalidClass {
+            policy: policy.to_owned(),
+            class: class.chars().take(80).collect(),
+            reason,
+        };
+        if !supports_classes(algorithm) {
+            return Err(refuse(
+                &given[0].0,
+                format!("the {algorithm} algorithm has no priority classes (a queue admits every request and delays it, so there is no headroom to reserve); use Algorithm::Gcra, Algorithm::TokenBucket or LeakyMode::Meter"),
+            ));
+        }
+        let mut classes: Vec<Class> = Vec::with_capacity(given.len());
+        for (name, percent) in given {
+            if validate_name(&name).is_err() {
+                return Err(refuse(
+                    &name,
+                    "use 1 to 64 ASCII letters, digits, '_', '-' or '.' for a class name"
+                        .to_owned(),
+                ));
+            }
+            if classes.iter().any(|class| *class.name == *name) {
+                return Err(refuse(
+                    &name,
+                    "the class is defined twice: give each class one reserve".to_owned(),
+                ));
+            }
+            if percent >= 100 {
+                return Err(refuse(&name, format!("a reserve of {percent} % leaves the class nothing: give a reserve below 100 %")));
+            }
+            // ceil(capacity × percent / 100), exact in u128.
+            let reserve = u64::try_from((u128::from(capacity) * u128::from(percent)).div_ceil(100))
+                .unwrap_or(u64::MAX);
+            if reserve >= capacity {
+                return Err(refuse(&name, format!("a reserve of {percent} % of a capacity of {capacity} is {reserve} permits, which leaves the class none: lower the reserve or raise the limit or burst")));
+            }
+            classes.push(Class {
+                name: name.into(),
+                reserve,
+            });
+        }
+        Ok(Self(Some(classes.into())))
+    }
+}
+
+/// Whether `algorithm` supports priority classes: every algorithm but the
+/// leaky bucket as a queue (which admits and delays, holding no headroom).
+#[must_use]
+pub(crate) const fn supports_classes(algorithm: Algorithm) -> bool {
+    !matches!(algorithm, Algorithm::LeakyBucket(LeakyMode::Queue))
+}
+
+impl PolicyBuilder {
+    /// Defines a **priority class**: requests of class `name` share the
+    /// policy's one state with every other request of the subject, but are
+    /// admitted only while at least `reserve_percent` % of the capacity
+    /// (rounded up to whole permits) remains *after* their charge. A class
+    /// with a reserve of 0 may spend the whole allowance.
+    ///
+    /// A request names its class through
+    /// [`CheckOptions::class`](crate::CheckOptions::class) (the tower
+    /// layer's `priority` selector); a policy with classes refuses a
+    /// request of a class it does not define, and a request without a
+    /// class gets no reserve. A denial's `retry_after` says when that class
+    /// may go again. Every algorithm but the leaky bucket as a queue has
+    /// classes ([`PolicyError::InvalidClass`] otherwise).
+    ///
+    /// ```
+    /// use portcullis::{CheckOptions, MemoryStore, Policy, Store};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let policy = Policy::per_minute(10)
+    ///     .name("api")
+    ///     .class("critical", 0)
+    ///     .class("interactive", 20)
+    ///     .class("batch", 50)
+    ///     .build()?;
+    /// assert_eq!(policy.class_reserve("batch"), Some(5));
+    /// let store = MemoryStore::new();
+    /// let policies = [policy];
+    /// let batch = CheckOptions::new().class("batch");
+    /// let mut admitted = 0;
+    /// while store.check_with("acme", &policies, 1, &batch).await?.verdict().is_allowed() {
+    ///     admitted += 1;
+    /// }
+    /// assert_eq!(admitted, 5); // batch stops while half remains
+    /// let critical = CheckOptions::new().class("critical");
+    /// assert!(store.check_with("acme", &policies, 1, &critical).await?.verdict().is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn class(mut self, name: impl Into<String>, reserve_percent: u8) -> Self {
+        self.classes.push((name.into(), reserve_percent));
+        self
+    }
+}
+
+impl Policy {
+    /// The reserve of class `class` in permits (what must remain after a
+    /// charge of that class), or `None` when the policy does not define it.
+    ///
+    /// ```
+    /// use portcullis::Policy;
+    ///
+    /// let policy = Policy::per_second(7).class("batch", 50).build()?;
+    /// assert_eq!(policy.class_reserve("batch"), Some(4)); // 3.5 rounded up
+    /// assert_eq!(policy.class_reserve("critical"), None);
+    /// # Ok::<(), portcullis::PolicyError>(())
+    /// ```
+    #[must_use]
+    pub fn class_reserve(&self, class: &str) -> Option<u64> {
+        self.classes
+            .0
+            .as_ref()?
+            .iter()
+            .find(|c| &*c.name == class)
+            .map(|c| c.reserve)
+    }
+
+    /// Whether the policy defines priority classes.
+    ///
+    /// ```
+    /// use portcullis::Policy;
+    ///
+    /// assert!(!Policy::per_second(5).build()?.has_classes());
+    /// assert!(Policy::per_second(5).class("batch", 50).build()?.has_classes());
+    /// # Ok::<(), portcullis::PolicyError>(())
+    /// ```
+    #[must_use]
+    pub fn has_classes(&self) -> bool {
+        self.classes.0.is_some()
+    }
+}
+
+/// [`check`](crate::algorithms::check) for a class with a reserve of `reserve` permits:
+/// admitted when a cost of `cost + reserve` would be, and then charged
+/// `cost`; denied with the decision of `cost + reserve`. `remaining` is
+/// what the class may still spend (the shared remaining less the
+/// reserve). The caller has checked `cost + reserve <= capacity`; a peek
+/// (cost 0) ignores the reserve but for `remaining`.
+pub(crate) fn check_class(
+    policy: &Policy,
+    state: Option<&State>,
+    now_us: u64,
+    cost: u64,
+    reserve: u64,
+    check: impl Fn(&Policy, Option<&State>, u64, u64) -> Step,
+) -> Step {
+    if reserve == 0 {
+        return check(policy, state, now_us, cost);
+    }
+    let probe_cost = if cost == 0 { 1 } else { cost };
+    let probe = check(policy, state, now_us, probe_cost + reserve);
+    let mut step = if cost == 0 || !probe.decision.is_allowed() {
+        if cost == 0 {
+            let peek = check(policy, state, now_us, 0);
+            Step {
+                decision: if probe.decision.is_allowed() {
+                    peek.decision
+                } else {
+                    probe.decision
+                },
+                ..peek
+            }
+        } else {
+            // A probe writes nothing but a repair.
+            probe
+        }
+    } else {
+        check(policy, state, now_us, cost)
+    };
+    step.decision = for_class(step.decision, reserve);
+    step
+}
+
+/// `decision` as a class with `reserve` permits reserved sees it.
+#[must_use]
+pub(crate) const fn for_class(decision: Decision, reserve: u64) -> Decision {
+    decision.with_remaining(decision.remaining().saturating_sub(reserve))
+}

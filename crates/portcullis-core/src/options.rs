@@ -1,0 +1,313 @@
+//! What a check may carry besides its cost ([`CheckOptions`]: an
+//! idempotency key and a priority class) and what such a check answers
+//! ([`Checked`]): the request side of [`Store::check_with`](crate::Store::check_with).
+
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::subject::hash_subject;
+use crate::{validate_check, Policy, StoreError, Verdict};
+
+/// The longest idempotency window accepted: 30 days.
+pub const MAX_IDEMPOTENCY_WINDOW: Duration = Duration::from_secs(30 * 86_400);
+
+/// Longest idempotency key accepted, in bytes (keys are hashed before they
+/// are stored, so this bounds only the work of hashing them).
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 1024;
+
+/// Options of one check ([`Store::check_with`](crate::Store::check_with)):
+/// an **idempotency key** with its window, and a **priority class**.
+///
+/// - With an idempotency key, the first check of a key (for the same
+///   subject and the same policy names) is decided and charged as usual,
+///   and its decision is recorded beside the subject's state for `window`;
+///   a repeat within the window answers that first decision again
+///   ([`Checked::is_replay`]) and charges nothing. A check of cost 0 (a
+///   peek) records its answer too: the tower layer's
+///   `charge_from_response` peeks this way, so a retry replays the peek and
+///   is not charged again after its response.
+/// - With a class, each policy that defines classes
+///   ([`PolicyBuilder::class`](crate::PolicyBuilder::class)) admits the
+///   request only while its class's reserve remains after the charge.
+///
+/// ```
+/// use std::time::Duration;
+/// use portcullis::{CheckOptions, MemoryStore, Policy, Store};
+///
+/// # futures::executor::block_on(async {
+/// let store = MemoryStore::new();
+/// let policies = [Policy::per_minute(3).name("payments").build()?];
+/// let options = CheckOptions::new().idempotency_key("pay-7f3a", Duration::from_secs(600));
+/// let first = store.check_with("acme", &policies, 1, &options).await?;
+/// let retry = store.check_with("acme", &policies, 1, &options).await?;
+/// assert!(retry.is_replay() && retry.verdict() == first.verdict());
+/// // Charged once: two permits left.
+/// assert_eq!(store.peek("acme", &policies).await?.decisions()[0].remaining(), 2);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckOptions {
+    idempotency: Option<(String, Duration)>,
+    class: Option<String>,
+}
+
+impl CheckOptions {
+    /// No idempotency key and no class: a plain check.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records the decision under `key` for `window`, and answers a repeat
+    /// of `key` within it with that decision, charging nothing. The key is
+    /// hashed (SHA-256) before it is stored: any bytes are fine, and a
+    /// secret never reaches the store. The window is at most
+    /// [`MAX_IDEMPOTENCY_WINDOW`]; a window of zero or an empty key is
+    /// refused by the check.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use portcullis::CheckOptions;
+    ///
+    /// let options = CheckOptions::new().idempotency_key("req-1", Duration::from_secs(60));
+    /// assert_eq!(options.idempotency(), Some(("req-1", Duration::from_secs(60))));
+    /// ```
+    #[must_use]
+    pub fn idempotency_key(mut self, key: impl Into<String>, window: Duration) -> Self {
+        self.idempotency = Some((key.into(), window));
+        self
+    }
+
+    /// Checks as priority class `class` ([`PolicyBuilder::class`](crate::PolicyBuilder::class)).
+    ///
+    /// ```
+    /// use portcullis::CheckOptions;
+    ///
+    /// assert_eq!(CheckOptions::new().class("batch").priority_class(), Some("batch"));
+    /// ```
+    #[must_use]
+    pub fn class(mut self, class: impl Into<String>) -> Self {
+        self.class = Some(class.into());
+        self
+    }
+
+    /// The idempotency key and window, if any.
+    #[must_use]
+    pub fn idempotency(&self) -> Option<(&str, Duration)> {
+        self.idempotency
+            .as_ref()
+            .map(|(key, window)| (key.as_str(), *window))
+    }
+
+    /// The priority class, if any.
+    #[must_use]
+    pub fn priority_class(&self) -> Option<&str> {
+        self.class.as_deref()
+    }
+
+    /// Whether the options ask for nothing beyond a plain check.
+    ///
+    /// ```
+    /// assert!(portcullis::CheckOptions::new().is_empty());
+    /// ```
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.idempotency.is_none() && self.class.is_none()
+    }
+
+    /// For store implementations: validates a check with these options
+    /// (as [`validate_check`], plus the options) and plans it: each
+    /// policy's reserve in permits, in order, and the idempotency record
+    /// to consult.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use portcullis::{CheckOptions, Policy};
+    ///
+    /// let policies = [Policy::per_second(10).class("batch", 50).build()?];
+    /// let plan = CheckOptions::new().class("batch").plan(&policies, 1)?;
+    /// assert_eq!(plan.reserves(), &[5]);
+    /// assert!(plan.record().is_none());
+    /// let err = CheckOptions::new().class("batch").plan(&policies, 6).unwrap_err();
+    /// assert!(err.to_string().contains("cost 6"), "{err}");
+    /// let zero = CheckOptions::new().idempotency_key("k", Duration::ZERO).plan(&policies, 1);
+    /// assert!(zero.is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`validate_check`]; [`StoreError::Unsupported`] for a class a
+    /// policy with classes does not define, an empty or too long
+    /// idempotency key, or a window of zero or above
+    /// [`MAX_IDEMPOTENCY_WINDOW`]; [`StoreError::CostTooHigh`] when the cost
+    /// and the class's reserve together exceed a policy's capacity (the
+    /// class can never be admitted that cost).
+    pub fn plan(&self, policies: &[Policy], cost: u64) -> Result<CheckPlan, StoreError> {
+        validate_check(policies, cost)?;
+        let mut reserves = Vec::with_capacity(policies.len());
+        for policy in policies {
+            let reserve = match &self.class {
+                Some(class) if policy.has_classes() => {
+                    policy.class_reserve(class).ok_or_else(|| StoreError::Unsupported {
+                        operation: "priority class",
+                        detail: format!(
+                            "policy {:?} has no class {:?}: send one of the classes it defines, or add it with PolicyBuilder::class",
+                            policy.name(),
+                            class.chars().take(80).collect::<String>()
+                        ),
+                    })?
+                }
+                _ => 0,
+            };
+            if cost.saturating_add(reserve) > policy.capacity() {
+                return Err(StoreError::CostTooHigh {
+                    policy: policy.name().to_owned(),
+                    cost,
+                    capacity: policy.capacity() - reserve,
+                });
+            }
+            reserves.push(reserve);
+        }
+        let record = match &self.idempotency {
+            Some((key, window)) => {
+                let refuse = |detail: String| StoreError::Unsupported {
+                    operation: "idempotency key",
+                    detail,
+                };
+                if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN {
+                    return Err(refuse(format!(
+                        "the key is {} bytes long: send a key of 1 to {MAX_IDEMPOTENCY_KEY_LEN} bytes",
+                        key.len()
+                    )));
+                }
+                if window.is_zero() || *window > MAX_IDEMPOTENCY_WINDOW {
+                    return Err(refuse(format!(
+                        "the window {window:?} is out of range: give a window of 1 ms to 30 days"
+                    )));
+                }
+                let window_us = u64::try_from(window.as_micros()).unwrap_or(u64::MAX).max(1);
+                Some(Record {
+                    id: record_id(policies, key),
+                    window_us,
+                })
+            }
+            None => None,
+        };
+        Ok(CheckPlan { reserves, record })
+    }
+}
+
+/// `#` and the hex SHA-256 of the policy names and the key: the suffix of
+/// the record's key, the same in every store.
+fn record_id(policies: &[Policy], key: &str) -> String {
+    let mut hasher = Sha256::new();
+    for policy in policies {
+        hasher.update(policy.name().as_bytes());
+        // Names never hold a control character.
+        hasher.update([0x1f]);
+    }
+    hasher.update([0x1e]);
+    hasher.update(key.as_bytes());
+    hash_subject(&hasher.finalize())
+}
+
+/// A validated check with options ([`CheckOptions::plan`]), for store
+/// implementations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckPlan {
+    reserves: Vec<u64>,
+    record: Option<Record>,
+}
+
+/// The idempotency record a check consults and writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    id: String,
+    window_us: u64,
+}
+
+impl Record {
+    /// `#` and 64 hex digits naming the record among the subject's: the
+    /// SHA-256 of the policy names and the idempotency key. A store keeps
+    /// it beside the subject's state (Redis: `<prefix>:{<subject>}:<id>`,
+    /// which no policy name can equal).
+    #[must_use]
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// How long the record answers repeats, in microseconds (at least 1).
+    #[must_use]
+    pub fn window_micros(&self) -> u64 {
+        self.window_us
+    }
+}
+
+impl CheckPlan {
+    /// Each policy's reserve in permits (0 for none), in order.
+    #[must_use]
+    pub fn reserves(&self) -> &[u64] {
+        &self.reserves
+    }
+
+    /// Whether any policy has a reserve.
+    #[must_use]
+    pub fn has_reserves(&self) -> bool {
+        self.reserves.iter().any(|r| *r > 0)
+    }
+
+    /// The idempotency record, when the check has a key.
+    #[must_use]
+    pub fn record(&self) -> Option<&Record> {
+        self.record.as_ref()
+    }
+}
+
+/// What [`Store::check_with`](crate::Store::check_with) answers: the
+/// verdict, and whether it is a replay of an earlier check with the same
+/// idempotency key (which charged nothing).
+///
+/// ```
+/// use std::time::Duration;
+/// use portcullis::{Checked, Decision, Verdict};
+///
+/// let verdict = Verdict::from_iter([Decision::allowed(5, 4, Duration::from_secs(1))]);
+/// let checked = Checked::new(verdict.clone(), true);
+/// assert!(checked.is_replay());
+/// assert_eq!(checked.into_verdict(), verdict);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    verdict: Verdict,
+    replayed: bool,
+}
+
+impl Checked {
+    /// A verdict, replayed or not.
+    #[must_use]
+    pub fn new(verdict: Verdict, replayed: bool) -> Self {
+        Self { verdict, replayed }
+    }
+
+    /// The verdict (for a replay, the first check's, as it was then).
+    #[must_use]
+    pub fn verdict(&self) -> &Verdict {
+        &self.verdict
+    }
+
+    /// The verdict, by value.
+    #[must_use]
+    pub fn into_verdict(self) -> Verdict {
+        self.verdict
+    }
+
+    /// Whether this answers a repeated idempotency key: the first check's
+    /// decision, and nothing charged now.
+    #[must_use]
+    pub fn is_replay(&self) -> bool {
+        self.replayed
+    }
+}

@@ -1,0 +1,139 @@
+-- The check with options (Store::check_with; memory/extended.rs and
+-- classes.rs in portcullis-core are the twins): an idempotency record and
+-- priority-class reserves, in the same call as the check. Needs check.lua's
+-- helpers (the prelude and the algorithms).
+--
+-- check_ext(PLAN, KEYS, ARGV, o, NO_NEW_KEYS):
+-- KEYS[1..n]: the state keys; KEYS[n+1], when the window is not 0: the
+-- record's key, <prefix>:{<subject>}:#<sha256 hex> (same hash slot).
+-- ARGV[o+1]: now in microseconds or '' for TIME. ARGV[o+2]: the cost.
+-- ARGV[o+3]: the record's window in microseconds (0: no record).
+-- ARGV[o+3+i]: policy i, "<limit>:<period_us>:<capacity>".
+-- ARGV[o+3+n+i]: policy i's reserve in permits (0: none).
+-- Reply: check.lua's five integers per policy; or, for a live record, the
+-- bulk string it holds: those integers of the first check, comma-separated.
+--
+-- A record is "<expires_us>:<i1>,<i2>,...", written with PXAT its expiry:
+-- it answers while now is before its expiry (so the client-clock mode
+-- ages it like the state), and Redis drops it then.
+--
+-- A class with reserve r admits cost c when c + r would be admitted, and
+-- charges c; denied, it answers the decision of c + r (its retry_after is
+-- when the class may go); remaining is what the class may still spend. A
+-- peek of a class probes 1 + r.
+local function class_step(alg, key, L, P, B, now, c, r)
+  if r == 0 then
+    return alg(key, L, P, B, now, c)
+  end
+  local probe_cost = c
+  if c == 0 then
+    probe_cost = 1
+  end
+  local d = alg(key, L, P, B, now, probe_cost + r)
+  if d[1] then
+    d = alg(key, L, P, B, now, c)
+  end
+  local remaining = d[2] - r
+  if remaining < 0 then
+    remaining = 0
+  end
+  d[2] = remaining
+  return d
+end
+
+local function check_ext(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
+  local n = #PLAN
+  local window = tonumber(ARGV[o + 3])
+  if window == nil or window < 0 then
+    return redis.error_reply('ERR portcullis: the idempotency window is not a non-negative integer')
+  end
+  local keys = n
+  if window > 0 then
+    keys = n + 1
+  end
+  if #KEYS ~= keys or #ARGV ~= o + 3 + 2 * n then
+    return redis.error_reply('ERR portcullis: check_ext called with ' .. #KEYS .. ' keys and ' .. (#ARGV - o) .. ' arguments for ' .. n .. ' policies')
+  end
+  local now = now_of(ARGV[o + 1])
+  local cost = tonumber(ARGV[o + 2])
+  local record = KEYS[n + 1]
+  if window > 0 then
+    local stored = redis.call('GET', record)
+    if stored then
+      local expires, body = string.match(stored, '^(%d+):([%d,%-]+)$')
+      if expires ~= nil and num(expires) ~= nil and num(expires) > now then
+        return body
+      end
+    end
+  end
+  local decisions = {}
+  local all = true
+  for i = 1, n do
+    local L, P, B = policy_of(ARGV[o + 3 + i])
+    local r = tonumber(ARGV[o + 3 + n + i])
+    if L == nil or r == nil then
+      return redis.error_reply('ERR portcullis: policy ' .. i .. ' is not <limit>:<period_us>:<capacity> with a reserve')
+    end
+    local d = class_step(PLAN[i], KEYS[i], L, P, B, now, cost, r)
+    decisions[i] = d
+    if not d[1] then
+      all = false
+    end
+  end
+  if not all and cost > 0 then
+    for i = 1, n do
+      if decisions[i][1] then
+        local L, P, B = policy_of(ARGV[o + 3 + i])
+        decisions[i] = class_step(PLAN[i], KEYS[i], L, P, B, now, 0, tonumber(ARGV[o + 3 + n + i]))
+      end
+    end
+  end
+  if NO_NEW_KEYS then
+    -- The allow-oom twin: a record or a state key to create is refused.
+    if window > 0 and redis.call('EXISTS', record) == 0 then
+      return redis.status_reply('NOROOM')
+    end
+    if all and cost > 0 then
+      for i = 1, n do
+        local d = decisions[i]
+        if (d[9] ~= nil or d[6] ~= nil) and redis.call('EXISTS', KEYS[i]) == 0 then
+          return redis.status_reply('NOROOM')
+        end
+      end
+    end
+  end
+  if all and cost > 0 then
+    for i = 1, n do
+      local d = decisions[i]
+      if d[9] ~= nil then
+        d[9]()
+      elseif d[6] ~= nil then
+        redis.call('SET', d[6], d[7], 'PXAT', fmt(ceil_div(d[8], 1000)))
+      end
+    end
+  end
+  local reply = {}
+  for i = 1, n do
+    local d = decisions[i]
+    local b = 5 * (i - 1)
+    if d[1] then
+      reply[b + 1] = 1
+    else
+      reply[b + 1] = 0
+    end
+    reply[b + 2] = d[2]
+    reply[b + 3] = d[3]
+    reply[b + 4] = d[4]
+    reply[b + 5] = d[5]
+  end
+  if window > 0 then
+    local parts = {}
+    for j = 1, #reply do
+      parts[j] = fmt(reply[j])
+    end
+    local expires = now + window
+    redis.call('SET', record, fmt(expires) .. ':' .. table.concat(parts, ','),
+      'PXAT', fmt(ceil_div(expires, 1000)))
+  end
+  return reply
+end
