@@ -121,6 +121,7 @@ pub(crate) fn run(stages: &mut Stages) -> Result<()> {
         },
     )?;
     stages.run("cargo package of the published crates", || {
+        forget_packaged_copies();
         let mut args = vec!["package", "--allow-dirty"];
         for krate in PUBLISHED {
             args.extend(["-p", krate]);
@@ -133,6 +134,54 @@ pub(crate) fn run(stages: &mut Stages) -> Result<()> {
         )
     })?;
     stages.run("rust-version", rust_version)
+}
+
+/// Removes the copies of our own crates that an earlier `cargo package` of
+/// this checkout left unpacked in Cargo's registry sources.
+///
+/// `cargo package` verifies each crate against the others' packaged copies
+/// through a local registry in `target/package/tmp-registry`, which Cargo
+/// unpacks under `$CARGO_HOME/registry/src/<hash of that path>/` once per
+/// version and never again: with the version unchanged, a later run builds
+/// against the old sources and fails on any item added since. Only our
+/// crates' directories in registries other than crates.io are removed.
+fn forget_packaged_copies() {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cargo")));
+    let Some(sources) = home.map(|h| h.join("registry").join("src")) else {
+        return;
+    };
+    let Ok(registries) = std::fs::read_dir(&sources) else {
+        return;
+    };
+    for registry in registries.flatten() {
+        if registry
+            .file_name()
+            .to_string_lossy()
+            .starts_with("index.crates.io-")
+        {
+            continue;
+        }
+        let Ok(crates) = std::fs::read_dir(registry.path()) else {
+            continue;
+        };
+        for unpacked in crates.flatten() {
+            let name = unpacked.file_name().to_string_lossy().into_owned();
+            // `<crate>-<version>`: the crate name, a dash, a digit.
+            let ours = PUBLISHED.iter().any(|krate| {
+                name.strip_prefix(krate)
+                    .and_then(|rest| rest.strip_prefix('-'))
+                    .is_some_and(|version| version.starts_with(|c: char| c.is_ascii_digit()))
+            });
+            if ours && std::fs::remove_dir_all(unpacked.path()).is_ok() {
+                println!(
+                    "    removed a stale packaged copy: {}",
+                    unpacked.path().display()
+                );
+            }
+        }
+    }
 }
 
 /// Checks that this run builds with the workspace's declared
