@@ -142,10 +142,36 @@ pub(crate) fn run(stages: &mut Stages) -> Result<()> {
 /// `cargo package` verifies each crate against the others' packaged copies
 /// through a local registry in `target/package/tmp-registry`, which Cargo
 /// unpacks under `$CARGO_HOME/registry/src/<hash of that path>/` once per
-/// version and never again: with the version unchanged, a later run builds
-/// against the old sources and fails on any item added since. Only our
-/// crates' directories in registries other than crates.io are removed.
+/// version and never again, and builds it once into the target directory
+/// (a registry crate of an unchanged version is never rebuilt): with the
+/// version unchanged, a later run verifies against the old sources and
+/// fails on any item added since. So our crates' unpacked directories in
+/// registries other than crates.io are removed, and our crates' compiled
+/// artifacts in `target/debug` (the workspace's own are rebuilt from the
+/// sources by the next stage, as they would be anyway after a change).
 fn forget_packaged_copies() {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(
+            || crate::workspace_root().join("target"),
+            std::path::PathBuf::from,
+        )
+        .join("debug");
+    for dir in [target.join("deps"), target.join(".fingerprint")] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("libportcullis") || name.starts_with("portcullis") {
+                let path = entry.path();
+                let _ = if path.is_dir() {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                };
+            }
+        }
+    }
     let home = std::env::var_os("CARGO_HOME")
         .map(std::path::PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cargo")));
