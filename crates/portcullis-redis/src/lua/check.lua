@@ -16,6 +16,37 @@
 -- check with OOM, at maxmemory + noeviction): it may write keys that
 -- exist (held subjects stay exact) but answers the status NOROOM, having
 -- written nothing, rather than create one.
+-- Writes the new state of each of the n decisions (all admitted).
+local function write_all(decisions, n)
+  for i = 1, n do
+    local d = decisions[i]
+    if d[9] ~= nil then
+      d[9]()
+    elseif d[6] ~= nil then
+      redis.call('SET', d[6], d[7], 'PXAT', fmt(ceil_div(d[8], 1000)))
+    end
+  end
+end
+
+-- The reply of n decisions: five integers each.
+local function reply_of(decisions, n)
+  local reply = {}
+  for i = 1, n do
+    local d = decisions[i]
+    local b = 5 * (i - 1)
+    if d[1] then
+      reply[b + 1] = 1
+    else
+      reply[b + 1] = 0
+    end
+    reply[b + 2] = d[2]
+    reply[b + 3] = d[3]
+    reply[b + 4] = d[4]
+    reply[b + 5] = d[5]
+  end
+  return reply
+end
+
 local function check(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
   local n = #KEYS
   if n ~= #PLAN or #ARGV ~= o + 2 + n then
@@ -81,28 +112,7 @@ local function check(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
         end
       end
     end
-    for i = 1, n do
-      local d = decisions[i]
-      if d[9] ~= nil then
-        d[9]()
-      elseif d[6] ~= nil then
-        redis.call('SET', d[6], d[7], 'PXAT', fmt(ceil_div(d[8], 1000)))
-      end
-    end
+    write_all(decisions, n)
   end
-  local reply = {}
-  for i = 1, n do
-    local d = decisions[i]
-    local b = 5 * (i - 1)
-    if d[1] then
-      reply[b + 1] = 1
-    else
-      reply[b + 1] = 0
-    end
-    reply[b + 2] = d[2]
-    reply[b + 3] = d[3]
-    reply[b + 4] = d[4]
-    reply[b + 5] = d[5]
-  end
-  return reply
+  return reply_of(decisions, n)
 end

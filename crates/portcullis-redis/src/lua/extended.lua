@@ -103,29 +103,9 @@ local function check_ext(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
     end
   end
   if all and cost > 0 then
-    for i = 1, n do
-      local d = decisions[i]
-      if d[9] ~= nil then
-        d[9]()
-      elseif d[6] ~= nil then
-        redis.call('SET', d[6], d[7], 'PXAT', fmt(ceil_div(d[8], 1000)))
-      end
-    end
+    write_all(decisions, n)
   end
-  local reply = {}
-  for i = 1, n do
-    local d = decisions[i]
-    local b = 5 * (i - 1)
-    if d[1] then
-      reply[b + 1] = 1
-    else
-      reply[b + 1] = 0
-    end
-    reply[b + 2] = d[2]
-    reply[b + 3] = d[3]
-    reply[b + 4] = d[4]
-    reply[b + 5] = d[5]
-  end
+  local reply = reply_of(decisions, n)
   if window > 0 then
     local parts = {}
     for j = 1, #reply do
