@@ -589,3 +589,134 @@ async fn the_fast_gcra_function_agrees_with_the_general_check() {
     fast.check("s", &whole, 0).await.unwrap();
     assert!(next_fcall(&mut monitor).contains("_peek\""));
 }
+
+/// A one-policy token bucket takes the fast token-bucket function (one
+/// integer back, the level after the refill). Every state it does not read
+/// as plain (a level over full, a last refill after now, another form,
+/// garbage, another type) is handed to the general check inside the same
+/// call; decisions and stored states equal the EVALSHA path's, step by
+/// step, through refills, admissions and denials.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fast_token_bucket_function_agrees_with_the_general_check() {
+    use std::io::Write as _;
+    use std::sync::Arc;
+
+    use portcullis_core::Clock as _;
+
+    let server = OwnedRedis::start(&[]);
+    let clock = redis_common::manual_clock();
+    let build = |url: String, label: &str| {
+        RedisStore::builder()
+            .url(url)
+            .prefix(unique_prefix(label))
+            .timeout(redis_common::TEST_TIMEOUT)
+            .clock(ClockMode::Client(Arc::new(clock.clone())))
+            .build()
+    };
+    let fast = build(server.url(), "tb-fast").await.unwrap();
+    let general = build(
+        redis_common::without_functions(&server.url(), "no-fn-tb"),
+        "tb-general",
+    )
+    .await
+    .unwrap();
+    assert_eq!(fast.call_path(), CallPath::Functions);
+    assert_eq!(general.call_path(), CallPath::Evalsha);
+    let address = server
+        .url()
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_owned();
+    let stream = std::net::TcpStream::connect(&address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    (&stream).write_all(b"MONITOR\r\n").unwrap();
+    let mut monitor = std::io::BufReader::new(stream);
+    let mut raw = redis_common::raw(&server.url());
+
+    // Exact (10 per second, burst 4) and a fractional refill (3 per 7 s).
+    let policies = [
+        Policy::per_second(10)
+            .burst(4)
+            .algorithm(Algorithm::TokenBucket)
+            .name("p")
+            .build()
+            .unwrap(),
+        Policy::per(3, Duration::from_secs(7))
+            .algorithm(Algorithm::TokenBucket)
+            .name("p")
+            .build()
+            .unwrap(),
+    ];
+    let now = clock.now_micros();
+    let starts: [(&str, Option<Vec<u8>>); 6] = [
+        ("absent", None),
+        (
+            "half",
+            Some(format!("token_bucket:2000000:{}", now - 50_000).into_bytes()),
+        ),
+        (
+            "over full",
+            Some(format!("token_bucket:999999999:{now}").into_bytes()),
+        ),
+        (
+            "last after now",
+            Some(format!("token_bucket:0:{}", now + 300_000).into_bytes()),
+        ),
+        ("garbage", Some(b"token_bucket:x:y".to_vec())),
+        ("another type", Some(Vec::new())),
+    ];
+    for policy in &policies {
+        let policy = std::slice::from_ref(policy);
+        for (label, start) in &starts {
+            for store in [&fast, &general] {
+                let key = store.key_for("s", "p");
+                let _: () = redis::cmd("DEL").arg(&key).query(&mut raw).unwrap();
+                match start {
+                    Some(bytes) if !bytes.is_empty() => {
+                        let () = redis::cmd("SET")
+                            .arg(&key)
+                            .arg(bytes)
+                            .query(&mut raw)
+                            .unwrap();
+                    }
+                    Some(_) => {
+                        let _: i64 = redis::cmd("RPUSH")
+                            .arg(&key)
+                            .arg("x")
+                            .query(&mut raw)
+                            .unwrap();
+                    }
+                    None => {}
+                }
+            }
+            for step in 0..10_u64 {
+                let cost = 1 + step % 3;
+                let a = fast.check("s", policy, cost).await;
+                let line = next_fcall(&mut monitor);
+                assert!(
+                    line.contains("_token_bucket\""),
+                    "{label}, step {step}: {line}"
+                );
+                let b = general.check("s", policy, cost).await;
+                match (&a, &b) {
+                    (Ok(a), Ok(b)) => assert_eq!(a, b, "{label}, step {step}"),
+                    (Err(_), Err(_)) => {}
+                    _ => panic!("{label}, step {step}: {a:?} / {b:?}"),
+                }
+                if *label != "another type" {
+                    let stored = |store: &RedisStore| -> Option<String> {
+                        redis::cmd("GET")
+                            .arg(store.key_for("s", "p"))
+                            .query(&mut redis_common::raw(&server.url()))
+                            .ok()
+                            .flatten()
+                    };
+                    assert_eq!(stored(&fast), stored(&general), "{label}, step {step}");
+                }
+                clock.advance(Duration::from_millis(40));
+            }
+        }
+    }
+}

@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use portcullis_core::algorithms::{self, GcraState, State};
+use portcullis_core::algorithms::{self, GcraState, State, TokenBucketState};
 use portcullis_core::{Algorithm, Decision, Policy, StoreError, Verdict};
 use redis::Value;
 
@@ -19,6 +19,19 @@ impl RedisStore {
     /// The check of `policy` through the fast GCRA function `script`
     /// (chosen by [`Library::fast_gcra`](crate::scripts::Library::fast_gcra)).
     pub(crate) fn fast_gcra_future(
+        &self,
+        script: LuaScript,
+        subject: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> store::CheckFuture {
+        self.fast_one_future(script, subject, policy, cost)
+    }
+
+    /// The check of one policy through a fast function of its algorithm
+    /// (`<name>_gcra`, `<name>_token_bucket`): one packed argument, one
+    /// integer back, from which [`verdict`] derives the decision.
+    pub(crate) fn fast_one_future(
         &self,
         script: LuaScript,
         subject: &str,
@@ -54,7 +67,7 @@ impl RedisStore {
                 // Redis refused FCALL or FUNCTION LOAD, so nothing ran:
                 // EVALSHA from now on, this check first.
                 Err(error) if inner.scripts.path().refused(&error) => {
-                    evalsha(&inner, &key, &argument, now, cost).await?
+                    evalsha(&inner, policy.algorithm(), &key, &argument, now, cost).await?
                 }
                 other => other?,
             };
@@ -170,12 +183,13 @@ fn multi_verdict(policies: &[Policy], leads: &[i64], cost: u64) -> Result<Verdic
 #[cold]
 async fn evalsha(
     inner: &Inner,
+    algorithm: Algorithm,
     key: &str,
     argument: &str,
     now: Option<u64>,
     cost: u64,
 ) -> Result<Value, StoreError> {
-    let script = inner.scripts.get([Algorithm::Gcra].into_iter())?;
+    let script = inner.scripts.get([algorithm].into_iter())?;
     // `<limit>:<period_us>:<capacity>`: the argument without its cost.
     let policy = argument
         .rsplit_once(':')
@@ -210,11 +224,17 @@ fn fast_decision(policy: &Policy, reply: i64, cost: u64) -> Result<Decision, Sto
         (false, (reply + 1).unsigned_abs())
     };
     // The same step the script took, seen from now = 0: only the lead
-    // matters to GCRA.
-    let state = State::Gcra(GcraState {
-        tat_us: ahead,
-        tat_rem: 0,
-    });
+    // matters to GCRA, only the level after the refill to a token bucket.
+    let state = match policy.algorithm() {
+        Algorithm::TokenBucket => State::TokenBucket(TokenBucketState {
+            level: ahead,
+            last_us: 0,
+        }),
+        _ => State::Gcra(GcraState {
+            tat_us: ahead,
+            tat_rem: 0,
+        }),
+    };
     let step = algorithms::check(policy, Some(&state), 0, cost);
     let decision = step.decision;
     // The function hands a state it would clamp (a repair, the only write
@@ -223,13 +243,13 @@ fn fast_decision(policy: &Policy, reply: i64, cost: u64) -> Result<Decision, Sto
     let repaired = !decision.is_allowed() && step.new_state.is_some();
     if repaired {
         return Err(store::protocol(format!(
-            "the fast GCRA function answered a lead of {ahead} µs, beyond what the policy allows; \
+            "the fast function answered a state ({ahead}) beyond what the policy allows; \
              is the library from another portcullis-redis version?"
         )));
     }
     if decision.is_allowed() != admitted {
         return Err(store::protocol(format!(
-            "the fast GCRA function answered {reply}, which {} for this policy; \
+            "the fast function answered {reply}, which {} for this policy; \
              is the library from another portcullis-redis version?",
             if admitted { "denies" } else { "admits" }
         )));

@@ -1,0 +1,88 @@
+-- token_bucket_fast(keys, args): the fast path of a one-policy token
+-- bucket check (fast.rs), as gcra is GCRA's: one packed argument, GET,
+-- one SET when admitted, and one integer back, from which the client
+-- derives the decision with the core's own arithmetic. (Library only:
+-- after token_bucket.lua and check.lua.)
+--
+-- ARGV[1] = "<limit>:<period_us>:<capacity>:<cost>" (cost at least 1);
+-- ARGV[2], when present, now in microseconds (the client-clock mode), else
+-- TIME. Reply: the bucket's level (in units, token_bucket.lua) after the
+-- refill up to now and before the charge: level when admitted, -1 - level
+-- when denied. A state the fast path does not read as plain (a level over
+-- full, a last refill after now, another form or type) is handed to the
+-- general check in the same call, whose reply is the usual five integers;
+-- so is a new key under the allow-oom twin.
+local TB_FAST = {}
+local tb_fast_count = 0
+local function tb_fast_of(arg)
+  local f = TB_FAST[arg]
+  if f ~= nil then
+    return f
+  end
+  local a, b, c, d = string.match(arg, '^(%d+):(%d+):(%d+):(%d+)$')
+  if a == nil then
+    return nil
+  end
+  local L, P, B, cost = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
+  if L < 1 or P < 1 or B < 1 or cost < 1 or cost > B then
+    return nil
+  end
+  local S, I = bucket_scale(L, P, B)
+  f = { S, I, B * I, cost * I, cost, a .. ':' .. b .. ':' .. c }
+  if tb_fast_count >= 4096 then
+    TB_FAST, tb_fast_count = {}, 0
+  end
+  TB_FAST[arg] = f
+  tb_fast_count = tb_fast_count + 1
+  return f
+end
+local TB_PLAN = { ALG.token_bucket }
+local function token_bucket_fast(keys, args, no_new_keys)
+  local f = tb_fast_of(args[1])
+  if f == nil then
+    return redis.error_reply('ERR portcullis: fast token bucket argument is not <limit>:<period_us>:<capacity>:<cost>; upgrade portcullis-redis')
+  end
+  local S, I, full, need = f[1], f[2], f[3], f[4]
+  local now
+  if args[2] == nil then
+    local time = redis.call('TIME')
+    now = time[1] * 1000000 + time[2]
+  else
+    now = tonumber(args[2])
+  end
+  local level = full
+  local value = redis.pcall('GET', keys[1])
+  if value then
+    local l, t
+    if type(value) == 'string' then
+      local a, b = string.match(value, '^token_bucket:(%d+):(%d+)$')
+      if a ~= nil then
+        l, t = num(a), num(b)
+      end
+    end
+    if l == nil or t == nil or l > full or t > now then
+      return check(TB_PLAN, keys, { args[2] or '', f[5], f[6] }, 0, no_new_keys)
+    end
+    level = l
+    if now > t then
+      if now - t >= ceil_div(full - level, S) then
+        level = full
+      else
+        level = level + (now - t) * S
+      end
+    end
+  elseif no_new_keys then
+    return check(TB_PLAN, keys, { args[2] or '', f[5], f[6] }, 0, no_new_keys)
+  end
+  if level >= need then
+    local new_level = level - need
+    put(keys[1], 'token_bucket:' .. fmt(new_level) .. ':' .. fmt(now), now + ceil_div(full - new_level, S))
+    return level
+  end
+  return -1 - level
+end
+redis.register_function{ function_name = FN_TB_FAST,
+  callback = function(keys, args) return token_bucket_fast(keys, args, false) end }
+redis.register_function{ function_name = FN_TB_FAST_OOM,
+  callback = function(keys, args) return token_bucket_fast(keys, args, true) end,
+  flags = { 'allow-oom' } }
