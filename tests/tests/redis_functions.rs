@@ -590,87 +590,75 @@ async fn the_fast_gcra_function_agrees_with_the_general_check() {
     assert!(next_fcall(&mut monitor).contains("_peek\""));
 }
 
-/// A one-policy token bucket takes the fast token-bucket function (one
-/// integer back, the level after the refill). Every state it does not read
-/// as plain (a level over full, a last refill after now, another form,
-/// garbage, another type) is handed to the general check inside the same
-/// call; decisions and stored states equal the EVALSHA path's, step by
-/// step, through refills, admissions and denials.
-#[tokio::test(flavor = "multi_thread")]
-async fn the_fast_token_bucket_function_agrees_with_the_general_check() {
-    use std::io::Write as _;
-    use std::sync::Arc;
+/// Two stores on one server and one manual clock, the first on Redis
+/// Functions and the second on the `EVALSHA` path, and a `MONITOR` of the
+/// server: what the fast-function tests compare.
+struct FastAndGeneral {
+    server: OwnedRedis,
+    clock: portcullis_core::ManualClock,
+    fast: RedisStore,
+    general: RedisStore,
+    monitor: std::io::BufReader<std::net::TcpStream>,
+}
 
-    use portcullis_core::Clock as _;
+impl FastAndGeneral {
+    async fn start(label: &str) -> Self {
+        use std::io::Write as _;
+        use std::sync::Arc;
 
-    let server = OwnedRedis::start(&[]);
-    let clock = redis_common::manual_clock();
-    let build = |url: String, label: &str| {
-        RedisStore::builder()
-            .url(url)
-            .prefix(unique_prefix(label))
-            .timeout(redis_common::TEST_TIMEOUT)
-            .clock(ClockMode::Client(Arc::new(clock.clone())))
-            .build()
-    };
-    let fast = build(server.url(), "tb-fast").await.unwrap();
-    let general = build(
-        redis_common::without_functions(&server.url(), "no-fn-tb"),
-        "tb-general",
-    )
-    .await
-    .unwrap();
-    assert_eq!(fast.call_path(), CallPath::Functions);
-    assert_eq!(general.call_path(), CallPath::Evalsha);
-    let address = server
-        .url()
-        .trim_start_matches("redis://")
-        .trim_end_matches('/')
-        .to_owned();
-    let stream = std::net::TcpStream::connect(&address).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
+        let server = OwnedRedis::start(&[]);
+        let clock = redis_common::manual_clock();
+        let build = |url: String, label: String| {
+            RedisStore::builder()
+                .url(url)
+                .prefix(unique_prefix(&label))
+                .timeout(redis_common::TEST_TIMEOUT)
+                .clock(ClockMode::Client(Arc::new(clock.clone())))
+                .build()
+        };
+        let fast = build(server.url(), format!("{label}-fast")).await.unwrap();
+        let general = build(
+            redis_common::without_functions(&server.url(), &format!("no-fn-{label}")),
+            format!("{label}-general"),
+        )
+        .await
         .unwrap();
-    (&stream).write_all(b"MONITOR\r\n").unwrap();
-    let mut monitor = std::io::BufReader::new(stream);
-    let mut raw = redis_common::raw(&server.url());
+        assert_eq!(fast.call_path(), CallPath::Functions);
+        assert_eq!(general.call_path(), CallPath::Evalsha);
+        let address = server
+            .url()
+            .trim_start_matches("redis://")
+            .trim_end_matches('/')
+            .to_owned();
+        let stream = std::net::TcpStream::connect(&address).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        (&stream).write_all(b"MONITOR\r\n").unwrap();
+        Self {
+            server,
+            clock,
+            fast,
+            general,
+            monitor: std::io::BufReader::new(stream),
+        }
+    }
 
-    // Exact (10 per second, burst 4) and a fractional refill (3 per 7 s).
-    let policies = [
-        Policy::per_second(10)
-            .burst(4)
-            .algorithm(Algorithm::TokenBucket)
-            .name("p")
-            .build()
-            .unwrap(),
-        Policy::per(3, Duration::from_secs(7))
-            .algorithm(Algorithm::TokenBucket)
-            .name("p")
-            .build()
-            .unwrap(),
-    ];
-    let now = clock.now_micros();
-    let starts: [(&str, Option<Vec<u8>>); 6] = [
-        ("absent", None),
-        (
-            "half",
-            Some(format!("token_bucket:2000000:{}", now - 50_000).into_bytes()),
-        ),
-        (
-            "over full",
-            Some(format!("token_bucket:999999999:{now}").into_bytes()),
-        ),
-        (
-            "last after now",
-            Some(format!("token_bucket:0:{}", now + 300_000).into_bytes()),
-        ),
-        ("garbage", Some(b"token_bucket:x:y".to_vec())),
-        ("another type", Some(Vec::new())),
-    ];
-    for policy in &policies {
+    /// From each start (a value for the key of policy `p`, `Some(empty)`
+    /// for a key of another type), ten checks of costs 1, 2, 3, … on both
+    /// stores, `step` apart: each goes through the function named
+    /// `function` and both stores decide and store alike.
+    async fn agree(
+        &mut self,
+        policy: &Policy,
+        function: &str,
+        starts: &[(&str, Option<Vec<u8>>)],
+        step: Duration,
+    ) {
+        let mut raw = redis_common::raw(&self.server.url());
         let policy = std::slice::from_ref(policy);
-        for (label, start) in &starts {
-            for store in [&fast, &general] {
+        for (label, start) in starts {
+            for store in [&self.fast, &self.general] {
                 let key = store.key_for("s", "p");
                 let _: () = redis::cmd("DEL").arg(&key).query(&mut raw).unwrap();
                 match start {
@@ -691,32 +679,122 @@ async fn the_fast_token_bucket_function_agrees_with_the_general_check() {
                     None => {}
                 }
             }
-            for step in 0..10_u64 {
-                let cost = 1 + step % 3;
-                let a = fast.check("s", policy, cost).await;
-                let line = next_fcall(&mut monitor);
+            for n in 0..10_u64 {
+                let cost = 1 + n % 3;
+                let a = self.fast.check("s", policy, cost).await;
+                let line = next_fcall(&mut self.monitor);
                 assert!(
-                    line.contains("_token_bucket\""),
-                    "{label}, step {step}: {line}"
+                    line.contains(&format!("_{function}\"")),
+                    "{label}, step {n}: {line}"
                 );
-                let b = general.check("s", policy, cost).await;
+                let b = self.general.check("s", policy, cost).await;
                 match (&a, &b) {
-                    (Ok(a), Ok(b)) => assert_eq!(a, b, "{label}, step {step}"),
+                    (Ok(a), Ok(b)) => assert_eq!(a, b, "{label}, step {n}"),
                     (Err(_), Err(_)) => {}
-                    _ => panic!("{label}, step {step}: {a:?} / {b:?}"),
+                    _ => panic!("{label}, step {n}: {a:?} / {b:?}"),
                 }
-                if *label != "another type" {
-                    let stored = |store: &RedisStore| -> Option<String> {
+                if start.as_ref().is_none_or(|bytes| !bytes.is_empty()) {
+                    let mut stored = |store: &RedisStore| -> Option<String> {
                         redis::cmd("GET")
                             .arg(store.key_for("s", "p"))
-                            .query(&mut redis_common::raw(&server.url()))
+                            .query(&mut raw)
                             .ok()
                             .flatten()
                     };
-                    assert_eq!(stored(&fast), stored(&general), "{label}, step {step}");
+                    let (fast, general) = (stored(&self.fast), stored(&self.general));
+                    assert_eq!(fast, general, "{label}, step {n}");
                 }
-                clock.advance(Duration::from_millis(40));
+                self.clock.advance(step);
             }
         }
     }
+}
+
+/// A one-policy token bucket takes the fast token-bucket function (one
+/// integer back, the level after the refill). Every state it does not read
+/// as plain (a level over full, a last refill after now, another form,
+/// garbage, another type) is handed to the general check inside the same
+/// call; decisions and stored states equal the EVALSHA path's, step by
+/// step, through refills, admissions and denials.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fast_token_bucket_function_agrees_with_the_general_check() {
+    use portcullis_core::Clock as _;
+
+    let mut stores = FastAndGeneral::start("tb").await;
+    let now = stores.clock.now_micros();
+    let starts: [(&str, Option<Vec<u8>>); 6] = [
+        ("absent", None),
+        (
+            "half",
+            Some(format!("token_bucket:2000000:{}", now - 50_000).into_bytes()),
+        ),
+        (
+            "over full",
+            Some(format!("token_bucket:999999999:{now}").into_bytes()),
+        ),
+        (
+            "last after now",
+            Some(format!("token_bucket:0:{}", now + 300_000).into_bytes()),
+        ),
+        ("garbage", Some(b"token_bucket:x:y".to_vec())),
+        ("another type", Some(Vec::new())),
+    ];
+    // Exact (10 per second, burst 4) and a fractional refill (3 per 7 s).
+    for policy in [
+        Policy::per_second(10).burst(4),
+        Policy::per(3, Duration::from_secs(7)),
+    ] {
+        let policy = policy
+            .algorithm(Algorithm::TokenBucket)
+            .name("p")
+            .build()
+            .unwrap();
+        stores
+            .agree(&policy, "token_bucket", &starts, Duration::from_millis(40))
+            .await;
+    }
+}
+
+/// A one-policy fixed window (limit × period within 2^52) takes the fast
+/// fixed-window function (one integer back: the count and the time into
+/// the window). A later window, a count over the limit, another form,
+/// garbage or another type go to the general check in the same call; the
+/// decisions and stored states equal the EVALSHA path's across window
+/// ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fast_fixed_window_function_agrees_with_the_general_check() {
+    use portcullis_core::Clock as _;
+
+    let mut stores = FastAndGeneral::start("fw").await;
+    let policy = Policy::per(5, Duration::from_millis(300))
+        .algorithm(Algorithm::FixedWindow)
+        .name("p")
+        .build()
+        .unwrap();
+    let now = stores.clock.now_micros();
+    let window = now - now % 300_000;
+    let starts: [(&str, Option<Vec<u8>>); 7] = [
+        ("absent", None),
+        (
+            "this window",
+            Some(format!("fixed_window:{window}:3").into_bytes()),
+        ),
+        (
+            "an older window",
+            Some(format!("fixed_window:{}:5", window - 300_000).into_bytes()),
+        ),
+        (
+            "a later window",
+            Some(format!("fixed_window:{}:2", window + 300_000).into_bytes()),
+        ),
+        (
+            "over the limit",
+            Some(format!("fixed_window:{window}:9").into_bytes()),
+        ),
+        ("garbage", Some(b"fixed_window:x:y".to_vec())),
+        ("another type", Some(Vec::new())),
+    ];
+    stores
+        .agree(&policy, "fixed_window", &starts, Duration::from_millis(70))
+        .await;
 }

@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use portcullis_core::algorithms::{self, GcraState, State, TokenBucketState};
+use portcullis_core::algorithms::{self, FixedWindowState, GcraState, State, TokenBucketState};
 use portcullis_core::{Algorithm, Decision, Policy, StoreError, Verdict};
 use redis::Value;
 
@@ -29,7 +29,8 @@ impl RedisStore {
     }
 
     /// The check of one policy through a fast function of its algorithm
-    /// (`<name>_gcra`, `<name>_token_bucket`): one packed argument, one
+    /// (`<name>_gcra`, `<name>_token_bucket`, `<name>_fixed_window`): one
+    /// packed argument, one
     /// integer back, from which [`verdict`] derives the decision.
     pub(crate) fn fast_one_future(
         &self,
@@ -223,19 +224,37 @@ fn fast_decision(policy: &Policy, reply: i64, cost: u64) -> Result<Decision, Sto
         // -1 - ahead; reply + 1 cannot overflow for a negative reply.
         (false, (reply + 1).unsigned_abs())
     };
-    // The same step the script took, seen from now = 0: only the lead
-    // matters to GCRA, only the level after the refill to a token bucket.
-    let state = match policy.algorithm() {
-        Algorithm::TokenBucket => State::TokenBucket(TokenBucketState {
-            level: ahead,
-            last_us: 0,
-        }),
-        _ => State::Gcra(GcraState {
-            tat_us: ahead,
-            tat_rem: 0,
-        }),
+    // The same step the script took, seen from a clock at `now`: only the
+    // lead matters to GCRA, only the level after the refill to a token
+    // bucket, only the count and the time into the window to a fixed
+    // window.
+    let (state, now) = match policy.algorithm() {
+        Algorithm::TokenBucket => (
+            State::TokenBucket(TokenBucketState {
+                level: ahead,
+                last_us: 0,
+            }),
+            0,
+        ),
+        Algorithm::FixedWindow => {
+            let period = policy.period_micros().max(1);
+            (
+                State::FixedWindow(FixedWindowState {
+                    window_start_us: 0,
+                    count: ahead / period,
+                }),
+                ahead % period,
+            )
+        }
+        _ => (
+            State::Gcra(GcraState {
+                tat_us: ahead,
+                tat_rem: 0,
+            }),
+            0,
+        ),
     };
-    let step = algorithms::check(policy, Some(&state), 0, cost);
+    let step = algorithms::check(policy, Some(&state), now, cost);
     let decision = step.decision;
     // The function hands a state it would clamp (a repair, the only write
     // a denial makes) to the general check, so such a lead is never its

@@ -28,6 +28,7 @@ const LEASE: &str = include_str!("lua/lease.lua");
 const BATCH: &str = include_str!("lua/batch.lua");
 const GCRA_MULTI: &str = include_str!("lua/gcra_multi.lua");
 const TOKEN_BUCKET_FAST: &str = include_str!("lua/token_bucket_fast.lua");
+const FIXED_WINDOW_FAST: &str = include_str!("lua/fixed_window_fast.lua");
 const EXTENDED: &str = include_str!("lua/extended.lua");
 const EXTENDED_LIBRARY: &str = include_str!("lua/extended_library.lua");
 
@@ -312,6 +313,8 @@ pub(crate) struct Library {
     gcra_multi: LuaScript,
     /// A one-policy token bucket check (token_bucket_fast.lua).
     token_bucket: LuaScript,
+    /// A one-policy fixed window check (fixed_window_fast.lua).
+    fixed_window: LuaScript,
     /// A check with options (extended.lua, `FCALL`); twin `ext_oom`.
     ext: LuaScript,
 }
@@ -332,11 +335,12 @@ impl Library {
         body.push_str(BATCH);
         body.push_str(GCRA_MULTI);
         body.push_str(TOKEN_BUCKET_FAST);
+        body.push_str(FIXED_WINDOW_FAST);
         body.push_str(EXTENDED_LIBRARY);
         let hash = redis::Script::new(&body).get_hash().to_owned();
         let name = format!("portcullis_{}", &hash[..12]);
         let source: Arc<str> = format!(
-            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM, FN_BATCH, FN_BATCH_OOM, FN_GCRA_BATCH, FN_GCRA_BATCH_OOM, FN_GCRA_TAKE, FN_GCRA_TAKE_OOM, FN_GCRA_MULTI, FN_GCRA_MULTI_OOM, FN_TB_FAST, FN_TB_FAST_OOM, FN_EXT, FN_EXT_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom', '{name}_batch', '{name}_batch_oom', '{name}_gcra_batch', '{name}_gcra_batch_oom', '{name}_gcra_take', '{name}_gcra_take_oom', '{name}_gcra_multi', '{name}_gcra_multi_oom', '{name}_token_bucket', '{name}_token_bucket_oom', '{name}_ext', '{name}_ext_oom'\n{body}"
+            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM, FN_BATCH, FN_BATCH_OOM, FN_GCRA_BATCH, FN_GCRA_BATCH_OOM, FN_GCRA_TAKE, FN_GCRA_TAKE_OOM, FN_GCRA_MULTI, FN_GCRA_MULTI_OOM, FN_TB_FAST, FN_TB_FAST_OOM, FN_FW_FAST, FN_FW_FAST_OOM, FN_EXT, FN_EXT_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom', '{name}_batch', '{name}_batch_oom', '{name}_gcra_batch', '{name}_gcra_batch_oom', '{name}_gcra_take', '{name}_gcra_take_oom', '{name}_gcra_multi', '{name}_gcra_multi_oom', '{name}_token_bucket', '{name}_token_bucket_oom', '{name}_fixed_window', '{name}_fixed_window_oom', '{name}_ext', '{name}_ext_oom'\n{body}"
         )
         .into();
         let function = |suffix: &str| LuaScript {
@@ -359,6 +363,8 @@ impl Library {
         batch.allow_oom = Some(Arc::new(function("batch_oom")));
         let mut gcra_batch = function("gcra_batch");
         gcra_batch.allow_oom = Some(Arc::new(function("gcra_batch_oom")));
+        let mut fixed_window = function("fixed_window");
+        fixed_window.allow_oom = Some(Arc::new(function("fixed_window_oom")));
         let mut token_bucket = function("token_bucket");
         token_bucket.allow_oom = Some(Arc::new(function("token_bucket_oom")));
         let mut gcra_multi = function("gcra_multi");
@@ -372,6 +378,7 @@ impl Library {
             gcra_take,
             gcra_multi,
             token_bucket,
+            fixed_window,
             check,
             peek: function("peek"),
             gcra,
@@ -433,15 +440,26 @@ impl Library {
         fast_gcra_policy(policy, cost).then_some(&self.gcra)
     }
 
-    /// The fast token bucket function (token_bucket_fast.lua) when a check
-    /// can take it: one token-bucket policy, a cost of at least 1.
-    pub(crate) fn fast_token_bucket(&self, policies: &[Policy], cost: u64) -> Option<&LuaScript> {
+    /// The fast function of a one-policy check other than GCRA, when it
+    /// can take it (a cost of at least 1): the token bucket
+    /// (token_bucket_fast.lua) and the fixed window whose `limit × period`
+    /// is at most 2^52 (fixed_window_fast.lua).
+    pub(crate) fn fast_other(&self, policies: &[Policy], cost: u64) -> Option<&LuaScript> {
         let [policy] = policies else {
             return None;
         };
-        let fits =
-            policy.algorithm() == Algorithm::TokenBucket && cost >= 1 && cost <= policy.capacity();
-        fits.then_some(&self.token_bucket)
+        if cost < 1 || cost > policy.capacity() {
+            return None;
+        }
+        match policy.algorithm() {
+            Algorithm::TokenBucket => Some(&self.token_bucket),
+            Algorithm::FixedWindow => policy
+                .limit()
+                .checked_mul(policy.period_micros())
+                .filter(|product| *product <= portcullis_core::MAX_MAGNITUDE)
+                .map(|_| &self.fixed_window),
+            _ => None,
+        }
     }
 
     /// The function for a check of two or more GCRA policies that each
