@@ -755,6 +755,47 @@ async fn the_fast_token_bucket_function_agrees_with_the_general_check() {
     }
 }
 
+/// A one-policy leaky bucket meter takes the fast bucket function in its
+/// meter form (the water after the drain back); the same starts as the
+/// token bucket's, in the meter's own form, go to the general check.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fast_leaky_meter_function_agrees_with_the_general_check() {
+    use portcullis_core::Clock as _;
+
+    let mut stores = FastAndGeneral::start("meter").await;
+    let now = stores.clock.now_micros();
+    let starts: [(&str, Option<Vec<u8>>); 6] = [
+        ("absent", None),
+        (
+            "half",
+            Some(format!("leaky_meter:2000000:{}", now - 50_000).into_bytes()),
+        ),
+        (
+            "over full",
+            Some(format!("leaky_meter:999999999:{now}").into_bytes()),
+        ),
+        (
+            "last after now",
+            Some(format!("leaky_meter:0:{}", now + 300_000).into_bytes()),
+        ),
+        ("garbage", Some(b"leaky_meter:x:y".to_vec())),
+        ("another type", Some(Vec::new())),
+    ];
+    for policy in [
+        Policy::per_second(10).burst(4),
+        Policy::per(3, Duration::from_secs(7)),
+    ] {
+        let policy = policy
+            .algorithm(Algorithm::LeakyBucket(portcullis_core::LeakyMode::Meter))
+            .name("p")
+            .build()
+            .unwrap();
+        stores
+            .agree(&policy, "leaky_meter", &starts, Duration::from_millis(40))
+            .await;
+    }
+}
+
 /// A one-policy fixed window (limit × period within 2^52) takes the fast
 /// fixed-window function (one integer back: the count and the time into
 /// the window). A later window, a count over the limit, another form,

@@ -8,8 +8,10 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use portcullis_core::algorithms::{self, FixedWindowState, GcraState, State, TokenBucketState};
-use portcullis_core::{Algorithm, Decision, Policy, StoreError, Verdict};
+use portcullis_core::algorithms::{
+    self, FixedWindowState, GcraState, LeakyMeterState, State, TokenBucketState,
+};
+use portcullis_core::{Algorithm, Decision, LeakyMode, Policy, StoreError, Verdict};
 use redis::Value;
 
 use crate::scripts::LuaScript;
@@ -231,6 +233,13 @@ fn fast_decision(policy: &Policy, reply: i64, cost: u64) -> Result<Decision, Sto
     let (state, now) = match policy.algorithm() {
         Algorithm::TokenBucket => (
             State::TokenBucket(TokenBucketState {
+                level: ahead,
+                last_us: 0,
+            }),
+            0,
+        ),
+        Algorithm::LeakyBucket(LeakyMode::Meter) => (
+            State::LeakyMeter(LeakyMeterState {
                 level: ahead,
                 last_us: 0,
             }),

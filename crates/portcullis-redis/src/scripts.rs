@@ -27,7 +27,7 @@ const CHARGE_LIBRARY: &str = include_str!("lua/charge_library.lua");
 const LEASE: &str = include_str!("lua/lease.lua");
 const BATCH: &str = include_str!("lua/batch.lua");
 const GCRA_MULTI: &str = include_str!("lua/gcra_multi.lua");
-const TOKEN_BUCKET_FAST: &str = include_str!("lua/token_bucket_fast.lua");
+const BUCKET_FAST: &str = include_str!("lua/bucket_fast.lua");
 const FIXED_WINDOW_FAST: &str = include_str!("lua/fixed_window_fast.lua");
 const EXTENDED: &str = include_str!("lua/extended.lua");
 const EXTENDED_LIBRARY: &str = include_str!("lua/extended_library.lua");
@@ -311,8 +311,10 @@ pub(crate) struct Library {
     gcra_take: LuaScript,
     /// A check of several GCRA policies of the fast path (gcra_multi.lua).
     gcra_multi: LuaScript,
-    /// A one-policy token bucket check (token_bucket_fast.lua).
+    /// A one-policy token bucket check (bucket_fast.lua).
     token_bucket: LuaScript,
+    /// A one-policy leaky bucket meter check (bucket_fast.lua).
+    leaky_meter: LuaScript,
     /// A one-policy fixed window check (fixed_window_fast.lua).
     fixed_window: LuaScript,
     /// A check with options (extended.lua, `FCALL`); twin `ext_oom`.
@@ -334,13 +336,13 @@ impl Library {
         body.push_str(CHARGE_LIBRARY);
         body.push_str(BATCH);
         body.push_str(GCRA_MULTI);
-        body.push_str(TOKEN_BUCKET_FAST);
+        body.push_str(BUCKET_FAST);
         body.push_str(FIXED_WINDOW_FAST);
         body.push_str(EXTENDED_LIBRARY);
         let hash = redis::Script::new(&body).get_hash().to_owned();
         let name = format!("portcullis_{}", &hash[..12]);
         let source: Arc<str> = format!(
-            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM, FN_BATCH, FN_BATCH_OOM, FN_GCRA_BATCH, FN_GCRA_BATCH_OOM, FN_GCRA_TAKE, FN_GCRA_TAKE_OOM, FN_GCRA_MULTI, FN_GCRA_MULTI_OOM, FN_TB_FAST, FN_TB_FAST_OOM, FN_FW_FAST, FN_FW_FAST_OOM, FN_EXT, FN_EXT_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom', '{name}_batch', '{name}_batch_oom', '{name}_gcra_batch', '{name}_gcra_batch_oom', '{name}_gcra_take', '{name}_gcra_take_oom', '{name}_gcra_multi', '{name}_gcra_multi_oom', '{name}_token_bucket', '{name}_token_bucket_oom', '{name}_fixed_window', '{name}_fixed_window_oom', '{name}_ext', '{name}_ext_oom'\n{body}"
+            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM, FN_BATCH, FN_BATCH_OOM, FN_GCRA_BATCH, FN_GCRA_BATCH_OOM, FN_GCRA_TAKE, FN_GCRA_TAKE_OOM, FN_GCRA_MULTI, FN_GCRA_MULTI_OOM, FN_TB_FAST, FN_TB_FAST_OOM, FN_METER_FAST, FN_METER_FAST_OOM, FN_FW_FAST, FN_FW_FAST_OOM, FN_EXT, FN_EXT_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom', '{name}_batch', '{name}_batch_oom', '{name}_gcra_batch', '{name}_gcra_batch_oom', '{name}_gcra_take', '{name}_gcra_take_oom', '{name}_gcra_multi', '{name}_gcra_multi_oom', '{name}_token_bucket', '{name}_token_bucket_oom', '{name}_leaky_meter', '{name}_leaky_meter_oom', '{name}_fixed_window', '{name}_fixed_window_oom', '{name}_ext', '{name}_ext_oom'\n{body}"
         )
         .into();
         let function = |suffix: &str| LuaScript {
@@ -365,6 +367,8 @@ impl Library {
         gcra_batch.allow_oom = Some(Arc::new(function("gcra_batch_oom")));
         let mut fixed_window = function("fixed_window");
         fixed_window.allow_oom = Some(Arc::new(function("fixed_window_oom")));
+        let mut leaky_meter = function("leaky_meter");
+        leaky_meter.allow_oom = Some(Arc::new(function("leaky_meter_oom")));
         let mut token_bucket = function("token_bucket");
         token_bucket.allow_oom = Some(Arc::new(function("token_bucket_oom")));
         let mut gcra_multi = function("gcra_multi");
@@ -378,6 +382,7 @@ impl Library {
             gcra_take,
             gcra_multi,
             token_bucket,
+            leaky_meter,
             fixed_window,
             check,
             peek: function("peek"),
@@ -441,9 +446,9 @@ impl Library {
     }
 
     /// The fast function of a one-policy check other than GCRA, when it
-    /// can take it (a cost of at least 1): the token bucket
-    /// (token_bucket_fast.lua) and the fixed window whose `limit × period`
-    /// is at most 2^52 (fixed_window_fast.lua).
+    /// can take it (a cost of at least 1): the token bucket and the leaky
+    /// bucket meter (bucket_fast.lua), and the fixed window whose `limit ×
+    /// period` is at most 2^52 (fixed_window_fast.lua).
     pub(crate) fn fast_other(&self, policies: &[Policy], cost: u64) -> Option<&LuaScript> {
         let [policy] = policies else {
             return None;
@@ -453,6 +458,7 @@ impl Library {
         }
         match policy.algorithm() {
             Algorithm::TokenBucket => Some(&self.token_bucket),
+            Algorithm::LeakyBucket(LeakyMode::Meter) => Some(&self.leaky_meter),
             Algorithm::FixedWindow => policy
                 .limit()
                 .checked_mul(policy.period_micros())
