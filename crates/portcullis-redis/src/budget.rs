@@ -455,10 +455,7 @@ pub(crate) async fn lease(
             policy.period_micros(),
             policy.capacity()
         ));
-    match &inner.clock {
-        ClockMode::Redis => cmd.arg(""),
-        ClockMode::Client(clock) => cmd.arg(clock.now_micros()),
-    };
+    store::push_time(&mut cmd, inner.now());
     cmd.arg(cost).arg(want);
     let answer = store::run(&inner, script, &cmd, &guard.key).await;
     let (granted, verdict) = match answer {
@@ -505,20 +502,15 @@ async fn exact(
     policy: &Policy,
     cost: u64,
 ) -> Result<Verdict, StoreError> {
-    let script = inner.scripts.get(std::iter::once(policy.algorithm()))?;
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.sha()).arg(1).arg(key);
-    match &inner.clock {
-        ClockMode::Redis => cmd.arg(""),
-        ClockMode::Client(clock) => cmd.arg(clock.now_micros()),
-    };
-    cmd.arg(cost).arg(format!(
+    let general = format!(
         "{}:{}:{}",
         policy.limit(),
         policy.period_micros(),
         policy.capacity()
-    ));
-    let value = store::run(inner, &script, &cmd, key).await?;
+    );
+    let algorithm = std::iter::once(policy.algorithm());
+    let value =
+        store::evalsha_check(inner, algorithm, &[key], inner.now(), cost, &[&general]).await?;
     store::parse_verdict(value, &[policy.capacity()])
 }
 

@@ -27,7 +27,7 @@ use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
 use crate::fast;
-use crate::store::{self, ClockMode, Inner};
+use crate::store::{self, Inner};
 
 /// The most checks one coalesced call decides; more wait for the next.
 pub(crate) const MAX_BATCH: usize = 128;
@@ -285,14 +285,14 @@ async fn send_batches(inner: Arc<Inner>, key: Box<str>, batch: Batch, mut waiter
 async fn decide(inner: &Inner, batch: &Batch, costs: &[u64]) -> Result<Vec<Reply>, StoreError> {
     let (general, gcra) = inner.scripts.library().batch_functions();
     let first_key = batch.keys[0].as_str();
-    let now = now_argument(inner);
+    let now = inner.now();
     if let Some(policy) = &batch.fast {
         let mut cmd = redis::cmd("FCALL");
         cmd.arg(gcra.sha())
             .arg(1)
             .arg(first_key)
-            .arg(batch.policies[0].as_str())
-            .arg(now.as_str());
+            .arg(batch.policies[0].as_str());
+        store::push_time(&mut cmd, now);
         for cost in costs {
             cmd.arg(*cost);
         }
@@ -327,9 +327,9 @@ async fn decide(inner: &Inner, batch: &Batch, costs: &[u64]) -> Result<Vec<Reply
     for key in &batch.keys {
         cmd.arg(key.as_str());
     }
-    cmd.arg(batch.plan.as_slice())
-        .arg(now.as_str())
-        .arg(costs.len());
+    cmd.arg(batch.plan.as_slice());
+    store::push_time(&mut cmd, now);
+    cmd.arg(costs.len());
     for cost in costs {
         cmd.arg(*cost);
     }
@@ -356,33 +356,27 @@ async fn decide(inner: &Inner, batch: &Batch, costs: &[u64]) -> Result<Vec<Reply
 /// Functions (nothing ran) and the store uses `EVALSHA` from now on.
 #[cold]
 async fn one_by_one(inner: &Inner, batch: &Batch, costs: &[u64]) -> Result<Vec<Reply>, StoreError> {
-    let script = inner.scripts.get(batch.algorithms.iter().copied())?;
+    let keys: SmallVec<[&str; 2]> = batch.keys.iter().map(String::as_str).collect();
+    let policies: SmallVec<[&str; 2]> = batch.policies.iter().map(String::as_str).collect();
     let mut replies = Vec::with_capacity(costs.len());
     for &cost in costs {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.sha()).arg(batch.keys.len());
-        for key in &batch.keys {
-            cmd.arg(key.as_str());
-        }
-        cmd.arg(now_argument(inner).as_str()).arg(cost);
-        for policy in &batch.policies {
-            cmd.arg(policy.as_str());
-        }
-        let reply = match store::run(inner, &script, &cmd, &batch.keys[0]).await {
+        let algorithms = batch.algorithms.iter().copied();
+        let reply = match store::evalsha_check(
+            inner,
+            algorithms,
+            &keys,
+            inner.now(),
+            cost,
+            &policies,
+        )
+        .await
+        {
             Ok(value) => store::parse_verdict(value, &batch.capacities),
             Err(error) => Err(error),
         };
         replies.push(reply);
     }
     Ok(replies)
-}
-
-/// The time argument: empty for Redis `TIME`, read once per batch.
-fn now_argument(inner: &Inner) -> String {
-    match &inner.clock {
-        ClockMode::Redis => String::new(),
-        ClockMode::Client(clock) => clock.now_micros().to_string(),
-    }
 }
 
 /// The same error for every check of a failed batch: the kind and figures

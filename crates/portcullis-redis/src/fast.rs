@@ -15,7 +15,7 @@ use portcullis_core::{Algorithm, Decision, LeakyMode, Policy, StoreError, Verdic
 use redis::Value;
 
 use crate::scripts::LuaScript;
-use crate::store::{self, ClockMode, Inner, RedisStore};
+use crate::store::{self, RedisStore};
 
 impl RedisStore {
     /// The check of `policy` through the fast GCRA function `script`
@@ -51,10 +51,7 @@ impl RedisStore {
             policy.period_micros(),
             policy.capacity()
         );
-        let now = match &self.inner.clock {
-            ClockMode::Redis => None,
-            ClockMode::Client(clock) => Some(clock.now_micros()),
-        };
+        let now = self.inner.now();
         let mut cmd = redis::cmd("FCALL");
         cmd.arg(script.sha())
             .arg(1)
@@ -70,7 +67,13 @@ impl RedisStore {
                 // Redis refused FCALL or FUNCTION LOAD, so nothing ran:
                 // EVALSHA from now on, this check first.
                 Err(error) if inner.scripts.path().refused(&error) => {
-                    evalsha(&inner, policy.algorithm(), &key, &argument, now, cost).await?
+                    // `<limit>:<period_us>:<capacity>`: the argument without
+                    // its cost.
+                    let general = argument
+                        .rsplit_once(':')
+                        .map_or(argument.as_str(), |(policy, _)| policy);
+                    let algorithm = std::iter::once(policy.algorithm());
+                    store::evalsha_check(&inner, algorithm, &[&key], now, cost, &[general]).await?
                 }
                 other => other?,
             };
@@ -103,10 +106,7 @@ impl RedisStore {
             .iter()
             .map(|p| format!("{}:{}:{}", p.limit(), p.period_micros(), p.capacity()))
             .collect();
-        let now = match &self.inner.clock {
-            ClockMode::Redis => None,
-            ClockMode::Client(clock) => Some(clock.now_micros()),
-        };
+        let now = self.inner.now();
         let mut cmd = redis::cmd("FCALL");
         cmd.arg(script.sha()).arg(keys.len());
         for key in &keys {
@@ -126,21 +126,10 @@ impl RedisStore {
                 // Redis refused FCALL or FUNCTION LOAD, so nothing ran:
                 // EVALSHA from now on, this check first.
                 Err(error) if inner.scripts.path().refused(&error) => {
-                    let script = inner.scripts.get(policies.iter().map(Policy::algorithm))?;
-                    let mut cmd = redis::cmd("EVALSHA");
-                    cmd.arg(script.sha()).arg(keys.len());
-                    for key in &keys {
-                        cmd.arg(key.as_str());
-                    }
-                    match now {
-                        Some(now) => cmd.arg(now),
-                        None => cmd.arg(""),
-                    };
-                    cmd.arg(cost);
-                    for argument in &arguments {
-                        cmd.arg(argument.as_str());
-                    }
-                    store::run(&inner, &script, &cmd, &keys[0]).await?
+                    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                    let arguments: Vec<&str> = arguments.iter().map(String::as_str).collect();
+                    let algorithms = policies.iter().map(Policy::algorithm);
+                    store::evalsha_check(&inner, algorithms, &keys, now, cost, &arguments).await?
                 }
                 other => other?,
             };
@@ -179,32 +168,6 @@ fn multi_verdict(policies: &[Policy], leads: &[i64], cost: u64) -> Result<Verdic
             fast_decision(policy, lead, cost)
         })
         .collect()
-}
-
-/// The general check's `EVALSHA` for a fast check the server refused as a
-/// function.
-#[cold]
-async fn evalsha(
-    inner: &Inner,
-    algorithm: Algorithm,
-    key: &str,
-    argument: &str,
-    now: Option<u64>,
-    cost: u64,
-) -> Result<Value, StoreError> {
-    let script = inner.scripts.get([algorithm].into_iter())?;
-    // `<limit>:<period_us>:<capacity>`: the argument without its cost.
-    let policy = argument
-        .rsplit_once(':')
-        .map_or(argument, |(policy, _)| policy);
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.sha()).arg(1).arg(key);
-    match now {
-        Some(now) => cmd.arg(now),
-        None => cmd.arg(""),
-    };
-    cmd.arg(cost).arg(policy);
-    store::run(inner, &script, &cmd, key).await
 }
 
 /// The verdict for the fast function's reply (or one reply of the

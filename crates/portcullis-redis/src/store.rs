@@ -179,10 +179,7 @@ impl RedisStore {
 
     /// Appends the time argument for a script: empty for Redis `TIME`.
     pub(crate) fn push_now(&self, cmd: &mut Cmd) {
-        match &self.inner.clock {
-            ClockMode::Redis => cmd.arg(""),
-            ClockMode::Client(clock) => cmd.arg(clock.now_micros()),
-        };
+        push_time(cmd, self.inner.now());
     }
 
     /// Sends `PING` and waits for the answer: checks at startup that the
@@ -508,6 +505,57 @@ impl RedisStore {
             parse_verdict(value, &capacities)
         }))
     }
+}
+
+impl Inner {
+    /// The time a call passes: `None` for Redis `TIME`, else the client
+    /// clock's now, in microseconds.
+    pub(crate) fn now(&self) -> Option<u64> {
+        match &self.clock {
+            ClockMode::Redis => None,
+            ClockMode::Client(clock) => Some(clock.now_micros()),
+        }
+    }
+}
+
+/// Appends a call's time argument: `now`, or empty for Redis `TIME`.
+pub(crate) fn push_time(cmd: &mut Cmd, now: Option<u64>) {
+    match now {
+        Some(now) => cmd.arg(now),
+        None => cmd.arg(""),
+    };
+}
+
+/// One check of `policies` (`<limit>:<period_us>:<capacity>` each, their
+/// state `keys`) as the general script decides it, by `EVALSHA`: the path
+/// of a check whose function Redis refused (nothing ran), or whose state
+/// only the general check reads.
+pub(crate) async fn evalsha_check(
+    inner: &Inner,
+    algorithms: impl ExactSizeIterator<Item = Algorithm> + Clone,
+    keys: &[&str],
+    now: Option<u64>,
+    cost: u64,
+    policies: &[&str],
+) -> Result<Value, StoreError> {
+    let script = inner.scripts.get(algorithms)?;
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.sha()).arg(keys.len());
+    for key in keys {
+        cmd.arg(*key);
+    }
+    push_time(&mut cmd, now);
+    cmd.arg(cost);
+    for policy in policies {
+        cmd.arg(*policy);
+    }
+    run(
+        inner,
+        &script,
+        &cmd,
+        keys.first().copied().unwrap_or_default(),
+    )
+    .await
 }
 
 /// Runs a check; one refused with `OOM` runs once more as its allow-oom
