@@ -46,13 +46,7 @@ end
 -- when admitted, -1 - ahead when denied); or the status GENERAL, having
 -- written nothing, for a state only the general check reads (the client
 -- then sends the general batch); or NOROOM from the allow-oom twin.
-local BATCH_POLICIES = {}
-local batch_policy_count = 0
-local function batch_policy_of(arg)
-  local f = BATCH_POLICIES[arg]
-  if f ~= nil then
-    return f
-  end
+local batch_policy_of = memo(function(arg)
   local a, b, c = string.match(arg, '^(%d+):(%d+):(%d+)$')
   if a == nil then
     return nil
@@ -63,14 +57,8 @@ local function batch_policy_of(arg)
   end
   local ei = P / L
   local cap = B * ei
-  f = { ei, cap, cap + tolerance(cap), B }
-  if batch_policy_count >= 4096 then
-    BATCH_POLICIES, batch_policy_count = {}, 0
-  end
-  BATCH_POLICIES[arg] = f
-  batch_policy_count = batch_policy_count + 1
-  return f
-end
+  return { ei, cap, cap + tolerance(cap), B }
+end)
 -- The state's lead over now, for gcra_batch and gcra_take: a number, or a
 -- status reply (GENERAL for a state only the general check reads, NOROOM
 -- for a new key under the allow-oom twin), having written nothing.

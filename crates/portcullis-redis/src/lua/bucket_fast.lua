@@ -14,13 +14,7 @@
 -- full, a last refill after now, another form or type) is handed to the
 -- general check in the same call, whose reply is the usual five integers;
 -- so is a new key under the allow-oom twin.
-local TB_FAST = {}
-local tb_fast_count = 0
-local function tb_fast_of(arg)
-  local f = TB_FAST[arg]
-  if f ~= nil then
-    return f
-  end
+local tb_fast_of = memo(function(arg)
   local a, b, c, d = string.match(arg, '^(%d+):(%d+):(%d+):(%d+)$')
   if a == nil then
     return nil
@@ -30,14 +24,8 @@ local function tb_fast_of(arg)
     return nil
   end
   local S, I = bucket_scale(L, P, B)
-  f = { S, I, B * I, cost * I, cost, a .. ':' .. b .. ':' .. c }
-  if tb_fast_count >= 4096 then
-    TB_FAST, tb_fast_count = {}, 0
-  end
-  TB_FAST[arg] = f
-  tb_fast_count = tb_fast_count + 1
-  return f
-end
+  return { S, I, B * I, cost * I, cost, a .. ':' .. b .. ':' .. c }
+end)
 local TB_PLAN = { ALG.token_bucket }
 local METER_PLAN = { ALG.leaky_meter }
 local function bucket_fast(keys, args, no_new_keys, meter)

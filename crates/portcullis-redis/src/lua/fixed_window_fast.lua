@@ -13,13 +13,7 @@
 -- limit, another form or type) is handed to the general check in the same
 -- call, whose reply is the usual five integers; so is a new key under the
 -- allow-oom twin.
-local FW_FAST = {}
-local fw_fast_count = 0
-local function fw_fast_of(arg)
-  local f = FW_FAST[arg]
-  if f ~= nil then
-    return f
-  end
+local fw_fast_of = memo(function(arg)
   local a, b, c, d = string.match(arg, '^(%d+):(%d+):(%d+):(%d+)$')
   if a == nil then
     return nil
@@ -28,14 +22,8 @@ local function fw_fast_of(arg)
   if L < 1 or P < 1 or L * P > MAX or cost < 1 or cost > L then
     return nil
   end
-  f = { L, P, cost, a .. ':' .. b .. ':' .. c }
-  if fw_fast_count >= 4096 then
-    FW_FAST, fw_fast_count = {}, 0
-  end
-  FW_FAST[arg] = f
-  fw_fast_count = fw_fast_count + 1
-  return f
-end
+  return { L, P, cost, a .. ':' .. b .. ':' .. c }
+end)
 local FW_PLAN = { ALG.fixed_window }
 local function fixed_window_fast(keys, args, no_new_keys)
   local f = fw_fast_of(args[1])

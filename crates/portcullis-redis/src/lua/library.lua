@@ -1,11 +1,37 @@
 -- The portcullis Redis Functions library's registrations (after the prelude,
 -- every algorithm and check.lua; scripts.rs adds the `#!lua name=` line
--- and the versioned function names FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA,
--- FN_GCRA_OOM, FN_LEASE and FN_LEASE_OOM).
+-- and the versioned function names, FN_CHECK, FN_GCRA and the others).
 -- Everything above runs once, at FUNCTION LOAD: a call builds no helper.
 --
 -- ARGV[1] names the plan, one letter per policy (CODES, the order of
 -- scripts::CODES in Rust); the rest is check.lua's arguments.
+--
+-- memo(parse), parse remembered: a function of a packed argument that parses each
+-- argument once (parse(arg), or nil for an argument it refuses, which is
+-- not kept) and keeps what it parsed, forgotten past 4096 arguments (a few
+-- per deployment). Library only (a script would build it per call); built
+-- at load, so a call builds no closure. The fast functions (here,
+-- batch.lua, bucket_fast.lua, fixed_window_fast.lua) parse through it.
+local function memo(parse)
+  local cache, count = {}, 0
+  return function(arg)
+    local f = cache[arg]
+    if f ~= nil then
+      return f
+    end
+    f = parse(arg)
+    if f == nil then
+      return nil
+    end
+    if count >= 4096 then
+      cache, count = {}, 0
+    end
+    cache[arg] = f
+    count = count + 1
+    return f
+  end
+end
+
 local CODES = { a = ALG.gcra, b = ALG.leaky_queue, c = ALG.token_bucket,
   d = ALG.leaky_meter, e = ALG.fixed_window, f = ALG.sliding_window,
   g = ALG.sliding_log }
@@ -71,13 +97,7 @@ redis.register_function{ function_name = FN_LEASE_OOM,
 -- ARGV[1] = "<limit>:<period_us>:<capacity>:<cost>"; ARGV[2], when
 -- present, is now in microseconds (the client-clock mode), else TIME.
 local GCRA_PLAN = { ALG.gcra }
-local FAST = {}
-local fast_count = 0
-local function fast_of(arg)
-  local f = FAST[arg]
-  if f ~= nil then
-    return f
-  end
+local fast_of = memo(function(arg)
   local a, b, c, d = string.match(arg, '^(%d+):(%d+):(%d+):(%d+)$')
   if a == nil then
     return nil
@@ -88,14 +108,8 @@ local function fast_of(arg)
   end
   local ei = P / L
   local cap = B * ei
-  f = { cost * ei, cap, cap + tolerance(cap), a .. ':' .. b .. ':' .. c, cost }
-  if fast_count >= 4096 then
-    FAST, fast_count = {}, 0
-  end
-  FAST[arg] = f
-  fast_count = fast_count + 1
-  return f
-end
+  return { cost * ei, cap, cap + tolerance(cap), a .. ':' .. b .. ':' .. c, cost }
+end)
 local function gcra_fast(keys, args, no_new_keys)
   local f = fast_of(args[1])
   if f == nil then

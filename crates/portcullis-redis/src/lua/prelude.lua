@@ -113,7 +113,7 @@ local function policy_of(arg)
 end
 
 -- The bucket algorithms' time unit and permit size (ALGORITHMS.md,
--- "Magnitudes"; Policy::emission_interval in Rust): time in 1/S us, a
+-- "Magnitudes"; algorithms::emission_interval in Rust): time in 1/S us, a
 -- permit I units. (L, P) when B x P <= 2^52; else S = 2^k for the largest
 -- k with L x 2^k <= 2^53 and B x I <= 2^52, I = ceil(P x 2^k / L).
 local function bucket_scale_of(L, P, B)
@@ -164,7 +164,7 @@ local function bucket_scale(L, P, B)
   return s, i
 end
 
--- The sliding window's weight unit (Policy::weight_unit_micros): 1 when
+-- The sliding window's weight unit (algorithms::weight_unit_micros): 1 when
 -- L x P <= 2^52, else the smallest power of ten dividing P with
 -- L x (P / unit) <= 2^52.
 local function weight_unit(L, P)
