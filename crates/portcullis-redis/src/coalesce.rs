@@ -192,38 +192,25 @@ impl Drop for Lead {
         let Some(waiters) = coalescer.next(&self.key) else {
             return;
         };
-        if let Some(error) = &self.failed {
-            // Nothing of theirs was sent: each fails as the call did.
-            let mut waiters = Some(waiters);
-            while let Some(batch) = waiters.take().or_else(|| coalescer.next(&self.key)) {
-                for waiter in batch {
-                    let _ = waiter.reply.send(Err(share(error)));
-                }
+        let runtime = tokio::runtime::Handle::try_current();
+        match (self.failed.take(), self.batch.take(), runtime) {
+            (None, Some(batch), Ok(runtime)) => {
+                let key = std::mem::take(&mut self.key);
+                runtime.spawn(send_batches(Arc::clone(&self.inner), key, batch, waiters));
             }
-            return;
-        }
-        let Some(batch) = self.batch.take() else {
-            return;
-        };
-        let inner = Arc::clone(&self.inner);
-        let key = std::mem::take(&mut self.key);
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(send_batches(inner, key, batch, waiters));
-            }
-            Err(_) => {
-                // Unreachable in practice: the call that just ended ran on
-                // a runtime. Nothing was sent, so nothing was charged.
-                for waiter in waiters {
-                    let _ = waiter.reply.send(Err(StoreError::unavailable(
-                        "no tokio runtime to send the coalesced checks on",
-                    )));
-                }
-                while let Some(waiters) = coalescer.next(&key) {
-                    for waiter in waiters {
-                        let _ = waiter.reply.send(Err(StoreError::unavailable(
-                            "no tokio runtime to send the coalesced checks on",
-                        )));
+            (failed, _, _) => {
+                // Nothing of theirs is sent, so nothing of theirs is
+                // charged: the call failed store-wide, or (unreachable: the
+                // call that just ended ran on a runtime) there is no
+                // runtime to send them on. Each fails, and the subject is
+                // free for the next check.
+                let error = failed.unwrap_or_else(|| {
+                    StoreError::unavailable("no tokio runtime to send the coalesced checks on")
+                });
+                let mut waiters = Some(waiters);
+                while let Some(batch) = waiters.take().or_else(|| coalescer.next(&self.key)) {
+                    for waiter in batch {
+                        let _ = waiter.reply.send(Err(share(&error)));
                     }
                 }
             }
