@@ -415,7 +415,7 @@ fn next_fcall(monitor: &mut std::io::BufReader<std::net::TcpStream>) -> String {
 /// The stored values the fast GCRA functions are tested from: absent, a
 /// plain lead, one beyond the clock tolerance (repaired by the general
 /// check), a tagged remainder, garbage, and a key of another type.
-fn gcra_starts(now: u64) -> [(&'static str, redis::Value); 6] {
+fn gcra_starts(now: u64) -> [(&'static str, redis::Value); 8] {
     [
         ("absent", redis::Value::Nil),
         (
@@ -430,14 +430,27 @@ fn gcra_starts(now: u64) -> [(&'static str, redis::Value); 6] {
             "tagged remainder",
             redis::Value::BulkString(format!("gcra:{}:2", now + 20_000).into_bytes()),
         ),
+        // Past the burst of `per_second(3).burst(5)` (1.67 s) but within
+        // its tolerance: denied by the general check's arithmetic.
+        (
+            "ahead of the burst",
+            redis::Value::BulkString(format!("{:x}", now + 2_500_000).into_bytes()),
+        ),
+        // A remainder of a policy with a larger scale: carried by the
+        // general check.
+        (
+            "remainder past the scale",
+            redis::Value::BulkString(format!("gcra:{}:7", now + 20_000).into_bytes()),
+        ),
         ("garbage", redis::Value::BulkString(b"not a state".to_vec())),
         ("another type", redis::Value::Array(Vec::new())),
     ]
 }
 
-/// One GCRA policy with a whole-microsecond interval takes the fast
-/// function (one integer back), several such policies gcra_multi (one
-/// integer per policy); anything else the general check. Every
+/// One exact GCRA policy takes the fast function (one integer back),
+/// whether its interval is a whole number of microseconds or not; several
+/// whole-microsecond policies gcra_multi (one integer per policy); anything
+/// else the general check. Every
 /// state the fast function cannot read itself (a tagged state with a
 /// remainder, a time further ahead than the tolerance, a value of another
 /// type, garbage) is handed to the general check inside the same call, and
@@ -505,28 +518,33 @@ async fn the_fast_gcra_function_agrees_with_the_general_check() {
             .flatten()
     };
     let now = clock.now_micros();
-    let starts = gcra_starts(now);
-    for (label, start) in starts {
-        set(&mut raw, &fast, start.clone());
-        set(&mut raw, &general, start);
-        for step in 0..8 {
-            let a = fast.check("s", &whole, 1).await;
-            let line = next_fcall(&mut monitor);
-            assert!(line.contains("_gcra\""), "{label}, step {step}: {line}");
-            let b = general.check("s", &whole, 1).await;
-            match (&a, &b) {
-                (Ok(a), Ok(b)) => assert_eq!(a, b, "{label}, step {step}"),
-                (Err(_), Err(_)) => {}
-                _ => panic!("{label}, step {step}: {a:?} / {b:?}"),
+    // A whole-microsecond interval (the lead answered in µs) and a
+    // fractional one (333 333.3 µs, the lead in thirds of a µs): costs of
+    // 1 and 2, through admissions and denials.
+    for policies in [&whole, &fractional] {
+        for (label, start) in gcra_starts(now) {
+            set(&mut raw, &fast, start.clone());
+            set(&mut raw, &general, start);
+            for step in 0..8 {
+                let cost = 1 + step % 2;
+                let a = fast.check("s", policies, cost).await;
+                let line = next_fcall(&mut monitor);
+                assert!(line.contains("_gcra\""), "{label}, step {step}: {line}");
+                let b = general.check("s", policies, cost).await;
+                match (&a, &b) {
+                    (Ok(a), Ok(b)) => assert_eq!(a, b, "{policies:?}, {label}, step {step}"),
+                    (Err(_), Err(_)) => {}
+                    _ => panic!("{label}, step {step}: {a:?} / {b:?}"),
+                }
+                if label != "another type" {
+                    assert_eq!(
+                        stored(&mut raw, &fast),
+                        stored(&mut raw, &general),
+                        "{policies:?}, {label}, step {step}"
+                    );
+                }
+                clock.advance(Duration::from_millis(3));
             }
-            if label != "another type" {
-                assert_eq!(
-                    stored(&mut raw, &fast),
-                    stored(&mut raw, &general),
-                    "{label}, step {step}"
-                );
-            }
-            clock.advance(Duration::from_millis(3));
         }
     }
 
@@ -583,8 +601,12 @@ async fn the_fast_gcra_function_agrees_with_the_general_check() {
         }
     }
 
-    // A fractional interval, or a peek: the general check.
-    fast.check("s", &fractional, 1).await.unwrap();
+    // A peek, or a policy that is not exact: the general check.
+    let inexact = [Policy::per_day(u64::from(u32::MAX))
+        .name("p")
+        .build()
+        .unwrap()];
+    fast.check("s", &inexact, 1).await.unwrap();
     assert!(next_fcall(&mut monitor).contains("_check\""));
     fast.check("s", &whole, 0).await.unwrap();
     assert!(next_fcall(&mut monitor).contains("_peek\""));

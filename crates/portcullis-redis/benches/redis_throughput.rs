@@ -274,6 +274,18 @@ fn workloads() -> Vec<Workload> {
         false,
     ));
     list.push(store("portcullis GCRA, EVALSHA", vec![gcra()], true));
+    // An emission interval that is not a whole number of microseconds
+    // (3 333.3 µs): the fast function's `gcra_fraction`.
+    let fractional = Policy::per_second(300)
+        .burst(10)
+        .name("p")
+        .build()
+        .expect("a policy");
+    list.push(store(
+        "portcullis GCRA 300/s (fractional interval)",
+        vec![fractional],
+        false,
+    ));
     for (file, args) in [
         // burst, rate, period_ms, cost
         ("peer_gcra_redis_rate.lua", vec![10, 100, 1000, 1]),

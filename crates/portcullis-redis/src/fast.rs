@@ -1,7 +1,8 @@
-//! The fast paths of a `RedisStore` check: GCRA policies with
-//! whole-microsecond emission intervals, called through the library's
-//! `<name>_gcra` function (one policy), which answers one integer instead
-//! of five, or `<name>_gcra_multi` (several), one integer per policy
+//! The fast paths of a `RedisStore` check: exact GCRA policies, called
+//! through the library's `<name>_gcra` function (one policy; a lead in µs,
+//! or in `1 / limit` µs when the interval is not a whole number of µs),
+//! which answers one integer instead of five, or `<name>_gcra_multi`
+//! (several whole-µs policies), one integer per policy
 //! (ALGORITHMS.md, "The Redis fast path"). The decisions are derived here,
 //! with the core's own arithmetic, from each state's lead over now.
 
@@ -19,7 +20,8 @@ use crate::store::{self, RedisStore};
 
 impl RedisStore {
     /// The check of `policy` through the fast GCRA function `script`
-    /// (chosen by [`Library::fast_gcra`](crate::scripts::Library::fast_gcra)).
+    /// (chosen by [`Library::fast_gcra`](crate::scripts::Library::fast_gcra)
+    /// or [`Library::fast_gcra_fraction`](crate::scripts::Library::fast_gcra_fraction)).
     pub(crate) fn fast_gcra_future(
         &self,
         script: LuaScript,
@@ -218,13 +220,26 @@ fn fast_decision(policy: &Policy, reply: i64, cost: u64) -> Result<Decision, Sto
                 ahead % period,
             )
         }
-        _ => (
-            State::Gcra(GcraState {
-                tat_us: ahead,
-                tat_rem: 0,
-            }),
-            0,
-        ),
+        // The lead in units of `1 / scale` µs when the interval is not a
+        // whole number of microseconds (`gcra_fraction`; the function is
+        // only called for exact policies, whose scale is the limit), else
+        // in microseconds.
+        _ => {
+            let (scale, period) = algorithms::emission_interval(policy);
+            let scale = scale.max(1);
+            let state = if period % scale == 0 {
+                GcraState {
+                    tat_us: ahead,
+                    tat_rem: 0,
+                }
+            } else {
+                GcraState {
+                    tat_us: ahead / scale,
+                    tat_rem: ahead % scale,
+                }
+            };
+            (State::Gcra(state), 0)
+        }
     };
     let step = algorithms::check(policy, Some(&state), now, cost);
     let decision = step.decision;

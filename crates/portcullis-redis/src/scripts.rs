@@ -445,6 +445,25 @@ impl Library {
         fast_gcra_policy(policy, cost).then_some(&self.gcra)
     }
 
+    /// The fast GCRA function for one exact GCRA policy whose emission
+    /// interval is not a whole number of microseconds (`per_second(3)`):
+    /// the same function as [`Library::fast_gcra`], which then answers the
+    /// lead in units of `1 / limit` µs (library.lua, `gcra_fraction`). Not
+    /// taken by coalesced batches or the local budget, which read whole
+    /// microseconds.
+    pub(crate) fn fast_gcra_fraction(&self, policies: &[Policy], cost: u64) -> Option<&LuaScript> {
+        let [policy] = policies else {
+            return None;
+        };
+        let fits = policy.algorithm() == Algorithm::Gcra
+            && cost >= 1
+            && cost <= policy.capacity()
+            && policy.limit() >= 1
+            && policy.period_micros() % policy.limit() != 0
+            && exact_in_lua(policy);
+        fits.then_some(&self.gcra)
+    }
+
     /// The fast function of a one-policy check other than GCRA, when it
     /// can take it (a cost of at least 1): the token bucket and the leaky
     /// bucket meter (bucket_fast.lua), and the fixed window whose `limit ×
@@ -498,10 +517,16 @@ fn fast_gcra_policy(policy: &Policy, cost: u64) -> bool {
         && cost <= policy.capacity()
         && limit >= 1
         && period % limit == 0
-        && policy.is_exact()
+        && exact_in_lua(policy)
+}
+
+/// Whether `policy` is exact and its `capacity × period` is exact in Lua:
+/// its GCRA state is then `us + rem / limit` on both sides.
+fn exact_in_lua(policy: &Policy) -> bool {
+    policy.is_exact()
         && policy
             .capacity()
-            .checked_mul(period)
+            .checked_mul(policy.period_micros())
             .is_some_and(|product| product <= portcullis_core::MAX_MAGNITUDE)
 }
 

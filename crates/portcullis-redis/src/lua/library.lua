@@ -82,17 +82,19 @@ redis.register_function{ function_name = FN_LEASE_OOM,
   callback = function(keys, args) return lease(keys, args, true) end,
   flags = { 'allow-oom' } }
 
--- The one-policy GCRA check (cost >= 1) of a policy whose emission interval
--- is a whole number of microseconds and whose burst x period is at most
--- 2^52 (ALGORITHMS.md, "The Redis fast path"): the state is then always
--- hexadecimal microseconds, and the call does only TIME, GET and, when
--- admitted, one SET ... PXAT. It answers one integer, the state's lead
--- over now before the call: ahead when admitted, -1 - ahead when denied;
--- the client derives the decision from it with the same arithmetic
--- (portcullis_core::algorithms::check). A state it cannot read this way (a
--- tagged or foreign value, or one further ahead than the clock tolerance
--- allows, to be repaired) is handed to the general check, whose reply is
--- the usual five integers.
+-- The one-policy GCRA check (cost >= 1) of an exact policy (burst x period
+-- at most 2^52; ALGORITHMS.md, "The Redis fast path"): the call does only
+-- TIME, GET and, when admitted, one SET ... PXAT, and answers one integer,
+-- the state's lead over now before the call: ahead when admitted, -1 -
+-- ahead when denied; the client derives the decision from it with the same
+-- arithmetic (portcullis_core::algorithms::check). When the emission
+-- interval is a whole number of microseconds the state is always
+-- hexadecimal microseconds and the lead is in microseconds; otherwise
+-- (gcra_fraction) the state is us + rem/L and the lead is in units of 1/L
+-- microsecond ((us - now) x L + rem). A state it cannot read this way (a
+-- foreign value, a remainder from another policy, or a lead the policy
+-- cannot leave, to be denied by the reference's arithmetic or repaired) is
+-- handed to the general check, whose reply is the usual five integers.
 --
 -- ARGV[1] = "<limit>:<period_us>:<capacity>:<cost>"; ARGV[2], when
 -- present, is now in microseconds (the client-clock mode), else TIME.
@@ -103,13 +105,65 @@ local fast_of = memo(function(arg)
     return nil
   end
   local L, P, B, cost = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
-  if L < 1 or P % L ~= 0 or B * P > MAX or cost < 1 or cost > B then
+  if L < 1 or B * P > MAX or cost < 1 or cost > B then
     return nil
+  end
+  if P % L ~= 0 then
+    -- Spans in units of 1/L us: a permit is P units, the burst B x P.
+    local reset = ceil_div(B * P, L)
+    return { cost * P, B * P, reset + tolerance(reset), a .. ':' .. b .. ':' .. c, cost, L }
   end
   local ei = P / L
   local cap = B * ei
   return { cost * ei, cap, cap + tolerance(cap), a .. ':' .. b .. ':' .. c, cost }
 end)
+-- gcra_fast for an emission interval that is not a whole number of
+-- microseconds: the same steps on us + rem/L, the lead answered in units of
+-- 1/L microsecond. Every span it forms is at most 2 x B x P <= 2^53, so
+-- exact; a state ahead of the burst (span > B x P) goes to the general
+-- check, which denies it from the whole and fractional parts apart.
+local function gcra_fraction(keys, args, f, now, value, no_new_keys)
+  local L = f[6]
+  local span = 0
+  if value then
+    local us, rem
+    if type(value) == 'string' then
+      us = tonumber(value, 16)
+      if us ~= nil then
+        rem = 0
+      else
+        local a, b = string.match(value, '^gcra:(%d+):(%d+)$')
+        if a ~= nil then
+          us, rem = num(a), num(b)
+        end
+      end
+    end
+    if us == nil or rem == nil or us >= 2 * MAX or rem >= L or us - now > f[3] then
+      return check(GCRA_PLAN, keys, { args[2] or '', f[5], f[4] }, 0, no_new_keys)
+    end
+    if us >= now then
+      span = (us - now) * L + rem
+      if span > f[2] then
+        return check(GCRA_PLAN, keys, { args[2] or '', f[5], f[4] }, 0, no_new_keys)
+      end
+    end
+  elseif no_new_keys then
+    return redis.status_reply('NOROOM')
+  end
+  local new = span + f[1]
+  if new > f[2] then
+    return -1 - span
+  end
+  local whole = div(new, L)
+  local rem = new - whole * L
+  local us = now + whole
+  if rem == 0 then
+    put(keys[1], string.format('%x', us), us)
+  else
+    put(keys[1], 'gcra:' .. fmt(us) .. ':' .. fmt(rem), us + 1)
+  end
+  return span
+end
 local function gcra_fast(keys, args, no_new_keys)
   local f = fast_of(args[1])
   if f == nil then
@@ -124,6 +178,9 @@ local function gcra_fast(keys, args, no_new_keys)
     now = tonumber(args[2])
   end
   local value = redis.pcall('GET', keys[1])
+  if f[6] ~= nil then
+    return gcra_fraction(keys, args, f, now, value, no_new_keys)
+  end
   local ahead = 0
   if value then
     local tat = type(value) == 'string' and tonumber(value, 16)
