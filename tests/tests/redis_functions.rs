@@ -518,10 +518,17 @@ async fn the_fast_gcra_function_agrees_with_the_general_check() {
             .flatten()
     };
     let now = clock.now_micros();
-    // A whole-microsecond interval (the lead answered in µs) and a
-    // fractional one (333 333.3 µs, the lead in thirds of a µs): costs of
-    // 1 and 2, through admissions and denials.
-    for policies in [&whole, &fractional] {
+    // A whole-microsecond interval (the lead answered in µs), one whose
+    // burst × period passes 2^52 (5 per 10^9 s: a whole 2·10^8 s
+    // interval, which the core holds at a reduced scale) and a fractional
+    // one (333 333.3 µs, the lead in thirds of a µs): costs of 1 and 2,
+    // through admissions and denials.
+    let huge = [Policy::per(5, Duration::from_secs(1_000_000_000))
+        .name("p")
+        .build()
+        .unwrap()];
+    assert!(!huge[0].is_exact());
+    for policies in [&whole, &huge, &fractional] {
         for (label, start) in gcra_starts(now) {
             set(&mut raw, &fast, start.clone());
             set(&mut raw, &general, start);
@@ -563,49 +570,62 @@ async fn the_fast_gcra_function_agrees_with_the_general_check() {
             .ok()
             .flatten()
     };
-    for (label, start) in gcra_starts(now) {
-        set(&mut raw, &fast, start.clone());
-        set(&mut raw, &general, start);
-        for store in [&fast, &general] {
-            let _: () = redis::cmd("DEL")
-                .arg(store.key_for("s", "q"))
-                .query(&mut raw)
-                .unwrap();
-        }
-        for step in 0..8 {
-            let a = fast.check("s", &two, 1 + step % 2).await;
-            let line = next_fcall(&mut monitor);
-            assert!(
-                line.contains("_gcra_multi\""),
-                "{label}, step {step}: {line}"
-            );
-            let b = general.check("s", &two, 1 + step % 2).await;
-            match (&a, &b) {
-                (Ok(a), Ok(b)) => assert_eq!(a, b, "two policies, {label}, step {step}"),
-                (Err(_), Err(_)) => {}
-                _ => panic!("two policies, {label}, step {step}: {a:?} / {b:?}"),
+    // The second policy also one whose burst × period passes 2^52 (a whole
+    // interval at a reduced scale in the core).
+    let with_huge = [
+        Policy::per_second(100).burst(5).name("p").build().unwrap(),
+        Policy::per(5, Duration::from_secs(1_000_000_000))
+            .name("q")
+            .build()
+            .unwrap(),
+    ];
+    for two in [&two, &with_huge] {
+        for (label, start) in gcra_starts(now) {
+            set(&mut raw, &fast, start.clone());
+            set(&mut raw, &general, start);
+            for store in [&fast, &general] {
+                let _: () = redis::cmd("DEL")
+                    .arg(store.key_for("s", "q"))
+                    .query(&mut raw)
+                    .unwrap();
             }
-            if label != "another type" {
+            for step in 0..8 {
+                let a = fast.check("s", two, 1 + step % 2).await;
+                let line = next_fcall(&mut monitor);
+                assert!(
+                    line.contains("_gcra_multi\""),
+                    "{label}, step {step}: {line}"
+                );
+                let b = general.check("s", two, 1 + step % 2).await;
+                match (&a, &b) {
+                    (Ok(a), Ok(b)) => assert_eq!(a, b, "{two:?}, {label}, step {step}"),
+                    (Err(_), Err(_)) => {}
+                    _ => panic!("{two:?}, {label}, step {step}: {a:?} / {b:?}"),
+                }
+                if label != "another type" {
+                    assert_eq!(
+                        stored(&mut raw, &fast),
+                        stored(&mut raw, &general),
+                        "{label}"
+                    );
+                }
                 assert_eq!(
-                    stored(&mut raw, &fast),
-                    stored(&mut raw, &general),
+                    stored_q(&mut raw, &fast),
+                    stored_q(&mut raw, &general),
                     "{label}"
                 );
+                clock.advance(Duration::from_millis(3));
             }
-            assert_eq!(
-                stored_q(&mut raw, &fast),
-                stored_q(&mut raw, &general),
-                "{label}"
-            );
-            clock.advance(Duration::from_millis(3));
         }
     }
 
-    // A peek, or a policy that is not exact: the general check.
+    // A peek, or a fractional interval whose burst × period passes 2^52:
+    // the general check.
     let inexact = [Policy::per_day(u64::from(u32::MAX))
         .name("p")
         .build()
         .unwrap()];
+    assert!(86_400_000_000 % u64::from(u32::MAX) != 0 && !inexact[0].is_exact());
     fast.check("s", &inexact, 1).await.unwrap();
     assert!(next_fcall(&mut monitor).contains("_check\""));
     fast.check("s", &whole, 0).await.unwrap();

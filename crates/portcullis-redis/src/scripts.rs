@@ -436,7 +436,7 @@ impl Library {
     /// The fast GCRA function and its argument
     /// (`<limit>:<period_us>:<capacity>:<cost>`) when a check can take it:
     /// one GCRA policy whose emission interval is a whole number of
-    /// microseconds and whose `capacity × period` is exact in Lua, with a
+    /// microseconds and whose `capacity × interval` is exact in Lua, with a
     /// cost of at least 1 (ALGORITHMS.md, "The Redis fast path").
     pub(crate) fn fast_gcra(&self, policies: &[Policy], cost: u64) -> Option<&LuaScript> {
         let [policy] = policies else {
@@ -508,7 +508,7 @@ type Plan = SmallVec<[Algorithm; 4]>;
 
 /// Whether a check of `cost` against `policy` takes the GCRA fast path: a
 /// GCRA policy whose emission interval is a whole number of microseconds
-/// and whose `capacity × period` is exact in Lua, and a cost of at least 1
+/// and whose `capacity × interval` is exact in Lua, and a cost of at least 1
 /// (ALGORITHMS.md, "The Redis fast path").
 fn fast_gcra_policy(policy: &Policy, cost: u64) -> bool {
     let (limit, period) = (policy.limit(), policy.period_micros());
@@ -517,7 +517,15 @@ fn fast_gcra_policy(policy: &Policy, cost: u64) -> bool {
         && cost <= policy.capacity()
         && limit >= 1
         && period % limit == 0
-        && exact_in_lua(policy)
+        // Spans in whole microseconds: the burst × interval must be exact
+        // in Lua, not burst × period (a daily quota of 100 000, whose
+        // burst × period passes 2^52, is a whole 864 ms interval). Such a
+        // policy is not `is_exact`, but its core state has no fraction
+        // either: every increment is a whole interval at its scale.
+        && policy
+            .capacity()
+            .checked_mul(period / limit)
+            .is_some_and(|product| product <= portcullis_core::MAX_MAGNITUDE)
 }
 
 /// Whether `policy` is exact and its `capacity × period` is exact in Lua:

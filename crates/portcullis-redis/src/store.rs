@@ -420,7 +420,12 @@ impl RedisStore {
                 let script = script.clone();
                 return Ok(self.fast_gcra_future(script, subject, &policies[0], cost));
             }
-            if let Some(script) = self.inner.scripts.library().fast_gcra_fraction(policies, cost) {
+            if let Some(script) = self
+                .inner
+                .scripts
+                .library()
+                .fast_gcra_fraction(policies, cost)
+            {
                 let script = script.clone();
                 return Ok(self.fast_gcra_future(script, subject, &policies[0], cost));
             }

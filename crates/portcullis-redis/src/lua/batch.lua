@@ -38,8 +38,8 @@ local function batch(keys, args, no_new_keys)
   return replies
 end
 
--- gcra_batch(keys, args): one GCRA policy that the fast function takes
--- (library.lua): one GET, the checks in turn on the state's lead over now,
+-- gcra_batch(keys, args): one GCRA policy with a whole-microsecond
+-- interval that the fast function takes (library.lua): one GET, the checks in turn on the state's lead over now,
 -- and one SET when any admitted. ARGV[1] = "<limit>:<period_us>:<capacity>",
 -- ARGV[2] = now or '', ARGV[3..] = the costs. Reply: one integer per
 -- check, as the fast function answers alone (the lead before it: ahead
@@ -52,11 +52,14 @@ local batch_policy_of = memo(function(arg)
     return nil
   end
   local L, P, B = tonumber(a), tonumber(b), tonumber(c)
-  if L < 1 or P % L ~= 0 or B * P > MAX then
+  if L < 1 or P % L ~= 0 then
     return nil
   end
   local ei = P / L
   local cap = B * ei
+  if cap > MAX then
+    return nil
+  end
   return { ei, cap, cap + tolerance(cap), B }
 end)
 -- The state's lead over now, for gcra_batch and gcra_take: a number, or a

@@ -1,6 +1,6 @@
 -- gcra_multi(keys, args): a check of several GCRA policies of the fast
--- path (library.lua: whole-microsecond intervals, burst x period at most
--- 2^52) in one call, all or nothing, as check.lua decides it. (Library
+-- path (library.lua: whole-microsecond intervals, burst x interval at most
+-- 2^52 us) in one call, all or nothing, as check.lua decides it. (Library
 -- only: after batch.lua, which defines batch_policy_of, and library.lua.)
 --
 -- KEYS[i]: policy i's state. ARGV[1] = the cost (at least 1), ARGV[1+i] =

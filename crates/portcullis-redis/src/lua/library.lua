@@ -82,8 +82,10 @@ redis.register_function{ function_name = FN_LEASE_OOM,
   callback = function(keys, args) return lease(keys, args, true) end,
   flags = { 'allow-oom' } }
 
--- The one-policy GCRA check (cost >= 1) of an exact policy (burst x period
--- at most 2^52; ALGORITHMS.md, "The Redis fast path"): the call does only
+-- The one-policy GCRA check (cost >= 1) of a policy whose burst x emission
+-- interval is at most 2^52 microseconds and, when the interval is not a
+-- whole number of microseconds, whose burst x period is too (ALGORITHMS.md,
+-- "The Redis fast path"): the call does only
 -- TIME, GET and, when admitted, one SET ... PXAT, and answers one integer,
 -- the state's lead over now before the call: ahead when admitted, -1 -
 -- ahead when denied; the client derives the decision from it with the same
@@ -105,16 +107,24 @@ local fast_of = memo(function(arg)
     return nil
   end
   local L, P, B, cost = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
-  if L < 1 or B * P > MAX or cost < 1 or cost > B then
+  if L < 1 or cost < 1 or cost > B then
     return nil
   end
   if P % L ~= 0 then
     -- Spans in units of 1/L us: a permit is P units, the burst B x P.
+    if B * P > MAX then
+      return nil
+    end
     local reset = ceil_div(B * P, L)
     return { cost * P, B * P, reset + tolerance(reset), a .. ':' .. b .. ':' .. c, cost, L }
   end
+  -- A whole interval: spans in microseconds, the burst B x ei (B x P may
+  -- pass 2^52: a daily quota of 100 000).
   local ei = P / L
   local cap = B * ei
+  if cap > MAX then
+    return nil
+  end
   return { cost * ei, cap, cap + tolerance(cap), a .. ':' .. b .. ':' .. c, cost }
 end)
 -- gcra_fast for an emission interval that is not a whole number of
