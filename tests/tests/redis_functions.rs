@@ -839,3 +839,181 @@ async fn the_fast_fixed_window_function_agrees_with_the_general_check() {
         .agree(&policy, "fixed_window", &starts, Duration::from_millis(70))
         .await;
 }
+
+/// A one-policy sliding window counter whose `(limit + 1)² × period` is
+/// within 2^52 takes the fast sliding-window function (one integer back:
+/// the two counts it weighed and the time into the window). A window that
+/// starts after now's, a count over the limit, another form, garbage or
+/// another type go to the general check in the same call; the decisions
+/// and stored states equal the EVALSHA path's across window ends, at
+/// several steps (so the previous window's weight takes many values), and
+/// a policy past the bound takes the general check.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fast_sliding_window_function_agrees_with_the_general_check() {
+    use portcullis_core::Clock as _;
+
+    let mut stores = FastAndGeneral::start("sw").await;
+    let period = 300_000;
+    let policy = Policy::per(5, Duration::from_micros(period))
+        .algorithm(Algorithm::SlidingWindow)
+        .name("p")
+        .build()
+        .unwrap();
+    // Each start is written from the clock as it is then (the checks from
+    // the one before moved it on).
+    let starts = |now: u64| -> [(&'static str, Option<Vec<u8>>); 11] {
+        let window = now - now % period;
+        // A start within now's window but after its beginning (a period
+        // that changed); the window's own start when now is on it.
+        let inside = window + (now - window) / 2;
+        [
+            ("absent", None),
+            (
+                "this window",
+                Some(format!("sliding_window:{window}:4:1").into_bytes()),
+            ),
+            (
+                "the window before",
+                Some(format!("sliding_window:{}:2:4", window - period).into_bytes()),
+            ),
+            (
+                "an older window",
+                Some(format!("sliding_window:{}:5:5", window - 2 * period).into_bytes()),
+            ),
+            (
+                "a later window",
+                Some(format!("sliding_window:{}:1:2", window + period).into_bytes()),
+            ),
+            (
+                "a start inside the window",
+                Some(format!("sliding_window:{inside}:1:1").into_bytes()),
+            ),
+            (
+                "over the limit",
+                Some(format!("sliding_window:{window}:9:1").into_bytes()),
+            ),
+            (
+                "the window before, over the limit",
+                Some(format!("sliding_window:{}:0:9", window - period).into_bytes()),
+            ),
+            (
+                "past 2^53",
+                Some(format!("sliding_window:{window}:99999999999999999:1").into_bytes()),
+            ),
+            ("garbage", Some(b"sliding_window:x:y:z".to_vec())),
+            ("another type", Some(Vec::new())),
+        ]
+    };
+    for step in [70, 130, 1, 290] {
+        for i in 0..11 {
+            let start = starts(stores.clock.now_micros())[i].clone();
+            stores
+                .agree(
+                    &policy,
+                    "sliding_window",
+                    &[start],
+                    Duration::from_millis(step),
+                )
+                .await;
+        }
+    }
+    // The benchmark's policy (100/s), from empty and through denials.
+    let per_second = Policy::per_second(100)
+        .algorithm(Algorithm::SlidingWindow)
+        .name("p")
+        .build()
+        .unwrap();
+    stores
+        .agree(
+            &per_second,
+            "sliding_window",
+            &[("absent", None)],
+            Duration::from_millis(3),
+        )
+        .await;
+    // (limit + 1)² × period past 2^52: the general check.
+    let daily = [Policy::per_day(100_000)
+        .algorithm(Algorithm::SlidingWindow)
+        .name("p")
+        .build()
+        .unwrap()];
+    stores.fast.check("s", &daily, 1).await.unwrap();
+    assert!(next_fcall(&mut stores.monitor).contains("_check\""));
+}
+
+/// A one-policy leaky bucket queue of the GCRA fast path's policies (a
+/// whole-microsecond interval) takes the fast queue function (one integer
+/// back: the time until the queue is free, the admitted request's delay).
+/// A remainder, a time beyond the clock tolerance, another form, garbage
+/// or another type go to the general check in the same call; the
+/// decisions (delays included) and stored states equal the EVALSHA
+/// path's; a fractional interval takes the general check.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fast_leaky_queue_function_agrees_with_the_general_check() {
+    use portcullis_core::Clock as _;
+
+    let mut stores = FastAndGeneral::start("queue").await;
+    let policy = Policy::per_second(10)
+        .burst(4)
+        .algorithm(Algorithm::LeakyBucket(portcullis_core::LeakyMode::Queue))
+        .name("p")
+        .build()
+        .unwrap();
+    // Each start is written from the clock as it is then (the checks from
+    // the one before moved it on).
+    let starts = |now: u64| -> [(&'static str, Option<Vec<u8>>); 10] {
+        [
+            ("absent", None),
+            (
+                "ahead",
+                Some(format!("leaky_queue:{}:0", now + 150_000).into_bytes()),
+            ),
+            (
+                "room for one, exactly",
+                Some(format!("leaky_queue:{}:0", now + 300_000).into_bytes()),
+            ),
+            (
+                "full",
+                Some(format!("leaky_queue:{}:0", now + 400_000).into_bytes()),
+            ),
+            (
+                "in the past",
+                Some(format!("leaky_queue:{}:0", now - 5_000).into_bytes()),
+            ),
+            (
+                "a remainder",
+                Some(format!("leaky_queue:{}:3", now + 20_000).into_bytes()),
+            ),
+            (
+                "within the tolerance",
+                Some(format!("leaky_queue:{}:0", now + 900_000).into_bytes()),
+            ),
+            (
+                "beyond the tolerance",
+                Some(format!("leaky_queue:{}:0", now + 10_000_000).into_bytes()),
+            ),
+            ("garbage", Some(b"leaky_queue:x:0".to_vec())),
+            ("another type", Some(Vec::new())),
+        ]
+    };
+    for step in [40, 25, 7, 130] {
+        for i in 0..10 {
+            let start = starts(stores.clock.now_micros())[i].clone();
+            stores
+                .agree(
+                    &policy,
+                    "leaky_queue",
+                    &[start],
+                    Duration::from_millis(step),
+                )
+                .await;
+        }
+    }
+    let fractional = [Policy::per_second(3)
+        .algorithm(Algorithm::LeakyBucket(portcullis_core::LeakyMode::Queue))
+        .name("p")
+        .build()
+        .unwrap()];
+    stores.fast.check("s", &fractional, 1).await.unwrap();
+    assert!(next_fcall(&mut stores.monitor).contains("_check\""));
+}

@@ -1,15 +1,17 @@
 //! The fast paths of a `RedisStore` check: GCRA policies with
 //! whole-microsecond emission intervals, called through the library's
 //! `<name>_gcra` function (one policy), which answers one integer instead
-//! of five, or `<name>_gcra_multi` (several), one integer per policy
-//! (ALGORITHMS.md, "The Redis fast path"). The decisions are derived here,
-//! with the core's own arithmetic, from each state's lead over now.
+//! of five, or `<name>_gcra_multi` (several), one integer per policy; and
+//! the one-policy fast functions of the other algorithms but the sliding
+//! log (ALGORITHMS.md, "The Redis fast path"). The decisions are derived
+//! here, with the core's own arithmetic, from each reply.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 
 use portcullis_core::algorithms::{
-    self, FixedWindowState, GcraState, LeakyMeterState, State, TokenBucketState,
+    self, FixedWindowState, GcraState, LeakyMeterState, LeakyQueueState, SlidingWindowState, State,
+    TokenBucketState,
 };
 use portcullis_core::{Algorithm, Decision, LeakyMode, Policy, StoreError, Verdict};
 use redis::Value;
@@ -31,8 +33,9 @@ impl RedisStore {
     }
 
     /// The check of one policy through a fast function of its algorithm
-    /// (`<name>_gcra`, `<name>_token_bucket`, `<name>_fixed_window`): one
-    /// packed argument, one
+    /// (`<name>_gcra`, `<name>_token_bucket`, `<name>_leaky_meter`,
+    /// `<name>_leaky_queue`, `<name>_fixed_window`,
+    /// `<name>_sliding_window`): one packed argument, one
     /// integer back, from which [`verdict`] derives the decision.
     pub(crate) fn fast_one_future(
         &self,
@@ -190,9 +193,10 @@ fn fast_decision(policy: &Policy, reply: i64, cost: u64) -> Result<Decision, Sto
         (false, (reply + 1).unsigned_abs())
     };
     // The same step the script took, seen from a clock at `now`: only the
-    // lead matters to GCRA, only the level after the refill to a token
-    // bucket, only the count and the time into the window to a fixed
-    // window.
+    // lead matters to GCRA and the leaky bucket queue, only the level
+    // after the refill to a token bucket, only the count and the time into
+    // the window to a fixed window, only the two counts and the time into
+    // the window to a sliding window.
     let (state, now) = match policy.algorithm() {
         Algorithm::TokenBucket => (
             State::TokenBucket(TokenBucketState {
@@ -218,6 +222,29 @@ fn fast_decision(policy: &Policy, reply: i64, cost: u64) -> Result<Decision, Sto
                 ahead % period,
             )
         }
+        // The counts the check weighed and the time into the window:
+        // (previous × (limit + 1) + current) × period + elapsed.
+        Algorithm::SlidingWindow => {
+            let period = policy.period_micros().max(1);
+            let slots = policy.limit().saturating_add(1);
+            let counts = ahead / period;
+            (
+                State::SlidingWindow(SlidingWindowState {
+                    window_start_us: 0,
+                    previous: counts / slots,
+                    current: counts % slots,
+                }),
+                ahead % period,
+            )
+        }
+        // The time until the queue is free, as GCRA's lead.
+        Algorithm::LeakyBucket(LeakyMode::Queue) => (
+            State::LeakyQueue(LeakyQueueState {
+                free_us: ahead,
+                free_rem: 0,
+            }),
+            0,
+        ),
         _ => (
             State::Gcra(GcraState {
                 tat_us: ahead,
