@@ -304,6 +304,41 @@ mod tests {
     }
 
     #[test]
+    fn sliding_window_and_queue_replies_decode_to_the_core_decision() {
+        // 5 per 300 ms: (previous × 6 + current) × 300 000 + elapsed.
+        let window = Policy::per(5, Duration::from_millis(300))
+            .algorithm(Algorithm::SlidingWindow)
+            .build()
+            .unwrap();
+        // Previous 2, current 1, 100 ms into the window: a weight of
+        // 2 × 200 000 µs, room for one more after this check.
+        let admitted = fast_decision(&window, (2 * 6 + 1) * 300_000 + 100_000, 1).unwrap();
+        assert!(admitted.is_allowed());
+        assert_eq!(admitted.remaining(), 1);
+        assert_eq!(admitted.reset_after(), Duration::from_micros(500_000));
+        // Previous 5 at the window's start: denied until the weight of the
+        // previous window is 4 permits' worth, 60 ms on.
+        let denied = fast_decision(&window, -1 - 5 * 6 * 300_000, 1).unwrap();
+        assert!(!denied.is_allowed());
+        assert_eq!(denied.remaining(), 0);
+        assert_eq!(denied.retry_after(), Some(Duration::from_micros(60_000)));
+        assert_eq!(denied.reset_after(), Duration::from_micros(300_000));
+        // A leaky bucket queue (10/s, burst 4) free in 300 ms: admitted with
+        // that delay, the queue then full.
+        let queue = Policy::per_second(10)
+            .burst(4)
+            .algorithm(Algorithm::LeakyBucket(LeakyMode::Queue))
+            .build()
+            .unwrap();
+        let queued = fast_decision(&queue, 300_000, 1).unwrap();
+        assert!(queued.is_allowed());
+        assert_eq!(queued.delay(), Duration::from_micros(300_000));
+        assert_eq!(queued.remaining(), 0);
+        assert_eq!(queued.reset_after(), Duration::from_micros(400_000));
+        assert!(fast_decision(&queue, -1 - 300_000, 1).is_err());
+    }
+
+    #[test]
     fn a_reply_that_disagrees_is_a_protocol_error() {
         assert!(matches!(
             fast_decision(&policy(), 100_000, 1),
