@@ -1017,3 +1017,123 @@ async fn the_fast_leaky_queue_function_agrees_with_the_general_check() {
     stores.fast.check("s", &fractional, 1).await.unwrap();
     assert!(next_fcall(&mut stores.monitor).contains("_check\""));
 }
+
+/// A one-policy sliding log takes the fast sliding-log function (only the
+/// reads its plain case needs; the general check's five integers back).
+/// More live entries than the limit, an entry after now (near or far),
+/// or a key of another type go to the general check in the same call; the
+/// decisions and the stored sorted sets (members, scores, expiry) equal
+/// the EVALSHA path's, step by step, through expired entries, several
+/// admissions in one microsecond, denials and window ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fast_sliding_log_function_agrees_with_the_general_check() {
+    use portcullis_core::Clock as _;
+
+    let mut stores = FastAndGeneral::start("log").await;
+    let mut raw = redis_common::raw(&stores.server.url());
+    let period: u64 = 300_000;
+    let policy = [Policy::per(3, Duration::from_micros(period))
+        .algorithm(Algorithm::SlidingLog)
+        .name("p")
+        .build()
+        .unwrap()];
+    // Entries (time, n) from now; None for a string key.
+    let starts = |now: u64| -> [(&'static str, Option<Vec<(u64, u64)>>); 11] {
+        [
+            ("absent", Some(vec![])),
+            (
+                "two live",
+                Some(vec![(now - 200_000, 1), (now - 100_000, 1)]),
+            ),
+            (
+                "full",
+                Some(vec![(now - 250_000, 1), (now - 250_000, 2), (now - 10, 1)]),
+            ),
+            (
+                "expired and live",
+                Some(vec![
+                    (now - 2 * period, 1),
+                    (now - period, 1),
+                    (now - period + 1, 1),
+                ]),
+            ),
+            (
+                "all expired",
+                Some(vec![(now - period, 1), (now - period, 2)]),
+            ),
+            ("one at now", Some(vec![(now, 1)])),
+            (
+                "over the limit",
+                Some((1..=5).map(|i| (now - 100_000 + i, 1)).collect()),
+            ),
+            ("just after now", Some(vec![(now - 5, 1), (now + 1_000, 1)])),
+            ("far after now", Some(vec![(now + 100 * period, 1)])),
+            (
+                "past and full",
+                Some(vec![(now - 1, 1), (now - 1, 2), (now - 1, 3)]),
+            ),
+            ("another type", None),
+        ]
+    };
+    let dump = |raw: &mut redis::Connection, store: &RedisStore| -> (Vec<(String, String)>, i64) {
+        let key = store.key_for("s", "p");
+        let entries: Vec<(String, String)> = redis::cmd("ZRANGE")
+            .arg(&key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query(raw)
+            .unwrap_or_default();
+        let expiry: i64 = redis::cmd("PEXPIRETIME").arg(&key).query(raw).unwrap();
+        (entries, expiry)
+    };
+    for step in [70_000, 0, 1, 130_000] {
+        for i in 0..11 {
+            let now = stores.clock.now_micros();
+            let (label, start) = starts(now)[i].clone();
+            for store in [&stores.fast, &stores.general] {
+                let key = store.key_for("s", "p");
+                let _: () = redis::cmd("DEL").arg(&key).query(&mut raw).unwrap();
+                match &start {
+                    Some(entries) => {
+                        for (t, n) in entries {
+                            let _: i64 = redis::cmd("ZADD")
+                                .arg(&key)
+                                .arg(t)
+                                .arg(format!("{t}:{n}"))
+                                .query(&mut raw)
+                                .unwrap();
+                        }
+                    }
+                    None => {
+                        let () = redis::cmd("SET")
+                            .arg(&key)
+                            .arg("x")
+                            .query(&mut raw)
+                            .unwrap();
+                    }
+                }
+            }
+            for n in 0..10_u64 {
+                let cost = 1 + n % 3;
+                let a = stores.fast.check("s", &policy, cost).await;
+                let line = next_fcall(&mut stores.monitor);
+                assert!(line.contains("_sliding_log\""), "{label}, step {n}: {line}");
+                let b = stores.general.check("s", &policy, cost).await;
+                match (&a, &b) {
+                    (Ok(a), Ok(b)) => assert_eq!(a, b, "{label}, step {step} µs, check {n}"),
+                    (Err(_), Err(_)) => {}
+                    _ => panic!("{label}, step {step} µs, check {n}: {a:?} / {b:?}"),
+                }
+                if start.is_some() {
+                    assert_eq!(
+                        dump(&mut raw, &stores.fast),
+                        dump(&mut raw, &stores.general),
+                        "{label}, step {step} µs, check {n}"
+                    );
+                }
+                stores.clock.advance(Duration::from_micros(step));
+            }
+        }
+    }
+}

@@ -36,7 +36,9 @@ impl RedisStore {
     /// (`<name>_gcra`, `<name>_token_bucket`, `<name>_leaky_meter`,
     /// `<name>_leaky_queue`, `<name>_fixed_window`,
     /// `<name>_sliding_window`): one packed argument, one
-    /// integer back, from which [`verdict`] derives the decision.
+    /// integer back, from which [`verdict`] derives the decision
+    /// (`<name>_sliding_log` answers one integer only when it admits,
+    /// and the general check's five integers when it denies).
     pub(crate) fn fast_one_future(
         &self,
         script: LuaScript,
@@ -180,7 +182,31 @@ pub(crate) fn verdict(
     reply: i64,
     cost: u64,
 ) -> Result<portcullis_core::Verdict, StoreError> {
+    if policy.algorithm() == Algorithm::SlidingLog {
+        return log_admitted(policy, reply, cost);
+    }
     fast_decision(policy, reply, cost).map(|d| std::iter::once(d).collect())
+}
+
+/// The verdict for the fast sliding log function's one integer: the live
+/// entries before an admitted check. The general check's reply for it
+/// (sliding_log.lua): admitted, `limit - live - cost` left, reset after
+/// one period (the new entries are the newest, at now).
+fn log_admitted(policy: &Policy, live: i64, cost: u64) -> Result<Verdict, StoreError> {
+    let remaining = u64::try_from(live)
+        .ok()
+        .and_then(|live| policy.limit().checked_sub(live)?.checked_sub(cost));
+    let figures = remaining
+        .and_then(|remaining| i64::try_from(remaining).ok())
+        .zip(i64::try_from(policy.period_micros()).ok());
+    let Some((remaining, period)) = figures else {
+        return Err(store::protocol(format!(
+            "the fast sliding log function admitted a check with {live} entries live, \
+             past this policy's limit; is the library from another portcullis-redis version?"
+        )));
+    };
+    let reply = [1, remaining, -1, period, 0].map(Value::Int).to_vec();
+    store::parse_verdict(Value::Array(reply), &[policy.capacity()])
 }
 
 /// The decision for the fast function's reply: the state's lead over now
@@ -198,6 +224,12 @@ fn fast_decision(policy: &Policy, reply: i64, cost: u64) -> Result<Decision, Sto
     // the window to a fixed window, only the two counts and the time into
     // the window to a sliding window.
     let (state, now) = match policy.algorithm() {
+        // The sliding log's one integer is read by log_admitted.
+        Algorithm::SlidingLog => {
+            return Err(store::protocol(format!(
+                "a sliding log's fast reply ({reply}) read as another algorithm's"
+            )));
+        }
         Algorithm::TokenBucket => (
             State::TokenBucket(TokenBucketState {
                 level: ahead,
