@@ -6,7 +6,7 @@
 -- ZCOUNT from now on (which reads only the newest entry when it is
 -- before now), the expired entries removed (when there are any), the new
 -- ones added, PEXPIREAT. Denied: ZREVRANGE for the newest entry and one
--- ZRANGEBYSCORE for the entry whose leaving admits the request. The
+-- ZRANGE by rank for the entry whose leaving admits the request. The
 -- state is the general check's sorted set, written the same way. Numbers
 -- reach redis.call as strings (fmt: '%d', not %.17g).
 --
@@ -78,7 +78,10 @@ local function sliding_log_fast(keys, args, no_new_keys)
   if newest == nil or newest > now then
     return check(LOG_PLAN, keys, { args[2] or '', c, f[4] }, 0, no_new_keys)
   end
-  local kth = redis.call('ZRANGEBYSCORE', key, '(' .. cutoff, '+inf', 'WITHSCORES', 'LIMIT', fmt(live + c - L - 1), '1')
+  -- The expired entries are the first `dead` by rank: the (live + c -
+  -- L)th live entry is at rank dead + live + c - L - 1 (no score to parse).
+  local rank = fmt(dead + live + c - L - 1)
+  local kth = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
   return { 0, L - live, tonumber(kth[2]) + P - now, newest + P - now, 0 }
 end
 redis.register_function{ function_name = FN_LOG_FAST,
