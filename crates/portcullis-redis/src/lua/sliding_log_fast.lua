@@ -5,8 +5,8 @@
 -- live ones, reading only the expired (sliding_log.lua). Admitted: a
 -- ZCOUNT from now on (which reads only the newest entry when it is
 -- before now), the expired entries removed (when there are any), the new
--- ones added, PEXPIREAT. Denied: ZREVRANGE for the newest entry and one
--- ZRANGE by rank for the entry whose leaving admits the request. The
+-- ones added, PEXPIREAT. Denied: ZREVRANGE for the newest entry and for
+-- the entry whose leaving admits the request (by rank: L - cost). The
 -- state is the general check's sorted set, written the same way. Numbers
 -- reach redis.call as strings (fmt: '%d', not %.17g).
 --
@@ -29,7 +29,7 @@ local log_fast_of = memo(function(arg)
   if L < 1 or P < 1 or cost < 1 or cost > L then
     return nil
   end
-  return { L, P, cost, a .. ':' .. b .. ':' .. c }
+  return { L, P, cost, a .. ':' .. b .. ':' .. c, string.format('%d', L - cost) }
 end)
 local LOG_PLAN = { ALG.sliding_log }
 local function sliding_log_fast(keys, args, no_new_keys)
@@ -78,10 +78,9 @@ local function sliding_log_fast(keys, args, no_new_keys)
   if newest == nil or newest > now then
     return check(LOG_PLAN, keys, { args[2] or '', c, f[4] }, 0, no_new_keys)
   end
-  -- The expired entries are the first `dead` by rank: the (live + c -
-  -- L)th live entry is at rank dead + live + c - L - 1 (no score to parse).
-  local rank = fmt(dead + live + c - L - 1)
-  local kth = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
+  -- The (live + c - L)th live entry, counted from the oldest, is the
+  -- (L - c)th from the newest (rank 0): no score range to parse.
+  local kth = redis.call('ZREVRANGE', key, f[5], f[5], 'WITHSCORES')
   return { 0, L - live, tonumber(kth[2]) + P - now, newest + P - now, 0 }
 end
 redis.register_function{ function_name = FN_LOG_FAST,
