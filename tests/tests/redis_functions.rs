@@ -1038,7 +1038,8 @@ async fn the_fast_sliding_log_function_agrees_with_the_general_check() {
         .build()
         .unwrap()];
     // Entries (time, n) from now; None for a string key.
-    let starts = |now: u64| -> [(&'static str, Option<Vec<(u64, u64)>>); 11] {
+    type Start = (&'static str, Option<Vec<(u64, u64)>>);
+    let starts = |now: u64| -> [Start; 11] {
         [
             ("absent", Some(vec![])),
             (
