@@ -371,6 +371,28 @@ mod tests {
     }
 
     #[test]
+    fn a_sliding_log_admission_decodes_from_its_live_entries() {
+        let log = Policy::per_second(100)
+            .algorithm(Algorithm::SlidingLog)
+            .build()
+            .unwrap();
+        let admitted = verdict(&log, 40, 2).unwrap();
+        let decision = &admitted.decisions()[0];
+        assert!(decision.is_allowed());
+        assert_eq!(decision.remaining(), 58);
+        assert_eq!(decision.retry_after(), None);
+        assert_eq!(decision.reset_after(), Duration::from_secs(1));
+        // More live entries than an admission leaves room for, or fewer
+        // than none: protocol errors, never a panic.
+        for live in [99, 100, -1, i64::MIN, i64::MAX] {
+            assert!(matches!(
+                verdict(&log, live, 2),
+                Err(StoreError::Protocol { .. })
+            ));
+        }
+    }
+
+    #[test]
     fn a_reply_that_disagrees_is_a_protocol_error() {
         assert!(matches!(
             fast_decision(&policy(), 100_000, 1),
