@@ -881,3 +881,302 @@ async fn the_fast_fixed_window_function_agrees_with_the_general_check() {
         .agree(&policy, "fixed_window", &starts, Duration::from_millis(70))
         .await;
 }
+
+/// A one-policy sliding window counter whose `(limit + 1)² × period` is
+/// within 2^52 takes the fast sliding-window function (one integer back:
+/// the two counts it weighed and the time into the window). A window that
+/// starts after now's, a count over the limit, another form, garbage or
+/// another type go to the general check in the same call; the decisions
+/// and stored states equal the EVALSHA path's across window ends, at
+/// several steps (so the previous window's weight takes many values), and
+/// a policy past the bound takes the general check.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fast_sliding_window_function_agrees_with_the_general_check() {
+    use portcullis_core::Clock as _;
+
+    let mut stores = FastAndGeneral::start("sw").await;
+    let period = 300_000;
+    let policy = Policy::per(5, Duration::from_micros(period))
+        .algorithm(Algorithm::SlidingWindow)
+        .name("p")
+        .build()
+        .unwrap();
+    // Each start is written from the clock as it is then (the checks from
+    // the one before moved it on).
+    let starts = |now: u64| -> [(&'static str, Option<Vec<u8>>); 11] {
+        let window = now - now % period;
+        // A start within now's window but after its beginning (a period
+        // that changed); the window's own start when now is on it.
+        let inside = window + (now - window) / 2;
+        [
+            ("absent", None),
+            (
+                "this window",
+                Some(format!("sliding_window:{window}:4:1").into_bytes()),
+            ),
+            (
+                "the window before",
+                Some(format!("sliding_window:{}:2:4", window - period).into_bytes()),
+            ),
+            (
+                "an older window",
+                Some(format!("sliding_window:{}:5:5", window - 2 * period).into_bytes()),
+            ),
+            (
+                "a later window",
+                Some(format!("sliding_window:{}:1:2", window + period).into_bytes()),
+            ),
+            (
+                "a start inside the window",
+                Some(format!("sliding_window:{inside}:1:1").into_bytes()),
+            ),
+            (
+                "over the limit",
+                Some(format!("sliding_window:{window}:9:1").into_bytes()),
+            ),
+            (
+                "the window before, over the limit",
+                Some(format!("sliding_window:{}:0:9", window - period).into_bytes()),
+            ),
+            (
+                "past 2^53",
+                Some(format!("sliding_window:{window}:99999999999999999:1").into_bytes()),
+            ),
+            ("garbage", Some(b"sliding_window:x:y:z".to_vec())),
+            ("another type", Some(Vec::new())),
+        ]
+    };
+    for step in [70, 130, 1, 290] {
+        for i in 0..11 {
+            let start = starts(stores.clock.now_micros())[i].clone();
+            stores
+                .agree(
+                    &policy,
+                    "sliding_window",
+                    &[start],
+                    Duration::from_millis(step),
+                )
+                .await;
+        }
+    }
+    // The benchmark's policy (100/s), from empty and through denials.
+    let per_second = Policy::per_second(100)
+        .algorithm(Algorithm::SlidingWindow)
+        .name("p")
+        .build()
+        .unwrap();
+    stores
+        .agree(
+            &per_second,
+            "sliding_window",
+            &[("absent", None)],
+            Duration::from_millis(3),
+        )
+        .await;
+    // (limit + 1)² × period past 2^52: the general check.
+    let daily = [Policy::per_day(100_000)
+        .algorithm(Algorithm::SlidingWindow)
+        .name("p")
+        .build()
+        .unwrap()];
+    stores.fast.check("s", &daily, 1).await.unwrap();
+    assert!(next_fcall(&mut stores.monitor).contains("_check\""));
+}
+
+/// A one-policy leaky bucket queue of the GCRA fast path's policies (a
+/// whole-microsecond interval) takes the fast queue function (one integer
+/// back: the time until the queue is free, the admitted request's delay).
+/// A remainder, a time beyond the clock tolerance, another form, garbage
+/// or another type go to the general check in the same call; the
+/// decisions (delays included) and stored states equal the EVALSHA
+/// path's; a fractional interval takes the general check.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fast_leaky_queue_function_agrees_with_the_general_check() {
+    use portcullis_core::Clock as _;
+
+    let mut stores = FastAndGeneral::start("queue").await;
+    let policy = Policy::per_second(10)
+        .burst(4)
+        .algorithm(Algorithm::LeakyBucket(portcullis_core::LeakyMode::Queue))
+        .name("p")
+        .build()
+        .unwrap();
+    // Each start is written from the clock as it is then (the checks from
+    // the one before moved it on).
+    let starts = |now: u64| -> [(&'static str, Option<Vec<u8>>); 10] {
+        [
+            ("absent", None),
+            (
+                "ahead",
+                Some(format!("leaky_queue:{}:0", now + 150_000).into_bytes()),
+            ),
+            (
+                "room for one, exactly",
+                Some(format!("leaky_queue:{}:0", now + 300_000).into_bytes()),
+            ),
+            (
+                "full",
+                Some(format!("leaky_queue:{}:0", now + 400_000).into_bytes()),
+            ),
+            (
+                "in the past",
+                Some(format!("leaky_queue:{}:0", now - 5_000).into_bytes()),
+            ),
+            (
+                "a remainder",
+                Some(format!("leaky_queue:{}:3", now + 20_000).into_bytes()),
+            ),
+            (
+                "within the tolerance",
+                Some(format!("leaky_queue:{}:0", now + 900_000).into_bytes()),
+            ),
+            (
+                "beyond the tolerance",
+                Some(format!("leaky_queue:{}:0", now + 10_000_000).into_bytes()),
+            ),
+            ("garbage", Some(b"leaky_queue:x:0".to_vec())),
+            ("another type", Some(Vec::new())),
+        ]
+    };
+    for step in [40, 25, 7, 130] {
+        for i in 0..10 {
+            let start = starts(stores.clock.now_micros())[i].clone();
+            stores
+                .agree(
+                    &policy,
+                    "leaky_queue",
+                    &[start],
+                    Duration::from_millis(step),
+                )
+                .await;
+        }
+    }
+    let fractional = [Policy::per_second(3)
+        .algorithm(Algorithm::LeakyBucket(portcullis_core::LeakyMode::Queue))
+        .name("p")
+        .build()
+        .unwrap()];
+    stores.fast.check("s", &fractional, 1).await.unwrap();
+    assert!(next_fcall(&mut stores.monitor).contains("_check\""));
+}
+
+/// A one-policy sliding log takes the fast sliding-log function (only the
+/// reads its plain case needs; the general check's five integers back).
+/// More live entries than the limit, an entry after now (near or far),
+/// or a key of another type go to the general check in the same call; the
+/// decisions and the stored sorted sets (members, scores, expiry) equal
+/// the EVALSHA path's, step by step, through expired entries, several
+/// admissions in one microsecond, denials and window ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fast_sliding_log_function_agrees_with_the_general_check() {
+    use portcullis_core::Clock as _;
+
+    let mut stores = FastAndGeneral::start("log").await;
+    let mut raw = redis_common::raw(&stores.server.url());
+    let period: u64 = 300_000;
+    let policy = [Policy::per(3, Duration::from_micros(period))
+        .algorithm(Algorithm::SlidingLog)
+        .name("p")
+        .build()
+        .unwrap()];
+    // Entries (time, n) from now; None for a string key.
+    type Start = (&'static str, Option<Vec<(u64, u64)>>);
+    let starts = |now: u64| -> [Start; 11] {
+        [
+            ("absent", Some(vec![])),
+            (
+                "two live",
+                Some(vec![(now - 200_000, 1), (now - 100_000, 1)]),
+            ),
+            (
+                "full",
+                Some(vec![(now - 250_000, 1), (now - 250_000, 2), (now - 10, 1)]),
+            ),
+            (
+                "expired and live",
+                Some(vec![
+                    (now - 2 * period, 1),
+                    (now - period, 1),
+                    (now - period + 1, 1),
+                ]),
+            ),
+            (
+                "all expired",
+                Some(vec![(now - period, 1), (now - period, 2)]),
+            ),
+            ("one at now", Some(vec![(now, 1)])),
+            (
+                "over the limit",
+                Some((1..=5).map(|i| (now - 100_000 + i, 1)).collect()),
+            ),
+            ("just after now", Some(vec![(now - 5, 1), (now + 1_000, 1)])),
+            ("far after now", Some(vec![(now + 100 * period, 1)])),
+            (
+                "past and full",
+                Some(vec![(now - 1, 1), (now - 1, 2), (now - 1, 3)]),
+            ),
+            ("another type", None),
+        ]
+    };
+    let dump = |raw: &mut redis::Connection, store: &RedisStore| -> (Vec<(String, String)>, i64) {
+        let key = store.key_for("s", "p");
+        let entries: Vec<(String, String)> = redis::cmd("ZRANGE")
+            .arg(&key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query(raw)
+            .unwrap_or_default();
+        let expiry: i64 = redis::cmd("PEXPIRETIME").arg(&key).query(raw).unwrap();
+        (entries, expiry)
+    };
+    for step in [70_000, 0, 1, 130_000] {
+        for i in 0..11 {
+            let now = stores.clock.now_micros();
+            let (label, start) = starts(now)[i].clone();
+            for store in [&stores.fast, &stores.general] {
+                let key = store.key_for("s", "p");
+                let _: () = redis::cmd("DEL").arg(&key).query(&mut raw).unwrap();
+                match &start {
+                    Some(entries) => {
+                        for (t, n) in entries {
+                            let _: i64 = redis::cmd("ZADD")
+                                .arg(&key)
+                                .arg(t)
+                                .arg(format!("{t}:{n}"))
+                                .query(&mut raw)
+                                .unwrap();
+                        }
+                    }
+                    None => {
+                        let () = redis::cmd("SET")
+                            .arg(&key)
+                            .arg("x")
+                            .query(&mut raw)
+                            .unwrap();
+                    }
+                }
+            }
+            for n in 0..10_u64 {
+                let cost = 1 + n % 3;
+                let a = stores.fast.check("s", &policy, cost).await;
+                let line = next_fcall(&mut stores.monitor);
+                assert!(line.contains("_sliding_log\""), "{label}, step {n}: {line}");
+                let b = stores.general.check("s", &policy, cost).await;
+                match (&a, &b) {
+                    (Ok(a), Ok(b)) => assert_eq!(a, b, "{label}, step {step} µs, check {n}"),
+                    (Err(_), Err(_)) => {}
+                    _ => panic!("{label}, step {step} µs, check {n}: {a:?} / {b:?}"),
+                }
+                if start.is_some() {
+                    assert_eq!(
+                        dump(&mut raw, &stores.fast),
+                        dump(&mut raw, &stores.general),
+                        "{label}, step {step} µs, check {n}"
+                    );
+                }
+                stores.clock.advance(Duration::from_micros(step));
+            }
+        }
+    }
+}

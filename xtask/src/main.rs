@@ -209,7 +209,7 @@ fn version_skips(version: &str) -> Vec<&'static str> {
 
 /// The tests of Redis Functions and of `allow-oom` scripts (Redis 7): the
 /// ones a Redis 6.2 run skips.
-const FUNCTIONS_ONLY: [&str; 16] = [
+const FUNCTIONS_ONLY: [&str; 19] = [
     "functions_are_the_default_and_the_library_is_loaded",
     "an_acl_user_granted_the_documented_function_rules_runs_on_functions",
     "an_acl_without_functions_falls_back_to_evalsha",
@@ -226,6 +226,9 @@ const FUNCTIONS_ONLY: [&str; 16] = [
     "the_fast_token_bucket_function_agrees_with_the_general_check",
     "the_fast_fixed_window_function_agrees_with_the_general_check",
     "the_fast_leaky_meter_function_agrees_with_the_general_check",
+    "the_fast_sliding_window_function_agrees_with_the_general_check",
+    "the_fast_leaky_queue_function_agrees_with_the_general_check",
+    "the_fast_sliding_log_function_agrees_with_the_general_check",
 ];
 
 /// Appends `--skip <name>` for each of `skips` to a `cargo test` command

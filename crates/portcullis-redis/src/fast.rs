@@ -1,16 +1,18 @@
-//! The fast paths of a `RedisStore` check: exact GCRA policies, called
-//! through the library's `<name>_gcra` function (one policy; a lead in µs,
-//! or in `1 / limit` µs when the interval is not a whole number of µs),
-//! which answers one integer instead of five, or `<name>_gcra_multi`
-//! (several whole-µs policies), one integer per policy
-//! (ALGORITHMS.md, "The Redis fast path"). The decisions are derived here,
-//! with the core's own arithmetic, from each state's lead over now.
+//! The fast paths of a `RedisStore` check: GCRA policies called through
+//! the library's `<name>_gcra` function (one policy; a lead in µs, or in
+//! `1 / limit` µs when the interval is not a whole number of µs), which
+//! answers one integer instead of five, or `<name>_gcra_multi` (several
+//! whole-µs policies), one integer per policy; and the one-policy fast
+//! functions of the other algorithms (ALGORITHMS.md, "The Redis fast
+//! path"). The decisions are derived here, with the core's own arithmetic,
+//! from each reply.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 
 use portcullis_core::algorithms::{
-    self, FixedWindowState, GcraState, LeakyMeterState, State, TokenBucketState,
+    self, FixedWindowState, GcraState, LeakyMeterState, LeakyQueueState, SlidingWindowState, State,
+    TokenBucketState,
 };
 use portcullis_core::{Algorithm, Decision, LeakyMode, Policy, StoreError, Verdict};
 use redis::Value;
@@ -33,9 +35,12 @@ impl RedisStore {
     }
 
     /// The check of one policy through a fast function of its algorithm
-    /// (`<name>_gcra`, `<name>_token_bucket`, `<name>_fixed_window`): one
-    /// packed argument, one
-    /// integer back, from which [`verdict`] derives the decision.
+    /// (`<name>_gcra`, `<name>_token_bucket`, `<name>_leaky_meter`,
+    /// `<name>_leaky_queue`, `<name>_fixed_window`,
+    /// `<name>_sliding_window`): one packed argument, one
+    /// integer back, from which [`verdict`] derives the decision
+    /// (`<name>_sliding_log` answers one integer only when it admits,
+    /// and the general check's five integers when it denies).
     pub(crate) fn fast_one_future(
         &self,
         script: LuaScript,
@@ -179,7 +184,31 @@ pub(crate) fn verdict(
     reply: i64,
     cost: u64,
 ) -> Result<portcullis_core::Verdict, StoreError> {
+    if policy.algorithm() == Algorithm::SlidingLog {
+        return log_admitted(policy, reply, cost);
+    }
     fast_decision(policy, reply, cost).map(|d| std::iter::once(d).collect())
+}
+
+/// The verdict for the fast sliding log function's one integer: the live
+/// entries before an admitted check. The general check's reply for it
+/// (sliding_log.lua): admitted, `limit - live - cost` left, reset after
+/// one period (the new entries are the newest, at now).
+fn log_admitted(policy: &Policy, live: i64, cost: u64) -> Result<Verdict, StoreError> {
+    let remaining = u64::try_from(live)
+        .ok()
+        .and_then(|live| policy.limit().checked_sub(live)?.checked_sub(cost));
+    let figures = remaining
+        .and_then(|remaining| i64::try_from(remaining).ok())
+        .zip(i64::try_from(policy.period_micros()).ok());
+    let Some((remaining, period)) = figures else {
+        return Err(store::protocol(format!(
+            "the fast sliding log function admitted a check with {live} entries live, \
+             past this policy's limit; is the library from another portcullis-redis version?"
+        )));
+    };
+    let reply = [1, remaining, -1, period, 0].map(Value::Int).to_vec();
+    store::parse_verdict(Value::Array(reply), &[policy.capacity()])
 }
 
 /// The decision for the fast function's reply: the state's lead over now
@@ -192,10 +221,17 @@ fn fast_decision(policy: &Policy, reply: i64, cost: u64) -> Result<Decision, Sto
         (false, (reply + 1).unsigned_abs())
     };
     // The same step the script took, seen from a clock at `now`: only the
-    // lead matters to GCRA, only the level after the refill to a token
-    // bucket, only the count and the time into the window to a fixed
-    // window.
+    // lead matters to GCRA and the leaky bucket queue, only the level
+    // after the refill to a token bucket, only the count and the time into
+    // the window to a fixed window, only the two counts and the time into
+    // the window to a sliding window.
     let (state, now) = match policy.algorithm() {
+        // The sliding log's one integer is read by log_admitted.
+        Algorithm::SlidingLog => {
+            return Err(store::protocol(format!(
+                "a sliding log's fast reply ({reply}) read as another algorithm's"
+            )));
+        }
         Algorithm::TokenBucket => (
             State::TokenBucket(TokenBucketState {
                 level: ahead,
@@ -220,6 +256,29 @@ fn fast_decision(policy: &Policy, reply: i64, cost: u64) -> Result<Decision, Sto
                 ahead % period,
             )
         }
+        // The counts the check weighed and the time into the window:
+        // (previous × (limit + 1) + current) × period + elapsed.
+        Algorithm::SlidingWindow => {
+            let period = policy.period_micros().max(1);
+            let slots = policy.limit().saturating_add(1);
+            let counts = ahead / period;
+            (
+                State::SlidingWindow(SlidingWindowState {
+                    window_start_us: 0,
+                    previous: counts / slots,
+                    current: counts % slots,
+                }),
+                ahead % period,
+            )
+        }
+        // The time until the queue is free, as GCRA's lead.
+        Algorithm::LeakyBucket(LeakyMode::Queue) => (
+            State::LeakyQueue(LeakyQueueState {
+                free_us: ahead,
+                free_rem: 0,
+            }),
+            0,
+        ),
         // The lead in units of `1 / scale` µs when the interval is not a
         // whole number of microseconds (`gcra_fraction`; the function is
         // only called for exact policies, whose scale is the limit), else
@@ -289,6 +348,63 @@ mod tests {
         assert!(!denied.is_allowed());
         assert_eq!(denied.retry_after(), Some(Duration::from_micros(5_000)));
         assert_eq!(denied.reset_after(), Duration::from_micros(95_000));
+    }
+
+    #[test]
+    fn sliding_window_and_queue_replies_decode_to_the_core_decision() {
+        // 5 per 300 ms: (previous × 6 + current) × 300 000 + elapsed.
+        let window = Policy::per(5, Duration::from_millis(300))
+            .algorithm(Algorithm::SlidingWindow)
+            .build()
+            .unwrap();
+        // Previous 2, current 1, 100 ms into the window: a weight of
+        // 2 × 200 000 µs, room for one more after this check.
+        let admitted = fast_decision(&window, (2 * 6 + 1) * 300_000 + 100_000, 1).unwrap();
+        assert!(admitted.is_allowed());
+        assert_eq!(admitted.remaining(), 1);
+        assert_eq!(admitted.reset_after(), Duration::from_micros(500_000));
+        // Previous 5 at the window's start: denied until the weight of the
+        // previous window is 4 permits' worth, 60 ms on.
+        let denied = fast_decision(&window, -1 - 5 * 6 * 300_000, 1).unwrap();
+        assert!(!denied.is_allowed());
+        assert_eq!(denied.remaining(), 0);
+        assert_eq!(denied.retry_after(), Some(Duration::from_micros(60_000)));
+        assert_eq!(denied.reset_after(), Duration::from_micros(300_000));
+        // A leaky bucket queue (10/s, burst 4) free in 300 ms: admitted with
+        // that delay, the queue then full.
+        let queue = Policy::per_second(10)
+            .burst(4)
+            .algorithm(Algorithm::LeakyBucket(LeakyMode::Queue))
+            .build()
+            .unwrap();
+        let queued = fast_decision(&queue, 300_000, 1).unwrap();
+        assert!(queued.is_allowed());
+        assert_eq!(queued.delay(), Duration::from_micros(300_000));
+        assert_eq!(queued.remaining(), 0);
+        assert_eq!(queued.reset_after(), Duration::from_micros(400_000));
+        assert!(fast_decision(&queue, -1 - 300_000, 1).is_err());
+    }
+
+    #[test]
+    fn a_sliding_log_admission_decodes_from_its_live_entries() {
+        let log = Policy::per_second(100)
+            .algorithm(Algorithm::SlidingLog)
+            .build()
+            .unwrap();
+        let admitted = verdict(&log, 40, 2).unwrap();
+        let decision = &admitted.decisions()[0];
+        assert!(decision.is_allowed());
+        assert_eq!(decision.remaining(), 58);
+        assert_eq!(decision.retry_after(), None);
+        assert_eq!(decision.reset_after(), Duration::from_secs(1));
+        // More live entries than an admission leaves room for, or fewer
+        // than none: protocol errors, never a panic.
+        for live in [99, 100, -1, i64::MIN, i64::MAX] {
+            assert!(matches!(
+                verdict(&log, live, 2),
+                Err(StoreError::Protocol { .. })
+            ));
+        }
     }
 
     #[test]

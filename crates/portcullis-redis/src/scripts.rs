@@ -29,6 +29,9 @@ const BATCH: &str = include_str!("lua/batch.lua");
 const GCRA_MULTI: &str = include_str!("lua/gcra_multi.lua");
 const BUCKET_FAST: &str = include_str!("lua/bucket_fast.lua");
 const FIXED_WINDOW_FAST: &str = include_str!("lua/fixed_window_fast.lua");
+const SLIDING_WINDOW_FAST: &str = include_str!("lua/sliding_window_fast.lua");
+const LEAKY_QUEUE_FAST: &str = include_str!("lua/leaky_queue_fast.lua");
+const SLIDING_LOG_FAST: &str = include_str!("lua/sliding_log_fast.lua");
 const EXTENDED: &str = include_str!("lua/extended.lua");
 const EXTENDED_LIBRARY: &str = include_str!("lua/extended_library.lua");
 
@@ -317,6 +320,12 @@ pub(crate) struct Library {
     leaky_meter: LuaScript,
     /// A one-policy fixed window check (fixed_window_fast.lua).
     fixed_window: LuaScript,
+    /// A one-policy sliding window counter check (sliding_window_fast.lua).
+    sliding_window: LuaScript,
+    /// A one-policy leaky bucket queue check (leaky_queue_fast.lua).
+    leaky_queue: LuaScript,
+    /// A one-policy sliding log check (sliding_log_fast.lua).
+    sliding_log: LuaScript,
     /// A check with options (extended.lua, `FCALL`); twin `ext_oom`.
     ext: LuaScript,
 }
@@ -338,11 +347,14 @@ impl Library {
         body.push_str(GCRA_MULTI);
         body.push_str(BUCKET_FAST);
         body.push_str(FIXED_WINDOW_FAST);
+        body.push_str(SLIDING_WINDOW_FAST);
+        body.push_str(LEAKY_QUEUE_FAST);
+        body.push_str(SLIDING_LOG_FAST);
         body.push_str(EXTENDED_LIBRARY);
         let hash = redis::Script::new(&body).get_hash().to_owned();
         let name = format!("portcullis_{}", &hash[..12]);
         let source: Arc<str> = format!(
-            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM, FN_BATCH, FN_BATCH_OOM, FN_GCRA_BATCH, FN_GCRA_BATCH_OOM, FN_GCRA_TAKE, FN_GCRA_TAKE_OOM, FN_GCRA_MULTI, FN_GCRA_MULTI_OOM, FN_TB_FAST, FN_TB_FAST_OOM, FN_METER_FAST, FN_METER_FAST_OOM, FN_FW_FAST, FN_FW_FAST_OOM, FN_EXT, FN_EXT_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom', '{name}_batch', '{name}_batch_oom', '{name}_gcra_batch', '{name}_gcra_batch_oom', '{name}_gcra_take', '{name}_gcra_take_oom', '{name}_gcra_multi', '{name}_gcra_multi_oom', '{name}_token_bucket', '{name}_token_bucket_oom', '{name}_leaky_meter', '{name}_leaky_meter_oom', '{name}_fixed_window', '{name}_fixed_window_oom', '{name}_ext', '{name}_ext_oom'\n{body}"
+            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM, FN_BATCH, FN_BATCH_OOM, FN_GCRA_BATCH, FN_GCRA_BATCH_OOM, FN_GCRA_TAKE, FN_GCRA_TAKE_OOM, FN_GCRA_MULTI, FN_GCRA_MULTI_OOM, FN_TB_FAST, FN_TB_FAST_OOM, FN_METER_FAST, FN_METER_FAST_OOM, FN_FW_FAST, FN_FW_FAST_OOM, FN_SW_FAST, FN_SW_FAST_OOM, FN_QUEUE_FAST, FN_QUEUE_FAST_OOM, FN_LOG_FAST, FN_LOG_FAST_OOM, FN_EXT, FN_EXT_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom', '{name}_batch', '{name}_batch_oom', '{name}_gcra_batch', '{name}_gcra_batch_oom', '{name}_gcra_take', '{name}_gcra_take_oom', '{name}_gcra_multi', '{name}_gcra_multi_oom', '{name}_token_bucket', '{name}_token_bucket_oom', '{name}_leaky_meter', '{name}_leaky_meter_oom', '{name}_fixed_window', '{name}_fixed_window_oom', '{name}_sliding_window', '{name}_sliding_window_oom', '{name}_leaky_queue', '{name}_leaky_queue_oom', '{name}_sliding_log', '{name}_sliding_log_oom', '{name}_ext', '{name}_ext_oom'\n{body}"
         )
         .into();
         let function = |suffix: &str| LuaScript {
@@ -367,6 +379,12 @@ impl Library {
         gcra_batch.allow_oom = Some(Arc::new(function("gcra_batch_oom")));
         let mut fixed_window = function("fixed_window");
         fixed_window.allow_oom = Some(Arc::new(function("fixed_window_oom")));
+        let mut sliding_window = function("sliding_window");
+        sliding_window.allow_oom = Some(Arc::new(function("sliding_window_oom")));
+        let mut leaky_queue = function("leaky_queue");
+        leaky_queue.allow_oom = Some(Arc::new(function("leaky_queue_oom")));
+        let mut sliding_log = function("sliding_log");
+        sliding_log.allow_oom = Some(Arc::new(function("sliding_log_oom")));
         let mut leaky_meter = function("leaky_meter");
         leaky_meter.allow_oom = Some(Arc::new(function("leaky_meter_oom")));
         let mut token_bucket = function("token_bucket");
@@ -384,6 +402,9 @@ impl Library {
             token_bucket,
             leaky_meter,
             fixed_window,
+            sliding_window,
+            leaky_queue,
+            sliding_log,
             check,
             peek: function("peek"),
             gcra,
@@ -466,8 +487,13 @@ impl Library {
 
     /// The fast function of a one-policy check other than GCRA, when it
     /// can take it (a cost of at least 1): the token bucket and the leaky
-    /// bucket meter (bucket_fast.lua), and the fixed window whose `limit ×
-    /// period` is at most 2^52 (fixed_window_fast.lua).
+    /// bucket meter (bucket_fast.lua), the fixed window whose `limit ×
+    /// period` is at most 2^52 (fixed_window_fast.lua), the sliding window
+    /// whose `(limit + 1)² × period` is at most 2^52
+    /// (sliding_window_fast.lua), the leaky bucket queue of the GCRA fast
+    /// path's policies (leaky_queue_fast.lua), and the sliding log
+    /// (sliding_log_fast.lua: one integer when it admits, the general
+    /// check's five when it denies).
     pub(crate) fn fast_other(&self, policies: &[Policy], cost: u64) -> Option<&LuaScript> {
         let [policy] = policies else {
             return None;
@@ -478,11 +504,24 @@ impl Library {
         match policy.algorithm() {
             Algorithm::TokenBucket => Some(&self.token_bucket),
             Algorithm::LeakyBucket(LeakyMode::Meter) => Some(&self.leaky_meter),
+            Algorithm::LeakyBucket(LeakyMode::Queue) => {
+                whole_interval(policy).then_some(&self.leaky_queue)
+            }
             Algorithm::FixedWindow => policy
                 .limit()
                 .checked_mul(policy.period_micros())
                 .filter(|product| *product <= portcullis_core::MAX_MAGNITUDE)
                 .map(|_| &self.fixed_window),
+            Algorithm::SlidingLog => (cost <= policy.limit()).then_some(&self.sliding_log),
+            Algorithm::SlidingWindow => {
+                let slots = policy.limit().checked_add(1);
+                let product = slots
+                    .and_then(|slots| slots.checked_mul(slots))
+                    .and_then(|square| square.checked_mul(policy.period_micros()));
+                (cost <= policy.limit()
+                    && product.is_some_and(|product| product <= portcullis_core::MAX_MAGNITUDE))
+                .then_some(&self.sliding_window)
+            }
             _ => None,
         }
     }
@@ -511,11 +550,19 @@ type Plan = SmallVec<[Algorithm; 4]>;
 /// and whose `capacity × interval` is exact in Lua, and a cost of at least 1
 /// (ALGORITHMS.md, "The Redis fast path").
 fn fast_gcra_policy(policy: &Policy, cost: u64) -> bool {
-    let (limit, period) = (policy.limit(), policy.period_micros());
     policy.algorithm() == Algorithm::Gcra
         && cost >= 1
         && cost <= policy.capacity()
-        && limit >= 1
+        && whole_interval(policy)
+}
+
+/// Whether a bucket policy's emission interval is a whole number of
+/// microseconds and its `capacity × interval` exact in Lua: the policies of
+/// the GCRA and leaky bucket queue fast paths, whose time is then always
+/// whole microseconds.
+fn whole_interval(policy: &Policy) -> bool {
+    let (limit, period) = (policy.limit(), policy.period_micros());
+    limit >= 1
         && period % limit == 0
         // Spans in whole microseconds: the burst × interval must be exact
         // in Lua, not burst × period (a daily quota of 100 000, whose

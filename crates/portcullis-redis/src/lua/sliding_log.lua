@@ -1,18 +1,54 @@
 -- Sliding log: a sorted set with one member per admitted permit, scored by
 -- its time in microseconds. Members are "<time>:<n>", n counting the
 -- permits admitted at that same time, so equal times never collide.
+--
+-- The reads touch only the entries that have left the window (the oldest:
+-- a set of up to 128 entries is one listpack, which Redis reads from its
+-- start) and the newest: ZCARD less the ZCOUNT of the expired entries
+-- counts the live ones, where a ZCOUNT of the live ones, or of the
+-- members at one time, would read every live entry.
 local ZADD_CHUNK = 1000
+
+-- Adds c entries at time t (its string score), numbered from first (the
+-- entries at t so far + 1), and sets the key to expire when they leave
+-- the window (t + P).
+local function log_add(key, t, score, first, c, P)
+  if c == 1 then
+    redis.call('ZADD', key, score, score .. ':' .. fmt(first))
+  else
+    local last = first + c - 1
+    local i = first
+    while i <= last do
+      local args = {}
+      local stop = i + ZADD_CHUNK - 1
+      if stop > last then
+        stop = last
+      end
+      for n = i, stop do
+        args[#args + 1] = score
+        args[#args + 1] = score .. ':' .. fmt(n)
+      end
+      redis.call('ZADD', key, unpack(args))
+      i = stop + 1
+    end
+  end
+  redis.call('PEXPIREAT', key, fmt(ceil_div(t + P, 1000)))
+end
 
 ALG.sliding_log = function(key, L, P, B, now, c)
   local cutoff = now - P -- entries scored <= cutoff have left the window
-  local count = redis.pcall('ZCOUNT', key, '(' .. fmt(cutoff), '+inf')
+  local count, dead = 0, 0
   local foreign = false
-  if type(count) ~= 'number' then
-    count, foreign = 0, true -- another type: no state
+  local card = redis.pcall('ZCARD', key)
+  if type(card) ~= 'number' then
+    foreign = true -- another type: no state
+  elseif card > 0 then
+    dead = redis.call('ZCOUNT', key, '-inf', fmt(cutoff))
+    count = card - dead
   end
   local newest = nil
   if count > 0 then
-    local top = redis.call('ZREVRANGE', key, 0, 0, 'WITHSCORES')
+    local top = redis.call('ZREVRANGE', key, '0', '0', 'WITHSCORES')
     newest = tonumber(top[2])
   end
   -- A log with entries later than clocks that disagree explain (a clock
@@ -28,6 +64,7 @@ ALG.sliding_log = function(key, L, P, B, now, c)
   if clamped then
     if c > 0 then
       redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(cutoff))
+      dead = 0
       local future = redis.call('ZCOUNT', key, '(' .. fmt(now), '+inf')
       if future > 0 then
         redis.call('ZREMRANGEBYSCORE', key, '(' .. fmt(now), '+inf')
@@ -75,30 +112,22 @@ ALG.sliding_log = function(key, L, P, B, now, c)
       if foreign then
         redis.call('DEL', key)
       end
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(cutoff))
-      local score = fmt(t)
-      local first = redis.call('ZCOUNT', key, score, score) + 1
-      local last = first + c - 1
-      local i = first
-      while i <= last do
-        local args = {}
-        local stop = i + ZADD_CHUNK - 1
-        if stop > last then
-          stop = last
-        end
-        for n = i, stop do
-          args[#args + 1] = score
-          args[#args + 1] = score .. ':' .. fmt(n)
-        end
-        redis.call('ZADD', key, unpack(args))
-        i = stop + 1
+      if dead > 0 then
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(cutoff))
       end
-      redis.call('PEXPIREAT', key, fmt(ceil_div(t + P, 1000)))
+      local score = fmt(t)
+      -- Entries at t exist only when the newest is at t (t is now or the
+      -- newest, whichever is later).
+      local first = 1
+      if newest ~= nil and newest >= t then
+        first = redis.call('ZCOUNT', key, score, score) + 1
+      end
+      log_add(key, t, score, first, c, P)
     end
     return { true, L - live - c, -1, reset, 0, nil, nil, nil, commit }
   end
   local k = live + cost - L
-  local kth = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(cutoff), '+inf', 'WITHSCORES', 'LIMIT', skip + k - 1, 1)
+  local kth = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(cutoff), '+inf', 'WITHSCORES', 'LIMIT', fmt(skip + k - 1), '1')
   local t = tonumber(kth[2])
   if clamped and t > now then
     t = now
