@@ -14,17 +14,12 @@
 -- full, a last refill after now, another form or type) is handed to the
 -- general check in the same call, whose reply is the usual five integers;
 -- so is a new key under the allow-oom twin.
-local tb_fast_of = memo(function(arg)
-  local a, b, c, d = string.match(arg, '^(%d+):(%d+):(%d+):(%d+)$')
-  if a == nil then
-    return nil
-  end
-  local L, P, B, cost = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
+local tb_fast_of = memo_fast(function(L, P, B, cost, policy)
   if L < 1 or P < 1 or B < 1 or cost < 1 or cost > B then
     return nil
   end
   local S, I = bucket_scale(L, P, B)
-  return { S, I, B * I, cost * I, cost, a .. ':' .. b .. ':' .. c }
+  return { S, I, B * I, cost * I, cost, policy }
 end)
 local TB_PLAN = { ALG.token_bucket }
 local METER_PLAN = { ALG.leaky_meter }

@@ -13,16 +13,11 @@
 -- limit, another form or type) is handed to the general check in the same
 -- call, whose reply is the usual five integers; so is a new key under the
 -- allow-oom twin.
-local fw_fast_of = memo(function(arg)
-  local a, b, c, d = string.match(arg, '^(%d+):(%d+):(%d+):(%d+)$')
-  if a == nil then
-    return nil
-  end
-  local L, P, cost = tonumber(a), tonumber(b), tonumber(d)
+local fw_fast_of = memo_fast(function(L, P, _, cost, policy)
   if L < 1 or P < 1 or L * P > MAX or cost < 1 or cost > L then
     return nil
   end
-  return { L, P, cost, a .. ':' .. b .. ':' .. c }
+  return { L, P, cost, policy }
 end)
 local FW_PLAN = { ALG.fixed_window }
 local function fixed_window_fast(keys, args, no_new_keys)

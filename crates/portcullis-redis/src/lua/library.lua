@@ -100,13 +100,24 @@ redis.register_function{ function_name = FN_LEASE_OOM,
 --
 -- ARGV[1] = "<limit>:<period_us>:<capacity>:<cost>"; ARGV[2], when
 -- present, is now in microseconds (the client-clock mode), else TIME.
+-- memo() of a fast function's argument "<limit>:<period_us>:<capacity>:<cost>":
+-- build(L, P, B, cost, policy) gets the four numbers and the policy part
+-- "<limit>:<period_us>:<capacity>" (the general check's argument, for the
+-- states it hands on) and returns what the function keeps, or nil to
+-- refuse the argument. (Each fast function reads TIME or its client time
+-- inline rather than through now_of: a Lua call per check costs more than
+-- the few lines it repeats.)
+local function memo_fast(build)
+  return memo(function(arg)
+    local a, b, c, d = string.match(arg, '^(%d+):(%d+):(%d+):(%d+)$')
+    if a == nil then
+      return nil
+    end
+    return build(tonumber(a), tonumber(b), tonumber(c), tonumber(d), a .. ':' .. b .. ':' .. c)
+  end)
+end
 local GCRA_PLAN = { ALG.gcra }
-local fast_of = memo(function(arg)
-  local a, b, c, d = string.match(arg, '^(%d+):(%d+):(%d+):(%d+)$')
-  if a == nil then
-    return nil
-  end
-  local L, P, B, cost = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
+local fast_of = memo_fast(function(L, P, B, cost, policy)
   if L < 1 or cost < 1 or cost > B then
     return nil
   end
@@ -116,7 +127,7 @@ local fast_of = memo(function(arg)
       return nil
     end
     local reset = ceil_div(B * P, L)
-    return { cost * P, B * P, reset + tolerance(reset), a .. ':' .. b .. ':' .. c, cost, L }
+    return { cost * P, B * P, reset + tolerance(reset), policy, cost, L }
   end
   -- A whole interval: spans in microseconds, the burst B x ei (B x P may
   -- pass 2^52: a daily quota of 100 000).
@@ -125,7 +136,7 @@ local fast_of = memo(function(arg)
   if cap > MAX then
     return nil
   end
-  return { cost * ei, cap, cap + tolerance(cap), a .. ':' .. b .. ':' .. c, cost }
+  return { cost * ei, cap, cap + tolerance(cap), policy, cost }
 end)
 -- gcra_fast for an emission interval that is not a whole number of
 -- microseconds: the same steps on us + rem/L, the lead answered in units of

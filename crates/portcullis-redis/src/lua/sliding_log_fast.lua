@@ -20,16 +20,11 @@
 -- or after now (to be clamped, or numbered after those at now), or a key
 -- of another type, is handed to the general check in the same call
 -- (five integers); so is a new key under the allow-oom twin.
-local log_fast_of = memo(function(arg)
-  local a, b, c, d = string.match(arg, '^(%d+):(%d+):(%d+):(%d+)$')
-  if a == nil then
-    return nil
-  end
-  local L, P, cost = tonumber(a), tonumber(b), tonumber(d)
+local log_fast_of = memo_fast(function(L, P, _, cost, policy)
   if L < 1 or P < 1 or cost < 1 or cost > L then
     return nil
   end
-  return { L, P, cost, a .. ':' .. b .. ':' .. c, string.format('%d', L - cost) }
+  return { L, P, cost, policy, string.format('%d', L - cost) }
 end)
 local LOG_PLAN = { ALG.sliding_log }
 local function sliding_log_fast(keys, args, no_new_keys)

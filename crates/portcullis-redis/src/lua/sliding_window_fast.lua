@@ -17,16 +17,11 @@
 -- now's, a count over the limit, another form or type) is handed to the
 -- general check in the same call, whose reply is the usual five integers;
 -- so is a new key under the allow-oom twin.
-local sw_fast_of = memo(function(arg)
-  local a, b, c, d = string.match(arg, '^(%d+):(%d+):(%d+):(%d+)$')
-  if a == nil then
-    return nil
-  end
-  local L, P, cost = tonumber(a), tonumber(b), tonumber(d)
+local sw_fast_of = memo_fast(function(L, P, _, cost, policy)
   if L < 1 or P < 1 or (L + 1) * (L + 1) * P > MAX or cost < 1 or cost > L then
     return nil
   end
-  return { L, P, cost, a .. ':' .. b .. ':' .. c }
+  return { L, P, cost, policy }
 end)
 local SW_PLAN = { ALG.sliding_window }
 local function sliding_window_fast(keys, args, no_new_keys)
