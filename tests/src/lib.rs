@@ -166,29 +166,72 @@ pub struct OwnedRedis {
 impl OwnedRedis {
     /// Starts `redis-server` on a free port with persistence off.
     ///
+    /// A free port can be taken by another process (another test's
+    /// outgoing connection) between the moment it is picked and the moment
+    /// the server binds it; a server that exits at start is then started
+    /// again on another port, up to five times.
+    ///
     /// # Panics
     ///
     /// When `redis-server` cannot be started or does not accept connections
     /// within 10 seconds.
     #[must_use]
     pub fn start(extra_args: &[&str]) -> Self {
-        Self::start_on(free_port(), extra_args)
+        Self::start_anywhere(|| (free_port(), Vec::new()), extra_args)
+    }
+
+    /// Starts `redis-server` on a port from `pick` (with arguments of its
+    /// own, such as a Cluster bus port), picking again when a server exits
+    /// at start (its port taken meanwhile), up to five times.
+    ///
+    /// # Panics
+    ///
+    /// As [`OwnedRedis::start`].
+    pub fn start_anywhere(
+        mut pick: impl FnMut() -> (u16, Vec<String>),
+        extra_args: &[&str],
+    ) -> Self {
+        let mut failures = Vec::new();
+        for _ in 0..5 {
+            let (port, own) = pick();
+            let mut args: Vec<&str> = extra_args.to_vec();
+            args.extend(own.iter().map(String::as_str));
+            match Self::try_start_on(port, &args) {
+                Ok(server) => return server,
+                Err(error) => failures.push(error),
+            }
+        }
+        panic!("redis-server did not start on five ports: {failures:#?}");
     }
 
     /// Starts `redis-server` on `port` with persistence off.
     ///
     /// # Panics
     ///
-    /// As [`OwnedRedis::start`].
+    /// As [`OwnedRedis::start`], and when the server exits at start (for
+    /// instance because `port` is taken).
     #[must_use]
     pub fn start_on(port: u16, extra_args: &[&str]) -> Self {
+        Self::try_start_on(port, extra_args).unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// Starts `redis-server` on `port`, or says why it exited at start.
+    ///
+    /// # Errors
+    ///
+    /// When the server exits before it accepts connections.
+    ///
+    /// # Panics
+    ///
+    /// As [`OwnedRedis::start`].
+    pub fn try_start_on(port: u16, extra_args: &[&str]) -> Result<Self, String> {
         let mut server = Self {
             port,
             child: None,
             extra_args: extra_args.iter().map(|s| (*s).to_owned()).collect(),
         };
-        server.restart();
-        server
+        server.spawn()?;
+        Ok(server)
     }
 
     /// The server's URL.
@@ -215,10 +258,26 @@ impl OwnedRedis {
     ///
     /// # Panics
     ///
-    /// As [`OwnedRedis::start`].
+    /// As [`OwnedRedis::start_on`].
     pub fn restart(&mut self) {
+        if let Err(error) = self.spawn() {
+            panic!("{error}");
+        }
+    }
+
+    /// Kills the server if running and starts it on its port; an error when
+    /// it exits before it accepts connections, with the end of its log.
+    fn spawn(&mut self) -> Result<(), String> {
         self.kill();
         let bin = redis_server_bin();
+        // The server's log (what it says when it cannot bind, say), read
+        // back only when it exits at start.
+        let log_path = std::env::temp_dir().join(format!(
+            "portcullis-redis-{}-{}.log",
+            std::process::id(),
+            self.port
+        ));
+        let log = std::fs::File::create(&log_path).map_or_else(|_| Stdio::null(), Stdio::from);
         let child = Command::new(&bin)
             .args([
                 "--port",
@@ -231,7 +290,7 @@ impl OwnedRedis {
                 "no",
             ])
             .args(&self.extra_args)
-            .stdout(Stdio::null())
+            .stdout(log)
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| {
@@ -242,7 +301,22 @@ impl OwnedRedis {
             });
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        let pid = self.child.as_ref().map_or(0, Child::id);
+        // Ours once it answers on the port with its own process id (another
+        // process's server on a port taken since it was picked answers
+        // with another; one that asks for a password, or does not say,
+        // counts as ours).
+        while serves(self.port, pid) != Some(true) {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                self.child = None;
+                let said = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let tail: Vec<&str> = said.lines().rev().take(3).collect();
+                return Err(format!(
+                    "redis-server on port {} exited at start ({status}): {}",
+                    self.port,
+                    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                ));
+            }
             assert!(
                 Instant::now() < deadline,
                 "redis-server on port {} did not start within 10 s",
@@ -250,7 +324,42 @@ impl OwnedRedis {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+        let _ = std::fs::remove_file(&log_path);
+        Ok(())
     }
+}
+
+/// Whether the server on `port` is process `pid`: `None` when nothing
+/// accepts there, `Some(true)` when its `INFO server` names `pid` or it
+/// does not say (a password asked, no answer within a second).
+fn serves(port: u16, pid: u32) -> Option<bool> {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    if stream
+        .write_all(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")
+        .is_err()
+    {
+        return Some(true);
+    }
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while reply.len() < 64 * 1024 {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => reply.extend_from_slice(&chunk[..n]),
+        }
+        let text = String::from_utf8_lossy(&reply);
+        if let Some(rest) = text.split("process_id:").nth(1) {
+            if let Some((id, _)) = rest.split_once('\r') {
+                return Some(id.trim() == pid.to_string());
+            }
+        }
+        if text.starts_with('-') {
+            break;
+        }
+    }
+    Some(true)
 }
 
 impl Drop for OwnedRedis {
@@ -445,6 +554,7 @@ pub fn priority_policy() -> portcullis_core::Policy {
 #[cfg(test)]
 mod tests {
     use super::parse_server_version;
+    use crate::{free_port, OwnedRedis};
 
     #[test]
     fn server_versions_are_read_from_redis_and_valkey_lines() {
@@ -461,5 +571,20 @@ mod tests {
             Some((6, 2))
         );
         assert_eq!(parse_server_version("no version here"), None);
+    }
+
+    /// A server that cannot bind its port (here: one already serving it)
+    /// is reported as exited at start, with what it logged, rather than
+    /// waited for until the start timeout; `start_anywhere` then takes
+    /// another port.
+    #[test]
+    fn a_server_that_cannot_bind_is_reported_and_another_port_taken() {
+        let first = OwnedRedis::start(&[]);
+        let error = OwnedRedis::try_start_on(first.port(), &[])
+            .expect_err("the port is taken, so the second server must exit");
+        assert!(error.contains("exited at start"), "{error}");
+        let mut picks = vec![free_port(), first.port()];
+        let second = OwnedRedis::start_anywhere(|| (picks.pop().unwrap_or(0), Vec::new()), &[]);
+        assert_ne!(second.port(), first.port());
     }
 }

@@ -278,21 +278,12 @@ impl OwnedCluster {
             ));
             std::fs::create_dir_all(&dir).expect("create a node directory");
             // Redis 7 takes the bus port as a setting; before it, the bus
-            // port is always the client port + 10000.
+            // port is always the client port + 10000. A node that exits at
+            // start (a port taken since it was picked) is started again on
+            // others.
             let with_cluster_port = crate::server_version().0 >= 7;
-            let port = if with_cluster_port {
-                free_port()
-            } else {
-                crate::free_port_with_bus()
-            };
-            let bus_port = if with_cluster_port {
-                free_port()
-            } else {
-                port + 10_000
-            };
-            let bus = bus_port.to_string();
             let dir_text = dir.display().to_string();
-            let mut args = vec![
+            let args = [
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
@@ -304,11 +295,24 @@ impl OwnedCluster {
                 "--repl-diskless-sync-delay",
                 "0",
             ];
-            if with_cluster_port {
-                args.extend(["--cluster-port", &bus]);
-            }
+            let mut bus_port = 0;
+            let pick = || {
+                if with_cluster_port {
+                    let port = free_port();
+                    let mut bus = free_port();
+                    while bus == port {
+                        bus = free_port();
+                    }
+                    bus_port = bus;
+                    (port, vec!["--cluster-port".to_owned(), bus.to_string()])
+                } else {
+                    let port = crate::free_port_with_bus();
+                    bus_port = port + 10_000;
+                    (port, Vec::new())
+                }
+            };
             nodes.push(tokio::task::block_in_place(|| {
-                OwnedRedis::start_on(port, &args)
+                OwnedRedis::start_anywhere(pick, &args)
             }));
             dirs.push(dir);
             buses.push(bus_port);
