@@ -689,17 +689,24 @@ impl FastAndGeneral {
     /// From each start (a value for the key of policy `p`, `Some(empty)`
     /// for a key of another type), ten checks of costs 1, 2, 3, … on both
     /// stores, `step` apart: each goes through the function named
-    /// `function` and both stores decide and store alike.
+    /// `function` and both stores decide and store alike. `starts` is
+    /// called with the clock's time before each start is written, so a
+    /// start placed relative to now (ahead of it, in its window) is still
+    /// there after the steps of the starts before it.
     async fn agree(
         &mut self,
         policy: &Policy,
         function: &str,
-        starts: &[(&str, Option<Vec<u8>>)],
+        starts: impl Fn(u64) -> Vec<(&'static str, Option<Vec<u8>>)>,
         step: Duration,
     ) {
+        use portcullis_core::Clock as _;
+
         let mut raw = redis_common::raw(&self.server.url());
         let policy = std::slice::from_ref(policy);
-        for (label, start) in starts {
+        for i in 0..starts(self.clock.now_micros()).len() {
+            let (label, start) = starts(self.clock.now_micros()).swap_remove(i);
+            let start = &start;
             for store in [&self.fast, &self.general] {
                 let key = store.key_for("s", "p");
                 let _: () = redis::cmd("DEL").arg(&key).query(&mut raw).unwrap();
@@ -760,27 +767,26 @@ impl FastAndGeneral {
 /// step, through refills, admissions and denials.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_fast_token_bucket_function_agrees_with_the_general_check() {
-    use portcullis_core::Clock as _;
-
     let mut stores = FastAndGeneral::start("tb").await;
-    let now = stores.clock.now_micros();
-    let starts: [(&str, Option<Vec<u8>>); 6] = [
-        ("absent", None),
-        (
-            "half",
-            Some(format!("token_bucket:2000000:{}", now - 50_000).into_bytes()),
-        ),
-        (
-            "over full",
-            Some(format!("token_bucket:999999999:{now}").into_bytes()),
-        ),
-        (
-            "last after now",
-            Some(format!("token_bucket:0:{}", now + 300_000).into_bytes()),
-        ),
-        ("garbage", Some(b"token_bucket:x:y".to_vec())),
-        ("another type", Some(Vec::new())),
-    ];
+    let starts = |now: u64| {
+        vec![
+            ("absent", None),
+            (
+                "half",
+                Some(format!("token_bucket:2000000:{}", now - 50_000).into_bytes()),
+            ),
+            (
+                "over full",
+                Some(format!("token_bucket:999999999:{now}").into_bytes()),
+            ),
+            (
+                "last after now",
+                Some(format!("token_bucket:0:{}", now + 300_000).into_bytes()),
+            ),
+            ("garbage", Some(b"token_bucket:x:y".to_vec())),
+            ("another type", Some(Vec::new())),
+        ]
+    };
     // Exact (10 per second, burst 4) and a fractional refill (3 per 7 s).
     for policy in [
         Policy::per_second(10).burst(4),
@@ -792,7 +798,7 @@ async fn the_fast_token_bucket_function_agrees_with_the_general_check() {
             .build()
             .unwrap();
         stores
-            .agree(&policy, "token_bucket", &starts, Duration::from_millis(40))
+            .agree(&policy, "token_bucket", starts, Duration::from_millis(40))
             .await;
     }
 }
@@ -802,27 +808,26 @@ async fn the_fast_token_bucket_function_agrees_with_the_general_check() {
 /// token bucket's, in the meter's own form, go to the general check.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_fast_leaky_meter_function_agrees_with_the_general_check() {
-    use portcullis_core::Clock as _;
-
     let mut stores = FastAndGeneral::start("meter").await;
-    let now = stores.clock.now_micros();
-    let starts: [(&str, Option<Vec<u8>>); 6] = [
-        ("absent", None),
-        (
-            "half",
-            Some(format!("leaky_meter:2000000:{}", now - 50_000).into_bytes()),
-        ),
-        (
-            "over full",
-            Some(format!("leaky_meter:999999999:{now}").into_bytes()),
-        ),
-        (
-            "last after now",
-            Some(format!("leaky_meter:0:{}", now + 300_000).into_bytes()),
-        ),
-        ("garbage", Some(b"leaky_meter:x:y".to_vec())),
-        ("another type", Some(Vec::new())),
-    ];
+    let starts = |now: u64| {
+        vec![
+            ("absent", None),
+            (
+                "half",
+                Some(format!("leaky_meter:2000000:{}", now - 50_000).into_bytes()),
+            ),
+            (
+                "over full",
+                Some(format!("leaky_meter:999999999:{now}").into_bytes()),
+            ),
+            (
+                "last after now",
+                Some(format!("leaky_meter:0:{}", now + 300_000).into_bytes()),
+            ),
+            ("garbage", Some(b"leaky_meter:x:y".to_vec())),
+            ("another type", Some(Vec::new())),
+        ]
+    };
     for policy in [
         Policy::per_second(10).burst(4),
         Policy::per(3, Duration::from_secs(7)),
@@ -833,7 +838,7 @@ async fn the_fast_leaky_meter_function_agrees_with_the_general_check() {
             .build()
             .unwrap();
         stores
-            .agree(&policy, "leaky_meter", &starts, Duration::from_millis(40))
+            .agree(&policy, "leaky_meter", starts, Duration::from_millis(40))
             .await;
     }
 }
@@ -846,39 +851,38 @@ async fn the_fast_leaky_meter_function_agrees_with_the_general_check() {
 /// ends.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_fast_fixed_window_function_agrees_with_the_general_check() {
-    use portcullis_core::Clock as _;
-
     let mut stores = FastAndGeneral::start("fw").await;
     let policy = Policy::per(5, Duration::from_millis(300))
         .algorithm(Algorithm::FixedWindow)
         .name("p")
         .build()
         .unwrap();
-    let now = stores.clock.now_micros();
-    let window = now - now % 300_000;
-    let starts: [(&str, Option<Vec<u8>>); 7] = [
-        ("absent", None),
-        (
-            "this window",
-            Some(format!("fixed_window:{window}:3").into_bytes()),
-        ),
-        (
-            "an older window",
-            Some(format!("fixed_window:{}:5", window - 300_000).into_bytes()),
-        ),
-        (
-            "a later window",
-            Some(format!("fixed_window:{}:2", window + 300_000).into_bytes()),
-        ),
-        (
-            "over the limit",
-            Some(format!("fixed_window:{window}:9").into_bytes()),
-        ),
-        ("garbage", Some(b"fixed_window:x:y".to_vec())),
-        ("another type", Some(Vec::new())),
-    ];
+    let starts = |now: u64| {
+        let window = now - now % 300_000;
+        vec![
+            ("absent", None),
+            (
+                "this window",
+                Some(format!("fixed_window:{window}:3").into_bytes()),
+            ),
+            (
+                "an older window",
+                Some(format!("fixed_window:{}:5", window - 300_000).into_bytes()),
+            ),
+            (
+                "a later window",
+                Some(format!("fixed_window:{}:2", window + 300_000).into_bytes()),
+            ),
+            (
+                "over the limit",
+                Some(format!("fixed_window:{window}:9").into_bytes()),
+            ),
+            ("garbage", Some(b"fixed_window:x:y".to_vec())),
+            ("another type", Some(Vec::new())),
+        ]
+    };
     stores
-        .agree(&policy, "fixed_window", &starts, Duration::from_millis(70))
+        .agree(&policy, "fixed_window", starts, Duration::from_millis(70))
         .await;
 }
 
@@ -892,8 +896,6 @@ async fn the_fast_fixed_window_function_agrees_with_the_general_check() {
 /// a policy past the bound takes the general check.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_fast_sliding_window_function_agrees_with_the_general_check() {
-    use portcullis_core::Clock as _;
-
     let mut stores = FastAndGeneral::start("sw").await;
     let period = 300_000;
     let policy = Policy::per(5, Duration::from_micros(period))
@@ -947,17 +949,14 @@ async fn the_fast_sliding_window_function_agrees_with_the_general_check() {
         ]
     };
     for step in [70, 130, 1, 290] {
-        for i in 0..11 {
-            let start = starts(stores.clock.now_micros())[i].clone();
-            stores
-                .agree(
-                    &policy,
-                    "sliding_window",
-                    &[start],
-                    Duration::from_millis(step),
-                )
-                .await;
-        }
+        stores
+            .agree(
+                &policy,
+                "sliding_window",
+                |now| starts(now).to_vec(),
+                Duration::from_millis(step),
+            )
+            .await;
     }
     // The benchmark's policy (100/s), from empty and through denials.
     let per_second = Policy::per_second(100)
@@ -969,7 +968,7 @@ async fn the_fast_sliding_window_function_agrees_with_the_general_check() {
         .agree(
             &per_second,
             "sliding_window",
-            &[("absent", None)],
+            |_| vec![("absent", None)],
             Duration::from_millis(3),
         )
         .await;
@@ -992,8 +991,6 @@ async fn the_fast_sliding_window_function_agrees_with_the_general_check() {
 /// path's; a fractional interval takes the general check.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_fast_leaky_queue_function_agrees_with_the_general_check() {
-    use portcullis_core::Clock as _;
-
     let mut stores = FastAndGeneral::start("queue").await;
     let policy = Policy::per_second(10)
         .burst(4)
@@ -1039,17 +1036,14 @@ async fn the_fast_leaky_queue_function_agrees_with_the_general_check() {
         ]
     };
     for step in [40, 25, 7, 130] {
-        for i in 0..10 {
-            let start = starts(stores.clock.now_micros())[i].clone();
-            stores
-                .agree(
-                    &policy,
-                    "leaky_queue",
-                    &[start],
-                    Duration::from_millis(step),
-                )
-                .await;
-        }
+        stores
+            .agree(
+                &policy,
+                "leaky_queue",
+                |now| starts(now).to_vec(),
+                Duration::from_millis(step),
+            )
+            .await;
     }
     let fractional = [Policy::per_second(3)
         .algorithm(Algorithm::LeakyBucket(portcullis_core::LeakyMode::Queue))
