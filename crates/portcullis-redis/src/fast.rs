@@ -22,8 +22,7 @@ use crate::store::{self, RedisStore};
 
 impl RedisStore {
     /// The check of `policy` through the fast GCRA function `script`
-    /// (chosen by [`Library::fast_gcra`](crate::scripts::Library::fast_gcra)
-    /// or [`Library::fast_gcra_fraction`](crate::scripts::Library::fast_gcra_fraction)).
+    /// (chosen by [`Library::fast_gcra_alone`](crate::scripts::Library::fast_gcra_alone)).
     pub(crate) fn fast_gcra_future(
         &self,
         script: LuaScript,

@@ -466,23 +466,24 @@ impl Library {
         fast_gcra_policy(policy, cost).then_some(&self.gcra)
     }
 
-    /// The fast GCRA function for one exact GCRA policy whose emission
-    /// interval is not a whole number of microseconds (`per_second(3)`):
-    /// the same function as [`Library::fast_gcra`], which then answers the
-    /// lead in units of `1 / limit` µs (library.lua, `gcra_fraction`). Not
-    /// taken by coalesced batches or the local budget, which read whole
-    /// microseconds.
-    pub(crate) fn fast_gcra_fraction(&self, policies: &[Policy], cost: u64) -> Option<&LuaScript> {
+    /// The fast GCRA function for a check of one policy taken alone (not
+    /// coalesced, not leased): every policy [`Library::fast_gcra`] takes,
+    /// and also an exact GCRA policy whose emission interval is not a
+    /// whole number of microseconds (`per_second(3)`), for which the
+    /// function answers the lead in units of `1 / limit` µs (library.lua,
+    /// `gcra_fraction`). Coalesced batches and the local budget read whole
+    /// microseconds, so they ask [`Library::fast_gcra`].
+    pub(crate) fn fast_gcra_alone(&self, policies: &[Policy], cost: u64) -> Option<&LuaScript> {
         let [policy] = policies else {
             return None;
         };
-        let fits = policy.algorithm() == Algorithm::Gcra
+        let fraction = policy.algorithm() == Algorithm::Gcra
             && cost >= 1
             && cost <= policy.capacity()
             && policy.limit() >= 1
             && policy.period_micros() % policy.limit() != 0
             && exact_in_lua(policy);
-        fits.then_some(&self.gcra)
+        (fraction || fast_gcra_policy(policy, cost)).then_some(&self.gcra)
     }
 
     /// The fast function of a one-policy check other than GCRA, when it

@@ -416,16 +416,7 @@ impl RedisStore {
         cost: u64,
     ) -> Result<CheckFuture, StoreError> {
         if path != CallPath::Evalsha {
-            if let Some(script) = self.inner.scripts.library().fast_gcra(policies, cost) {
-                let script = script.clone();
-                return Ok(self.fast_gcra_future(script, subject, &policies[0], cost));
-            }
-            if let Some(script) = self
-                .inner
-                .scripts
-                .library()
-                .fast_gcra_fraction(policies, cost)
-            {
+            if let Some(script) = self.inner.scripts.library().fast_gcra_alone(policies, cost) {
                 let script = script.clone();
                 return Ok(self.fast_gcra_future(script, subject, &policies[0], cost));
             }

@@ -39,9 +39,10 @@ local function batch(keys, args, no_new_keys)
 end
 
 -- gcra_batch(keys, args): one GCRA policy with a whole-microsecond
--- interval that the fast function takes (library.lua): one GET, the checks in turn on the state's lead over now,
--- and one SET when any admitted. ARGV[1] = "<limit>:<period_us>:<capacity>",
--- ARGV[2] = now or '', ARGV[3..] = the costs. Reply: one integer per
+-- interval that the fast function takes (library.lua): one GET, the checks
+-- in turn on the state's lead over now, and one SET when any admitted.
+-- ARGV[1] = "<limit>:<period_us>:<capacity>", ARGV[2] = now or '',
+-- ARGV[3..] = the costs. Reply: one integer per
 -- check, as the fast function answers alone (the lead before it: ahead
 -- when admitted, -1 - ahead when denied); or the status GENERAL, having
 -- written nothing, for a state only the general check reads (the client

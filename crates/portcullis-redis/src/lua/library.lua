@@ -82,24 +82,6 @@ redis.register_function{ function_name = FN_LEASE_OOM,
   callback = function(keys, args) return lease(keys, args, true) end,
   flags = { 'allow-oom' } }
 
--- The one-policy GCRA check (cost >= 1) of a policy whose burst x emission
--- interval is at most 2^52 microseconds and, when the interval is not a
--- whole number of microseconds, whose burst x period is too (ALGORITHMS.md,
--- "The Redis fast path"): the call does only
--- TIME, GET and, when admitted, one SET ... PXAT, and answers one integer,
--- the state's lead over now before the call: ahead when admitted, -1 -
--- ahead when denied; the client derives the decision from it with the same
--- arithmetic (portcullis_core::algorithms::check). When the emission
--- interval is a whole number of microseconds the state is always
--- hexadecimal microseconds and the lead is in microseconds; otherwise
--- (gcra_fraction) the state is us + rem/L and the lead is in units of 1/L
--- microsecond ((us - now) x L + rem). A state it cannot read this way (a
--- foreign value, a remainder from another policy, or a lead the policy
--- cannot leave, to be denied by the reference's arithmetic or repaired) is
--- handed to the general check, whose reply is the usual five integers.
---
--- ARGV[1] = "<limit>:<period_us>:<capacity>:<cost>"; ARGV[2], when
--- present, is now in microseconds (the client-clock mode), else TIME.
 -- memo() of a fast function's argument "<limit>:<period_us>:<capacity>:<cost>":
 -- build(L, P, B, cost, policy) gets the four numbers and the policy part
 -- "<limit>:<period_us>:<capacity>" (the general check's argument, for the
@@ -116,6 +98,25 @@ local function memo_fast(build)
     return build(tonumber(a), tonumber(b), tonumber(c), tonumber(d), a .. ':' .. b .. ':' .. c)
   end)
 end
+
+-- The one-policy GCRA check (cost >= 1) of a policy whose burst x emission
+-- interval is at most 2^52 microseconds and, when the interval is not a
+-- whole number of microseconds, whose burst x period is too (ALGORITHMS.md,
+-- "The Redis fast path"): the call does only TIME, GET and, when admitted,
+-- one SET ... PXAT, and answers one integer, the state's lead over now
+-- before the call: ahead when admitted, -1 - ahead when denied; the client
+-- derives the decision from it with the same arithmetic
+-- (portcullis_core::algorithms::check). When the emission interval is a
+-- whole number of microseconds the state is always hexadecimal
+-- microseconds and the lead is in microseconds; otherwise (gcra_fraction)
+-- the state is us + rem/L and the lead is in units of 1/L microsecond
+-- ((us - now) x L + rem). A state it cannot read this way (a
+-- foreign value, a remainder from another policy, or a lead the policy
+-- cannot leave, to be denied by the reference's arithmetic or repaired) is
+-- handed to the general check, whose reply is the usual five integers.
+--
+-- ARGV[1] = "<limit>:<period_us>:<capacity>:<cost>"; ARGV[2], when
+-- present, is now in microseconds (the client-clock mode), else TIME.
 local GCRA_PLAN = { ALG.gcra }
 local fast_of = memo_fast(function(L, P, B, cost, policy)
   if L < 1 or cost < 1 or cost > B then
@@ -159,14 +160,12 @@ local function gcra_fraction(keys, args, f, now, value, no_new_keys)
         end
       end
     end
-    if us == nil or rem == nil or us >= 2 * MAX or rem >= L or us - now > f[3] then
-      return check(GCRA_PLAN, keys, { args[2] or '', f[5], f[4] }, 0, no_new_keys)
-    end
-    if us >= now then
+    local readable = us ~= nil and rem ~= nil and us < 2 * MAX and rem < L and us - now <= f[3]
+    if readable and us >= now then
       span = (us - now) * L + rem
-      if span > f[2] then
-        return check(GCRA_PLAN, keys, { args[2] or '', f[5], f[4] }, 0, no_new_keys)
-      end
+    end
+    if not readable or span > f[2] then
+      return check(GCRA_PLAN, keys, { args[2] or '', f[5], f[4] }, 0, no_new_keys)
     end
   elseif no_new_keys then
     return redis.status_reply('NOROOM')
