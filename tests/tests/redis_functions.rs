@@ -517,7 +517,6 @@ async fn the_fast_gcra_function_agrees_with_the_general_check() {
             .ok()
             .flatten()
     };
-    let now = clock.now_micros();
     // A whole-microsecond interval (the lead answered in µs), one whose
     // burst × period passes 2^52 (5 per 10^9 s: a whole 2·10^8 s
     // interval, which the core holds at a reduced scale) and a fractional
@@ -529,7 +528,11 @@ async fn the_fast_gcra_function_agrees_with_the_general_check() {
         .unwrap()];
     assert!(!huge[0].is_exact());
     for policies in [&whole, &huge, &fractional] {
-        for (label, start) in gcra_starts(now) {
+        for i in 0..gcra_starts(clock.now_micros()).len() {
+            // Each start written relative to the clock's time at that
+            // start, so an "ahead" start is still ahead after the steps of
+            // the starts before it.
+            let (label, start) = gcra_starts(clock.now_micros())[i].clone();
             set(&mut raw, &fast, start.clone());
             set(&mut raw, &general, start);
             for step in 0..8 {
@@ -580,7 +583,11 @@ async fn the_fast_gcra_function_agrees_with_the_general_check() {
             .unwrap(),
     ];
     for two in [&two, &with_huge] {
-        for (label, start) in gcra_starts(now) {
+        for i in 0..gcra_starts(clock.now_micros()).len() {
+            // Each start written relative to the clock's time at that
+            // start, so an "ahead" start is still ahead after the steps of
+            // the starts before it.
+            let (label, start) = gcra_starts(clock.now_micros())[i].clone();
             set(&mut raw, &fast, start.clone());
             set(&mut raw, &general, start);
             for store in [&fast, &general] {
