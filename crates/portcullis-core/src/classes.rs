@@ -22,26 +22,42 @@ pub(crate) struct Class {
     reserve: u64,
 }
 
+/// A policy's classes and which of them a request gets when it names
+/// none, or one the policy does not define.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct ClassTable {
+    classes: Box<[Class]>,
+    /// Index of the default class in `classes`.
+    default: usize,
+}
+
 /// A policy's classes (none for most policies: no allocation).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
-pub(crate) struct Classes(Option<Arc<[Class]>>);
+pub(crate) struct Classes(Option<Arc<ClassTable>>);
 
 impl Classes {
-    /// Validates the classes given to a builder.
+    /// Validates the classes given to a builder, and its default class.
     pub(crate) fn build(
         policy: &str,
         algorithm: Algorithm,
         capacity: u64,
         given: Vec<(String, u8)>,
+        default_class: Option<String>,
     ) -> Result<Self, PolicyError> {
-        if given.is_empty() {
-            return Ok(Self(None));
-        }
         let refuse = |class: &str, reason: String| PolicyError::InvalidClass {
             policy: policy.to_owned(),
             class: class.chars().take(80).collect(),
             reason,
         };
+        if given.is_empty() {
+            return match default_class {
+                Some(class) => Err(refuse(
+                    &class,
+                    "the policy defines no classes: define the default class with PolicyBuilder::class, or leave default_class out".to_owned(),
+                )),
+                None => Ok(Self(None)),
+            };
+        }
         if !supports_classes(algorithm) {
             return Err(refuse(
                 &given[0].0,
@@ -77,7 +93,29 @@ impl Classes {
                 reserve,
             });
         }
-        Ok(Self(Some(classes.into())))
+        let default = match default_class {
+            Some(name) => classes
+                .iter()
+                .position(|class| *class.name == *name)
+                .ok_or_else(|| {
+                    refuse(
+                        &name,
+                        "the default class is not one the policy defines: define it with PolicyBuilder::class first".to_owned(),
+                    )
+                })?,
+            // The most reserved class (the first of equals): a request
+            // that claims nothing gets the least.
+            None => classes
+                .iter()
+                .enumerate()
+                .rev()
+                .max_by_key(|(_, class)| class.reserve)
+                .map_or(0, |(index, _)| index),
+        };
+        Ok(Self(Some(Arc::new(ClassTable {
+            classes: classes.into(),
+            default,
+        }))))
     }
 }
 
@@ -95,13 +133,17 @@ impl PolicyBuilder {
     /// (rounded up to whole permits) remains *after* their charge. A class
     /// with a reserve of 0 may spend the whole allowance.
     ///
-    /// A request names its class through
+    /// A request is checked as a class through
     /// [`CheckOptions::class`](crate::CheckOptions::class) (the tower
-    /// layer's `priority` selector); a policy with classes refuses a
-    /// request of a class it does not define, and a request without a
-    /// class gets no reserve. A denial's `retry_after` says when that class
-    /// may go again. Every algorithm but the leaky bucket as a queue has
-    /// classes ([`PolicyError::InvalidClass`] otherwise).
+    /// layer's `priority` selector). A request that names no class, or a
+    /// class the policy does not define, is checked as the policy's
+    /// **default class**: the most reserved one, unless
+    /// [`default_class`](Self::default_class) names another. So a class is
+    /// a privilege the application grants (from authentication, the
+    /// route, the customer's plan), never one a client can claim by
+    /// sending nothing or something unknown. A denial's `retry_after` says
+    /// when that class may go again. Every algorithm but the leaky bucket
+    /// as a queue has classes ([`PolicyError::InvalidClass`] otherwise).
     ///
     /// ```
     /// use portcullis::{CheckOptions, MemoryStore, Policy, Store};
@@ -124,11 +166,44 @@ impl PolicyBuilder {
     /// assert_eq!(admitted, 5); // batch stops while half remains
     /// let critical = CheckOptions::new().class("critical");
     /// assert!(store.check_with("acme", &policies, 1, &critical).await?.verdict().is_allowed());
+    /// // No class, or one the policy does not define: the default, the
+    /// // most reserved class ("batch" here), which is now refused.
+    /// let unknown = CheckOptions::new().class("urgent");
+    /// assert!(!store.check_with("acme", &policies, 1, &unknown).await?.verdict().is_allowed());
+    /// assert!(!store.check_with("acme", &policies, 1, &CheckOptions::new()).await?.verdict().is_allowed());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
     pub fn class(mut self, name: impl Into<String>, reserve_percent: u8) -> Self {
         self.classes.push((name.into(), reserve_percent));
+        self
+    }
+
+    /// Names the class a request gets when it names none, or one the
+    /// policy does not define. Without this, the default is the most
+    /// reserved class (the first of equals): the safe choice, since the
+    /// class is then never better than what a client could claim. Name a
+    /// less reserved default only when every request that can reach the
+    /// policy is trusted with it. A name the policy does not define with
+    /// [`class`](Self::class) fails at [`build`](Self::build) with
+    /// [`PolicyError::InvalidClass`].
+    ///
+    /// ```
+    /// use portcullis::Policy;
+    ///
+    /// let policy = Policy::per_second(10)
+    ///     .class("interactive", 20)
+    ///     .class("batch", 50)
+    ///     .default_class("interactive")
+    ///     .build()?;
+    /// assert_eq!(policy.reserve_of(None), 2);
+    /// assert_eq!(policy.reserve_of(Some("nonsense")), 2);
+    /// assert_eq!(Policy::per_second(10).class("batch", 50).build()?.reserve_of(None), 5);
+    /// assert!(Policy::per_second(10).class("batch", 50).default_class("gold").build().is_err());
+    /// # Ok::<(), portcullis::PolicyError>(())
+    /// ```
+    pub fn default_class(mut self, name: impl Into<String>) -> Self {
+        self.default_class = Some(name.into());
         self
     }
 }
@@ -150,9 +225,52 @@ impl Policy {
         self.classes
             .0
             .as_ref()?
+            .classes
             .iter()
             .find(|c| &*c.name == class)
             .map(|c| c.reserve)
+    }
+
+    /// The reserve in permits a request of `class` is checked with: that
+    /// class's, or the default class's when `class` is `None` or not
+    /// defined ([`PolicyBuilder::default_class`]); 0 for a policy without
+    /// classes.
+    ///
+    /// ```
+    /// use portcullis::Policy;
+    ///
+    /// let policy = Policy::per_second(10).class("critical", 0).class("batch", 50).build()?;
+    /// assert_eq!(policy.reserve_of(Some("critical")), 0);
+    /// assert_eq!(policy.reserve_of(None), 5, "the most reserved class");
+    /// assert_eq!(policy.reserve_of(Some("x-priority: urgent")), 5);
+    /// assert_eq!(Policy::per_second(10).build()?.reserve_of(Some("critical")), 0);
+    /// # Ok::<(), portcullis::PolicyError>(())
+    /// ```
+    #[must_use]
+    pub fn reserve_of(&self, class: Option<&str>) -> u64 {
+        let Some(table) = self.classes.0.as_ref() else {
+            return 0;
+        };
+        class
+            .and_then(|class| table.classes.iter().find(|c| &*c.name == class))
+            .or_else(|| table.classes.get(table.default))
+            .map_or(0, |c| c.reserve)
+    }
+
+    /// The name of the class a request that names none (or an undefined
+    /// one) is checked as, when the policy has classes.
+    ///
+    /// ```
+    /// use portcullis::Policy;
+    ///
+    /// let policy = Policy::per_second(10).class("critical", 0).class("batch", 50).build()?;
+    /// assert_eq!(policy.default_class(), Some("batch"));
+    /// # Ok::<(), portcullis::PolicyError>(())
+    /// ```
+    #[must_use]
+    pub fn default_class(&self) -> Option<&str> {
+        let table = self.classes.0.as_ref()?;
+        table.classes.get(table.default).map(|c| &*c.name)
     }
 
     /// Whether the policy defines priority classes.

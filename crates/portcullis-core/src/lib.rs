@@ -72,7 +72,8 @@ pub use limits::{
 pub use limits_file::{LimitsFile, LimitsFileError, Reload, Watcher};
 pub use memory::{MemoryStore, MemoryStoreBuilder, WhenFull, DEFAULT_MAX_KEYS};
 pub use options::{
-    CheckOptions, CheckPlan, Checked, Record, MAX_IDEMPOTENCY_KEY_LEN, MAX_IDEMPOTENCY_WINDOW,
+    CheckOptions, CheckPlan, Checked, Record, DEFAULT_FREE_REPLAYS, MAX_FINGERPRINT_LEN,
+    MAX_IDEMPOTENCY_KEY_LEN, MAX_IDEMPOTENCY_WINDOW,
 };
 pub use policy::{
     Algorithm, LeakyMode, Policy, PolicyBuilder, PolicyError, MAX_MAGNITUDE, MAX_POLICY_NAME_LEN,

@@ -16,20 +16,41 @@ pub const MAX_IDEMPOTENCY_WINDOW: Duration = Duration::from_secs(30 * 86_400);
 /// are stored, so this bounds only the work of hashing them).
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 1024;
 
+/// Replays an idempotency record answers by default before a repeat is
+/// charged again: two, the retries the common HTTP API client libraries
+/// make by default ([`CheckOptions::free_replays`]).
+pub const DEFAULT_FREE_REPLAYS: u32 = 2;
+
+/// Longest request fingerprint accepted, in bytes
+/// ([`CheckOptions::fingerprint`]; hashed like the key).
+pub const MAX_FINGERPRINT_LEN: usize = 8192;
+
 /// Options of one check ([`Store::check_with`](crate::Store::check_with)):
 /// an **idempotency key** with its window, and a **priority class**.
 ///
-/// - With an idempotency key, the first check of a key (for the same
-///   subject and the same policy names) is decided and charged as usual,
-///   and its decision is recorded beside the subject's state for `window`;
-///   a repeat within the window answers that first decision again
-///   ([`Checked::is_replay`]) and charges nothing. A check of cost 0 (a
-///   peek) records its answer too: the tower layer's
+/// - With an idempotency key, the first check of a key is decided and
+///   charged as usual; when it is **admitted**, its decision is recorded
+///   beside the subject's state for `window`, and a repeat of the *same
+///   request* within the window answers that decision again
+///   ([`Checked::is_replay`]) without charging, at most
+///   [`free_replays`](Self::free_replays) times
+///   ([`DEFAULT_FREE_REPLAYS`]); past that a repeat is charged as a new
+///   request. The same request means the same subject, policy names, key,
+///   cost and [`fingerprint`](Self::fingerprint) (the tower layer's is the
+///   method and path): a different request under a used key is a new
+///   request, charged. A denial records nothing, so a retry after its
+///   `retry_after` is checked afresh. So one charge buys at most
+///   `1 + free_replays` admitted answers: per window a subject's admitted
+///   checks are at most `(1 + free_replays) × limit`. A check of cost 0
+///   (a peek) records its answer too: the tower layer's
 ///   `charge_from_response` peeks this way, so a retry replays the peek and
 ///   is not charged again after its response.
 /// - With a class, each policy that defines classes
 ///   ([`PolicyBuilder::class`](crate::PolicyBuilder::class)) admits the
-///   request only while its class's reserve remains after the charge.
+///   request only while its class's reserve remains after the charge. A
+///   check without a class, or with one a policy does not define, gets
+///   that policy's default class (the most reserved, unless the policy
+///   names another): a class is granted by the application, never claimed.
 ///
 /// ```
 /// use std::time::Duration;
@@ -47,10 +68,23 @@ pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 1024;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckOptions {
     idempotency: Option<(String, Duration)>,
+    fingerprint: Option<Vec<u8>>,
+    free_replays: u32,
     class: Option<String>,
+}
+
+impl Default for CheckOptions {
+    fn default() -> Self {
+        Self {
+            idempotency: None,
+            fingerprint: None,
+            free_replays: DEFAULT_FREE_REPLAYS,
+            class: None,
+        }
+    }
 }
 
 impl CheckOptions {
@@ -80,7 +114,72 @@ impl CheckOptions {
         self
     }
 
+    /// Binds the idempotency record to this request: a check with the same
+    /// key but another fingerprint is a new request, charged. Give what
+    /// makes two requests the same for your application (the tower layer
+    /// gives the method, the path and, when configured, a body digest).
+    /// Hashed with the key; at most [`MAX_FINGERPRINT_LEN`] bytes.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use portcullis::{CheckOptions, MemoryStore, Policy, Store};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let store = MemoryStore::new();
+    /// let policies = [Policy::per_minute(5).name("api").build()?];
+    /// let key = |path: &str| CheckOptions::new()
+    ///     .idempotency_key("same", Duration::from_secs(60))
+    ///     .fingerprint(path);
+    /// store.check_with("acme", &policies, 1, &key("POST /pay")).await?;
+    /// let other = store.check_with("acme", &policies, 1, &key("POST /refund")).await?;
+    /// assert!(!other.is_replay(), "another request under the same key is charged");
+    /// assert_eq!(store.peek("acme", &policies).await?.decisions()[0].remaining(), 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn fingerprint(mut self, fingerprint: impl AsRef<[u8]>) -> Self {
+        self.fingerprint = Some(fingerprint.as_ref().to_vec());
+        self
+    }
+
+    /// How many repeats of an admitted request one record answers without
+    /// charging ([`DEFAULT_FREE_REPLAYS`]); the repeat after them is
+    /// charged as a new request (and, admitted, records anew). 0 makes
+    /// every repeat a charged request: the key then only says "the same
+    /// request" to the application.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use portcullis::{CheckOptions, MemoryStore, Policy, Store};
+    ///
+    /// # futures::executor::block_on(async {
+    /// let store = MemoryStore::new();
+    /// let policies = [Policy::per_minute(5).name("api").build()?];
+    /// let options = CheckOptions::new()
+    ///     .idempotency_key("pay-1", Duration::from_secs(60))
+    ///     .free_replays(1);
+    /// let mut replays = Vec::new();
+    /// for _ in 0..4 {
+    ///     replays.push(store.check_with("acme", &policies, 1, &options).await?.is_replay());
+    /// }
+    /// // First charged, one free repeat, then charged (and recorded) again.
+    /// assert_eq!(replays, [false, true, false, true]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn free_replays(mut self, free_replays: u32) -> Self {
+        self.free_replays = free_replays;
+        self
+    }
+
     /// Checks as priority class `class` ([`PolicyBuilder::class`](crate::PolicyBuilder::class)).
+    /// A policy that does not define `class` checks the request as its
+    /// default class ([`PolicyBuilder::default_class`](crate::PolicyBuilder::default_class)).
+    /// Take the class from what the application trusts (authentication,
+    /// the route, the customer's plan), never from a value the client
+    /// sends.
     ///
     /// ```
     /// use portcullis::CheckOptions;
@@ -139,29 +238,18 @@ impl CheckOptions {
     ///
     /// # Errors
     ///
-    /// As [`validate_check`]; [`StoreError::Unsupported`] for a class a
-    /// policy with classes does not define, an empty or too long
-    /// idempotency key, or a window of zero or above
-    /// [`MAX_IDEMPOTENCY_WINDOW`]; [`StoreError::CostTooHigh`] when the cost
-    /// and the class's reserve together exceed a policy's capacity (the
-    /// class can never be admitted that cost).
+    /// As [`validate_check`]; [`StoreError::Unsupported`] for an empty or
+    /// too long idempotency key or fingerprint, or a window of zero or
+    /// above [`MAX_IDEMPOTENCY_WINDOW`]; [`StoreError::CostTooHigh`] when
+    /// the cost and the class's reserve together exceed a policy's
+    /// capacity (the class can never be admitted that cost). A class a
+    /// policy does not define is no error: the policy's default class
+    /// applies.
     pub fn plan(&self, policies: &[Policy], cost: u64) -> Result<CheckPlan, StoreError> {
         validate_check(policies, cost)?;
         let mut reserves = Vec::with_capacity(policies.len());
         for policy in policies {
-            let reserve = match &self.class {
-                Some(class) if policy.has_classes() => {
-                    policy.class_reserve(class).ok_or_else(|| StoreError::Unsupported {
-                        operation: "priority class",
-                        detail: format!(
-                            "policy {:?} has no class {:?}: send one of the classes it defines, or add it with PolicyBuilder::class",
-                            policy.name(),
-                            class.chars().take(80).collect::<String>()
-                        ),
-                    })?
-                }
-                _ => 0,
-            };
+            let reserve = policy.reserve_of(self.class.as_deref());
             if cost.saturating_add(reserve) > policy.capacity() {
                 return Err(StoreError::CostTooHigh {
                     policy: policy.name().to_owned(),
@@ -188,10 +276,18 @@ impl CheckOptions {
                         "the window {window:?} is out of range: give a window of 1 ms to 30 days"
                     )));
                 }
+                let fingerprint = self.fingerprint.as_deref().unwrap_or_default();
+                if fingerprint.len() > MAX_FINGERPRINT_LEN {
+                    return Err(refuse(format!(
+                        "the request fingerprint is {} bytes long: give at most {MAX_FINGERPRINT_LEN} bytes (a digest, not the body)",
+                        fingerprint.len()
+                    )));
+                }
                 let window_us = u64::try_from(window.as_micros()).unwrap_or(u64::MAX).max(1);
                 Some(Record {
-                    id: record_id(policies, key),
+                    id: record_id(policies, key, fingerprint, cost),
                     window_us,
+                    free_replays: self.free_replays,
                 })
             }
             None => None,
@@ -200,9 +296,10 @@ impl CheckOptions {
     }
 }
 
-/// `#` and the hex SHA-256 of the policy names and the key: the suffix of
-/// the record's key, the same in every store.
-fn record_id(policies: &[Policy], key: &str) -> String {
+/// `#` and the hex SHA-256 of the policy names, the cost, the key and the
+/// request's fingerprint: the suffix of the record's key, the same in
+/// every store.
+fn record_id(policies: &[Policy], key: &str, fingerprint: &[u8], cost: u64) -> String {
     let mut hasher = Sha256::new();
     for policy in policies {
         hasher.update(policy.name().as_bytes());
@@ -210,7 +307,11 @@ fn record_id(policies: &[Policy], key: &str) -> String {
         hasher.update([0x1f]);
     }
     hasher.update([0x1e]);
+    hasher.update(cost.to_be_bytes());
+    // Length-prefixed: no key and fingerprint pair reads as another.
+    hasher.update((key.len() as u64).to_be_bytes());
     hasher.update(key.as_bytes());
+    hasher.update(fingerprint);
     hash_subject(&hasher.finalize())
 }
 
@@ -227,11 +328,13 @@ pub struct CheckPlan {
 pub struct Record {
     id: String,
     window_us: u64,
+    free_replays: u32,
 }
 
 impl Record {
     /// `#` and 64 hex digits naming the record among the subject's: the
-    /// SHA-256 of the policy names and the idempotency key. A store keeps
+    /// SHA-256 of the policy names, the cost, the idempotency key and the
+    /// request's fingerprint. A store keeps
     /// it beside the subject's state (Redis: `<prefix>:{<subject>}:<id>`,
     /// which no policy name can equal).
     #[must_use]
@@ -243,6 +346,13 @@ impl Record {
     #[must_use]
     pub fn window_micros(&self) -> u64 {
         self.window_us
+    }
+
+    /// How many repeats the record answers without charging
+    /// ([`CheckOptions::free_replays`]).
+    #[must_use]
+    pub fn free_replays(&self) -> u32 {
+        self.free_replays
     }
 }
 

@@ -242,6 +242,7 @@ impl Policy {
             period,
             burst: None,
             classes: Vec::new(),
+            default_class: None,
         }
     }
 
@@ -367,6 +368,9 @@ pub struct PolicyBuilder {
     burst: Option<u64>,
     /// Priority classes as given: name and reserve in percent (`classes.rs`).
     pub(crate) classes: Vec<(String, u8)>,
+    /// The class of a request that names none, or one the policy does not
+    /// define (`classes.rs`); `None`: the most reserved class.
+    pub(crate) default_class: Option<String>,
 }
 
 impl PolicyBuilder {
@@ -428,6 +432,7 @@ impl PolicyBuilder {
             period,
             burst,
             classes,
+            default_class,
         } = self;
         if limit == 0 {
             return Err(PolicyError::ZeroLimit);
@@ -491,8 +496,13 @@ impl PolicyBuilder {
             increment,
             weight_unit_us,
         } = magnitudes;
-        let classes =
-            crate::classes::Classes::build(&name, algorithm, burst.unwrap_or(limit), classes)?;
+        let classes = crate::classes::Classes::build(
+            &name,
+            algorithm,
+            burst.unwrap_or(limit),
+            classes,
+            default_class,
+        )?;
         Ok(Policy {
             classes,
             name: name.into(),
@@ -714,7 +724,9 @@ pub enum PolicyError {
     },
     /// A priority class ([`PolicyBuilder::class`]) was refused: a bad or
     /// repeated name, a reserve of 100 % or more, a reserve that leaves no
-    /// permit to the class, or an algorithm without classes.
+    /// permit to the class, an algorithm without classes, or a
+    /// [`default_class`](PolicyBuilder::default_class) the policy does not
+    /// define.
     InvalidClass {
         /// The policy's name.
         policy: String,

@@ -3,9 +3,10 @@
 //! composed script (`EVALSHA`), with the same fallback as a check. The
 //! idempotency record is `<prefix>:{<subject>}:#<sha256 hex>` (beside the
 //! subject's state keys, in their hash slot; the hash covers the policy
-//! names and the idempotency key, which never reaches Redis), read and
-//! written in the same call as the check, with a `PXAT` expiry at the end
-//! of its window.
+//! names, the cost, the idempotency key and the request's fingerprint,
+//! none of which reaches Redis), read and written in the same call as the
+//! check, with a `PXAT` expiry at the end of its window. Only an admitted
+//! check writes one, holding its free replays (extended.lua).
 
 use std::sync::Arc;
 
@@ -63,6 +64,10 @@ impl RedisStore {
         cmd.arg(
             plan.record()
                 .map_or(0, portcullis_core::Record::window_micros),
+        );
+        cmd.arg(
+            plan.record()
+                .map_or(0, portcullis_core::Record::free_replays),
         );
         for policy in policies {
             cmd.arg(format!(

@@ -119,8 +119,12 @@ pub enum MissingKey {
     /// Forward the request without limiting it.
     Skip,
     /// Answer with this status and plain-text message (for gRPC requests,
-    /// the matching gRPC status). The default is
-    /// `400 Bad Request` saying the caller could not be identified.
+    /// the matching gRPC status and the message as `grpc-message`). A
+    /// layer's default is `400 Bad Request` (gRPC `INVALID_ARGUMENT`)
+    /// naming what its key extractor reads
+    /// ([`KeyExtractor::describe`](crate::KeyExtractor::describe)); the
+    /// operator's detail (why requests may lack it) goes to the log, at
+    /// most once per second.
     Reject {
         /// The HTTP status.
         status: StatusCode,
@@ -132,22 +136,14 @@ pub enum MissingKey {
     Fallback(Cow<'static, str>),
 }
 
-/// The default answer's body. Debug builds add how to give the layer a
-/// peer address: the usual cause (Axum served without connect info) is
-/// then visible in the response itself, without a tracing subscriber.
-const MISSING_KEY_MESSAGE: &str = if cfg!(debug_assertions) {
-    "the request could not be identified for rate limiting (no client address, token or key)\n\
-     (debug build) when the layer keys by client IP (PeerIp, the default), serve Axum with \
-     `app.into_make_service_with_connect_info::<SocketAddr>()` or put the peer's SocketAddr in \
-     the request extensions; or choose MissingKey::Skip or MissingKey::fallback. Release builds \
-     leave this line out.\n"
-} else {
-    "the request could not be identified for rate limiting (no client address, token or key)\n"
-};
+/// The default answer's body.
+const MISSING_KEY_MESSAGE: &str =
+    "this request carries nothing the rate limiter can tell callers apart by\n";
 
 impl Default for MissingKey {
-    /// `400 Bad Request` saying the caller could not be identified; in debug
-    /// builds the body also says how to serve Axum with connect info.
+    /// `400 Bad Request` saying the caller could not be identified. (A
+    /// layer that is not told otherwise answers more precisely: it names
+    /// what its key extractor reads.)
     fn default() -> Self {
         Self::Reject {
             status: StatusCode::BAD_REQUEST,

@@ -11,7 +11,9 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 
+use crate::breaker::UndecidedLog;
 use crate::headers::{ceil_secs, RateLimitHeaders};
+use crate::key::KeyExtractor;
 use crate::RateLimitInfo;
 
 static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
@@ -168,6 +170,59 @@ pub(crate) fn plain(
         Some(content_type) => grpc(content_type, status, message),
         None => text(status, Bytes::copy_from_slice(message.as_bytes())),
     }
+}
+
+/// The body of a request the store refused to check as sent
+/// ([`ErrorScope::Request`](portcullis_core::ErrorScope::Request)): what
+/// the client can act on, never the store's detail (that goes to the log).
+pub(crate) fn refused_message(error: &portcullis_core::StoreError) -> &'static str {
+    match error {
+        portcullis_core::StoreError::CostTooHigh { .. } => {
+            "this request costs more than the rate limit ever allows: send a smaller one\n"
+        }
+        portcullis_core::StoreError::Unsupported {
+            operation: "idempotency key",
+            ..
+        } => "this request's idempotency key cannot be used: send 1 to 1024 bytes\n",
+        _ => "this request could not be checked against the rate limit as sent\n",
+    }
+}
+
+/// The default answer of a layer keyed by `key` to a request without a
+/// key: what it lacks, in the extractor's words.
+pub(crate) fn missing_key_message<K: KeyExtractor + ?Sized>(key: &K) -> String {
+    format!(
+        "this request carries no {}, which the rate limiter needs to tell callers apart\n",
+        key.describe()
+    )
+}
+
+/// Counts a request without a key that was rejected, and logs at most
+/// once per second (with the count since the last line) what the layer
+/// answered, what it looks for and, for the operator, why requests may
+/// lack it. Both layers call this.
+pub(crate) fn log_missing_key<K: KeyExtractor + ?Sized>(
+    log: &UndecidedLog,
+    key: &K,
+    status: StatusCode,
+    grpc: bool,
+) {
+    tracing::debug!(%status, grpc, "no rate-limit key; rejected");
+    let Some(count) = log.record() else {
+        return;
+    };
+    let answer = if grpc {
+        format!("gRPC status {}", grpc_code(status))
+    } else {
+        format!("HTTP {status}")
+    };
+    tracing::warn!(
+        count,
+        answer,
+        expected = %key.describe(),
+        hint = key.missing_hint().unwrap_or("make requests carry it, or choose MissingKey::Skip or MissingKey::fallback"),
+        "{count} request(s) without a rate-limit key rejected since the last such warning"
+    );
 }
 
 /// Adds `Retry-After` (whole seconds, rounded up, at least 1) and, for a

@@ -3,16 +3,23 @@
 //! the subject's shard write lock (the general path), and the shard's
 //! bounded table of records ([`Records`]).
 //!
-//! A record is keyed by the SHA-256 of the subject's key and the record id
-//! ([`Record::id`](crate::Record::id)), and holds the first decision until
-//! its window ends. Records live in the subject's shard, so the lookup, the
-//! check and the write are one step. Each shard holds at most its share of
-//! the store's bound ([`MemoryStore::max_keys`] divided by the shards, at
-//! least 16): when full, expired records are swept, then
-//! ([`WhenFull::EvictNearestFull`]) the sampled record nearest its end is
-//! dropped (a retry of that key would be charged again: never more
-//! admitted, at worst one extra charge), or ([`WhenFull::Deny`]) the check
-//! is refused with [`StoreError::Full`], nothing charged.
+//! Records live with their subject: a shard keeps, per subject key, that
+//! subject's live records (the record id, [`Record::id`](crate::Record::id),
+//! hashed to 32 bytes), each holding an admitted decision until its window
+//! ends and counting the free replays it has left. Only an admitted check
+//! writes one, so a subject gains records no faster than its policies
+//! admit it. Bounds, none of which lets one subject touch another's
+//! records:
+//!
+//! - a subject holds at most [`MAX_RECORDS_PER_SUBJECT`]; its next record
+//!   replaces its own record nearest its end (a retry of that request is
+//!   charged again: never more admitted);
+//! - a shard holds at most its share of the store's bound
+//!   ([`MemoryStore::max_keys`] divided by the shards, at least 16); when
+//!   full, expired records are swept, and if none has expired the new
+//!   record is not kept (the request is still decided and charged as
+//!   usual; its retry is charged again). A missing record never denies a
+//!   request and never answers `Retry-After: 0`.
 
 use std::collections::HashMap;
 
@@ -21,70 +28,134 @@ use smallvec::SmallVec;
 
 use super::fast::check_policy;
 use super::table::{Key, Shard};
-use super::{Inner, MemoryStore, WhenFull};
+use super::{Inner, MemoryStore};
 use crate::algorithms::Step;
 use crate::classes::check_class;
-use crate::{CheckOptions, CheckPlan, Checked, Policy, StoreError, Verdict};
+use crate::{CheckOptions, CheckPlan, Checked, Decision, Policy, StoreError, Verdict};
 
-/// Records a shard compares when it must drop one.
-const RECORD_SAMPLE: usize = 16;
+/// Most live idempotency records one subject holds; its next replaces its
+/// own record nearest its end.
+pub(super) const MAX_RECORDS_PER_SUBJECT: usize = 64;
 /// Fewest records a shard may hold, whatever the bound.
 const MIN_RECORDS_PER_SHARD: usize = 16;
 
-/// One shard's idempotency records.
+/// One record: an admitted decision, until when, and the free replays
+/// it has left.
+struct Rec {
+    id: [u8; 32],
+    expires_at_us: u64,
+    replays_left: u32,
+    verdict: Verdict,
+}
+
+impl Rec {
+    /// Bytes the record holds outside its slot (a verdict of several
+    /// decisions).
+    fn heap_bytes(&self) -> usize {
+        let decisions = self.verdict.decisions().len();
+        if decisions > 1 {
+            decisions * std::mem::size_of::<Decision>()
+        } else {
+            0
+        }
+    }
+}
+
+/// One shard's idempotency records, by subject key.
 #[derive(Default)]
 pub(super) struct Records {
-    map: HashMap<[u8; 32], (u64, Verdict)>,
-    /// Sweep expired records when the map reaches this length.
+    map: HashMap<Box<[u8]>, Vec<Rec>>,
+    /// Records held, in all subjects' lists.
+    len: usize,
+    /// Sweep expired records when `len` reaches this.
     sweep_at: usize,
 }
 
 impl Records {
-    /// The live record `id`, if any.
-    fn get(&self, id: &[u8; 32], now: u64) -> Option<&Verdict> {
-        self.map
-            .get(id)
-            .filter(|(expires_at_us, _)| *expires_at_us > now)
-            .map(|(_, verdict)| verdict)
+    /// Answers a repeat from the subject's live record `id`, if it has one
+    /// with a free replay left (and spends that replay).
+    fn replay(&mut self, subject: &[u8], id: &[u8; 32], now: u64) -> Option<Verdict> {
+        let rec = self
+            .map
+            .get_mut(subject)?
+            .iter_mut()
+            .find(|rec| rec.id == *id && rec.expires_at_us > now && rec.replays_left > 0)?;
+        rec.replays_left -= 1;
+        Some(rec.verdict.clone())
     }
 
-    /// Makes room for one more record, per the bound; `false` when the
-    /// store denies rather than evicts and nothing has expired.
-    fn make_room(&mut self, inner: &Inner, now: u64) -> bool {
+    /// Keeps an admitted decision for the subject, per the bounds in the
+    /// module docs.
+    fn insert(&mut self, inner: &Inner, subject: &[u8], rec: Rec, now: u64) {
+        if let Some(list) = self.map.get_mut(subject) {
+            let before = list.len();
+            list.retain(|old| old.id != rec.id && old.expires_at_us > now);
+            self.len -= before - list.len();
+            if list.len() >= MAX_RECORDS_PER_SUBJECT {
+                // The subject at its most: its own record nearest its end
+                // makes room (no other subject's is touched).
+                if let Some(nearest) = list
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, old)| old.expires_at_us)
+                    .map(|(index, _)| index)
+                {
+                    list[nearest] = rec;
+                }
+                return;
+            }
+        }
+        if !self.has_room(inner, now) {
+            return;
+        }
+        self.map.entry(subject.into()).or_default().push(rec);
+        self.len += 1;
+    }
+
+    /// Whether one more record fits in the shard's share, after sweeping
+    /// expired records when due.
+    fn has_room(&mut self, inner: &Inner, now: u64) -> bool {
         let share = inner
             .max_keys
             .map(|max| (max / inner.shards.len()).max(MIN_RECORDS_PER_SHARD));
-        let len = self.map.len();
-        if len >= self.sweep_at.max(64) || share.is_some_and(|share| len >= share) {
-            self.map
-                .retain(|_, (expires_at_us, _)| *expires_at_us > now);
+        if self.len >= self.sweep_at.max(64) || share.is_some_and(|share| self.len >= share) {
+            self.sweep(now);
             // Amortized: the next sweep after as many inserts again.
-            self.sweep_at = self.map.len() * 2;
+            self.sweep_at = self.len * 2;
         }
-        let Some(share) = share else {
-            return true;
-        };
-        if self.map.len() < share {
-            return true;
-        }
-        if inner.when_full == WhenFull::Deny {
-            return false;
-        }
-        let nearest = self
-            .map
-            .iter()
-            .take(RECORD_SAMPLE)
-            .min_by_key(|(_, (expires_at_us, _))| *expires_at_us)
-            .map(|(id, _)| *id);
-        if let Some(id) = nearest {
-            self.map.remove(&id);
-        }
-        true
+        share.is_none_or(|share| self.len < share)
+    }
+
+    /// Drops every expired record.
+    fn sweep(&mut self, now: u64) {
+        let mut len = 0;
+        self.map.retain(|_, list| {
+            list.retain(|rec| rec.expires_at_us > now);
+            len += list.len();
+            !list.is_empty()
+        });
+        self.len = len;
     }
 
     /// Records held (live or expired but not yet swept).
     pub(super) fn len(&self) -> usize {
-        self.map.len()
+        self.len
+    }
+
+    /// Bytes the records take: the map's slots, each subject's key and
+    /// list, and what records hold outside their slot.
+    pub(super) fn memory_bytes(&self) -> usize {
+        let slots = self.map.capacity() * (std::mem::size_of::<(Box<[u8]>, Vec<Rec>)>() + 1);
+        let lists: usize = self
+            .map
+            .iter()
+            .map(|(key, list)| {
+                key.len()
+                    + list.capacity() * std::mem::size_of::<Rec>()
+                    + list.iter().map(Rec::heap_bytes).sum::<usize>()
+            })
+            .sum();
+        slots + lists
     }
 }
 
@@ -101,13 +172,8 @@ impl MemoryStore {
         let key = Key::new(subject);
         let key = key.as_bytes();
         let record = plan.record().map(|record| {
-            let mut hasher = Sha256::new();
-            hasher.update(key);
-            // Never a byte of a plain key, and a hashed key has a fixed length.
-            hasher.update([0xFF]);
-            hasher.update(record.id().as_bytes());
-            let id: [u8; 32] = hasher.finalize().into();
-            (id, record.window_micros())
+            let id: [u8; 32] = Sha256::digest(record.id().as_bytes()).into();
+            (id, record.window_micros(), record.free_replays())
         });
         let hash = self.inner.hash_key(key);
         let now = self.inner.clock.now_micros();
@@ -118,7 +184,8 @@ impl MemoryStore {
 
     /// Idempotency records held in all shards (live or expired but not yet
     /// swept): at most [`MemoryStore::max_keys`] in all, or 16 per shard
-    /// when that is more.
+    /// when that is more, and at most 64 per subject. Only admitted checks
+    /// write records.
     ///
     /// ```
     /// use std::time::Duration;
@@ -157,20 +224,13 @@ impl Shard {
         now: u64,
         cost: u64,
         plan: &CheckPlan,
-        record: Option<([u8; 32], u64)>,
+        record: Option<([u8; 32], u64, u32)>,
     ) -> Result<Checked, StoreError> {
         // The time again, under the lock (as `check_many`).
         let now = now.max(inner.clock.now_micros());
-        if let Some((id, _)) = &record {
-            if let Some(verdict) = self.records.get(id, now) {
-                return Ok(Checked::new(verdict.clone(), true));
-            }
-            // Room first: a refusal must charge nothing.
-            if !self.records.make_room(inner, now) {
-                return Err(StoreError::Full {
-                    max_keys: inner.max_keys.unwrap_or(usize::MAX),
-                    retry_after: std::time::Duration::ZERO,
-                });
+        if let Some((id, _, _)) = &record {
+            if let Some(verdict) = self.records.replay(key, id, now) {
+                return Ok(Checked::new(verdict, true));
             }
         }
         self.demote_if_hot(hash);
@@ -207,10 +267,18 @@ impl Shard {
             self.write_steps(inner, hash, key, index, policies.iter().zip(steps), now)?;
         }
         self.tick(inner, now);
-        if let Some((id, window_us)) = record {
-            self.records
-                .map
-                .insert(id, (now.saturating_add(window_us), verdict.clone()));
+        // Admissions only: a denial is never replayed, so a retry after its
+        // `retry_after` is checked afresh.
+        if let Some((id, window_us, free_replays)) = record {
+            if verdict.is_allowed() && free_replays > 0 {
+                let rec = Rec {
+                    id,
+                    expires_at_us: now.saturating_add(window_us),
+                    replays_left: free_replays,
+                    verdict: verdict.clone(),
+                };
+                self.records.insert(inner, key, rec, now);
+            }
         }
         Ok(Checked::new(verdict, false))
     }

@@ -309,8 +309,9 @@ impl MemoryStore {
         std::mem::size_of::<Entry>() + 1
     }
 
-    /// The memory the store holds now, in bytes: its tables' allocations
-    /// and what entries hold outside them (long keys, several policies).
+    /// The memory the store holds now, in bytes: its tables' allocations,
+    /// what entries hold outside them (long keys, several policies), and
+    /// the idempotency records ([`MemoryStore::idempotency_records`]).
     /// Scans every entry, one shard at a time under its read lock: for a
     /// metric scraped now and then, not for every request.
     #[must_use]
@@ -322,6 +323,7 @@ impl MemoryStore {
             bytes += shard.table.allocation_size();
             bytes += shard.names.capacity() * std::mem::size_of::<Arc<str>>();
             bytes += shard.table.iter().map(Entry::heap_bytes).sum::<usize>();
+            bytes += shard.records.memory_bytes();
         }
         bytes
     }

@@ -8,14 +8,21 @@
 -- record's key, <prefix>:{<subject>}:#<sha256 hex> (same hash slot).
 -- ARGV[o+1]: now in microseconds or '' for TIME. ARGV[o+2]: the cost.
 -- ARGV[o+3]: the record's window in microseconds (0: no record).
--- ARGV[o+3+i]: policy i, "<limit>:<period_us>:<capacity>".
--- ARGV[o+3+n+i]: policy i's reserve in permits (0: none).
--- Reply: check.lua's five integers per policy; or, for a live record, the
--- bulk string it holds: those integers of the first check, comma-separated.
+-- ARGV[o+4]: the record's free replays.
+-- ARGV[o+4+i]: policy i, "<limit>:<period_us>:<capacity>".
+-- ARGV[o+4+n+i]: policy i's reserve in permits (0: none).
+-- Reply: check.lua's five integers per policy; or, for a live record with
+-- a free replay left, the bulk string it holds: those integers of the
+-- first check, comma-separated.
 --
--- A record is "<expires_us>:<i1>,<i2>,...", written with PXAT its expiry:
--- it answers while now is before its expiry (so the client-clock mode
--- ages it like the state), and Redis drops it then.
+-- A record is "<expires_us>:<replays left>:<i1>,<i2>,...", written with
+-- PXAT its expiry, and only for an admitted check (a denial is never
+-- replayed). It answers while now is before its expiry (so the
+-- client-clock mode ages it like the state) and replays are left, each
+-- replay rewriting it one fewer; Redis drops it at its expiry. A value in
+-- another form (such as an older version's) counts as absent. With no
+-- room for a new key (the allow-oom twin), the check goes on without a
+-- record: its retry is charged again, never more admitted.
 --
 -- A class with reserve r admits cost c when c + r would be admitted, and
 -- charges c; denied, it answers the decision of c + r (its retry_after is
@@ -51,17 +58,27 @@ local function check_ext(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
   if window > 0 then
     keys = n + 1
   end
-  if #KEYS ~= keys or #ARGV ~= o + 3 + 2 * n then
+  if #KEYS ~= keys or #ARGV ~= o + 4 + 2 * n then
     return redis.error_reply('ERR portcullis: check_ext called with ' .. #KEYS .. ' keys and ' .. (#ARGV - o) .. ' arguments for ' .. n .. ' policies')
   end
   local now = now_of(ARGV[o + 1])
   local cost = tonumber(ARGV[o + 2])
+  local replays = tonumber(ARGV[o + 4])
+  if replays == nil or replays < 0 then
+    return redis.error_reply('ERR portcullis: the free replays are not a non-negative integer')
+  end
   local record = KEYS[n + 1]
   if window > 0 then
     local stored = redis.call('GET', record)
     if stored then
-      local expires, body = string.match(stored, '^(%d+):([%d,%-]+)$')
-      if expires ~= nil and num(expires) ~= nil and num(expires) > now then
+      local expires, left, body = string.match(stored, '^(%d+):(%d+):([%d,%-]+)$')
+      local at, rest = nil, nil
+      if expires ~= nil then
+        at, rest = num(expires), num(left)
+      end
+      if at ~= nil and rest ~= nil and at > now and rest > 0 then
+        redis.call('SET', record, expires .. ':' .. fmt(rest - 1) .. ':' .. body,
+          'PXAT', fmt(ceil_div(at, 1000)))
         return body
       end
     end
@@ -69,8 +86,8 @@ local function check_ext(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
   local decisions = {}
   local all = true
   for i = 1, n do
-    local L, P, B = policy_of(ARGV[o + 3 + i])
-    local r = tonumber(ARGV[o + 3 + n + i])
+    local L, P, B = policy_of(ARGV[o + 4 + i])
+    local r = tonumber(ARGV[o + 4 + n + i])
     if L == nil or r == nil then
       return redis.error_reply('ERR portcullis: policy ' .. i .. ' is not <limit>:<period_us>:<capacity> with a reserve')
     end
@@ -83,15 +100,17 @@ local function check_ext(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
   if not all and cost > 0 then
     for i = 1, n do
       if decisions[i][1] then
-        local L, P, B = policy_of(ARGV[o + 3 + i])
-        decisions[i] = class_step(PLAN[i], KEYS[i], L, P, B, now, 0, tonumber(ARGV[o + 3 + n + i]))
+        local L, P, B = policy_of(ARGV[o + 4 + i])
+        decisions[i] = class_step(PLAN[i], KEYS[i], L, P, B, now, 0, tonumber(ARGV[o + 4 + n + i]))
       end
     end
   end
+  local keep = window > 0 and all and replays > 0
   if NO_NEW_KEYS then
-    -- The allow-oom twin: a record or a state key to create is refused.
-    if window > 0 and redis.call('EXISTS', record) == 0 then
-      return redis.status_reply('NOROOM')
+    -- The allow-oom twin: a state key to create is refused; a record to
+    -- create is left out (a record only spares a retry its charge).
+    if keep and redis.call('EXISTS', record) == 0 then
+      keep = false
     end
     if all and cost > 0 then
       for i = 1, n do
@@ -106,13 +125,13 @@ local function check_ext(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
     write_all(decisions, n)
   end
   local reply = reply_of(decisions, n)
-  if window > 0 then
+  if keep then
     local parts = {}
     for j = 1, #reply do
       parts[j] = fmt(reply[j])
     end
     local expires = now + window
-    redis.call('SET', record, fmt(expires) .. ':' .. table.concat(parts, ','),
+    redis.call('SET', record, fmt(expires) .. ':' .. fmt(replays) .. ':' .. table.concat(parts, ','),
       'PXAT', fmt(ceil_div(expires, 1000)))
   end
   return reply

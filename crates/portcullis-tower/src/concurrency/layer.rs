@@ -100,7 +100,7 @@ impl<St: LeaseStore> ConcurrencyLimitLayer<St, PeerIp> {
             key: PeerIp::new(),
             settings: Settings {
                 policy: None,
-                missing_key: MissingKey::default(),
+                missing_key: None,
                 failure: ConcurrencyFailure::default(),
                 timeout: DEFAULT_CHECK_TIMEOUT,
                 breaker: (DEFAULT_BREAKER_THRESHOLD, DEFAULT_BREAKER_PAUSE),
@@ -153,7 +153,8 @@ pub struct ConcurrencyLimitLayerBuilder<St, K> {
 /// moves them as one value.
 struct Settings {
     policy: Option<ConcurrencyPolicy>,
-    missing_key: MissingKey,
+    /// `None`: a 400 naming what the key extractor reads.
+    missing_key: Option<MissingKey>,
     failure: ConcurrencyFailure,
     timeout: Duration,
     breaker: (u32, Duration),
@@ -198,7 +199,7 @@ impl<St, K> fmt::Debug for ConcurrencyLimitLayerBuilder<St, K> {
     }
 }
 
-impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
+impl<St: LeaseStore, K: KeyExtractor> ConcurrencyLimitLayerBuilder<St, K> {
     /// The concurrency policy (required).
     pub fn policy(mut self, policy: ConcurrencyPolicy) -> Self {
         self.settings.policy = Some(policy);
@@ -217,7 +218,7 @@ impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
 
     /// What to do with a request without a key (default: `400`).
     pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
-        self.settings.missing_key = missing_key;
+        self.settings.missing_key = Some(missing_key);
         self
     }
 
@@ -271,18 +272,25 @@ impl<St: LeaseStore, K> ConcurrencyLimitLayerBuilder<St, K> {
         let fail_closed = self.settings.failure == ConcurrencyFailure::FailClosed;
         #[cfg(feature = "metrics")]
         crate::observe::describe_metrics();
+        let missing_key = self.settings.missing_key.unwrap_or_else(|| {
+            MissingKey::reject(
+                http::StatusCode::BAD_REQUEST,
+                crate::response::missing_key_message(&self.key),
+            )
+        });
         Ok(ConcurrencyLimitLayer {
             limiter: Arc::new(Limiter {
                 store: self.store,
                 policy_name: Arc::from(policy.name()),
                 policy,
                 key: self.key,
-                missing_key: self.settings.missing_key,
+                missing_key,
                 fail_closed,
                 timeout: self.settings.timeout,
                 breaker: Breaker::new(self.settings.breaker.0, self.settings.breaker.1),
                 errors: UndecidedLog::new(),
                 undecided: UndecidedLog::new(),
+                rejected: UndecidedLog::new(),
             }),
         })
     }

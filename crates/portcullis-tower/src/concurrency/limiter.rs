@@ -34,6 +34,9 @@ pub(crate) struct Limiter<St, K> {
     /// Requests run without a permit (fail-open), logged at most once per
     /// second.
     pub(crate) undecided: UndecidedLog,
+    /// Requests without a key that were rejected, logged at most once per
+    /// second (as the rate layer logs them).
+    pub(crate) rejected: UndecidedLog,
     /// The policy's name, shared by the metrics' `policy` label.
     pub(crate) policy_name: Arc<str>,
 }

@@ -120,6 +120,12 @@ where
                     return ResponseFuture::forward(self.inner.call(request), None);
                 }
                 MissingKey::Reject { status, message } => {
+                    crate::response::log_missing_key(
+                        &limiter.rejected,
+                        &limiter.key,
+                        *status,
+                        grpc.is_some(),
+                    );
                     return ResponseFuture::respond(plain(grpc, *status, message));
                 }
                 MissingKey::Fallback(fallback) => {

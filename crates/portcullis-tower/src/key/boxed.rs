@@ -58,6 +58,14 @@ impl KeyExtractor for BoxKeyExtractor {
     fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
         self.0.extract_into(request, key)
     }
+
+    fn describe(&self) -> std::borrow::Cow<'static, str> {
+        self.0.describe()
+    }
+
+    fn missing_hint(&self) -> Option<&'static str> {
+        self.0.missing_hint()
+    }
 }
 
 #[cfg(test)]

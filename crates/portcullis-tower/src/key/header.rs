@@ -49,6 +49,10 @@ impl KeyExtractor for Header {
         }
         true
     }
+
+    fn describe(&self) -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Owned(format!("the {} header", self.name))
+    }
 }
 
 /// Keys on the bearer token of the `Authorization` header, hashed with
@@ -91,6 +95,10 @@ impl KeyExtractor for BearerToken {
             }
             None => false,
         }
+    }
+
+    fn describe(&self) -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("a bearer token in the Authorization header")
     }
 }
 
@@ -163,6 +171,10 @@ impl KeyExtractor for ApiKey {
             }
             _ => false,
         }
+    }
+
+    fn describe(&self) -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Owned(format!("an API key in the {} header", self.name))
     }
 }
 

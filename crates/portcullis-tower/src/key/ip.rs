@@ -204,6 +204,9 @@ impl PeerIp {
     }
 }
 
+/// Why a request may have no peer address, for the operator's log.
+const NO_PEER_HINT: &str = "the request had no peer address: serve Axum with `app.into_make_service_with_connect_info::<SocketAddr>()`, or insert the peer's SocketAddr (or axum's ConnectInfo) into the request extensions before this layer; or choose MissingKey::Skip or MissingKey::fallback";
+
 impl KeyExtractor for PeerIp {
     fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
         match peer_ip(request) {
@@ -213,6 +216,14 @@ impl KeyExtractor for PeerIp {
             }
             None => false,
         }
+    }
+
+    fn describe(&self) -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("the client's network address")
+    }
+
+    fn missing_hint(&self) -> Option<&'static str> {
+        Some(NO_PEER_HINT)
     }
 }
 
@@ -399,6 +410,14 @@ impl KeyExtractor for ClientIp {
             }
             None => false,
         }
+    }
+
+    fn describe(&self) -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("the client's network address")
+    }
+
+    fn missing_hint(&self) -> Option<&'static str> {
+        Some(NO_PEER_HINT)
     }
 }
 

@@ -76,6 +76,14 @@ where
             None => false,
         }
     }
+
+    fn describe(&self) -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("an authenticated caller")
+    }
+
+    fn missing_hint(&self) -> Option<&'static str> {
+        Some("the request had no user in its extensions: put the authentication layer that inserts it before (outside) the rate-limit layer, or choose MissingKey::Skip or MissingKey::fallback for anonymous requests")
+    }
 }
 
 /// One key for every request: the limit is shared by all callers.
@@ -165,5 +173,13 @@ impl KeyExtractor for MatchedRoute {
             }
             None => false,
         }
+    }
+
+    fn describe(&self) -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("a known route")
+    }
+
+    fn missing_hint(&self) -> Option<&'static str> {
+        Some("the request matched no route: add the layer with Router::route_layer (or inside the routes) so axum's MatchedPath is set, or choose MissingKey::Skip")
     }
 }

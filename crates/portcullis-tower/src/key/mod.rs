@@ -6,6 +6,7 @@ mod header;
 mod ip;
 mod misc;
 
+use std::borrow::Cow;
 use std::fmt;
 
 pub use boxed::BoxKeyExtractor;
@@ -96,6 +97,33 @@ pub trait KeyExtractor: Send + Sync + 'static {
             .then(|| key.into_string())
     }
 
+    /// What the extractor reads, in words the client can act on (`"a
+    /// bearer token in the Authorization header"`): the layers' default
+    /// answer to a request without a key says it needs this, and their
+    /// log names it. The default says only "a rate-limit key".
+    ///
+    /// ```
+    /// use portcullis::tower::{BearerToken, KeyExtractor};
+    ///
+    /// assert_eq!(BearerToken::new().describe(), "a bearer token in the Authorization header");
+    /// ```
+    fn describe(&self) -> Cow<'static, str> {
+        Cow::Borrowed("a rate-limit key")
+    }
+
+    /// For the operator: why requests may come without this key, and what
+    /// to change (logged, at most once per second, when requests without
+    /// one are rejected; never sent to the client). `None` by default.
+    ///
+    /// ```
+    /// use portcullis::tower::{KeyExtractor, PeerIp};
+    ///
+    /// assert!(PeerIp::new().missing_hint().unwrap().contains("connect_info"));
+    /// ```
+    fn missing_hint(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Uses `fallback` when `self` yields no key.
     fn or<F>(self, fallback: F) -> Or<Self, F>
     where
@@ -150,6 +178,20 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
         key.clear();
         self.fallback.extract_into(request, key)
     }
+
+    fn describe(&self) -> Cow<'static, str> {
+        Cow::Owned(format!(
+            "{} or {}",
+            self.first.describe(),
+            self.fallback.describe()
+        ))
+    }
+
+    fn missing_hint(&self) -> Option<&'static str> {
+        self.first
+            .missing_hint()
+            .or_else(|| self.fallback.missing_hint())
+    }
 }
 
 /// Appends one component of a combined key, separated by `,`.
@@ -185,6 +227,17 @@ macro_rules! tuple_extractor {
                     push_component(key, &component);
                 )+
                 true
+            }
+
+            fn describe(&self) -> Cow<'static, str> {
+                let ($($name,)+) = self;
+                let parts: Vec<Cow<'static, str>> = vec![$($name.describe()),+];
+                Cow::Owned(parts.join(" and "))
+            }
+
+            fn missing_hint(&self) -> Option<&'static str> {
+                let ($($name,)+) = self;
+                None$(.or_else(|| $name.missing_hint()))+
             }
         }
     };

@@ -3,7 +3,6 @@
 //! [`Limiter`] in `limiter.rs`.
 
 use std::fmt;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,6 +56,10 @@ pub(crate) struct Tier {
     pub(crate) policy_header: Option<HeaderValue>,
     /// The precomputed start of each policy's `RateLimit` item.
     pub(crate) ratelimit_prefixes: Box<[Box<str>]>,
+    /// Whether a policy defines priority classes: a request is then
+    /// checked with its class, or the default class, never as a plain
+    /// check that would skip the reserves.
+    pub(crate) classed: bool,
     #[cfg(feature = "metrics")]
     pub(crate) metric_names: Box<[Arc<str>]>,
 }
@@ -117,6 +120,7 @@ impl Tier {
             slot: 0,
             id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             name: name.into(),
+            classed: policies.iter().any(Policy::has_classes),
             policy_header: policy_value(&policies),
             ratelimit_prefixes: ratelimit_prefixes(&policies),
             #[cfg(feature = "metrics")]
@@ -219,7 +223,7 @@ impl<St: Store> RateLimitLayer<St, PeerIp> {
                 timeout: DEFAULT_CHECK_TIMEOUT,
                 breaker: (DEFAULT_BREAKER_THRESHOLD, DEFAULT_BREAKER_PAUSE),
                 deny_cache: Some(DEFAULT_DENY_CACHE_CAPACITY),
-                missing_key: MissingKey::default(),
+                missing_key: None,
                 header_mode: HeaderMode::default(),
                 legacy_headers: false,
                 info_in_extensions: false,
@@ -332,7 +336,8 @@ struct Settings {
     timeout: Duration,
     breaker: (u32, Duration),
     deny_cache: Option<usize>,
-    missing_key: MissingKey,
+    /// `None`: a 400 naming what the key extractor reads.
+    missing_key: Option<MissingKey>,
     header_mode: HeaderMode,
     legacy_headers: bool,
     info_in_extensions: bool,
@@ -697,7 +702,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// Sets what happens to requests without a key (default: reject with
     /// `400 Bad Request`).
     pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
-        self.settings.missing_key = missing_key;
+        self.settings.missing_key = Some(missing_key);
         self
     }
 
@@ -887,6 +892,12 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
             .filter(|_| self.settings.extended.is_empty())
             .map(|capacity| DenyCache::new(tiers.len(), capacity));
         let extended = (!self.settings.extended.is_empty()).then_some(self.settings.extended);
+        let missing_key = self.settings.missing_key.unwrap_or_else(|| {
+            MissingKey::reject(
+                http::StatusCode::BAD_REQUEST,
+                crate::response::missing_key_message(&self.key),
+            )
+        });
         RateLimitLayer {
             limiter: Arc::new(Limiter {
                 store: self.store,
@@ -900,14 +911,15 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
                 timeout: self.settings.timeout,
                 breaker: Breaker::new(self.settings.breaker.0, self.settings.breaker.1),
                 deny_cache,
-                missing_key: self.settings.missing_key,
+                missing_key,
                 header_mode: self.settings.header_mode,
                 legacy_headers: self.settings.legacy_headers,
                 info_in_extensions: self.settings.info_in_extensions,
                 body: self.settings.body,
-                warned_missing_key: AtomicBool::new(false),
                 undecided: UndecidedLog::new(),
                 errors: UndecidedLog::new(),
+                refused: UndecidedLog::new(),
+                rejected: UndecidedLog::new(),
                 no_room_status: self.settings.no_room_status,
                 charge: self.settings.charge,
                 extended,

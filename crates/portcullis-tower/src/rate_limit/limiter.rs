@@ -5,7 +5,6 @@
 //! pass along. What it does when the store fails is `failure.rs`.
 
 use std::fmt;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,12 +55,14 @@ pub(crate) struct Limiter<St, K> {
     pub(crate) legacy_headers: bool,
     pub(crate) info_in_extensions: bool,
     pub(crate) body: LimitedBody,
-    /// Whether the missing-key warning was logged.
-    pub(crate) warned_missing_key: AtomicBool,
     /// Requests let through undecided, logged at most once per second.
     pub(crate) undecided: UndecidedLog,
     /// Store errors, logged at most once per second.
     pub(crate) errors: UndecidedLog,
+    /// Requests the store refused to check as sent, and requests without
+    /// a key that were rejected: each logged at most once per second.
+    pub(crate) refused: UndecidedLog,
+    pub(crate) rejected: UndecidedLog,
     /// The status of a new subject the store has no room for.
     pub(crate) no_room_status: StatusCode,
     /// Charging after the response: the cost of a response head.
@@ -213,6 +214,12 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
             Picked::Live(tier) => tier,
             Picked::Later(_) | Picked::Failed => &self.tiers[0],
         };
+        // Classes apply to every request of a classed tier: one without a
+        // class of its own is checked as the default class.
+        let extra = match extra {
+            None if tier.classed => Some(super::extended::Extra::default_class()),
+            extra => extra,
+        };
         let span = request_span(&key, tier, cost);
         if matches!(picked, Picked::Later(_) | Picked::Failed) {
             let ticket = slot.insert(self.ticket(key, tier, cost, span));
@@ -297,20 +304,8 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
                 Err(Next::Forward(None))
             }
             MissingKey::Reject { status, message } => {
-                if !self
-                    .warned_missing_key
-                    .swap(true, std::sync::atomic::Ordering::Relaxed)
-                {
-                    tracing::warn!(
-                        %status,
-                        key = std::any::type_name::<K>(),
-                        "a request had no rate-limit key and was rejected (logged once per layer); \
-                         for a peer IP, serve Axum with into_make_service_with_connect_info::<SocketAddr>() \
-                         or put the SocketAddr in the request extensions; or choose MissingKey::Skip or a fallback key"
-                    );
-                }
-                tracing::debug!(%status, "no rate-limit key; rejected");
                 let grpc = grpc_content_type(&parts.headers);
+                response::log_missing_key(&self.rejected, &self.key, *status, grpc.is_some());
                 Err(Next::Respond(Box::new(response::plain(
                     grpc, *status, message,
                 ))))
@@ -457,6 +452,32 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
         }
         ticket.fallback = false;
         ticket.sent = None;
+        if ticket.extra.is_none() && ticket.tier.classed {
+            // A tier chosen after the request began (a plan lookup).
+            ticket.extra = Some(super::extended::Extra::default_class());
+        }
+        // A request with an idempotency key or a class is checked again
+        // with them: its class's reserve still holds, and its record is
+        // the one written when it is admitted.
+        if let Some(extra) = ticket.extra.as_deref() {
+            let mut asked = None;
+            return match self.ask_with(
+                &ticket.tier,
+                &ticket.key,
+                ticket.cost,
+                Some(extra),
+                &mut asked,
+            ) {
+                Some(result) => Next::Ready(result),
+                None => match asked {
+                    Some(future) => {
+                        ticket.sent = Some(Instant::now());
+                        Next::Fallback(future)
+                    }
+                    None => self.check_later(ticket),
+                },
+            };
+        }
         match self.check_now(&ticket.tier, &ticket.key, ticket.cost) {
             Some(result) => Next::Ready(result),
             None => self.check_later(ticket),
@@ -564,12 +585,21 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
             // `ErrorScope::Request` and any scope this version does not
             // know: the request itself cannot be checked.
             _ => {
-                tracing::error!(error = crate::observe::chain(&error), key = %ticket.key, "rate-limit check refused");
-                let message = format!("{error}\n");
+                // The client sent what cannot be checked (a cost above the
+                // limit, a bad idempotency key): it hears what it may act
+                // on; the operator's detail goes to a rate-limited log.
+                tracing::debug!(error = crate::observe::chain(&error), key = %ticket.key, "rate-limit check refused for this request");
+                if let Some(count) = self.refused.record() {
+                    tracing::warn!(
+                        error = crate::observe::chain(&error),
+                        count,
+                        "rate-limit check refused: {count} request(s) the store could not check as sent, since the last such warning"
+                    );
+                }
                 Next::Respond(Box::new(response::plain(
                     grpc_content_type(&parts.headers),
                     StatusCode::TOO_MANY_REQUESTS,
-                    &message,
+                    response::refused_message(&error),
                 )))
             }
         }
