@@ -6,19 +6,23 @@
 //! The program sends requests through the layer in process and prints what
 //! each got:
 //!
-//! 1. **Retries are free.** A payment retried with the same
+//! 1. **Retries are free, within reason.** A payment retried with the same
 //!    `Idempotency-Key` (the client timed out, the request had in fact
 //!    gone through) is answered as the first attempt was and charged
-//!    nothing; a new key is charged.
+//!    nothing, twice at most; a new key is charged, and so is the same key
+//!    on another request (a client cannot reuse one key to pass).
 //! 2. **Critical traffic keeps its share.** One tenant's allowance of 10
 //!    per hour is shared by three classes: `batch` may spend it while half
-//!    remains, `interactive` while 20 % remains, `critical` all of it.
+//!    remains, `interactive` while 20 % remains, `critical` all of it. The
+//!    class comes from the route (the operator's choice), never from the
+//!    client: a request claiming `x-priority: critical` gets nothing for it.
 
 use std::convert::Infallible;
 use std::error::Error;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use http::request::Parts;
 use http::{HeaderName, Request, Response};
 use portcullis::redis::store_from_env;
 use portcullis::tower::{Header, RateLimitLayer};
@@ -51,10 +55,16 @@ async fn run() -> Result<(), Box<dyn Error>> {
         .layer(handler);
     let account = format!("acme-{run_id}");
     println!("payments: 3 per hour for account {account}");
-    for key in [
-        "pay-1", "pay-1", "pay-1", "pay-2", "pay-3", "pay-4", "pay-4",
+    for (path, key) in [
+        ("/pay", "pay-1"),
+        ("/pay", "pay-1"),
+        ("/pay", "pay-1"),
+        ("/refund", "pay-1"),
+        ("/pay", "pay-2"),
+        ("/pay", "pay-3"),
+        ("/pay", "pay-3"),
     ] {
-        let request = Request::builder()
+        let request = Request::post(path)
             .header("x-account", &account)
             .header("idempotency-key", key)
             .body(String::new())?;
@@ -65,7 +75,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("-");
         println!(
-            "  Idempotency-Key {key}: {} ({remaining})",
+            "  POST {path:<7} Idempotency-Key {key}: {} ({remaining})",
             response.status()
         );
     }
@@ -77,22 +87,32 @@ async fn run() -> Result<(), Box<dyn Error>> {
         .class("interactive", 20)
         .class("batch", 50)
         .build()?;
+    // The class is granted by the route: a request names none itself.
+    let class_of_route = |parts: &Parts| {
+        let class = match parts.uri.path() {
+            "/checkout" => "critical",
+            "/search" => "interactive",
+            _ => "batch",
+        };
+        Some(class.to_owned())
+    };
     let classes = RateLimitLayer::builder(store)
         .policy(api)
         .key(Header::new(HeaderName::from_static("x-tenant")))
-        .priority(Header::new(HeaderName::from_static("x-priority")))
+        .priority(class_of_route)
         .build()?
         .layer(handler);
     let tenant = format!("tenant-{run_id}");
     println!("api: 10 per hour for {tenant}; batch keeps 50 %, interactive 20 % in reserve");
-    for class in ["batch"; 7]
+    for path in ["/export"; 7]
         .into_iter()
-        .chain(["interactive"; 4])
-        .chain(["critical"; 3])
+        .chain(["/search"; 4])
+        .chain(["/checkout"; 3])
     {
-        let request = Request::builder()
+        let request = Request::get(path)
             .header("x-tenant", &tenant)
-            .header("x-priority", class)
+            // Ignored: a client does not choose its class.
+            .header("x-priority", "critical")
             .body(String::new())?;
         let response = classes.clone().oneshot(request).await?;
         let retry = response
@@ -101,7 +121,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
             .and_then(|v| v.to_str().ok())
             .map(|s| format!(", Retry-After {s} s"))
             .unwrap_or_default();
-        println!("  {class:<11} {}{retry}", response.status());
+        println!("  GET {path:<9} {}{retry}", response.status());
     }
     Ok(())
 }

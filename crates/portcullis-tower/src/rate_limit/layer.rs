@@ -490,12 +490,22 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
 
     /// Chooses the tier for each request from its parts and its key, as
     /// [`tier_by`](Self::tier_by) does from its parts alone. A synchronous,
-    /// cheap choice (an extension, a header, a prefix of the key); for data
-    /// that must be fetched, see [`resolve_plan`](Self::resolve_plan).
+    /// cheap choice (an extension, the route, a prefix of the key); for
+    /// data that must be fetched, see [`resolve_plan`](Self::resolve_plan).
+    ///
+    /// **A tier is a privilege: choose it from what the application
+    /// trusts**, such as an extension your authentication layer inserts,
+    /// never from a header the client sets (anyone can send
+    /// `x-internal: 1`). A request the selector names no tier for gets the
+    /// default policies.
     ///
     /// ```
     /// use portcullis::{LimitSet, Limits, MemoryStore, Policy};
     /// use portcullis::tower::{ApiKey, RateLimitLayer};
+    ///
+    /// /// Inserted by your authentication layer for staff credentials.
+    /// #[derive(Clone)]
+    /// struct Staff;
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let limits = Limits::new(LimitSet::builder()
@@ -505,7 +515,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// let layer = RateLimitLayer::builder(MemoryStore::new())
     ///     .key(ApiKey::new())
     ///     .limits(limits)
-    ///     .resolve_tier(|parts, _key| parts.headers.contains_key("x-internal").then_some("internal"))
+    ///     .resolve_tier(|parts, _key| parts.extensions.get::<Staff>().map(|_| "internal"))
     ///     .build()?;
     /// # let _ = layer; Ok(()) }
     /// ```
