@@ -183,9 +183,12 @@ async fn the_same_request_beyond_its_free_replays_is_charged() {
     }
 }
 
+/// Makes a counted idempotent service under a policy.
+type MakeService = Box<dyn FnOnce(Policy, &Arc<AtomicU64>) -> Svc>;
+
 /// A maker of a counted idempotent service on `store` (type-erased, so
 /// stores of different types share one list).
-fn counted_store<St: Store + Clone>(store: St) -> Box<dyn FnOnce(Policy, &Arc<AtomicU64>) -> Svc> {
+fn counted_store<St: Store + Clone>(store: St) -> MakeService {
     Box::new(move |policy, reached| counted(&idempotent_layer(store, policy), reached))
 }
 

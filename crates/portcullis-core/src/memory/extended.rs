@@ -31,7 +31,7 @@ use super::table::{Key, Shard};
 use super::{Inner, MemoryStore};
 use crate::algorithms::Step;
 use crate::classes::check_class;
-use crate::{CheckOptions, CheckPlan, Checked, Decision, Policy, StoreError, Verdict};
+use crate::{CheckOptions, CheckPlan, Checked, Policy, StoreError, Verdict};
 
 /// Most live idempotency records one subject holds; its next replaces its
 /// own record nearest its end.
@@ -52,9 +52,9 @@ impl Rec {
     /// Bytes the record holds outside its slot (a verdict of several
     /// decisions).
     fn heap_bytes(&self) -> usize {
-        let decisions = self.verdict.decisions().len();
-        if decisions > 1 {
-            decisions * std::mem::size_of::<Decision>()
+        let decisions = self.verdict.decisions();
+        if decisions.len() > 1 {
+            std::mem::size_of_val(decisions)
         } else {
             0
         }
