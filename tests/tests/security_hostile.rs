@@ -453,30 +453,33 @@ async fn denied_requests_write_no_record_in_memory_or_redis() {
 
 #[tokio::test]
 async fn a_full_record_table_never_answers_retry_after_zero() {
-    // The smallest bound, denying when full: records beyond the shard's
-    // share are not kept, and the request is still decided.
+    // One shard holding at most 16 subjects and 16 records, denying new
+    // subjects when full: records beyond the bound are not kept, and the
+    // request is still decided (no refusal, no `Retry-After: 0`).
     let store = MemoryStore::builder()
-        .max_keys(1)
+        .shards(1)
+        .max_keys(16)
         .when_full(WhenFull::Deny)
         .build();
     let policies = [Policy::per_minute(1_000).name("api").build().unwrap()];
     for i in 0..2_000 {
         let options =
             CheckOptions::new().idempotency_key(format!("k-{i}"), Duration::from_secs(600));
-        match store.check_with("tenant", &policies, 1, &options).await {
-            Ok(checked) => assert!(
-                checked.verdict().is_allowed()
-                    || checked
-                        .verdict()
-                        .retry_after()
-                        .is_some_and(|r| !r.is_zero())
+        let checked = store.check_with("tenant", &policies, 1, &options).await;
+        match checked {
+            Ok(checked) => assert_eq!(
+                checked.verdict().is_allowed(),
+                i < 1_000,
+                "check {i} decided as the policy says"
             ),
-            Err(error) => assert!(
-                error.retry_after().is_some_and(|r| !r.is_zero()),
-                "a refusal says when to retry: {error}"
-            ),
+            Err(error) => panic!("check {i} refused for want of room for its record: {error}"),
         }
     }
+    assert!(
+        store.idempotency_records() <= 16,
+        "{}",
+        store.idempotency_records()
+    );
 }
 
 // Row 6: flood the log, read operator text.
