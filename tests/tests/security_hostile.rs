@@ -152,6 +152,22 @@ async fn one_idempotency_key_reused_over_many_requests_is_charged_for_each() {
 }
 
 #[tokio::test]
+async fn a_long_url_with_an_idempotency_key_is_checked_and_replayed() {
+    // The fingerprint is a digest: a 20 kB path neither fails the check
+    // nor costs the store more.
+    let reached = Arc::new(AtomicU64::new(0));
+    let policy = Policy::per_minute(1).name("payments").build().unwrap();
+    let service = counted(&idempotent_layer(MemoryStore::new(), policy), &reached);
+    let path = format!("/pay/{}", "a".repeat(20_000));
+    for _ in 0..3 {
+        let (status, _) = send(&service, request("POST", &path, "alice", Some("k"))).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let (status, _) = send(&service, request("POST", "/pay/b", "alice", Some("k"))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
 async fn the_same_request_beyond_its_free_replays_is_charged() {
     // per_minute(2), two free replays by default: at most (1 + 2) × 2 = 6
     // requests reach the handler, whatever the client sends.

@@ -102,8 +102,9 @@ impl Extended {
     /// What binds a record to its request: the method, the path with its
     /// query, and the configured fingerprint extractor's value (a body
     /// digest header, say), each length-prefixed so no two requests read
-    /// alike. The cost is added by the store.
-    fn fingerprint(&self, parts: &Parts) -> Vec<u8> {
+    /// alike, hashed (so a long URL is never too long a fingerprint). The
+    /// cost is added by the store.
+    fn fingerprint(&self, parts: &Parts) -> String {
         let path = parts
             .uri
             .path_and_query()
@@ -123,7 +124,7 @@ impl Extended {
             fingerprint.extend_from_slice(part.as_bytes());
         }
         fingerprint.push(u8::from(has_extra));
-        fingerprint
+        portcullis_core::subject::hash_subject(&fingerprint)
     }
 }
 
