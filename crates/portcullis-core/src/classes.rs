@@ -145,6 +145,13 @@ impl PolicyBuilder {
     /// when that class may go again. Every algorithm but the leaky bucket
     /// as a queue has classes ([`PolicyError::InvalidClass`] otherwise).
     ///
+    /// Reserves are part of [`Store::check_with`](crate::Store::check_with);
+    /// a plain [`Store::check`](crate::Store::check), [`peek`](crate::Store::peek)
+    /// or [`charge`](crate::Store::charge) is the application's own
+    /// unclassed use of the allowance and applies none. The tower layer
+    /// checks every request of a policy with classes through `check_with`
+    /// (with the request's class, or none: the default).
+    ///
     /// ```
     /// use portcullis::{CheckOptions, MemoryStore, Policy, Store};
     ///
