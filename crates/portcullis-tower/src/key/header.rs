@@ -96,7 +96,7 @@ impl KeyExtractor for BearerToken {
 
 impl BearerToken {
     /// The token of a `Bearer` `Authorization` header, if there is one.
-    fn token<'a>(&self, request: &'a Parts) -> Option<&'a [u8]> {
+    pub(crate) fn token<'a>(&self, request: &'a Parts) -> Option<&'a [u8]> {
         let value = request.headers.get(AUTHORIZATION)?.as_bytes();
         let (scheme, rest) = value.split_at_checked(6)?;
         if !scheme.eq_ignore_ascii_case(b"bearer")
@@ -150,14 +150,23 @@ impl ApiKey {
     }
 }
 
-impl KeyExtractor for ApiKey {
-    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
-        let value = request
+impl ApiKey {
+    /// The API key of a request, trimmed, if it has a non-empty one: what a
+    /// plan lookup is given (see `PlanResolverBuilder::lookup_key`), never
+    /// a store key or a log field.
+    pub(crate) fn credential<'a>(&self, request: &'a Parts) -> Option<&'a [u8]> {
+        request
             .headers
             .get(&self.name)
-            .map(|value| value.as_bytes().trim_ascii());
-        match value {
-            Some(value) if !value.is_empty() => {
+            .map(|value| value.as_bytes().trim_ascii())
+            .filter(|value| !value.is_empty())
+    }
+}
+
+impl KeyExtractor for ApiKey {
+    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+        match self.credential(request) {
+            Some(value) => {
                 key.push_string(hash_subject(value));
                 true
             }
