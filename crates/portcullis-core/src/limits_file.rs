@@ -1,4 +1,6 @@
-//! Limits from a TOML file (feature `config`), with reload.
+//! Limits from a TOML file (feature `config`), with reload: parsing with
+//! errors that point into the file, reloads that keep overrides set at run
+//! time, and a refused reload logged once per distinct cause.
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -38,6 +40,37 @@ const ALGORITHMS: &str =
 /// `leaky_queue`, `fixed_window`, `sliding_window`, `sliding_log`) and a
 /// `burst`. An override gives a subject (a key as the layer's extractor
 /// produces it) a `tier` or `policies` of its own.
+///
+/// **Overrides of hashed keys.** A layer keyed by a credential
+/// ([`ApiKey`](https://docs.rs/portcullis-tower/latest/portcullis_tower/struct.ApiKey.html),
+/// `BearerToken`) keys on its SHA-256, never on the secret: write such an
+/// override as `"#"` and the 64 hex digits of the SHA-256 of the key
+/// (upper or lower case), which keeps the secret itself out of the file.
+/// Compute it with `printf '%s' "$API_KEY" | sha256sum` (no trailing
+/// newline), or [`subject::hash_subject`](crate::subject::hash_subject). A
+/// subject starting with `#` that is not such a hash is refused, rather
+/// than matching nobody.
+///
+/// ```
+/// use portcullis::LimitsFile;
+/// use portcullis::subject::hash_subject;
+///
+/// let set = LimitsFile::parse("limits.toml", r##"
+/// default = ["free"]
+/// [policies]
+/// free = { limit = 100, period = "1m" }
+/// vip = { limit = 5000, period = "1m" }
+/// [overrides]
+/// ## printf '%s' 'k-live-7f3a' | sha256sum
+/// "#e2289561ad41e8d29444a1372d6f40455240e594ce090c8d41ae94835c7b4046" = { policies = ["vip"] }
+/// "##).unwrap();
+/// // What an `ApiKey` layer keys a request with `x-api-key: k-live-7f3a` on:
+/// let key = hash_subject(b"k-live-7f3a");
+/// assert_eq!(set.select(&key, None).policies()[0].name(), "vip");
+///
+/// let err = LimitsFile::parse("limits.toml", "default = [\"free\"]\n[policies]\nfree = { limit = 1, period = \"1m\" }\n[overrides]\n\"#e2289561\" = { tier = \"x\" }\n").unwrap_err();
+/// assert!(err.to_string().contains("sha256sum"), "{err}");
+/// ```
 ///
 /// ```
 /// use portcullis::{LimitsFile, PolicySource};
@@ -84,9 +117,19 @@ pub struct LimitsFile {
 struct FileInner {
     path: PathBuf,
     limits: Limits,
-    /// The hash of the file whose limits are in force; also serialises
-    /// reloads.
-    hash: Mutex<String>,
+    /// What the last reload left; also serialises reloads.
+    state: Mutex<FileState>,
+}
+
+struct FileState {
+    /// The hash of the file whose limits are in force.
+    hash: String,
+    /// That file's limits, as the file gives them (without the overrides
+    /// set at run time since): what a reload compares the set in force to.
+    from_file: Arc<LimitSet>,
+    /// The cause of the last refused reload, with its sources, while the
+    /// file stays refused: logged once, not at every poll.
+    refused: Option<String>,
 }
 
 impl fmt::Debug for LimitsFile {
@@ -128,13 +171,18 @@ impl LimitsFile {
     pub fn open(path: impl AsRef<Path>) -> Result<Self, LimitsFileError> {
         let path = path.as_ref().to_path_buf();
         let (set, hash) = read(&path)?;
+        let from_file = Arc::new(set.clone());
         let limits = Limits::new(set);
         observe_applied(&limits, &hash);
         Ok(Self {
             inner: Arc::new(FileInner {
                 path,
                 limits,
-                hash: Mutex::new(hash),
+                state: Mutex::new(FileState {
+                    hash,
+                    from_file,
+                    refused: None,
+                }),
             }),
         })
     }
@@ -175,12 +223,12 @@ impl LimitsFile {
     /// (its first 64 bits): what to compare between instances.
     #[must_use]
     pub fn hash(&self) -> String {
-        self.lock_hash().clone()
+        self.lock_state().hash.clone()
     }
 
-    fn lock_hash(&self) -> std::sync::MutexGuard<'_, String> {
+    fn lock_state(&self) -> std::sync::MutexGuard<'_, FileState> {
         self.inner
-            .hash
+            .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -188,31 +236,82 @@ impl LimitsFile {
     /// Reads the file again; if it changed and is valid, swaps its limits
     /// in. The outcome is logged and counted (see the type's docs).
     ///
+    /// **Overrides set at run time are kept.** An override added, changed
+    /// or removed with [`Limits::update`] since the file was loaded stays
+    /// so across reloads (it is newer than the file, and it lives in this
+    /// process only: put lasting ones in the file); to hand a subject back
+    /// to the file, set its override to what the file says. The defaults
+    /// and tiers are the file's: run-time changes to them are replaced,
+    /// with a warning. A reload is refused if a kept override names a tier
+    /// the new file no longer defines.
+    ///
+    /// **A refused reload** is logged at `error` with its cause and the
+    /// cause's sources (file:line:column, field and reason; the OS error
+    /// when the file cannot be read) once, not at every poll: again only
+    /// when the cause changes, and at `info` when the file is valid again.
+    ///
+    /// ```
+    /// use portcullis::{LimitsFile, Policy};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let path = std::env::temp_dir().join(format!("portcullis-reload-doc-{}.toml", std::process::id()));
+    /// std::fs::write(&path, "default = [\"free\"]\n[policies]\nfree = { limit = 10, period = \"1m\" }\n")?;
+    /// let file = LimitsFile::open(&path)?;
+    /// let limits = file.limits();
+    /// // A customer upgraded at run time (say, by a billing webhook).
+    /// limits.update(|set| set.override_policies("acme", [Policy::per_minute(500).name("acme").build().unwrap()]))?;
+    /// std::fs::write(&path, "default = [\"free\"]\n[policies]\nfree = { limit = 20, period = \"1m\" }\n")?;
+    /// file.reload()?;
+    /// assert_eq!(limits.load().defaults()[0].limit(), 20); // the file's change
+    /// assert!(limits.load().override_for("acme").is_some()); // kept
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// The file cannot be read or is invalid: the limits in force stay.
     pub fn reload(&self) -> Result<Reload, LimitsFileError> {
-        let mut current = self.lock_hash();
+        let mut state = self.lock_state();
         let outcome = (|| {
             let text = read_text(&self.inner.path)?;
             let hash = hash_of(&text);
-            if hash == *current {
+            if hash == state.hash {
                 return Ok(Reload::Unchanged { hash });
             }
             let set = parse(&self.inner.path, &text)?;
-            let version = self.inner.limits.replace(set);
-            current.clone_from(&hash);
+            let from_file = Arc::new(set.clone());
+            let version = self.inner.limits.replace_with(|current| {
+                keep_runtime_overrides(&self.inner.path, &state.from_file, current, set)
+            })?;
+            state.hash.clone_from(&hash);
+            state.from_file = from_file;
             Ok(Reload::Applied { version, hash })
         })();
+        let path = self.inner.path.display();
         match &outcome {
             Ok(Reload::Applied { version, hash }) => {
-                tracing::info!(target: "portcullis::limits", path = %self.inner.path.display(), version, hash, "limits reloaded");
+                if state.refused.take().is_some() {
+                    tracing::info!(target: "portcullis::limits", path = %path, "limits file valid again");
+                }
+                tracing::info!(target: "portcullis::limits", path = %path, version, hash, "limits reloaded");
                 count_reload("applied");
                 observe_applied(&self.inner.limits, hash);
             }
-            Ok(Reload::Unchanged { .. }) => count_reload("unchanged"),
+            Ok(Reload::Unchanged { hash }) => {
+                if state.refused.take().is_some() {
+                    tracing::info!(target: "portcullis::limits", path = %path, hash, "limits file valid again, as the limits in force");
+                }
+                count_reload("unchanged");
+            }
             Err(error) => {
-                tracing::error!(target: "portcullis::limits", %error, hash = %*current, "limits file refused; the limits in force stay");
+                let cause = with_sources(error);
+                if state.refused.as_deref() == Some(cause.as_str()) {
+                    tracing::debug!(target: "portcullis::limits", error = %cause, "limits file still refused");
+                } else {
+                    tracing::error!(target: "portcullis::limits", error = %cause, hash = %state.hash, "limits file refused; the limits in force stay (logged again when the cause changes)");
+                    state.refused = Some(cause);
+                }
                 count_reload("refused");
             }
         }
@@ -275,6 +374,69 @@ impl Drop for Watcher {
             let _ = thread.join();
         }
     }
+}
+
+/// An error and each of its sources, as one line.
+fn with_sources(error: &(dyn Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// The new file's `set` with the overrides set at run time kept: those in
+/// `current` (the set in force) that differ from `from_file` (what the
+/// previous file gave). Warns when run-time changes to the defaults or
+/// tiers are replaced.
+fn keep_runtime_overrides(
+    path: &Path,
+    from_file: &LimitSet,
+    current: &LimitSet,
+    set: LimitSet,
+) -> Result<LimitSet, LimitsFileError> {
+    if current.defaults() != from_file.defaults()
+        || current.tiers().ne(from_file.tiers())
+    {
+        tracing::warn!(target: "portcullis::limits", path = %path.display(), "the default policies or tiers were changed at run time since the file was loaded; the file's replace them (put lasting changes in the file)");
+    }
+    let changed: Vec<(&str, &crate::Override)> = current
+        .overrides()
+        .filter(|(subject, value)| from_file.override_for(subject) != Some(*value))
+        .collect();
+    let removed: Vec<&str> = from_file
+        .overrides()
+        .map(|(subject, _)| subject)
+        .filter(|subject| current.override_for(subject).is_none())
+        .collect();
+    if changed.is_empty() && removed.is_empty() {
+        return Ok(set);
+    }
+    let mut builder = set.to_builder();
+    for (subject, value) in &changed {
+        builder = match value {
+            crate::Override::Tier(tier) => builder.override_tier(*subject, &**tier),
+            crate::Override::Policies(policies) => {
+                builder.override_policies(*subject, policies.iter().cloned())
+            }
+        };
+    }
+    for subject in &removed {
+        builder = builder.remove_override(subject);
+    }
+    let kept = builder.build().map_err(|error| LimitsFileError::Invalid {
+        path: path.to_path_buf(),
+        line: 0,
+        column: 0,
+        field: "(overrides set at run time)".to_owned(),
+        message: "an override set at run time (kept across reloads) does not fit the new file: define what it names in the file, or change or remove the override with Limits::update".to_owned(),
+        source: Some(Box::new(error)),
+    })?;
+    tracing::info!(target: "portcullis::limits", path = %path.display(), kept = changed.len() + removed.len(), "overrides set at run time kept over the file's");
+    Ok(kept)
 }
 
 fn count_reload(outcome: &'static str) {
@@ -421,6 +583,9 @@ fn parse(path: &Path, text: &str) -> Result<LimitSet, LimitsFileError> {
     }
     for (subject, value) in &spec.overrides {
         let field = format!("overrides.{subject}");
+        let subject = &hashed_subject(subject).map_err(|message| {
+            at.error(Some(value.span().start), field.clone(), message, None)
+        })?;
         builder = match (&value.get_ref().tier, &value.get_ref().policies) {
             (Some(tier), None) => {
                 if !spec.tiers.contains_key(tier.get_ref()) {
@@ -463,9 +628,28 @@ fn parse(path: &Path, text: &str) -> Result<LimitSet, LimitsFileError> {
             }
             _ => None,
         };
-        let message = error.to_string();
-        at.error(span, "(limits)", message, Some(Box::new(error)))
+        at.error(
+            span,
+            "(limits)",
+            "the limits do not validate: fix what the cause names",
+            Some(Box::new(error)),
+        )
     })
+}
+
+/// An override's subject as the layer's key has it: a hashed one (`#` and
+/// 64 hex digits, as `ApiKey`, `BearerToken` and `Header` make it) in
+/// lowercase; anything else as written.
+fn hashed_subject(subject: &str) -> Result<String, String> {
+    let Some(hex) = subject.strip_prefix(crate::subject::HASHED_SUBJECT_PREFIX) else {
+        return Ok(subject.to_owned());
+    };
+    if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Ok(subject.to_ascii_lowercase());
+    }
+    Err(format!(
+        "{subject:?} starts with '#' but is not '#' and the 64 hex digits of a SHA-256: write the key of a hashed credential (ApiKey, BearerToken) as '#' and its SHA-256, for example from `printf '%s' \"$API_KEY\" | sha256sum`"
+    ))
 }
 
 /// The dotted path of a field, without the segments of `Spanned`'s own
@@ -725,12 +909,19 @@ globex = { policies = ["own"] }
             e.starts_with("limits.toml:5:14: overrides.x.tier: no tier is named \"gold\""),
             "{e}"
         );
-        let e = err("default = [\"a\", \"a\"]\n[policies]\na = { limit = 1, period = \"1m\" }\n");
+        let e = parse(
+            Path::new("limits.toml"),
+            "default = [\"a\", \"a\"]\n[policies]\na = { limit = 1, period = \"1m\" }\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "limits.toml:1:11: (limits): the limits do not validate: fix what the cause names"
+        );
         assert!(
-            e.starts_with(
-                "limits.toml:1:11: (limits): the default policies has two policies named \"a\""
-            ),
-            "{e}"
+            with_sources(&e).contains(": the default policies has two policies named \"a\": give each policy of a set its own name"),
+            "{}",
+            with_sources(&e)
         );
         let e = err("default = [\"a\"\n");
         assert!(e.starts_with("limits.toml:1:"), "{e}");
