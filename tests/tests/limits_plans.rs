@@ -403,3 +403,176 @@ async fn a_reload_with_ten_thousand_overrides_compiles_on_the_writer_not_on_requ
         compiles[0]
     );
 }
+
+/// Counter totals by `name{label=value,...}`.
+#[derive(Default)]
+struct Counters(Mutex<std::collections::HashMap<String, Arc<std::sync::atomic::AtomicU64>>>);
+
+struct CounterHandle(Arc<std::sync::atomic::AtomicU64>);
+
+impl metrics::CounterFn for CounterHandle {
+    fn increment(&self, value: u64) {
+        self.0.fetch_add(value, Ordering::SeqCst);
+    }
+    fn absolute(&self, value: u64) {
+        self.0.store(value, Ordering::SeqCst);
+    }
+}
+
+impl Counters {
+    fn get(&self, name: &str) -> u64 {
+        self.0
+            .lock()
+            .unwrap()
+            .get(name)
+            .map_or(0, |c| c.load(Ordering::SeqCst))
+    }
+}
+
+impl metrics::Recorder for Counters {
+    fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        let total = Arc::clone(self.0.lock().unwrap().entry(name).or_default());
+        metrics::Counter::from_arc(Arc::new(CounterHandle(total)))
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+// Row 3: a tier renamed under a resolver is warned about once, and counted.
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_tier_renamed_under_a_resolver_is_warned_once_and_counted() {
+    let captured = Captured::default();
+    let _default = tracing::dispatcher::set_default(&captured.dispatch(tracing::Level::WARN));
+    let limits = Limits::new(
+        LimitSet::builder()
+            .policy(policy("free-minute", 1_000_000))
+            .tier("gold", [policy("gold-minute", 1_000_000)])
+            .build()
+            .unwrap(),
+    );
+    let plans = PlanResolver::builder(|customer: String| async move {
+        Ok::<_, std::io::Error>(
+            ["acme", "globex", "initech"]
+                .contains(&customer.as_str())
+                .then(|| Plan::Tier("gold".into())),
+        )
+    })
+    .build();
+    let layer = layer_with(&limits, plans);
+    let mut service = service(&layer);
+    for customer in ["acme", "globex", "initech"] {
+        let answer = service.clone().oneshot(request(customer)).await.unwrap();
+        assert_eq!(header(&answer, "x-tier"), "gold");
+    }
+
+    // gold -> platinum in the limits; the plans still say gold.
+    limits
+        .update(|set| {
+            set.remove_tier("gold")
+                .tier("platinum", [policy("gold-minute", 1_000_000)])
+        })
+        .unwrap();
+    let warnings = captured.text();
+    let lines: Vec<&str> = warnings.lines().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(lines.len(), 1, "one warning at the reload: {warnings}");
+    assert!(lines[0].contains("\"gold\""), "{}", lines[0]);
+    assert!(lines[0].contains("subjects=3"), "{}", lines[0]);
+
+    let counters = Counters::default();
+    for _ in 0..2 {
+        for customer in ["acme", "globex", "initech"] {
+            service.ready().await.unwrap();
+            let answer = metrics::with_local_recorder(&counters, || service.call(request(customer)))
+                .await
+                .unwrap();
+            assert_eq!(header(&answer, "x-source"), "default");
+        }
+    }
+    assert_eq!(
+        counters.get("portcullis_resolver_missing_tier_total{tier=gold}"),
+        6,
+        "every such request counted"
+    );
+    let warnings = captured.text();
+    assert_eq!(
+        warnings.lines().filter(|l| l.contains("WARN")).count(),
+        1,
+        "no warning per request: {warnings}"
+    );
+}
+
+// Row 2: an `ApiKey` layer hands its resolver the key the operator has,
+// and a file override is written as the key's SHA-256.
+
+#[tokio::test(start_paused = true)]
+async fn an_api_key_layer_looks_plans_up_by_the_key_and_overrides_by_its_hash() {
+    // `printf '%s' 'k-live-7f3a' | sha256sum`, as an operator computes it.
+    let file = r##"
+default = ["free-minute"]
+[policies]
+free-minute = { limit = 1000000, period = "1m" }
+pro-minute = { limit = 1000000, period = "1m" }
+vip-minute = { limit = 1000000, period = "1m" }
+[tiers]
+pro = ["pro-minute"]
+[overrides]
+"#E2289561AD41E8D29444A1372D6F40455240E594CE090C8D41AE94835C7B4046" = { policies = ["vip-minute"] }
+"##;
+    let limits = Limits::new(LimitsFile::parse("limits.toml", file).unwrap());
+    let looked_up = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = Arc::clone(&looked_up);
+    let plans = PlanResolver::builder(move |api_key: String| {
+        seen.lock().unwrap().push(api_key.clone());
+        async move {
+            // SELECT plan FROM customers WHERE api_key = $1
+            Ok::<_, std::io::Error>((api_key == "k-pro-1").then(|| Plan::Tier("pro".into())))
+        }
+    })
+    .lookup_key(ApiKey::new())
+    .build();
+    let layer = RateLimitLayer::builder(MemoryStore::new())
+        .key(ApiKey::new())
+        .limits(limits)
+        .resolve_plan(plans.clone())
+        .info_in_extensions(true)
+        .build()
+        .unwrap();
+    let service = service(&layer);
+    let with_key = |key: &str| {
+        Request::get("/")
+            .header("x-api-key", key)
+            .body(())
+            .unwrap()
+    };
+
+    let pro = service.clone().oneshot(with_key("k-pro-1")).await.unwrap();
+    assert_eq!(header(&pro, "x-tier"), "pro", "the resolver found the key");
+    let vip = service.clone().oneshot(with_key("k-live-7f3a")).await.unwrap();
+    assert_eq!(header(&vip, "x-source"), "override");
+    assert_eq!(header(&vip, "x-policies"), "vip-minute");
+    let other = service.clone().oneshot(with_key("k-free-9")).await.unwrap();
+    assert_eq!(header(&other, "x-source"), "default");
+    assert_eq!(
+        *looked_up.lock().unwrap(),
+        ["k-pro-1", "k-free-9"],
+        "the lookups were given the keys themselves (the override needed none)"
+    );
+
+    // The operator invalidates by the key they have.
+    plans.invalidate("k-pro-1");
+    service.clone().oneshot(with_key("k-pro-1")).await.unwrap();
+    assert_eq!(looked_up.lock().unwrap().len(), 3);
+}
