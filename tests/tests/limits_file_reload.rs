@@ -135,7 +135,10 @@ fn a_reload_keeps_the_overrides_set_at_run_time() {
     assert_eq!(set.defaults()[0].limit(), 20, "the file's change applies");
     assert_eq!(set.select("acme", None).name(), "acme", "added: kept");
     assert_eq!(set.select("globex", None).name(), "globex", "changed: kept");
-    assert!(set.override_for("initech").is_none(), "removed: kept removed");
+    assert!(
+        set.override_for("initech").is_none(),
+        "removed: kept removed"
+    );
 
     // A kept override naming a tier the new file drops: refused, and the
     // limits stay.

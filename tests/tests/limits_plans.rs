@@ -194,7 +194,11 @@ fn a_hanging_lookup_cancelled_with_its_runtime_frees_its_subject() {
     assert_eq!(plans.cached(), 1, "acme is loading");
     // The runtime goes, and the hanging lookup with it.
     drop(first);
-    assert_eq!(plans.lookups_in_flight(), 0, "the cancelled lookup's place is freed");
+    assert_eq!(
+        plans.lookups_in_flight(),
+        0,
+        "the cancelled lookup's place is freed"
+    );
     assert_eq!(plans.cached(), 0, "acme is no longer loading");
 
     let second = tokio::runtime::Builder::new_current_thread()
@@ -306,9 +310,11 @@ async fn a_flood_of_unknown_keys_does_not_evict_paying_customers() {
     }
     // 2 000 unknown subjects, each looked up and cached.
     for round in 0..250 {
-        futures::future::join_all(
-            (0..8).map(|i| service.clone().oneshot(request(&format!("unknown-{round}-{i}")))),
-        )
+        futures::future::join_all((0..8).map(|i| {
+            service
+                .clone()
+                .oneshot(request(&format!("unknown-{round}-{i}")))
+        }))
         .await;
         assert!(plans.cached() <= 256);
     }
@@ -430,9 +436,27 @@ impl Counters {
 }
 
 impl metrics::Recorder for Counters {
-    fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
-    fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
-    fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
     fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
         let labels: Vec<String> = key
             .labels()
@@ -445,7 +469,11 @@ impl metrics::Recorder for Counters {
     fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
         metrics::Gauge::noop()
     }
-    fn register_histogram(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
         metrics::Histogram::noop()
     }
 }
@@ -495,9 +523,10 @@ async fn a_tier_renamed_under_a_resolver_is_warned_once_and_counted() {
     for _ in 0..2 {
         for customer in ["acme", "globex", "initech"] {
             service.ready().await.unwrap();
-            let answer = metrics::with_local_recorder(&counters, || service.call(request(customer)))
-                .await
-                .unwrap();
+            let answer =
+                metrics::with_local_recorder(&counters, || service.call(request(customer)))
+                    .await
+                    .unwrap();
             assert_eq!(header(&answer, "x-source"), "default");
         }
     }
@@ -551,16 +580,15 @@ pro = ["pro-minute"]
         .build()
         .unwrap();
     let service = service(&layer);
-    let with_key = |key: &str| {
-        Request::get("/")
-            .header("x-api-key", key)
-            .body(())
-            .unwrap()
-    };
+    let with_key = |key: &str| Request::get("/").header("x-api-key", key).body(()).unwrap();
 
     let pro = service.clone().oneshot(with_key("k-pro-1")).await.unwrap();
     assert_eq!(header(&pro, "x-tier"), "pro", "the resolver found the key");
-    let vip = service.clone().oneshot(with_key("k-live-7f3a")).await.unwrap();
+    let vip = service
+        .clone()
+        .oneshot(with_key("k-live-7f3a"))
+        .await
+        .unwrap();
     assert_eq!(header(&vip, "x-source"), "override");
     assert_eq!(header(&vip, "x-policies"), "vip-minute");
     let other = service.clone().oneshot(with_key("k-free-9")).await.unwrap();

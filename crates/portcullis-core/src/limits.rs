@@ -684,6 +684,7 @@ impl Limits {
 
     /// Swaps in the set `make` builds from the one in force, as one write
     /// (no other write comes between the read and the swap).
+    #[cfg(feature = "config")]
     pub(crate) fn replace_with<E>(
         &self,
         make: impl FnOnce(&LimitSet) -> Result<LimitSet, E>,

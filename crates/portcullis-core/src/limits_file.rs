@@ -398,9 +398,7 @@ fn keep_runtime_overrides(
     current: &LimitSet,
     set: LimitSet,
 ) -> Result<LimitSet, LimitsFileError> {
-    if current.defaults() != from_file.defaults()
-        || current.tiers().ne(from_file.tiers())
-    {
+    if current.defaults() != from_file.defaults() || current.tiers().ne(from_file.tiers()) {
         tracing::warn!(target: "portcullis::limits", path = %path.display(), "the default policies or tiers were changed at run time since the file was loaded; the file's replace them (put lasting changes in the file)");
     }
     let changed: Vec<(&str, &crate::Override)> = current
@@ -583,9 +581,8 @@ fn parse(path: &Path, text: &str) -> Result<LimitSet, LimitsFileError> {
     }
     for (subject, value) in &spec.overrides {
         let field = format!("overrides.{subject}");
-        let subject = &hashed_subject(subject).map_err(|message| {
-            at.error(Some(value.span().start), field.clone(), message, None)
-        })?;
+        let subject = &hashed_subject(subject)
+            .map_err(|message| at.error(Some(value.span().start), field.clone(), message, None))?;
         builder = match (&value.get_ref().tier, &value.get_ref().policies) {
             (Some(tier), None) => {
                 if !spec.tiers.contains_key(tier.get_ref()) {

@@ -113,6 +113,18 @@ impl BearerToken {
 /// with SHA-256 so the key itself never reaches the store or the logs. An
 /// absent or empty header yields no key.
 ///
+/// The key is `#` and the 64 lowercase hex digits of the SHA-256 of the
+/// (trimmed) API key. What that means for limits as data:
+///
+/// - **Plan lookups.** A [`PlanResolver`](crate::PlanResolver) is given
+///   the layer's key, the hash, unless told otherwise: give it the API key
+///   itself with `.lookup_key(ApiKey::new())`
+///   ([`PlanResolverBuilder::lookup_key`](crate::PlanResolverBuilder::lookup_key)).
+/// - **Overrides** (in a `LimitSet` or a limits file) name the hash:
+///   `"#" + sha256(key)`, from `printf '%s' "$API_KEY" | sha256sum` or
+///   [`portcullis_core::subject::hash_subject`]; the file then holds no
+///   secret.
+///
 /// ```
 /// use http::{HeaderName, Request};
 /// use portcullis::tower::{ApiKey, KeyExtractor};

@@ -34,8 +34,8 @@ use tokio::time::Instant;
 use super::layer::Tier;
 use crate::key::{ApiKey, BearerToken};
 
-pub(crate) use live::{Live, Picked};
 use live::{apply, Compiled};
+pub(crate) use live::{Live, Picked};
 
 type BoxError = Box<dyn Error + Send + Sync + 'static>;
 type LookupFuture = Pin<Box<dyn Future<Output = Result<Option<Plan>, BoxError>> + Send>>;
@@ -661,12 +661,7 @@ impl ResolverInner {
     }
 
     /// A fresh cached answer.
-    fn hit(
-        &self,
-        compiled: &Compiled,
-        value: &Cached,
-        resolved: &mut Option<Resolved>,
-    ) -> Picked {
+    fn hit(&self, compiled: &Compiled, value: &Cached, resolved: &mut Option<Resolved>) -> Picked {
         if let Some(done) = resolved.as_ref().filter(|r| r.version == compiled.version) {
             if let Some(tier) = &done.missing {
                 compiled.count_missing(tier);
@@ -703,7 +698,12 @@ impl ResolverInner {
                 "rate limit plan lookups at their bound: {count} requests of uncached subjects were checked under the defaults (or their expired plan) without a lookup since the last such warning"
             );
         }
-        apply(compiled, self.on_failure, stale.unwrap_or(&Cached::Defaults)).0
+        apply(
+            compiled,
+            self.on_failure,
+            stale.unwrap_or(&Cached::Defaults),
+        )
+        .0
     }
 
     /// Frees room for one entry in a shard: expired entries go, then, if
@@ -864,8 +864,11 @@ impl Drop for Flight {
                 slot.remove();
             }
             drop(shard);
-            self.inner
-                .failed(&self.key, "cancelled", &"the lookup was cancelled before it answered");
+            self.inner.failed(
+                &self.key,
+                "cancelled",
+                &"the lookup was cancelled before it answered",
+            );
         }
     }
 }

@@ -141,8 +141,7 @@ impl MissingTiers {
     /// Whether `tier` is newly missing (not warned about yet): remembers it.
     fn first_time(&self, tier: &str) -> bool {
         let mut state = self.state.lock();
-        if state.warned.iter().any(|t| &**t == tier) || state.warned.len() >= MISSING_TIER_LABELS
-        {
+        if state.warned.iter().any(|t| &**t == tier) || state.warned.len() >= MISSING_TIER_LABELS {
             return false;
         }
         state.warned.push(tier.into());
