@@ -14,7 +14,8 @@ use parking_lot::Mutex;
 use portcullis_core::{LimitSet, Limits, LimitsSubscription, Policy, PolicySource};
 use tokio::time::Instant;
 
-use super::{Cached, Entry, PlanResolver, ResolverFailure, Slot};
+use super::cache::{Cached, Entry, Slot};
+use super::{PlanResolver, ResolverFailure};
 use crate::rate_limit::Tier;
 
 /// Distinct tier names the missing-tier metric labels (then `other`), and
