@@ -65,7 +65,8 @@ pub use concurrency::{
 pub use decision::{Decision, Verdict};
 pub use error::{ErrorScope, StoreError};
 pub use limits::{
-    LimitSet, LimitSetBuilder, Limits, LimitsError, Override, PolicySource, Selected, DEFAULT_TIER,
+    LimitSet, LimitSetBuilder, Limits, LimitsError, LimitsSubscription, Override, PolicySource,
+    Selected, DEFAULT_TIER,
 };
 #[cfg(feature = "config")]
 #[cfg_attr(docsrs, doc(cfg(feature = "config")))]

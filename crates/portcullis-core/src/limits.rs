@@ -610,8 +610,17 @@ struct Inner {
     current: ArcSwap<LimitSet>,
     /// The version of `current`, written after it.
     version: AtomicU64,
-    /// Serialises writers, so versions follow the order of the swaps.
-    writer: Mutex<()>,
+    /// Serialises writers, so versions follow the order of the swaps; holds
+    /// the [`Limits::on_change`] callbacks, called under it.
+    writer: Mutex<Subscribers>,
+}
+
+type OnChange = Arc<dyn Fn(&LimitSet) + Send + Sync + 'static>;
+
+#[derive(Default)]
+struct Subscribers {
+    next_id: u64,
+    callbacks: Vec<(u64, OnChange)>,
 }
 
 impl fmt::Debug for Limits {
@@ -631,7 +640,7 @@ impl Limits {
             inner: Arc::new(Inner {
                 current: ArcSwap::from_pointee(set),
                 version: AtomicU64::new(1),
-                writer: Mutex::new(()),
+                writer: Mutex::new(Subscribers::default()),
             }),
         }
     }
@@ -654,12 +663,8 @@ impl Limits {
     /// returns its version. Requests already being checked finish with the
     /// set they started with.
     pub fn replace(&self, set: LimitSet) -> u64 {
-        let _writer = self
-            .inner
-            .writer
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        self.store(set)
+        let writer = self.lock_writer();
+        self.store(&writer, set)
     }
 
     /// Builds a new set from the one in force (`change` edits a builder
@@ -672,23 +677,105 @@ impl Limits {
         &self,
         change: impl FnOnce(LimitSetBuilder) -> LimitSetBuilder,
     ) -> Result<u64, LimitsError> {
-        let _writer = self
-            .inner
-            .writer
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let writer = self.lock_writer();
         let set = change(self.inner.current.load().to_builder()).build()?;
-        Ok(self.store(set))
+        Ok(self.store(&writer, set))
     }
 
-    /// Stores `set` as the next version; the caller holds the writer lock.
-    fn store(&self, mut set: LimitSet) -> u64 {
+    /// Swaps in the set `make` builds from the one in force, as one write
+    /// (no other write comes between the read and the swap).
+    #[cfg(feature = "config")]
+    pub(crate) fn replace_with<E>(
+        &self,
+        make: impl FnOnce(&LimitSet) -> Result<LimitSet, E>,
+    ) -> Result<u64, E> {
+        let writer = self.lock_writer();
+        let set = make(&self.inner.current.load())?;
+        Ok(self.store(&writer, set))
+    }
+
+    /// Calls `callback` with the set in force now, then with every new set
+    /// **before** it is in force, until the returned [`LimitsSubscription`]
+    /// is dropped: for state derived from the limits (compiled headers, an
+    /// index) that must be ready when a request first sees the new version,
+    /// so that no request waits for it to be built. The layer built with
+    /// `.limits(...)` uses this.
+    ///
+    /// The callback runs on the writer's thread ([`replace`](Self::replace),
+    /// [`update`](Self::update), a reload), with other writes waiting: keep
+    /// it short, don't panic, and don't write to this handle from it (that
+    /// would wait for itself).
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use portcullis::{LimitSet, Limits, Policy};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limits = Limits::new(LimitSet::of([Policy::per_minute(10).name("minute").build()?])?);
+    /// let seen = Arc::new(Mutex::new(Vec::new()));
+    /// let log = Arc::clone(&seen);
+    /// let subscription = limits.on_change(move |set| log.lock().unwrap().push(set.version()));
+    /// limits.update(|set| set.defaults([Policy::per_minute(20).name("minute").build().unwrap()]))?;
+    /// drop(subscription);
+    /// limits.update(|set| set.defaults([Policy::per_minute(30).name("minute").build().unwrap()]))?;
+    /// assert_eq!(*seen.lock().unwrap(), [1, 2]);
+    /// # Ok(()) }
+    /// ```
+    #[must_use = "the callback is removed when the subscription is dropped"]
+    pub fn on_change(
+        &self,
+        callback: impl Fn(&LimitSet) + Send + Sync + 'static,
+    ) -> LimitsSubscription {
+        let mut writer = self.lock_writer();
+        callback(&self.inner.current.load());
+        writer.next_id += 1;
+        let id = writer.next_id;
+        writer.callbacks.push((id, Arc::new(callback)));
+        LimitsSubscription {
+            limits: Arc::downgrade(&self.inner),
+            id,
+        }
+    }
+
+    fn lock_writer(&self) -> std::sync::MutexGuard<'_, Subscribers> {
+        self.inner
+            .writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Stores `set` as the next version; the caller holds the writer lock
+    /// (`subscribers`). The callbacks see the set before any reader can.
+    fn store(&self, subscribers: &Subscribers, mut set: LimitSet) -> u64 {
         let version = self.inner.version.load(Ordering::Relaxed) + 1;
         set.version = version;
+        for (_, callback) in &subscribers.callbacks {
+            callback(&set);
+        }
         self.inner.current.store(Arc::new(set));
         // Readers that see this version then load a set at least as new.
         self.inner.version.store(version, Ordering::Release);
         version
+    }
+}
+
+/// A callback of [`Limits::on_change`]; removes it when dropped.
+#[derive(Debug)]
+pub struct LimitsSubscription {
+    limits: std::sync::Weak<Inner>,
+    id: u64,
+}
+
+impl Drop for LimitsSubscription {
+    fn drop(&mut self) {
+        if let Some(inner) = self.limits.upgrade() {
+            inner
+                .writer
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .callbacks
+                .retain(|(id, _)| *id != self.id);
+        }
     }
 }
 

@@ -1,6 +1,9 @@
-//! Limits from a TOML file (feature `config`), with reload.
+//! Limits from a TOML file (feature `config`), with reload: parsing with
+//! errors that point into the file, reloads that keep overrides set at run
+//! time, and a refused reload logged once per distinct cause.
 
-use std::collections::BTreeMap;
+mod parse;
+
 use std::error::Error;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -8,17 +11,12 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use toml::Spanned;
 
-use crate::{Algorithm, LeakyMode, LimitSet, Limits, Policy};
+use crate::{LimitSet, Limits};
+use parse::parse;
 
 type BoxError = Box<dyn Error + Send + Sync + 'static>;
-
-/// The algorithms a file may name, as [`Algorithm::as_str`] writes them.
-const ALGORITHMS: &str =
-    "gcra, token_bucket, leaky_meter, leaky_queue, fixed_window, sliding_window, sliding_log";
 
 /// Limits read from a TOML file: the default policies, named tiers and
 /// per-subject overrides, held by a live [`Limits`] handle that
@@ -38,6 +36,37 @@ const ALGORITHMS: &str =
 /// `leaky_queue`, `fixed_window`, `sliding_window`, `sliding_log`) and a
 /// `burst`. An override gives a subject (a key as the layer's extractor
 /// produces it) a `tier` or `policies` of its own.
+///
+/// **Overrides of hashed keys.** A layer keyed by a credential
+/// ([`ApiKey`](https://docs.rs/portcullis-tower/latest/portcullis_tower/struct.ApiKey.html),
+/// `BearerToken`) keys on its SHA-256, never on the secret: write such an
+/// override as `"#"` and the 64 hex digits of the SHA-256 of the key
+/// (upper or lower case), which keeps the secret itself out of the file.
+/// Compute it with `printf '%s' "$API_KEY" | sha256sum` (no trailing
+/// newline), or [`subject::hash_subject`](crate::subject::hash_subject). A
+/// subject starting with `#` that is not such a hash is refused, rather
+/// than matching nobody.
+///
+/// ```
+/// use portcullis::LimitsFile;
+/// use portcullis::subject::hash_subject;
+///
+/// let set = LimitsFile::parse("limits.toml", r##"
+/// default = ["free"]
+/// [policies]
+/// free = { limit = 100, period = "1m" }
+/// vip = { limit = 5000, period = "1m" }
+/// [overrides]
+/// ## printf '%s' 'k-live-7f3a' | sha256sum
+/// "#e2289561ad41e8d29444a1372d6f40455240e594ce090c8d41ae94835c7b4046" = { policies = ["vip"] }
+/// "##).unwrap();
+/// // What an `ApiKey` layer keys a request with `x-api-key: k-live-7f3a` on:
+/// let key = hash_subject(b"k-live-7f3a");
+/// assert_eq!(set.select(&key, None).policies()[0].name(), "vip");
+///
+/// let err = LimitsFile::parse("limits.toml", "default = [\"free\"]\n[policies]\nfree = { limit = 1, period = \"1m\" }\n[overrides]\n\"#e2289561\" = { tier = \"x\" }\n").unwrap_err();
+/// assert!(err.to_string().contains("sha256sum"), "{err}");
+/// ```
 ///
 /// ```
 /// use portcullis::{LimitsFile, PolicySource};
@@ -84,9 +113,19 @@ pub struct LimitsFile {
 struct FileInner {
     path: PathBuf,
     limits: Limits,
-    /// The hash of the file whose limits are in force; also serialises
-    /// reloads.
-    hash: Mutex<String>,
+    /// What the last reload left; also serialises reloads.
+    state: Mutex<FileState>,
+}
+
+struct FileState {
+    /// The hash of the file whose limits are in force.
+    hash: String,
+    /// That file's limits, as the file gives them (without the overrides
+    /// set at run time since): what a reload compares the set in force to.
+    from_file: Arc<LimitSet>,
+    /// The cause of the last refused reload, with its sources, while the
+    /// file stays refused: logged once, not at every poll.
+    refused: Option<String>,
 }
 
 impl fmt::Debug for LimitsFile {
@@ -128,13 +167,18 @@ impl LimitsFile {
     pub fn open(path: impl AsRef<Path>) -> Result<Self, LimitsFileError> {
         let path = path.as_ref().to_path_buf();
         let (set, hash) = read(&path)?;
+        let from_file = Arc::new(set.clone());
         let limits = Limits::new(set);
         observe_applied(&limits, &hash);
         Ok(Self {
             inner: Arc::new(FileInner {
                 path,
                 limits,
-                hash: Mutex::new(hash),
+                state: Mutex::new(FileState {
+                    hash,
+                    from_file,
+                    refused: None,
+                }),
             }),
         })
     }
@@ -175,12 +219,12 @@ impl LimitsFile {
     /// (its first 64 bits): what to compare between instances.
     #[must_use]
     pub fn hash(&self) -> String {
-        self.lock_hash().clone()
+        self.lock_state().hash.clone()
     }
 
-    fn lock_hash(&self) -> std::sync::MutexGuard<'_, String> {
+    fn lock_state(&self) -> std::sync::MutexGuard<'_, FileState> {
         self.inner
-            .hash
+            .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -188,31 +232,82 @@ impl LimitsFile {
     /// Reads the file again; if it changed and is valid, swaps its limits
     /// in. The outcome is logged and counted (see the type's docs).
     ///
+    /// **Overrides set at run time are kept.** An override added, changed
+    /// or removed with [`Limits::update`] since the file was loaded stays
+    /// so across reloads (it is newer than the file, and it lives in this
+    /// process only: put lasting ones in the file); to hand a subject back
+    /// to the file, set its override to what the file says. The defaults
+    /// and tiers are the file's: run-time changes to them are replaced,
+    /// with a warning. A reload is refused if a kept override names a tier
+    /// the new file no longer defines.
+    ///
+    /// **A refused reload** is logged at `error` with its cause and the
+    /// cause's sources (file:line:column, field and reason; the OS error
+    /// when the file cannot be read) once, not at every poll: again only
+    /// when the cause changes, and at `info` when the file is valid again.
+    ///
+    /// ```
+    /// use portcullis::{LimitsFile, Policy};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let path = std::env::temp_dir().join(format!("portcullis-reload-doc-{}.toml", std::process::id()));
+    /// std::fs::write(&path, "default = [\"free\"]\n[policies]\nfree = { limit = 10, period = \"1m\" }\n")?;
+    /// let file = LimitsFile::open(&path)?;
+    /// let limits = file.limits();
+    /// // A customer upgraded at run time (say, by a billing webhook).
+    /// limits.update(|set| set.override_policies("acme", [Policy::per_minute(500).name("acme").build().unwrap()]))?;
+    /// std::fs::write(&path, "default = [\"free\"]\n[policies]\nfree = { limit = 20, period = \"1m\" }\n")?;
+    /// file.reload()?;
+    /// assert_eq!(limits.load().defaults()[0].limit(), 20); // the file's change
+    /// assert!(limits.load().override_for("acme").is_some()); // kept
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// The file cannot be read or is invalid: the limits in force stay.
     pub fn reload(&self) -> Result<Reload, LimitsFileError> {
-        let mut current = self.lock_hash();
+        let mut state = self.lock_state();
         let outcome = (|| {
             let text = read_text(&self.inner.path)?;
             let hash = hash_of(&text);
-            if hash == *current {
+            if hash == state.hash {
                 return Ok(Reload::Unchanged { hash });
             }
             let set = parse(&self.inner.path, &text)?;
-            let version = self.inner.limits.replace(set);
-            current.clone_from(&hash);
+            let from_file = Arc::new(set.clone());
+            let version = self.inner.limits.replace_with(|current| {
+                keep_runtime_overrides(&self.inner.path, &state.from_file, current, set)
+            })?;
+            state.hash.clone_from(&hash);
+            state.from_file = from_file;
             Ok(Reload::Applied { version, hash })
         })();
+        let path = self.inner.path.display();
         match &outcome {
             Ok(Reload::Applied { version, hash }) => {
-                tracing::info!(target: "portcullis::limits", path = %self.inner.path.display(), version, hash, "limits reloaded");
+                if state.refused.take().is_some() {
+                    tracing::info!(target: "portcullis::limits", path = %path, "limits file valid again");
+                }
+                tracing::info!(target: "portcullis::limits", path = %path, version, hash, "limits reloaded");
                 count_reload("applied");
                 observe_applied(&self.inner.limits, hash);
             }
-            Ok(Reload::Unchanged { .. }) => count_reload("unchanged"),
+            Ok(Reload::Unchanged { hash }) => {
+                if state.refused.take().is_some() {
+                    tracing::info!(target: "portcullis::limits", path = %path, hash, "limits file valid again, as the limits in force");
+                }
+                count_reload("unchanged");
+            }
             Err(error) => {
-                tracing::error!(target: "portcullis::limits", %error, hash = %*current, "limits file refused; the limits in force stay");
+                let cause = with_sources(error);
+                if state.refused.as_deref() == Some(cause.as_str()) {
+                    tracing::debug!(target: "portcullis::limits", error = %cause, "limits file still refused");
+                } else {
+                    tracing::error!(target: "portcullis::limits", error = %cause, hash = %state.hash, "limits file refused; the limits in force stay (logged again when the cause changes)");
+                    state.refused = Some(cause);
+                }
                 count_reload("refused");
             }
         }
@@ -277,6 +372,67 @@ impl Drop for Watcher {
     }
 }
 
+/// An error and each of its sources, as one line.
+fn with_sources(error: &(dyn Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// The new file's `set` with the overrides set at run time kept: those in
+/// `current` (the set in force) that differ from `from_file` (what the
+/// previous file gave). Warns when run-time changes to the defaults or
+/// tiers are replaced.
+fn keep_runtime_overrides(
+    path: &Path,
+    from_file: &LimitSet,
+    current: &LimitSet,
+    set: LimitSet,
+) -> Result<LimitSet, LimitsFileError> {
+    if current.defaults() != from_file.defaults() || current.tiers().ne(from_file.tiers()) {
+        tracing::warn!(target: "portcullis::limits", path = %path.display(), "the default policies or tiers were changed at run time since the file was loaded; the file's replace them (put lasting changes in the file)");
+    }
+    let changed: Vec<(&str, &crate::Override)> = current
+        .overrides()
+        .filter(|(subject, value)| from_file.override_for(subject) != Some(*value))
+        .collect();
+    let removed: Vec<&str> = from_file
+        .overrides()
+        .map(|(subject, _)| subject)
+        .filter(|subject| current.override_for(subject).is_none())
+        .collect();
+    if changed.is_empty() && removed.is_empty() {
+        return Ok(set);
+    }
+    let mut builder = set.to_builder();
+    for (subject, value) in &changed {
+        builder = match value {
+            crate::Override::Tier(tier) => builder.override_tier(*subject, &**tier),
+            crate::Override::Policies(policies) => {
+                builder.override_policies(*subject, policies.iter().cloned())
+            }
+        };
+    }
+    for subject in &removed {
+        builder = builder.remove_override(subject);
+    }
+    let kept = builder.build().map_err(|error| LimitsFileError::Invalid {
+        path: path.to_path_buf(),
+        line: 0,
+        column: 0,
+        field: "(overrides set at run time)".to_owned(),
+        message: "an override set at run time (kept across reloads) does not fit the new file: define what it names in the file, or change or remove the override with Limits::update".to_owned(),
+        source: Some(Box::new(error)),
+    })?;
+    tracing::info!(target: "portcullis::limits", path = %path.display(), kept = changed.len() + removed.len(), "overrides set at run time kept over the file's");
+    Ok(kept)
+}
+
 fn count_reload(outcome: &'static str) {
     #[cfg(feature = "metrics")]
     metrics::counter!("portcullis_limits_reloads_total", "outcome" => outcome).increment(1);
@@ -310,296 +466,6 @@ fn read(path: &Path) -> Result<(LimitSet, String), LimitsFileError> {
 fn hash_of(text: &str) -> String {
     let digest = Sha256::digest(text.as_bytes());
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileSpec {
-    default: Spanned<Vec<Spanned<String>>>,
-    #[serde(default)]
-    policies: BTreeMap<String, Spanned<PolicySpec>>,
-    #[serde(default)]
-    tiers: BTreeMap<String, Spanned<Vec<Spanned<String>>>>,
-    #[serde(default)]
-    overrides: BTreeMap<String, Spanned<OverrideSpec>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PolicySpec {
-    limit: Spanned<u64>,
-    period: Spanned<String>,
-    algorithm: Option<Spanned<String>>,
-    burst: Option<Spanned<u64>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct OverrideSpec {
-    tier: Option<Spanned<String>>,
-    policies: Option<Spanned<Vec<Spanned<String>>>>,
-}
-
-/// Builds errors that point into `text`.
-struct Locator<'a> {
-    path: &'a Path,
-    text: &'a str,
-}
-
-impl Locator<'_> {
-    fn error(
-        &self,
-        at: Option<usize>,
-        field: impl Into<String>,
-        message: impl Into<String>,
-        source: Option<BoxError>,
-    ) -> LimitsFileError {
-        let (line, column) = at.map_or((0, 0), |offset| line_column(self.text, offset));
-        LimitsFileError::Invalid {
-            path: self.path.to_path_buf(),
-            line,
-            column,
-            field: field.into(),
-            message: message.into(),
-            source,
-        }
-    }
-}
-
-/// 1-based line and column (in characters) of a byte offset.
-fn line_column(text: &str, offset: usize) -> (usize, usize) {
-    let offset = offset.min(text.len());
-    let before = text.get(..offset).unwrap_or(text);
-    let line = before.matches('\n').count() + 1;
-    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    (line, column)
-}
-
-fn parse(path: &Path, text: &str) -> Result<LimitSet, LimitsFileError> {
-    let at = Locator { path, text };
-    let deserializer = toml::Deserializer::parse(text)
-        .map_err(|e| at.error(e.span().map(|s| s.start), "(syntax)", e.message(), None))?;
-    let spec: FileSpec = serde_path_to_error::deserialize(deserializer).map_err(|e| {
-        let field = field_path(e.path());
-        let inner = e.into_inner();
-        at.error(inner.span().map(|s| s.start), field, inner.message(), None)
-    })?;
-
-    let mut policies = BTreeMap::new();
-    for (name, spec) in &spec.policies {
-        let field = format!("policies.{name}");
-        let policy = build_policy(&at, &field, name, spec)?;
-        policies.insert(name.as_str(), policy);
-    }
-    let pick = |field: &str,
-                names: &Spanned<Vec<Spanned<String>>>|
-     -> Result<Vec<Policy>, LimitsFileError> {
-        names
-            .get_ref()
-            .iter()
-            .map(|name| {
-                policies.get(name.get_ref().as_str()).cloned().ok_or_else(|| {
-                    let defined: Vec<&str> = policies.keys().copied().collect();
-                    at.error(
-                        Some(name.span().start),
-                        field,
-                        format!(
-                            "no policy is named {:?}: define it under [policies], or use one of: {}",
-                            name.get_ref(),
-                            if defined.is_empty() { "(none defined)".to_owned() } else { defined.join(", ") }
-                        ),
-                        None,
-                    )
-                })
-            })
-            .collect()
-    };
-
-    let mut builder = LimitSet::builder().policies(pick("default", &spec.default)?);
-    for (name, names) in &spec.tiers {
-        builder = builder.tier(name.clone(), pick(&format!("tiers.{name}"), names)?);
-    }
-    for (subject, value) in &spec.overrides {
-        let field = format!("overrides.{subject}");
-        builder = match (&value.get_ref().tier, &value.get_ref().policies) {
-            (Some(tier), None) => {
-                if !spec.tiers.contains_key(tier.get_ref()) {
-                    let defined: Vec<&str> = spec.tiers.keys().map(String::as_str).collect();
-                    return Err(at.error(
-                        Some(tier.span().start),
-                        format!("{field}.tier"),
-                        format!(
-                            "no tier is named {:?}: define it under [tiers], or use one of: {}",
-                            tier.get_ref(),
-                            if defined.is_empty() { "(none defined)".to_owned() } else { defined.join(", ") }
-                        ),
-                        None,
-                    ));
-                }
-                builder.override_tier(subject.clone(), tier.get_ref().clone())
-            }
-            (None, Some(names)) => builder.override_policies(
-                subject.clone(),
-                pick(&format!("{field}.policies"), names)?,
-            ),
-            _ => {
-                return Err(at.error(
-                    Some(value.span().start),
-                    field,
-                    "give either `tier = \"<tier>\"` or `policies = [\"<policy>\", ...]`, not both or neither",
-                    None,
-                ))
-            }
-        };
-    }
-    builder.build().map_err(|error| {
-        // Locate the set the error names.
-        let span = match &error {
-            crate::LimitsError::InvalidPolicies { of, .. }
-            | crate::LimitsError::NoPolicies { of } => locate_owner(&spec, of),
-            crate::LimitsError::InvalidTierName { tier }
-            | crate::LimitsError::DuplicateTier { tier } => {
-                spec.tiers.get(tier).map(|t| t.span().start)
-            }
-            _ => None,
-        };
-        let message = error.to_string();
-        at.error(span, "(limits)", message, Some(Box::new(error)))
-    })
-}
-
-/// The dotted path of a field, without the segments of `Spanned`'s own
-/// representation.
-fn field_path(path: &serde_path_to_error::Path) -> String {
-    use serde_path_to_error::Segment;
-    let mut out = String::new();
-    for segment in path.iter() {
-        let part = match segment {
-            Segment::Map { key } if key.starts_with("$__serde_spanned") => continue,
-            Segment::Map { key } | Segment::Enum { variant: key } => key.clone(),
-            Segment::Seq { index } => index.to_string(),
-            Segment::Unknown => "?".to_owned(),
-        };
-        if !out.is_empty() {
-            out.push('.');
-        }
-        out.push_str(&part);
-    }
-    if out.is_empty() {
-        out.push_str("(top level)");
-    }
-    out
-}
-
-fn locate_owner(spec: &FileSpec, of: &str) -> Option<usize> {
-    if of.starts_with("the default") {
-        return Some(spec.default.span().start);
-    }
-    let quoted = of.split('"').nth(1)?;
-    if of.starts_with("tier") {
-        spec.tiers.get(quoted).map(|t| t.span().start)
-    } else {
-        spec.overrides.get(quoted).map(|o| o.span().start)
-    }
-}
-
-fn build_policy(
-    at: &Locator<'_>,
-    field: &str,
-    name: &str,
-    spec: &Spanned<PolicySpec>,
-) -> Result<Policy, LimitsFileError> {
-    let PolicySpec {
-        limit,
-        period,
-        algorithm,
-        burst,
-    } = spec.get_ref();
-    let duration = parse_duration(period.get_ref()).ok_or_else(|| {
-        at.error(
-            Some(period.span().start),
-            format!("{field}.period"),
-            format!(
-                "{:?} is not a period: write a whole number and a unit (us, ms, s, m, h, d), for example \"500ms\", \"1s\", \"1m\", \"1h\" or \"1d\"",
-                period.get_ref()
-            ),
-            None,
-        )
-    })?;
-    let mut builder = Policy::per(*limit.get_ref(), duration).name(name);
-    if let Some(algorithm) = algorithm {
-        let parsed = parse_algorithm(algorithm.get_ref()).ok_or_else(|| {
-            at.error(
-                Some(algorithm.span().start),
-                format!("{field}.algorithm"),
-                format!(
-                    "unknown algorithm {:?}: use one of {ALGORITHMS}",
-                    algorithm.get_ref()
-                ),
-                None,
-            )
-        })?;
-        builder = builder.algorithm(parsed);
-    }
-    if let Some(burst) = burst {
-        builder = builder.burst(*burst.get_ref());
-    }
-    builder.build().map_err(|error| {
-        // Point at the field the policy error is about, where it has one.
-        let (sub, span) = match &error {
-            crate::PolicyError::ZeroLimit | crate::PolicyError::SlidingLogLimit { .. } => {
-                ("limit", limit.span())
-            }
-            crate::PolicyError::TooLarge { field: "burst", .. }
-            | crate::PolicyError::ZeroBurst
-            | crate::PolicyError::BurstNotSupported { .. } => (
-                "burst",
-                burst.as_ref().map_or_else(|| spec.span(), Spanned::span),
-            ),
-            crate::PolicyError::TooLarge { field: "limit", .. } => ("limit", limit.span()),
-            crate::PolicyError::InvalidName { .. } => ("", spec.span()),
-            _ => ("period", period.span()),
-        };
-        let field = if sub.is_empty() {
-            field.to_owned()
-        } else {
-            format!("{field}.{sub}")
-        };
-        at.error(
-            Some(span.start),
-            field,
-            "not a valid policy: change the value as the cause says",
-            Some(Box::new(error)),
-        )
-    })
-}
-
-fn parse_algorithm(name: &str) -> Option<Algorithm> {
-    Algorithm::ALL
-        .into_iter()
-        .find(|a| a.as_str() == name)
-        .or(match name {
-            "leaky_bucket" => Some(Algorithm::LeakyBucket(LeakyMode::Meter)),
-            _ => None,
-        })
-}
-
-/// `<whole number><unit>`, unit one of `us`, `ms`, `s`, `m`, `h`, `d`.
-fn parse_duration(text: &str) -> Option<Duration> {
-    let text = text.trim();
-    let digits = text.find(|c: char| !c.is_ascii_digit())?;
-    let (number, unit) = text.split_at(digits);
-    let number: u64 = number.parse().ok()?;
-    let micros_per = match unit.trim() {
-        "us" | "µs" => 1,
-        "ms" => 1_000,
-        "s" => 1_000_000,
-        "m" | "min" => 60_000_000,
-        "h" => 3_600_000_000,
-        "d" => 86_400_000_000,
-        _ => return None,
-    };
-    number.checked_mul(micros_per).map(Duration::from_micros)
 }
 
 /// Why a limits file was refused. The limits in force stay as they were.
@@ -659,94 +525,5 @@ impl Error for LimitsFileError {
             Self::Read { source, .. } => Some(source),
             Self::Invalid { source, .. } => source.as_deref().map(|e| e as &(dyn Error + 'static)),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const GOOD: &str = r#"
-default = ["free"]
-
-[policies]
-free = { limit = 10, period = "1m" }
-pro = { limit = 100, period = "1m", burst = 20 }
-day = { limit = 1000, period = "1d", algorithm = "fixed_window" }
-own = { limit = 5, period = "500ms" }
-
-[tiers]
-pro = ["pro", "day"]
-
-[overrides]
-acme = { tier = "pro" }
-globex = { policies = ["own"] }
-"#;
-
-    fn err(text: &str) -> String {
-        parse(Path::new("limits.toml"), text)
-            .unwrap_err()
-            .to_string()
-    }
-
-    #[test]
-    fn a_good_file_parses() {
-        let set = parse(Path::new("limits.toml"), GOOD).unwrap();
-        assert_eq!(set.defaults()[0].name(), "free");
-        let pro = set.tier("pro").unwrap();
-        assert_eq!(pro[0].capacity(), 20);
-        assert_eq!(pro[1].algorithm(), Algorithm::FixedWindow);
-        assert_eq!(set.select("acme", None).name(), "pro");
-        let own = set.select("globex", None);
-        assert_eq!(own.policies()[0].period(), Duration::from_millis(500));
-    }
-
-    #[test]
-    fn errors_name_the_file_line_and_field() {
-        assert_eq!(
-            err("default = [\"a\"]\n[policies]\na = { limit = 10, period = \"1 minute\" }\n"),
-            "limits.toml:3:28: policies.a.period: \"1 minute\" is not a period: write a whole number and a unit (us, ms, s, m, h, d), for example \"500ms\", \"1s\", \"1m\", \"1h\" or \"1d\""
-        );
-        assert_eq!(
-            err("default = [\"a\"]\n[policies]\na = { limit = \"ten\", period = \"1m\" }\n"),
-            "limits.toml:3:15: policies.a.limit: invalid type: string \"ten\", expected u64"
-        );
-        let e = err("default = [\"a\"]\n[policies]\na = { limit = 10, period = \"1m\", algorithm = \"gcrA\" }\n");
-        assert!(e.starts_with("limits.toml:3:46: policies.a.algorithm: unknown algorithm \"gcrA\": use one of gcra, token_bucket"), "{e}");
-        let e = err("default = [\"b\"]\n[policies]\na = { limit = 10, period = \"1m\" }\n");
-        assert_eq!(e, "limits.toml:1:12: default: no policy is named \"b\": define it under [policies], or use one of: a");
-        let e = err("default = [\"a\"]\n[policies]\na = { limit = 0, period = \"1m\" }\n");
-        assert!(
-            e.starts_with("limits.toml:3:15: policies.a.limit: not a valid policy"),
-            "{e}"
-        );
-        let e = err("default = [\"a\"]\n[policies]\na = { limit = 1, period = \"1m\" }\n[overrides]\nx = { tier = \"gold\" }\n");
-        assert!(
-            e.starts_with("limits.toml:5:14: overrides.x.tier: no tier is named \"gold\""),
-            "{e}"
-        );
-        let e = err("default = [\"a\", \"a\"]\n[policies]\na = { limit = 1, period = \"1m\" }\n");
-        assert!(
-            e.starts_with(
-                "limits.toml:1:11: (limits): the default policies has two policies named \"a\""
-            ),
-            "{e}"
-        );
-        let e = err("default = [\"a\"\n");
-        assert!(e.starts_with("limits.toml:1:"), "{e}");
-        let e = err("[policies]\na = { limit = 1, period = \"1m\" }\n");
-        assert!(e.contains("missing field `default`"), "{e}");
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
-        assert_eq!(
-            parse_duration("30d"),
-            Some(Duration::from_secs(30 * 86_400))
-        );
-        assert_eq!(parse_duration("1.5s"), None);
-        assert_eq!(parse_duration("s"), None);
-        assert_eq!(parse_duration("10"), None);
     }
 }

@@ -228,9 +228,9 @@ pub use key::{
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use observe::describe_metrics;
 pub use rate_limit::{
-    Charge, KeepBody, KeepBodyFuture, KeepBodyLayer, Plan, PlanResolver, PlanResolverBuilder,
-    RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResolverFailure, DEFAULT_BREAKER_PAUSE,
-    DEFAULT_BREAKER_THRESHOLD, DEFAULT_CHECK_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY,
-    DEFAULT_ERROR_TTL, DEFAULT_PLAN_CAPACITY, DEFAULT_PLAN_TTL, DEFAULT_RESOLVE_TIMEOUT,
-    DEFAULT_UNKNOWN_TTL,
+    Charge, KeepBody, KeepBodyFuture, KeepBodyLayer, LookupKey, Plan, PlanResolver,
+    PlanResolverBuilder, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResolverFailure,
+    DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD, DEFAULT_CHECK_TIMEOUT,
+    DEFAULT_DENY_CACHE_CAPACITY, DEFAULT_ERROR_TTL, DEFAULT_MAX_LOOKUPS, DEFAULT_PLAN_CAPACITY,
+    DEFAULT_PLAN_TTL, DEFAULT_RESOLVE_TIMEOUT, DEFAULT_UNKNOWN_TTL,
 };

@@ -104,7 +104,7 @@ impl KeyExtractor for BearerToken {
 
 impl BearerToken {
     /// The token of a `Bearer` `Authorization` header, if there is one.
-    fn token<'a>(&self, request: &'a Parts) -> Option<&'a [u8]> {
+    pub(crate) fn token<'a>(&self, request: &'a Parts) -> Option<&'a [u8]> {
         let value = request.headers.get(AUTHORIZATION)?.as_bytes();
         let (scheme, rest) = value.split_at_checked(6)?;
         if !scheme.eq_ignore_ascii_case(b"bearer")
@@ -120,6 +120,18 @@ impl BearerToken {
 /// Keys on an API key sent in a header (`x-api-key` by default), hashed
 /// with SHA-256 so the key itself never reaches the store or the logs. An
 /// absent or empty header yields no key.
+///
+/// The key is `#` and the 64 lowercase hex digits of the SHA-256 of the
+/// (trimmed) API key. What that means for limits as data:
+///
+/// - **Plan lookups.** A [`PlanResolver`](crate::PlanResolver) is given
+///   the layer's key, the hash, unless told otherwise: give it the API key
+///   itself with `.lookup_key(ApiKey::new())`
+///   ([`PlanResolverBuilder::lookup_key`](crate::PlanResolverBuilder::lookup_key)).
+/// - **Overrides** (in a `LimitSet` or a limits file) name the hash:
+///   `"#" + sha256(key)`, from `printf '%s' "$API_KEY" | sha256sum` or
+///   [`portcullis_core::subject::hash_subject`]; the file then holds no
+///   secret.
 ///
 /// ```
 /// use http::{HeaderName, Request};
@@ -158,14 +170,23 @@ impl ApiKey {
     }
 }
 
-impl KeyExtractor for ApiKey {
-    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
-        let value = request
+impl ApiKey {
+    /// The API key of a request, trimmed, if it has a non-empty one: what a
+    /// plan lookup is given (see `PlanResolverBuilder::lookup_key`), never
+    /// a store key or a log field.
+    pub(crate) fn credential<'a>(&self, request: &'a Parts) -> Option<&'a [u8]> {
+        request
             .headers
             .get(&self.name)
-            .map(|value| value.as_bytes().trim_ascii());
-        match value {
-            Some(value) if !value.is_empty() => {
+            .map(|value| value.as_bytes().trim_ascii())
+            .filter(|value| !value.is_empty())
+    }
+}
+
+impl KeyExtractor for ApiKey {
+    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+        match self.credential(request) {
+            Some(value) => {
                 key.push_string(hash_subject(value));
                 true
             }

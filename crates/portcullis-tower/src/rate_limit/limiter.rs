@@ -783,7 +783,7 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
             None => Picked::Static(self.tier_index(parts, key)),
             Some(live) => {
                 let select = self.select_tier.as_ref().and_then(|s| s(parts, key));
-                live.pick(key, select)
+                live.pick(parts, key, select)
             }
         }
     }

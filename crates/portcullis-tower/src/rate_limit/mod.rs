@@ -34,7 +34,8 @@ pub use layer::{
     DEFAULT_CHECK_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY,
 };
 pub use resolve::{
-    Plan, PlanResolver, PlanResolverBuilder, ResolverFailure, DEFAULT_ERROR_TTL,
-    DEFAULT_PLAN_CAPACITY, DEFAULT_PLAN_TTL, DEFAULT_RESOLVE_TIMEOUT, DEFAULT_UNKNOWN_TTL,
+    LookupKey, Plan, PlanResolver, PlanResolverBuilder, ResolverFailure, DEFAULT_ERROR_TTL,
+    DEFAULT_MAX_LOOKUPS, DEFAULT_PLAN_CAPACITY, DEFAULT_PLAN_TTL, DEFAULT_RESOLVE_TIMEOUT,
+    DEFAULT_UNKNOWN_TTL,
 };
 pub use service::RateLimit;
