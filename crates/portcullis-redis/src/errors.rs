@@ -264,6 +264,46 @@ mod tests {
         assert!(chain(&RateLimiterError::InvalidRate(invalid_rate)).len() == 2);
     }
 
+    /// A password that a URL parser would end early (`#`, `?`, `/`, `@`,
+    /// `:`) makes the URL invalid, and then nothing of it may show: not in
+    /// the error's `Display`, its `Debug`, nor anywhere down its `source()`
+    /// chain, for a server, a Cluster and Sentinels alike.
+    #[tokio::test]
+    async fn an_invalid_url_never_shows_its_password() {
+        const PASSWORD_TAIL: &str = "9xy";
+        for url in [
+            "redis://app:Ab#9xy@host",
+            "redis://app:Ab?9xy@host:6379",
+            "redis://app:Ab/9xy@host:6379/0",
+            "redis://app:Ab@9xy@host:notaport",
+            "redis://app:Ab:9xy@host:notaport",
+            "redis://:#?/@:9xy@host:notaport",
+        ] {
+            let builders = [
+                RedisStore::builder().url(url),
+                RedisStore::builder().cluster(["redis://127.0.0.1:7000", url]),
+                RedisStore::builder().sentinel("main", [url]),
+            ];
+            for builder in builders {
+                let error = builder.lazy_connect(true).build().await.unwrap_err();
+                assert!(
+                    matches!(error, BuildError::InvalidUrl { .. }),
+                    "{url}: {error:?}"
+                );
+                let mut printed = vec![error.to_string(), format!("{error:?}")];
+                let mut cause = error.source();
+                while let Some(error) = cause {
+                    printed.push(error.to_string());
+                    printed.push(format!("{error:?}"));
+                    cause = error.source();
+                }
+                for text in printed {
+                    assert!(!text.contains(PASSWORD_TAIL), "{url}: {text}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn acl_commands_end_with_the_script_commands() {
         assert!(ACL_COMMANDS.ends_with(SCRIPT_COMMANDS), "{ACL_COMMANDS}");
