@@ -39,6 +39,7 @@ async fn decisions(builder: RedisStoreBuilder, start_micros: u64) -> Vec<String>
         .prefix(unique_prefix("prod"))
         .timeout(TEST_TIMEOUT)
         .clock(client(&clock))
+        .client_clock_tolerance(Duration::MAX)
         .build()
         .await
         .unwrap_or_else(|e| panic!("the store should build: {e:#?}"));

@@ -2,6 +2,7 @@
 //! what to change, the redis-rs error kept as `source()`.
 
 use std::fmt;
+use std::time::Duration;
 
 use portcullis_core::StoreError;
 use redis::RedisError;
@@ -134,6 +135,19 @@ pub enum BuildError {
         /// redis-rs's error.
         source: RedisError,
     },
+    /// The [`ClockMode::Client`](crate::ClockMode::Client) clock is further
+    /// from Redis's `TIME` than
+    /// [`client_clock_tolerance`](crate::RedisStoreBuilder::client_clock_tolerance).
+    #[non_exhaustive]
+    ClientClockSkew {
+        /// How far the client clock is from Redis's (beyond the round trip
+        /// of the `TIME` call).
+        skew: Duration,
+        /// Whether the client clock is ahead of Redis's (else behind).
+        ahead: bool,
+        /// The tolerance it exceeds.
+        tolerance: Duration,
+    },
     /// The connection worked but the test check at `build()` failed.
     Check {
         /// The store's error (its own `source()` holds redis-rs's).
@@ -158,6 +172,14 @@ impl fmt::Display for BuildError {
             Self::Auth { user, .. } => write!(f, "Redis refused the credentials of user {user:?}: check the user name and password (in the URL as user:password@, or .username(..) / .password(..)); for a password-only server use redis://:password@host"),
             Self::Permission { user, permission, prefix, .. } => write!(f, "the Redis user {user:?} lacks the ACL permission {permission}: grant it with `ACL SETUSER {user} {permission}`; everything portcullis needs is `ACL SETUSER {user} ~{prefix}:* {ACL_COMMANDS}`"),
             Self::UnknownSentinelMaster { master, .. } => write!(f, "no Sentinel knows a master named {master:?}: use the name of a `sentinel monitor <name> …` line (SENTINEL MASTERS lists them)"),
+            Self::ClientClockSkew { skew, ahead, tolerance } => {
+                let (direction, effect) = if *ahead {
+                    ("ahead of", "keys would outlive their time")
+                } else {
+                    ("behind", "keys would be written already expired and every check admitted")
+                };
+                write!(f, "the client clock (ClockMode::Client) is {skew:?} {direction} Redis's TIME, more than the tolerance of {tolerance:?}: {effect}. Synchronise this host's clock (NTP), or use ClockMode::Redis (the default); a test clock far from the wall clock on purpose takes .client_clock_tolerance(Duration::MAX)")
+            }
             Self::Check { .. } => f.write_str("Redis answered, but a test check at build() failed (the cause says why and what to do)"),
         }
     }

@@ -97,8 +97,8 @@ mod verify;
 
 pub use budget::{LocalBudget, DEFAULT_BUDGET_SUBJECTS, DEFAULT_LEASE, DEFAULT_MAX_PERMITS};
 pub use builder::{
-    RedisPool, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_PREFIX,
-    DEFAULT_TIMEOUT, MAX_PREFIX_LEN,
+    RedisPool, RedisStoreBuilder, DEFAULT_CLIENT_CLOCK_TOLERANCE, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_POOL_SIZE, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_PREFIX_LEN,
 };
 pub use cell::{ThrottleCallError, THROTTLE_POLICY_NAME};
 pub use env::store_from_env;

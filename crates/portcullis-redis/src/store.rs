@@ -22,13 +22,23 @@ use crate::scripts::{self, LuaScript, ScriptCache};
 
 /// Where a [`RedisStore`] reads the time.
 ///
+/// A client clock must agree with Redis's: keys expire on Redis's clock at
+/// the times the client computed, so a clock behind Redis's writes keys
+/// that are already expired and the limiter admits everything.
+/// [`build`](crate::RedisStoreBuilder::build) compares a client clock with
+/// Redis's `TIME` and refuses one further than
+/// [`client_clock_tolerance`](crate::RedisStoreBuilder::client_clock_tolerance)
+/// (one second by default).
+///
 /// ```
 /// use std::sync::Arc;
-/// use portcullis::ManualClock;
+/// use portcullis::{Clock, ManualClock, SystemClock};
 /// use portcullis::redis::ClockMode;
 ///
 /// let production = ClockMode::Redis; // the default
-/// let tests = ClockMode::Client(Arc::new(ManualClock::new(1_700_000_000_000_000)));
+/// // A test clock starts at the wall clock's time (which NTP keeps close
+/// // to Redis's), never at a fixed date: `build()` would refuse it.
+/// let tests = ClockMode::Client(Arc::new(ManualClock::new(SystemClock.now_micros())));
 /// assert!(matches!(production, ClockMode::Redis));
 /// assert!(matches!(tests, ClockMode::Client(_)));
 /// ```
@@ -47,9 +57,15 @@ pub enum ClockMode {
     /// setups whose clocks are known to agree.
     ///
     /// Keys still expire on Redis' clock, at the client's `expires_at`
-    /// (`PEXPIREAT`): a client clock that lags Redis' makes keys expire
-    /// early (the limiter then forgets and admits more), one that runs ahead
-    /// only keeps them longer than needed.
+    /// (`PXAT`): a client clock that lags Redis' makes keys expire early
+    /// (the limiter then forgets and admits more; far behind, it admits
+    /// everything), one that runs ahead keeps them longer than needed. So
+    /// `build()` refuses a clock further from Redis's `TIME` than
+    /// [`client_clock_tolerance`](crate::RedisStoreBuilder::client_clock_tolerance);
+    /// a test clock moved far from the wall clock on purpose takes
+    /// `client_clock_tolerance(Duration::MAX)`. The check runs once: a
+    /// [`ManualClock`](portcullis_core::ManualClock) stands still while
+    /// Redis's clock moves on.
     Client(Arc<dyn Clock>),
 }
 
