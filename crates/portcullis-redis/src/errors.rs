@@ -1,7 +1,9 @@
 //! `BuildError`: why a `RedisStore` could not be built, each message saying
 //! what to change, the redis-rs error kept as `source()`.
 
+use std::error::Error;
 use std::fmt;
+use std::ops::Deref;
 use std::time::Duration;
 
 use portcullis_core::StoreError;
@@ -25,10 +27,106 @@ pub const ACL_CLUSTER_COMMANDS: &str = "+cluster|slots +asking";
 /// The commands portcullis's scripts call (the tail of [`ACL_COMMANDS`]).
 pub(crate) const SCRIPT_COMMANDS: &str = "+time +get +set +exists +del +hmget +hset +pexpire +pexpireat +zadd +zcount +zrangebyscore +zremrangebyrank +zremrangebyscore +zrevrange +zcard +zscore +zrem";
 
+/// redis-rs's error as the cause of a portcullis error: the `source()` of a
+/// [`BuildError`], and of a [`StoreError`] from a
+/// [`RedisStore`](crate::RedisStore), wherever redis-rs's error is the
+/// cause. It dereferences to the [`RedisError`] (its `kind()`, `code()`, …).
+///
+/// Why not the `RedisError` itself: one that wraps another error (an I/O
+/// error, a server's reply) prints that error's text as its own *and*
+/// returns it as its `source()`, so a `source()` walk (anyhow's `{:#}`,
+/// eyre, `tracing`'s `error.sources`) would print "Connection refused (os
+/// error 111)" twice. `RedisCause` prints the text once and continues the
+/// chain below the repeated error.
+///
+/// ```
+/// use std::error::Error;
+/// use portcullis::redis::{BuildError, RedisCause, RedisStore};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let error = RedisStore::builder().url("redis://127.0.0.1:1").build().await.unwrap_err();
+/// assert!(matches!(error, BuildError::Connect { .. }));
+/// let cause = error.source().and_then(|e| e.downcast_ref::<RedisCause>()).unwrap();
+/// assert!(cause.is_io_error()); // through Deref to redis-rs's error
+/// let mut printed = vec![error.to_string()];
+/// let mut next = error.source();
+/// while let Some(cause) = next {
+///     printed.push(cause.to_string());
+///     next = cause.source();
+/// }
+/// assert_eq!(printed.join(": ").matches("refused").count(), 1, "{printed:?}");
+/// # });
+/// ```
+#[derive(Clone)]
+pub struct RedisCause(RedisError);
+
+impl RedisCause {
+    /// redis-rs's error.
+    #[must_use]
+    pub fn redis_error(&self) -> &RedisError {
+        &self.0
+    }
+
+    /// redis-rs's error, by value.
+    #[must_use]
+    pub fn into_redis_error(self) -> RedisError {
+        self.0
+    }
+}
+
+impl From<RedisError> for RedisCause {
+    fn from(error: RedisError) -> Self {
+        Self(error)
+    }
+}
+
+impl Deref for RedisCause {
+    type Target = RedisError;
+
+    fn deref(&self) -> &RedisError {
+        &self.0
+    }
+}
+
+impl fmt::Debug for RedisCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RedisCause").field(&self.0).finish()
+    }
+}
+
+impl fmt::Display for RedisCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl Error for RedisCause {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        let inner = self.0.source()?;
+        // redis-rs prints a wrapped error's text as its own: skip that
+        // error, keep what lies below it. (Compared by text, so an error
+        // that adds to its cause's text keeps its cause.)
+        if inner.to_string() == self.0.to_string() {
+            inner.source()
+        } else {
+            Some(inner)
+        }
+    }
+}
+
+/// redis-rs's error in `error`, itself or wrapped in a [`RedisCause`].
+pub(crate) fn redis_error<'a>(error: &'a (dyn Error + 'static)) -> Option<&'a RedisError> {
+    error
+        .downcast_ref::<RedisCause>()
+        .map(RedisCause::redis_error)
+        .or_else(|| error.downcast_ref::<RedisError>())
+}
+
 /// Why a [`RedisStore`](crate::RedisStore) could not be built. Each
 /// message says what to change; errors from Redis keep the redis-rs error
-/// as [`source()`](std::error::Error::source), not in the message: print
-/// the chain (anyhow's `{:#}`, or a loop over `source()`) to see it.
+/// as [`source()`](std::error::Error::source) (a [`RedisCause`]), not in
+/// the message: print the chain (anyhow's `{:#}`, or a loop over
+/// `source()`) to see it; each cause appears in it once.
 ///
 /// ```
 /// use portcullis::redis::{BuildError, RedisStore};
@@ -59,7 +157,7 @@ pub enum BuildError {
         /// The URL (or the comma-separated URLs), password replaced by `***`.
         url: String,
         /// The parser's error.
-        source: RedisError,
+        source: RedisCause,
     },
     /// The key prefix was empty, too long, or had braces, spaces or control
     /// characters.
@@ -94,7 +192,7 @@ pub enum BuildError {
     /// The TLS certificates or key could not be used.
     Tls {
         /// redis-rs's error.
-        source: RedisError,
+        source: RedisCause,
     },
     /// A configuration the store cannot use.
     Unsupported {
@@ -107,14 +205,14 @@ pub enum BuildError {
         /// Where (URLs with passwords replaced by `***`).
         target: String,
         /// redis-rs's error.
-        source: RedisError,
+        source: RedisCause,
     },
     /// The server refused the credentials (`WRONGPASS`, `NOAUTH`).
     Auth {
         /// The user name tried (`default` when none was given).
         user: String,
         /// redis-rs's error.
-        source: RedisError,
+        source: RedisCause,
     },
     /// The ACL user may not run a command or touch a key portcullis needs
     /// (`NOPERM`).
@@ -126,14 +224,14 @@ pub enum BuildError {
         /// The key prefix (for the full grant in the message).
         prefix: String,
         /// redis-rs's error.
-        source: RedisError,
+        source: RedisCause,
     },
     /// No Sentinel knows a master of this name.
     UnknownSentinelMaster {
         /// The name given to [`sentinel`](crate::RedisStoreBuilder::sentinel).
         master: String,
         /// redis-rs's error.
-        source: RedisError,
+        source: RedisCause,
     },
     /// The [`ClockMode::Client`](crate::ClockMode::Client) clock is further
     /// from Redis's `TIME` than
@@ -185,7 +283,7 @@ impl fmt::Display for BuildError {
     }
 }
 
-impl std::error::Error for BuildError {
+impl Error for BuildError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::InvalidUrl { source, .. }
@@ -212,17 +310,13 @@ mod tests {
     /// Nothing listens there: connecting is refused at once.
     const CLOSED: &str = "redis://127.0.0.1:1";
 
-    /// The `Display` texts of `error` and of each `source()` below it, down
-    /// to redis-rs's error: below it is redis-rs's own affair (its I/O
-    /// errors print the `io::Error` and return it as their source too).
+    /// The `Display` texts of `error` and of each `source()` below it, to
+    /// the end of the chain.
     fn chain(error: &(dyn Error + 'static)) -> Vec<String> {
         let mut texts = vec![error.to_string()];
         let mut cause = error.source();
         while let Some(error) = cause {
             texts.push(error.to_string());
-            if error.is::<redis::RedisError>() {
-                break;
-            }
             cause = error.source();
         }
         texts

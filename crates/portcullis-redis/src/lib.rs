@@ -102,7 +102,7 @@ pub use builder::{
 };
 pub use cell::{ThrottleCallError, THROTTLE_POLICY_NAME};
 pub use env::store_from_env;
-pub use errors::{BuildError, ACL_CLUSTER_COMMANDS, ACL_COMMANDS};
+pub use errors::{BuildError, RedisCause, ACL_CLUSTER_COMMANDS, ACL_COMMANDS};
 pub use functions::CallPath;
 pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError, RateType, DEFAULT_KEEP_ALIVE};
 pub use redact::redact_url;

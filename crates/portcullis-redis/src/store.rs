@@ -10,7 +10,7 @@ use portcullis_core::subject::encode_subject;
 use portcullis_core::{
     validate_check, Algorithm, Clock, Decision, Policy, Store, StoreError, Verdict,
 };
-use redis::{Cmd, RedisError, Value};
+use redis::{Cmd, Value};
 use smallvec::SmallVec;
 
 use crate::budget::{self, Budget, Plan};
@@ -637,7 +637,7 @@ pub(crate) fn is_oom(error: &StoreError) -> bool {
     }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(error) = source {
-        if let Some(redis) = error.downcast_ref::<RedisError>() {
+        if let Some(redis) = crate::errors::redis_error(error) {
             // Redis before 7 answers a script whose write it refused with
             // `ERR Error running script ...: OOM command not allowed ...`.
             if redis.code() == Some("OOM") || redis.to_string().contains("OOM command not allowed")
@@ -700,7 +700,7 @@ async fn check_out_of_memory(
 pub(crate) fn twin_refused(error: &StoreError) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(error) = source {
-        if let Some(redis) = error.downcast_ref::<RedisError>() {
+        if let Some(redis) = crate::errors::redis_error(error) {
             return redis.to_string().contains("Error compiling script");
         }
         source = error.source();

@@ -90,7 +90,10 @@ impl RedisStoreBuilder {
         let pool = match self.pool_builder().build(manager).await {
             Ok(pool) => pool,
             Err(source) if source.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel => {
-                return Err(BuildError::UnknownSentinelMaster { master, source })
+                return Err(BuildError::UnknownSentinelMaster {
+                    master,
+                    source: source.into(),
+                })
             }
             Err(source) => {
                 return Err(verify::connect_error(
@@ -230,7 +233,9 @@ impl RedisStoreBuilder {
         {
             redis::Client::build_with_tls(info, self.tls.certificates())
                 .map(|client| client.get_connection_info().clone())
-                .map_err(|source| BuildError::Tls { source })
+                .map_err(|source| BuildError::Tls {
+                    source: source.into(),
+                })
         }
         #[cfg(not(feature = "tls"))]
         {
@@ -347,7 +352,7 @@ fn with_cluster_certs(
 fn invalid_url(redacted: String, source: RedisError) -> BuildError {
     BuildError::InvalidUrl {
         url: redacted,
-        source,
+        source: source.into(),
     }
 }
 
