@@ -14,10 +14,36 @@
 //! store-wide fails the checks that waited for it at once, unsent; a batch
 //! that fails fails each of its checks with the same error, and is never
 //! sent again.
+//!
+//! # How long a waiting check waits
+//!
+//! A check told it failed was not charged, unless the error says it may
+//! have been. So a waiting check is either withdrawn before its batch is
+//! taken, or, once taken, waits for that batch's answer:
+//!
+//! - Until its batch is taken it waits at most [`wait_bound`]:
+//!   `2 × timeout × (1 + batches ahead)`, where the batches ahead are the
+//!   call in flight when it joined and one per [`MAX_BATCH`] checks queued
+//!   before it. Each of those calls ends within `2 × timeout` (every Redis
+//!   call is bounded by the store's timeout, and a batch makes at most two:
+//!   the fast GCRA batch handing over to the general one), so the bound is
+//!   only reached when the server is slower than the timeout allows. Then
+//!   the check withdraws ([`Waiting`]'s state, swapped atomically against
+//!   the batch taking it), is never sent, and answers
+//!   [`StoreError::Unavailable`] (nothing was charged).
+//! - Once its batch is taken it waits for the batch's answer: a verdict,
+//!   or the batch call's own error (a timeout of that call may have
+//!   charged, and says so). That call is bounded by the timeout (twice for
+//!   the fast-to-general handover; once per check, in turn, in the rare
+//!   batch that finds Functions refused and falls back to scripts).
+//!
+//! A caller that drops its check (its own deadline, a cancelled request)
+//! before the batch is taken is never charged; after, it may be.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -41,10 +67,27 @@ type Reply = Result<Verdict, StoreError>;
 /// checks waiting for it.
 type Shard = HashMap<Box<str>, Vec<Waiter>>;
 
+/// A waiting check's state: waiting, taken into a batch (sent), or
+/// withdrawn (its wait ran out first). Each waiting check moves once, to
+/// one of the other two, by a compare-and-swap: taken and withdrawn never
+/// both happen.
+const WAITING: u8 = 0;
+const TAKEN: u8 = 1;
+const WITHDRAWN: u8 = 2;
+
 /// A check waiting for the call in flight for its subject and policies.
 struct Waiter {
     cost: u64,
     reply: oneshot::Sender<Reply>,
+    state: Arc<AtomicU8>,
+}
+
+/// The waiting check's side: its answer to come, its state, and how many
+/// calls were ahead of it when it joined (for [`wait_bound`]).
+pub(crate) struct Waiting {
+    answer: oneshot::Receiver<Reply>,
+    state: Arc<AtomicU8>,
+    batches_ahead: usize,
 }
 
 /// The calls in flight, by subject and policies, with the checks waiting
@@ -64,8 +107,8 @@ impl fmt::Debug for Coalescer {
 pub(crate) enum Join {
     /// No call is in flight: make it (and keep the [`Lead`] until it ends).
     Lead,
-    /// A call is in flight: this answer comes from the next batch.
-    Wait(oneshot::Receiver<Reply>),
+    /// A call is in flight: this answer comes from a batch to come.
+    Wait(Waiting),
 }
 
 impl Coalescer {
@@ -92,8 +135,21 @@ impl Coalescer {
         let mut shard = self.shard(key);
         if let Some(waiting) = shard.get_mut(key) {
             let (reply, answer) = oneshot::channel();
-            waiting.push(Waiter { cost, reply });
-            return Join::Wait(answer);
+            let state = Arc::new(AtomicU8::new(WAITING));
+            // The call in flight, and a batch per MAX_BATCH queued before
+            // this check (some may be withdrawn or cancelled by then: the
+            // bound only grows longer than needed).
+            let batches_ahead = 1 + waiting.len() / MAX_BATCH;
+            waiting.push(Waiter {
+                cost,
+                reply,
+                state: Arc::clone(&state),
+            });
+            return Join::Wait(Waiting {
+                answer,
+                state,
+                batches_ahead,
+            });
         }
         shard.insert(key.into(), Vec::new());
         Join::Lead
@@ -102,17 +158,33 @@ impl Coalescer {
     /// The call for `key` ended: the next batch (the call stays in flight,
     /// made by the caller), or `None` when no check waits (then nothing
     /// is in flight for `key` any more). Checks whose requests were
-    /// cancelled are dropped here, uncharged.
+    /// cancelled, or that withdrew, are dropped here, uncharged; the ones
+    /// taken are marked so, and can no longer withdraw.
     fn next(&self, key: &str) -> Option<Vec<Waiter>> {
         let mut shard = self.shard(key);
         let waiting = shard.get_mut(key)?;
-        waiting.retain(|waiter| !waiter.reply.is_closed());
-        if waiting.is_empty() {
+        let mut batch = Vec::with_capacity(waiting.len().min(MAX_BATCH));
+        let mut rest = Vec::new();
+        for waiter in waiting.drain(..) {
+            if waiter.reply.is_closed() {
+                continue;
+            }
+            if batch.len() == MAX_BATCH {
+                rest.push(waiter);
+            } else if waiter
+                .state
+                .compare_exchange(WAITING, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                batch.push(waiter);
+            }
+        }
+        *waiting = rest;
+        if batch.is_empty() {
             shard.remove(key);
             return None;
         }
-        let n = waiting.len().min(MAX_BATCH);
-        Some(waiting.drain(..n).collect())
+        Some(batch)
     }
 }
 
@@ -218,25 +290,52 @@ impl Drop for Lead {
     }
 }
 
-/// How long a waiting check waits at most: the call in flight, then its
-/// own batch, each bounded by the store's timeout. A call in flight that
-/// fails store-wide fails the waiting checks at once (unsent), so a wait
-/// this long means a slow server, and the check may have been applied.
-pub(crate) fn wait_bound(timeout: Duration) -> Duration {
-    timeout.saturating_mul(2)
+/// How long a waiting check waits at most for its batch to be taken:
+/// `2 × timeout` for each call ahead of it when it joined (the call in
+/// flight, and one batch per [`MAX_BATCH`] checks queued before it), each
+/// of which makes at most two calls bounded by the timeout. See the module
+/// docs for what happens after.
+pub(crate) fn wait_bound(timeout: Duration, batches_ahead: usize) -> Duration {
+    let calls = u32::try_from(batches_ahead.max(1)).unwrap_or(u32::MAX);
+    timeout.saturating_mul(2).saturating_mul(calls)
 }
 
-/// The answer of a waiting check.
-pub(crate) async fn wait(answer: oneshot::Receiver<Reply>, timeout: Duration) -> Reply {
-    let after = wait_bound(timeout);
-    match tokio::time::timeout(after, answer).await {
-        Ok(Ok(reply)) => reply,
+/// The answer of a waiting check: its batch's, or, when its batch was not
+/// taken within [`wait_bound`], an error that says it was not sent.
+pub(crate) async fn wait(waiting: Waiting, timeout: Duration) -> Reply {
+    let Waiting {
+        mut answer,
+        state,
+        batches_ahead,
+    } = waiting;
+    let bound = wait_bound(timeout, batches_ahead);
+    if let Ok(received) = tokio::time::timeout(bound, &mut answer).await {
+        return answered(received);
+    }
+    if state
+        .compare_exchange(WAITING, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        // Never sent, and now never will be: the batch that comes for
+        // this subject leaves it out.
+        return Err(StoreError::unavailable(format!(
+            "not sent: the {batches_ahead} call(s) ahead of this check for its subject took longer \
+             than {bound:?}"
+        )));
+    }
+    // Its batch was taken and is in flight: its answer, whatever it says.
+    // That call is bounded by the store's timeout, so this ends.
+    answered(answer.await)
+}
+
+fn answered(received: Result<Reply, oneshot::error::RecvError>) -> Reply {
+    match received {
+        Ok(reply) => reply,
         // The task sending the batch ended without answering (the runtime
         // shut down): the check may have been sent.
-        Ok(Err(_)) => Err(StoreError::OutcomeUnknown {
+        Err(_) => Err(StoreError::OutcomeUnknown {
             source: "the coalesced call ended without an answer".into(),
         }),
-        Err(_) => Err(StoreError::Timeout { after }),
     }
 }
 
@@ -446,7 +545,7 @@ mod tests {
         assert!(matches!(coalescer.join("k", 1), Join::Lead));
         let waits: Vec<_> = (2..5)
             .map(|cost| match coalescer.join("k", cost) {
-                Join::Wait(answer) => answer,
+                Join::Wait(waiting) => waiting,
                 Join::Lead => panic!("a second leader while a call is in flight"),
             })
             .collect();
@@ -460,6 +559,82 @@ mod tests {
         // Its request was dropped: it is left out, and the key is free.
         assert!(coalescer.next("k").is_none());
         assert!(matches!(coalescer.join("k", 1), Join::Lead));
+    }
+
+    fn waiting(join: Join) -> Waiting {
+        match join {
+            Join::Wait(waiting) => waiting,
+            Join::Lead => panic!("a second leader while a call is in flight"),
+        }
+    }
+
+    #[test]
+    fn a_check_queued_behind_full_batches_waits_for_each() {
+        let coalescer = Coalescer::new();
+        assert!(matches!(coalescer.join("k", 1), Join::Lead));
+        let waits: Vec<_> = (0..MAX_BATCH * 2 + 1)
+            .map(|_| waiting(coalescer.join("k", 1)))
+            .collect();
+        let ahead: Vec<usize> = waits.iter().map(|w| w.batches_ahead).collect();
+        assert_eq!(ahead[0], 1, "the call in flight");
+        assert_eq!(ahead[MAX_BATCH - 1], 1);
+        assert_eq!(ahead[MAX_BATCH], 2, "and the first batch");
+        assert_eq!(ahead[MAX_BATCH * 2], 3);
+        let timeout = Duration::from_millis(250);
+        assert_eq!(wait_bound(timeout, 1), Duration::from_millis(500));
+        assert_eq!(wait_bound(timeout, 3), Duration::from_millis(1_500));
+    }
+
+    #[test]
+    fn a_withdrawn_check_is_never_taken_and_a_taken_one_cannot_withdraw() {
+        let coalescer = Coalescer::new();
+        assert!(matches!(coalescer.join("k", 1), Join::Lead));
+        let first = waiting(coalescer.join("k", 1));
+        let second = waiting(coalescer.join("k", 2));
+        let withdraw = |w: &Waiting| {
+            w.state
+                .compare_exchange(WAITING, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        };
+        assert!(withdraw(&first));
+        let batch = coalescer.next("k").expect("the second is taken");
+        assert_eq!(batch.iter().map(|w| w.cost).collect::<Vec<_>>(), [2]);
+        assert!(!withdraw(&second), "taken: it waits for its batch's answer");
+        drop(batch);
+        assert!(coalescer.next("k").is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_check_not_taken_in_time_withdraws_and_says_it_was_not_sent() {
+        let coalescer = Coalescer::new();
+        assert!(matches!(coalescer.join("k", 1), Join::Lead));
+        let check = waiting(coalescer.join("k", 1));
+        let error = wait(check, Duration::from_millis(100)).await.unwrap_err();
+        assert!(matches!(error, StoreError::Unavailable { .. }), "{error:?}");
+        let cause = std::error::Error::source(&error).unwrap().to_string();
+        assert!(cause.contains("not sent"), "{cause}");
+        assert!(coalescer.next("k").is_none(), "left out of the next batch");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_check_taken_before_its_wait_ran_out_gets_its_batch_answer() {
+        let coalescer = Coalescer::new();
+        assert!(matches!(coalescer.join("k", 1), Join::Lead));
+        let check = waiting(coalescer.join("k", 1));
+        let mut batch = coalescer.next("k").expect("taken");
+        let waiter = batch.pop().unwrap();
+        let answer = tokio::spawn(wait(check, Duration::from_millis(100)));
+        // Far past the bound, the batch answers: the check gets that
+        // answer, not a timeout of its own.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let _ = waiter.reply.send(Err(StoreError::Protocol {
+            detail: "the batch's own answer".to_owned(),
+        }));
+        let error = answer.await.unwrap().unwrap_err();
+        assert!(
+            matches!(&error, StoreError::Protocol { detail } if detail == "the batch's own answer"),
+            "{error:?}"
+        );
     }
 
     #[test]

@@ -392,6 +392,14 @@ impl RedisStoreBuilder {
     /// and every check on the `EVALSHA` path, go alone. Turn it off to send
     /// every check as its own call.
     ///
+    /// A waiting check is either sent in its batch and answered with that
+    /// batch's answer, or never sent: if the calls ahead of it take longer
+    /// than `2 ×` [`timeout`](Self::timeout) each (the call in flight when
+    /// it arrived, and one per 128 checks queued before it), it withdraws
+    /// and fails with [`StoreError::Unavailable`](portcullis_core::StoreError::Unavailable),
+    /// uncharged. So a check told it failed was not charged, unless its
+    /// error says it may have been (its own batch's call timed out).
+    ///
     /// ```no_run
     /// use portcullis::redis::RedisStore;
     ///
