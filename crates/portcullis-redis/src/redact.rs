@@ -50,16 +50,17 @@ pub fn redact_url(url: &str) -> String {
         None
     };
     let query_password = query_password_start(rest).map(|start| rest_start + start..url.len());
-    let mut hidden: Vec<Range<usize>> = match (user_password, query_password) {
+    // In order: a user-info's password comes before a query's, unless they
+    // overlap, and then one span hides both.
+    let hidden: [Option<Range<usize>>; 2] = match (user_password, query_password) {
         (Some(user), Some(query)) if query.start <= user.end => {
-            vec![user.start.min(query.start)..url.len()]
+            [Some(user.start.min(query.start)..url.len()), None]
         }
-        (user, query) => user.into_iter().chain(query).collect(),
+        (user, query) => [user, query],
     };
-    hidden.sort_by_key(|range| range.start);
     let mut redacted = String::with_capacity(url.len());
     let mut shown_from = 0;
-    for range in hidden {
+    for range in hidden.into_iter().flatten() {
         redacted.push_str(&url[shown_from..range.start]);
         redacted.push_str("***");
         shown_from = range.end;
