@@ -21,7 +21,7 @@
 //! have been. So a waiting check is either withdrawn before its batch is
 //! taken, or, once taken, waits for that batch's answer:
 //!
-//! - Until its batch is taken it waits at most [`wait_bound`]:
+//! - Until its batch is taken it waits at most [`wait_bound`](wait::wait_bound):
 //!   `2 × timeout × (1 + batches ahead)`, where the batches ahead are the
 //!   call in flight when it joined and one per [`MAX_BATCH`] checks queued
 //!   before it. Each of those calls ends within `2 × timeout` (every Redis
@@ -45,7 +45,6 @@ use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
 
 use portcullis_core::{Algorithm, Policy, StoreError, Verdict};
 use redis::Value;
@@ -54,6 +53,11 @@ use tokio::sync::oneshot;
 
 use crate::fast;
 use crate::store::{self, Inner};
+
+mod wait;
+
+pub(crate) use wait::{wait, Waiting};
+use wait::{TAKEN, WAITING};
 
 /// The most checks one coalesced call decides; more wait for the next.
 pub(crate) const MAX_BATCH: usize = 128;
@@ -67,27 +71,11 @@ type Reply = Result<Verdict, StoreError>;
 /// checks waiting for it.
 type Shard = HashMap<Box<str>, Vec<Waiter>>;
 
-/// A waiting check's state: waiting, taken into a batch (sent), or
-/// withdrawn (its wait ran out first). Each waiting check moves once, to
-/// one of the other two, by a compare-and-swap: taken and withdrawn never
-/// both happen.
-const WAITING: u8 = 0;
-const TAKEN: u8 = 1;
-const WITHDRAWN: u8 = 2;
-
 /// A check waiting for the call in flight for its subject and policies.
 struct Waiter {
     cost: u64,
     reply: oneshot::Sender<Reply>,
     state: Arc<AtomicU8>,
-}
-
-/// The waiting check's side: its answer to come, its state, and how many
-/// calls were ahead of it when it joined (for [`wait_bound`]).
-pub(crate) struct Waiting {
-    answer: oneshot::Receiver<Reply>,
-    state: Arc<AtomicU8>,
-    batches_ahead: usize,
 }
 
 /// The calls in flight, by subject and policies, with the checks waiting
@@ -145,11 +133,7 @@ impl Coalescer {
                 reply,
                 state: Arc::clone(&state),
             });
-            return Join::Wait(Waiting {
-                answer,
-                state,
-                batches_ahead,
-            });
+            return Join::Wait(Waiting::new(answer, state, batches_ahead));
         }
         shard.insert(key.into(), Vec::new());
         Join::Lead
@@ -287,55 +271,6 @@ impl Drop for Lead {
                 }
             }
         }
-    }
-}
-
-/// How long a waiting check waits at most for its batch to be taken:
-/// `2 × timeout` for each call ahead of it when it joined (the call in
-/// flight, and one batch per [`MAX_BATCH`] checks queued before it), each
-/// of which makes at most two calls bounded by the timeout. See the module
-/// docs for what happens after.
-pub(crate) fn wait_bound(timeout: Duration, batches_ahead: usize) -> Duration {
-    let calls = u32::try_from(batches_ahead.max(1)).unwrap_or(u32::MAX);
-    timeout.saturating_mul(2).saturating_mul(calls)
-}
-
-/// The answer of a waiting check: its batch's, or, when its batch was not
-/// taken within [`wait_bound`], an error that says it was not sent.
-pub(crate) async fn wait(waiting: Waiting, timeout: Duration) -> Reply {
-    let Waiting {
-        mut answer,
-        state,
-        batches_ahead,
-    } = waiting;
-    let bound = wait_bound(timeout, batches_ahead);
-    if let Ok(received) = tokio::time::timeout(bound, &mut answer).await {
-        return answered(received);
-    }
-    if state
-        .compare_exchange(WAITING, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire)
-        .is_ok()
-    {
-        // Never sent, and now never will be: the batch that comes for
-        // this subject leaves it out.
-        return Err(StoreError::unavailable(format!(
-            "not sent: the {batches_ahead} call(s) ahead of this check for its subject took longer \
-             than {bound:?}"
-        )));
-    }
-    // Its batch was taken and is in flight: its answer, whatever it says.
-    // That call is bounded by the store's timeout, so this ends.
-    answered(answer.await)
-}
-
-fn answered(received: Result<Reply, oneshot::error::RecvError>) -> Reply {
-    match received {
-        Ok(reply) => reply,
-        // The task sending the batch ended without answering (the runtime
-        // shut down): the check may have been sent.
-        Err(_) => Err(StoreError::OutcomeUnknown {
-            source: "the coalesced call ended without an answer".into(),
-        }),
     }
 }
 
@@ -575,66 +510,11 @@ mod tests {
         let waits: Vec<_> = (0..MAX_BATCH * 2 + 1)
             .map(|_| waiting(coalescer.join("k", 1)))
             .collect();
-        let ahead: Vec<usize> = waits.iter().map(|w| w.batches_ahead).collect();
+        let ahead: Vec<usize> = waits.iter().map(Waiting::batches_ahead).collect();
         assert_eq!(ahead[0], 1, "the call in flight");
         assert_eq!(ahead[MAX_BATCH - 1], 1);
         assert_eq!(ahead[MAX_BATCH], 2, "and the first batch");
         assert_eq!(ahead[MAX_BATCH * 2], 3);
-        let timeout = Duration::from_millis(250);
-        assert_eq!(wait_bound(timeout, 1), Duration::from_millis(500));
-        assert_eq!(wait_bound(timeout, 3), Duration::from_millis(1_500));
-    }
-
-    #[test]
-    fn a_withdrawn_check_is_never_taken_and_a_taken_one_cannot_withdraw() {
-        let coalescer = Coalescer::new();
-        assert!(matches!(coalescer.join("k", 1), Join::Lead));
-        let first = waiting(coalescer.join("k", 1));
-        let second = waiting(coalescer.join("k", 2));
-        let withdraw = |w: &Waiting| {
-            w.state
-                .compare_exchange(WAITING, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        };
-        assert!(withdraw(&first));
-        let batch = coalescer.next("k").expect("the second is taken");
-        assert_eq!(batch.iter().map(|w| w.cost).collect::<Vec<_>>(), [2]);
-        assert!(!withdraw(&second), "taken: it waits for its batch's answer");
-        drop(batch);
-        assert!(coalescer.next("k").is_none());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_check_not_taken_in_time_withdraws_and_says_it_was_not_sent() {
-        let coalescer = Coalescer::new();
-        assert!(matches!(coalescer.join("k", 1), Join::Lead));
-        let check = waiting(coalescer.join("k", 1));
-        let error = wait(check, Duration::from_millis(100)).await.unwrap_err();
-        assert!(matches!(error, StoreError::Unavailable { .. }), "{error:?}");
-        let cause = std::error::Error::source(&error).unwrap().to_string();
-        assert!(cause.contains("not sent"), "{cause}");
-        assert!(coalescer.next("k").is_none(), "left out of the next batch");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_check_taken_before_its_wait_ran_out_gets_its_batch_answer() {
-        let coalescer = Coalescer::new();
-        assert!(matches!(coalescer.join("k", 1), Join::Lead));
-        let check = waiting(coalescer.join("k", 1));
-        let mut batch = coalescer.next("k").expect("taken");
-        let waiter = batch.pop().unwrap();
-        let answer = tokio::spawn(wait(check, Duration::from_millis(100)));
-        // Far past the bound, the batch answers: the check gets that
-        // answer, not a timeout of its own.
-        tokio::time::sleep(Duration::from_secs(10)).await;
-        let _ = waiter.reply.send(Err(StoreError::Protocol {
-            detail: "the batch's own answer".to_owned(),
-        }));
-        let error = answer.await.unwrap().unwrap_err();
-        assert!(
-            matches!(&error, StoreError::Protocol { detail } if detail == "the batch's own answer"),
-            "{error:?}"
-        );
     }
 
     #[test]
