@@ -24,18 +24,20 @@
 //! - Until its batch is taken it waits at most [`wait_bound`](wait::wait_bound):
 //!   `2 × timeout × (1 + batches ahead)`, where the batches ahead are the
 //!   call in flight when it joined and one per [`MAX_BATCH`] checks queued
-//!   before it. Each of those calls ends within `2 × timeout` (every Redis
-//!   call is bounded by the store's timeout, and a batch makes at most two:
-//!   the fast GCRA batch handing over to the general one), so the bound is
-//!   only reached when the server is slower than the timeout allows. Then
-//!   the check withdraws ([`Waiting`]'s state, swapped atomically against
-//!   the batch taking it), is never sent, and answers
+//!   before it. Every Redis call is bounded by the store's timeout, and a
+//!   batch usually makes one, two when the fast GCRA batch hands over to
+//!   the general one, so the bound is reached only when the server is
+//!   slower than the timeout allows (or a server out of memory makes each
+//!   call twice). Then the check withdraws ([`Waiting`]'s state, swapped
+//!   atomically against the batch taking it), is never sent, and answers
 //!   [`StoreError::Unavailable`] (nothing was charged).
 //! - Once its batch is taken it waits for the batch's answer: a verdict,
 //!   or the batch call's own error (a timeout of that call may have
-//!   charged, and says so). That call is bounded by the timeout (twice for
-//!   the fast-to-general handover; once per check, in turn, in the rare
-//!   batch that finds Functions refused and falls back to scripts).
+//!   charged, and says so). That wait has no clock of its own: every call
+//!   the batch makes is bounded by the timeout (two for the
+//!   fast-to-general handover, and one per check, in turn, in the rare
+//!   batch that finds Functions refused and falls back to scripts), so it
+//!   ends.
 //!
 //! A caller that drops its check (its own deadline, a cancelled request)
 //! before the batch is taken is never charged; after, it may be.

@@ -55,9 +55,9 @@ impl Waiting {
 
 /// How long a waiting check waits at most for its batch to be taken:
 /// `2 × timeout` for each call ahead of it when it joined (the call in
-/// flight, and one batch per [`MAX_BATCH`](super::MAX_BATCH) checks queued before it), each
-/// of which makes at most two calls bounded by the timeout. See the module
-/// docs for what happens after.
+/// flight, and one batch per [`MAX_BATCH`](super::MAX_BATCH) checks queued
+/// before it), each of which usually makes one or two calls bounded by the
+/// timeout. See the parent module's docs for what happens after.
 pub(crate) fn wait_bound(timeout: Duration, batches_ahead: usize) -> Duration {
     let calls = u32::try_from(batches_ahead.max(1)).unwrap_or(u32::MAX);
     timeout.saturating_mul(2).saturating_mul(calls)
