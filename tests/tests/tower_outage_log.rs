@@ -2,7 +2,7 @@
 //! rate-limited "failing open" warning logs the first at once and counts
 //! the rest, and when the store answers again the count since the last
 //! line is logged, so a short outage's last requests are not lost (before:
-//! 3 failed open, 1 logged).
+//! 3 failed open, 1 logged). The store errors' causes are logged once each.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -130,4 +130,24 @@ fn the_last_requests_of_a_short_outage_are_logged_when_it_ends() {
         "every request let through is reported by the time the store answers:\n{logged}"
     );
     assert!(logged.contains("answers again"), "{logged}");
+    // The store errors' causes, as `tracing` lists them, each once (before:
+    // redis-rs's error and the server error it wraps, the same text twice).
+    let mut lists = 0;
+    for line in logged.lines() {
+        let Some(start) = line.find("error.sources=[") else {
+            continue;
+        };
+        let list = &line[start + "error.sources=[".len()..];
+        let list = &list[..list.rfind(']').unwrap_or(list.len())];
+        let causes: Vec<&str> = list.split(", ").collect();
+        for cause in &causes {
+            assert_eq!(
+                causes.iter().filter(|c| c == &cause).count(),
+                1,
+                "{cause:?} twice in {line}"
+            );
+        }
+        lists += 1;
+    }
+    assert!(lists > 0, "no store error logged its causes:\n{logged}");
 }
