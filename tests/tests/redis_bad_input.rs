@@ -239,8 +239,8 @@ async fn an_error_redis_answers_keeps_the_redis_error_as_its_source() {
         assert_eq!(error.scope(), portcullis_core::ErrorScope::Subject);
         let source = std::error::Error::source(&error).expect("a source");
         let redis = source
-            .downcast_ref::<redis::RedisError>()
-            .unwrap_or_else(|| panic!("{algorithm}: source is not a RedisError: {source:?}"));
+            .downcast_ref::<portcullis_redis::RedisCause>()
+            .unwrap_or_else(|| panic!("{algorithm}: source is not redis-rs's error: {source:?}"));
         assert!(
             redis.to_string().to_ascii_lowercase().contains("unknown"),
             "{algorithm}: {redis}"

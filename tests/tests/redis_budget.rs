@@ -210,6 +210,7 @@ fn three_processes_with_leases_stay_within_the_stated_bound() {
                 .prefix(&prefix)
                 .timeout(redis_common::TEST_TIMEOUT)
                 .clock(client(&clock))
+                .client_clock_tolerance(Duration::MAX)
                 .local_budget(budget)
                 .build(),
         )

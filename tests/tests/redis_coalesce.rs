@@ -35,6 +35,7 @@ async fn store(prefix: &str, clock: ClockMode, coalesce: bool) -> RedisStore {
         .prefix(prefix)
         .timeout(redis_common::TEST_TIMEOUT)
         .clock(clock)
+        .client_clock_tolerance(Duration::MAX)
         .coalesce(coalesce)
         .build()
         .await
@@ -199,6 +200,7 @@ async fn coalesced_checks_decide_as_checks_sent_one_by_one() {
         .prefix(&prefix)
         .timeout(Duration::from_millis(300))
         .clock(client(&clock))
+        .client_clock_tolerance(Duration::MAX)
         .build()
         .await
         .expect("the store should build");

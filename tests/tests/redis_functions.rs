@@ -470,6 +470,7 @@ async fn the_fast_gcra_function_agrees_with_the_general_check() {
             .prefix(unique_prefix(label))
             .timeout(redis_common::TEST_TIMEOUT)
             .clock(ClockMode::Client(Arc::new(clock.clone())))
+            .client_clock_tolerance(Duration::MAX)
             .build()
     };
     let fast = build(server.url(), "fast").await.unwrap();
@@ -663,6 +664,7 @@ impl FastAndGeneral {
                 .prefix(unique_prefix(&label))
                 .timeout(redis_common::TEST_TIMEOUT)
                 .clock(ClockMode::Client(Arc::new(clock.clone())))
+                .client_clock_tolerance(Duration::MAX)
                 .build()
         };
         let fast = build(server.url(), format!("{label}-fast")).await.unwrap();

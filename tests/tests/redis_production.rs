@@ -39,6 +39,7 @@ async fn decisions(builder: RedisStoreBuilder, start_micros: u64) -> Vec<String>
         .prefix(unique_prefix("prod"))
         .timeout(TEST_TIMEOUT)
         .clock(client(&clock))
+        .client_clock_tolerance(Duration::MAX)
         .build()
         .await
         .unwrap_or_else(|e| panic!("the store should build: {e:#?}"));
@@ -195,7 +196,10 @@ fn chain(error: &dyn std::error::Error) -> Vec<String> {
 fn has_redis_source(error: &BuildError) -> bool {
     let mut source = error.source();
     while let Some(error) = source {
-        if error.downcast_ref::<redis::RedisError>().is_some() {
+        if error
+            .downcast_ref::<portcullis_redis::RedisCause>()
+            .is_some()
+        {
             return true;
         }
         source = error.source();
@@ -443,7 +447,9 @@ async fn store_errors_keep_the_redis_error() {
     let mut source = error.source();
     let mut found = false;
     while let Some(error) = source {
-        found |= error.downcast_ref::<redis::RedisError>().is_some();
+        found |= error
+            .downcast_ref::<portcullis_redis::RedisCause>()
+            .is_some();
         source = error.source();
     }
     assert!(found, "no redis error in {:?}", chain(&error));

@@ -174,6 +174,7 @@ async fn extreme_policies_decide_identically_in_memory_and_redis() {
         .url(portcullis_tests::redis_url())
         .prefix(portcullis_tests::unique_prefix("extreme"))
         .clock(ClockMode::Client(Arc::new(clock.clone())))
+        .client_clock_tolerance(Duration::MAX)
         .timeout(Duration::from_secs(5))
         .build()
         .await

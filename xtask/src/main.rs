@@ -209,7 +209,7 @@ fn version_skips(version: &str) -> Vec<&'static str> {
 
 /// The tests of Redis Functions and of `allow-oom` scripts (Redis 7): the
 /// ones a Redis 6.2 run skips.
-const FUNCTIONS_ONLY: [&str; 19] = [
+const FUNCTIONS_ONLY: [&str; 20] = [
     "functions_are_the_default_and_the_library_is_loaded",
     "an_acl_user_granted_the_documented_function_rules_runs_on_functions",
     "an_acl_without_functions_falls_back_to_evalsha",
@@ -222,6 +222,7 @@ const FUNCTIONS_ONLY: [&str; 19] = [
     "a_cluster_node_full_before_it_ever_loaded_the_library",
     "out_of_memory_keeps_held_subjects_and_refuses_new_ones",
     "coalesced_checks_decide_as_checks_sent_one_by_one",
+    "a_waiting_check_gets_its_batch_answer_or_is_not_charged",
     "three_processes_with_leases_stay_within_the_stated_bound",
     "the_fast_token_bucket_function_agrees_with_the_general_check",
     "the_fast_fixed_window_function_agrees_with_the_general_check",

@@ -14,12 +14,39 @@
 //! store-wide fails the checks that waited for it at once, unsent; a batch
 //! that fails fails each of its checks with the same error, and is never
 //! sent again.
+//!
+//! # How long a waiting check waits
+//!
+//! A check told it failed was not charged, unless the error says it may
+//! have been. So a waiting check is either withdrawn before its batch is
+//! taken, or, once taken, waits for that batch's answer:
+//!
+//! - Until its batch is taken it waits at most [`wait_bound`](wait::wait_bound):
+//!   `2 × timeout × (1 + batches ahead)`, where the batches ahead are the
+//!   call in flight when it joined and one per [`MAX_BATCH`] checks queued
+//!   before it. Every Redis call is bounded by the store's timeout, and a
+//!   batch usually makes one, two when the fast GCRA batch hands over to
+//!   the general one, so the bound is reached only when the server is
+//!   slower than the timeout allows (or a server out of memory makes each
+//!   call twice). Then the check withdraws ([`Waiting`]'s state, swapped
+//!   atomically against the batch taking it), is never sent, and answers
+//!   [`StoreError::Unavailable`] (nothing was charged).
+//! - Once its batch is taken it waits for the batch's answer: a verdict,
+//!   or the batch call's own error (a timeout of that call may have
+//!   charged, and says so). That wait has no clock of its own: every call
+//!   the batch makes is bounded by the timeout (two for the
+//!   fast-to-general handover, and one per check, in turn, in the rare
+//!   batch that finds Functions refused and falls back to scripts), so it
+//!   ends.
+//!
+//! A caller that drops its check (its own deadline, a cancelled request)
+//! before the batch is taken is never charged; after, it may be.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
 
 use portcullis_core::{Algorithm, Policy, StoreError, Verdict};
 use redis::Value;
@@ -28,6 +55,11 @@ use tokio::sync::oneshot;
 
 use crate::fast;
 use crate::store::{self, Inner};
+
+mod wait;
+
+pub(crate) use wait::{wait, Waiting};
+use wait::{TAKEN, WAITING};
 
 /// The most checks one coalesced call decides; more wait for the next.
 pub(crate) const MAX_BATCH: usize = 128;
@@ -45,6 +77,7 @@ type Shard = HashMap<Box<str>, Vec<Waiter>>;
 struct Waiter {
     cost: u64,
     reply: oneshot::Sender<Reply>,
+    state: Arc<AtomicU8>,
 }
 
 /// The calls in flight, by subject and policies, with the checks waiting
@@ -64,8 +97,8 @@ impl fmt::Debug for Coalescer {
 pub(crate) enum Join {
     /// No call is in flight: make it (and keep the [`Lead`] until it ends).
     Lead,
-    /// A call is in flight: this answer comes from the next batch.
-    Wait(oneshot::Receiver<Reply>),
+    /// A call is in flight: this answer comes from a batch to come.
+    Wait(Waiting),
 }
 
 impl Coalescer {
@@ -92,8 +125,17 @@ impl Coalescer {
         let mut shard = self.shard(key);
         if let Some(waiting) = shard.get_mut(key) {
             let (reply, answer) = oneshot::channel();
-            waiting.push(Waiter { cost, reply });
-            return Join::Wait(answer);
+            let state = Arc::new(AtomicU8::new(WAITING));
+            // The call in flight, and a batch per MAX_BATCH queued before
+            // this check (some may be withdrawn or cancelled by then: the
+            // bound only grows longer than needed).
+            let batches_ahead = 1 + waiting.len() / MAX_BATCH;
+            waiting.push(Waiter {
+                cost,
+                reply,
+                state: Arc::clone(&state),
+            });
+            return Join::Wait(Waiting::new(answer, state, batches_ahead));
         }
         shard.insert(key.into(), Vec::new());
         Join::Lead
@@ -102,17 +144,33 @@ impl Coalescer {
     /// The call for `key` ended: the next batch (the call stays in flight,
     /// made by the caller), or `None` when no check waits (then nothing
     /// is in flight for `key` any more). Checks whose requests were
-    /// cancelled are dropped here, uncharged.
+    /// cancelled, or that withdrew, are dropped here, uncharged; the ones
+    /// taken are marked so, and can no longer withdraw.
     fn next(&self, key: &str) -> Option<Vec<Waiter>> {
         let mut shard = self.shard(key);
         let waiting = shard.get_mut(key)?;
-        waiting.retain(|waiter| !waiter.reply.is_closed());
-        if waiting.is_empty() {
+        let mut batch = Vec::with_capacity(waiting.len().min(MAX_BATCH));
+        let mut rest = Vec::new();
+        for waiter in waiting.drain(..) {
+            if waiter.reply.is_closed() {
+                continue;
+            }
+            if batch.len() == MAX_BATCH {
+                rest.push(waiter);
+            } else if waiter
+                .state
+                .compare_exchange(WAITING, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                batch.push(waiter);
+            }
+        }
+        *waiting = rest;
+        if batch.is_empty() {
             shard.remove(key);
             return None;
         }
-        let n = waiting.len().min(MAX_BATCH);
-        Some(waiting.drain(..n).collect())
+        Some(batch)
     }
 }
 
@@ -215,28 +273,6 @@ impl Drop for Lead {
                 }
             }
         }
-    }
-}
-
-/// How long a waiting check waits at most: the call in flight, then its
-/// own batch, each bounded by the store's timeout. A call in flight that
-/// fails store-wide fails the waiting checks at once (unsent), so a wait
-/// this long means a slow server, and the check may have been applied.
-pub(crate) fn wait_bound(timeout: Duration) -> Duration {
-    timeout.saturating_mul(2)
-}
-
-/// The answer of a waiting check.
-pub(crate) async fn wait(answer: oneshot::Receiver<Reply>, timeout: Duration) -> Reply {
-    let after = wait_bound(timeout);
-    match tokio::time::timeout(after, answer).await {
-        Ok(Ok(reply)) => reply,
-        // The task sending the batch ended without answering (the runtime
-        // shut down): the check may have been sent.
-        Ok(Err(_)) => Err(StoreError::OutcomeUnknown {
-            source: "the coalesced call ended without an answer".into(),
-        }),
-        Err(_) => Err(StoreError::Timeout { after }),
     }
 }
 
@@ -446,7 +482,7 @@ mod tests {
         assert!(matches!(coalescer.join("k", 1), Join::Lead));
         let waits: Vec<_> = (2..5)
             .map(|cost| match coalescer.join("k", cost) {
-                Join::Wait(answer) => answer,
+                Join::Wait(waiting) => waiting,
                 Join::Lead => panic!("a second leader while a call is in flight"),
             })
             .collect();
@@ -460,6 +496,27 @@ mod tests {
         // Its request was dropped: it is left out, and the key is free.
         assert!(coalescer.next("k").is_none());
         assert!(matches!(coalescer.join("k", 1), Join::Lead));
+    }
+
+    fn waiting(join: Join) -> Waiting {
+        match join {
+            Join::Wait(waiting) => waiting,
+            Join::Lead => panic!("a second leader while a call is in flight"),
+        }
+    }
+
+    #[test]
+    fn a_check_queued_behind_full_batches_waits_for_each() {
+        let coalescer = Coalescer::new();
+        assert!(matches!(coalescer.join("k", 1), Join::Lead));
+        let waits: Vec<_> = (0..MAX_BATCH * 2 + 1)
+            .map(|_| waiting(coalescer.join("k", 1)))
+            .collect();
+        let ahead: Vec<usize> = waits.iter().map(Waiting::batches_ahead).collect();
+        assert_eq!(ahead[0], 1, "the call in flight");
+        assert_eq!(ahead[MAX_BATCH - 1], 1);
+        assert_eq!(ahead[MAX_BATCH], 2, "and the first batch");
+        assert_eq!(ahead[MAX_BATCH * 2], 3);
     }
 
     #[test]

@@ -16,6 +16,7 @@ use redis::sentinel::SentinelClient;
 use redis::{Cmd, ConnectionInfo, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::time::{timeout_at, Instant};
 
+use crate::errors::RedisCause;
 use crate::scripts::LuaScript;
 
 /// How many times a call refused with an error that proves it did not run
@@ -97,7 +98,7 @@ impl LastError {
 /// the last connection attempt's error.
 #[derive(Debug)]
 pub(crate) struct NoConnection {
-    last: RedisError,
+    last: RedisCause,
 }
 
 impl fmt::Display for NoConnection {
@@ -344,7 +345,7 @@ impl Pool {
         match timeout_at(deadline, self.checkout()).await {
             Ok(result) => result,
             Err(_) => Err(match self.last_error() {
-                Some(last) => StoreError::unavailable(NoConnection { last }),
+                Some(last) => StoreError::unavailable(NoConnection { last: last.into() }),
                 None => StoreError::unavailable(format!(
                     "no connection within {timeout:?}; nothing was sent"
                 )),
@@ -362,9 +363,9 @@ impl Pool {
 
 fn pool_error(error: bb8::RunError<RedisError>, last: Option<&LastError>) -> StoreError {
     match error {
-        bb8::RunError::User(error) => StoreError::unavailable(error),
+        bb8::RunError::User(error) => StoreError::unavailable(RedisCause::from(error)),
         bb8::RunError::TimedOut => match last.and_then(LastError::get) {
-            Some(last) => StoreError::unavailable(NoConnection { last }),
+            Some(last) => StoreError::unavailable(NoConnection { last: last.into() }),
             None => StoreError::unavailable("timed out waiting for a connection from the pool"),
         },
     }
@@ -536,7 +537,7 @@ fn classify(error: RedisError, connection: &Connection, timeout: Duration) -> Fa
                     why: NotRun::Redirect(to),
                     error,
                 },
-                None => Failure::Fail(StoreError::unavailable(error)),
+                None => Failure::Fail(StoreError::unavailable(RedisCause::from(error))),
             }
         }
         // A primary demoted by a failover (Sentinel): refused before
@@ -544,7 +545,7 @@ fn classify(error: RedisError, connection: &Connection, timeout: Duration) -> Fa
         // Sentinels where the primary is now.
         ErrorKind::Server(ServerErrorKind::ReadOnly) => {
             connection.mark_broken();
-            Failure::Fail(StoreError::unavailable(error))
+            Failure::Fail(StoreError::unavailable(RedisCause::from(error)))
         }
         // Refused before running: nothing was charged.
         ErrorKind::Server(
@@ -558,7 +559,9 @@ fn classify(error: RedisError, connection: &Connection, timeout: Duration) -> Fa
         )
         | ErrorKind::ClusterConnectionNotFound
         | ErrorKind::AuthenticationFailed
-        | ErrorKind::InvalidClientConfig => Failure::Fail(StoreError::unavailable(error)),
+        | ErrorKind::InvalidClientConfig => {
+            Failure::Fail(StoreError::unavailable(RedisCause::from(error)))
+        }
         // Not logged in (`NOAUTH`, after a server's password changed) or an
         // ACL refusal, also of a command a script calls (the scripts call
         // `TIME` and read before they write, so a refused script wrote
@@ -566,12 +569,12 @@ fn classify(error: RedisError, connection: &Connection, timeout: Duration) -> Fa
         _ if matches!(error.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
             || is_script_acl_refusal(&error) =>
         {
-            Failure::Fail(StoreError::unavailable(error))
+            Failure::Fail(StoreError::unavailable(RedisCause::from(error)))
         }
         // BUSY (another script runs too long) and OOM (refused at the first
         // write, so nothing was written) are refusals too.
         ErrorKind::Extension if matches!(error.code(), Some("BUSY" | "OOM" | "NOREPLICAS")) => {
-            Failure::Fail(StoreError::unavailable(error))
+            Failure::Fail(StoreError::unavailable(RedisCause::from(error)))
         }
         ErrorKind::Io if error.is_timeout() => {
             connection.timed_out();
@@ -579,13 +582,13 @@ fn classify(error: RedisError, connection: &Connection, timeout: Duration) -> Fa
         }
         ErrorKind::Io if error.is_connection_refusal() => {
             connection.mark_broken();
-            Failure::Fail(StoreError::unavailable(error))
+            Failure::Fail(StoreError::unavailable(RedisCause::from(error)))
         }
         ErrorKind::Io => {
             connection.mark_broken();
-            Failure::Fail(StoreError::outcome_unknown(error))
+            Failure::Fail(StoreError::outcome_unknown(RedisCause::from(error)))
         }
-        _ => Failure::Fail(StoreError::rejected(error)),
+        _ => Failure::Fail(StoreError::rejected(RedisCause::from(error))),
     }
 }
 
@@ -646,7 +649,7 @@ pub(crate) async fn eval(
         };
         attempts += 1;
         if attempts > NOT_RUN_RETRIES {
-            return Err(StoreError::unavailable(error));
+            return Err(StoreError::unavailable(RedisCause::from(error)));
         }
         match why {
             NotRun::NoScript => {
@@ -671,14 +674,14 @@ pub(crate) async fn eval(
                     // as a script instead.
                     Ok(Err(error)) if script.is_function() && error.code() == Some("OOM") => {
                         return Err(StoreError::unavailable(crate::functions::LibraryNotLoaded(
-                            error,
+                            error.into(),
                         )));
                     }
                     Ok(Err(error)) => {
                         if error.is_io_error() {
                             connection.mark_broken();
                         }
-                        return Err(StoreError::unavailable(error));
+                        return Err(StoreError::unavailable(RedisCause::from(error)));
                     }
                     Ok(Ok(_)) => {}
                 }
@@ -691,7 +694,7 @@ pub(crate) async fn eval(
                 redirected = None;
                 let pause = Duration::from_millis(5 * attempts as u64);
                 if Instant::now() + pause >= deadline {
-                    return Err(StoreError::unavailable(error));
+                    return Err(StoreError::unavailable(RedisCause::from(error)));
                 }
                 tokio::time::sleep(pause).await;
             }
@@ -712,7 +715,7 @@ pub(crate) async fn query(pool: &Pool, timeout: Duration, cmd: &Cmd) -> Result<V
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => match classify(error, &connection, timeout) {
             Failure::Fail(error) => Err(error),
-            Failure::NotRun { error, .. } => Err(StoreError::unavailable(error)),
+            Failure::NotRun { error, .. } => Err(StoreError::unavailable(RedisCause::from(error))),
         },
     }
 }

@@ -1,7 +1,10 @@
 //! `BuildError`: why a `RedisStore` could not be built, each message saying
 //! what to change, the redis-rs error kept as `source()`.
 
+use std::error::Error;
 use std::fmt;
+use std::ops::Deref;
+use std::time::Duration;
 
 use portcullis_core::StoreError;
 use redis::RedisError;
@@ -24,10 +27,106 @@ pub const ACL_CLUSTER_COMMANDS: &str = "+cluster|slots +asking";
 /// The commands portcullis's scripts call (the tail of [`ACL_COMMANDS`]).
 pub(crate) const SCRIPT_COMMANDS: &str = "+time +get +set +exists +del +hmget +hset +pexpire +pexpireat +zadd +zcount +zrangebyscore +zremrangebyrank +zremrangebyscore +zrevrange +zcard +zscore +zrem";
 
+/// redis-rs's error as the cause of a portcullis error: the `source()` of a
+/// [`BuildError`], and of a [`StoreError`] from a
+/// [`RedisStore`](crate::RedisStore), wherever redis-rs's error is the
+/// cause. It dereferences to the [`RedisError`] (its `kind()`, `code()`, …).
+///
+/// Why not the `RedisError` itself: one that wraps another error (an I/O
+/// error, a server's reply) prints that error's text as its own *and*
+/// returns it as its `source()`, so a `source()` walk (anyhow's `{:#}`,
+/// eyre, `tracing`'s `error.sources`) would print "Connection refused (os
+/// error 111)" twice. `RedisCause` prints the text once and continues the
+/// chain below the repeated error.
+///
+/// ```
+/// use std::error::Error;
+/// use portcullis::redis::{BuildError, RedisCause, RedisStore};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let error = RedisStore::builder().url("redis://127.0.0.1:1").build().await.unwrap_err();
+/// assert!(matches!(error, BuildError::Connect { .. }));
+/// let cause = error.source().and_then(|e| e.downcast_ref::<RedisCause>()).unwrap();
+/// assert!(cause.is_io_error()); // through Deref to redis-rs's error
+/// let mut printed = vec![error.to_string()];
+/// let mut next = error.source();
+/// while let Some(cause) = next {
+///     printed.push(cause.to_string());
+///     next = cause.source();
+/// }
+/// assert_eq!(printed.join(": ").matches("refused").count(), 1, "{printed:?}");
+/// # });
+/// ```
+#[derive(Clone)]
+pub struct RedisCause(RedisError);
+
+impl RedisCause {
+    /// redis-rs's error.
+    #[must_use]
+    pub fn redis_error(&self) -> &RedisError {
+        &self.0
+    }
+
+    /// redis-rs's error, by value.
+    #[must_use]
+    pub fn into_redis_error(self) -> RedisError {
+        self.0
+    }
+}
+
+impl From<RedisError> for RedisCause {
+    fn from(error: RedisError) -> Self {
+        Self(error)
+    }
+}
+
+impl Deref for RedisCause {
+    type Target = RedisError;
+
+    fn deref(&self) -> &RedisError {
+        &self.0
+    }
+}
+
+impl fmt::Debug for RedisCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RedisCause").field(&self.0).finish()
+    }
+}
+
+impl fmt::Display for RedisCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl Error for RedisCause {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        let inner = self.0.source()?;
+        // redis-rs prints a wrapped error's text as its own: skip that
+        // error, keep what lies below it. (Compared by text, so an error
+        // that adds to its cause's text keeps its cause.)
+        if inner.to_string() == self.0.to_string() {
+            inner.source()
+        } else {
+            Some(inner)
+        }
+    }
+}
+
+/// redis-rs's error in `error`, itself or wrapped in a [`RedisCause`].
+pub(crate) fn redis_error<'a>(error: &'a (dyn Error + 'static)) -> Option<&'a RedisError> {
+    error
+        .downcast_ref::<RedisCause>()
+        .map(RedisCause::redis_error)
+        .or_else(|| error.downcast_ref::<RedisError>())
+}
+
 /// Why a [`RedisStore`](crate::RedisStore) could not be built. Each
 /// message says what to change; errors from Redis keep the redis-rs error
-/// as [`source()`](std::error::Error::source), not in the message: print
-/// the chain (anyhow's `{:#}`, or a loop over `source()`) to see it.
+/// as [`source()`](std::error::Error::source) (a [`RedisCause`]), not in
+/// the message: print the chain (anyhow's `{:#}`, or a loop over
+/// `source()`) to see it; each cause appears in it once.
 ///
 /// ```
 /// use portcullis::redis::{BuildError, RedisStore};
@@ -58,7 +157,7 @@ pub enum BuildError {
         /// The URL (or the comma-separated URLs), password replaced by `***`.
         url: String,
         /// The parser's error.
-        source: RedisError,
+        source: RedisCause,
     },
     /// The key prefix was empty, too long, or had braces, spaces or control
     /// characters.
@@ -93,7 +192,7 @@ pub enum BuildError {
     /// The TLS certificates or key could not be used.
     Tls {
         /// redis-rs's error.
-        source: RedisError,
+        source: RedisCause,
     },
     /// A configuration the store cannot use.
     Unsupported {
@@ -106,14 +205,14 @@ pub enum BuildError {
         /// Where (URLs with passwords replaced by `***`).
         target: String,
         /// redis-rs's error.
-        source: RedisError,
+        source: RedisCause,
     },
     /// The server refused the credentials (`WRONGPASS`, `NOAUTH`).
     Auth {
         /// The user name tried (`default` when none was given).
         user: String,
         /// redis-rs's error.
-        source: RedisError,
+        source: RedisCause,
     },
     /// The ACL user may not run a command or touch a key portcullis needs
     /// (`NOPERM`).
@@ -125,14 +224,27 @@ pub enum BuildError {
         /// The key prefix (for the full grant in the message).
         prefix: String,
         /// redis-rs's error.
-        source: RedisError,
+        source: RedisCause,
     },
     /// No Sentinel knows a master of this name.
     UnknownSentinelMaster {
         /// The name given to [`sentinel`](crate::RedisStoreBuilder::sentinel).
         master: String,
         /// redis-rs's error.
-        source: RedisError,
+        source: RedisCause,
+    },
+    /// The [`ClockMode::Client`](crate::ClockMode::Client) clock is further
+    /// from Redis's `TIME` than
+    /// [`client_clock_tolerance`](crate::RedisStoreBuilder::client_clock_tolerance).
+    #[non_exhaustive]
+    ClientClockSkew {
+        /// How far the client clock is from Redis's (beyond the round trip
+        /// of the `TIME` call).
+        skew: Duration,
+        /// Whether the client clock is ahead of Redis's (else behind).
+        ahead: bool,
+        /// The tolerance it exceeds.
+        tolerance: Duration,
     },
     /// The connection worked but the test check at `build()` failed.
     Check {
@@ -158,12 +270,20 @@ impl fmt::Display for BuildError {
             Self::Auth { user, .. } => write!(f, "Redis refused the credentials of user {user:?}: check the user name and password (in the URL as user:password@, or .username(..) / .password(..)); for a password-only server use redis://:password@host"),
             Self::Permission { user, permission, prefix, .. } => write!(f, "the Redis user {user:?} lacks the ACL permission {permission}: grant it with `ACL SETUSER {user} {permission}`; everything portcullis needs is `ACL SETUSER {user} ~{prefix}:* {ACL_COMMANDS}`"),
             Self::UnknownSentinelMaster { master, .. } => write!(f, "no Sentinel knows a master named {master:?}: use the name of a `sentinel monitor <name> …` line (SENTINEL MASTERS lists them)"),
+            Self::ClientClockSkew { skew, ahead, tolerance } => {
+                let (direction, effect) = if *ahead {
+                    ("ahead of", "keys would outlive their time")
+                } else {
+                    ("behind", "keys would be written already expired and every check admitted")
+                };
+                write!(f, "the client clock (ClockMode::Client) is {skew:?} {direction} Redis's TIME, more than the tolerance of {tolerance:?}: {effect}. Synchronise this host's clock (NTP), or use ClockMode::Redis (the default); a test clock far from the wall clock on purpose takes .client_clock_tolerance(Duration::MAX)")
+            }
             Self::Check { .. } => f.write_str("Redis answered, but a test check at build() failed (the cause says why and what to do)"),
         }
     }
 }
 
-impl std::error::Error for BuildError {
+impl Error for BuildError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::InvalidUrl { source, .. }
@@ -190,17 +310,13 @@ mod tests {
     /// Nothing listens there: connecting is refused at once.
     const CLOSED: &str = "redis://127.0.0.1:1";
 
-    /// The `Display` texts of `error` and of each `source()` below it, down
-    /// to redis-rs's error: below it is redis-rs's own affair (its I/O
-    /// errors print the `io::Error` and return it as their source too).
+    /// The `Display` texts of `error` and of each `source()` below it, to
+    /// the end of the chain.
     fn chain(error: &(dyn Error + 'static)) -> Vec<String> {
         let mut texts = vec![error.to_string()];
         let mut cause = error.source();
         while let Some(error) = cause {
             texts.push(error.to_string());
-            if error.is::<redis::RedisError>() {
-                break;
-            }
             cause = error.source();
         }
         texts
@@ -262,6 +378,46 @@ mod tests {
         assert_printed_once(&ThrottleCallError::Store(unavailable().await));
         let invalid_rate = Policy::per_second(0).build().unwrap_err();
         assert!(chain(&RateLimiterError::InvalidRate(invalid_rate)).len() == 2);
+    }
+
+    /// A password that a URL parser would end early (`#`, `?`, `/`, `@`,
+    /// `:`) makes the URL invalid, and then nothing of it may show: not in
+    /// the error's `Display`, its `Debug`, nor anywhere down its `source()`
+    /// chain, for a server, a Cluster and Sentinels alike.
+    #[tokio::test]
+    async fn an_invalid_url_never_shows_its_password() {
+        const PASSWORD_TAIL: &str = "9xy";
+        for url in [
+            "redis://app:Ab#9xy@host",
+            "redis://app:Ab?9xy@host:6379",
+            "redis://app:Ab/9xy@host:6379/0",
+            "redis://app:Ab@9xy@host:notaport",
+            "redis://app:Ab:9xy@host:notaport",
+            "redis://:#?/@:9xy@host:notaport",
+        ] {
+            let builders = [
+                RedisStore::builder().url(url),
+                RedisStore::builder().cluster(["redis://127.0.0.1:7000", url]),
+                RedisStore::builder().sentinel("main", [url]),
+            ];
+            for builder in builders {
+                let error = builder.lazy_connect(true).build().await.unwrap_err();
+                assert!(
+                    matches!(error, BuildError::InvalidUrl { .. }),
+                    "{url}: {error:?}"
+                );
+                let mut printed = vec![error.to_string(), format!("{error:?}")];
+                let mut cause = error.source();
+                while let Some(error) = cause {
+                    printed.push(error.to_string());
+                    printed.push(format!("{error:?}"));
+                    cause = error.source();
+                }
+                for text in printed {
+                    assert!(!text.contains(PASSWORD_TAIL), "{url}: {text}");
+                }
+            }
+        }
     }
 
     #[test]

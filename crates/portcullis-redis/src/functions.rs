@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use portcullis_core::StoreError;
-use redis::RedisError;
 
 /// How a [`RedisStore`](crate::RedisStore) calls its checks:
 /// [`RedisStore::call_path`](crate::RedisStore::call_path).
@@ -180,7 +179,7 @@ pub(crate) enum Refusal {
 /// it for lack of memory (`OOM` at `maxmemory` with `noeviction`): the call
 /// did not run, and runs again as a script.
 #[derive(Debug)]
-pub(crate) struct LibraryNotLoaded(pub(crate) RedisError);
+pub(crate) struct LibraryNotLoaded(pub(crate) crate::errors::RedisCause);
 
 impl fmt::Display for LibraryNotLoaded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -205,7 +204,7 @@ pub(crate) fn refusal(error: &StoreError) -> Option<Refusal> {
         if error.is::<LibraryNotLoaded>() {
             return Some(Refusal::OutOfMemory);
         }
-        if let Some(redis) = error.downcast_ref::<RedisError>() {
+        if let Some(redis) = crate::errors::redis_error(error) {
             return refused_for_good(redis.code(), &redis.to_string()).then_some(Refusal::ForGood);
         }
         source = error.source();
@@ -275,12 +274,12 @@ mod tests {
     #[test]
     fn a_library_refused_for_memory_defers_functions_and_a_success_restores_them() {
         let state = PathState::default();
-        let oom = RedisError::from((
+        let oom = redis::RedisError::from((
             redis::ErrorKind::Extension,
             "OOM",
             "command not allowed when used memory > 'maxmemory'.".to_owned(),
         ));
-        let error = StoreError::unavailable(LibraryNotLoaded(oom));
+        let error = StoreError::unavailable(LibraryNotLoaded(oom.into()));
         assert_eq!(refusal(&error), Some(Refusal::OutOfMemory));
         assert!(state.refused(&error));
         assert_eq!(state.get(), CallPath::Evalsha);

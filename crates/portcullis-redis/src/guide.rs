@@ -154,7 +154,11 @@
 //! [`ClockMode::Redis`] (the default) reads Redis' `TIME` inside the script:
 //! all app instances share one clock. [`ClockMode::Client`] takes the time
 //! from a [`Clock`](portcullis_core::Clock) at each call, for tests with a
-//! [`ManualClock`](portcullis_core::ManualClock).
+//! [`ManualClock`](portcullis_core::ManualClock). Keys expire on Redis's
+//! clock at the client's times, so a client clock behind Redis's would
+//! write keys already expired and admit everything: `build()` compares it
+//! with `TIME` and refuses one further than
+//! [`client_clock_tolerance`](crate::RedisStoreBuilder::client_clock_tolerance) (one second by default).
 //!
 //! # Failure semantics
 //!

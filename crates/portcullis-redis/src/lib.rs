@@ -97,12 +97,12 @@ mod verify;
 
 pub use budget::{LocalBudget, DEFAULT_BUDGET_SUBJECTS, DEFAULT_LEASE, DEFAULT_MAX_PERMITS};
 pub use builder::{
-    RedisPool, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_PREFIX,
-    DEFAULT_TIMEOUT, MAX_PREFIX_LEN,
+    RedisPool, RedisStoreBuilder, DEFAULT_CLIENT_CLOCK_TOLERANCE, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_POOL_SIZE, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_PREFIX_LEN,
 };
 pub use cell::{ThrottleCallError, THROTTLE_POLICY_NAME};
 pub use env::store_from_env;
-pub use errors::{BuildError, ACL_CLUSTER_COMMANDS, ACL_COMMANDS};
+pub use errors::{BuildError, RedisCause, ACL_CLUSTER_COMMANDS, ACL_COMMANDS};
 pub use functions::CallPath;
 pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError, RateType, DEFAULT_KEEP_ALIVE};
 pub use redact::redact_url;

@@ -10,7 +10,7 @@ use portcullis_core::subject::encode_subject;
 use portcullis_core::{
     validate_check, Algorithm, Clock, Decision, Policy, Store, StoreError, Verdict,
 };
-use redis::{Cmd, RedisError, Value};
+use redis::{Cmd, Value};
 use smallvec::SmallVec;
 
 use crate::budget::{self, Budget, Plan};
@@ -22,13 +22,23 @@ use crate::scripts::{self, LuaScript, ScriptCache};
 
 /// Where a [`RedisStore`] reads the time.
 ///
+/// A client clock must agree with Redis's: keys expire on Redis's clock at
+/// the times the client computed, so a clock behind Redis's writes keys
+/// that are already expired and the limiter admits everything.
+/// [`build`](crate::RedisStoreBuilder::build) compares a client clock with
+/// Redis's `TIME` and refuses one further than
+/// [`client_clock_tolerance`](crate::RedisStoreBuilder::client_clock_tolerance)
+/// (one second by default).
+///
 /// ```
 /// use std::sync::Arc;
-/// use portcullis::ManualClock;
+/// use portcullis::{Clock, ManualClock, SystemClock};
 /// use portcullis::redis::ClockMode;
 ///
 /// let production = ClockMode::Redis; // the default
-/// let tests = ClockMode::Client(Arc::new(ManualClock::new(1_700_000_000_000_000)));
+/// // A test clock starts at the wall clock's time (which NTP keeps close
+/// // to Redis's), never at a fixed date: `build()` would refuse it.
+/// let tests = ClockMode::Client(Arc::new(ManualClock::new(SystemClock.now_micros())));
 /// assert!(matches!(production, ClockMode::Redis));
 /// assert!(matches!(tests, ClockMode::Client(_)));
 /// ```
@@ -47,9 +57,15 @@ pub enum ClockMode {
     /// setups whose clocks are known to agree.
     ///
     /// Keys still expire on Redis' clock, at the client's `expires_at`
-    /// (`PEXPIREAT`): a client clock that lags Redis' makes keys expire
-    /// early (the limiter then forgets and admits more), one that runs ahead
-    /// only keeps them longer than needed.
+    /// (`PXAT`): a client clock that lags Redis' makes keys expire early
+    /// (the limiter then forgets and admits more; far behind, it admits
+    /// everything), one that runs ahead keeps them longer than needed. So
+    /// `build()` refuses a clock further from Redis's `TIME` than
+    /// [`client_clock_tolerance`](crate::RedisStoreBuilder::client_clock_tolerance);
+    /// a test clock moved far from the wall clock on purpose takes
+    /// `client_clock_tolerance(Duration::MAX)`. The check runs once: a
+    /// [`ManualClock`](portcullis_core::ManualClock) stands still while
+    /// Redis's clock moves on.
     Client(Arc<dyn Clock>),
 }
 
@@ -621,7 +637,7 @@ pub(crate) fn is_oom(error: &StoreError) -> bool {
     }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(error) = source {
-        if let Some(redis) = error.downcast_ref::<RedisError>() {
+        if let Some(redis) = crate::errors::redis_error(error) {
             // Redis before 7 answers a script whose write it refused with
             // `ERR Error running script ...: OOM command not allowed ...`.
             if redis.code() == Some("OOM") || redis.to_string().contains("OOM command not allowed")
@@ -684,7 +700,7 @@ async fn check_out_of_memory(
 pub(crate) fn twin_refused(error: &StoreError) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(error) = source {
-        if let Some(redis) = error.downcast_ref::<RedisError>() {
+        if let Some(redis) = crate::errors::redis_error(error) {
             return redis.to_string().contains("Error compiling script");
         }
         source = error.source();

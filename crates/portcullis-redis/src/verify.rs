@@ -63,19 +63,19 @@ pub(crate) fn connect_error(
     if is_auth(&source) {
         BuildError::Auth {
             user: user.to_owned(),
-            source,
+            source: source.into(),
         }
     } else if is_noperm(&source) {
         BuildError::Permission {
             user: user.to_owned(),
             permission: permission(&source, prefix),
             prefix: prefix.to_owned(),
-            source,
+            source: source.into(),
         }
     } else {
         BuildError::Connect {
             target: target.to_owned(),
-            source,
+            source: source.into(),
         }
     }
 }
@@ -84,15 +84,15 @@ pub(crate) fn connect_error(
 fn check_error(error: StoreError, target: &str, user: &str, prefix: &str) -> BuildError {
     let telling = error
         .source()
-        .and_then(|source| source.downcast_ref::<RedisError>())
+        .and_then(crate::errors::redis_error)
         .is_some_and(|e| is_auth(e) || is_noperm(e) || e.is_io_error());
     if !telling {
         return BuildError::Check { source: error };
     }
     match error {
         StoreError::Unavailable { source } | StoreError::OutcomeUnknown { source } => {
-            match source.downcast::<RedisError>() {
-                Ok(redis_error) => connect_error(target, user, prefix, *redis_error),
+            match source.downcast::<crate::errors::RedisCause>() {
+                Ok(cause) => connect_error(target, user, prefix, cause.into_redis_error()),
                 Err(source) => BuildError::Check {
                     source: StoreError::Unavailable { source },
                 },
@@ -145,7 +145,7 @@ pub(crate) async fn at_build(
             user: user.to_owned(),
             permission: format!("+{}", command.to_ascii_lowercase()),
             prefix: prefix.to_owned(),
-            source,
+            source: source.into(),
         });
     }
     let probe = Policy::per_second(1)

@@ -75,9 +75,17 @@ impl Breaker {
         self.failures.swap(0, Ordering::Relaxed) >= self.threshold && self.threshold > 0
     }
 
+    /// Whether a store-wide failure was recorded since the last success:
+    /// the store is in an outage (with the breaker disabled too).
+    pub(crate) fn failing(&self) -> bool {
+        self.failures.load(Ordering::Relaxed) > 0
+    }
+
     /// Records a failure; returns whether this one opened the breaker.
     pub(crate) fn failure(&self) -> bool {
         if self.threshold == 0 {
+            // Never opens; remembered for `failing`.
+            self.failures.store(1, Ordering::Relaxed);
             return false;
         }
         let failures = self
@@ -102,6 +110,8 @@ pub(crate) struct UndecidedLog {
     pending: AtomicU64,
     /// Microseconds since `base` of the last log, plus one (0: never).
     last: AtomicU64,
+    /// The same for the last [`flush`](Self::flush) that logged.
+    last_flush: AtomicU64,
     base: Instant,
 }
 
@@ -113,6 +123,7 @@ impl UndecidedLog {
         Self {
             pending: AtomicU64::new(0),
             last: AtomicU64::new(0),
+            last_flush: AtomicU64::new(0),
             base: Instant::now(),
         }
     }
@@ -121,12 +132,9 @@ impl UndecidedLog {
     /// is due (the first pass, then at most once per second).
     pub(crate) fn record(&self) -> Option<u64> {
         self.pending.fetch_add(1, Ordering::Relaxed);
-        let now = u64::try_from(self.base.elapsed().as_micros())
-            .unwrap_or(u64::MAX)
-            .saturating_add(1);
+        let now = self.now();
         let last = self.last.load(Ordering::Relaxed);
-        let every = u64::try_from(UNDECIDED_LOG_EVERY.as_micros()).unwrap_or(u64::MAX);
-        if last != 0 && now.saturating_sub(last) < every {
+        if last != 0 && now.saturating_sub(last) < every() {
             return None;
         }
         self.last
@@ -134,6 +142,42 @@ impl UndecidedLog {
             .ok()?;
         Some(self.pending.swap(0, Ordering::AcqRel))
     }
+
+    /// At the end of an outage (the store answered): the passes counted
+    /// since the last log, if any, to log now, so that the last passes of
+    /// a short outage are reported rather than waiting for a next one.
+    /// Flushes log at most once per second too (a store that fails every
+    /// other request answers as often as it fails): what a flush leaves is
+    /// logged by the next `record` or `flush` that is due. Costs one atomic
+    /// load when nothing is pending.
+    pub(crate) fn flush(&self) -> Option<u64> {
+        if self.pending.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let now = self.now();
+        let last = self.last_flush.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < every() {
+            return None;
+        }
+        self.last_flush
+            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()?;
+        // A `record` from now on counts from this log.
+        self.last.store(now, Ordering::Release);
+        Some(self.pending.swap(0, Ordering::AcqRel)).filter(|&count| count > 0)
+    }
+
+    /// Microseconds since `base`, plus one (so 0 means never).
+    fn now(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_micros())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1)
+    }
+}
+
+/// [`UNDECIDED_LOG_EVERY`] in microseconds.
+fn every() -> u64 {
+    u64::try_from(UNDECIDED_LOG_EVERY.as_micros()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -152,6 +196,21 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1)).await;
         assert_eq!(log.record(), Some(11), "the ten since, and this one");
         assert_eq!(log.record(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flush_logs_what_is_pending_at_most_once_per_second() {
+        let log = UndecidedLog::new();
+        assert_eq!(log.flush(), None, "nothing pending");
+        assert_eq!(log.record(), Some(1));
+        assert_eq!(log.record(), None);
+        assert_eq!(log.record(), None);
+        assert_eq!(log.flush(), Some(2), "the two not logged yet");
+        assert_eq!(log.flush(), None, "nothing pending");
+        assert_eq!(log.record(), None, "a record right after a flush waits");
+        assert_eq!(log.flush(), None, "a second flush within the second waits");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(log.flush(), Some(1), "what the waiting flush left");
     }
 
     #[tokio::test(start_paused = true)]
@@ -192,5 +251,8 @@ mod tests {
             assert!(!breaker.failure());
         }
         assert!(breaker.allow());
+        assert!(breaker.failing(), "an outage all the same");
+        assert!(!breaker.success(), "no breaker to close");
+        assert!(!breaker.failing());
     }
 }

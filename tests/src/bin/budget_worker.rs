@@ -87,6 +87,8 @@ fn main() -> ExitCode {
             .prefix(prefix)
             .timeout(Duration::from_secs(5))
             .clock(ClockMode::Client(Arc::new(clock.clone())))
+            // The driver sets this clock to its own times.
+            .client_clock_tolerance(Duration::MAX)
             .local_budget(
                 LocalBudget::new()
                     .max_permits(max_permits)

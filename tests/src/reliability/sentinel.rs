@@ -90,6 +90,7 @@ pub async fn sentinel_failover(fault: SentinelFault, before: u64, after: u64) ->
         .timeout(Duration::from_millis(500))
         .connect_timeout(Duration::from_millis(500))
         .clock(ClockMode::Client(clock))
+        .client_clock_tolerance(Duration::MAX)
         .build()
         .await
         .unwrap_or_else(|e| panic!("the Sentinel store should build: {e}"));

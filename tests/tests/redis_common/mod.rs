@@ -71,6 +71,8 @@ pub(crate) async fn standalone(prefix: &str, clock: ClockMode) -> RedisStore {
         .prefix(prefix)
         .timeout(TEST_TIMEOUT)
         .clock(clock)
+        // The tests' manual clock runs a day ahead on purpose.
+        .client_clock_tolerance(Duration::MAX)
         .build()
         .await
         .expect("the store should build");
@@ -89,6 +91,8 @@ pub(crate) async fn cluster(prefix: &str, clock: ClockMode) -> RedisStore {
         .prefix(prefix)
         .timeout(TEST_TIMEOUT)
         .clock(clock)
+        // The tests' manual clock runs a day ahead on purpose.
+        .client_clock_tolerance(Duration::MAX)
         .build()
         .await
         .expect("the store should build");

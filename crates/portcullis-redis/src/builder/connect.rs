@@ -65,7 +65,7 @@ impl RedisStoreBuilder {
         let info = self.with_tls(self.with_auth(info), url)?;
         let user = user_of(&info);
         let manager = StandaloneManager::server(info, self.connect_timeout, self.timeout)
-            .map_err(|source| invalid_url(url, source))?;
+            .map_err(|source| invalid_url(redact_url(url), source))?;
         let pool = self.standalone_pool(manager, url, &user).await?;
         Ok((pool, description, user))
     }
@@ -79,10 +79,7 @@ impl RedisStoreBuilder {
         let (client, user) = self.sentinel_client(&master, urls)?;
         let description = format!(
             "the primary {master:?} of the Sentinels {}",
-            urls.iter()
-                .map(|u| redact_url(u))
-                .collect::<Vec<_>>()
-                .join(",")
+            redact_urls(urls)
         );
         let manager = StandaloneManager::sentinel(client, self.connect_timeout, self.timeout);
         let last = manager.last_error();
@@ -93,7 +90,10 @@ impl RedisStoreBuilder {
         let pool = match self.pool_builder().build(manager).await {
             Ok(pool) => pool,
             Err(source) if source.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel => {
-                return Err(BuildError::UnknownSentinelMaster { master, source })
+                return Err(BuildError::UnknownSentinelMaster {
+                    master,
+                    source: source.into(),
+                })
             }
             Err(source) => {
                 return Err(verify::connect_error(
@@ -117,11 +117,7 @@ impl RedisStoreBuilder {
             infos.push(self.with_auth(self.parse(url)?));
         }
         let user = user_of(&infos[0]);
-        let description = urls
-            .iter()
-            .map(|u| redact_url(u))
-            .collect::<Vec<_>>()
-            .join(",");
+        let description = redact_urls(urls);
         let builder = ClusterClientBuilder::new(infos)
             // Never resend a command that may have run: the store itself
             // resends only what the server proves did not run (NOSCRIPT,
@@ -136,7 +132,7 @@ impl RedisStoreBuilder {
         };
         let client = builder
             .build()
-            .map_err(|source| invalid_url(&description, source))?;
+            .map_err(|source| invalid_url(description.clone(), source))?;
         let pool = self.cluster_pool(client, &description, &user).await?;
         Ok((pool, description, user))
     }
@@ -201,7 +197,7 @@ impl RedisStoreBuilder {
         }
         let info = url
             .into_connection_info()
-            .map_err(|source| invalid_url(url, source))?;
+            .map_err(|source| invalid_url(redact_url(url), source))?;
         if let ConnectionAddr::TcpTls { insecure: true, .. } = info.addr() {
             if !cfg!(feature = "tls-insecure") {
                 return Err(BuildError::InsecureTlsNotEnabled {
@@ -237,7 +233,9 @@ impl RedisStoreBuilder {
         {
             redis::Client::build_with_tls(info, self.tls.certificates())
                 .map(|client| client.get_connection_info().clone())
-                .map_err(|source| BuildError::Tls { source })
+                .map_err(|source| BuildError::Tls {
+                    source: source.into(),
+                })
         }
         #[cfg(not(feature = "tls"))]
         {
@@ -288,14 +286,10 @@ impl RedisStoreBuilder {
         }
         if self.tls.is_set() && tls.is_none() {
             return Err(BuildError::TlsSettingsWithoutTls {
-                url: urls
-                    .iter()
-                    .map(|u| redact_url(u))
-                    .collect::<Vec<_>>()
-                    .join(","),
+                url: redact_urls(urls),
             });
         }
-        let invalid = |source| invalid_url(&urls.join(","), source);
+        let invalid = |source| invalid_url(redact_urls(urls), source);
         let mut builder = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)
             .map_err(invalid)?;
         if let Some(mode) = tls {
@@ -323,9 +317,7 @@ impl RedisStoreBuilder {
         if let Some(password) = &self.password {
             builder = builder.set_client_to_redis_password(password);
         }
-        let client = builder
-            .build()
-            .map_err(|source| invalid_url(&urls.join(","), source))?;
+        let client = builder.build().map_err(invalid)?;
         let user = self
             .username
             .clone()
@@ -356,11 +348,21 @@ fn with_cluster_certs(
     })
 }
 
-fn invalid_url(url: &str, source: RedisError) -> BuildError {
+/// `redacted`: the URL(s) as [`redact_url`] prints them.
+fn invalid_url(redacted: String, source: RedisError) -> BuildError {
     BuildError::InvalidUrl {
-        url: redact_url(url),
-        source,
+        url: redacted,
+        source: source.into(),
     }
+}
+
+/// `urls` each redacted, then joined: redacting the joined list would read
+/// it as one URL (its user-info up to the last `@` of all of them).
+fn redact_urls(urls: &[String]) -> String {
+    urls.iter()
+        .map(|url| redact_url(url))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn user_of(info: &ConnectionInfo) -> String {

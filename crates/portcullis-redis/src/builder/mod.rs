@@ -17,7 +17,10 @@ use crate::store::{ClockMode, Inner, RedisStore};
 use crate::tls::TlsFiles;
 use crate::verify;
 
+mod clock;
 mod connect;
+
+pub use clock::DEFAULT_CLIENT_CLOCK_TOLERANCE;
 
 /// Default per-call timeout: [`RedisStoreBuilder::timeout`]. Chosen from
 /// measurements on a 2-core box (`latency` in portcullis's tests crate): with
@@ -107,6 +110,7 @@ pub struct RedisStoreBuilder {
     timeout: Duration,
     connect_timeout: Duration,
     clock: ClockMode,
+    client_clock_tolerance: Duration,
     hash_subjects: bool,
     username: Option<String>,
     password: Option<String>,
@@ -125,6 +129,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("clock", &self.clock)
+            .field("client_clock_tolerance", &self.client_clock_tolerance)
             .field("hash_subjects", &self.hash_subjects)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
@@ -149,6 +154,7 @@ impl Default for RedisStoreBuilder {
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             clock: ClockMode::Redis,
+            client_clock_tolerance: DEFAULT_CLIENT_CLOCK_TOLERANCE,
             hash_subjects: false,
             username: None,
             password: None,
@@ -321,9 +327,48 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Where the time comes from (default [`ClockMode::Redis`]).
+    /// Where the time comes from (default [`ClockMode::Redis`]). A
+    /// [`ClockMode::Client`] clock is compared with Redis's `TIME` at
+    /// [`build`](Self::build), which refuses it beyond
+    /// [`client_clock_tolerance`](Self::client_clock_tolerance).
     pub fn clock(mut self, clock: ClockMode) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// How far a [`ClockMode::Client`] clock may be from Redis's `TIME`
+    /// when [`build`](Self::build) compares them (default
+    /// [`DEFAULT_CLIENT_CLOCK_TOLERANCE`], one second); beyond it `build()`
+    /// returns [`BuildError::ClientClockSkew`]. Only the skew beyond the
+    /// round trip of the `TIME` call counts. The check runs once, at
+    /// `build()`, and not with [`lazy_connect(true)`](Self::lazy_connect).
+    ///
+    /// A clock behind Redis's writes keys whose expiry has already passed,
+    /// so the limiter forgets every hit and admits everything; one ahead
+    /// keeps keys alive longer than their time. A test clock
+    /// ([`ManualClock`](portcullis_core::ManualClock)) deliberately far
+    /// from the wall clock (so that keys outlive a test that moves it)
+    /// takes `Duration::MAX` here.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use portcullis::{Clock, ManualClock, SystemClock};
+    /// use portcullis::redis::{ClockMode, RedisStore};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// // A test clock one day ahead of Redis's, on purpose.
+    /// let clock = ManualClock::new(SystemClock.now_micros() + 86_400_000_000);
+    /// let store = RedisStore::builder()
+    ///     .url("redis://127.0.0.1:6379")
+    ///     .clock(ClockMode::Client(Arc::new(clock)))
+    ///     .client_clock_tolerance(Duration::MAX)
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn client_clock_tolerance(mut self, tolerance: Duration) -> Self {
+        self.client_clock_tolerance = tolerance;
         self
     }
 
@@ -346,6 +391,14 @@ impl RedisStoreBuilder {
     /// request. Charges on the Redis Functions path are coalesced; peeks,
     /// and every check on the `EVALSHA` path, go alone. Turn it off to send
     /// every check as its own call.
+    ///
+    /// A waiting check is either sent in its batch and answered with that
+    /// batch's answer, or never sent: if the calls ahead of it take longer
+    /// than `2 ×` [`timeout`](Self::timeout) each (the call in flight when
+    /// it arrived, and one per 128 checks queued before it), it withdraws
+    /// and fails with [`StoreError::Unavailable`](portcullis_core::StoreError::Unavailable),
+    /// uncharged. So a check told it failed was not charged, unless its
+    /// error says it may have been (its own batch's call timed out).
     ///
     /// ```no_run
     /// use portcullis::redis::RedisStore;
@@ -392,7 +445,8 @@ impl RedisStoreBuilder {
     /// [`BuildError`] for a missing or invalid URL, prefix, pool size or
     /// timeout, TLS asked without the `tls` feature, bad certificates, and
     /// (unless lazy) an unreachable server, refused credentials, a missing
-    /// permission or an unknown Sentinel master.
+    /// permission, an unknown Sentinel master, or a client clock too far
+    /// from Redis's ([`client_clock_tolerance`](Self::client_clock_tolerance)).
     pub async fn build(self) -> Result<RedisStore, BuildError> {
         validate_prefix(&self.prefix)?;
         if self.pool_size == 0 {
@@ -438,6 +492,8 @@ impl RedisStoreBuilder {
         };
         if !self.lazy {
             verify::at_build(&store, &description, &user, self.connect_timeout).await?;
+            let timeout = self.timeout.saturating_add(self.connect_timeout);
+            clock::check(&store, self.client_clock_tolerance, timeout).await?;
         }
         Ok(store)
     }

@@ -69,6 +69,29 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
         }
     }
 
+    /// The store answered: the end of an outage (store-wide failures since
+    /// the last answer), if there was one. Logs (at most once per second)
+    /// the requests let through undecided and the store errors counted
+    /// since the last such warning, so the last ones of a short outage are
+    /// reported. Called before the breaker records the success; one atomic
+    /// load when there was no outage. (Errors of one subject are no outage:
+    /// their counts wait for the next due warning.)
+    pub(super) fn outage_over(&self) {
+        if !self.breaker.failing() {
+            return;
+        }
+        let undecided = self.undecided.flush();
+        let errors = self.errors.flush();
+        if undecided.is_some() || errors.is_some() {
+            let (undecided, errors) = (undecided.unwrap_or(0), errors.unwrap_or(0));
+            tracing::warn!(
+                count = undecided,
+                errors,
+                "rate-limit store answers again: {undecided} request(s) let through undecided and {errors} store error(s) since the last such warning"
+            );
+        }
+    }
+
     /// The store failed, or is skipped (breaker open): apply the failure
     /// policy.
     pub(crate) fn on_failure(&self, ticket: &mut Ticket, headers: &HeaderMap) -> Next<St> {

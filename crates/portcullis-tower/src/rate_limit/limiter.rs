@@ -427,6 +427,7 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
 
     /// The store answered: closes the circuit breaker if it was open.
     fn store_answered(&self) {
+        self.outage_over();
         if self.breaker.success() {
             tracing::info!("rate-limit store answers again; circuit breaker closed");
         }
