@@ -204,7 +204,7 @@ fn a_plan_raised_a_hundredfold_under_the_same_name_is_obeyed_by_both_processes()
     );
     let redis = exact.check("ref", &raised, now, 0);
     assert!(redis.is_allowed(), "Redis admits under the raised plan");
-    let fits = redis.binding().remaining() + 1;
+    let fits = redis.binding().remaining();
     assert!(
         a.local_answer("plan", &raised, now).is_none(),
         "A answered the raised plan from what it took under the old one"
