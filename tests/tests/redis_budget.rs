@@ -10,13 +10,12 @@
 //! these by name on servers before Redis 7. One test function runs the
 //! steps in turn, because one of them reads a server-wide counter.
 
+mod budget_common;
 mod redis_common;
-
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use std::time::Duration;
 
+use budget_common::{Setup, Worker};
 use portcullis_core::{Clock, MemoryStore, Policy, Store};
 use portcullis_redis::{LocalBudget, RedisStore};
 use portcullis_tests::unique_prefix;
@@ -38,54 +37,17 @@ const STEPS: usize = 200;
 /// The step after which the last worker is killed.
 const KILL_AT: usize = 100;
 
-struct Worker {
-    child: Child,
-    input: ChildStdin,
-    output: BufReader<ChildStdout>,
-}
-
-impl Worker {
-    fn start(prefix: &str, subject: &str, limit: u64, burst: u64) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_budget_worker"))
-            .args(["--url", &portcullis_tests::redis_url()])
-            .args(["--prefix", prefix, "--subject", subject])
-            .args(["--limit", &limit.to_string()])
-            .args(["--period-ms", &PERIOD_MS.to_string()])
-            .args(["--burst", &burst.to_string()])
-            .args(["--max-permits", &MAX_PERMITS.to_string()])
-            .args(["--lease-ms", &LEASE_MS.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("the budget_worker binary should start");
-        let input = child.stdin.take().expect("piped stdin");
-        let output = BufReader::new(child.stdout.take().expect("piped stdout"));
-        Self {
-            child,
-            input,
-            output,
-        }
-    }
-
-    /// Sends one step; [`Worker::admitted`] reads its answer.
-    fn send(&mut self, now: u64, checks: u64) {
-        writeln!(self.input, "{now} {checks}")
-            .and_then(|()| self.input.flush())
-            .expect("the worker reads its steps");
-    }
-
-    fn admitted(&mut self) -> u64 {
-        let mut line = String::new();
-        self.output
-            .read_line(&mut line)
-            .expect("the worker answers");
-        let mut words = line.split_whitespace().map(|w| w.parse::<u64>());
-        match (words.next(), words.next()) {
-            (Some(Ok(admitted)), Some(Ok(0))) => admitted,
-            _ => panic!("the worker answered {line:?} (errors are on stderr)"),
-        }
-    }
+/// A worker on the hot policy's figures, with `limit` and `burst`.
+fn worker(prefix: &str, subject: &str, limit: u64, burst: u64) -> Worker {
+    Worker::start(&Setup {
+        prefix: prefix.to_owned(),
+        subject: subject.to_owned(),
+        limit,
+        period_ms: PERIOD_MS,
+        burst,
+        max_permits: MAX_PERMITS,
+        lease_ms: LEASE_MS,
+    })
 }
 
 fn policy() -> Policy {
@@ -114,7 +76,7 @@ fn three_processes_with_leases_stay_within_the_stated_bound() {
 
     let mut raw = redis_common::raw(&portcullis_tests::redis_url());
     let mut workers: Vec<Worker> = (0..WORKERS)
-        .map(|_| Worker::start(&prefix, "hot", LIMIT, BURST))
+        .map(|_| worker(&prefix, "hot", LIMIT, BURST))
         .collect();
     let start = redis_common::manual_clock().now_micros();
     let mut admitted = Vec::with_capacity(STEPS);
@@ -172,7 +134,7 @@ fn three_processes_with_leases_stay_within_the_stated_bound() {
     // A busy subject under its limit (900 checks/s against 2 000): every
     // check admitted, and leases save most Redis calls.
     let mut workers: Vec<Worker> = (0..WORKERS)
-        .map(|_| Worker::start(&prefix, "busy", 2_000, 100))
+        .map(|_| worker(&prefix, "busy", 2_000, 100))
         .collect();
     let calls_before = redis_common::fcalls(&mut raw);
     let (mut checks, mut admitted) = (0, 0);

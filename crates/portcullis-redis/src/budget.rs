@@ -9,11 +9,15 @@
 //!
 //! Every permit admitted was charged in Redis before, at most one lease
 //! period earlier; that gives the bound the docs state
-//! ([`LocalBudget::overshoot_bound`]).
+//! ([`LocalBudget::overshoot_bound`]). A subject's state in Redis can move
+//! back (a `reset()`, a policy changed under the same name), so no local
+//! answer outlives one lease period, each is tied to the policy's numbers,
+//! and `reset()` drops this instance's answers for the subject at once.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -38,7 +42,8 @@ const SHARDS: usize = 16;
 ///
 /// **The bound.** Every permit an instance admits locally was charged in
 /// Redis when it was leased, at most one lease period earlier, and at
-/// most `max_permits` leased permits wait unspent on one instance at a
+/// most `min(max_permits, ⌈limit × lease / period⌉)` leased permits (one
+/// lease period's worth of the rate) wait unspent on one instance at a
 /// time. So over any interval, the subject is admitted at most
 /// `min(instances × max_permits, ⌈limit × lease / period⌉)` permits more
 /// than the exact policy would admit in that interval
@@ -46,7 +51,23 @@ const SHARDS: usize = 16;
 /// leases have ended, no more than the policy's own allowance. Permits
 /// left when a lease ends (or held by an instance that stopped) are lost:
 /// the subject gets fewer, never more, and its state in Redis recovers at
-/// the policy's rate.
+/// the policy's rate. A slow policy (at most one permit per lease period)
+/// is never leased: each of its checks is exact.
+///
+/// **Resets and policy changes.** Every local answer (a lease's permits,
+/// or a denial Redis gave, repeated) ends one lease period after its call
+/// to Redis was sent, and a denial is repeated no longer than its own
+/// retry-after. So after [`Store::reset`](portcullis_core::Store::reset)
+/// returns, the instance that called it answers from Redis at once (its
+/// local answers for the subject are dropped, and a lease call in flight
+/// is ignored), and every other instance within one lease period. A check
+/// whose policy has other numbers (limit, period or burst) than the one a
+/// local answer was taken under, as after a plan change under the same
+/// name, never gets that answer: it goes to Redis, on every instance, from
+/// its first check under the new numbers. A reset forgives the permits
+/// leased before it with the rest of the state: in the lease period after
+/// a reset, the overshoot is at most `instances × min(max_permits,
+/// ⌈limit × lease / period⌉)` (the unspent leases).
 ///
 /// **Headers.** A locally admitted request reports `remaining` as this
 /// instance sees it: what Redis held when the lease was taken, less what
@@ -118,15 +139,17 @@ impl LocalBudget {
     }
 
     /// The most permits one lease takes (at least 1; 1 turns leasing off).
-    /// Larger leases save more calls and widen the bound.
+    /// Larger leases save more calls and widen the bound. A lease takes no
+    /// more than one lease period's worth of the policy's rate either.
     pub fn max_permits(mut self, max_permits: u64) -> Self {
         self.max_permits = max_permits.max(1);
         self
     }
 
     /// How long a lease's permits may be spent (must be positive; checked
-    /// at `build()`). Shorter leases tighten the bound and lose fewer
-    /// permits when demand drops.
+    /// at `build()`). Shorter leases tighten the bound, lose fewer permits
+    /// when demand drops, and make other instances obey a `reset()`
+    /// sooner: within one lease period.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -151,15 +174,24 @@ impl LocalBudget {
     }
 
     /// The most permits `instances` instances with this budget admit for
-    /// one subject of `policy` beyond what the exact policy admits in any
-    /// interval: `min(instances × max_permits, ⌈limit × lease / period⌉)`.
+    /// one subject of `policy` beyond what the exact policy admits in an
+    /// interval, `min(instances × max_permits, ⌈limit × lease / period⌉)`,
+    /// for every interval that starts one lease period or more after the
+    /// subject's last reset (the type's docs say what holds closer to a
+    /// reset).
     #[must_use]
     pub fn overshoot_bound(&self, policy: &Policy, instances: u64) -> u64 {
         let by_leases = instances.saturating_mul(self.max_permits);
+        by_leases.min(self.lease_worth(policy))
+    }
+
+    /// One lease period's worth of `policy`'s rate, `⌈limit × lease /
+    /// period⌉`: the most permits one lease takes.
+    fn lease_worth(&self, policy: &Policy) -> u64 {
         let lease = u128::from(u64::try_from(self.lease.as_micros()).unwrap_or(u64::MAX));
         let by_rate =
             (u128::from(policy.limit()) * lease).div_ceil(u128::from(policy.period_micros()));
-        by_leases.min(u64::try_from(by_rate).unwrap_or(u64::MAX))
+        u64::try_from(by_rate).unwrap_or(u64::MAX)
     }
 
     pub(crate) fn lease_time(&self) -> Duration {
@@ -189,8 +221,33 @@ pub(crate) fn now_us(clock: &ClockMode) -> u64 {
     }
 }
 
+/// What identifies a policy's GCRA: a local answer taken under other
+/// numbers is never given (a plan changed under the same name).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Numbers {
+    limit: u64,
+    period_micros: u64,
+    capacity: u64,
+}
+
+impl Numbers {
+    fn of(policy: &Policy) -> Self {
+        Self {
+            limit: policy.limit(),
+            period_micros: policy.period_micros(),
+            capacity: policy.capacity(),
+        }
+    }
+}
+
 /// A subject's budget on this instance. Times are µs of [`now_us`].
 struct Slot {
+    /// The numbers of the policy the lease and the denial were taken
+    /// under.
+    numbers: Numbers,
+    /// Changes whenever the local answers are dropped (a reset, other
+    /// numbers): a lease call sent before answers into nothing.
+    generation: u64,
     /// Leased permits not yet admitted.
     permits: u64,
     /// When the lease's permits may no longer be spent: one lease period
@@ -206,15 +263,29 @@ struct Slot {
     last_demand: u64,
     /// A lease call is in flight (checks meanwhile go to Redis, exact).
     leasing: bool,
-    /// Redis denied a cost of `denied_cost` until `denied_until`: as a
-    /// state's lead only grows, it denies every cost at least that large
-    /// before then, so those are denied here.
+    /// Redis denied a cost of `denied_cost`, with a retry-after ending no
+    /// later than one lease period after the call was sent, at
+    /// `denied_until`: until then costs at least that large are denied
+    /// here. Redis would deny them too unless the state moved back (a
+    /// reset elsewhere), which the lease period bounds.
     denied_until: u64,
     denied_cost: u64,
     denied_reset: u64,
 }
 
 impl Slot {
+    /// Drops the lease and the denial, and takes `generation`, so that a
+    /// lease call in flight answers into nothing. The demand stays: it is
+    /// the subject's traffic, whatever the policy.
+    fn drop_answers(&mut self, generation: u64) {
+        self.generation = generation;
+        self.permits = 0;
+        self.leasing = false;
+        self.denied_until = 0;
+        self.denied_cost = 0;
+        self.denied_reset = 0;
+    }
+
     /// Counts `cost` in the demand of the lease period that holds `now`.
     fn count(&mut self, cost: u64, now: u64, lease: u64) {
         let since = now.saturating_sub(self.period_start);
@@ -234,6 +305,9 @@ impl Slot {
     /// gave that still holds, or permits of a live lease (counted in the
     /// demand, and spent, when it answers).
     fn answer(&mut self, policy: &Policy, cost: u64, now: u64, lease: u64) -> Option<Verdict> {
+        if self.numbers != Numbers::of(policy) {
+            return None;
+        }
         let decision = if now < self.denied_until && cost >= self.denied_cost {
             Decision::denied(
                 policy.capacity(),
@@ -257,10 +331,20 @@ impl Slot {
 pub(crate) enum Plan {
     /// Admitted from the lease.
     Local(Verdict),
-    /// Take a lease of up to this many permits (this check's cost first).
-    Lease(u64),
+    /// Take a lease (this check's cost first).
+    Lease(Ask),
     /// Check in Redis as always.
     Exact,
+}
+
+/// A lease to ask Redis for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ask {
+    /// At most this many permits.
+    permits: u64,
+    /// The slot's generation when it was asked: its answer is kept only
+    /// if the slot still has it.
+    generation: u64,
 }
 
 /// One shard: its subjects, and how many new subjects may still be
@@ -277,6 +361,8 @@ pub(crate) struct Budget {
     config: LocalBudget,
     shards: Box<[Mutex<Shard>]>,
     hasher: std::collections::hash_map::RandomState,
+    /// The last generation given to a slot.
+    generations: AtomicU64,
 }
 
 impl fmt::Debug for Budget {
@@ -291,11 +377,17 @@ impl Budget {
             config,
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: std::collections::hash_map::RandomState::new(),
+            generations: AtomicU64::new(0),
         }
     }
 
     pub(crate) fn takes(&self, policy: &Policy) -> bool {
         self.config.takes(policy)
+    }
+
+    /// A generation no slot had before.
+    fn next_generation(&self) -> u64 {
+        self.generations.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
@@ -331,9 +423,12 @@ impl Budget {
                     return Plan::Exact;
                 }
             }
+            let generation = self.next_generation();
             shard.slots.insert(
                 key.into(),
                 Slot {
+                    numbers: Numbers::of(policy),
+                    generation,
                     permits: 0,
                     expires: now,
                     remaining: 0,
@@ -351,6 +446,12 @@ impl Budget {
         let Some(slot) = shard.slots.get_mut(key) else {
             return Plan::Exact;
         };
+        if slot.numbers != Numbers::of(policy) {
+            // A plan changed under the same name: what was taken under the
+            // old numbers is dropped (a lease call in flight included).
+            slot.drop_answers(self.next_generation());
+            slot.numbers = Numbers::of(policy);
+        }
         if let Some(verdict) = slot.answer(policy, cost, now, lease) {
             return Plan::Local(verdict);
         }
@@ -360,12 +461,26 @@ impl Budget {
         let want = slot
             .last_demand
             .min(self.config.max_permits)
-            .min(policy.capacity());
+            .min(policy.capacity())
+            .min(self.config.lease_worth(policy));
         if want <= cost || slot.leasing {
             return Plan::Exact;
         }
         slot.leasing = true;
-        Plan::Lease(want)
+        Plan::Lease(Ask {
+            permits: want,
+            generation: slot.generation,
+        })
+    }
+
+    /// `reset()` of the subject whose state is `key` has answered: this
+    /// instance's leases and denials for it are dropped, and a lease call
+    /// in flight (sent before the reset, so maybe charged or denied by the
+    /// state it removed) answers into nothing.
+    pub(crate) fn forget(&self, key: &str) {
+        if let Some(slot) = self.shard(key).slots.get_mut(key) {
+            slot.drop_answers(self.next_generation());
+        }
     }
 
     /// The answer of this instance alone for a check of `cost` of `key` at
@@ -378,21 +493,36 @@ impl Budget {
             .answer(policy, cost, now, lease)
     }
 
-    /// A lease call for `key`, sent at `sent` (µs of [`now_us`]), ended:
-    /// `granted` permits were charged (this check's `cost` among them) at
-    /// `decision` (None: it failed).
-    fn leased(&self, key: &str, cost: u64, granted: u64, sent: u64, decision: Option<&Decision>) {
+    /// A lease call for `key` asked as `ask`, sent at `sent` (µs of
+    /// [`now_us`]), ended: `granted` permits were charged (this check's
+    /// `cost` among them) at `decision` (None: it failed).
+    fn leased(
+        &self,
+        key: &str,
+        ask: Ask,
+        cost: u64,
+        granted: u64,
+        sent: u64,
+        decision: Option<&Decision>,
+    ) {
         let mut shard = self.shard(key);
-        let Some(slot) = shard.slots.get_mut(key) else {
+        let Some(slot) = shard
+            .slots
+            .get_mut(key)
+            .filter(|slot| slot.generation == ask.generation)
+        else {
+            // Reset, or the numbers changed, since it was sent.
             return;
         };
         slot.leasing = false;
+        let lease = u64::try_from(self.config.lease.as_micros()).unwrap_or(u64::MAX);
         if let Some(retry) = decision.and_then(Decision::retry_after) {
             // Measured from when the call was sent, which is no later than
             // when Redis decided: the local denial ends no later than
-            // Redis' would.
+            // Redis' would, and no later than one lease period after the
+            // call (a reset elsewhere is obeyed by then).
             let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-            slot.denied_until = sent.saturating_add(micros(retry));
+            slot.denied_until = sent.saturating_add(micros(retry).min(lease));
             slot.denied_cost = cost;
             slot.denied_reset =
                 decision.map_or(sent, |d| sent.saturating_add(micros(d.reset_after())));
@@ -400,7 +530,6 @@ impl Budget {
         }
         if let Some(decision) = decision.filter(|d| d.is_allowed() && granted >= cost) {
             slot.permits = granted - cost;
-            let lease = u64::try_from(self.config.lease.as_micros()).unwrap_or(u64::MAX);
             slot.expires = sent.saturating_add(lease);
             slot.remaining = decision.remaining();
             slot.reset_after = decision.reset_after();
@@ -413,6 +542,7 @@ impl Budget {
 struct Leasing {
     inner: Arc<Inner>,
     key: String,
+    ask: Ask,
     cost: u64,
     sent: u64,
     done: bool,
@@ -422,25 +552,26 @@ impl Drop for Leasing {
     fn drop(&mut self) {
         if !self.done {
             if let Some(budget) = &self.inner.budget {
-                budget.leased(&self.key, self.cost, 0, self.sent, None);
+                budget.leased(&self.key, self.ask, self.cost, 0, self.sent, None);
             }
         }
     }
 }
 
-/// The lease call: up to `want` permits of `policy` for `key`, this
-/// check's `cost` first.
+/// The lease call: up to `want.permits` permits of `policy` for `key`,
+/// this check's `cost` first.
 pub(crate) async fn lease(
     inner: Arc<Inner>,
     key: String,
     policy: Policy,
     cost: u64,
-    want: u64,
+    want: Ask,
 ) -> Result<Verdict, StoreError> {
     let mut guard = Leasing {
         sent: now_us(&inner.clock),
         inner: Arc::clone(&inner),
         key,
+        ask: want,
         cost,
         done: false,
     };
@@ -456,7 +587,7 @@ pub(crate) async fn lease(
             policy.capacity()
         ));
     store::push_time(&mut cmd, inner.now());
-    cmd.arg(cost).arg(want);
+    cmd.arg(cost).arg(want.permits);
     let answer = store::run(&inner, script, &cmd, &guard.key).await;
     let (granted, verdict) = match answer {
         Ok(Value::Array(items)) => match store::ints::<2>(&items)? {
@@ -484,6 +615,7 @@ pub(crate) async fn lease(
     if let Some(budget) = &inner.budget {
         budget.leased(
             &guard.key,
+            want,
             cost,
             granted,
             guard.sent,
@@ -515,131 +647,5 @@ async fn exact(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn policy() -> Policy {
-        Policy::per_second(1_000).name("api").build().unwrap()
-    }
-
-    #[test]
-    fn the_bound_is_the_smaller_of_leases_and_rate() {
-        let budget = LocalBudget::new()
-            .max_permits(32)
-            .lease(Duration::from_millis(100));
-        assert_eq!(budget.overshoot_bound(&policy(), 3), 96);
-        assert_eq!(budget.overshoot_bound(&policy(), 10), 100);
-        let slow = Policy::per_minute(60).name("api").build().unwrap();
-        // 60 per minute over 100 ms: 0.1, rounded up to 1.
-        assert_eq!(budget.overshoot_bound(&slow, 3), 1);
-    }
-
-    const MS: u64 = 1_000;
-
-    #[test]
-    fn a_quiet_subject_is_never_leased_and_a_busy_one_is() {
-        let budget = Budget::new(LocalBudget::new().lease(Duration::from_millis(100)));
-        let policy = policy();
-        // One check per lease period: exact every time.
-        for i in 0..5 {
-            assert!(matches!(
-                budget.plan("k", &policy, 1, i * 150 * MS),
-                Plan::Exact
-            ));
-        }
-        // Ten checks in one period: the next period leases ten.
-        for _ in 0..10 {
-            assert!(matches!(budget.plan("busy", &policy, 1, 0), Plan::Exact));
-        }
-        let Plan::Lease(want) = budget.plan("busy", &policy, 1, 100 * MS) else {
-            panic!("a busy subject should lease");
-        };
-        assert_eq!(want, 10);
-        // While the lease is in flight, checks are exact.
-        assert!(matches!(
-            budget.plan("busy", &policy, 1, 100 * MS),
-            Plan::Exact
-        ));
-        let decision = Decision::allowed(1_000, 900, Duration::from_millis(100));
-        budget.leased("busy", 1, want, 100 * MS, Some(&decision));
-        for left in (0..9).rev() {
-            let Plan::Local(verdict) = budget.plan("busy", &policy, 1, 101 * MS) else {
-                panic!("the lease should admit");
-            };
-            assert_eq!(verdict.binding().remaining(), 900 - (9 - left));
-        }
-        // Spent: the next check leases again (or goes exact).
-        assert!(!matches!(
-            budget.plan("busy", &policy, 1, 102 * MS),
-            Plan::Local(_)
-        ));
-    }
-
-    #[test]
-    fn a_lease_ends_one_period_after_it_was_sent() {
-        let budget = Budget::new(LocalBudget::new().lease(Duration::from_millis(100)));
-        let policy = policy();
-        for _ in 0..20 {
-            budget.plan("k", &policy, 1, 0);
-        }
-        let Plan::Lease(want) = budget.plan("k", &policy, 1, 100 * MS) else {
-            panic!("a busy subject should lease");
-        };
-        let decision = Decision::allowed(1_000, 500, Duration::ZERO);
-        // Sent at 100 ms, answered at 150 ms: spendable until 200 ms.
-        budget.leased("k", 1, want, 100 * MS, Some(&decision));
-        assert!(matches!(
-            budget.plan("k", &policy, 1, 199 * MS),
-            Plan::Local(_)
-        ));
-        assert!(!matches!(
-            budget.plan("k", &policy, 1, 200 * MS),
-            Plan::Local(_)
-        ));
-    }
-
-    #[test]
-    fn a_denial_is_repeated_locally_until_its_retry_after() {
-        let budget = Budget::new(LocalBudget::new().lease(Duration::from_millis(100)));
-        let policy = policy();
-        for _ in 0..20 {
-            budget.plan("k", &policy, 2, 0);
-        }
-        let Plan::Lease(_) = budget.plan("k", &policy, 2, 100 * MS) else {
-            panic!("a busy subject should lease");
-        };
-        let denied = Decision::denied(10, 0, Duration::from_millis(30), Duration::from_secs(1));
-        budget.leased("k", 2, 0, 100 * MS, Some(&denied));
-        let Plan::Local(verdict) = budget.plan("k", &policy, 2, 110 * MS) else {
-            panic!("the denial should be repeated here");
-        };
-        assert!(!verdict.is_allowed());
-        assert_eq!(verdict.retry_after(), Some(Duration::from_millis(20)));
-        // A smaller cost may fit: asked of Redis. So is any cost once the
-        // retry-after has passed.
-        assert!(!matches!(
-            budget.plan("k", &policy, 1, 110 * MS),
-            Plan::Local(_)
-        ));
-        assert!(!matches!(
-            budget.plan("k", &policy, 2, 130 * MS),
-            Plan::Local(_)
-        ));
-    }
-
-    #[test]
-    fn a_full_table_checks_new_subjects_exactly() {
-        let budget = Budget::new(LocalBudget::new().max_subjects(SHARDS));
-        let policy = policy();
-        let exact = (0..1_000)
-            .filter(|i| matches!(budget.plan(&format!("s{i}"), &policy, 1, 0), Plan::Exact))
-            .count();
-        assert_eq!(exact, 1_000);
-        let held: usize = budget
-            .shards
-            .iter()
-            .map(|s| s.lock().unwrap().slots.len())
-            .sum();
-        assert!(held <= SHARDS, "{held} subjects held, at most {SHARDS}");
-    }
-}
+#[path = "budget_tests.rs"]
+mod tests;

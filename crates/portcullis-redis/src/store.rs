@@ -767,17 +767,27 @@ impl Store for RedisStore {
         policies: &[Policy],
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
         let subject = self.subject(subject);
+        let keys: Vec<String> = policies
+            .iter()
+            .map(|policy| self.key(&subject, policy.name()))
+            .collect();
         let mut cmd = redis::cmd("DEL");
-        for policy in policies {
-            cmd.arg(self.key(&subject, policy.name()));
-        }
+        cmd.arg(&keys);
         let inner = Arc::clone(&self.inner);
-        let empty = policies.is_empty();
         async move {
-            if empty {
+            if keys.is_empty() {
                 return Ok(());
             }
-            connection::query(&inner.pool, inner.timeout, &cmd).await?;
+            let deleted = connection::query(&inner.pool, inner.timeout, &cmd).await;
+            // This instance's local answers for the subject end with the
+            // reset (budget.rs), whatever the reply: a `DEL` whose reply
+            // was lost may still have run.
+            if let Some(budget) = &inner.budget {
+                for key in &keys {
+                    budget.forget(key);
+                }
+            }
+            deleted?;
             Ok(())
         }
     }

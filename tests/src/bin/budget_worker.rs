@@ -11,7 +11,9 @@
 //!
 //! Reads lines `<now_us> <checks>` on stdin: sets the clock to `now_us`,
 //! makes `checks` checks of cost 1 in turn and prints one line
-//! `<admitted> <errors>`. Exits at the end of stdin; exits 2 on bad
+//! `<admitted> <errors>`. A line `<now_us> <checks> <limit> <burst>`
+//! checks with that limit and burst from then on (a plan changed under the
+//! same name and period). Exits at the end of stdin; exits 2 on bad
 //! arguments.
 
 use std::io::{BufRead, Write};
@@ -70,12 +72,15 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        let policy = match Policy::per(limit, Duration::from_millis(period_ms))
-            .burst(burst)
-            .name("budget")
-            .build()
-        {
-            Ok(policy) => [policy],
+        let plan = |limit: u64, burst: u64| {
+            Policy::per(limit, Duration::from_millis(period_ms))
+                .burst(burst)
+                .name("budget")
+                .build()
+                .map(|policy| [policy])
+        };
+        let mut policy = match plan(limit, burst) {
+            Ok(policy) => policy,
             Err(error) => {
                 eprintln!("budget_worker: bad policy: {error}");
                 return ExitCode::from(2);
@@ -112,6 +117,15 @@ fn main() -> ExitCode {
                 eprintln!("budget_worker: expected `<now_us> <checks>`, got {line:?}");
                 return ExitCode::from(2);
             };
+            if let (Some(Ok(limit)), Some(Ok(burst))) = (words.next(), words.next()) {
+                policy = match plan(limit, burst) {
+                    Ok(policy) => policy,
+                    Err(error) => {
+                        eprintln!("budget_worker: bad policy: {error}");
+                        return ExitCode::from(2);
+                    }
+                };
+            }
             clock.set(now);
             let (mut admitted, mut errors) = (0_u64, 0_u64);
             for _ in 0..checks {
