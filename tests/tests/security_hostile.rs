@@ -23,7 +23,9 @@ use portcullis_core::{
 };
 use portcullis_redis::RedisStore;
 use portcullis_tests::unique_prefix;
-use portcullis_tower::{ApiKey, ConcurrencyLimitLayer, Global, Header, Mode, RateLimitLayer, User};
+use portcullis_tower::{
+    ApiKey, ConcurrencyLimitLayer, FailurePolicy, Global, Header, Mode, RateLimitLayer, User,
+};
 use redis_common::{client, manual_clock, standalone};
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceExt};
@@ -331,6 +333,36 @@ async fn no_class_and_an_unknown_class_get_the_most_reserved_class() {
         counted(&classed_layer(b), &reached),
     ];
     assert_eq!(class_flood(&services).await, [5, 0, 5]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_fallback_store_keeps_the_default_class_while_redis_is_down() {
+    // Redis unreachable: the fallback store decides, with the classes.
+    let down = RedisStore::builder()
+        .url(format!(
+            "redis://127.0.0.1:{}",
+            portcullis_tests::free_port()
+        ))
+        .timeout(Duration::from_millis(200))
+        .lazy_connect(true)
+        .build()
+        .await
+        .expect("building lazily never connects");
+    let layer = RateLimitLayer::builder(down)
+        .policy(classed_policy())
+        .key(Global)
+        .priority(User::<Granted>::new())
+        .on_store_failure(FailurePolicy::fallback(MemoryStore::new()))
+        .build()
+        .unwrap();
+    let reached = Arc::new(AtomicU64::new(0));
+    let service = counted(&layer, &reached);
+    let mut admitted = 0;
+    for _ in 0..20 {
+        let (status, _) = send(&service, classed_request(None, Some("critical"))).await;
+        admitted += usize::from(status == StatusCode::OK);
+    }
+    assert_eq!(admitted, 5, "no class is batch in the fallback store too");
 }
 
 // Row 4: spend a class's reserve through shaping.

@@ -209,7 +209,7 @@ fn version_skips(version: &str) -> Vec<&'static str> {
 
 /// The tests of Redis Functions and of `allow-oom` scripts (Redis 7): the
 /// ones a Redis 6.2 run skips.
-const FUNCTIONS_ONLY: [&str; 20] = [
+const FUNCTIONS_ONLY: [&str; 23] = [
     "functions_are_the_default_and_the_library_is_loaded",
     "an_acl_user_granted_the_documented_function_rules_runs_on_functions",
     "an_acl_without_functions_falls_back_to_evalsha",
@@ -230,6 +230,9 @@ const FUNCTIONS_ONLY: [&str; 20] = [
     "the_fast_sliding_window_function_agrees_with_the_general_check",
     "the_fast_leaky_queue_function_agrees_with_the_general_check",
     "the_fast_sliding_log_function_agrees_with_the_general_check",
+    "a_reset_is_obeyed_at_once_here_and_within_one_lease_period_by_another_process",
+    "a_plan_raised_a_hundredfold_under_the_same_name_is_obeyed_by_both_processes",
+    "a_daily_quota_leased_for_an_hour_takes_no_more_than_an_hour_of_it",
 ];
 
 /// Appends `--skip <name>` for each of `skips` to a `cargo test` command

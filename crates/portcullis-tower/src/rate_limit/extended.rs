@@ -192,8 +192,10 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     ///   kept: the retry is charged again, never more admitted).
     ///
     /// The key is hashed before it is stored. Requests without a key are
-    /// checked as usual. The layer's deny cache and its fallback limiter
-    /// do not apply to requests with a key or a class.
+    /// checked as usual. The layer's deny cache is off for a layer with
+    /// idempotency keys or classes; its fallback store, while the main
+    /// store is down, checks with the key and class too (its records are
+    /// its own).
     ///
     /// ```
     /// use std::time::Duration;

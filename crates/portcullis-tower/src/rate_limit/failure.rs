@@ -108,6 +108,21 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
             FailurePolicy::Fallback(store) => {
                 ticket.fallback = true;
                 let tier = self.tier(ticket);
+                // With a class or an idempotency key (a classed tier always
+                // has one: its default), the fallback store keeps them too:
+                // its reserves hold while the main store is down.
+                if let Some(extra) = ticket.extra.as_deref() {
+                    return match super::extended::ask(
+                        store,
+                        &ticket.key,
+                        &tier.policies,
+                        ticket.cost,
+                        extra,
+                    ) {
+                        super::extended::Asked::Now(result) => Next::Ready(result),
+                        super::extended::Asked::Later(future) => Next::Fallback(future),
+                    };
+                }
                 match store.check_now(&ticket.key, &tier.policies, ticket.cost) {
                     Some(result) => Next::Ready(result),
                     None => Next::Fallback(store.check(&ticket.key, &tier.policies, ticket.cost)),
