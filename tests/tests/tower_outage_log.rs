@@ -11,8 +11,10 @@ use std::time::Duration;
 use axum::routing::get;
 use axum::Router;
 use http::Request;
-use portcullis::tower::{FailurePolicy, Header, RateLimitLayer};
-use portcullis_core::Policy;
+use portcullis::tower::{
+    ConcurrencyFailure, ConcurrencyLimitLayer, FailurePolicy, Header, RateLimitLayer,
+};
+use portcullis_core::{ConcurrencyPolicy, Policy};
 use portcullis_redis::RedisStore;
 use portcullis_tests::{unique_prefix, OwnedRedis};
 use tower::ServiceExt as _;
@@ -150,4 +152,85 @@ fn the_last_requests_of_a_short_outage_are_logged_when_it_ends() {
         lists += 1;
     }
     assert!(lists > 0, "no store error logged its causes:\n{logged}");
+}
+
+#[test]
+fn the_concurrency_layer_logs_the_last_requests_of_a_short_outage_too() {
+    let captured = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(captured.clone())
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .finish();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let run_without_permit = tracing::subscriber::with_default(subscriber, || {
+        runtime.block_on(async {
+            let server = OwnedRedis::start(&[]);
+            let mut admin = redis::Client::open(server.url())
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            let store = RedisStore::builder()
+                .url(server.url())
+                .prefix(unique_prefix("outage-log-concurrency"))
+                .timeout(Duration::from_secs(5))
+                .build()
+                .await
+                .unwrap();
+            let layer = ConcurrencyLimitLayer::builder(store)
+                .policy(
+                    ConcurrencyPolicy::max_in_flight(10)
+                        .name("streams")
+                        .build()
+                        .unwrap(),
+                )
+                .key(Header::new(http::HeaderName::from_static("x-user")))
+                .on_store_failure(ConcurrencyFailure::FailOpen)
+                // The breaker would skip the store; this test is about the log.
+                .circuit_breaker(0, Duration::from_secs(1))
+                .build()
+                .unwrap();
+            let app = Router::new()
+                .route("/", get(|| async { "ok" }))
+                .layer(layer);
+            let send = || async {
+                let request = Request::get("/")
+                    .header("x-user", "u")
+                    .body(axum::body::Body::empty())
+                    .unwrap();
+                let response = app.clone().oneshot(request).await.unwrap();
+                assert!(response.status().is_success(), "{response:?}");
+            };
+            send().await;
+            let mut acl = |rule: &str| {
+                let () = redis::cmd("ACL")
+                    .arg("SETUSER")
+                    .arg("default")
+                    .arg(rule)
+                    .query(&mut admin)
+                    .unwrap();
+            };
+            acl("resetkeys");
+            for _ in 0..3 {
+                send().await;
+            }
+            acl("~*");
+            send().await;
+            3
+        })
+    });
+    let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let mut reported = 0;
+    for line in logged.lines() {
+        reported += count_after(line, "failing open: ").unwrap_or(0);
+        reported += count_after(line, "answers again: ").unwrap_or(0);
+    }
+    assert_eq!(
+        reported, run_without_permit,
+        "every request run without a permit is reported by the time the store answers:\n{logged}"
+    );
+    assert!(logged.contains("answers again"), "{logged}");
 }

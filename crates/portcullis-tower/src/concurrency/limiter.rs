@@ -76,11 +76,14 @@ impl<St: LeaseStore, K> Limiter<St, K> {
         ticket: &Ticket,
         result: Result<LeaseDecision, StoreError>,
     ) -> Outcome {
-        if result.is_ok() && self.breaker.success() {
-            tracing::info!(
-                policy = self.policy.name(),
-                "concurrency limit store answers again; circuit breaker closed"
-            );
+        if result.is_ok() {
+            self.outage_over();
+            if self.breaker.success() {
+                tracing::info!(
+                    policy = self.policy.name(),
+                    "concurrency limit store answers again; circuit breaker closed"
+                );
+            }
         }
         match result {
             Ok(decision) if decision.is_granted() => {
@@ -120,6 +123,28 @@ impl<St: LeaseStore, K> Limiter<St, K> {
                 }
                 self.on_failure(ticket)
             }
+        }
+    }
+
+    /// The store answered after store-wide failures: logs (at most once a
+    /// second) the requests run without a permit and the store errors
+    /// counted since the last such warning, as the rate layer does, so the
+    /// last ones of a short outage are reported. One atomic load when there
+    /// was no outage.
+    fn outage_over(&self) {
+        if !self.breaker.failing() {
+            return;
+        }
+        let undecided = self.undecided.flush();
+        let errors = self.errors.flush();
+        if undecided.is_some() || errors.is_some() {
+            let (undecided, errors) = (undecided.unwrap_or(0), errors.unwrap_or(0));
+            tracing::warn!(
+                policy = self.policy.name(),
+                count = undecided,
+                errors,
+                "concurrency limit store answers again: {undecided} request(s) run without a permit and {errors} store error(s) since the last such warning"
+            );
         }
     }
 
