@@ -3,48 +3,16 @@
 //! once per distinct cause rather than at every poll; and a reload keeps
 //! the overrides set at run time with `Limits::update`.
 
-use std::sync::{Arc, Mutex};
+mod log_capture;
 
 use portcullis::{LimitsFile, LimitsFileError, Policy, Reload};
-
-/// Captures what a `tracing` subscriber writes.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Captured {
-    fn lines(&self, level: &str) -> Vec<String> {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .lines()
-            .filter(|line| line.contains(level))
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
-impl std::io::Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Self;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
 
 fn temp_file(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("portcullis-{name}-{}.toml", std::process::id()))
 }
 
 const GOOD: &str = "default = [\"a\"]\n[policies]\na = { limit = 10, period = \"1m\" }\n";
+use log_capture::Captured;
 
 #[test]
 fn a_refused_reload_logs_its_cause_once_per_distinct_cause() {

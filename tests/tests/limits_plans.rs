@@ -4,12 +4,15 @@
 //! tier renamed under a resolver is warned about and counted, and an
 //! `ApiKey` layer hands its resolver the key the operator has.
 
+mod log_capture;
+
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use http::{HeaderName, Request, Response, StatusCode};
+use log_capture::Captured;
 use portcullis::tower::{
     ApiKey, Header, KeyExtractor, Plan, PlanResolver, RateLimitInfo, RateLimitLayer,
 };
@@ -84,46 +87,6 @@ fn layer_with(limits: &Limits, plans: PlanResolver) -> RateLimitLayer<MemoryStor
         .info_in_extensions(true)
         .build()
         .expect("valid layer")
-}
-
-/// Captures what a `tracing` subscriber writes.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-
-    fn dispatch(&self, level: tracing::Level) -> tracing::Dispatch {
-        tracing::Dispatch::new(
-            tracing_subscriber::fmt()
-                .with_writer(self.clone())
-                .with_max_level(level)
-                .with_thread_names(true)
-                .with_ansi(false)
-                .finish(),
-        )
-    }
-}
-
-impl std::io::Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Self;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
 }
 
 // Row 5: a lookup that panics or is cancelled frees its subject.

@@ -6,35 +6,13 @@
 //! Each test owns its server ([`portcullis_tests::OwnedRedis`]), started with
 //! the settings under test.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+mod log_capture;
+
 use std::time::Duration;
 
+use log_capture::Captured;
 use portcullis_redis::{RedisStore, ACL_COMMANDS};
 use portcullis_tests::{unique_prefix, OwnedRedis};
-
-/// Log lines written by the subscriber of one test.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Self;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
 
 /// Builds a store on `url` under a subscriber that captures warnings, and
 /// returns what was logged.
@@ -60,8 +38,7 @@ fn warnings_when_building(url: &str) -> String {
                 .unwrap_or_else(|e| panic!("the store should build: {e}"))
         })
     });
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
-    text
+    captured.text()
 }
 
 #[test]

@@ -8,16 +8,19 @@
 
 mod redis_common;
 
+mod log_capture;
+
 use std::convert::Infallible;
 use std::fmt;
-use std::io::Write;
+
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderName, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
+use log_capture::Captured;
 use portcullis_core::{
     CheckOptions, ConcurrencyPolicy, ManualClock, MemoryStore, Policy, Store, WhenFull,
 };
@@ -534,35 +537,6 @@ async fn a_full_record_table_never_answers_retry_after_zero() {
 }
 
 // Row 6: flood the log, read operator text.
-
-/// Captured log output.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Self;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
 
 /// Runs `body` on a current-thread runtime whose clock stands still (the
 /// layers' once-a-second logs then see one instant, however slow the

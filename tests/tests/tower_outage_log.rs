@@ -4,13 +4,14 @@
 //! line is logged, so a short outage's last requests are not lost (before:
 //! 3 failed open, 1 logged). The store errors' causes are logged once each.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+mod log_capture;
+
 use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
 use http::Request;
+use log_capture::Captured;
 use portcullis::tower::{
     ConcurrencyFailure, ConcurrencyLimitLayer, FailurePolicy, Header, RateLimitLayer,
 };
@@ -18,29 +19,6 @@ use portcullis_core::{ConcurrencyPolicy, Policy};
 use portcullis_redis::RedisStore;
 use portcullis_tests::{unique_prefix, OwnedRedis};
 use tower::ServiceExt as _;
-
-/// Log lines written by the subscriber of one test.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Self;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
 
 /// Whether one request as `x-user: u` was decided by the store (it carries
 /// `RateLimit`) rather than let through undecided.
@@ -121,7 +99,7 @@ fn the_last_requests_of_a_short_outage_are_logged_when_it_ends() {
             let_through
         })
     });
-    let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logged = captured.text();
     let mut reported = 0;
     for line in logged.lines() {
         reported += count_after(line, "failing open: ").unwrap_or(0);
@@ -222,7 +200,7 @@ fn the_concurrency_layer_logs_the_last_requests_of_a_short_outage_too() {
             3
         })
     });
-    let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logged = captured.text();
     let mut reported = 0;
     for line in logged.lines() {
         reported += count_after(line, "failing open: ").unwrap_or(0);

@@ -101,6 +101,24 @@ impl Breaker {
     }
 }
 
+/// When the store answers after store-wide failures: the requests let
+/// through undecided and the store errors counted since the last warning
+/// (due at most once a second), for the layer to log, so the last ones of
+/// a short outage are reported. `None` when there was no outage (one
+/// atomic load) or nothing is pending. Both layers call this.
+pub(crate) fn outage_counts(
+    breaker: &Breaker,
+    undecided: &UndecidedLog,
+    errors: &UndecidedLog,
+) -> Option<(u64, u64)> {
+    if !breaker.failing() {
+        return None;
+    }
+    let undecided = undecided.flush();
+    let errors = errors.flush();
+    (undecided.is_some() || errors.is_some()).then(|| (undecided.unwrap_or(0), errors.unwrap_or(0)))
+}
+
 /// Counts events (requests let through undecided, store errors) so that
 /// they are logged at `warn` at most once per second, with the count since
 /// the last log.

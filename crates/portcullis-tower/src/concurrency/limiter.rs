@@ -132,13 +132,8 @@ impl<St: LeaseStore, K> Limiter<St, K> {
     /// last ones of a short outage are reported. One atomic load when there
     /// was no outage.
     fn outage_over(&self) {
-        if !self.breaker.failing() {
-            return;
-        }
-        let undecided = self.undecided.flush();
-        let errors = self.errors.flush();
-        if undecided.is_some() || errors.is_some() {
-            let (undecided, errors) = (undecided.unwrap_or(0), errors.unwrap_or(0));
+        let counts = crate::breaker::outage_counts(&self.breaker, &self.undecided, &self.errors);
+        if let Some((undecided, errors)) = counts {
             tracing::warn!(
                 policy = self.policy.name(),
                 count = undecided,

@@ -77,13 +77,8 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
     /// load when there was no outage. (Errors of one subject are no outage:
     /// their counts wait for the next due warning.)
     pub(super) fn outage_over(&self) {
-        if !self.breaker.failing() {
-            return;
-        }
-        let undecided = self.undecided.flush();
-        let errors = self.errors.flush();
-        if undecided.is_some() || errors.is_some() {
-            let (undecided, errors) = (undecided.unwrap_or(0), errors.unwrap_or(0));
+        let counts = crate::breaker::outage_counts(&self.breaker, &self.undecided, &self.errors);
+        if let Some((undecided, errors)) = counts {
             tracing::warn!(
                 count = undecided,
                 errors,
