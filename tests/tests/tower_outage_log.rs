@@ -38,32 +38,76 @@ fn count_after(line: &str, after: &str) -> Option<u64> {
     rest.split_whitespace().next()?.parse().ok()
 }
 
-#[test]
-fn the_last_requests_of_a_short_outage_are_logged_when_it_ends() {
+/// Runs a short outage under a layer `layer_on` builds on a store of a
+/// fresh server: one request, then the server refuses every key (NOPERM,
+/// a store-wide failure answered at once) for three requests, then takes
+/// them again for a last one. Returns what was logged at `WARN` and
+/// above, and the requests `decided` said went undecided.
+fn short_outage(
+    what: &str,
+    layer_on: impl FnOnce(RedisStore) -> Router,
+    decided: &impl AsyncFn(&Router) -> bool,
+) -> (String, u64) {
     let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(captured.clone())
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .finish();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let let_through = tracing::subscriber::with_default(subscriber, || {
-        runtime.block_on(async {
-            let server = OwnedRedis::start(&[]);
-            let mut admin = redis::Client::open(server.url())
-                .unwrap()
-                .get_connection()
-                .unwrap();
-            let store = RedisStore::builder()
-                .url(server.url())
-                .prefix(unique_prefix("outage-log"))
-                .timeout(Duration::from_secs(5))
-                .build()
-                .await
-                .unwrap();
+    let undecided =
+        tracing::dispatcher::with_default(&captured.dispatch(tracing::Level::WARN), || {
+            runtime.block_on(async {
+                let server = OwnedRedis::start(&[]);
+                let mut admin = redis::Client::open(server.url())
+                    .unwrap()
+                    .get_connection()
+                    .unwrap();
+                let store = RedisStore::builder()
+                    .url(server.url())
+                    .prefix(unique_prefix(what))
+                    .timeout(Duration::from_secs(5))
+                    .build()
+                    .await
+                    .unwrap();
+                let app = layer_on(store);
+                assert!(decided(&app).await);
+                let mut acl = |rule: &str| {
+                    let () = redis::cmd("ACL")
+                        .arg("SETUSER")
+                        .arg("default")
+                        .arg(rule)
+                        .query(&mut admin)
+                        .unwrap();
+                };
+                acl("resetkeys");
+                let mut undecided = 0;
+                for _ in 0..3 {
+                    undecided += u64::from(!decided(&app).await);
+                }
+                acl("~*");
+                assert!(decided(&app).await, "the store answers again");
+                undecided
+            })
+        });
+    (captured.text(), undecided)
+}
+
+/// The requests the log reports as let through: the "failing open" lines'
+/// counts and the end-of-outage line's.
+fn reported(logged: &str) -> u64 {
+    logged
+        .lines()
+        .map(|line| {
+            count_after(line, "failing open: ").unwrap_or(0)
+                + count_after(line, "answers again: ").unwrap_or(0)
+        })
+        .sum()
+}
+
+#[test]
+fn the_last_requests_of_a_short_outage_are_logged_when_it_ends() {
+    let (logged, let_through) = short_outage(
+        "outage-log",
+        |store| {
             let layer = RateLimitLayer::builder(store)
                 .policy(Policy::per_hour(1_000).name("outage").build().unwrap())
                 .key(Header::new(http::HeaderName::from_static("x-user")))
@@ -73,40 +117,16 @@ fn the_last_requests_of_a_short_outage_are_logged_when_it_ends() {
                 .circuit_breaker(0, Duration::from_secs(1))
                 .build()
                 .unwrap();
-            let app = Router::new()
+            Router::new()
                 .route("/", get(|| async { "ok" }))
-                .layer(layer);
-            assert!(decided(&app).await);
-            // A short outage: the server refuses every key (NOPERM, a
-            // store-wide failure answered at once), three requests are let
-            // through, then it takes them again.
-            let mut acl = |rule: &str| {
-                let () = redis::cmd("ACL")
-                    .arg("SETUSER")
-                    .arg("default")
-                    .arg(rule)
-                    .query(&mut admin)
-                    .unwrap();
-            };
-            acl("resetkeys");
-            let mut let_through = 0;
-            for _ in 0..3 {
-                assert!(!decided(&app).await, "the keys are refused");
-                let_through += 1;
-            }
-            acl("~*");
-            assert!(decided(&app).await, "the store answers again");
-            let_through
-        })
-    });
-    let logged = captured.text();
-    let mut reported = 0;
-    for line in logged.lines() {
-        reported += count_after(line, "failing open: ").unwrap_or(0);
-        reported += count_after(line, "answers again: ").unwrap_or(0);
-    }
+                .layer(layer)
+        },
+        &decided,
+    );
+    assert_eq!(let_through, 3, "the keys are refused");
     assert_eq!(
-        reported, let_through,
+        reported(&logged),
+        let_through,
         "every request let through is reported by the time the store answers:\n{logged}"
     );
     assert!(logged.contains("answers again"), "{logged}");
@@ -134,30 +154,11 @@ fn the_last_requests_of_a_short_outage_are_logged_when_it_ends() {
 
 #[test]
 fn the_concurrency_layer_logs_the_last_requests_of_a_short_outage_too() {
-    let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(captured.clone())
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .finish();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let run_without_permit = tracing::subscriber::with_default(subscriber, || {
-        runtime.block_on(async {
-            let server = OwnedRedis::start(&[]);
-            let mut admin = redis::Client::open(server.url())
-                .unwrap()
-                .get_connection()
-                .unwrap();
-            let store = RedisStore::builder()
-                .url(server.url())
-                .prefix(unique_prefix("outage-log-concurrency"))
-                .timeout(Duration::from_secs(5))
-                .build()
-                .await
-                .unwrap();
+    // Run without a permit: the concurrency layer adds no header, so every
+    // request of the outage counts as one (3), as the rate layer's do.
+    let (logged, _) = short_outage(
+        "outage-log-concurrency",
+        |store| {
             let layer = ConcurrencyLimitLayer::builder(store)
                 .policy(
                     ConcurrencyPolicy::max_in_flight(10)
@@ -171,43 +172,26 @@ fn the_concurrency_layer_logs_the_last_requests_of_a_short_outage_too() {
                 .circuit_breaker(0, Duration::from_secs(1))
                 .build()
                 .unwrap();
-            let app = Router::new()
+            Router::new()
                 .route("/", get(|| async { "ok" }))
-                .layer(layer);
-            let send = || async {
+                .layer(layer)
+        },
+        &|app: &Router| {
+            let app = app.clone();
+            async move {
                 let request = Request::get("/")
                     .header("x-user", "u")
                     .body(axum::body::Body::empty())
                     .unwrap();
-                let response = app.clone().oneshot(request).await.unwrap();
+                let response = app.oneshot(request).await.unwrap();
                 assert!(response.status().is_success(), "{response:?}");
-            };
-            send().await;
-            let mut acl = |rule: &str| {
-                let () = redis::cmd("ACL")
-                    .arg("SETUSER")
-                    .arg("default")
-                    .arg(rule)
-                    .query(&mut admin)
-                    .unwrap();
-            };
-            acl("resetkeys");
-            for _ in 0..3 {
-                send().await;
+                true
             }
-            acl("~*");
-            send().await;
-            3
-        })
-    });
-    let logged = captured.text();
-    let mut reported = 0;
-    for line in logged.lines() {
-        reported += count_after(line, "failing open: ").unwrap_or(0);
-        reported += count_after(line, "answers again: ").unwrap_or(0);
-    }
+        },
+    );
     assert_eq!(
-        reported, run_without_permit,
+        reported(&logged),
+        3,
         "every request run without a permit is reported by the time the store answers:\n{logged}"
     );
     assert!(logged.contains("answers again"), "{logged}");
