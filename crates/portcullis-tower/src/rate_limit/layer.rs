@@ -476,7 +476,8 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// assert_eq!(service.clone().oneshot(request()).await?.status(), StatusCode::TOO_MANY_REQUESTS);
     ///
     /// // acme bought a quota of its own: its next request is checked under it
-    /// // (a new policy name starts afresh; the same name would keep the count).
+    /// // (a new policy name starts afresh; the same name would read the old state
+    /// // at the new rate: README, "Limits from configuration or a database").
     /// limits.update(|set| set.override_policies("acme", [Policy::per_minute(100).name("acme-minute").build().unwrap()]))?;
     /// let response = service.oneshot(request()).await?;
     /// assert_eq!(response.status(), StatusCode::OK);
