@@ -9,7 +9,8 @@ Usage: cargo xtask <command> [options]
 Commands:
   test [--no-lint] [-- <cargo test args>]
         The project's test command (README and CI), in order:
-        cargo fmt --check; cargo clippy -D warnings; start Redis (a standalone
+        cargo fmt --check; cargo clippy -D warnings; rustdoc; the public API
+        against api/portcullis.txt; start Redis (a standalone
         server and a 3-master Cluster on free ports); cargo test --workspace
         with PORTCULLIS_REDIS_* set; stop Redis.
         --no-lint     skip fmt and clippy (quick local runs)
@@ -44,6 +45,10 @@ Commands:
         failover, slot migration, hot subject); prints a table and fails if
         any decision was wrong. RELIABILITY_ONLY=killed,slow,pool,cluster,abuse
         runs some groups only.
+  public-api [--bless]
+        Print the public items of the portcullis facade (all features), one
+        a line, with their counts; --bless writes them to api/portcullis.txt,
+        which `test` checks (commit it with a change of the public API).
   soak [-- --seconds N --subjects N --store memory|redis|both]
         Mixed traffic over 100,000 subjects on both stores; prints memory
         figures and fails if memory grows or a subject exceeds its limit.

@@ -43,7 +43,7 @@ const FEATURES: [(&str, &[&str]); 4] = [
 ];
 
 /// How many stages [`run`] adds.
-pub(crate) const STAGES: usize = 7;
+pub(crate) const STAGES: usize = 8;
 
 /// Runs the checks as stages; the first failure stops them.
 pub(crate) fn run(stages: &mut Stages) -> Result<()> {
@@ -98,6 +98,12 @@ pub(crate) fn run(stages: &mut Stages) -> Result<()> {
                 rustdoc_hint,
             )
         },
+    )?;
+    // The docs just built are the facade's surface: it must match the list
+    // under version control (`xtask/src/public_api.rs`).
+    stages.run(
+        "the facade's public API against api/portcullis.txt",
+        crate::public_api::check,
     )?;
     stages.run(
         "cargo check of each feature of each published crate",

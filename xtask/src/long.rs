@@ -21,13 +21,14 @@ use std::process::ExitCode;
 use crate::redis::{Cluster, Standalone, Tools};
 use crate::{run_cargo, Result};
 
-/// Runs `soak` or `reliability` when `args` name one of them; `None` for
+/// Runs `soak`, `reliability` or `public-api` when `args` name one of them; `None` for
 /// every other command (parsed by [`crate::args`]).
 pub(crate) fn dispatch(args: &[String]) -> Option<ExitCode> {
     let (command, rest) = args.split_first()?;
     let result = match command.as_str() {
         "soak" => soak(rest),
         "reliability" => reliability(rest),
+        "public-api" => crate::public_api::command(rest),
         _ => return None,
     };
     Some(match result {

@@ -2,13 +2,16 @@
 //!
 //! - `cargo xtask test` (alias `ci`) is the one test command of the README
 //!   and CI: the checks of [`lint`] (formatting, clippy, rustdoc under both
-//!   feature sets, each feature alone, packaging, rust-version), then
+//!   feature sets, the facade's public API against `api/portcullis.txt`
+//!   ([`public_api`]), each feature alone, packaging, rust-version), then
 //!   `cargo test --no-fail-fast --workspace` against real
 //!   `redis-server` processes (a standalone server and a Redis Cluster)
 //!   started on free ports and announced through `PORTCULLIS_REDIS_*`
 //!   environment variables.
 //! - `cargo xtask redis` starts the same servers for a local shell.
 //! - `cargo xtask bench <core|redis|http|scale|all>` runs the benches.
+//! - `cargo xtask public-api [--bless]` prints (or writes) the facade's
+//!   public items.
 //!
 //! The server management lives in [`redis`] (plain servers) and
 //! [`secure`] (TLS, ACL and Sentinel) so that later commands can reuse it.
@@ -18,6 +21,7 @@
 mod args;
 mod lint;
 mod long;
+mod public_api;
 mod redis;
 mod resp;
 mod secure;
