@@ -45,7 +45,25 @@ pub enum LeakyMode {
     Queue,
 }
 
-/// The algorithm a [`Policy`] uses. See the crate docs for when to pick which.
+/// The algorithm a [`Policy`] uses.
+///
+/// | algorithm | state per key | pick it when |
+/// |---|---|---|
+/// | `Gcra` (default) | one timestamp | a smooth rate with a burst; the cheapest; redis-cell compatible |
+/// | `TokenBucket` | tokens and a time | you think in tokens refilled over time (the same decisions as GCRA) |
+/// | `LeakyBucket(Meter)` | a level and a time | a bucket that rejects when full |
+/// | `LeakyBucket(Queue)` | one timestamp | smoothing: admit, and say how long to wait ([`Decision::delay`](crate::Decision::delay)) |
+/// | `FixedWindow` | one counter | "N per calendar minute or day": quotas that reset at a known time; up to 2N across a boundary |
+/// | `SlidingWindow` | two counters | window semantics without the boundary burst (an estimate) |
+/// | `SlidingLog` | one entry per permit | an exact rolling window for small limits (at most [`SLIDING_LOG_MAX_LIMIT`]) |
+///
+/// ```
+/// use portcullis::{Algorithm, Policy};
+///
+/// let daily = Policy::per_day(10_000).algorithm(Algorithm::FixedWindow).build()?;
+/// assert_eq!(daily.algorithm(), Algorithm::FixedWindow);
+/// # Ok::<(), portcullis::PolicyError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Algorithm {

@@ -69,7 +69,7 @@
 //! as they are; others (long, with braces, spaces, newlines, non-ASCII) and
 //! all subjects with [`hash_subjects(true)`](crate::RedisStoreBuilder::hash_subjects)
 //! become `#` and the hex SHA-256 of the subject (see
-//! [`portcullis_core::subject::encode_subject`]); [`RedisStore::key_for`] prints a key.
+//! [`portcullis::subject::encode_subject`]); [`RedisStore::key_for`] prints a key.
 //!
 //! Values, readable with `redis-cli` (times are microseconds since the Unix
 //! epoch; `L` is the policy's limit):
@@ -297,4 +297,4 @@
 //! [`RedisStoreBuilder::tls_ca`]: crate::RedisStoreBuilder::tls_ca
 //! [`bb8`]: crate::bb8
 //! [`bb8_redis`]: crate::bb8_redis
-//! [`portcullis_core::subject::encode_subject`]: portcullis_core::subject::encode_subject
+//! [`portcullis::subject::encode_subject`]: portcullis_core::subject::encode_subject

@@ -16,6 +16,8 @@ pub fn init_tracing() {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
+        // Logs apart from what the examples print on stdout.
+        .with_writer(std::io::stderr)
         .init();
 }
 

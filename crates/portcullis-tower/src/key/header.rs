@@ -9,7 +9,7 @@ use super::{KeyBuf, KeyExtractor};
 /// Keys on the value of a request header, for example a tenant id set by a
 /// trusted gateway.
 ///
-/// A value made of plain characters (see [`portcullis_core::subject::is_plain`]) is the
+/// A value made of plain characters (see [`portcullis::subject::is_plain`](portcullis_core::subject::is_plain)) is the
 /// key as it is; any other value (long, non-ASCII, not UTF-8) is hashed. An
 /// absent or empty header yields no key. For secrets use [`ApiKey`], which
 /// always hashes.
@@ -130,7 +130,7 @@ impl BearerToken {
 ///   ([`PlanResolverBuilder::lookup_key`](crate::PlanResolverBuilder::lookup_key)).
 /// - **Overrides** (in a `LimitSet` or a limits file) name the hash:
 ///   `"#" + sha256(key)`, from `printf '%s' "$API_KEY" | sha256sum` or
-///   [`portcullis_core::subject::hash_subject`]; the file then holds no
+///   [`portcullis::subject::hash_subject`](portcullis_core::subject::hash_subject); the file then holds no
 ///   secret.
 ///
 /// ```

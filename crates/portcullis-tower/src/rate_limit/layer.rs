@@ -801,11 +801,15 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// empty or defined twice, [`InvalidPolicies`](ConfigError::InvalidPolicies)
     /// when two policies of one tier share a name,
     /// [`ZeroTimeout`](ConfigError::ZeroTimeout) for a zero check timeout,
-    /// and [`ChargeAfterResponse`](ConfigError::ChargeAfterResponse) when
-    /// [`charge_from_response`](Self::charge_from_response) is combined
-    /// with [`cost`](Self::cost) or a tier has a policy whose algorithm
-    /// cannot be charged after the response (only GCRA and token bucket
-    /// can).
+    /// [`PoliciesWithLimits`](ConfigError::PoliciesWithLimits) for policies
+    /// or tiers given beside a live [`limits`](Self::limits) handle,
+    /// [`IdempotencyWindow`](ConfigError::IdempotencyWindow) for an
+    /// [`idempotency_key`](Self::idempotency_key) window of zero or above
+    /// 30 days, and [`ChargeAfterResponse`](ConfigError::ChargeAfterResponse)
+    /// when [`charge_from_response`](Self::charge_from_response) is
+    /// combined with [`cost`](Self::cost) or a tier has a policy whose
+    /// algorithm cannot be charged after the response (only GCRA and token
+    /// bucket can).
     pub fn build(mut self) -> Result<RateLimitLayer<St, K>, ConfigError> {
         if self.settings.timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
