@@ -32,8 +32,8 @@ const FIXED_WINDOW_FAST: &str = include_str!("lua/fixed_window_fast.lua");
 const SLIDING_WINDOW_FAST: &str = include_str!("lua/sliding_window_fast.lua");
 const LEAKY_QUEUE_FAST: &str = include_str!("lua/leaky_queue_fast.lua");
 const SLIDING_LOG_FAST: &str = include_str!("lua/sliding_log_fast.lua");
-const EXTENDED: &str = include_str!("lua/extended.lua");
-const EXTENDED_LIBRARY: &str = include_str!("lua/extended_library.lua");
+const OPTIONS: &str = include_str!("lua/options.lua");
+const OPTIONS_LIBRARY: &str = include_str!("lua/options_library.lua");
 
 /// The algorithm sources in the order they are concatenated (the queue
 /// uses the GCRA arithmetic, so GCRA comes first).
@@ -173,13 +173,13 @@ pub(crate) fn compose(plan: &[Algorithm]) -> Result<LuaScript, StoreError> {
     compose_with(plan, "", RUN_CHECK, RUN_CHECK_NO_NEW_KEYS)
 }
 
-/// The last line of a check with options (extended.lua) and of its twin.
+/// The last line of a check with options (options.lua) and of its twin.
 const RUN_EXT: &str = "return check_ext(PLAN, KEYS, ARGV, 0, false)\n";
 const RUN_EXT_NO_NEW_KEYS: &str = "return check_ext(PLAN, KEYS, ARGV, 0, true)\n";
 
-/// Composes the script of a check with options (extended.lua).
+/// Composes the script of a check with options (options.lua).
 pub(crate) fn compose_ext(plan: &[Algorithm]) -> Result<LuaScript, StoreError> {
-    compose_with(plan, EXTENDED, RUN_EXT, RUN_EXT_NO_NEW_KEYS)
+    compose_with(plan, OPTIONS, RUN_EXT, RUN_EXT_NO_NEW_KEYS)
 }
 
 /// The check script with `tail` after check.lua and `run` / `run_oom` as
@@ -326,7 +326,7 @@ pub(crate) struct Library {
     leaky_queue: LuaScript,
     /// A one-policy sliding log check (sliding_log_fast.lua).
     sliding_log: LuaScript,
-    /// A check with options (extended.lua, `FCALL`); twin `ext_oom`.
+    /// A check with options (options.lua, `FCALL`); twin `ext_oom`.
     ext: LuaScript,
 }
 
@@ -338,7 +338,7 @@ impl Library {
             body.push_str(text);
         }
         body.push_str(CHECK);
-        body.push_str(EXTENDED);
+        body.push_str(OPTIONS);
         body.push_str(CHARGE);
         body.push_str(LEASE);
         body.push_str(LIBRARY);
@@ -350,7 +350,7 @@ impl Library {
         body.push_str(SLIDING_WINDOW_FAST);
         body.push_str(LEAKY_QUEUE_FAST);
         body.push_str(SLIDING_LOG_FAST);
-        body.push_str(EXTENDED_LIBRARY);
+        body.push_str(OPTIONS_LIBRARY);
         let hash = redis::Script::new(&body).get_hash().to_owned();
         let name = format!("portcullis_{}", &hash[..12]);
         let source: Arc<str> = format!(

@@ -748,7 +748,7 @@ impl Store for RedisStore {
     }
 
     /// One atomic script call: the idempotency record, the class
-    /// reserves and every policy (extended.lua; `FCALL` of the library's
+    /// reserves and every policy (options.lua; `FCALL` of the library's
     /// `ext` function, or `EVALSHA` on that path). See [`Store::check_with`].
     fn check_with(
         &self,

@@ -537,9 +537,9 @@ impl Inner {
 mod builder;
 mod charge;
 mod entry;
-mod extended;
 mod fast;
 mod lease;
+mod options;
 mod sweep;
 mod table;
 #[cfg(test)]

@@ -106,8 +106,8 @@ pub(super) struct Shard {
     /// Policy names in use, shared by the slots: a new subject allocates
     /// its key, not its policies' names.
     pub(super) names: Vec<Arc<str>>,
-    /// Idempotency records of the shard's subjects (`extended.rs`).
-    pub(super) records: super::extended::Records,
+    /// Idempotency records of the shard's subjects (`options.rs`).
+    pub(super) records: super::options::Records,
 }
 
 /// The shared copy of a policy name, interning up to [`MAX_INTERNED_NAMES`]
@@ -145,7 +145,7 @@ impl Shard {
             min_expires_at_us: u64::MAX,
             pass_min_us: u64::MAX,
             names: Vec::new(),
-            records: super::extended::Records::default(),
+            records: super::options::Records::default(),
         }
     }
 

@@ -106,16 +106,16 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
                 // With a class or an idempotency key (a classed tier always
                 // has one: its default), the fallback store keeps them too:
                 // its reserves hold while the main store is down.
-                if let Some(extra) = ticket.extra.as_deref() {
-                    return match super::extended::ask(
+                if let Some(request) = ticket.options.as_deref() {
+                    return match super::options::ask(
                         store,
                         &ticket.key,
                         &tier.policies,
                         ticket.cost,
-                        extra,
+                        request,
                     ) {
-                        super::extended::Asked::Now(result) => Next::Ready(result),
-                        super::extended::Asked::Later(future) => Next::Fallback(future),
+                        super::options::Asked::Now(result) => Next::Ready(result),
+                        super::options::Asked::Later(future) => Next::Fallback(future),
                     };
                 }
                 match store.check_now(&ticket.key, &tier.policies, ticket.cost) {

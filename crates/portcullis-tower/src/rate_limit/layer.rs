@@ -232,7 +232,7 @@ impl<St: Store> RateLimitLayer<St, PeerIp> {
                 charge: None,
                 limits: None,
                 plans: None,
-                extended: super::extended::Extended::default(),
+                options: super::options::OptionSources::default(),
             },
         }
     }
@@ -346,8 +346,8 @@ struct Settings {
     charge: Option<ChargeFn>,
     limits: Option<Limits>,
     plans: Option<PlanResolver>,
-    /// Idempotency keys and priority classes (`extended.rs`).
-    extended: super::extended::Extended,
+    /// Idempotency keys and priority classes (`options.rs`).
+    options: super::options::OptionSources,
 }
 
 impl<St, K> fmt::Debug for RateLimitLayerBuilder<St, K> {
@@ -363,9 +363,9 @@ impl<St, K> fmt::Debug for RateLimitLayerBuilder<St, K> {
 }
 
 impl<St, K> RateLimitLayerBuilder<St, K> {
-    /// The idempotency and priority settings (`extended.rs`).
-    pub(super) fn extended_mut(&mut self) -> &mut super::extended::Extended {
-        &mut self.settings.extended
+    /// The idempotency and priority settings (`options.rs`).
+    pub(super) fn options_mut(&mut self) -> &mut super::options::OptionSources {
+        &mut self.settings.options
     }
 }
 
@@ -814,7 +814,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
         if self.settings.timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
         }
-        super::extended::validate(&self.settings.extended)?;
+        super::options::validate(&self.settings.options)?;
         if let Some(limits) = &self.settings.limits {
             if !self.settings.policies.is_empty() || !self.settings.tiers.is_empty() {
                 return Err(ConfigError::PoliciesWithLimits);
@@ -904,9 +904,9 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
         let deny_cache = self
             .settings
             .deny_cache
-            .filter(|_| self.settings.extended.is_empty())
+            .filter(|_| self.settings.options.is_empty())
             .map(|capacity| DenyCache::new(tiers.len(), capacity));
-        let extended = (!self.settings.extended.is_empty()).then_some(self.settings.extended);
+        let options = (!self.settings.options.is_empty()).then_some(self.settings.options);
         let missing_key = self.settings.missing_key.unwrap_or_else(|| {
             MissingKey::reject(
                 http::StatusCode::BAD_REQUEST,
@@ -937,7 +937,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
                 rejected: UndecidedLog::new(),
                 no_room_status: self.settings.no_room_status,
                 charge: self.settings.charge,
-                extended,
+                options,
             }),
         }
     }

@@ -68,8 +68,8 @@ pub(crate) struct Limiter<St, K> {
     /// Charging after the response: the cost of a response head.
     pub(crate) charge: Option<ChargeFn>,
     /// Idempotency keys and priority classes, when configured
-    /// (`extended.rs`).
-    pub(crate) extended: Option<super::extended::Extended>,
+    /// (`options.rs`).
+    pub(crate) options: Option<super::options::OptionSources>,
 }
 
 impl<St, K> fmt::Debug for Limiter<St, K> {
@@ -129,8 +129,8 @@ pub(crate) struct Ticket {
     /// The `rate_limit` span the request's events belong to; `None` (no
     /// span object to drop or enter) unless `debug` is enabled.
     pub(crate) span: Option<tracing::Span>,
-    /// The request's idempotency key and class (`extended.rs`), if any.
-    pub(crate) extra: Option<Box<super::extended::Extra>>,
+    /// The request's idempotency key and class (`options.rs`), if any.
+    pub(crate) options: Option<Box<super::options::RequestOptions>>,
 }
 
 /// How the store's answer for a new request came, before its ticket is
@@ -207,7 +207,10 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
         let Some(cost) = self.request_cost(parts) else {
             return Next::Forward(None);
         };
-        let extra = self.extended.as_ref().and_then(|e| e.extra(parts));
+        let request = self
+            .options
+            .as_ref()
+            .and_then(|sources| sources.for_request(parts));
         let picked = self.pick_tier(parts, &key);
         let tier: &Arc<Tier> = match &picked {
             Picked::Static(index) => self.tiers.get(*index).unwrap_or(&self.tiers[0]),
@@ -216,14 +219,14 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
         };
         // Classes apply to every request of a classed tier: one without a
         // class of its own is checked as the default class.
-        let extra = match extra {
-            None if tier.classed => Some(super::extended::Extra::default_class()),
-            extra => extra,
+        let request = match request {
+            None if tier.classed => Some(super::options::RequestOptions::default_class()),
+            request => request,
         };
         let span = request_span(&key, tier, cost);
         if matches!(picked, Picked::Later(_) | Picked::Failed) {
             let ticket = slot.insert(self.ticket(key, tier, cost, span));
-            ticket.extra = extra;
+            ticket.options = request;
             return match picked {
                 Picked::Later(lookup) => Next::Resolve(lookup),
                 _ => self.on_failure(ticket, &parts.headers),
@@ -233,7 +236,7 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
         // With an idempotency key or a class, the check with options (the
         // deny cache is off for such a layer); else the plain answer.
         let mut asked = None;
-        let answer = match extra.as_deref() {
+        let answer = match request.as_deref() {
             Some(options) if self.breaker.allow() => {
                 match self.ask_with(tier, &key, cost, Some(options), &mut asked) {
                     Some(result) => Answer::Now(result),
@@ -247,7 +250,7 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
             },
         };
         let ticket = slot.insert(self.ticket(key, tier, cost, span));
-        ticket.extra = extra;
+        ticket.options = request;
         match answer {
             Answer::Cached(verdict) => {
                 tracing::trace!(key = %ticket.key, "denied by the local deny cache");
@@ -271,20 +274,20 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
         }
     }
 
-    /// A check with a request's options (`extended.rs`): its answer now,
+    /// A check with a request's options (`options.rs`): its answer now,
     /// or `None` with the future that answers later in `asked`.
     fn ask_with(
         &self,
         tier: &Tier,
         key: &str,
         cost: u64,
-        extra: Option<&super::extended::Extra>,
+        request: Option<&super::options::RequestOptions>,
         asked: &mut Option<BoxCheckFuture>,
     ) -> Option<Result<Verdict, StoreError>> {
-        let extra = extra?;
-        match super::extended::ask(&*self.store, key, &tier.policies, cost, extra) {
-            super::extended::Asked::Now(result) => Some(result),
-            super::extended::Asked::Later(future) => {
+        let request = request?;
+        match super::options::ask(&*self.store, key, &tier.policies, cost, request) {
+            super::options::Asked::Now(result) => Some(result),
+            super::options::Asked::Later(future) => {
                 *asked = Some(future);
                 None
             }
@@ -381,7 +384,7 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
             },
             fallback: false,
             span,
-            extra: None,
+            options: None,
         }
     }
 
@@ -453,20 +456,20 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
         }
         ticket.fallback = false;
         ticket.sent = None;
-        if ticket.extra.is_none() && ticket.tier.classed {
+        if ticket.options.is_none() && ticket.tier.classed {
             // A tier chosen after the request began (a plan lookup).
-            ticket.extra = Some(super::extended::Extra::default_class());
+            ticket.options = Some(super::options::RequestOptions::default_class());
         }
         // A request with an idempotency key or a class is checked again
         // with them: its class's reserve still holds, and its record is
         // the one written when it is admitted.
-        if let Some(extra) = ticket.extra.as_deref() {
+        if let Some(request) = ticket.options.as_deref() {
             let mut asked = None;
             return match self.ask_with(
                 &ticket.tier,
                 &ticket.key,
                 ticket.cost,
-                Some(extra),
+                Some(request),
                 &mut asked,
             ) {
                 Some(result) => Next::Ready(result),
@@ -677,7 +680,10 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
         let extensions = &mut parts.extensions;
         if verdict.is_allowed() {
             // A replay was charged by the request it repeats.
-            let replay = ticket.extra.as_ref().is_some_and(|extra| extra.is_replay());
+            let replay = ticket
+                .options
+                .as_ref()
+                .is_some_and(|request| request.is_replay());
             if self.charge.is_some() && !replay {
                 if let Some(charge) = extensions.get::<crate::Charge>() {
                     charge.admit(&ticket.key, &ticket.tier, ticket.fallback);

@@ -15,12 +15,12 @@
 mod body;
 mod charge;
 mod deny_cache;
-mod extended;
 mod failure;
 mod future;
 mod keep_body;
 mod layer;
 mod limiter;
+mod options;
 mod resolve;
 mod service;
 

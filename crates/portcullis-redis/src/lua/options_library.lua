@@ -1,7 +1,7 @@
 -- The check with options' registration in the portcullis Redis Functions
 -- library (after library.lua, whose plan() it shares; scripts.rs adds
 -- FN_EXT and FN_EXT_OOM). ARGV[1] names the plan; the rest is
--- extended.lua's arguments.
+-- options.lua's arguments.
 local function ext_call(keys, args, no_new_keys)
   local p = plan(args[1])
   if p == nil then
@@ -11,7 +11,7 @@ local function ext_call(keys, args, no_new_keys)
 end
 redis.register_function{ function_name = FN_EXT,
   callback = function(keys, args) return ext_call(keys, args, false) end }
--- The allow-oom twin (extended.lua, NO_NEW_KEYS).
+-- The allow-oom twin (options.lua, NO_NEW_KEYS).
 redis.register_function{ function_name = FN_EXT_OOM,
   callback = function(keys, args) return ext_call(keys, args, true) end,
   flags = { 'allow-oom' } }

@@ -1,8 +1,10 @@
-//! Idempotency keys and priority classes in the rate-limit layer: the
-//! builder methods ([`RateLimitLayerBuilder::idempotency_key`],
-//! [`RateLimitLayerBuilder::priority`]), the [`CheckOptions`] they give a
-//! request, and its check through [`Store::check_with`] (one call: the
-//! record, the class reserves and the check together).
+//! A request's check options in the rate-limit layer (idempotency keys and
+//! priority classes): the builder methods
+//! ([`RateLimitLayerBuilder::idempotency_key`],
+//! [`RateLimitLayerBuilder::priority`]), where a layer takes them from
+//! ([`OptionSources`]), the [`CheckOptions`] they give one request
+//! ([`RequestOptions`]), and its check through [`Store::check_with`] (one
+//! call: the record, the class reserves and the check together).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,14 +23,14 @@ use crate::key::{KeyBuf, KeyExtractor};
 /// What a layer adds to each check: an idempotency key extractor with its
 /// window, the free replays of a record and what else binds it to its
 /// request, and a priority class selector.
-pub(crate) struct Extended {
+pub(crate) struct OptionSources {
     idempotency: Option<(Box<dyn KeyExtractor>, Duration)>,
     fingerprint: Option<Box<dyn KeyExtractor>>,
     free_replays: u32,
     priority: Option<Box<dyn KeyExtractor>>,
 }
 
-impl Default for Extended {
+impl Default for OptionSources {
     fn default() -> Self {
         Self {
             idempotency: None,
@@ -42,12 +44,12 @@ impl Default for Extended {
 /// A request's options, and whether its check was a replay (set by the
 /// check's future, read when the verdict arrives).
 #[derive(Debug)]
-pub(crate) struct Extra {
+pub(crate) struct RequestOptions {
     options: CheckOptions,
     replayed: Arc<AtomicBool>,
 }
 
-impl Extra {
+impl RequestOptions {
     /// The options of a request checked as its policies' default class
     /// (no idempotency key, no class of its own).
     pub(crate) fn default_class() -> Box<Self> {
@@ -64,7 +66,7 @@ impl Extra {
     }
 }
 
-impl Extended {
+impl OptionSources {
     /// Whether the layer adds anything.
     pub(crate) fn is_empty(&self) -> bool {
         self.idempotency.is_none() && self.priority.is_none()
@@ -72,7 +74,7 @@ impl Extended {
 
     /// The options of this request; `None` when it carries neither an
     /// idempotency key nor a class (a plain check).
-    pub(crate) fn extra(&self, parts: &Parts) -> Option<Box<Extra>> {
+    pub(crate) fn for_request(&self, parts: &Parts) -> Option<Box<RequestOptions>> {
         let mut options = CheckOptions::new();
         if let Some((extractor, window)) = &self.idempotency {
             let mut key = KeyBuf::new();
@@ -90,7 +92,7 @@ impl Extended {
             }
         }
         (!options.is_empty()).then(|| {
-            Box::new(Extra {
+            Box::new(RequestOptions {
                 options,
                 replayed: Arc::new(AtomicBool::new(false)),
             })
@@ -98,7 +100,7 @@ impl Extended {
     }
 }
 
-impl Extended {
+impl OptionSources {
     /// What binds a record to its request: the method, the path with its
     /// query, and the configured fingerprint extractor's value (a body
     /// digest header, say), each length-prefixed so no two requests read
@@ -136,17 +138,17 @@ pub(crate) enum Asked {
     Later(BoxCheckFuture),
 }
 
-/// Sends the check with `extra`'s options; the future records a replay in
-/// `extra`.
+/// Sends the check with `request`'s options; the future records a replay
+/// in `request`.
 pub(crate) fn ask<St: Store>(
     store: &St,
     key: &str,
     policies: &[Policy],
     cost: u64,
-    extra: &Extra,
+    request: &RequestOptions,
 ) -> Asked {
-    let replayed = Arc::clone(&extra.replayed);
-    let checked = store.check_with(key, policies, cost, &extra.options);
+    let replayed = Arc::clone(&request.replayed);
+    let checked = store.check_with(key, policies, cost, &request.options);
     let mut future: BoxCheckFuture = Box::pin(async move {
         let checked = checked.await?;
         replayed.store(checked.is_replay(), Ordering::Relaxed);
@@ -230,7 +232,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// A window of zero or above 30 days fails at [`build`](Self::build)
     /// with [`ConfigError::IdempotencyWindow`](crate::ConfigError::IdempotencyWindow).
     pub fn idempotency_key<I: KeyExtractor>(mut self, key: I, window: Duration) -> Self {
-        self.extended_mut().idempotency = Some((Box::new(key), window));
+        self.options_mut().idempotency = Some((Box::new(key), window));
         self
     }
 
@@ -255,7 +257,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// # let _ = layer; Ok(()) }
     /// ```
     pub fn idempotency_free_replays(mut self, free_replays: u32) -> Self {
-        self.extended_mut().free_replays = free_replays;
+        self.options_mut().free_replays = free_replays;
         self
     }
 
@@ -280,7 +282,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// # let _ = layer; Ok(()) }
     /// ```
     pub fn idempotency_fingerprint<F: KeyExtractor>(mut self, fingerprint: F) -> Self {
-        self.extended_mut().fingerprint = Some(Box::new(fingerprint));
+        self.options_mut().fingerprint = Some(Box::new(fingerprint));
         self
     }
 
@@ -350,14 +352,14 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// # Ok(()) }
     /// ```
     pub fn priority<P: KeyExtractor>(mut self, selector: P) -> Self {
-        self.extended_mut().priority = Some(Box::new(selector));
+        self.options_mut().priority = Some(Box::new(selector));
         self
     }
 }
 
 /// Checks the layer's idempotency window at build time.
-pub(crate) fn validate(extended: &Extended) -> Result<(), crate::ConfigError> {
-    match &extended.idempotency {
+pub(crate) fn validate(sources: &OptionSources) -> Result<(), crate::ConfigError> {
+    match &sources.idempotency {
         Some((_, window)) if window.is_zero() || *window > MAX_IDEMPOTENCY_WINDOW => {
             Err(crate::ConfigError::IdempotencyWindow { window: *window })
         }

@@ -1,12 +1,12 @@
 //! `RedisStore`'s check with options ([`Store::check_with`](portcullis_core::Store::check_with)):
-//! the call of extended.lua, as the library's `ext` function (`FCALL`) or a
+//! the call of options.lua, as the library's `ext` function (`FCALL`) or a
 //! composed script (`EVALSHA`), with the same fallback as a check. The
 //! idempotency record is `<prefix>:{<subject>}:#<sha256 hex>` (beside the
 //! subject's state keys, in their hash slot; the hash covers the policy
 //! names, the cost, the idempotency key and the request's fingerprint,
 //! none of which reaches Redis), read and written in the same call as the
 //! check, with a `PXAT` expiry at the end of its window. Only an admitted
-//! check writes one, holding its free replays (extended.lua).
+//! check writes one, holding its free replays (options.lua).
 
 use std::sync::Arc;
 

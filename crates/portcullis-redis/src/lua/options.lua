@@ -1,4 +1,4 @@
--- The check with options (Store::check_with; memory/extended.rs and
+-- The check with options (Store::check_with; memory/options.rs and
 -- classes.rs in portcullis-core are the twins): an idempotency record and
 -- priority-class reserves, in the same call as the check. Needs check.lua's
 -- helpers (the prelude and the algorithms).
