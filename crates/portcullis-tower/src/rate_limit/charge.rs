@@ -12,8 +12,8 @@ use std::task::{Context, Poll};
 use http::Response;
 use portcullis_core::{ErrorScope, Store, StoreError, Verdict};
 
-use super::layer::Tier;
 use super::limiter::Limiter;
+use super::tier::Tier;
 use crate::config::FailurePolicy;
 use crate::headers::RateLimitHeaders;
 use crate::key::KeyExtractor;

@@ -6,8 +6,8 @@
 use http::{HeaderMap, StatusCode};
 use portcullis_core::{Store, StoreError};
 
-use super::layer::Tier;
 use super::limiter::{Limiter, Next, Ticket};
+use super::tier::Tier;
 use crate::config::{FailurePolicy, Mode};
 use crate::key::KeyExtractor;
 use crate::observe;

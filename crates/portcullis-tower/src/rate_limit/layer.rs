@@ -1,6 +1,6 @@
-//! `RateLimitLayer`, its builder, and the [`Tier`]s (named sets of
-//! policies) it builds. The state its services share is the
-//! [`Limiter`] in `limiter.rs`.
+//! `RateLimitLayer` and its builder, which compiles the [`Tier`]s
+//! (`tier.rs`) a request is checked against. The state its services share
+//! is the [`Limiter`] in `limiter.rs`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -8,19 +8,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderValue, Response, StatusCode};
-use portcullis_core::{
-    validate_charge, validate_check, LimitSet, Limits, Policy, PolicySource, Store, StoreError,
-};
+use http::{Response, StatusCode};
+use portcullis_core::{validate_charge, LimitSet, Limits, Policy, Store, StoreError};
 use tower_layer::Layer;
 
 use super::charge::ChargeFn;
 use super::deny_cache::DenyCache;
 use super::limiter::{CostFn, Limiter, TierFn};
 use super::resolve::{Live, PlanResolver};
+use super::tier::Tier;
 use crate::breaker::{Breaker, UndecidedLog};
 use crate::config::{ConfigError, FailurePolicy, HeaderMode, MissingKey, Mode};
-use crate::headers::{policy_value, ratelimit_prefixes};
 use crate::key::{KeyExtractor, PeerIp};
 use crate::response::LimitedBody;
 use crate::{KeepBodyLayer, RateLimit, RateLimitInfo};
@@ -37,100 +35,6 @@ pub const DEFAULT_BREAKER_THRESHOLD: u32 = 5;
 pub const DEFAULT_BREAKER_PAUSE: Duration = Duration::from_secs(1);
 /// Default capacity of the local deny cache (subjects).
 pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 65_536;
-
-/// A named set of policies checked together.
-#[derive(Debug)]
-pub(crate) struct Tier {
-    pub(crate) name: Arc<str>,
-    pub(crate) policies: Arc<[Policy]>,
-    /// What chose these policies, and the version of the limits they came
-    /// from (0 for a static tier).
-    pub(crate) source: PolicySource,
-    pub(crate) version: u64,
-    /// The deny cache's shards (the static tier's index; 0 for live
-    /// tiers) and this tier's identity there (unique per tier object, so
-    /// a change of limits leaves no denial behind).
-    pub(crate) slot: usize,
-    pub(crate) id: u64,
-    /// The precomputed `RateLimit-Policy` value.
-    pub(crate) policy_header: Option<HeaderValue>,
-    /// The precomputed start of each policy's `RateLimit` item.
-    pub(crate) ratelimit_prefixes: Box<[Box<str>]>,
-    /// Whether a policy defines priority classes: a request is then
-    /// checked with its class, or the default class, never as a plain
-    /// check that would skip the reserves.
-    pub(crate) classed: bool,
-    #[cfg(feature = "metrics")]
-    pub(crate) metric_names: Box<[Arc<str>]>,
-}
-
-impl Tier {
-    fn new(name: &str, policies: Vec<Policy>) -> Result<Self, ConfigError> {
-        if policies.is_empty() {
-            return Err(if name == DEFAULT_TIER {
-                ConfigError::NoPolicies
-            } else {
-                ConfigError::EmptyTier {
-                    tier: name.to_owned(),
-                }
-            });
-        }
-        validate_check(&policies, 1).map_err(|source| ConfigError::InvalidPolicies {
-            tier: name.to_owned(),
-            source,
-        })?;
-        Ok(Self::from_valid(name, policies))
-    }
-
-    /// A tier of policies already known to be valid together (non-empty,
-    /// names distinct).
-    fn from_valid(name: &str, policies: Vec<Policy>) -> Self {
-        let source = if name == DEFAULT_TIER {
-            PolicySource::Default
-        } else {
-            PolicySource::Tier
-        };
-        Self::from_valid_live(name, policies, source, 0)
-    }
-
-    /// A tier of live limits, or of a resolver's plan, validated.
-    pub(crate) fn new_live(
-        name: &str,
-        policies: Vec<Policy>,
-        source: PolicySource,
-        version: u64,
-    ) -> Result<Self, ConfigError> {
-        let mut tier = Self::new(name, policies)?;
-        tier.source = source;
-        tier.version = version;
-        Ok(tier)
-    }
-
-    /// A tier of live limits, of policies known to be valid together.
-    pub(crate) fn from_valid_live(
-        name: &str,
-        policies: Vec<Policy>,
-        source: PolicySource,
-        version: u64,
-    ) -> Self {
-        static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        Self {
-            source,
-            version,
-            slot: 0,
-            id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            name: name.into(),
-            classed: policies.iter().any(Policy::has_classes),
-            policy_header: policy_value(&policies),
-            ratelimit_prefixes: ratelimit_prefixes(&policies),
-            #[cfg(feature = "metrics")]
-            metric_names: policies.iter().map(|p| Arc::from(p.name())).collect(),
-            policies: policies.into(),
-        }
-    }
-}
-
-const DEFAULT_TIER: &str = "default";
 
 /// Applies rate limiting to requests: a tower `Layer` producing
 /// [`RateLimit`] services.
@@ -198,7 +102,10 @@ impl<St: Store> RateLimitLayer<St, PeerIp> {
     /// ```
     pub fn new(store: St, policy: Policy) -> Self {
         // One policy is always a valid tier.
-        Self::builder(store).into_layer(vec![Tier::from_valid(DEFAULT_TIER, vec![policy])])
+        Self::builder(store).into_layer(vec![Tier::from_valid(
+            portcullis_core::DEFAULT_TIER,
+            vec![policy],
+        )])
     }
 
     /// Starts configuring a layer over `store`, keyed by peer IP until
@@ -823,7 +730,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
             self.settings.policies = limits.load().defaults().to_vec();
         }
         let mut tiers = vec![Tier::new(
-            DEFAULT_TIER,
+            portcullis_core::DEFAULT_TIER,
             std::mem::take(&mut self.settings.policies),
         )?];
         for (name, policies) in std::mem::take(&mut self.settings.tiers) {

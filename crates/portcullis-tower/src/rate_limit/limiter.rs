@@ -16,8 +16,8 @@ use tokio::time::Instant;
 
 use super::charge::ChargeFn;
 use super::deny_cache::DenyCache;
-use super::layer::Tier;
 use super::resolve::{Cached, Live, Lookup, Picked};
+use super::tier::Tier;
 use crate::breaker::{Breaker, UndecidedLog};
 use crate::config::{FailurePolicy, HeaderMode, MissingKey, Mode};
 use crate::headers::RateLimitHeaders;

@@ -23,12 +23,12 @@ mod limiter;
 mod options;
 mod resolve;
 mod service;
+mod tier;
 
 pub use body::ResponseBody;
 pub use charge::Charge;
 pub use future::ResponseFuture;
 pub use keep_body::{KeepBody, KeepBodyFuture, KeepBodyLayer};
-pub(crate) use layer::Tier;
 pub use layer::{
     RateLimitLayer, RateLimitLayerBuilder, DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD,
     DEFAULT_CHECK_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY,
@@ -39,3 +39,4 @@ pub use resolve::{
     DEFAULT_UNKNOWN_TTL,
 };
 pub use service::RateLimit;
+pub(crate) use tier::Tier;
