@@ -17,12 +17,7 @@ use log_capture::Captured;
 #[test]
 fn a_refused_reload_logs_its_cause_once_per_distinct_cause() {
     let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(captured.clone())
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let _default = tracing::dispatcher::set_default(&captured.dispatch(tracing::Level::INFO));
     let path = temp_file("refused-reload");
     std::fs::write(&path, GOOD).unwrap();
     let file = LimitsFile::open(&path).unwrap();

@@ -2,75 +2,19 @@
 //! limits file, per-subject overrides and an async plan resolver (cache,
 //! single flight, failures and timeouts on Tokio's paused clock).
 
-use std::convert::Infallible;
+mod limits_common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderName, Request, Response, StatusCode};
+use http::StatusCode;
+use limits_common::{customer, header, policy, request, service};
 use portcullis::tower::{
-    FailurePolicy, Header, Plan, PlanResolver, RateLimitInfo, RateLimitLayer, ResolverFailure,
+    FailurePolicy, Header, Plan, PlanResolver, RateLimitLayer, ResolverFailure,
 };
-use portcullis::{LimitSet, Limits, LimitsFile, MemoryStore, Policy, PolicySource};
-use tower::{service_fn, Layer, Service, ServiceExt};
-
-type Answer = Response<String>;
-
-fn policy(name: &str, limit: u64) -> Policy {
-    Policy::per_minute(limit).name(name).build().expect("valid")
-}
-
-fn customer() -> Header {
-    Header::new(HeaderName::from_static("x-customer"))
-}
-
-/// A service answering with the request's `RateLimitInfo` summarised in
-/// headers: its tier, source, limits version and policy names.
-fn service(
-    layer: &RateLimitLayer<MemoryStore, Header>,
-) -> impl Service<
-    Request<()>,
-    Response = Response<portcullis::tower::rate_limit::ResponseBody<String>>,
-    Error = Infallible,
-    Future: Send,
-> + Clone
-       + Send
-       + 'static {
-    layer.layer(service_fn(|request: Request<()>| async move {
-        let mut response = Response::new(String::new());
-        if let Some(info) = request.extensions().get::<RateLimitInfo>() {
-            let names: Vec<&str> = info.policies().iter().map(Policy::name).collect();
-            let headers = response.headers_mut();
-            headers.insert("x-tier", info.tier().parse().unwrap());
-            headers.insert("x-source", info.source().as_str().parse().unwrap());
-            headers.insert(
-                "x-version",
-                info.limits_version()
-                    .unwrap_or(0)
-                    .to_string()
-                    .parse()
-                    .unwrap(),
-            );
-            headers.insert("x-policies", names.join(",").parse().unwrap());
-        }
-        Ok::<Answer, Infallible>(response)
-    }))
-}
-
-fn request(customer: &str) -> Request<()> {
-    Request::get("/")
-        .header("x-customer", customer)
-        .body(())
-        .unwrap()
-}
-
-fn header<B>(response: &Response<B>, name: &str) -> String {
-    response
-        .headers()
-        .get(name)
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default()
-}
+use portcullis::{LimitSet, Limits, LimitsFile, MemoryStore, PolicySource};
+use tower::ServiceExt;
 
 fn layer_over(limits: &Limits) -> RateLimitLayer<MemoryStore, Header> {
     RateLimitLayer::builder(MemoryStore::new())

@@ -6,68 +6,18 @@
 
 mod log_capture;
 
-use std::convert::Infallible;
+mod limits_common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use http::{HeaderName, Request, Response, StatusCode};
+use http::{Request, StatusCode};
+use limits_common::{customer, header, policy, request, service};
 use log_capture::Captured;
-use portcullis::tower::{
-    ApiKey, Header, KeyExtractor, Plan, PlanResolver, RateLimitInfo, RateLimitLayer,
-};
-use portcullis::{LimitSet, Limits, LimitsFile, MemoryStore, Policy};
-use tower::{service_fn, Layer, Service, ServiceExt};
-
-type Answer = Response<String>;
-
-fn policy(name: &str, limit: u64) -> Policy {
-    Policy::per_minute(limit).name(name).build().expect("valid")
-}
-
-/// A service answering with the request's tier, source and policy names
-/// in headers.
-fn service<K: KeyExtractor>(
-    layer: &RateLimitLayer<MemoryStore, K>,
-) -> impl Service<
-    Request<()>,
-    Response = Response<portcullis::tower::rate_limit::ResponseBody<String>>,
-    Error = Infallible,
-    Future: Send,
-> + Clone
-       + Send
-       + 'static {
-    layer.layer(service_fn(|request: Request<()>| async move {
-        let mut response = Response::new(String::new());
-        if let Some(info) = request.extensions().get::<RateLimitInfo>() {
-            let names: Vec<&str> = info.policies().iter().map(Policy::name).collect();
-            let headers = response.headers_mut();
-            headers.insert("x-tier", info.tier().parse().unwrap());
-            headers.insert("x-source", info.source().as_str().parse().unwrap());
-            headers.insert("x-policies", names.join(",").parse().unwrap());
-        }
-        Ok::<Answer, Infallible>(response)
-    }))
-}
-
-fn customer() -> Header {
-    Header::new(HeaderName::from_static("x-customer"))
-}
-
-fn request(customer: &str) -> Request<()> {
-    Request::get("/")
-        .header("x-customer", customer)
-        .body(())
-        .unwrap()
-}
-
-fn header<B>(response: &Response<B>, name: &str) -> String {
-    response
-        .headers()
-        .get(name)
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default()
-}
+use portcullis::tower::{ApiKey, Header, Plan, PlanResolver, RateLimitLayer};
+use portcullis::{LimitSet, Limits, LimitsFile, MemoryStore};
+use tower::{Service, ServiceExt};
 
 fn tiered() -> Limits {
     Limits::new(

@@ -18,16 +18,11 @@ use portcullis_tests::{unique_prefix, OwnedRedis};
 /// returns what was logged.
 fn warnings_when_building(url: &str) -> String {
     let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(captured.clone())
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .finish();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    tracing::subscriber::with_default(subscriber, || {
+    tracing::dispatcher::with_default(&captured.dispatch(tracing::Level::WARN), || {
         runtime.block_on(async {
             RedisStore::builder()
                 .url(url)

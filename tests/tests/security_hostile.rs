@@ -119,6 +119,30 @@ fn idempotent_layer<St: Store>(store: St, policy: Policy) -> RateLimitLayer<St, 
         .unwrap()
 }
 
+/// One deployment of the idempotent layer: its store's name, its
+/// services (app instances sharing that store), and how many requests
+/// reached their handler.
+type Deployment = (&'static str, Vec<Svc>, Arc<AtomicU64>);
+
+/// The idempotent layer under `policy` in memory (one instance) and on
+/// Redis (two instances sharing one server), every store on `clock`.
+async fn memory_and_redis(
+    what: &str,
+    clock: &ManualClock,
+    policy: impl Fn() -> Policy,
+) -> [Deployment; 2] {
+    let in_memory = Arc::new(AtomicU64::new(0));
+    let memory = MemoryStore::with_clock(clock.clone());
+    let memory = vec![counted(&idempotent_layer(memory, policy()), &in_memory)];
+    let on_redis = Arc::new(AtomicU64::new(0));
+    let (a, b) = two_instances(what, clock).await;
+    let redis = vec![
+        counted(&idempotent_layer(a, policy()), &on_redis),
+        counted(&idempotent_layer(b, policy()), &on_redis),
+    ];
+    [("memory", memory, in_memory), ("redis", redis, on_redis)]
+}
+
 // Row 1: one key for any request.
 
 /// Sends 100 requests with one idempotency key over 100 paths through
@@ -135,25 +159,14 @@ async fn one_key_many_paths(services: &[Svc], reached: &AtomicU64) -> u64 {
 #[tokio::test]
 async fn one_idempotency_key_reused_over_many_requests_is_charged_for_each() {
     let policy = || Policy::per_minute(1).name("payments").build().unwrap();
-    let reached = Arc::new(AtomicU64::new(0));
-    let memory = counted(&idempotent_layer(MemoryStore::new(), policy()), &reached);
-    assert_eq!(
-        one_key_many_paths(&[memory], &reached).await,
-        1,
-        "in memory, one request of 100 under per_minute(1)"
-    );
     let clock = manual_clock();
-    let (a, b) = two_instances("hostile-one-key", &clock).await;
-    let reached = Arc::new(AtomicU64::new(0));
-    let services = [
-        counted(&idempotent_layer(a, policy()), &reached),
-        counted(&idempotent_layer(b, policy()), &reached),
-    ];
-    assert_eq!(
-        one_key_many_paths(&services, &reached).await,
-        1,
-        "on Redis across two instances, one request of 100"
-    );
+    for (what, services, reached) in memory_and_redis("hostile-one-key", &clock, policy).await {
+        assert_eq!(
+            one_key_many_paths(&services, &reached).await,
+            1,
+            "{what}: one request of 100 under per_minute(1)"
+        );
+    }
 }
 
 #[tokio::test]
@@ -178,17 +191,7 @@ async fn the_same_request_beyond_its_free_replays_is_charged() {
     // requests reach the handler, whatever the client sends.
     let policy = || Policy::per_minute(2).name("payments").build().unwrap();
     let clock = manual_clock();
-    let memory = MemoryStore::with_clock(clock.clone());
-    let (a, b) = two_instances("hostile-replays", &clock).await;
-    for (what, stores) in [
-        ("memory", vec![counted_store(memory)]),
-        ("redis", vec![counted_store(a), counted_store(b)]),
-    ] {
-        let reached = Arc::new(AtomicU64::new(0));
-        let services: Vec<Svc> = stores
-            .into_iter()
-            .map(|make| make(policy(), &reached))
-            .collect();
+    for (what, services, reached) in memory_and_redis("hostile-replays", &clock, policy).await {
         let mut statuses = Vec::new();
         for i in 0..10 {
             let service = &services[i % services.len()];
@@ -204,32 +207,13 @@ async fn the_same_request_beyond_its_free_replays_is_charged() {
     }
 }
 
-/// Makes a counted idempotent service under a policy.
-type MakeService = Box<dyn FnOnce(Policy, &Arc<AtomicU64>) -> Svc>;
-
-/// A maker of a counted idempotent service on `store` (type-erased, so
-/// stores of different types share one list).
-fn counted_store<St: Store + Clone>(store: St) -> MakeService {
-    Box::new(move |policy, reached| counted(&idempotent_layer(store, policy), reached))
-}
-
 // Row 2: locked out past the policy by its own retry.
 
 #[tokio::test]
 async fn a_denied_request_retried_after_its_retry_after_is_decided_afresh() {
     let policy = || Policy::per_minute(1).name("payments").build().unwrap();
     let clock = manual_clock();
-    let memory = MemoryStore::with_clock(clock.clone());
-    let (a, b) = two_instances("hostile-denied", &clock).await;
-    for (what, stores) in [
-        ("memory", vec![counted_store(memory)]),
-        ("redis", vec![counted_store(a), counted_store(b)]),
-    ] {
-        let reached = Arc::new(AtomicU64::new(0));
-        let services: Vec<Svc> = stores
-            .into_iter()
-            .map(|make| make(policy(), &reached))
-            .collect();
+    for (what, services, _) in memory_and_redis("hostile-denied", &clock, policy).await {
         let first = &services[0];
         let last = &services[services.len() - 1];
         let (ok, _) = send(first, request("POST", "/pay", "alice", Some("a"))).await;
@@ -544,17 +528,14 @@ async fn a_full_record_table_never_answers_retry_after_zero() {
 /// what was logged.
 fn logged(body: impl std::future::Future<Output = ()>) -> String {
     let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(captured.clone())
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .finish();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
         .build()
         .unwrap();
-    tracing::subscriber::with_default(subscriber, || runtime.block_on(body));
+    tracing::dispatcher::with_default(&captured.dispatch(tracing::Level::INFO), || {
+        runtime.block_on(body)
+    });
     captured.text()
 }
 

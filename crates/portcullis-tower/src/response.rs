@@ -184,9 +184,13 @@ pub(crate) fn refused_message(error: &portcullis_core::StoreError) -> &'static s
             operation: "idempotency key",
             ..
         } => "this request's idempotency key cannot be used: send 1 to 1024 bytes\n",
+        // (The bound in that text is core's, checked below.)
         _ => "this request could not be checked against the rate limit as sent\n",
     }
 }
+
+// `refused_message` names the key length core accepts.
+const _: () = assert!(portcullis_core::MAX_IDEMPOTENCY_KEY_LEN == 1024);
 
 /// The default answer of a layer keyed by `key` to a request without a
 /// key: what it lacks, in the extractor's words.
