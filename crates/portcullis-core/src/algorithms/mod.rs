@@ -14,6 +14,7 @@ mod fixed_window;
 mod gcra;
 mod leaky_bucket;
 pub mod lease;
+mod rescale;
 mod sliding_log;
 mod sliding_window;
 mod token_bucket;
@@ -22,6 +23,7 @@ pub use charge::{charge, supports_charge};
 pub use gcra::{
     throttle, throttle_policy, throttle_reply, ThrottleError, ThrottleReply, THROTTLE_POLICY_NAME,
 };
+pub use rescale::{check_written, rescale, Shape};
 
 /// GCRA state: the theoretical arrival time `tat_us + tat_rem / limit`
 /// microseconds since the epoch, with `0 <= tat_rem < limit`.

@@ -53,8 +53,7 @@ impl Shard {
         let steps: SmallVec<[Step; 2]> = policies
             .iter()
             .map(|policy| {
-                let state =
-                    entry.and_then(|entry| entry.live_state(names, policy.shared_name(), now, hot));
+                let state = entry.and_then(|entry| entry.live_state(names, policy, now, hot));
                 // `validate_charge` refused the algorithms without a
                 // charge; were one to come through, it is only peeked.
                 algorithms::charge(policy, state.as_deref(), now, cost)

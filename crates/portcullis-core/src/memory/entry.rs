@@ -7,8 +7,8 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::table::{intern, same_name};
-use crate::algorithms::{GcraState, State};
+use super::table::{same_name, Names};
+use crate::algorithms::{rescale, GcraState, Shape, State};
 use crate::Policy;
 
 /// Bits of a packed TAT that hold its fraction (`tat_rem`, in units of
@@ -168,6 +168,8 @@ pub(super) enum Body {
 pub(super) struct Slot {
     /// Shared with the shard's other slots of the same policy.
     pub(super) policy: Arc<str>,
+    /// The units `state` is written in (those of the policy that wrote it).
+    pub(super) shape: Shape,
     pub(super) state: State,
     pub(super) expires_at_us: u64,
 }
@@ -194,8 +196,8 @@ fn address_of(name: &Arc<str>) -> u64 {
 
 impl PolicyRef {
     /// The reference to the interned name at `index`, if its address fits.
-    fn new(names: &[Arc<str>], index: usize) -> Option<Self> {
-        let address = address_of(names.get(index)?);
+    fn new(names: &Names, index: usize) -> Option<Self> {
+        let address = address_of(names.get(index)?.0);
         let index = u8::try_from(index).ok()?;
         let bytes = address.to_le_bytes();
         (address >> 48 == 0).then_some(Self {
@@ -204,27 +206,56 @@ impl PolicyRef {
         })
     }
 
-    /// Whether this is `policy`'s name.
+    /// Whether this is `policy`: its name, in its units. (The same `Arc`
+    /// is the same built policy: [`PolicyBuilder::build`](crate::PolicyBuilder::build)
+    /// allocates the name of each.)
     #[inline(always)]
-    pub(super) fn is(self, names: &[Arc<str>], policy: &Arc<str>) -> bool {
+    pub(super) fn is(self, names: &Names, policy: &Policy) -> bool {
         let a = self.address;
         let address = u64::from_le_bytes([a[0], a[1], a[2], a[3], a[4], a[5], 0, 0]);
-        address == address_of(policy) || self.is_by_characters(names, policy)
+        address == address_of(policy.shared_name()) || self.is_by_characters(names, policy)
     }
 
     #[cold]
     #[inline(never)]
-    fn is_by_characters(self, names: &[Arc<str>], policy: &Arc<str>) -> bool {
+    fn is_by_characters(self, names: &Names, policy: &Policy) -> bool {
         names
             .get(usize::from(self.index))
-            .is_some_and(|interned| same_name(interned, policy))
+            .is_some_and(|(interned, shape)| {
+                shape == Shape::of(policy) && same_name(interned, policy.shared_name())
+            })
+    }
+
+    /// The units of a state of `policy`'s name written in other units (a
+    /// plan change under the same name).
+    #[cold]
+    #[inline(never)]
+    fn written_in_other_units(self, names: &Names, policy: &Policy) -> Option<Shape> {
+        names
+            .get(usize::from(self.index))
+            .filter(|(interned, _)| same_name(interned, policy.shared_name()))
+            .map(|(_, shape)| shape)
+    }
+
+    /// Whether this is `policy`'s name, in whatever units.
+    fn is_named(self, names: &Names, policy: &Policy) -> bool {
+        names
+            .get(usize::from(self.index))
+            .is_some_and(|(interned, _)| same_name(interned, policy.shared_name()))
     }
 }
 
-/// Whether a compact entry's state is `policy`'s.
-#[inline(always)]
-fn is_named(names: &[Arc<str>], name: PolicyRef, policy: &Arc<str>) -> bool {
-    name.is(names, policy)
+/// A state as it is read: `(state, rescaled)`, `rescaled` when it was
+/// written in other units than the reading policy's and converted
+/// ([`rescale`]).
+pub(super) type Live<'a> = (Cow<'a, State>, bool);
+
+/// `state`, written in units `shape`, read through `policy` at `now`.
+fn read_through<'a>(state: Cow<'a, State>, shape: Shape, policy: &Policy, now: u64) -> Live<'a> {
+    match rescale(&state, shape, policy, now) {
+        Some(rescaled) => (Cow::Owned(rescaled), true),
+        None => (state, false),
+    }
 }
 
 /// The state of a compact entry, unless it expired.
@@ -235,10 +266,11 @@ fn compact_state(packed: u64, now: u64) -> Option<Cow<'static, State>> {
 
 impl Body {
     /// The body of a subject whose first state is `state`.
-    fn one(names: &mut Vec<Arc<str>>, policy: &Arc<str>, state: State, expires_at_us: u64) -> Self {
-        let policy = intern(names, policy);
+    fn one(names: &mut Names, policy: &Policy, state: State, expires_at_us: u64) -> Self {
+        let shape = Shape::of(policy);
+        let policy = names.intern(policy);
         if let Some(packed) = compact(&state, expires_at_us) {
-            let name = names.iter().position(|name| Arc::ptr_eq(name, &policy));
+            let name = names.position(&policy);
             if let Some(name) = name.and_then(|name| PolicyRef::new(names, name)) {
                 return Self::Tat {
                     name,
@@ -248,6 +280,7 @@ impl Body {
         }
         Self::Slots(Box::new(vec![Slot {
             policy,
+            shape,
             state,
             expires_at_us,
         }]))
@@ -257,9 +290,9 @@ impl Body {
 impl Entry {
     /// A new subject's entry holding `policy`'s first state.
     pub(super) fn new(
-        names: &mut Vec<Arc<str>>,
+        names: &mut Names,
         key: &[u8],
-        policy: &Arc<str>,
+        policy: &Policy,
         state: State,
         expires_at_us: u64,
     ) -> Self {
@@ -297,27 +330,48 @@ impl Entry {
         matches!(self.body, Body::Hot { .. })
     }
 
-    /// The state `policy` left, unless it expired.
+    /// The state `policy` left, unless it expired, in `policy`'s units
+    /// (see [`Live`]).
+    #[inline]
+    pub(super) fn live(
+        &self,
+        names: &Names,
+        policy: &Policy,
+        now: u64,
+        hot: u64,
+    ) -> Option<Live<'_>> {
+        let (name, packed) = match &self.body {
+            Body::Tat { name, tat } => (*name, tat.load(Ordering::Acquire)),
+            Body::Hot { name } => (*name, hot),
+            Body::Slots(slots) => {
+                let slot = slots
+                    .iter()
+                    .find(|slot| same_name(&slot.policy, policy.shared_name()))
+                    .filter(|slot| slot.expires_at_us > now)?;
+                let state = Cow::Borrowed(&slot.state);
+                if slot.shape == Shape::of(policy) {
+                    return Some((state, false));
+                }
+                return Some(read_through(state, slot.shape, policy, now));
+            }
+        };
+        if name.is(names, policy) {
+            return compact_state(packed, now).map(|state| (state, false));
+        }
+        let shape = name.written_in_other_units(names, policy)?;
+        compact_state(packed, now).map(|state| read_through(state, shape, policy, now))
+    }
+
+    /// The state `policy` left, unless it expired, in `policy`'s units.
     #[inline]
     pub(super) fn live_state(
         &self,
-        names: &[Arc<str>],
-        policy: &Arc<str>,
+        names: &Names,
+        policy: &Policy,
         now: u64,
         hot: u64,
     ) -> Option<Cow<'_, State>> {
-        match &self.body {
-            Body::Tat { name, tat } if is_named(names, *name, policy) => {
-                compact_state(tat.load(Ordering::Acquire), now)
-            }
-            Body::Hot { name } if is_named(names, *name, policy) => compact_state(hot, now),
-            Body::Tat { .. } | Body::Hot { .. } => None,
-            Body::Slots(slots) => slots
-                .iter()
-                .find(|slot| same_name(&slot.policy, policy))
-                .filter(|slot| slot.expires_at_us > now)
-                .map(|slot| Cow::Borrowed(&slot.state)),
-        }
+        self.live(names, policy, now, hot).map(|(state, _)| state)
     }
 
     /// Stores `state` as `policy`'s. `hot` is the shard's
@@ -326,14 +380,14 @@ impl Entry {
     #[inline(always)]
     pub(super) fn write(
         &mut self,
-        names: &mut Vec<Arc<str>>,
-        policy: &Arc<str>,
+        names: &mut Names,
+        policy: &Policy,
         state: State,
         expires_at_us: u64,
         hot: u64,
     ) {
         if let Body::Tat { name, tat } = &mut self.body {
-            if is_named(names, *name, policy) {
+            if name.is(names, policy) {
                 if let Some(packed) = compact(&state, expires_at_us) {
                     *tat.get_mut() = packed;
                     return;
@@ -347,8 +401,8 @@ impl Entry {
     #[inline(never)]
     fn write_slot(
         &mut self,
-        names: &mut Vec<Arc<str>>,
-        policy: &Arc<str>,
+        names: &mut Names,
+        policy: &Policy,
         state: State,
         expires_at_us: u64,
         hot: u64,
@@ -360,10 +414,11 @@ impl Entry {
         };
         if let Some((name, packed)) = expanded {
             let mut slots = Vec::with_capacity(2);
-            if let Some(interned) = names.get(usize::from(name.index)) {
+            if let Some((interned, shape)) = names.get(usize::from(name.index)) {
                 let (tat_us, tat_rem) = unpack(packed);
                 slots.push(Slot {
                     policy: Arc::clone(interned),
+                    shape,
                     state: State::Gcra(GcraState { tat_us, tat_rem }),
                     expires_at_us: packed_expiry(packed),
                 });
@@ -373,16 +428,24 @@ impl Entry {
         let Body::Slots(slots) = &mut self.body else {
             return;
         };
+        let shape = Shape::of(policy);
         match slots
             .iter_mut()
-            .find(|slot| same_name(&slot.policy, policy))
+            .find(|slot| same_name(&slot.policy, policy.shared_name()))
         {
             Some(slot) => {
+                if slot.shape != shape {
+                    // Now in the new units: under the name interned with
+                    // them, so that it compacts as the new policy's.
+                    slot.policy = names.intern(policy);
+                    slot.shape = shape;
+                }
                 slot.state = state;
                 slot.expires_at_us = expires_at_us;
             }
             None => slots.push(Slot {
-                policy: intern(names, policy),
+                policy: names.intern(policy),
+                shape,
                 state,
                 expires_at_us,
             }),
@@ -393,7 +456,7 @@ impl Entry {
     /// with this subject), and returns to the compact form when one state
     /// it can hold is left.
     #[inline]
-    pub(super) fn refresh(&mut self, names: &[Arc<str>], now: u64) {
+    pub(super) fn refresh(&mut self, names: &Names, now: u64) {
         let Body::Slots(slots) = &mut self.body else {
             return;
         };
@@ -404,14 +467,18 @@ impl Entry {
     }
 
     /// Returns to the compact form when one state it can hold is left.
-    fn compact(&mut self, names: &[Arc<str>]) {
+    fn compact(&mut self, names: &Names) {
         let Body::Slots(slots) = &self.body else {
             return;
         };
         if let [slot] = &slots[..] {
             let name = names
-                .iter()
-                .position(|name| Arc::ptr_eq(name, &slot.policy))
+                .position(&slot.policy)
+                .filter(|&index| {
+                    names
+                        .get(index)
+                        .is_some_and(|(_, shape)| shape == slot.shape)
+                })
                 .and_then(|name| PolicyRef::new(names, name));
             if let (Some(name), Some(packed)) = (name, compact(&slot.state, slot.expires_at_us)) {
                 self.body = Body::Tat {
@@ -423,11 +490,11 @@ impl Entry {
     }
 
     /// Forgets the states of `policies`; whether none is left.
-    pub(super) fn forget(&mut self, names: &[Arc<str>], policies: &[Policy]) -> bool {
+    pub(super) fn forget(&mut self, names: &Names, policies: &[Policy]) -> bool {
         let empty = match &mut self.body {
-            Body::Tat { name, .. } | Body::Hot { name } => policies
-                .iter()
-                .any(|policy| is_named(names, *name, policy.shared_name())),
+            Body::Tat { name, .. } | Body::Hot { name } => {
+                policies.iter().any(|policy| name.is_named(names, policy))
+            }
             Body::Slots(slots) => {
                 slots.retain(|slot| !policies.iter().any(|p| p.name() == &*slot.policy));
                 slots.is_empty()

@@ -330,7 +330,7 @@ impl Shard {
         let Body::Tat { name, tat } = &entry.body else {
             return;
         };
-        if !name.is(&self.names, policy.shared_name()) {
+        if !name.is(&self.names, policy) {
             return;
         }
         let packed = tat.load(Ordering::Relaxed);
@@ -362,7 +362,7 @@ impl Shard {
             Body::Hot { name } => (*name, &self.hot_tat, true),
             Body::Slots(_) => return None,
         };
-        if !name.is(&self.names, policy.shared_name()) {
+        if !name.is(&self.names, policy) {
             return None;
         }
         let mut contended = false;

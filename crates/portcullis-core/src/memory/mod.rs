@@ -295,7 +295,7 @@ impl MemoryStore {
     /// a key longer than 22 bytes adds its length (keys longer than
     /// [`MAX_PLAIN_SUBJECT_LEN`] are stored as 33 bytes), and a subject
     /// with other states than one GCRA state (several policies, other
-    /// algorithms) moves them to the heap: 24 bytes and 56 per policy.
+    /// algorithms) moves them to the heap: 24 bytes and 80 per policy (the state, its policy's name and the units it is written in).
     /// Multiply by [`MemoryStore::max_keys`] to size a store.
     ///
     /// ```
@@ -321,7 +321,7 @@ impl MemoryStore {
         for shard in &*self.inner.shards {
             let shard = shard.read();
             bytes += shard.table.allocation_size();
-            bytes += shard.names.capacity() * std::mem::size_of::<Arc<str>>();
+            bytes += shard.names.heap_bytes();
             bytes += shard.table.iter().map(Entry::heap_bytes).sum::<usize>();
             bytes += shard.records.memory_bytes();
         }

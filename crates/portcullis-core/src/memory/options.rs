@@ -238,9 +238,8 @@ impl Shard {
         let index = self.find(hash, key);
         let entry = index.and_then(|index| self.table.get_bucket(index));
         let names = &self.names;
-        let state_of = |policy: &Policy| {
-            entry.and_then(|entry| entry.live_state(names, policy.shared_name(), now, hot))
-        };
+        let state_of =
+            |policy: &Policy| entry.and_then(|entry| entry.live_state(names, policy, now, hot));
         let mut steps: SmallVec<[Step; 2]> = policies
             .iter()
             .zip(plan.reserves())

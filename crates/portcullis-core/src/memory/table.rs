@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 use super::entry::Entry;
 use super::fast::check_policy;
 use super::{Inner, WhenFull, HASHED_KEY_TAG, MAX_INTERNED_NAMES};
-use crate::algorithms::Step;
+use crate::algorithms::{Shape, Step};
 use crate::subject::MAX_PLAIN_SUBJECT_LEN;
 use crate::{Decision, Policy, StoreError, Verdict};
 
@@ -105,25 +105,90 @@ pub(super) struct Shard {
     pub(super) pass_min_us: u64,
     /// Policy names in use, shared by the slots: a new subject allocates
     /// its key, not its policies' names.
-    pub(super) names: Vec<Arc<str>>,
+    pub(super) names: Names,
     /// Idempotency records of the shard's subjects (`options.rs`).
     pub(super) records: super::options::Records,
 }
 
-/// The shared copy of a policy name, interning up to [`MAX_INTERNED_NAMES`]
-/// names per shard (applications use a handful; past that, each slot holds
-/// the `Arc` of the policy that wrote it).
+/// The policies a shard shares between its subjects: up to
+/// [`MAX_INTERNED_NAMES`] (applications use a handful; past that, each slot
+/// holds the `Arc` of the policy that wrote it), each a name with the
+/// [`Shape`] its states are written in. A name changed to another rate or
+/// capacity (a plan change under the same name) is a second entry, so a
+/// compact state always says in which units it was written.
 ///
-/// The first policy seen with a name lends its own `Arc`, so checks made
-/// with clones of that policy find their slot by a pointer comparison.
-pub(super) fn intern(names: &mut Vec<Arc<str>>, name: &Arc<str>) -> Arc<str> {
-    if let Some(interned) = names.iter().find(|interned| same_name(interned, name)) {
-        return Arc::clone(interned);
+/// The first policy seen with a name and shape lends its own `Arc`, so
+/// checks made with clones of that policy find their slot by a pointer
+/// comparison.
+#[derive(Default)]
+pub(super) struct Names {
+    names: Vec<Arc<str>>,
+    shapes: Vec<Shape>,
+}
+
+impl Names {
+    /// The shared name of `policy`'s name and shape.
+    pub(super) fn intern(&mut self, policy: &Policy) -> Arc<str> {
+        let name = policy.shared_name();
+        let shape = Shape::of(policy);
+        let found = self
+            .names
+            .iter()
+            .zip(&self.shapes)
+            .find(|(interned, interned_shape)| {
+                **interned_shape == shape && same_name(interned, name)
+            });
+        if let Some((interned, _)) = found {
+            return Arc::clone(interned);
+        }
+        if self.names.len() < MAX_INTERNED_NAMES {
+            self.names.push(Arc::clone(name));
+            self.shapes.push(shape);
+        }
+        Arc::clone(name)
     }
-    if names.len() < MAX_INTERNED_NAMES {
-        names.push(Arc::clone(name));
+
+    /// The interned name at `index` and its shape.
+    #[inline(always)]
+    pub(super) fn get(&self, index: usize) -> Option<(&Arc<str>, Shape)> {
+        Some((self.names.get(index)?, *self.shapes.get(index)?))
     }
-    Arc::clone(name)
+
+    /// Where `name` (this very `Arc`) is interned.
+    pub(super) fn position(&self, name: &Arc<str>) -> Option<usize> {
+        self.names
+            .iter()
+            .position(|interned| Arc::ptr_eq(interned, name))
+    }
+
+    /// Bytes held outside the shard.
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.names.capacity() * std::mem::size_of::<Arc<str>>()
+            + self.shapes.capacity() * std::mem::size_of::<Shape>()
+    }
+}
+
+/// [`check_policy`] of a state as [`Entry::live`] read it: a state it
+/// rescaled to `policy`'s units is written back on a charge whatever the
+/// verdict, as a repair is (ALGORITHMS.md, "Changing a policy").
+#[inline(always)]
+pub(super) fn checked(
+    policy: &Policy,
+    live: Option<(std::borrow::Cow<'_, crate::algorithms::State>, bool)>,
+    now: u64,
+    cost: u64,
+) -> Step {
+    match live {
+        None => check_policy(policy, None, now, cost),
+        Some((state, false)) => check_policy(policy, Some(&state), now, cost),
+        Some((state, true)) => {
+            let mut step = check_policy(policy, Some(&state), now, cost);
+            if cost > 0 && step.new_state.is_none() {
+                step.new_state = Some(state.into_owned());
+            }
+            step
+        }
+    }
 }
 
 /// Whether two policy names are equal, comparing pointers first.
@@ -144,7 +209,7 @@ impl Shard {
             evict_cursor: 0,
             min_expires_at_us: u64::MAX,
             pass_min_us: u64::MAX,
-            names: Vec::new(),
+            names: Names::default(),
             records: super::options::Records::default(),
         }
     }
@@ -168,7 +233,6 @@ impl Shard {
         now: u64,
         cost: u64,
     ) -> Result<Decision, StoreError> {
-        let name = policy.shared_name();
         // The time again, under the lock: no state written before is then
         // later than it (with a clock that never goes back), so a state
         // ahead of it beyond the clock tolerance is a policy change or a
@@ -181,16 +245,16 @@ impl Shard {
         let Some(entry) = index.and_then(|index| self.table.get_bucket_mut(index)) else {
             let step = check_policy(policy, None, now, cost);
             if let (true, Some(state)) = (cost > 0, step.new_state) {
-                let entry = Entry::new(&mut self.names, key, name, state, step.expires_at_us);
+                let entry = Entry::new(&mut self.names, key, policy, state, step.expires_at_us);
                 self.insert(inner, hash, entry, now)?;
             }
             self.tick(inner, now);
             return Ok(step.decision);
         };
-        let state = entry.live_state(&self.names, name, now, hot);
-        let step = check_policy(policy, state.as_deref(), now, cost);
+        let live = entry.live(&self.names, policy, now, hot);
+        let step = checked(policy, live, now, cost);
         if let (true, Some(state)) = (cost > 0, step.new_state) {
-            entry.write(&mut self.names, name, state, step.expires_at_us, hot);
+            entry.write(&mut self.names, policy, state, step.expires_at_us, hot);
             entry.refresh(&self.names, now);
             let expires_at_us = entry.expires_at_us(hot);
             self.note_expiry(expires_at_us);
@@ -221,9 +285,8 @@ impl Shard {
         let mut steps: SmallVec<[Step; 2]> = policies
             .iter()
             .map(|policy| {
-                let state =
-                    entry.and_then(|entry| entry.live_state(names, policy.shared_name(), now, hot));
-                check_policy(policy, state.as_deref(), now, cost)
+                let live = entry.and_then(|entry| entry.live(names, policy, now, hot));
+                checked(policy, live, now, cost)
             })
             .collect();
         if cost > 0 && steps.iter().any(|step| !step.decision.is_allowed()) {
@@ -232,9 +295,17 @@ impl Shard {
             // only a repair).
             for (policy, step) in policies.iter().zip(steps.iter_mut()) {
                 if step.decision.is_allowed() {
-                    let state = entry
-                        .and_then(|entry| entry.live_state(names, policy.shared_name(), now, hot));
-                    *step = check_policy(policy, state.as_deref(), now, 0);
+                    let live = entry.and_then(|entry| entry.live(names, policy, now, hot));
+                    // A peek; a rescaled state is still written back, as
+                    // a repair.
+                    let repair = live
+                        .as_ref()
+                        .filter(|(_, rescaled)| *rescaled)
+                        .map(|(state, _)| state.clone().into_owned());
+                    *step = checked(policy, live, now, 0);
+                    if step.new_state.is_none() {
+                        step.new_state = repair;
+                    }
                 }
             }
         }
@@ -264,11 +335,10 @@ impl Shard {
         now: u64,
     ) -> Result<(), StoreError> {
         let hot = self.hot_tat.load(Ordering::Relaxed);
-        let apply = |entry: &mut Entry, names: &mut Vec<Arc<str>>| {
+        let apply = |entry: &mut Entry, names: &mut Names| {
             for (policy, step) in steps {
                 if let Some(state) = step.new_state {
-                    let name = policy.shared_name();
-                    entry.write(names, name, state, step.expires_at_us, hot);
+                    entry.write(names, policy, state, step.expires_at_us, hot);
                 }
             }
             entry.refresh(names, now);
