@@ -35,6 +35,9 @@ enum Op {
     /// Move the clock to `before` µs before the end of the first policy's
     /// current period (the next multiple of its period), then check.
     NearEnd { before: u64, cost: u64 },
+    /// A plan change: move the clock, then check the other set of policies
+    /// (the same names and algorithms, other numbers) from now on.
+    Switch { step: i64, cost: u64 },
 }
 
 fn policy(algorithm: Algorithm, name: String) -> impl Strategy<Value = Policy> {
@@ -78,25 +81,62 @@ fn ops(max_period: u64) -> impl Strategy<Value = Vec<Op>> {
     ];
     let cost = prop_oneof![6 => Just(1_u64), 2 => Just(0_u64), 3 => 0_u64..=12];
     let op = prop_oneof![
-        30 => (step.clone(), cost).prop_map(|(step, cost)| Op::Check { step, cost }),
-        1 => step.prop_map(|step| Op::Reset { step }),
+        30 => (step.clone(), cost.clone()).prop_map(|(step, cost)| Op::Check { step, cost }),
+        1 => step.clone().prop_map(|step| Op::Reset { step }),
+        3 => (step, cost).prop_map(|(step, cost)| Op::Switch { step, cost }),
     ];
     prop::collection::vec(op, 40)
 }
 
+/// The same names and algorithms as `policies`, with numbers of their own:
+/// the plans `Op::Switch` changes to and from. The bucket algorithms take
+/// any other limit, period and burst; the window algorithms another limit
+/// over the same period. (A window whose period changes is read through
+/// the old window's expiry, which in Redis follows the server's clock, not
+/// this test's clock a day ahead: `changed_policies_match_memory` holds the
+/// windows' period changes equal from aligned starts instead.)
+fn plans_like(policies: &[Policy]) -> impl Strategy<Value = Vec<Policy>> {
+    policies
+        .iter()
+        .map(|p| {
+            let algorithm = p.algorithm();
+            if algorithm.has_burst() {
+                return policy(algorithm, p.name().to_owned()).boxed();
+            }
+            let (name, period) = (p.name().to_owned(), p.period());
+            (1_u64..=8)
+                .prop_map(move |limit| {
+                    Policy::per(limit, period)
+                        .algorithm(algorithm)
+                        .name(name.clone())
+                        .build()
+                        .expect("the generated policy is valid")
+                })
+                .boxed()
+        })
+        .collect::<Vec<_>>()
+}
+
+/// Two plans (policies and their changed numbers) and the ops.
+type Case = (Vec<Policy>, Vec<Policy>, Vec<Op>);
+
 /// Policies of any algorithms, 1 to 3, and the ops.
-fn case() -> impl Strategy<Value = (Vec<Policy>, Vec<Op>)> {
+fn case() -> impl Strategy<Value = Case> {
     prop::sample::select(Algorithm::ALL.to_vec()).prop_flat_map(case_with)
 }
 
-fn case_with(first: Algorithm) -> impl Strategy<Value = (Vec<Policy>, Vec<Op>)> {
+fn case_with(first: Algorithm) -> impl Strategy<Value = Case> {
     policies(first).prop_flat_map(|policies| {
-        let max_period = policies
-            .iter()
-            .map(Policy::period_micros)
-            .max()
-            .unwrap_or(1);
-        (Just(policies), ops(max_period))
+        let alternate = plans_like(&policies);
+        (Just(policies), alternate).prop_flat_map(|(policies, alternate)| {
+            let max_period = policies
+                .iter()
+                .chain(&alternate)
+                .map(Policy::period_micros)
+                .max()
+                .unwrap_or(1);
+            (Just(policies), Just(alternate), ops(max_period))
+        })
     })
 }
 
@@ -170,9 +210,10 @@ fn run_case(
     (redis, nodes): (&RedisStore, &mut [redis::Connection]),
     clock: &ManualClock,
     subject: &str,
-    policies: &[Policy],
+    plans: (&[Policy], &[Policy]),
     ops: &[Op],
 ) -> Result<(), TestCaseError> {
+    let (mut policies, mut other) = plans;
     let start = manual_clock().now_micros();
     clock.set(start);
     // A fresh store per case: 40 operations never trigger its sweeps, so it
@@ -181,7 +222,7 @@ fn run_case(
     let memory = MemoryStore::builder().clock(clock.clone()).build();
     for (i, op) in ops.iter().enumerate() {
         let now = match *op {
-            Op::Check { step, .. } | Op::Reset { step } => {
+            Op::Check { step, .. } | Op::Reset { step } | Op::Switch { step, .. } => {
                 clock.now_micros().saturating_add_signed(step).max(start)
             }
             Op::NearEnd { before, .. } => {
@@ -202,7 +243,10 @@ fn run_case(
                         TestCaseError::fail(format!("op {i}: memory reset failed: {e}"))
                     })?;
             }
-            Op::Check { cost, .. } | Op::NearEnd { cost, .. } => {
+            Op::Check { cost, .. } | Op::NearEnd { cost, .. } | Op::Switch { cost, .. } => {
+                if let Op::Switch { .. } = op {
+                    std::mem::swap(&mut policies, &mut other);
+                }
                 let from_redis = runtime.block_on(redis.check(subject, policies, cost));
                 let from_memory = runtime.block_on(memory.check(subject, policies, cost));
                 let context = format!("op {i} ({op:?}) at t = start + {} µs", now - start);
@@ -225,11 +269,7 @@ fn run_case(
     Ok(())
 }
 
-fn differential(
-    cluster: bool,
-    cases: u32,
-    strategy: impl Strategy<Value = (Vec<Policy>, Vec<Op>)>,
-) {
+fn differential(cluster: bool, cases: u32, strategy: impl Strategy<Value = Case>) {
     let runtime = tokio::runtime::Runtime::new().expect("a Tokio runtime");
     let clock = manual_clock();
     let prefix = unique_prefix("diff");
@@ -247,7 +287,7 @@ fn differential(
     });
     let case_number = std::sync::atomic::AtomicU64::new(0);
     let nodes = std::cell::RefCell::new(nodes(cluster));
-    let result = runner.run(&strategy, |(policies, ops)| {
+    let result = runner.run(&strategy, |(policies, alternate, ops)| {
         let n = case_number.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let subject = format!("subject-{n}");
         let mut nodes = nodes.borrow_mut();
@@ -256,7 +296,7 @@ fn differential(
             (&redis, &mut nodes),
             &clock,
             &subject,
-            &policies,
+            (&policies, &alternate),
             &ops,
         )
     });
@@ -385,7 +425,7 @@ fn extreme_policy(algorithm: Algorithm) -> impl Strategy<Value = Policy> {
     )
 }
 
-fn extreme_case() -> impl Strategy<Value = (Vec<Policy>, Vec<Op>)> {
+fn extreme_case() -> impl Strategy<Value = Case> {
     prop::sample::select(Algorithm::ALL.to_vec())
         .prop_flat_map(extreme_policy)
         .prop_flat_map(|policy| {
@@ -413,7 +453,11 @@ fn extreme_case() -> impl Strategy<Value = (Vec<Policy>, Vec<Op>)> {
                 5 => (step, cost.clone()).prop_map(|(step, cost)| Op::Check { step, cost }),
                 1 => (0_u64..=3, cost).prop_map(|(before, cost)| Op::NearEnd { before, cost }),
             ];
-            (Just(vec![policy]), prop::collection::vec(op, 20))
+            (
+                Just(vec![policy.clone()]),
+                Just(vec![policy]),
+                prop::collection::vec(op, 20),
+            )
         })
 }
 
@@ -493,7 +537,7 @@ fn the_found_flake_is_a_regression_test() {
             (&redis, &mut nodes),
             &clock,
             &subject,
-            std::slice::from_ref(&policy),
+            (std::slice::from_ref(&policy), std::slice::from_ref(&policy)),
             &ops,
         )
         .unwrap_or_else(|e| panic!("{algorithm}: {e}"));
@@ -641,7 +685,7 @@ fn a_clock_back_past_an_expired_state_is_a_regression_test() {
         (&redis, &mut nodes),
         &clock,
         "expired-then-back",
-        &policies,
+        (&policies, &policies),
         &ops,
     )
     .unwrap_or_else(|e| panic!("{e}"));

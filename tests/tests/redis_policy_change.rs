@@ -186,10 +186,21 @@ async fn corrupt_values_are_no_state_and_heal_on_the_next_admit() {
                 "{algorithm} over {value:?}"
             );
             let stored: String = raw.get(&key).unwrap();
+            // A bucket state ends in the units it was written in: its
+            // policy's "@<limit>:<period_us>:<capacity>".
+            let body = if algorithm.has_burst() {
+                let (body, shape) = stored
+                    .split_once('@')
+                    .unwrap_or_else(|| panic!("{algorithm}: {stored:?} has no shape"));
+                assert_eq!(shape, "5:60000000:5", "{algorithm}");
+                body
+            } else {
+                stored.as_str()
+            };
             // GCRA writes a whole time as a hexadecimal integer (issue 10).
-            let plain = algorithm == Algorithm::Gcra && u64::from_str_radix(&stored, 16).is_ok();
+            let plain = algorithm == Algorithm::Gcra && u64::from_str_radix(body, 16).is_ok();
             assert!(
-                (plain || stored.starts_with(&format!("{tag}:"))) && stored != *value,
+                (plain || body.starts_with(&format!("{tag}:"))) && stored != *value,
                 "{algorithm}: {value:?} not overwritten: {stored:?}"
             );
         }
@@ -257,5 +268,120 @@ impl<S: Store + Sync> DynCheck for S {
         cost: u64,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Verdict> + Send + 'a>> {
         Box::pin(async move { self.check(subject, policies, cost).await.expect("a check") })
+    }
+}
+
+/// A plan change under the same name (issue 32): 6 of 6 used at 6 per
+/// hour, the customer raised to 10 per hour gets the 4 more at once, then
+/// is denied; cut to 3 per hour, the 6 used keep the subject at 0 and
+/// never beyond the new full reset; half an hour on, the state has drained
+/// at the old rate until the change. Redis decides as memory does on every
+/// call, for every algorithm, on the one-integer fast functions (cost 1)
+/// and the general check (two policies).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plan_change_carries_the_permits_used_into_the_new_limit() {
+    let clock = manual_clock();
+    let start = clock.now_micros().div_ceil(3_600_000_000) * 3_600_000_000;
+    clock.set(start);
+    let redis: RedisStore =
+        redis_common::standalone(&unique_prefix("plan-change"), client(&clock)).await;
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let minute_cap = |algorithm| {
+        Policy::per_minute(1_000)
+            .algorithm(algorithm)
+            .name("cap")
+            .build()
+            .unwrap()
+    };
+    for (i, algorithm) in Algorithm::ALL.into_iter().enumerate() {
+        for general in [false, true] {
+            clock.set(start + (2 * i as u64 + u64::from(general)) * 7_200_000_000);
+            let subject = format!("p{i}-{general}");
+            let with = |p: Policy| {
+                if general {
+                    vec![p, minute_cap(algorithm)]
+                } else {
+                    vec![p]
+                }
+            };
+            let (six, ten, three) = (
+                with(per_hour(algorithm, 6)),
+                with(per_hour(algorithm, 10)),
+                with(per_hour(algorithm, 3)),
+            );
+            let same = |a: Verdict, b: Verdict, what: &str| {
+                assert_eq!(a, b, "{algorithm} ({what}, general {general})");
+                a
+            };
+            for _ in 0..6 {
+                let a = DynCheck::check_now(&redis, &subject, &six, 1).await;
+                let b = DynCheck::check_now(&memory, &subject, &six, 1).await;
+                assert!(same(a, b, "six").is_allowed());
+            }
+            let a = DynCheck::check_now(&redis, &subject, &ten, 0).await;
+            let b = DynCheck::check_now(&memory, &subject, &ten, 0).await;
+            assert_eq!(
+                same(a, b, "peek at ten").binding().remaining(),
+                4,
+                "{algorithm}"
+            );
+            for left in (0..4).rev() {
+                let a = DynCheck::check_now(&redis, &subject, &ten, 1).await;
+                let b = DynCheck::check_now(&memory, &subject, &ten, 1).await;
+                let verdict = same(a, b, "ten");
+                assert!(verdict.is_allowed(), "{algorithm}: {verdict:?}");
+                assert_eq!(verdict.binding().remaining(), left, "{algorithm}");
+            }
+            let a = DynCheck::check_now(&redis, &subject, &ten, 1).await;
+            let b = DynCheck::check_now(&memory, &subject, &ten, 1).await;
+            assert!(!same(a, b, "eleventh").is_allowed(), "{algorithm}");
+            // Cut to 3 per hour: held at most the new full reset.
+            let a = DynCheck::check_now(&redis, &subject, &three, 1).await;
+            let b = DynCheck::check_now(&memory, &subject, &three, 1).await;
+            let verdict = same(a, b, "three");
+            assert!(!verdict.is_allowed(), "{algorithm}");
+            assert!(
+                verdict.binding().reset_after() <= full_reset(&three[0]),
+                "{algorithm}: {verdict:?}"
+            );
+            // Later, both read the same state the same way.
+            clock.advance(Duration::from_secs(1_800));
+            let a = DynCheck::check_now(&redis, &subject, &six, 0).await;
+            let b = DynCheck::check_now(&memory, &subject, &six, 0).await;
+            same(a, b, "six again, later");
+            let a = DynCheck::check_now(&redis, &subject, &ten, 1).await;
+            let b = DynCheck::check_now(&memory, &subject, &ten, 1).await;
+            same(a, b, "ten again, later");
+        }
+    }
+}
+
+/// A state written before states recorded their shape (a plain
+/// hexadecimal TAT, `token_bucket:<level>:<last>` without a tail) is read
+/// in the current policy's units, as before, and written back with the
+/// shape.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_state_without_a_shape_is_read_in_the_current_units() {
+    let clock = manual_clock();
+    let now = clock.now_micros();
+    let prefix = unique_prefix("shapeless");
+    let redis: RedisStore = redis_common::standalone(&prefix, client(&clock)).await;
+    let mut raw = redis_common::raw(&portcullis_tests::redis_url());
+    for (algorithm, value) in [
+        // Three of six used at 6 per hour: 30 minutes owed.
+        (Algorithm::Gcra, format!("{:x}", now + 1_800_000_000)),
+        (
+            Algorithm::TokenBucket,
+            format!("token_bucket:{}:{now}", 3 * 3_600_000_000u64),
+        ),
+    ] {
+        let policies = [per_hour(algorithm, 6)];
+        let key = redis.key_for("legacy", "api");
+        let _: () = raw.set_ex(&key, &value, 3_600).unwrap();
+        let verdict = redis.check("legacy", &policies, 1).await.unwrap();
+        assert!(verdict.is_allowed(), "{algorithm}");
+        assert_eq!(verdict.binding().remaining(), 2, "{algorithm}");
+        let stored: String = raw.get(&key).unwrap();
+        assert!(stored.ends_with("@6:3600000000:6"), "{algorithm}: {stored}");
     }
 }

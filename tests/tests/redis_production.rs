@@ -562,8 +562,13 @@ async fn an_axum_app_limits_over_tls_as_an_acl_user() {
     let mut raw = redis_common::raw(&portcullis_tests::acl_url());
     let value: String = redis::cmd("GET").arg(&key).query(&mut raw).unwrap();
     // A whole-microsecond GCRA state: the theoretical arrival time in hex,
-    // within the minute the five requests spent.
-    let tat_us = u64::from_str_radix(&value, 16).unwrap_or_else(|e| panic!("{key} = {value}: {e}"));
+    // within the minute the five requests spent, and the units it is
+    // written in (the policy's "@<limit>:<period_us>:<capacity>").
+    let (tat, shape) = value
+        .split_once('@')
+        .unwrap_or_else(|| panic!("{key} = {value}: no shape"));
+    assert_eq!(shape, "5:60000000:5", "{key} = {value}");
+    let tat_us = u64::from_str_radix(tat, 16).unwrap_or_else(|e| panic!("{key} = {value}: {e}"));
     let now_us = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

@@ -140,7 +140,10 @@ fn a_plan_raised_under_the_same_name_gives_the_difference_at_once() {
             Algorithm::SlidingWindow => 2 * hour,
             _ => hour,
         };
-        assert!(denied.reset_after() <= full_reset, "{algorithm}: {denied:?}");
+        assert!(
+            denied.reset_after() <= full_reset,
+            "{algorithm}: {denied:?}"
+        );
     }
 }
 

@@ -85,6 +85,14 @@
 //! | sliding log | sorted set | one member `<time_us>:<n>` per admitted permit, scored by its time; `n` counts permits admitted at that same time, so members never collide |
 //! | concurrency leases ([`ConcurrencyPolicy`](portcullis_core::ConcurrencyPolicy)), at `<prefix>:{<subject>}:lease:<name>` ([`RedisStore::lease_key_for`]) | sorted set | one member per live lease, its id in 32 hex digits, scored by its expiry; pruned at every call, the key expiring with its last lease ([`LeaseStore`](portcullis_core::LeaseStore): one atomic `FCALL`/`EVALSHA` per acquire, renewal and release) |
 //!
+//! The four bucket states (GCRA and the leaky bucket queue, the token bucket
+//! and the leaky meter) end in the units they were written in: the writing
+//! policy's `@<limit>:<period_us>:<capacity>` (so `18b4c2f1e3a07@5:60000000:5`).
+//! A policy of other numbers under the same name carries the permits the
+//! state holds into its own units (ALGORITHMS.md, "Changing a policy"); a
+//! state without the tail (written by an earlier version) is read in the
+//! current units.
+//!
 //! ```text
 //! $ redis-cli GET 'portcullis:{user:42}:per-second'
 //! "60a24182089f0"

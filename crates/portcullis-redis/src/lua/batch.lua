@@ -61,7 +61,7 @@ local batch_policy_of = memo(function(arg)
   if cap > MAX then
     return nil
   end
-  return { ei, cap, cap + tolerance(cap), B }
+  return { ei, cap, cap + tolerance(cap), B, '@' .. arg }
 end)
 -- The state's lead over now, for gcra_batch and gcra_take: a number, or a
 -- status reply (GENERAL for a state only the general check reads, NOROOM
@@ -69,7 +69,8 @@ end)
 local function batch_lead(key, now, f, no_new_keys)
   local value = redis.pcall('GET', key)
   if value then
-    local tat = type(value) == 'string' and tonumber(value, 16)
+    value = own_state(value, f[5])
+    local tat = value ~= nil and tonumber(value, 16)
     if not tat or tat >= 2 * MAX or tat - now > f[3] then
       return redis.status_reply('GENERAL')
     end
@@ -109,7 +110,7 @@ local function gcra_batch(keys, args, no_new_keys)
     end
   end
   if admitted then
-    put(keys[1], string.format('%x', now + ahead), now + ahead)
+    put(keys[1], string.format('%x', now + ahead) .. f[5], now + ahead)
   end
   return replies
 end
@@ -140,7 +141,7 @@ local function gcra_take(keys, args, no_new_keys)
     n = fit
   end
   local span = ahead + n * f[1]
-  put(keys[1], string.format('%x', now + span), now + span)
+  put(keys[1], string.format('%x', now + span) .. f[5], now + span)
   return { n, ahead }
 end
 redis.register_function{ function_name = FN_GCRA_TAKE,

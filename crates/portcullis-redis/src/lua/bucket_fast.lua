@@ -19,7 +19,7 @@ local tb_fast_of = memo_fast(function(L, P, B, cost, policy)
     return nil
   end
   local S, I = bucket_scale(L, P, B)
-  return { S, I, B * I, cost * I, cost, policy }
+  return { S, I, B * I, cost * I, cost, policy, '@' .. policy }
 end)
 local TB_PLAN = { ALG.token_bucket }
 local METER_PLAN = { ALG.leaky_meter }
@@ -47,7 +47,8 @@ local function bucket_fast(keys, args, no_new_keys, meter)
   local value = redis.pcall('GET', keys[1])
   if value then
     local l, t
-    if type(value) == 'string' then
+    value = own_state(value, f[7])
+    if value ~= nil then
       local a, b = string.match(value, form)
       if a ~= nil then
         l, t = num(a), num(b)
@@ -76,12 +77,12 @@ local function bucket_fast(keys, args, no_new_keys, meter)
   if meter then
     if level + need <= full then
       local new_level = level + need
-      put(keys[1], 'leaky_meter:' .. fmt(new_level) .. ':' .. fmt(now), now + ceil_div(new_level, S))
+      put(keys[1], 'leaky_meter:' .. fmt(new_level) .. ':' .. fmt(now) .. f[7], now + ceil_div(new_level, S))
       return level
     end
   elseif level >= need then
     local new_level = level - need
-    put(keys[1], 'token_bucket:' .. fmt(new_level) .. ':' .. fmt(now), now + ceil_div(full - new_level, S))
+    put(keys[1], 'token_bucket:' .. fmt(new_level) .. ':' .. fmt(now) .. f[7], now + ceil_div(full - new_level, S))
     return level
   end
   return -1 - level

@@ -12,10 +12,11 @@
 local HORIZON = 2 * MAX - 1
 local CHG = {}
 
-CHG.gcra = function(key, L, P, B, now, c)
+CHG.gcra = function(key, L, P, B, now, c, tail)
+  tail = tail or tail_of(L, P, B)
   local S, I = bucket_scale(L, P, B)
   local cap = B * I
-  local us, rem = pair_parse(read_string(key), 'gcra', S)
+  local us, rem, rescaled = pair_read(key, 'gcra', B, S, I, now, tail)
   local ahead = 0
   if us ~= nil and us >= now then
     ahead = us - now
@@ -23,7 +24,7 @@ CHG.gcra = function(key, L, P, B, now, c)
     rem = 0
   end
   local full_reset = ceil_div(cap, S)
-  local repaired = false
+  local repaired = rescaled
   if ahead > full_reset + tolerance(full_reset) then
     local whole = div(cap, S)
     ahead, rem, repaired = whole, cap - whole * S, true
@@ -52,18 +53,19 @@ CHG.gcra = function(key, L, P, B, now, c)
     ahead = div(span, S)
     rem = span - ahead * S
   elseif not repaired then
-    return ALG.gcra(key, L, P, B, now, 0)
+    return ALG.gcra(key, L, P, B, now, 0, tail)
   end
   local ok, remaining, retry, reset = pair_step(now + ahead, rem, S, I, B, now, 0)
-  put(key, pair_value('gcra', now + ahead, rem), now + reset)
+  put(key, pair_value('gcra', now + ahead, rem) .. tail, now + reset)
   return { ok, remaining, retry, reset, 0 }
 end
 
-CHG.token_bucket = function(key, L, P, B, now, c)
+CHG.token_bucket = function(key, L, P, B, now, c, tail)
+  tail = tail or tail_of(L, P, B)
   local S, I = bucket_scale(L, P, B)
   local full = B * I
   local level, last = full, now
-  local stored_level, stored_last = token_bucket_read(key)
+  local stored_level, stored_last, rescaled = token_bucket_read(key, tail, S, I, B, now)
   if stored_level ~= nil then
     level, last = stored_level, stored_last
   end
@@ -79,7 +81,7 @@ CHG.token_bucket = function(key, L, P, B, now, c)
     last = now
   end
   local full_reset = ceil_div(full, S)
-  local repaired = false
+  local repaired = rescaled
   if (last - now) + ceil_div(full - level, S) > full_reset + tolerance(full_reset) then
     level, last, repaired = 0, now, true
   end
@@ -111,11 +113,11 @@ CHG.token_bucket = function(key, L, P, B, now, c)
   end
   local unchanged = stored_level == new_level and stored_last == new_last
   if (need == 0 or unchanged) and not repaired then
-    return ALG.token_bucket(key, L, P, B, now, 0)
+    return ALG.token_bucket(key, L, P, B, now, 0, tail)
   end
-  put(key, 'token_bucket:' .. fmt(new_level) .. ':' .. fmt(new_last),
+  put(key, 'token_bucket:' .. fmt(new_level) .. ':' .. fmt(new_last) .. tail,
     new_last + ceil_div(full - new_level, S))
-  return ALG.token_bucket(key, L, P, B, now, 0)
+  return ALG.token_bucket(key, L, P, B, now, 0, tail)
 end
 
 local function charge(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
@@ -130,11 +132,11 @@ local function charge(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
   end
   local policies = {}
   for i = 1, n do
-    local L, P, B = policy_of(ARGV[o + 2 + i])
+    local L, P, B, tail = policy_of(ARGV[o + 2 + i])
     if L == nil then
       return redis.error_reply('ERR portcullis: policy ' .. i .. ' is not <limit>:<period_us>:<capacity>')
     end
-    policies[i] = { L, P, B }
+    policies[i] = { L, P, B, tail }
   end
   if NO_NEW_KEYS and cost > 0 then
     -- The allow-oom twin (run after Redis refused the charge with OOM, at
@@ -150,7 +152,7 @@ local function charge(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
   local reply = {}
   for i = 1, n do
     local p = policies[i]
-    local d = PLAN[i](KEYS[i], p[1], p[2], p[3], now, cost)
+    local d = PLAN[i](KEYS[i], p[1], p[2], p[3], now, cost, p[4])
     local b = 5 * (i - 1)
     if d[1] then
       reply[b + 1] = 1

@@ -57,11 +57,11 @@ local function check(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
   if n == 1 then
     -- One policy (the common case): no table of decisions, and the reply
     -- built in one constructor.
-    local L, P, B = policy_of(ARGV[o + 3])
+    local L, P, B, tail = policy_of(ARGV[o + 3])
     if L == nil then
       return redis.error_reply('ERR portcullis: policy 1 is not <limit>:<period_us>:<capacity>')
     end
-    local d = PLAN[1](KEYS[1], L, P, B, now, cost)
+    local d = PLAN[1](KEYS[1], L, P, B, now, cost, tail)
     if d[1] then
       if cost > 0 then
         if d[9] ~= nil then
@@ -83,11 +83,11 @@ local function check(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
   local decisions = {}
   local all = true
   for i = 1, n do
-    local L, P, B = policy_of(ARGV[o + 2 + i])
+    local L, P, B, tail = policy_of(ARGV[o + 2 + i])
     if L == nil then
       return redis.error_reply('ERR portcullis: policy ' .. i .. ' is not <limit>:<period_us>:<capacity>')
     end
-    local d = PLAN[i](KEYS[i], L, P, B, now, cost)
+    local d = PLAN[i](KEYS[i], L, P, B, now, cost, tail)
     decisions[i] = d
     if not d[1] then
       all = false
@@ -98,8 +98,8 @@ local function check(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
     -- their state as it stays: as a peek does.
     for i = 1, n do
       if decisions[i][1] then
-        local L, P, B = policy_of(ARGV[o + 2 + i])
-        decisions[i] = PLAN[i](KEYS[i], L, P, B, now, 0)
+        local L, P, B, tail = policy_of(ARGV[o + 2 + i])
+        decisions[i] = PLAN[i](KEYS[i], L, P, B, now, 0, tail)
       end
     end
   end

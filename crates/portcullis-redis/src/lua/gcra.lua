@@ -105,7 +105,7 @@ local function pair_step(us, rem, S, I, B, now, c)
 end
 
 -- The value stored for the time us + rem/S: GCRA's hexadecimal integer
--- when rem is 0, else a tagged string.
+-- when rem is 0, else a tagged string; callers append the shape tail.
 local function pair_value(tag, us, rem)
   if rem == 0 and tag == 'gcra' then
     return string.format('%x', us)
@@ -113,11 +113,53 @@ local function pair_value(tag, us, rem)
   return tag .. ':' .. fmt(us) .. ':' .. fmt(rem)
 end
 
--- The GCRA-family step on key: parses, steps, writes a repair on a charge,
--- and builds the decision table.
-local function pair_alg(tag, key, L, P, B, now, c, queue)
+-- The time a GCRA-family state of key holds, in the units of the policy
+-- (L, P, B) with time unit S and permit I, whose states end in tail:
+-- us, rem, rescaled. A state written by a policy of other units
+-- (unshape) is carried over (algorithms::rescale): the time it lies ahead
+-- of now is owed permits, converted at most to the new capacity; a time in
+-- the past, or beyond its own policy's worst case and clock tolerance, is
+-- left as it is (for pair_step to ignore or clamp).
+local function pair_read(key, tag, B, S, I, now, tail)
+  local value = read_string(key)
+  if value == nil then
+    return nil, nil, false
+  end
+  local body, L0, P0, B0 = unshape(value, tail)
+  if body == nil then
+    return nil, nil, false
+  end
+  if L0 == nil then
+    local us, rem = pair_parse(body, tag, S)
+    return us, rem, false
+  end
+  local S0, I0 = bucket_scale(L0, P0, B0)
+  local us, rem = pair_parse(body, tag, S0)
+  if us == nil then
+    return nil, nil, false
+  end
+  local full_reset = ceil_div(B0 * I0, S0)
+  if us < now or (S0 == S and I0 == I and B0 == B) or us - now > full_reset + tolerance(full_reset) then
+    -- Read as it is, in the current units (as the Rust reads a state it
+    -- does not rescale): a remainder past S carried.
+    if rem >= S then
+      us = us + div(rem, S)
+      rem = rem % S
+    end
+    return us, rem, false
+  end
+  local ahead = us - now
+  local span = convert(ahead * S0 + rem, I0, I, B * I)
+  local whole = div(span, S)
+  return now + whole, span - whole * S, true
+end
+
+-- The GCRA-family step on key: reads (rescaling), steps, writes a repair
+-- or a rescaled state on a charge, and builds the decision table.
+local function pair_alg(tag, key, L, P, B, now, c, queue, tail)
+  tail = tail or tail_of(L, P, B)
   local S, I = bucket_scale(L, P, B)
-  local us, rem = pair_parse(read_string(key), tag, S)
+  local us, rem, rescaled = pair_read(key, tag, B, S, I, now, tail)
   local ok, remaining, retry, reset, delay, new_us, new_rem, repair_us, repair_rem = pair_step(us, rem, S, I, B, now, c)
   if not queue then
     delay = 0
@@ -125,14 +167,22 @@ local function pair_alg(tag, key, L, P, B, now, c, queue)
   if repair_us ~= nil and c > 0 then
     -- A charge writes the clamped time whatever the verdict; an admission
     -- overwrites it below.
-    put(key, pair_value(tag, repair_us, repair_rem), now + ceil_div(B * I, S))
+    put(key, pair_value(tag, repair_us, repair_rem) .. tail, now + ceil_div(B * I, S))
+  elseif rescaled and c > 0 then
+    -- As a repair: the state in the new units, whatever the verdict,
+    -- expiring when its own time is reached.
+    local expires = us
+    if rem > 0 then
+      expires = us + 1
+    end
+    put(key, pair_value(tag, us, rem) .. tail, expires)
   end
   if new_us == nil then
     return { ok, remaining, retry, reset, delay }
   end
-  return { ok, remaining, retry, reset, delay, key, pair_value(tag, new_us, new_rem), now + reset }
+  return { ok, remaining, retry, reset, delay, key, pair_value(tag, new_us, new_rem) .. tail, now + reset }
 end
 
-ALG.gcra = function(key, L, P, B, now, c)
-  return pair_alg('gcra', key, L, P, B, now, c, false)
+ALG.gcra = function(key, L, P, B, now, c, tail)
+  return pair_alg('gcra', key, L, P, B, now, c, false, tail)
 end

@@ -37,7 +37,8 @@ local function gcra_multi(keys, args, no_new_keys)
     local value = redis.pcall('GET', keys[i])
     local ahead = 0
     if value then
-      local tat = type(value) == 'string' and tonumber(value, 16)
+      value = own_state(value, f[5])
+      local tat = value ~= nil and tonumber(value, 16)
       if not tat or tat >= 2 * MAX or tat - now > f[3] then
         general = true
         break
@@ -74,7 +75,7 @@ local function gcra_multi(keys, args, no_new_keys)
     local f, ahead = policies[i], aheads[i]
     if all then
       local tat = now + ahead + cost * f[1]
-      put(keys[i], string.format('%x', tat), tat)
+      put(keys[i], string.format('%x', tat) .. f[5], tat)
       reply[i] = ahead
     elseif ahead + cost * f[1] > f[2] then
       reply[i] = -1 - ahead

@@ -35,7 +35,8 @@ local function leaky_queue_fast(keys, args, no_new_keys)
   local ahead = 0
   if value then
     local free
-    if type(value) == 'string' then
+    value = own_state(value, f[7])
+    if value ~= nil then
       local a = string.match(value, '^leaky_queue:(%d+):0$')
       if a ~= nil then
         free = num(a)
@@ -54,7 +55,7 @@ local function leaky_queue_fast(keys, args, no_new_keys)
   if span > f[2] then
     return -1 - ahead
   end
-  put(keys[1], string.format('leaky_queue:%d:0', now + span), now + span)
+  put(keys[1], string.format('leaky_queue:%d:0', now + span) .. f[7], now + span)
   return ahead
 end
 redis.register_function{ function_name = FN_QUEUE_FAST,

@@ -128,7 +128,7 @@ local fast_of = memo_fast(function(L, P, B, cost, policy)
       return nil
     end
     local reset = ceil_div(B * P, L)
-    return { cost * P, B * P, reset + tolerance(reset), policy, cost, L }
+    return { cost * P, B * P, reset + tolerance(reset), policy, cost, L, '@' .. policy }
   end
   -- A whole interval: spans in microseconds, the burst B x ei (B x P may
   -- pass 2^52: a daily quota of 100 000).
@@ -137,8 +137,25 @@ local fast_of = memo_fast(function(L, P, B, cost, policy)
   if cap > MAX then
     return nil
   end
-  return { cost * ei, cap, cap + tolerance(cap), policy, cost }
+  return { cost * ei, cap, cap + tolerance(cap), policy, cost, nil, '@' .. policy }
 end)
+-- The value of a GCRA state this policy wrote (one ending in its shape
+-- tail, prelude.lua), or of an earlier version's state without a tail,
+-- without the tail; nil for a state written in another policy's units
+-- (which only the general check reads, rescaling it) or of another type.
+local function own_state(value, tail)
+  if type(value) ~= 'string' then
+    return nil
+  end
+  local n = #value - #tail
+  if n > 0 and string.find(value, tail, n + 1, true) == n + 1 then
+    return string.sub(value, 1, n)
+  end
+  if string.find(value, '@', 1, true) then
+    return nil
+  end
+  return value
+end
 -- gcra_fast for an emission interval that is not a whole number of
 -- microseconds: the same steps on us + rem/L, the lead answered in units of
 -- 1/L microsecond. Every span it forms is at most 2 x B x P <= 2^53, so
@@ -149,7 +166,8 @@ local function gcra_fraction(keys, args, f, now, value, no_new_keys)
   local span = 0
   if value then
     local us, rem
-    if type(value) == 'string' then
+    value = own_state(value, f[7])
+    if value ~= nil then
       us = tonumber(value, 16)
       if us ~= nil then
         rem = 0
@@ -178,9 +196,9 @@ local function gcra_fraction(keys, args, f, now, value, no_new_keys)
   local rem = new - whole * L
   local us = now + whole
   if rem == 0 then
-    put(keys[1], string.format('%x', us), us)
+    put(keys[1], string.format('%x', us) .. f[7], us)
   else
-    put(keys[1], 'gcra:' .. fmt(us) .. ':' .. fmt(rem), us + 1)
+    put(keys[1], 'gcra:' .. fmt(us) .. ':' .. fmt(rem) .. f[7], us + 1)
   end
   return span
 end
@@ -203,7 +221,8 @@ local function gcra_fast(keys, args, no_new_keys)
   end
   local ahead = 0
   if value then
-    local tat = type(value) == 'string' and tonumber(value, 16)
+    value = own_state(value, f[7])
+    local tat = value ~= nil and tonumber(value, 16)
     if not tat or tat >= 2 * MAX or tat - now > f[3] then
       return check(GCRA_PLAN, keys, { args[2] or '', f[5], f[4] }, 0, no_new_keys)
     end
@@ -217,7 +236,7 @@ local function gcra_fast(keys, args, no_new_keys)
   if span > f[2] then
     return -1 - ahead
   end
-  put(keys[1], string.format('%x', now + span), now + span)
+  put(keys[1], string.format('%x', now + span) .. f[7], now + span)
   return ahead
 end
 redis.register_function{ function_name = FN_GCRA,

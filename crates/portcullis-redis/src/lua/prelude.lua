@@ -97,7 +97,7 @@ local policy_count = 0
 local function policy_of(arg)
   local p = POLICIES[arg]
   if p ~= nil then
-    return p[1], p[2], p[3]
+    return p[1], p[2], p[3], p[4]
   end
   local a, b, c = string.match(arg, '^(%d+):(%d+):(%d+)$')
   if a == nil then
@@ -107,9 +107,85 @@ local function policy_of(arg)
   if policy_count >= 4096 then
     POLICIES, policy_count = {}, 0
   end
-  POLICIES[arg] = { L, P, B }
+  -- The fourth value: the shape tail the bucket states of this policy end
+  -- in (shape_of below).
+  local tail = '@' .. arg
+  POLICIES[arg] = { L, P, B, tail }
   policy_count = policy_count + 1
-  return L, P, B
+  return L, P, B, tail
+end
+
+-- Shapes (ALGORITHMS.md, "Changing a policy"; algorithms::rescale in
+-- Rust). A bucket state (GCRA, token bucket, leaky meter and queue) ends in
+-- its shape: '@<limit>:<period_us>:<capacity>', the policy that wrote it,
+-- because its numbers are counted in that policy's units. Read through a
+-- policy with other numbers under the same name (a plan change), the
+-- permits it holds are carried into the new units; a state without a
+-- shape (written by an earlier version) is read in the current units.
+
+-- The tail of a policy's states, for callers that hold only its numbers.
+local function tail_of(L, P, B)
+  return '@' .. fmt(L) .. ':' .. fmt(P) .. ':' .. fmt(B)
+end
+
+-- value without its shape, then the writing policy's L, P, B when its tail
+-- is not `tail` (nothing more when it is, or when the value has none);
+-- nil when the shape does not parse (no state).
+local function unshape(value, tail)
+  local at = string.find(value, '@', 1, true)
+  if at == nil then
+    return value
+  end
+  local n = #value - #tail
+  if n + 1 == at and string.find(value, tail, at, true) == at then
+    return string.sub(value, 1, n)
+  end
+  local L0, P0, B0 = policy_of(string.sub(value, at + 1))
+  if L0 == nil or L0 < 1 or P0 < 1 or B0 < 1 or L0 > MAX or P0 > MAX or B0 > MAX then
+    return nil
+  end
+  return string.sub(value, 1, at - 1), L0, P0, B0
+end
+
+-- ceil(a x n / d) exactly, for 0 <= a < d <= 2^52 and 0 <= n < 2^53, by
+-- long multiplication over the bits of n: every partial sum stays below
+-- 2 x d <= 2^53, where doubles are exact (a product a x n would not be).
+local function muldiv_ceil(a, n, d)
+  local q, r = 0, 0
+  local bit = MAX
+  local m = n
+  while bit >= 1 do
+    q, r = q * 2, r * 2
+    if r >= d then
+      q, r = q + 1, r - d
+    end
+    if m >= bit then
+      m = m - bit
+      r = r + a
+      if r >= d then
+        q, r = q + 1, r - d
+      end
+    end
+    bit = bit / 2
+  end
+  if r > 0 then
+    q = q + 1
+  end
+  return q
+end
+
+-- x units of permits of I0 units, in units of permits of I units, rounded
+-- up (against the subject), at most cap (the new policy's B x I).
+local function convert(x, I0, I, cap)
+  local whole = div(x, I0)
+  if whole * I >= cap then
+    return cap
+  end
+  local v = whole * I + muldiv_ceil(x - whole * I0, I, I0)
+  if v > cap then
+    return cap
+  end
+  return v
 end
 
 -- The bucket algorithms' time unit and permit size (ALGORITHMS.md,
