@@ -9,7 +9,7 @@ use std::time::Duration;
 use portcullis_core::StoreError;
 use redis::RedisError;
 
-use crate::builder::MAX_PREFIX_LEN;
+use crate::keys::MAX_PREFIX_LEN;
 
 /// The ACL rules a Redis user needs for portcullis, for
 /// `ACL SETUSER <user> on ><password> ~<prefix>:* <ACL_COMMANDS>`: the
@@ -305,7 +305,8 @@ mod tests {
 
     use portcullis_core::{Policy, Store};
 
-    use crate::{RateLimiterError, RedisStore, ThrottleCallError};
+    use crate::redisson::RateLimiterError;
+    use crate::{RedisStore, ThrottleCallError};
 
     /// Nothing listens there: connecting is refused at once.
     const CLOSED: &str = "redis://127.0.0.1:1";

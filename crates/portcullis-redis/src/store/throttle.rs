@@ -5,7 +5,7 @@ use std::fmt;
 use portcullis_core::algorithms::{throttle_policy, throttle_reply, ThrottleError, ThrottleReply};
 use portcullis_core::{Store, StoreError};
 
-use crate::RedisStore;
+use super::RedisStore;
 
 /// The policy name [`RedisStore::throttle`] stores its state under.
 pub use portcullis_core::algorithms::THROTTLE_POLICY_NAME;
