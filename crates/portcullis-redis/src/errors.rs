@@ -1,5 +1,7 @@
-//! `BuildError`: why a `RedisStore` could not be built, each message saying
-//! what to change, the redis-rs error kept as `source()`.
+//! The crate's errors and what a Redis user needs: `BuildError` (why a
+//! `RedisStore` could not be built, each message saying what to change),
+//! `RedisCause` (redis-rs's error as a `source()`, printed once), and the
+//! ACL rules (`ACL_COMMANDS`, `ACL_CLUSTER_COMMANDS`).
 
 use std::error::Error;
 use std::fmt;

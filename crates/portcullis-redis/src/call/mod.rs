@@ -415,7 +415,7 @@ mod tests {
                 .build()
                 .unwrap(),
         ];
-        let set = PolicySet::new(&policies, 1);
+        let set = PolicySet::new(&policies, scripts::Library::serving(&policies, 1));
         let script = scripts::compose(&[Algorithm::Gcra, Algorithm::FixedWindow]).unwrap();
         let function = scripts::ScriptCache::new()
             .library()

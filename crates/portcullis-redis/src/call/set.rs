@@ -23,18 +23,11 @@ pub(crate) struct PolicySet {
 }
 
 impl PolicySet {
-    /// The set of a check of `cost` against `policies`.
-    pub(crate) fn new(policies: &[Policy], cost: u64) -> Self {
-        Self::with(policies, Library::serving(policies, cost))
-    }
-
-    /// The set of a call only the general scripts serve (a post-charge, a
-    /// check with options).
-    pub(crate) fn general(policies: &[Policy]) -> Self {
-        Self::with(policies, Serving::General)
-    }
-
-    fn with(policies: &[Policy], serving: Serving) -> Self {
+    /// The set of a check against `policies` that `serving` serves
+    /// ([`Library::serving`], decided first: a check the local budget
+    /// answers, or one that waits for a coalesced call, never needs the
+    /// arguments).
+    pub(crate) fn new(policies: &[Policy], serving: Serving) -> Self {
         use std::fmt::Write as _;
         let mut arguments = String::with_capacity(24 * policies.len());
         let mut ends = SmallVec::new();
@@ -104,7 +97,7 @@ mod tests {
             Policy::per_second(5).name("a").build().unwrap(),
             Policy::per_minute(10).burst(12).name("b").build().unwrap(),
         ];
-        let set = PolicySet::new(&policies, 1);
+        let set = PolicySet::new(&policies, Library::serving(&policies, 1));
         assert_eq!(set.len(), 2);
         assert_eq!(set.argument(0), "5:1000000:5");
         assert_eq!(set.argument(1), "10:60000000:12");
@@ -114,7 +107,6 @@ mod tests {
         );
         assert_eq!(set.capacities(), [5, 12]);
         assert_eq!(set.serving(), Serving::GcraMulti);
-        assert_eq!(PolicySet::new(&policies, 0).serving(), Serving::General);
-        assert_eq!(PolicySet::general(&policies).serving(), Serving::General);
+        assert_eq!(Library::serving(&policies, 0), Serving::General);
     }
 }

@@ -23,8 +23,8 @@ pub(crate) struct Library {
     check: LuaScript,
     /// A peek (`FCALL_RO`, declared `no-writes`).
     peek: LuaScript,
-    /// The one-policy GCRA check of a whole-microsecond policy
-    /// ([`Library::fast_gcra`]); its allow-oom twin is `gcra_oom`.
+    /// The one-policy fast GCRA check
+    /// ([`Serving::WholeGcra`], [`Serving::FractionGcra`]); its allow-oom twin is `gcra_oom`.
     gcra: LuaScript,
     /// A post-charge (charge.lua, `FCALL`).
     charge: LuaScript,

@@ -1,9 +1,11 @@
 //! The [`Store`] impl of [`RedisStore`] and the route of a check: the
 //! local budget (`budget/`) when it takes the check, else a call in flight
 //! for the same subject and policies to join (`coalesce/`), else one call
-//! ([`Call`]). The policy set's facts ([`PolicySet`]: the policy arguments
-//! and which function serves it) are derived once per check, here, and
-//! every path reads them.
+//! ([`Call`]). The policy set's facts are derived once per check, here,
+//! and every path reads them: which function serves it
+//! ([`Library::serving`], first: the local budget and coalescing ask it)
+//! and the policy arguments ([`PolicySet`], only on the paths that send
+//! them: a grant call, a coalesced batch's lead, a call alone).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -138,8 +140,8 @@ impl RedisStore {
     ) -> Result<CheckFuture, StoreError> {
         validate_check(policies, cost)?;
         let path = self.inner.caller.scripts.path().choose();
-        let set = PolicySet::new(policies, cost);
-        if let Some(future) = self.budget_answer(path, &set, subject, policies, cost) {
+        let serving = Library::serving(policies, cost);
+        if let Some(future) = self.budget_answer(path, serving, subject, policies, cost) {
             return Ok(future);
         }
         let encoded = self.subject(subject);
@@ -154,6 +156,7 @@ impl RedisStore {
                     return Ok(Box::pin(coalesce::wait(answer, self.inner.caller.timeout)));
                 }
                 Join::Lead => {
+                    let set = PolicySet::new(policies, serving);
                     let keys = self.state_keys(&encoded, policies);
                     let batch = Batch::new(keys.clone(), policies, set.clone());
                     let mut lead = Lead::new(
@@ -188,6 +191,7 @@ impl RedisStore {
                 }
             }
         }
+        let set = PolicySet::new(policies, serving);
         let keys = self.state_keys(&encoded, policies);
         let call = Call::new(
             &self.inner.caller,
@@ -229,12 +233,12 @@ impl RedisStore {
     fn budget_answer(
         &self,
         path: CallPath,
-        set: &PolicySet,
+        serving: Serving,
         subject: &str,
         policies: &[Policy],
         cost: u64,
     ) -> Option<CheckFuture> {
-        let (budget, key) = self.budget_for(path, set.serving(), subject, policies, cost)?;
+        let (budget, key) = self.budget_for(path, serving, subject, policies, cost)?;
         let policy = &policies[0];
         match budget.take(&key, policy, cost, self.inner.caller.clock.budget_time()) {
             Take::Local(verdict) => Some(Box::pin(std::future::ready(Ok(verdict)))),
@@ -243,7 +247,7 @@ impl RedisStore {
                 Arc::clone(budget),
                 key,
                 policy.clone(),
-                set.clone(),
+                PolicySet::new(policies, serving),
                 cost,
                 ask,
             ))),
@@ -280,7 +284,7 @@ impl RedisStore {
         validate_charge(policies)?;
         let path = self.inner.caller.scripts.path().choose();
         let keys = self.state_keys(&self.subject(subject), policies);
-        let set = PolicySet::general(policies);
+        let set = PolicySet::new(policies, Serving::General);
         let call = Call::new(
             &self.inner.caller,
             path,
@@ -316,7 +320,7 @@ impl RedisStore {
                 .map_or(0, portcullis_core::Record::free_replays),
             reserves: plan.reserves().iter().copied().collect(),
         };
-        let set = PolicySet::general(policies);
+        let set = PolicySet::new(policies, Serving::General);
         let call = Call::new(
             &self.inner.caller,
             path,

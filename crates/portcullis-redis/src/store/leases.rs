@@ -1,8 +1,8 @@
-//! Concurrency leases (not the local budget's grants): the [`LeaseStore`] impl of [`RedisStore`]: each acquire, renew and
-//! release is one atomic call of `lua/lease.lua` (the library's
-//! `<library>_lease` function, or its script on the EVALSHA path) on the
-//! subject's lease set `<prefix>:{<subject>}:lease:<policy>` (see
-//! [`RedisStore::lease_key_for`]).
+//! Concurrency leases (not the local budget's grants): the
+//! [`LeaseStore`] impl of [`RedisStore`]. Each acquire, renew and release
+//! is one atomic call of `lua/lease.lua` (the library's `<library>_lease`
+//! function, or its script on the EVALSHA path) on the subject's lease set
+//! `<prefix>:{<subject>}:lease:<policy>` (see [`RedisStore::lease_key_for`]).
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};

@@ -39,7 +39,7 @@ pub(crate) struct Inner {
     pub(crate) budget: Option<Arc<Budget>>,
 }
 
-/// A rate-limit [`Store`] in Redis or Redis Cluster: every check is one
+/// A rate-limit [`Store`](portcullis_core::Store) in Redis or Redis Cluster: every check is one
 /// atomic Lua script call, with the same decisions as
 /// [`MemoryStore`](portcullis_core::MemoryStore).
 ///

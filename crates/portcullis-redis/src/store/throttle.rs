@@ -1,4 +1,5 @@
-//! redis-cell compatibility: `CL.THROTTLE` without the module.
+//! redis-cell compatibility: [`RedisStore::throttle`] answers
+//! `CL.THROTTLE` without the module; [`ThrottleCallError`] is its error.
 
 use std::fmt;
 
