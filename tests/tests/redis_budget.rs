@@ -68,7 +68,7 @@ fn three_processes_with_leases_stay_within_the_stated_bound() {
     let policy = policy();
     let budget = LocalBudget::new()
         .max_permits(MAX_PERMITS)
-        .lease(Duration::from_millis(LEASE_MS));
+        .grant_period(Duration::from_millis(LEASE_MS));
     let bound = budget.overshoot_bound(&policy, WORKERS as u64);
     // min(3 × 16, ⌈250 × 50 ms / 1 s⌉) = 13.
     assert_eq!(bound, 13);

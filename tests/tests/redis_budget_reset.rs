@@ -76,7 +76,7 @@ impl Instance {
     fn with_budget(prefix: &str, clock: &ManualClock, max_permits: u64, lease_ms: u64) -> Self {
         let budget = LocalBudget::new()
             .max_permits(max_permits)
-            .lease(Duration::from_millis(lease_ms));
+            .grant_period(Duration::from_millis(lease_ms));
         Self::new(prefix, clock, Some(budget))
     }
 
@@ -247,7 +247,7 @@ fn a_daily_quota_leased_for_an_hour_takes_no_more_than_an_hour_of_it() {
     let hour_of_it = 417;
     assert_eq!(
         LocalBudget::new()
-            .lease(Duration::from_millis(HOUR_MS))
+            .grant_period(Duration::from_millis(HOUR_MS))
             .overshoot_bound(&daily, 1_000),
         hour_of_it
     );

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use portcullis_core::algorithms::throttle;
 use portcullis_core::{Algorithm, Clock, Policy, Store};
-use portcullis_redis::{ClockMode, RateLimiterConfig, RateLimiterError, RateType};
+use portcullis_redis::redisson::{RateLimiterConfig, RateLimiterError, RateType};
+use portcullis_redis::ClockMode;
 use portcullis_tests::unique_prefix;
 use redis_common::{client, manual_clock};
 

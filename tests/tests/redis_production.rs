@@ -412,7 +412,7 @@ async fn the_documented_acl_grant_is_enough() {
     let limiter = store.rate_limiter("grant");
     limiter
         .try_set_rate(
-            portcullis_redis::RateType::Overall,
+            portcullis_redis::redisson::RateType::Overall,
             5,
             Duration::from_secs(1),
         )

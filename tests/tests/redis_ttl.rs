@@ -6,7 +6,8 @@ mod redis_common;
 use std::time::Duration;
 
 use portcullis_core::{Algorithm, Policy, Store};
-use portcullis_redis::{ClockMode, RateType, RedisStore};
+use portcullis_redis::redisson::RateType;
+use portcullis_redis::{ClockMode, RedisStore};
 use portcullis_tests::{unique_prefix, TEST_PREFIX};
 use redis_common::{client, manual_clock};
 

@@ -1,5 +1,7 @@
-//! `BuildError`: why a `RedisStore` could not be built, each message saying
-//! what to change, the redis-rs error kept as `source()`.
+//! The crate's errors and what a Redis user needs: `BuildError` (why a
+//! `RedisStore` could not be built, each message saying what to change),
+//! `RedisCause` (redis-rs's error as a `source()`, printed once), and the
+//! ACL rules (`ACL_COMMANDS`, `ACL_CLUSTER_COMMANDS`).
 
 use std::error::Error;
 use std::fmt;
@@ -9,7 +11,7 @@ use std::time::Duration;
 use portcullis_core::StoreError;
 use redis::RedisError;
 
-use crate::builder::MAX_PREFIX_LEN;
+use crate::keys::MAX_PREFIX_LEN;
 
 /// The ACL rules a Redis user needs for portcullis, for
 /// `ACL SETUSER <user> on ><password> ~<prefix>:* <ACL_COMMANDS>`: the
@@ -305,7 +307,8 @@ mod tests {
 
     use portcullis_core::{Policy, Store};
 
-    use crate::{RateLimiterError, RedisStore, ThrottleCallError};
+    use crate::redisson::RateLimiterError;
+    use crate::{RedisStore, ThrottleCallError};
 
     /// Nothing listens there: connecting is refused at once.
     const CLOSED: &str = "redis://127.0.0.1:1";

@@ -108,7 +108,7 @@
 //! changed under the same name) counts as no state.
 //!
 //! The [redis-cell](crate::RedisStore::throttle) state lives at
-//! `<prefix>:{<key>}:throttle`; the [rate limiter](crate::RateLimiter) keys are
+//! `<prefix>:{<key>}:throttle`; the [rate limiter](crate::redisson::RateLimiter) keys are
 //! `<prefix>:limiter:{<name>}:config|state|client:<id>`.
 //!
 //! # Scripts
@@ -153,8 +153,8 @@
 //! peeks and the `EVALSHA` path are never coalesced.
 //!
 //! With a [`LocalBudget`](crate::LocalBudget), a busy subject's checks are
-//! admitted from leases of permits (`portcullis_<hash>_gcra_take`: as many
-//! permits as fit, up to the demand of the last lease period, charged at
+//! admitted from grants of permits (`portcullis_<hash>_gcra_take`: as many
+//! permits as fit, up to the demand of the last grant period, charged at
 //! once), with the bound the type states.
 //!
 //! # Clock modes
@@ -271,7 +271,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use portcullis::redis::RateType;
+//! use portcullis::redis::redisson::RateType;
 //!
 //! # async fn run(store: portcullis::redis::RedisStore) -> Result<(), Box<dyn std::error::Error>> {
 //! let limiter = store.rate_limiter("reports");

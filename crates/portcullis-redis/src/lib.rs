@@ -75,38 +75,47 @@
 // docs.rs shows which feature an item needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod budget;
-mod builder;
-mod cell;
-mod charge;
-mod coalesce;
-mod connection;
+// The modules, top-down: each uses only the ones below it (a module's
+// submodules are part of it). `env` and `store` (the public type, its
+// `Store` and `LeaseStore` impls, its builder) above `redisson` (the
+// Redisson-style limiter), the paths a check takes (`budget`, `coalesce`),
+// one call of a script (`call`), then `connection` and `scripts`
+// (`functions`: which of FCALL and EVALSHA), and the leaves (`keys`,
+// `clock`, `errors`, `redact`, `tls`).
 mod env;
-mod errors;
-mod fast;
-mod functions;
-pub mod guide;
-mod lease;
-mod limiter;
-mod options;
-mod redact;
-mod scripts;
 mod store;
-mod tls;
-mod verify;
 
-pub use budget::{LocalBudget, DEFAULT_BUDGET_SUBJECTS, DEFAULT_LEASE, DEFAULT_MAX_PERMITS};
-pub use builder::{
-    RedisPool, RedisStoreBuilder, DEFAULT_CLIENT_CLOCK_TOLERANCE, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_POOL_SIZE, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_PREFIX_LEN,
-};
-pub use cell::{ThrottleCallError, THROTTLE_POLICY_NAME};
+pub mod redisson;
+
+mod budget;
+mod coalesce;
+
+mod call;
+
+mod connection;
+mod functions;
+mod scripts;
+
+mod clock;
+mod errors;
+mod keys;
+mod redact;
+mod tls;
+
+pub mod guide;
+
+pub use budget::{LocalBudget, DEFAULT_BUDGET_SUBJECTS, DEFAULT_GRANT_PERIOD, DEFAULT_MAX_PERMITS};
+pub use clock::ClockMode;
 pub use env::store_from_env;
 pub use errors::{BuildError, RedisCause, ACL_CLUSTER_COMMANDS, ACL_COMMANDS};
 pub use functions::CallPath;
-pub use limiter::{RateLimiter, RateLimiterConfig, RateLimiterError, RateType, DEFAULT_KEEP_ALIVE};
+pub use keys::MAX_PREFIX_LEN;
 pub use redact::redact_url;
-pub use store::{ClockMode, RedisStore};
+pub use store::builder::{
+    RedisPool, DEFAULT_CLIENT_CLOCK_TOLERANCE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE,
+    DEFAULT_PREFIX, DEFAULT_TIMEOUT,
+};
+pub use store::{RedisStore, RedisStoreBuilder, ThrottleCallError, THROTTLE_POLICY_NAME};
 
 /// The `bb8` pool this crate uses, re-exported so versions never mismatch.
 pub use bb8;

@@ -97,7 +97,7 @@ fn main() -> ExitCode {
             .local_budget(
                 LocalBudget::new()
                     .max_permits(max_permits)
-                    .lease(Duration::from_millis(lease_ms)),
+                    .grant_period(Duration::from_millis(lease_ms)),
             )
             .build()
             .await;

@@ -119,7 +119,7 @@ fn serve(options: &HashMap<String, String>) -> Result<(), String> {
                     builder = builder.local_budget(
                         LocalBudget::new()
                             .max_permits(BUDGET_PERMITS)
-                            .lease(Duration::from_millis(BUDGET_LEASE_MS)),
+                            .grant_period(Duration::from_millis(BUDGET_LEASE_MS)),
                     );
                 }
                 Some(BoxStore::new(
@@ -683,7 +683,7 @@ fn bench() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let bound = LocalBudget::new()
         .max_permits(BUDGET_PERMITS)
-        .lease(Duration::from_millis(BUDGET_LEASE_MS))
+        .grant_period(Duration::from_millis(BUDGET_LEASE_MS))
         .overshoot_bound(&policy, INSTANCES as u64);
     let mut overshoot: Vec<Option<(i64, u64, f64)>> = vec![None; CONFIGS.len()];
     for (c, config) in CONFIGS.iter().enumerate().skip(1) {

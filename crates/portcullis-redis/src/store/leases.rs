@@ -1,21 +1,21 @@
-//! The [`LeaseStore`] impl of [`RedisStore`]: each acquire, renew and
-//! release is one atomic call of `lua/lease.lua` (the library's
-//! `<library>_lease` function, or its script on the EVALSHA path) on the
-//! subject's lease set `<prefix>:{<subject>}:lease:<policy>` (see
-//! [`RedisStore::lease_key_for`]).
+//! Concurrency leases (not the local budget's grants): the
+//! [`LeaseStore`] impl of [`RedisStore`]. Each acquire, renew and release
+//! is one atomic call of `lua/lease.lua` (the library's `<library>_lease`
+//! function, or its script on the EVALSHA path) on the subject's lease set
+//! `<prefix>:{<subject>}:lease:<policy>` (see [`RedisStore::lease_key_for`]).
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use portcullis_core::{ConcurrencyPolicy, Lease, LeaseDecision, LeaseId, LeaseStore, StoreError};
 use redis::{Cmd, Value};
 
+use super::RedisStore;
+use crate::call::reply::{ints, out_of_memory, protocol};
+use crate::call::{is_oom, push_time, twin_refused, Caller};
 use crate::connection;
 use crate::functions::CallPath;
 use crate::scripts::{self, LuaScript};
-use crate::store::{ints, protocol, Inner};
-use crate::RedisStore;
 
 /// The future of [`RedisStore`]'s [`LeaseStore::acquire`]: the core's
 /// boxed acquire future.
@@ -67,20 +67,20 @@ impl RedisStore {
         let key = self.lease_key_for(subject, policy.name());
         let mut args = Cmd::new();
         args.arg(op);
-        self.push_now(&mut args);
+        push_time(&mut args, self.inner.caller.now());
         args.arg(policy.limit())
             .arg(policy.lease_ttl_micros())
             .arg(id.to_string());
-        let inner = Arc::clone(&self.inner);
+        let caller = Arc::clone(&self.inner.caller);
         async move {
-            let value = match inner.scripts.path().choose() {
-                CallPath::Evalsha => run(&inner, lease_script(), &key, &args).await?,
+            let value = match caller.scripts.path().choose() {
+                CallPath::Evalsha => send(&caller, lease_script(), &key, &args).await?,
                 _ => {
-                    let function = inner.scripts.library().lease().clone();
-                    match run(&inner, &function, &key, &args).await {
+                    let function = caller.scripts.library().lease().clone();
+                    match send(&caller, &function, &key, &args).await {
                         // Redis refused FCALL or FUNCTION LOAD: nothing ran.
-                        Err(error) if inner.scripts.path().refused(&error) => {
-                            run(&inner, lease_script(), &key, &args).await?
+                        Err(error) if caller.scripts.path().refused(&error) => {
+                            send(&caller, lease_script(), &key, &args).await?
                         }
                         other => other?,
                     }
@@ -108,26 +108,24 @@ fn append(cmd: &mut Cmd, args: &Cmd) {
 /// One call of `script` (a function: `FCALL`; a script: `EVALSHA`); one
 /// refused with `OOM` (nothing was written but pruning) runs once more as
 /// its allow-oom twin.
-async fn run(
-    inner: &Inner,
+async fn send(
+    caller: &Caller,
     script: &LuaScript,
     key: &str,
     args: &Cmd,
 ) -> Result<Value, StoreError> {
-    match call(inner, script, key, args).await {
+    match call(caller, script, key, args).await {
         Ok(value) => {
             if script.is_function() {
-                inner.scripts.path().loaded();
+                caller.scripts.path().loaded();
             }
             Ok(value)
         }
-        Err(error) if crate::store::is_oom(&error) => match script.allow_oom() {
-            Some(twin) => match call(inner, twin, key, args).await {
+        Err(error) if is_oom(&error) => match script.allow_oom() {
+            Some(twin) => match call(caller, twin, key, args).await {
                 // Redis before 7 cannot compile the twin: while it is full,
                 // no lease can be written.
-                Err(error) if crate::store::twin_refused(&error) => {
-                    Ok(Value::SimpleString("NOROOM".to_owned()))
-                }
+                Err(error) if twin_refused(&error) => Ok(Value::SimpleString("NOROOM".to_owned())),
                 other => other,
             },
             None => Err(error),
@@ -137,7 +135,7 @@ async fn run(
 }
 
 async fn call(
-    inner: &Inner,
+    caller: &Caller,
     script: &LuaScript,
     key: &str,
     args: &Cmd,
@@ -149,11 +147,8 @@ async fn call(
     });
     cmd.arg(script.sha()).arg(1).arg(key);
     append(&mut cmd, args);
-    connection::eval(&inner.pool, inner.timeout, script, &cmd, key).await
+    connection::eval(&caller.pool, caller.timeout, script, &cmd, key).await
 }
-
-/// How long a subject Redis has no memory for is told to wait.
-const OUT_OF_MEMORY_RETRY: Duration = Duration::from_secs(1);
 
 fn no_room() -> StoreError {
     protocol("the lease script answered NOROOM to a renewal or release".to_owned())
@@ -177,9 +172,7 @@ impl LeaseStore for RedisStore {
         Box::pin(async move {
             let Some([granted, in_flight, expiry, now]) = call.await? else {
                 // At maxmemory, for a subject Redis holds no lease of.
-                return Err(StoreError::OutOfMemory {
-                    retry_after: OUT_OF_MEMORY_RETRY,
-                });
+                return Err(out_of_memory());
             };
             let in_flight = non_negative(in_flight, "in_flight")?;
             let expiry = non_negative(expiry, "expiry")?;

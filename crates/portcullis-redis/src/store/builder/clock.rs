@@ -7,9 +7,10 @@ use std::time::Duration;
 use portcullis_core::Clock;
 use redis::Value;
 
+use crate::clock::ClockMode;
 use crate::connection;
 use crate::errors::BuildError;
-use crate::store::{ClockMode, RedisStore};
+use crate::store::RedisStore;
 
 /// Default for [`RedisStoreBuilder::client_clock_tolerance`](super::RedisStoreBuilder::client_clock_tolerance):
 /// one second. Hosts kept by NTP agree with each other within milliseconds,
@@ -37,11 +38,11 @@ pub(super) async fn check(
     tolerance: Duration,
     timeout: Duration,
 ) -> Result<(), BuildError> {
-    let ClockMode::Client(clock) = &store.inner.clock else {
+    let ClockMode::Client(clock) = &store.inner.caller.clock else {
         return Ok(());
     };
     let before = clock.now_micros();
-    let reply = connection::query(&store.inner.pool, timeout, &redis::cmd("TIME"))
+    let reply = connection::query(&store.inner.caller.pool, timeout, &redis::cmd("TIME"))
         .await
         .map_err(|source| BuildError::Check { source })?;
     let after = clock.now_micros();

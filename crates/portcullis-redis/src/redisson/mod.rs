@@ -1,4 +1,8 @@
-//! A Redisson-style named rate limiter whose configuration lives in Redis.
+//! A Redisson-style named rate limiter whose configuration lives in Redis
+//! ([`RateLimiter`], from [`RedisStore::rate_limiter`](crate::RedisStore::rate_limiter)):
+//! a second product beside the [`Store`](portcullis_core::Store), for code
+//! that moves from Redisson's `RRateLimiter`. It shares the store's
+//! connection and prefix, and runs its own script (lua/limiter.lua).
 
 use std::collections::hash_map::RandomState;
 use std::fmt;
@@ -7,13 +11,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use portcullis_core::{Algorithm, Policy, PolicyError, StoreError};
+use portcullis_core::{Algorithm, Policy, StoreError};
 use redis::{Cmd, Value};
 use tokio::time::Instant;
 
+use crate::call::reply::{ints, protocol};
+use crate::call::{push_time, Caller};
 use crate::connection;
-use crate::store::{ints, protocol};
-use crate::RedisStore;
+use crate::scripts::{self, LuaScript};
+
+mod error;
+
+pub use error::RateLimiterError;
+
+/// The limiter's script, composed once per process.
+fn limiter_script() -> &'static LuaScript {
+    static SCRIPT: std::sync::OnceLock<LuaScript> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(scripts::limiter)
+}
 
 /// How long a limiter's configuration stays in Redis without an admitted
 /// acquisition or a rate change: [`RateLimiter::keep_alive`].
@@ -22,7 +37,7 @@ pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Who shares a [`RateLimiter`]'s permits (Redisson's `RateType`).
 ///
 /// ```
-/// use portcullis::redis::RateType;
+/// use portcullis::redis::redisson::RateType;
 ///
 /// let shared = RateType::Overall; // one limit for every client
 /// let own = RateType::PerClient; // one limit per RateLimiter handle
@@ -52,7 +67,7 @@ impl RateType {
 ///
 /// ```
 /// use std::time::Duration;
-/// use portcullis::redis::{RateLimiterConfig, RateType};
+/// use portcullis::redis::redisson::{RateLimiterConfig, RateType};
 ///
 /// let config = RateLimiterConfig {
 ///     rate_type: RateType::Overall,
@@ -71,76 +86,6 @@ pub struct RateLimiterConfig {
     pub interval: Duration,
 }
 
-/// Why a [`RateLimiter`] call failed. Each message says what to do.
-///
-/// ```
-/// use portcullis::redis::{RateLimiterError, RedisStore};
-///
-/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// let store = RedisStore::builder().url("redis://127.0.0.1").lazy_connect(true).build().await?;
-/// let limiter = store.rate_limiter("exports");
-/// // Zero permits are refused before anything is sent.
-/// let error = limiter.try_acquire(0).await.unwrap_err();
-/// assert!(matches!(error, RateLimiterError::ZeroPermits));
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// # }).unwrap();
-/// ```
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum RateLimiterError {
-    /// No rate is set for this limiter (never set, deleted, or unused for
-    /// its keep-alive time).
-    NotInitialized {
-        /// The limiter's name.
-        name: String,
-    },
-    /// More permits were asked for than the rate: they could never be
-    /// granted.
-    PermitsAboveRate {
-        /// Permits asked for.
-        permits: u64,
-        /// The limiter's rate.
-        rate: u64,
-    },
-    /// Zero permits were asked for.
-    ZeroPermits,
-    /// The rate and interval do not make a valid policy (zero, or too
-    /// large to compute exactly).
-    InvalidRate(PolicyError),
-    /// The store failed.
-    Store(StoreError),
-}
-
-impl fmt::Display for RateLimiterError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::NotInitialized { name } => write!(f, "rate limiter {name:?} has no rate: call try_set_rate (or set_rate) first"),
-            Self::PermitsAboveRate { permits, rate } => write!(f, "{permits} permits were asked for but the rate is {rate}: they could never be granted; ask for at most {rate}"),
-            Self::ZeroPermits => f.write_str("0 permits were asked for: ask for at least 1 (available_permits reads without acquiring)"),
-            Self::InvalidRate(_) => f.write_str("the rate and interval do not make a valid policy (the cause says which and what to change)"),
-            // Transparent: the store error's own text; its `source()` is
-            // this error's.
-            Self::Store(error) => error.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for RateLimiterError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::InvalidRate(error) => Some(error),
-            Self::Store(error) => std::error::Error::source(error),
-            _ => None,
-        }
-    }
-}
-
-impl From<StoreError> for RateLimiterError {
-    fn from(error: StoreError) -> Self {
-        Self::Store(error)
-    }
-}
-
 /// A named rate limiter whose configuration lives in Redis, like Redisson's
 /// `RRateLimiter`, without its flaws: the time is Redis' `TIME` (or the
 /// store's [`ClockMode`](crate::ClockMode)), [`set_rate`](Self::set_rate)
@@ -157,7 +102,8 @@ impl From<StoreError> for RateLimiterError {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use portcullis::redis::{RateType, RedisStore};
+/// use portcullis::redis::RedisStore;
+/// use portcullis::redis::redisson::RateType;
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = RedisStore::builder().url("redis://127.0.0.1:6379").build().await?;
@@ -176,7 +122,7 @@ impl From<StoreError> for RateLimiterError {
 /// ```
 #[derive(Clone)]
 pub struct RateLimiter {
-    store: RedisStore,
+    caller: Arc<Caller>,
     name: Arc<str>,
     client_id: Arc<str>,
     config_key: Arc<str>,
@@ -204,27 +150,14 @@ struct Attempt {
     retry_after: Duration,
 }
 
-impl RedisStore {
-    /// The rate limiter called `name`. Handles are cheap; each has its own
-    /// client id (for [`RateType::PerClient`]); clones share it.
-    ///
-    /// ```
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let store = portcullis::redis::RedisStore::builder().url("redis://127.0.0.1").lazy_connect(true).build().await?;
-    /// let a = store.rate_limiter("exports");
-    /// let b = store.rate_limiter("exports");
-    /// assert_eq!(a.name(), "exports");
-    /// assert_ne!(a.client_id(), b.client_id());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # }).unwrap();
-    /// ```
-    #[must_use]
-    pub fn rate_limiter(&self, name: &str) -> RateLimiter {
+impl RateLimiter {
+    /// The limiter `name` on the store whose calls `caller` makes.
+    pub(crate) fn new(caller: Arc<Caller>, name: &str) -> Self {
         let tag = portcullis_core::subject::encode_subject(name, false);
-        let base = format!("{}:limiter:{{{tag}}}", self.prefix());
+        let base = format!("{}:limiter:{{{tag}}}", caller.keys.prefix());
         let client_id: Arc<str> = new_client_id().into();
-        RateLimiter {
-            store: self.clone(),
+        Self {
+            caller,
             name: name.into(),
             config_key: format!("{base}:config").into(),
             state_key: format!("{base}:state").into(),
@@ -368,7 +301,7 @@ impl RateLimiter {
     /// [`RateLimiterError::Store`] when Redis fails or the stored hash is
     /// malformed.
     pub async fn config(&self) -> Result<Option<RateLimiterConfig>, RateLimiterError> {
-        let inner = &self.store.inner;
+        let inner = &*self.caller;
         let mut cmd = redis::cmd("HMGET");
         cmd.arg(&*self.config_key)
             .arg("rate")
@@ -414,7 +347,7 @@ impl RateLimiter {
     /// the operation `op` as the first argument.
     fn limiter_cmd(&self, op: &str) -> Cmd {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.store.inner.limiter_script.sha())
+        cmd.arg(limiter_script().sha())
             .arg(3)
             .arg(&*self.config_key)
             .arg(&*self.state_key)
@@ -425,11 +358,11 @@ impl RateLimiter {
 
     /// Runs a command built by [`limiter_cmd`](Self::limiter_cmd).
     async fn eval(&self, cmd: &Cmd) -> Result<Value, StoreError> {
-        let inner = &self.store.inner;
+        let inner = &*self.caller;
         connection::eval(
             &inner.pool,
             inner.timeout,
-            &inner.limiter_script,
+            limiter_script(),
             cmd,
             &self.config_key,
         )
@@ -438,7 +371,7 @@ impl RateLimiter {
 
     async fn attempt(&self, permits: u64) -> Result<Attempt, RateLimiterError> {
         let mut cmd = self.limiter_cmd("acquire");
-        self.store.push_now(&mut cmd);
+        push_time(&mut cmd, self.caller.now());
         cmd.arg(permits).arg(millis_ceil(self.keep_alive));
         // A read never writes, so it never restores a configuration.
         let restore = if permits > 0 { self.known() } else { None };
@@ -591,7 +524,7 @@ impl RateLimiter {
     /// [`RateLimiterError::Store`] when Redis fails.
     pub async fn delete(&self) -> Result<bool, RateLimiterError> {
         self.remember(None);
-        let inner = &self.store.inner;
+        let inner = &*self.caller;
         let mut cmd = redis::cmd("DEL");
         cmd.arg(&*self.config_key)
             .arg(&*self.state_key)

@@ -1,11 +1,12 @@
-//! redis-cell compatibility: `CL.THROTTLE` without the module.
+//! redis-cell compatibility: [`RedisStore::throttle`] answers
+//! `CL.THROTTLE` without the module; [`ThrottleCallError`] is its error.
 
 use std::fmt;
 
 use portcullis_core::algorithms::{throttle_policy, throttle_reply, ThrottleError, ThrottleReply};
 use portcullis_core::{Store, StoreError};
 
-use crate::RedisStore;
+use super::RedisStore;
 
 /// The policy name [`RedisStore::throttle`] stores its state under.
 pub use portcullis_core::algorithms::THROTTLE_POLICY_NAME;

@@ -8,17 +8,20 @@ use std::time::Duration;
 
 use redis::cluster::ClusterClient;
 
+use super::{Inner, RedisStore};
 use crate::budget::{Budget, LocalBudget};
+use crate::call::Caller;
+use crate::clock::ClockMode;
 use crate::coalesce::Coalescer;
 use crate::errors::BuildError;
+use crate::keys::{Keys, MAX_PREFIX_LEN};
 use crate::redact::redact_url;
-use crate::scripts::{self, ScriptCache};
-use crate::store::{ClockMode, Inner, RedisStore};
+use crate::scripts::ScriptCache;
 use crate::tls::TlsFiles;
-use crate::verify;
 
 mod clock;
 mod connect;
+mod verify;
 
 pub use clock::DEFAULT_CLIENT_CLOCK_TOLERANCE;
 
@@ -33,8 +36,6 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DEFAULT_POOL_SIZE: u32 = 4;
 /// Default key prefix: [`RedisStoreBuilder::prefix`].
 pub const DEFAULT_PREFIX: &str = "portcullis";
-/// Longest key prefix accepted by [`RedisStoreBuilder::prefix`].
-pub const MAX_PREFIX_LEN: usize = 64;
 
 /// The application's bb8-redis pool, as [`RedisStoreBuilder::pool`] takes it.
 pub type RedisPool = bb8::Pool<bb8_redis::RedisConnectionManager>;
@@ -416,7 +417,7 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Admit busy subjects from leases of permits taken from Redis (off by
+    /// Admit busy subjects from grants of permits taken from Redis (off by
     /// default): approximate, with the bound [`LocalBudget`] states. A hot
     /// subject then costs Redis a fraction of a call per request; quiet
     /// subjects stay exact.
@@ -460,13 +461,9 @@ impl RedisStoreBuilder {
                 field: "connect_timeout",
             });
         }
-        if self
-            .budget
-            .as_ref()
-            .is_some_and(|b| b.lease_time().is_zero())
-        {
+        if self.budget.as_ref().is_some_and(|b| b.period().is_zero()) {
             return Err(BuildError::ZeroTimeout {
-                field: "local_budget's lease",
+                field: "local_budget's grant_period",
             });
         }
         #[cfg(feature = "tls")]
@@ -479,15 +476,15 @@ impl RedisStoreBuilder {
         let (pool, description, user) = self.open_pool(target).await?;
         let store = RedisStore {
             inner: Arc::new(Inner {
-                pool,
-                prefix: self.prefix.into(),
-                timeout: self.timeout,
-                clock: self.clock,
-                hash_subjects: self.hash_subjects,
-                scripts: ScriptCache::new(),
-                limiter_script: scripts::limiter(),
-                coalescer: self.coalesce.then(Coalescer::new),
-                budget: self.budget.map(Budget::new),
+                caller: Arc::new(Caller {
+                    pool,
+                    timeout: self.timeout,
+                    clock: self.clock,
+                    keys: Keys::new(self.prefix.into(), self.hash_subjects),
+                    scripts: ScriptCache::new(),
+                }),
+                coalescer: self.coalesce.then(|| Arc::new(Coalescer::new())),
+                budget: self.budget.map(|budget| Arc::new(Budget::new(budget))),
             }),
         };
         if !self.lazy {

@@ -1,14 +1,11 @@
-//! The fast paths of a `RedisStore` check: GCRA policies called through
-//! the library's `<name>_gcra` function (one policy; a lead in µs, or in
-//! `1 / limit` µs when the interval is not a whole number of µs), which
-//! answers one integer instead of five, or `<name>_gcra_multi` (several
-//! whole-µs policies), one integer per policy; and the one-policy fast
-//! functions of the other algorithms (ALGORITHMS.md, "The Redis fast
-//! path"). The decisions are derived here, with the core's own arithmetic,
-//! from each reply.
-
-use std::fmt::Write as _;
-use std::sync::Arc;
+//! The fast functions' replies, one integer per policy where the general
+//! check answers five: `<name>_gcra` (one policy; a lead in µs, or in
+//! `1 / limit` µs when the interval is not a whole number of µs),
+//! `<name>_gcra_multi` (several whole-µs policies, one lead each), the
+//! one-policy fast functions of the other algorithms, a coalesced GCRA
+//! batch and a local budget's grant (ALGORITHMS.md, "The Redis fast
+//! path"). The decisions are derived here, with the core's own
+//! arithmetic, from each integer.
 
 use portcullis_core::algorithms::{
     self, FixedWindowState, GcraState, LeakyMeterState, LeakyQueueState, SlidingWindowState, State,
@@ -17,154 +14,16 @@ use portcullis_core::algorithms::{
 use portcullis_core::{Algorithm, Decision, LeakyMode, Policy, StoreError, Verdict};
 use redis::Value;
 
-use crate::scripts::LuaScript;
-use crate::store::{self, RedisStore};
-
-impl RedisStore {
-    /// The check of `policy` through the fast GCRA function `script`
-    /// (chosen by [`Library::fast_gcra_alone`](crate::scripts::Library::fast_gcra_alone)).
-    pub(crate) fn fast_gcra_future(
-        &self,
-        script: LuaScript,
-        subject: &str,
-        policy: &Policy,
-        cost: u64,
-    ) -> store::CheckFuture {
-        self.fast_one_future(script, subject, policy, cost)
-    }
-
-    /// The check of one policy through a fast function of its algorithm
-    /// (`<name>_gcra`, `<name>_token_bucket`, `<name>_leaky_meter`,
-    /// `<name>_leaky_queue`, `<name>_fixed_window`,
-    /// `<name>_sliding_window`): one packed argument, one
-    /// integer back, from which [`verdict`] derives the decision
-    /// (`<name>_sliding_log` answers one integer only when it admits,
-    /// and the general check's five integers when it denies).
-    pub(crate) fn fast_one_future(
-        &self,
-        script: LuaScript,
-        subject: &str,
-        policy: &Policy,
-        cost: u64,
-    ) -> store::CheckFuture {
-        let subject = self.subject(subject);
-        let key = self.key(&subject, policy.name());
-        let mut argument = String::with_capacity(48);
-        let _ = write!(
-            argument,
-            "{}:{}:{}:{cost}",
-            policy.limit(),
-            policy.period_micros(),
-            policy.capacity()
-        );
-        let now = self.inner.now();
-        let mut cmd = redis::cmd("FCALL");
-        cmd.arg(script.sha())
-            .arg(1)
-            .arg(key.as_str())
-            .arg(argument.as_str());
-        if let Some(now) = now {
-            cmd.arg(now);
-        }
-        let policy = policy.clone();
-        let inner = Arc::clone(&self.inner);
-        Box::pin(async move {
-            let value = match store::run(&inner, &script, &cmd, &key).await {
-                // Redis refused FCALL or FUNCTION LOAD, so nothing ran:
-                // EVALSHA from now on, this check first.
-                Err(error) if inner.scripts.path().refused(&error) => {
-                    // `<limit>:<period_us>:<capacity>`: the argument without
-                    // its cost.
-                    let general = argument
-                        .rsplit_once(':')
-                        .map_or(argument.as_str(), |(policy, _)| policy);
-                    let algorithm = std::iter::once(policy.algorithm());
-                    store::evalsha_check(&inner, algorithm, &[&key], now, cost, &[general]).await?
-                }
-                other => other?,
-            };
-            match value {
-                Value::Int(reply) => verdict(&policy, reply, cost),
-                // A state the function handed to the general check.
-                other => store::parse_verdict(other, &[policy.capacity()]),
-            }
-        })
-    }
-}
-
-impl RedisStore {
-    /// The check of two or more GCRA policies of the fast path through
-    /// `script` (gcra_multi.lua, chosen by
-    /// [`Library::fast_gcra_multi`](crate::scripts::Library::fast_gcra_multi)).
-    pub(crate) fn fast_gcra_multi_future(
-        &self,
-        script: LuaScript,
-        subject: &str,
-        policies: &[Policy],
-        cost: u64,
-    ) -> store::CheckFuture {
-        let subject = self.subject(subject);
-        let keys: Vec<String> = policies
-            .iter()
-            .map(|policy| self.key(&subject, policy.name()))
-            .collect();
-        let arguments: Vec<String> = policies
-            .iter()
-            .map(|p| format!("{}:{}:{}", p.limit(), p.period_micros(), p.capacity()))
-            .collect();
-        let now = self.inner.now();
-        let mut cmd = redis::cmd("FCALL");
-        cmd.arg(script.sha()).arg(keys.len());
-        for key in &keys {
-            cmd.arg(key.as_str());
-        }
-        cmd.arg(cost);
-        for argument in &arguments {
-            cmd.arg(argument.as_str());
-        }
-        if let Some(now) = now {
-            cmd.arg(now);
-        }
-        let policies: Vec<Policy> = policies.to_vec();
-        let inner = Arc::clone(&self.inner);
-        Box::pin(async move {
-            let value = match store::run(&inner, &script, &cmd, &keys[0]).await {
-                // Redis refused FCALL or FUNCTION LOAD, so nothing ran:
-                // EVALSHA from now on, this check first.
-                Err(error) if inner.scripts.path().refused(&error) => {
-                    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                    let arguments: Vec<&str> = arguments.iter().map(String::as_str).collect();
-                    let algorithms = policies.iter().map(Policy::algorithm);
-                    store::evalsha_check(&inner, algorithms, &keys, now, cost, &arguments).await?
-                }
-                other => other?,
-            };
-            let capacities: Vec<u64> = policies.iter().map(Policy::capacity).collect();
-            match value {
-                Value::Array(items)
-                    if items.len() == policies.len()
-                        && items.iter().all(|item| matches!(item, Value::Int(_))) =>
-                {
-                    let leads: Vec<i64> = items
-                        .iter()
-                        .filter_map(|item| match item {
-                            Value::Int(lead) => Some(*lead),
-                            _ => None,
-                        })
-                        .collect();
-                    multi_verdict(&policies, &leads, cost)
-                }
-                // A state the function handed to the general check.
-                other => store::parse_verdict(other, &capacities),
-            }
-        })
-    }
-}
+use super::reply::{parse_verdict, protocol};
 
 /// The verdict for gcra_multi's replies, one lead per policy: when every
 /// policy admits, each decision is its charge; otherwise nothing was
 /// charged, and a policy that would have admitted reports its peek.
-fn multi_verdict(policies: &[Policy], leads: &[i64], cost: u64) -> Result<Verdict, StoreError> {
+pub(crate) fn multi_verdict(
+    policies: &[Policy],
+    leads: &[i64],
+    cost: u64,
+) -> Result<Verdict, StoreError> {
     let all = leads.iter().all(|lead| *lead >= 0);
     policies
         .iter()
@@ -201,13 +60,13 @@ fn log_admitted(policy: &Policy, live: i64, cost: u64) -> Result<Verdict, StoreE
         .and_then(|remaining| i64::try_from(remaining).ok())
         .zip(i64::try_from(policy.period_micros()).ok());
     let Some((remaining, period)) = figures else {
-        return Err(store::protocol(format!(
+        return Err(protocol(format!(
             "the fast sliding log function admitted a check with {live} entries live, \
              past this policy's limit; is the library from another portcullis-redis version?"
         )));
     };
     let reply = [1, remaining, -1, period, 0].map(Value::Int).to_vec();
-    store::parse_verdict(Value::Array(reply), &[policy.capacity()])
+    parse_verdict(Value::Array(reply), &[policy.capacity()])
 }
 
 /// The decision for the fast function's reply: the state's lead over now
@@ -227,7 +86,7 @@ fn fast_decision(policy: &Policy, reply: i64, cost: u64) -> Result<Decision, Sto
     let (state, now) = match policy.algorithm() {
         // The sliding log's one integer is read by log_admitted.
         Algorithm::SlidingLog => {
-            return Err(store::protocol(format!(
+            return Err(protocol(format!(
                 "a sliding log's fast reply ({reply}) read as another algorithm's"
             )));
         }
@@ -306,13 +165,13 @@ fn fast_decision(policy: &Policy, reply: i64, cost: u64) -> Result<Decision, Sto
     // answer.
     let repaired = !decision.is_allowed() && step.new_state.is_some();
     if repaired {
-        return Err(store::protocol(format!(
+        return Err(protocol(format!(
             "the fast function answered a state ({ahead}) beyond what the policy allows; \
              is the library from another portcullis-redis version?"
         )));
     }
     if decision.is_allowed() != admitted {
-        return Err(store::protocol(format!(
+        return Err(protocol(format!(
             "the fast function answered {reply}, which {} for this policy; \
              is the library from another portcullis-redis version?",
             if admitted { "denies" } else { "admits" }

@@ -6,12 +6,12 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError};
 
+use super::verify;
 use super::{RedisStoreBuilder, Target};
 use crate::connection::{ClusterManager, Pool, StandaloneManager};
 use crate::errors::BuildError;
 use crate::redact::redact_url;
 use crate::tls::TlsFiles;
-use crate::verify;
 
 impl RedisStoreBuilder {
     /// Builds the pool for `target`; also returns a description of the

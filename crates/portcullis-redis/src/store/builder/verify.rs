@@ -13,7 +13,7 @@ use crate::errors::{BuildError, SCRIPT_COMMANDS};
 use crate::store::RedisStore;
 
 /// The permission probe (see the file's comment).
-const PROBE_LUA: &str = include_str!("lua/probe.lua");
+const PROBE_LUA: &str = include_str!("../../lua/probe.lua");
 
 /// The subject of the peek `build()` runs (a peek writes nothing).
 pub(crate) const PROBE_SUBJECT: &str = "portcullis-build-check";
@@ -109,7 +109,7 @@ pub(crate) async fn at_build(
     user: &str,
     connect_timeout: Duration,
 ) -> Result<(), BuildError> {
-    let inner = &store.inner;
+    let inner = &*store.inner.caller;
     let prefix = store.prefix();
     // Connections may still be opening (an application's pool): allow for it.
     let timeout = inner.timeout + connect_timeout;
@@ -180,7 +180,7 @@ fn refused(reply: &Value) -> Option<(String, String)> {
 /// `CONFIG` is refused, as on most managed Redis) and warns when a full
 /// Redis would refuse every write.
 async fn warn_on_noeviction(store: &RedisStore, timeout: Duration) {
-    let inner = &store.inner;
+    let inner = &*store.inner.caller;
     let mut get = redis::cmd("CONFIG");
     get.arg("GET").arg("maxmemory-policy");
     let policy = match connection::query(&inner.pool, timeout, &get).await {

@@ -48,13 +48,15 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use portcullis_core::{Algorithm, Policy, StoreError, Verdict};
+use portcullis_core::{Policy, StoreError, Verdict};
 use redis::Value;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
-use crate::fast;
-use crate::store::{self, Inner};
+use crate::call::reply::{out_of_memory, parse_verdict, protocol};
+use crate::call::{int_reply, push_time, Call, Caller, Kind, PolicySet};
+use crate::functions::CallPath;
+use crate::scripts::Serving;
 
 mod wait;
 
@@ -174,36 +176,28 @@ impl Coalescer {
     }
 }
 
-/// How to send a batch of checks of one subject and policies.
+/// How to send a batch of checks of one subject and policies, kept from
+/// the lead's check for every batch after it.
 pub(crate) struct Batch {
     /// The state key of each policy.
     keys: SmallVec<[String; 2]>,
     /// The plan argument (one letter per policy).
-    plan: SmallVec<[u8; 8]>,
-    /// Each policy as `<limit>:<period_us>:<capacity>`.
-    policies: SmallVec<[String; 2]>,
-    capacities: SmallVec<[u64; 2]>,
-    algorithms: SmallVec<[Algorithm; 2]>,
+    letters: SmallVec<[u8; 8]>,
+    /// The policies' arguments and capacities, derived once for the lead.
+    set: PolicySet,
     /// The policy, when the fast GCRA batch takes it.
     fast: Option<Policy>,
 }
 
 impl Batch {
-    pub(crate) fn new(
-        keys: SmallVec<[String; 2]>,
-        policies: &[Policy],
-        plan: SmallVec<[u8; 8]>,
-        fast: bool,
-    ) -> Self {
+    pub(crate) fn new(keys: SmallVec<[String; 2]>, policies: &[Policy], set: PolicySet) -> Self {
+        // The fast batch takes every cost a fast check takes (a coalesced
+        // check is a charge): the policy decides, not this check's cost.
+        let fast = set.serving() == Serving::WholeGcra;
         Self {
             keys,
-            plan,
-            policies: policies
-                .iter()
-                .map(|p| format!("{}:{}:{}", p.limit(), p.period_micros(), p.capacity()))
-                .collect(),
-            capacities: policies.iter().map(Policy::capacity).collect(),
-            algorithms: policies.iter().map(Policy::algorithm).collect(),
+            letters: set.letters().unwrap_or_default(),
+            set,
             fast: fast.then(|| policies[0].clone()),
         }
     }
@@ -213,7 +207,8 @@ impl Batch {
 /// (the call ended, or the request was cancelled), the checks that waited
 /// meanwhile are sent.
 pub(crate) struct Lead {
-    inner: Arc<Inner>,
+    caller: Arc<Caller>,
+    coalescer: Arc<Coalescer>,
     key: Box<str>,
     batch: Option<Batch>,
     /// The store-wide error the call met, if it did: the checks that
@@ -223,9 +218,15 @@ pub(crate) struct Lead {
 }
 
 impl Lead {
-    pub(crate) fn new(inner: Arc<Inner>, key: Box<str>, batch: Batch) -> Self {
+    pub(crate) fn new(
+        caller: Arc<Caller>,
+        coalescer: Arc<Coalescer>,
+        key: Box<str>,
+        batch: Batch,
+    ) -> Self {
         Self {
-            inner,
+            caller,
+            coalescer,
             key,
             batch: Some(batch),
             failed: None,
@@ -244,9 +245,7 @@ impl Lead {
 
 impl Drop for Lead {
     fn drop(&mut self) {
-        let Some(coalescer) = self.inner.coalescer.as_ref() else {
-            return;
-        };
+        let coalescer = &self.coalescer;
         let Some(waiters) = coalescer.next(&self.key) else {
             return;
         };
@@ -254,7 +253,13 @@ impl Drop for Lead {
         match (self.failed.take(), self.batch.take(), runtime) {
             (None, Some(batch), Ok(runtime)) => {
                 let key = std::mem::take(&mut self.key);
-                runtime.spawn(send_batches(Arc::clone(&self.inner), key, batch, waiters));
+                runtime.spawn(send_batches(
+                    Arc::clone(&self.caller),
+                    Arc::clone(&self.coalescer),
+                    key,
+                    batch,
+                    waiters,
+                ));
             }
             (failed, _, _) => {
                 // Nothing of theirs is sent, so nothing of theirs is
@@ -277,10 +282,16 @@ impl Drop for Lead {
 }
 
 /// Sends the waiting checks of `key` batch after batch until none wait.
-async fn send_batches(inner: Arc<Inner>, key: Box<str>, batch: Batch, mut waiters: Vec<Waiter>) {
+async fn send_batches(
+    caller: Arc<Caller>,
+    coalescer: Arc<Coalescer>,
+    key: Box<str>,
+    batch: Batch,
+    mut waiters: Vec<Waiter>,
+) {
     loop {
         let costs: SmallVec<[u64; 16]> = waiters.iter().map(|w| w.cost).collect();
-        match decide(&inner, &batch, &costs).await {
+        match decide(&caller, &batch, &costs).await {
             Ok(replies) => {
                 for (waiter, reply) in waiters.drain(..).zip(replies) {
                     let _ = waiter.reply.send(reply);
@@ -292,9 +303,6 @@ async fn send_batches(inner: Arc<Inner>, key: Box<str>, batch: Batch, mut waiter
                 }
             }
         }
-        let Some(coalescer) = inner.coalescer.as_ref() else {
-            return;
-        };
         match coalescer.next(&key) {
             Some(next) => waiters = next,
             None => return,
@@ -305,28 +313,28 @@ async fn send_batches(inner: Arc<Inner>, key: Box<str>, batch: Batch, mut waiter
 /// Decides `costs` in turn in one call (two when the fast batch hands a
 /// state to the general one; one call per check, in turn, on a server
 /// that refuses Functions from now on).
-async fn decide(inner: &Inner, batch: &Batch, costs: &[u64]) -> Result<Vec<Reply>, StoreError> {
-    let (general, gcra) = inner.scripts.library().batch_functions();
+async fn decide(caller: &Caller, batch: &Batch, costs: &[u64]) -> Result<Vec<Reply>, StoreError> {
+    let (general, gcra) = caller.scripts.library().batch_functions();
     let first_key = batch.keys[0].as_str();
-    let now = inner.now();
+    let now = caller.now();
     if let Some(policy) = &batch.fast {
         let mut cmd = redis::cmd("FCALL");
         cmd.arg(gcra.sha())
             .arg(1)
             .arg(first_key)
-            .arg(batch.policies[0].as_str());
-        store::push_time(&mut cmd, now);
+            .arg(batch.set.argument(0));
+        push_time(&mut cmd, now);
         for cost in costs {
             cmd.arg(*cost);
         }
-        match store::run(inner, gcra, &cmd, first_key).await {
+        match caller.run(gcra, &cmd, first_key).await {
             Ok(Value::Array(items)) if items.len() == costs.len() => {
                 return Ok(items
                     .into_iter()
                     .zip(costs)
                     .map(|(item, &cost)| match item {
-                        Value::Int(reply) => fast::verdict(policy, reply, cost),
-                        other => Err(store::protocol(format!(
+                        Value::Int(reply) => int_reply::verdict(policy, reply, cost),
+                        other => Err(protocol(format!(
                             "a coalesced GCRA check answered {other:?}"
                         ))),
                     })
@@ -335,12 +343,12 @@ async fn decide(inner: &Inner, batch: &Batch, costs: &[u64]) -> Result<Vec<Reply
             // A state only the general check reads: nothing was written.
             Ok(Value::SimpleString(status)) if status == "GENERAL" => {}
             Ok(other) => {
-                return Err(store::protocol(format!(
+                return Err(protocol(format!(
                     "coalesced GCRA checks answered {other:?}"
                 )))
             }
-            Err(error) if inner.scripts.path().refused(&error) => {
-                return one_by_one(inner, batch, costs).await;
+            Err(error) if caller.scripts.path().refused(&error) => {
+                return one_by_one(caller, batch, costs).await;
             }
             Err(error) => return Err(error),
         }
@@ -350,27 +358,27 @@ async fn decide(inner: &Inner, batch: &Batch, costs: &[u64]) -> Result<Vec<Reply
     for key in &batch.keys {
         cmd.arg(key.as_str());
     }
-    cmd.arg(batch.plan.as_slice());
-    store::push_time(&mut cmd, now);
+    cmd.arg(batch.letters.as_slice());
+    push_time(&mut cmd, now);
     cmd.arg(costs.len());
     for cost in costs {
         cmd.arg(*cost);
     }
-    for policy in &batch.policies {
-        cmd.arg(policy.as_str());
+    for argument in batch.set.arguments() {
+        cmd.arg(argument);
     }
-    match store::run(inner, general, &cmd, first_key).await {
+    match caller.run(general, &cmd, first_key).await {
         Ok(Value::Array(items)) if items.len() == costs.len() => Ok(items
             .into_iter()
             .map(|item| match item {
-                Value::SimpleString(status) if status == "NOROOM" => Err(store::out_of_memory()),
-                item => store::parse_verdict(item, &batch.capacities),
+                Value::SimpleString(status) if status == "NOROOM" => Err(out_of_memory()),
+                item => parse_verdict(item, batch.set.capacities()),
             })
             .collect()),
-        Ok(other) => Err(store::protocol(format!(
-            "coalesced checks answered {other:?}"
-        ))),
-        Err(error) if inner.scripts.path().refused(&error) => one_by_one(inner, batch, costs).await,
+        Ok(other) => Err(protocol(format!("coalesced checks answered {other:?}"))),
+        Err(error) if caller.scripts.path().refused(&error) => {
+            one_by_one(caller, batch, costs).await
+        }
         Err(error) => Err(error),
     }
 }
@@ -378,23 +386,24 @@ async fn decide(inner: &Inner, batch: &Batch, costs: &[u64]) -> Result<Vec<Reply
 /// The checks as scripts, one call each, in turn: Redis refused the
 /// Functions (nothing ran) and the store uses `EVALSHA` from now on.
 #[cold]
-async fn one_by_one(inner: &Inner, batch: &Batch, costs: &[u64]) -> Result<Vec<Reply>, StoreError> {
-    let keys: SmallVec<[&str; 2]> = batch.keys.iter().map(String::as_str).collect();
-    let policies: SmallVec<[&str; 2]> = batch.policies.iter().map(String::as_str).collect();
+async fn one_by_one(
+    caller: &Caller,
+    batch: &Batch,
+    costs: &[u64],
+) -> Result<Vec<Reply>, StoreError> {
     let mut replies = Vec::with_capacity(costs.len());
     for &cost in costs {
-        let algorithms = batch.algorithms.iter().copied();
-        let reply = match store::evalsha_check(
-            inner,
-            algorithms,
-            &keys,
-            inner.now(),
+        let call = Call::new(
+            caller,
+            CallPath::Evalsha,
+            Kind::Check,
+            batch.keys.clone(),
+            &[],
+            batch.set.clone(),
             cost,
-            &policies,
-        )
-        .await
-        {
-            Ok(value) => store::parse_verdict(value, &batch.capacities),
+        );
+        let reply = match call {
+            Ok(call) => call.verdict(caller).await,
             Err(error) => Err(error),
         };
         replies.push(reply);

@@ -1,0 +1,462 @@
+//! One call of a check's script, built once: [`Call`] takes the state keys,
+//! the time, the cost and the [`PolicySet`]'s arguments, chooses the
+//! function that serves it (`FCALL`, a fast function or the general check)
+//! or the composed script (`EVALSHA`), runs it ([`Caller::run`]: an `OOM`
+//! refusal runs once more as the allow-oom twin), sends it once more as
+//! `EVALSHA` when Redis refuses Functions (nothing ran), and reads the
+//! reply (`reply.rs`, and `int_reply.rs` for the fast functions' integers).
+//!
+//! Below the store and its paths (local budget, coalescing), above the
+//! connection and the scripts: nothing here knows a `RedisStore`.
+
+use std::time::Duration;
+
+use portcullis_core::{Checked, Policy, StoreError, Verdict};
+use redis::{Cmd, Value};
+use smallvec::SmallVec;
+
+use crate::clock::ClockMode;
+use crate::connection::{self, Pool};
+use crate::functions::{self, CallPath};
+use crate::keys::Keys;
+use crate::scripts::{LuaScript, ScriptCache, Serving};
+
+pub(crate) mod int_reply;
+pub(crate) mod reply;
+mod set;
+
+pub(crate) use set::PolicySet;
+
+/// What every call of a store needs: the pool, the timeout, the clock, the
+/// key names and the scripts (with the call path).
+#[derive(Debug)]
+pub(crate) struct Caller {
+    pub(crate) pool: Pool,
+    pub(crate) timeout: Duration,
+    pub(crate) clock: ClockMode,
+    pub(crate) keys: Keys,
+    pub(crate) scripts: ScriptCache,
+}
+
+impl Caller {
+    /// The time a call passes: `None` for Redis `TIME`, else the client
+    /// clock's now, in microseconds.
+    pub(crate) fn now(&self) -> Option<u64> {
+        self.clock.call_time()
+    }
+
+    /// A command that is not a script (`PING`, `DEL`, `CONFIG GET`).
+    pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, StoreError> {
+        connection::query(&self.pool, self.timeout, cmd).await
+    }
+
+    /// Runs a check; one refused with `OOM` runs once more as its allow-oom
+    /// twin.
+    pub(crate) async fn run(
+        &self,
+        script: &LuaScript,
+        cmd: &Cmd,
+        first_key: &str,
+    ) -> Result<Value, StoreError> {
+        match connection::eval(&self.pool, self.timeout, script, cmd, first_key).await {
+            Ok(value) => {
+                if script.is_function() {
+                    self.scripts.path().loaded();
+                }
+                Ok(value)
+            }
+            // Refused at its first write (a script) or before running (a
+            // function), so nothing was charged: once more, allowed to
+            // update held subjects only.
+            Err(error) if is_oom(&error) => {
+                self.check_out_of_memory(script, cmd, first_key, error)
+                    .await
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// A check Redis refused with `OOM` (nothing was written), run once
+    /// more as the script's allow-oom twin: a subject Redis holds is
+    /// checked and charged exactly; one it would have to create is refused
+    /// with [`StoreError::OutOfMemory`] (denied by the tower layer, like a
+    /// new subject of a full `MemoryStore`). Redis before 7 cannot run the
+    /// twin (its `#!lua` line is a syntax error there) and the check fails
+    /// with that error.
+    #[cold]
+    async fn check_out_of_memory(
+        &self,
+        script: &LuaScript,
+        cmd: &Cmd,
+        first_key: &str,
+        refused: StoreError,
+    ) -> Result<Value, StoreError> {
+        let Some(twin) = script.allow_oom() else {
+            return Err(refused);
+        };
+        let mut retry = redis::cmd(if twin.is_function() {
+            "FCALL"
+        } else {
+            "EVALSHA"
+        });
+        retry.arg(twin.sha());
+        for arg in cmd.args_iter().skip(2) {
+            if let redis::Arg::Simple(bytes) = arg {
+                retry.arg(bytes);
+            }
+        }
+        tracing::debug!("Redis is out of memory: checking again, for held subjects only");
+        match connection::eval(&self.pool, self.timeout, twin, &retry, first_key).await {
+            Ok(Value::SimpleString(status)) if status == "NOROOM" => Err(reply::out_of_memory()),
+            Ok(value) => Ok(value),
+            // Redis before 7 cannot compile the twin (it reads the `#!lua`
+            // line as Lua): nothing can be written while it is full, so
+            // every subject is refused for lack of memory, never let
+            // through undecided.
+            Err(error) if twin_refused(&error) => Err(reply::out_of_memory()),
+            Err(error) => Err(error),
+        }
+    }
+}
+
+/// Whether Redis refused a check for lack of memory (`OOM`, at `maxmemory`
+/// with `noeviction`).
+pub(crate) fn is_oom(error: &StoreError) -> bool {
+    if functions::is_library_not_loaded(error) {
+        // The library could not be loaded: its caller runs the call as a
+        // script, which Redis loads even when full.
+        return false;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = source {
+        if let Some(redis) = crate::errors::redis_error(error) {
+            // Redis before 7 answers a script whose write it refused with
+            // `ERR Error running script ...: OOM command not allowed ...`.
+            if redis.code() == Some("OOM") || redis.to_string().contains("OOM command not allowed")
+            {
+                return true;
+            }
+        }
+        source = error.source();
+    }
+    matches!(error, StoreError::Protocol { detail } if detail.contains("OOM command not allowed"))
+}
+
+/// Whether the server refused to compile an allow-oom twin: Redis before 7
+/// has no `#!lua` flags line ("Error compiling script ... near '#'").
+pub(crate) fn twin_refused(error: &StoreError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = source {
+        if let Some(redis) = crate::errors::redis_error(error) {
+            return redis.to_string().contains("Error compiling script");
+        }
+        source = error.source();
+    }
+    false
+}
+
+/// Which general script a [`Call`] runs.
+#[derive(Debug)]
+pub(crate) enum Kind {
+    /// A check (check.lua; a peek at cost 0), or the fast function that
+    /// serves it.
+    Check,
+    /// A post-charge (charge.lua).
+    Charge,
+    /// A check with options (options.lua).
+    Options(OptionArgs),
+}
+
+/// The arguments a check with options adds: the idempotency record's key,
+/// window and free replays, and the class reserves.
+#[derive(Debug, Default)]
+pub(crate) struct OptionArgs {
+    pub(crate) record_key: Option<String>,
+    pub(crate) window_us: u64,
+    pub(crate) free_replays: u32,
+    pub(crate) reserves: SmallVec<[u64; 4]>,
+}
+
+/// How a call lays out its arguments (fixed by the Lua side).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// `keys... [letters] now cost [options] policies... [reserves]`: the
+    /// general scripts (the letters only for a function).
+    General,
+    /// `key <policy>:<cost> [now]`: a one-policy fast function.
+    One,
+    /// `keys... cost policies... [now]`: gcra_multi.lua.
+    Multi,
+}
+
+/// One call of a check's script, built once (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Call {
+    kind: Kind,
+    /// What is sent first, and how its arguments are laid out.
+    script: LuaScript,
+    layout: Layout,
+    /// The state key of each policy.
+    keys: SmallVec<[String; 2]>,
+    now: Option<u64>,
+    cost: u64,
+    set: PolicySet,
+    /// The policies, for a fast function's integers (empty otherwise).
+    policies: SmallVec<[Policy; 1]>,
+}
+
+impl Call {
+    /// The call of `kind` for `cost` against `policies` (their `set`, their
+    /// state `keys`) on `path`, read at the caller's time now.
+    pub(crate) fn new(
+        caller: &Caller,
+        path: CallPath,
+        kind: Kind,
+        keys: SmallVec<[String; 2]>,
+        policies: &[Policy],
+        set: PolicySet,
+        cost: u64,
+    ) -> Result<Self, StoreError> {
+        let library = caller.scripts.library();
+        // The fast functions serve checks on the Functions path only.
+        let fast = if matches!(kind, Kind::Check) && path != CallPath::Evalsha {
+            library.fast_function(set.serving())
+        } else {
+            None
+        };
+        let (script, layout, policies) = match fast {
+            Some(function) => {
+                let layout = if set.serving() == Serving::GcraMulti {
+                    Layout::Multi
+                } else {
+                    Layout::One
+                };
+                (function.clone(), layout, policies.iter().cloned().collect())
+            }
+            None => {
+                let script = match (path, &kind) {
+                    (CallPath::Evalsha, _) => evalsha_script(caller, &kind, &set)?,
+                    (_, Kind::Check) => library.function(cost == 0).clone(),
+                    (_, Kind::Charge) => library.charge_function().clone(),
+                    (_, Kind::Options(_)) => library.options_function().clone(),
+                };
+                (script, Layout::General, SmallVec::new())
+            }
+        };
+        Ok(Self {
+            kind,
+            script,
+            layout,
+            keys,
+            now: caller.now(),
+            cost,
+            set,
+            policies,
+        })
+    }
+
+    /// The command of `script` laid out as `layout`.
+    fn command(&self, script: &LuaScript, layout: Layout) -> Result<Cmd, StoreError> {
+        let options = match &self.kind {
+            Kind::Options(options) => Some(options),
+            _ => None,
+        };
+        let record = options.and_then(|options| options.record_key.as_deref());
+        let mut cmd = redis::cmd(match layout {
+            Layout::General if !script.is_function() => "EVALSHA",
+            Layout::General if matches!(self.kind, Kind::Check) && self.cost == 0 => "FCALL_RO",
+            _ => "FCALL",
+        });
+        cmd.arg(script.sha())
+            .arg(self.keys.len() + usize::from(record.is_some()));
+        for key in &self.keys {
+            cmd.arg(key.as_str());
+        }
+        match layout {
+            Layout::General => {
+                if let Some(record) = record {
+                    cmd.arg(record);
+                }
+                if script.is_function() {
+                    cmd.arg(self.set.letters()?.as_slice());
+                }
+                push_time(&mut cmd, self.now);
+                cmd.arg(self.cost);
+                if let Some(options) = options {
+                    cmd.arg(options.window_us).arg(options.free_replays);
+                }
+                for argument in self.set.arguments() {
+                    cmd.arg(argument);
+                }
+                if let Some(options) = options {
+                    for reserve in &options.reserves {
+                        cmd.arg(*reserve);
+                    }
+                }
+            }
+            Layout::One => {
+                use std::fmt::Write as _;
+                let mut argument = String::with_capacity(48);
+                let _ = write!(argument, "{}:{}", self.set.argument(0), self.cost);
+                cmd.arg(argument.as_str());
+                if let Some(now) = self.now {
+                    cmd.arg(now);
+                }
+            }
+            Layout::Multi => {
+                cmd.arg(self.cost);
+                for argument in self.set.arguments() {
+                    cmd.arg(argument);
+                }
+                if let Some(now) = self.now {
+                    cmd.arg(now);
+                }
+            }
+        }
+        Ok(cmd)
+    }
+
+    /// Sends the call: once, and when Redis refused `FCALL` or `FUNCTION
+    /// LOAD` (so nothing ran), once more as the general script by
+    /// `EVALSHA`, which the store uses from now on.
+    pub(crate) async fn send(&self, caller: &Caller) -> Result<Value, StoreError> {
+        let first_key = self.keys.first().map_or("", String::as_str);
+        let cmd = self.command(&self.script, self.layout)?;
+        match caller.run(&self.script, &cmd, first_key).await {
+            Err(error) if self.script.is_function() && caller.scripts.path().refused(&error) => {
+                let script = evalsha_script(caller, &self.kind, &self.set)?;
+                let cmd = self.command(&script, Layout::General)?;
+                caller.run(&script, &cmd, first_key).await
+            }
+            other => other,
+        }
+    }
+
+    /// Sends a check or a post-charge and reads its verdict.
+    pub(crate) async fn verdict(&self, caller: &Caller) -> Result<Verdict, StoreError> {
+        let value = self.send(caller).await?;
+        self.read(value)
+    }
+
+    /// Reads a check's or a post-charge's reply: a fast function's
+    /// integers, or the general check's five per policy (which a fast
+    /// function also answers for a state only the general check reads).
+    pub(crate) fn read(&self, value: Value) -> Result<Verdict, StoreError> {
+        let capacities = self.set.capacities();
+        match (self.layout, value) {
+            (Layout::One, Value::Int(reply)) => {
+                int_reply::verdict(&self.policies[0], reply, self.cost)
+            }
+            (Layout::Multi, Value::Array(items))
+                if items.len() == self.policies.len()
+                    && items.iter().all(|item| matches!(item, Value::Int(_))) =>
+            {
+                let leads: Vec<i64> = items
+                    .iter()
+                    .filter_map(|item| match item {
+                        Value::Int(lead) => Some(*lead),
+                        _ => None,
+                    })
+                    .collect();
+                int_reply::multi_verdict(&self.policies, &leads, self.cost)
+            }
+            (_, value) => reply::parse_verdict(value, capacities),
+        }
+    }
+
+    /// Sends a check with options and reads its answer (a replay or not).
+    pub(crate) async fn checked(&self, caller: &Caller) -> Result<Checked, StoreError> {
+        let value = self.send(caller).await?;
+        reply::parse_checked(value, self.set.capacities())
+    }
+}
+
+/// The composed script (`EVALSHA`) of a call of `kind` for `set`.
+fn evalsha_script(caller: &Caller, kind: &Kind, set: &PolicySet) -> Result<LuaScript, StoreError> {
+    let algorithms = set.algorithms();
+    match kind {
+        Kind::Check => caller.scripts.get(algorithms),
+        Kind::Charge => caller.scripts.get_charge(algorithms),
+        Kind::Options(_) => caller.scripts.get_options(algorithms),
+    }
+}
+
+/// Appends a call's time argument: `now`, or empty for Redis `TIME`.
+pub(crate) fn push_time(cmd: &mut Cmd, now: Option<u64>) {
+    match now {
+        Some(now) => cmd.arg(now),
+        None => cmd.arg(""),
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use portcullis_core::Algorithm;
+
+    use super::*;
+    use crate::scripts;
+
+    fn args(cmd: &Cmd) -> Vec<Vec<u8>> {
+        cmd.args_iter()
+            .filter_map(|arg| match arg {
+                redis::Arg::Simple(bytes) => Some(bytes.to_vec()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_evalsha_fallback_keeps_every_argument_but_the_plan() {
+        let policies = [
+            Policy::per_second(5).name("a").build().unwrap(),
+            Policy::per_minute(9)
+                .algorithm(Algorithm::FixedWindow)
+                .name("b")
+                .build()
+                .unwrap(),
+        ];
+        let set = PolicySet::new(&policies, scripts::Library::serving(&policies, 1));
+        let script = scripts::compose(&[Algorithm::Gcra, Algorithm::FixedWindow]).unwrap();
+        let function = scripts::ScriptCache::new()
+            .library()
+            .function(false)
+            .clone();
+        let call = Call {
+            kind: Kind::Check,
+            script: function.clone(),
+            layout: Layout::General,
+            keys: ["k1".to_owned(), "k2".to_owned()].into_iter().collect(),
+            now: None,
+            cost: 1,
+            set,
+            policies: SmallVec::new(),
+        };
+        let fcall = call.command(&function, Layout::General).unwrap();
+        let expected: Vec<&[u8]> = vec![
+            b"FCALL",
+            function.sha().as_bytes(),
+            b"2",
+            b"k1",
+            b"k2",
+            b"ae",
+            b"",
+            b"1",
+            b"5:1000000:5",
+            b"9:60000000:9",
+        ];
+        assert_eq!(args(&fcall), expected);
+        let evalsha = call.command(&script, Layout::General).unwrap();
+        let expected: Vec<&[u8]> = vec![
+            b"EVALSHA",
+            script.sha().as_bytes(),
+            b"2",
+            b"k1",
+            b"k2",
+            b"",
+            b"1",
+            b"5:1000000:5",
+            b"9:60000000:9",
+        ];
+        assert_eq!(args(&evalsha), expected);
+    }
+}

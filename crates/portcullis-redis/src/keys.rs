@@ -1,0 +1,56 @@
+//! The Redis keys of a store: `<prefix>:{<encoded subject>}:<name>`, the
+//! braces a Cluster hash tag so every key of one subject shares a slot
+//! (the guide's "Key layout"). [`Keys`] holds the prefix and whether
+//! subjects are hashed; everything that names a key asks it.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use portcullis_core::subject::encode_subject;
+
+/// Longest key prefix accepted by [`RedisStoreBuilder::prefix`](crate::RedisStoreBuilder::prefix).
+pub const MAX_PREFIX_LEN: usize = 64;
+
+/// How a store names its keys.
+#[derive(Debug)]
+pub(crate) struct Keys {
+    prefix: Arc<str>,
+    hash_subjects: bool,
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: Arc<str>, hash_subjects: bool) -> Self {
+        Self {
+            prefix,
+            hash_subjects,
+        }
+    }
+
+    /// The key prefix.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Whether every subject is hashed (not only long or brace-holding
+    /// ones).
+    pub(crate) fn hash_subjects(&self) -> bool {
+        self.hash_subjects
+    }
+
+    /// The subject as it appears between the braces.
+    pub(crate) fn subject<'a>(&self, subject: &'a str) -> Cow<'a, str> {
+        encode_subject(subject, self.hash_subjects)
+    }
+
+    /// `<prefix>:{<encoded subject>}:<name>`.
+    pub(crate) fn key(&self, encoded_subject: &str, name: &str) -> String {
+        let prefix = &*self.prefix;
+        let mut key = String::with_capacity(prefix.len() + encoded_subject.len() + name.len() + 4);
+        key.push_str(prefix);
+        key.push_str(":{");
+        key.push_str(encoded_subject);
+        key.push_str("}:");
+        key.push_str(name);
+        key
+    }
+}

@@ -1,0 +1,109 @@
+//! [`ScriptCache`]: the scripts composed for the `EVALSHA` path, by
+//! algorithm combination, beside the library and the store's call path.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+
+use portcullis_core::{Algorithm, StoreError};
+
+use super::{compose, compose_charge, compose_options, Algorithms, Library, LuaScript};
+use crate::functions::PathState;
+
+/// Composed scripts by algorithm combination. Single-policy scripts are
+/// composed up front; combinations on first use.
+#[derive(Debug)]
+pub(crate) struct ScriptCache {
+    single: HashMap<Algorithm, LuaScript>,
+    combined: RwLock<HashMap<Algorithms, LuaScript>>,
+    /// Post-charge scripts by algorithm combination, composed on first use.
+    charges: RwLock<HashMap<Algorithms, LuaScript>>,
+    /// Scripts of checks with options, composed on first use.
+    options: RwLock<HashMap<Algorithms, LuaScript>>,
+    library: Library,
+    path: PathState,
+}
+
+impl ScriptCache {
+    pub(crate) fn new() -> Self {
+        let single = Algorithm::ALL
+            .into_iter()
+            .filter_map(|algorithm| Some((algorithm, compose(&[algorithm]).ok()?)))
+            .collect();
+        Self {
+            single,
+            combined: RwLock::new(HashMap::new()),
+            charges: RwLock::new(HashMap::new()),
+            options: RwLock::new(HashMap::new()),
+            library: Library::new(),
+            path: PathState::default(),
+        }
+    }
+
+    /// How checks are called now.
+    pub(crate) fn path(&self) -> &PathState {
+        &self.path
+    }
+
+    /// The Redis Functions library.
+    pub(crate) fn library(&self) -> &Library {
+        &self.library
+    }
+
+    /// The script for these algorithms, in this order.
+    pub(crate) fn get(
+        &self,
+        plan: impl ExactSizeIterator<Item = Algorithm> + Clone,
+    ) -> Result<LuaScript, StoreError> {
+        if plan.len() == 1 {
+            if let Some(script) = plan.clone().next().and_then(|a| self.single.get(&a)) {
+                return Ok(script.clone());
+            }
+        }
+        let plan: Algorithms = plan.collect();
+        {
+            let combined = self.combined.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(script) = combined.get(&plan) {
+                return Ok(script.clone());
+            }
+        }
+        let script = compose(&plan)?;
+        let mut combined = self.combined.write().unwrap_or_else(|e| e.into_inner());
+        Ok(combined.entry(plan).or_insert(script).clone())
+    }
+}
+
+impl ScriptCache {
+    /// The script of a check with options for these algorithms, in order.
+    pub(crate) fn get_options(
+        &self,
+        plan: impl Iterator<Item = Algorithm>,
+    ) -> Result<LuaScript, StoreError> {
+        let plan: Algorithms = plan.collect();
+        {
+            let options = self.options.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(script) = options.get(&plan) {
+                return Ok(script.clone());
+            }
+        }
+        let script = compose_options(&plan)?;
+        let mut options = self.options.write().unwrap_or_else(|e| e.into_inner());
+        Ok(options.entry(plan).or_insert(script).clone())
+    }
+
+    /// The post-charge script for these algorithms, in this order.
+    pub(crate) fn get_charge(
+        &self,
+        plan: impl Iterator<Item = Algorithm>,
+    ) -> Result<LuaScript, StoreError> {
+        let plan: Algorithms = plan.collect();
+        {
+            let charges = self.charges.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(script) = charges.get(&plan) {
+                return Ok(script.clone());
+            }
+        }
+        let script = compose_charge(&plan)?;
+        let mut charges = self.charges.write().unwrap_or_else(|e| e.into_inner());
+        Ok(charges.entry(plan).or_insert(script).clone())
+    }
+}
