@@ -83,8 +83,7 @@ pub trait Store: Send + Sync + 'static {
     /// its limit into a debt, paid back by waiting, of at most one full
     /// capacity beyond empty (so one charge locks a subject out for at most
     /// the policy's full reset plus one emission interval; see
-    /// [`algorithms::charge`](crate::algorithms::charge) and ALGORITHMS.md,
-    /// "Charging after the response"). For costs known only once a request
+    /// ALGORITHMS.md, "Charging after the response"). For costs known only once a request
     /// has run: the tokens a response used, a failed login.
     ///
     /// Returns the state after the charge as a peek reports it: allowed
@@ -163,7 +162,9 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// As [`Store::check`], and as [`CheckOptions::plan`] for bad options.
+    /// As [`Store::check`]; [`StoreError::Unsupported`] or
+    /// [`StoreError::CostTooHigh`] for options these policies cannot apply
+    /// (`portcullis::store::plan` lists them).
     fn check_with(
         &self,
         subject: &str,
@@ -227,7 +228,8 @@ pub fn validate_check(policies: &[Policy], cost: u64) -> Result<(), StoreError> 
 /// limited.
 ///
 /// ```
-/// use portcullis::{validate_charge, Algorithm, Policy};
+/// use portcullis::store::validate_charge;
+/// use portcullis::{Algorithm, Policy};
 ///
 /// let gcra = Policy::per_minute(10).build()?;
 /// assert!(validate_charge(&[gcra]).is_ok());

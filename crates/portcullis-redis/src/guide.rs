@@ -182,7 +182,7 @@
 //! least.
 //!
 //! Every call has one deadline ([`RedisStoreBuilder::timeout`], default
-//! 250 ms, measured: see [`DEFAULT_TIMEOUT`]) covering pool checkout, the
+//! 250 ms, measured: see the setter) covering pool checkout, the
 //! script and any reload. What the errors mean, and their
 //! [`ErrorScope`](portcullis_core::ErrorScope) (only `Store` errors count
 //! toward the tower layer's circuit breaker):
@@ -280,7 +280,6 @@
 //! [`CallPath::Evalsha`]: crate::CallPath::Evalsha
 //! [`ClockMode::Client`]: crate::ClockMode::Client
 //! [`ClockMode::Redis`]: crate::ClockMode::Redis
-//! [`DEFAULT_TIMEOUT`]: crate::DEFAULT_TIMEOUT
 //! [`RedisStore::call_path`]: crate::RedisStore::call_path
 //! [`RedisStore::key_for`]: crate::RedisStore::key_for
 //! [`RedisStore::lease_key_for`]: crate::RedisStore::lease_key_for

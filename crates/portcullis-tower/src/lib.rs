@@ -203,17 +203,23 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod breaker;
+// The two layers' modules are public for the paths sibling code and old
+// imports name, but hidden: the crate root (the facade's `tower` page) is
+// each type's one documented home.
+#[doc(hidden)]
 pub mod concurrency;
 mod config;
 mod headers;
 mod info;
 mod key;
 mod observe;
+#[doc(hidden)]
 pub mod rate_limit;
 mod response;
 
 pub use concurrency::{
     ConcurrencyFailure, ConcurrencyLimit, ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder,
+    ResponseBody as ConcurrencyLimitBody, ResponseFuture as ConcurrencyLimitFuture,
 };
 pub use config::{ConfigError, FailurePolicy, HeaderMode, MissingKey, Mode};
 pub use info::RateLimitInfo;
@@ -230,7 +236,9 @@ pub use observe::describe_metrics;
 pub use rate_limit::{
     Charge, KeepBody, KeepBodyFuture, KeepBodyLayer, LookupKey, Plan, PlanResolver,
     PlanResolverBuilder, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResolverFailure,
+    ResponseBody as RateLimitBody, ResponseFuture as RateLimitFuture,
+};
+// Defaults both layers share; their values are documented on the setters.
+pub(crate) use rate_limit::{
     DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD, DEFAULT_CHECK_TIMEOUT,
-    DEFAULT_DENY_CACHE_CAPACITY, DEFAULT_ERROR_TTL, DEFAULT_MAX_LOOKUPS, DEFAULT_PLAN_CAPACITY,
-    DEFAULT_PLAN_TTL, DEFAULT_RESOLVE_TIMEOUT, DEFAULT_UNKNOWN_TTL,
 };
