@@ -327,7 +327,7 @@ impl Lease {
 /// use std::time::Duration;
 /// use portcullis::{ConcurrencyPolicy, LeaseId, LeaseStore, ManualClock, MemoryStore};
 ///
-/// # futures::executor::block_on(async {
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let clock = std::sync::Arc::new(ManualClock::new(0));
 /// let store = MemoryStore::with_clock(clock.clone());
 /// let policy = ConcurrencyPolicy::max_in_flight(1).lease_ttl(Duration::from_secs(10)).build()?;
@@ -425,7 +425,7 @@ impl LeaseDecision {
 /// use std::time::Duration;
 /// use portcullis::{ConcurrencyPolicy, LeaseId, LeaseStore, MemoryStore};
 ///
-/// # futures::executor::block_on(async {
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let store = MemoryStore::new();
 /// let policy = ConcurrencyPolicy::max_in_flight(1).lease_ttl(Duration::from_secs(30)).build()?;
 /// let first = store.acquire("tenant-a", &policy, LeaseId::generate()).await?;

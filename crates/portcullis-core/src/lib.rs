@@ -9,7 +9,7 @@
 //! ```
 //! use portcullis::{MemoryStore, Policy, Store};
 //!
-//! # futures::executor::block_on(async {
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! let store = MemoryStore::new();
 //! let per_second = Policy::per_second(10).name("per-second").build()?;
 //! let per_day = Policy::per_day(1_000).name("per-day").build()?;
@@ -43,8 +43,8 @@
 // docs.rs shows which feature each item needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-/// The algorithms as pure functions, which the Redis store re-runs for
-/// its replies: shared with the sibling crates, not part of the API.
+// The algorithms as pure functions, which the Redis store re-runs for its
+// replies: shared with the sibling crates, not part of the API.
 #[doc(hidden)]
 pub mod algorithms;
 mod boxed;

@@ -56,7 +56,7 @@ pub const MAX_FINGERPRINT_LEN: usize = 8192;
 /// use std::time::Duration;
 /// use portcullis::{CheckOptions, MemoryStore, Policy, Store};
 ///
-/// # futures::executor::block_on(async {
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let store = MemoryStore::new();
 /// let policies = [Policy::per_minute(3).name("payments").build()?];
 /// let options = CheckOptions::new().idempotency_key("pay-7f3a", Duration::from_secs(600));
@@ -124,7 +124,7 @@ impl CheckOptions {
     /// use std::time::Duration;
     /// use portcullis::{CheckOptions, MemoryStore, Policy, Store};
     ///
-    /// # futures::executor::block_on(async {
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let store = MemoryStore::new();
     /// let policies = [Policy::per_minute(5).name("api").build()?];
     /// let key = |path: &str| CheckOptions::new()
@@ -153,7 +153,7 @@ impl CheckOptions {
     /// use std::time::Duration;
     /// use portcullis::{CheckOptions, MemoryStore, Policy, Store};
     ///
-    /// # futures::executor::block_on(async {
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let store = MemoryStore::new();
     /// let policies = [Policy::per_minute(5).name("api").build()?];
     /// let options = CheckOptions::new()

@@ -22,7 +22,7 @@ use crate::{CheckOptions, Checked, Policy, StoreError, Verdict};
 /// ```
 /// use portcullis::{MemoryStore, Policy, Store};
 ///
-/// # futures::executor::block_on(async {
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let store = MemoryStore::new();
 /// let policies = [Policy::per_second(2).name("api").build()?];
 /// assert!(store.check("alice", &policies, 1).await?.is_allowed());
@@ -100,7 +100,7 @@ pub trait Store: Send + Sync + 'static {
     /// ```
     /// use portcullis::{MemoryStore, Policy, Store};
     ///
-    /// # futures::executor::block_on(async {
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let store = MemoryStore::new();
     /// let policies = [Policy::per_minute(5).name("failed-logins").build()?];
     /// let after = store.charge("203.0.113.7/alice", &policies, 5).await?;
@@ -148,7 +148,7 @@ pub trait Store: Send + Sync + 'static {
     /// use std::time::Duration;
     /// use portcullis::{CheckOptions, MemoryStore, Policy, Store};
     ///
-    /// # futures::executor::block_on(async {
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let store = MemoryStore::new();
     /// let policies = [Policy::per_minute(1).name("exports").build()?];
     /// let once = CheckOptions::new().idempotency_key("export-42", Duration::from_secs(60));

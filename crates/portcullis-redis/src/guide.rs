@@ -54,7 +54,7 @@
 //! # Your own pool or client
 //!
 //! [`RedisStoreBuilder::pool`] takes a `bb8::Pool<bb8_redis::RedisConnectionManager>`
-//! ([`bb8_redis`] is re-exported so versions match),
+//! (these types are re-exported in [`upstream`](crate::upstream) so versions match),
 //! [`RedisStoreBuilder::client`] a `redis::Client` and
 //! [`RedisStoreBuilder::cluster_client`] a `ClusterClient` (build it with
 //! `.retries(0)`: the store never resends a call that may have run).
@@ -294,6 +294,5 @@
 //! [`RedisStoreBuilder::sentinel`]: crate::RedisStoreBuilder::sentinel
 //! [`RedisStoreBuilder::timeout`]: crate::RedisStoreBuilder::timeout
 //! [`RedisStoreBuilder::tls_ca`]: crate::RedisStoreBuilder::tls_ca
-//! [`bb8`]: crate::bb8
-//! [`bb8_redis`]: crate::bb8_redis
+//! [`bb8`]: crate::upstream::Pool
 //! [`portcullis::subject::encode_subject`]: portcullis_core::subject::encode_subject

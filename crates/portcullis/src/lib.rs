@@ -135,6 +135,7 @@
 //! `google.rpc.QuotaFailure` details:
 //!
 //! ```no_run
+//! // Also add: cargo add tonic tonic-health
 //! # #[cfg(feature = "tonic")]
 //! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
 //! # let (_reporter, service) = tonic_health::server::health_reporter();
@@ -161,7 +162,7 @@
 //! ```
 //! use portcullis::{MemoryStore, Policy, Store};
 //!
-//! # futures::executor::block_on(async {
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! let store = MemoryStore::new();
 //! let policies = [
 //!     Policy::per_second(10).name("burst").build()?,
@@ -254,7 +255,7 @@ pub mod store {
     //! - decide every policy of one call in one atomic step, all or
     //!   nothing, through the current policy (stored state a changed policy
     //!   cannot produce is clamped, never an error);
-    //! - with [`CheckOptions`](crate::CheckOptions), call [`plan`]: it
+    //! - with [`CheckOptions`], call [`plan`]: it
     //!   validates the options against the policies and returns the
     //!   [`CheckPlan`] (each policy's class reserve, the idempotency
     //!   [`Record`] to keep beside the subject's state);

@@ -139,7 +139,7 @@ pub enum WhenFull {
 /// use std::time::Duration;
 /// use portcullis::{ManualClock, MemoryStore, Policy, Store};
 ///
-/// # futures::executor::block_on(async {
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let clock = ManualClock::new(1_700_000_000_000_000);
 /// let store = MemoryStore::builder().clock(clock.clone()).max_keys(100_000).build();
 /// let policies = [Policy::per_second(1).name("api").build()?];
@@ -261,7 +261,7 @@ impl MemoryStore {
     /// ```
     /// use portcullis::{MemoryStore, Policy, Store};
     ///
-    /// # futures::executor::block_on(async {
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let store = MemoryStore::new();
     /// let policies = [Policy::per_minute(5).build()?];
     /// store.check("alice", &policies, 1).await?;
@@ -341,7 +341,7 @@ impl MemoryStore {
     /// use std::time::Duration;
     /// use portcullis::{ManualClock, MemoryStore, Policy, Store};
     ///
-    /// # futures::executor::block_on(async {
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let clock = ManualClock::new(1_700_000_000_000_000);
     /// let store = MemoryStore::with_clock(clock.clone());
     /// let policies = [Policy::per_second(10).build()?];
