@@ -273,7 +273,8 @@ async fn a_hundred_concurrent_misses_make_one_lookup() {
     service.clone().oneshot(request("acme")).await.unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     // After the TTL, asked again; after an invalidation too.
-    tokio::time::advance(portcullis::tower::DEFAULT_PLAN_TTL + Duration::from_secs(1)).await;
+    tokio::time::advance(portcullis::tower::rate_limit::DEFAULT_PLAN_TTL + Duration::from_secs(1))
+        .await;
     service.clone().oneshot(request("acme")).await.unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     resolver.invalidate("acme");

@@ -63,7 +63,10 @@ async fn a_panicking_lookup_frees_its_subject() {
     assert_eq!(plans.lookups_in_flight(), 0);
     // Answered as a failure, remembered for the error TTL, then asked
     // again: not pinned as "loading".
-    tokio::time::advance(portcullis::tower::DEFAULT_ERROR_TTL + Duration::from_millis(1)).await;
+    tokio::time::advance(
+        portcullis::tower::rate_limit::DEFAULT_ERROR_TTL + Duration::from_millis(1),
+    )
+    .await;
     let second = service.clone().oneshot(request("acme")).await.unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 2, "looked up again");
     assert_eq!(header(&second, "x-tier"), "pro");

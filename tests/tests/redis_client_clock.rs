@@ -38,7 +38,10 @@ async fn a_client_clock_ten_minutes_off_is_refused_at_build() {
             *skew > Duration::from_secs(590) && *skew < Duration::from_secs(610),
             "{error}"
         );
-        assert_eq!(*tolerance, portcullis_redis::DEFAULT_CLIENT_CLOCK_TOLERANCE);
+        assert_eq!(
+            *tolerance,
+            portcullis_redis::defaults::DEFAULT_CLIENT_CLOCK_TOLERANCE
+        );
         let text = error.to_string();
         assert!(text.contains("client_clock_tolerance"), "{text}");
         assert!(text.contains("ClockMode::Redis"), "{text}");

@@ -458,8 +458,8 @@ async fn store_errors_keep_the_redis_error() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_applications_pool_and_clients_are_accepted() {
     let url = portcullis_tests::redis_url();
-    let manager = portcullis_redis::bb8_redis::RedisConnectionManager::new(url.as_str()).unwrap();
-    let pool = portcullis_redis::bb8::Pool::builder()
+    let manager = portcullis::redis::upstream::RedisConnectionManager::new(url.as_str()).unwrap();
+    let pool = portcullis::redis::upstream::Pool::builder()
         .max_size(2)
         .build(manager)
         .await

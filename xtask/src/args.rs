@@ -49,6 +49,12 @@ Commands:
         Print the public items of the portcullis facade (all features), one
         a line, with their counts; --bless writes them to api/portcullis.txt,
         which `test` checks (commit it with a change of the public API).
+  doc-examples
+        Compile every Rust block of the family's doc comments and READMEs
+        in a generated crate (target/doc-examples) whose dependencies are
+        the README quick start's: portcullis (feature axum), axum, tokio
+        (feature full). An example may name more crates on its first line
+        (`// Also add: cargo add http`). Also a stage of `test`.
   soak [-- --seconds N --subjects N --store memory|redis|both]
         Mixed traffic over 100,000 subjects on both stores; prints memory
         figures and fails if memory grows or a subject exceeds its limit.

@@ -1,6 +1,7 @@
 //! The checks `cargo xtask test` runs before the tests: formatting, clippy,
 //! rustdoc under the default features and under all of them, each feature
-//! of each published crate on its own, packaging of the published crates,
+//! of each published crate on its own, the doc examples in a quick-start
+//! project ([`crate::doc_examples`]), packaging of the published crates,
 //! and the declared `rust-version`.
 
 use std::process::Command;
@@ -43,7 +44,7 @@ const FEATURES: [(&str, &[&str]); 4] = [
 ];
 
 /// How many stages [`run`] adds.
-pub(crate) const STAGES: usize = 8;
+pub(crate) const STAGES: usize = 9;
 
 /// Runs the checks as stages; the first failure stops them.
 pub(crate) fn run(stages: &mut Stages) -> Result<()> {
@@ -125,6 +126,10 @@ pub(crate) fn run(stages: &mut Stages) -> Result<()> {
             }
             Ok(())
         },
+    )?;
+    stages.run(
+        "the doc examples in a project with only the quick start's dependencies",
+        crate::doc_examples::check,
     )?;
     stages.run("cargo package of the published crates", || {
         forget_packaged_copies();

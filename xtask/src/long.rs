@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use crate::redis::{Cluster, Standalone, Tools};
 use crate::{run_cargo, Result};
 
-/// Runs `soak`, `reliability` or `public-api` when `args` name one of them; `None` for
+/// Runs `soak`, `reliability`, `public-api` or `doc-examples` when `args` name one of them; `None` for
 /// every other command (parsed by [`crate::args`]).
 pub(crate) fn dispatch(args: &[String]) -> Option<ExitCode> {
     let (command, rest) = args.split_first()?;
@@ -29,6 +29,7 @@ pub(crate) fn dispatch(args: &[String]) -> Option<ExitCode> {
         "soak" => soak(rest),
         "reliability" => reliability(rest),
         "public-api" => crate::public_api::command(rest),
+        "doc-examples" if rest.is_empty() => crate::doc_examples::check(),
         _ => return None,
     };
     Some(match result {

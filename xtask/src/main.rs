@@ -12,6 +12,8 @@
 //! - `cargo xtask bench <core|redis|http|scale|all>` runs the benches.
 //! - `cargo xtask public-api [--bless]` prints (or writes) the facade's
 //!   public items.
+//! - `cargo xtask doc-examples` compiles every doc example in a project
+//!   with only the README quick start's dependencies ([`doc_examples`]).
 //!
 //! The server management lives in [`redis`] (plain servers) and
 //! [`secure`] (TLS, ACL and Sentinel) so that later commands can reuse it.
@@ -19,6 +21,7 @@
 //! seconds once ring is built.
 
 mod args;
+mod doc_examples;
 mod lint;
 mod long;
 mod public_api;

@@ -302,7 +302,7 @@ impl<S: Store + LeaseStore> DynStore for WithLeases<S> {
 /// ```
 /// use portcullis::{BoxStore, MemoryStore, Policy, Store};
 ///
-/// # futures::executor::block_on(async {
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// // In an application: `match std::env::var("REDIS_URL") { Ok(url) =>
 /// // BoxStore::new(RedisStore::connect(&url).await?), Err(_) => ... }`
 /// // (portcullis-redis's `store_from_env` does this, with leases).
@@ -410,7 +410,7 @@ forward_store!(BoxStore);
 /// use std::time::Duration;
 /// use portcullis::{BoxLeaseStore, BoxStore, ConcurrencyPolicy, LeaseId, LeaseStore, MemoryStore};
 ///
-/// # futures::executor::block_on(async {
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let store = BoxLeaseStore::new(MemoryStore::new());
 /// let policy = ConcurrencyPolicy::max_in_flight(2).lease_ttl(Duration::from_secs(30)).build()?;
 /// let first = store.acquire("tenant", &policy, LeaseId::generate()).await?;

@@ -155,7 +155,7 @@ impl PolicyBuilder {
     /// ```
     /// use portcullis::{CheckOptions, MemoryStore, Policy, Store};
     ///
-    /// # futures::executor::block_on(async {
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let policy = Policy::per_minute(10)
     ///     .name("api")
     ///     .class("critical", 0)

@@ -2,7 +2,7 @@
 //! flight per subject, each a lease with a TTL), the lease types
 //! ([`LeaseId`], [`Lease`], [`LeaseDecision`]) and the [`LeaseStore`] trait
 //! that stores holding leases implement. The algorithm itself is
-//! [`algorithms::lease`](crate::algorithms::lease).
+//! `algorithms::lease` (shared with the Redis store, not public).
 
 use std::error::Error;
 use std::fmt;
@@ -325,17 +325,21 @@ impl Lease {
 ///
 /// ```
 /// use std::time::Duration;
-/// use portcullis::{algorithms::lease, ConcurrencyPolicy, LeaseId};
+/// use portcullis::{ConcurrencyPolicy, LeaseId, LeaseStore, ManualClock, MemoryStore};
 ///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let clock = std::sync::Arc::new(ManualClock::new(0));
+/// let store = MemoryStore::with_clock(clock.clone());
 /// let policy = ConcurrencyPolicy::max_in_flight(1).lease_ttl(Duration::from_secs(10)).build()?;
-/// let mut state = lease::LeaseState::default();
-/// let granted = lease::acquire(&policy, &mut state, 0, LeaseId::generate());
+/// let granted = store.acquire("alice", &policy, LeaseId::generate()).await?;
 /// assert!(granted.is_granted());
-/// let denied = lease::acquire(&policy, &mut state, 1_000_000, LeaseId::generate());
+/// clock.advance(Duration::from_secs(1));
+/// let denied = store.acquire("alice", &policy, LeaseId::generate()).await?;
 /// assert!(!denied.is_granted());
 /// assert_eq!(denied.in_flight(), 1);
 /// assert_eq!(denied.retry_after(), Some(Duration::from_secs(9)));
-/// # Ok::<(), portcullis::ConcurrencyPolicyError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LeaseDecision {
@@ -421,7 +425,7 @@ impl LeaseDecision {
 /// use std::time::Duration;
 /// use portcullis::{ConcurrencyPolicy, LeaseId, LeaseStore, MemoryStore};
 ///
-/// # futures::executor::block_on(async {
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let store = MemoryStore::new();
 /// let policy = ConcurrencyPolicy::max_in_flight(1).lease_ttl(Duration::from_secs(30)).build()?;
 /// let first = store.acquire("tenant-a", &policy, LeaseId::generate()).await?;

@@ -163,7 +163,7 @@ impl Decision {
     /// ```
     /// use portcullis::{MemoryStore, Policy, Store};
     ///
-    /// # futures::executor::block_on(async {
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let policy = Policy::per_second(10).burst(20).build()?;
     /// let verdict = MemoryStore::new().check("alice", &[policy.clone()], 1).await?;
     /// let decision = verdict.decisions()[0];

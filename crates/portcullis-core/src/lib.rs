@@ -1,9 +1,15 @@
 //! Exact rate-limiting algorithms and the `Store` trait behind portcullis.
 //!
+//! Depend on the `portcullis` facade, not on this crate: the facade
+//! re-exports what applications and store implementors use (the latter in
+//! `portcullis::store`), and its docs are the reference. Items marked
+//! `#[doc(hidden)]` here are shared with the sibling crates only and
+//! change without notice.
+//!
 //! ```
 //! use portcullis::{MemoryStore, Policy, Store};
 //!
-//! # futures::executor::block_on(async {
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! let store = MemoryStore::new();
 //! let per_second = Policy::per_second(10).name("per-second").build()?;
 //! let per_day = Policy::per_day(1_000).name("per-day").build()?;
@@ -30,13 +36,16 @@
 //! | [`Algorithm::SlidingLog`] | one entry per permit | exact rolling window, small limits (≤ 10 000) |
 //!
 //! Besides rates, a [`ConcurrencyPolicy`] limits a subject to N permits in
-//! flight, each a lease that expires unless renewed
-//! ([`algorithms::lease`]); [`MemoryStore`] and `portcullis-redis`'s
+//! flight, each a lease that expires unless renewed; [`MemoryStore`] and
+//! `portcullis-redis`'s
 //! `RedisStore` hold leases through the [`LeaseStore`] trait.
 
 // docs.rs shows which feature each item needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// The algorithms as pure functions, which the Redis store re-runs for its
+// replies: shared with the sibling crates, not part of the API.
+#[doc(hidden)]
 pub mod algorithms;
 mod boxed;
 mod classes;
@@ -66,15 +75,22 @@ pub use decision::{Decision, Verdict};
 pub use error::{ErrorScope, StoreError};
 pub use limits::{
     LimitSet, LimitSetBuilder, Limits, LimitsError, LimitsSubscription, Override, PolicySource,
-    Selected, DEFAULT_TIER,
+    Selected,
 };
+// Defaults the sibling crates share; documented on the setters, not API.
+#[doc(hidden)]
+pub use limits::DEFAULT_TIER;
 #[cfg(feature = "config")]
 #[cfg_attr(docsrs, doc(cfg(feature = "config")))]
 pub use limits_file::{LimitsFile, LimitsFileError, Reload, Watcher};
-pub use memory::{MemoryStore, MemoryStoreBuilder, WhenFull, DEFAULT_MAX_KEYS};
+#[doc(hidden)]
+pub use memory::DEFAULT_MAX_KEYS;
+pub use memory::{MemoryStore, MemoryStoreBuilder, WhenFull};
+#[doc(hidden)]
+pub use options::DEFAULT_FREE_REPLAYS;
 pub use options::{
-    CheckOptions, CheckPlan, Checked, Record, DEFAULT_FREE_REPLAYS, MAX_FINGERPRINT_LEN,
-    MAX_IDEMPOTENCY_KEY_LEN, MAX_IDEMPOTENCY_WINDOW,
+    CheckOptions, CheckPlan, Checked, Record, MAX_FINGERPRINT_LEN, MAX_IDEMPOTENCY_KEY_LEN,
+    MAX_IDEMPOTENCY_WINDOW,
 };
 pub use policy::{
     Algorithm, LeakyMode, Policy, PolicyBuilder, PolicyError, MAX_MAGNITUDE, MAX_POLICY_NAME_LEN,

@@ -34,7 +34,7 @@ pub const MAX_FINGERPRINT_LEN: usize = 8192;
 ///   request* within the window answers that decision again
 ///   ([`Checked::is_replay`]) without charging, at most
 ///   [`free_replays`](Self::free_replays) times
-///   ([`DEFAULT_FREE_REPLAYS`]); past that a repeat is charged as a new
+///   (default 2); past that a repeat is charged as a new
 ///   request. The same request means the same subject, policy names, key,
 ///   cost and [`fingerprint`](Self::fingerprint) (the tower layer's is the
 ///   method and path): a different request under a used key is a new
@@ -56,7 +56,7 @@ pub const MAX_FINGERPRINT_LEN: usize = 8192;
 /// use std::time::Duration;
 /// use portcullis::{CheckOptions, MemoryStore, Policy, Store};
 ///
-/// # futures::executor::block_on(async {
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let store = MemoryStore::new();
 /// let policies = [Policy::per_minute(3).name("payments").build()?];
 /// let options = CheckOptions::new().idempotency_key("pay-7f3a", Duration::from_secs(600));
@@ -124,7 +124,7 @@ impl CheckOptions {
     /// use std::time::Duration;
     /// use portcullis::{CheckOptions, MemoryStore, Policy, Store};
     ///
-    /// # futures::executor::block_on(async {
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let store = MemoryStore::new();
     /// let policies = [Policy::per_minute(5).name("api").build()?];
     /// let key = |path: &str| CheckOptions::new()
@@ -144,7 +144,7 @@ impl CheckOptions {
     }
 
     /// How many repeats of an admitted request one record answers without
-    /// charging ([`DEFAULT_FREE_REPLAYS`]); the repeat after them is
+    /// charging (default 2); the repeat after them is
     /// charged as a new request (and, admitted, records anew). 0 makes
     /// every repeat a charged request: the key then only says "the same
     /// request" to the application.
@@ -153,7 +153,7 @@ impl CheckOptions {
     /// use std::time::Duration;
     /// use portcullis::{CheckOptions, MemoryStore, Policy, Store};
     ///
-    /// # futures::executor::block_on(async {
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let store = MemoryStore::new();
     /// let policies = [Policy::per_minute(5).name("api").build()?];
     /// let options = CheckOptions::new()
@@ -216,7 +216,8 @@ impl CheckOptions {
         self.idempotency.is_none() && self.class.is_none()
     }
 
-    /// For store implementations: validates a check with these options
+    /// For store implementations (the facade's `portcullis::store::plan`,
+    /// where it is documented): validates a check with these options
     /// (as [`validate_check`], plus the options) and plans it: each
     /// policy's reserve in permits, in order, and the idempotency record
     /// to consult.
@@ -245,6 +246,7 @@ impl CheckOptions {
     /// capacity (the class can never be admitted that cost). A class a
     /// policy does not define is no error: the policy's default class
     /// applies.
+    #[doc(hidden)]
     pub fn plan(&self, policies: &[Policy], cost: u64) -> Result<CheckPlan, StoreError> {
         validate_check(policies, cost)?;
         let mut reserves = Vec::with_capacity(policies.len());
@@ -315,7 +317,7 @@ fn record_id(policies: &[Policy], key: &str, fingerprint: &[u8], cost: u64) -> S
     hash_subject(&hasher.finalize())
 }
 
-/// A validated check with options ([`CheckOptions::plan`]), for store
+/// A validated check with options (`portcullis::store::plan`), for store
 /// implementations.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckPlan {

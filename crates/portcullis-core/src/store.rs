@@ -22,7 +22,7 @@ use crate::{CheckOptions, Checked, Policy, StoreError, Verdict};
 /// ```
 /// use portcullis::{MemoryStore, Policy, Store};
 ///
-/// # futures::executor::block_on(async {
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let store = MemoryStore::new();
 /// let policies = [Policy::per_second(2).name("api").build()?];
 /// assert!(store.check("alice", &policies, 1).await?.is_allowed());
@@ -83,8 +83,7 @@ pub trait Store: Send + Sync + 'static {
     /// its limit into a debt, paid back by waiting, of at most one full
     /// capacity beyond empty (so one charge locks a subject out for at most
     /// the policy's full reset plus one emission interval; see
-    /// [`algorithms::charge`](crate::algorithms::charge) and ALGORITHMS.md,
-    /// "Charging after the response"). For costs known only once a request
+    /// ALGORITHMS.md, "Charging after the response"). For costs known only once a request
     /// has run: the tokens a response used, a failed login.
     ///
     /// Returns the state after the charge as a peek reports it: allowed
@@ -101,7 +100,7 @@ pub trait Store: Send + Sync + 'static {
     /// ```
     /// use portcullis::{MemoryStore, Policy, Store};
     ///
-    /// # futures::executor::block_on(async {
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let store = MemoryStore::new();
     /// let policies = [Policy::per_minute(5).name("failed-logins").build()?];
     /// let after = store.charge("203.0.113.7/alice", &policies, 5).await?;
@@ -149,7 +148,7 @@ pub trait Store: Send + Sync + 'static {
     /// use std::time::Duration;
     /// use portcullis::{CheckOptions, MemoryStore, Policy, Store};
     ///
-    /// # futures::executor::block_on(async {
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let store = MemoryStore::new();
     /// let policies = [Policy::per_minute(1).name("exports").build()?];
     /// let once = CheckOptions::new().idempotency_key("export-42", Duration::from_secs(60));
@@ -163,7 +162,9 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// As [`Store::check`], and as [`CheckOptions::plan`] for bad options.
+    /// As [`Store::check`]; [`StoreError::Unsupported`] or
+    /// [`StoreError::CostTooHigh`] for options these policies cannot apply
+    /// (`portcullis::store::plan` lists them).
     fn check_with(
         &self,
         subject: &str,
@@ -227,7 +228,8 @@ pub fn validate_check(policies: &[Policy], cost: u64) -> Result<(), StoreError> 
 /// limited.
 ///
 /// ```
-/// use portcullis::{validate_charge, Algorithm, Policy};
+/// use portcullis::store::validate_charge;
+/// use portcullis::{Algorithm, Policy};
 ///
 /// let gcra = Policy::per_minute(10).build()?;
 /// assert!(validate_charge(&[gcra]).is_ok());

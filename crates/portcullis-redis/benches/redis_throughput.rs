@@ -37,8 +37,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use portcullis_core::{Algorithm, LeakyMode, Policy, Store};
-use portcullis_redis::redis::{self, aio::MultiplexedConnection};
 use portcullis_redis::{CallPath, RedisStore};
+use redis::aio::MultiplexedConnection;
 
 const KEYS: u64 = 100_000;
 const TASKS: usize = 50;

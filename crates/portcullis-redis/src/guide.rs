@@ -54,7 +54,7 @@
 //! # Your own pool or client
 //!
 //! [`RedisStoreBuilder::pool`] takes a `bb8::Pool<bb8_redis::RedisConnectionManager>`
-//! ([`bb8_redis`] is re-exported so versions match),
+//! (these types are re-exported in [`upstream`](crate::upstream) so versions match),
 //! [`RedisStoreBuilder::client`] a `redis::Client` and
 //! [`RedisStoreBuilder::cluster_client`] a `ClusterClient` (build it with
 //! `.retries(0)`: the store never resends a call that may have run).
@@ -190,7 +190,7 @@
 //! least.
 //!
 //! Every call has one deadline ([`RedisStoreBuilder::timeout`], default
-//! 250 ms, measured: see [`DEFAULT_TIMEOUT`]) covering pool checkout, the
+//! 250 ms, measured: see the setter) covering pool checkout, the
 //! script and any reload. What the errors mean, and their
 //! [`ErrorScope`](portcullis_core::ErrorScope) (only `Store` errors count
 //! toward the tower layer's circuit breaker):
@@ -288,7 +288,6 @@
 //! [`CallPath::Evalsha`]: crate::CallPath::Evalsha
 //! [`ClockMode::Client`]: crate::ClockMode::Client
 //! [`ClockMode::Redis`]: crate::ClockMode::Redis
-//! [`DEFAULT_TIMEOUT`]: crate::DEFAULT_TIMEOUT
 //! [`RedisStore::call_path`]: crate::RedisStore::call_path
 //! [`RedisStore::key_for`]: crate::RedisStore::key_for
 //! [`RedisStore::lease_key_for`]: crate::RedisStore::lease_key_for
@@ -303,6 +302,5 @@
 //! [`RedisStoreBuilder::sentinel`]: crate::RedisStoreBuilder::sentinel
 //! [`RedisStoreBuilder::timeout`]: crate::RedisStoreBuilder::timeout
 //! [`RedisStoreBuilder::tls_ca`]: crate::RedisStoreBuilder::tls_ca
-//! [`bb8`]: crate::bb8
-//! [`bb8_redis`]: crate::bb8_redis
+//! [`bb8`]: crate::upstream::Pool
 //! [`portcullis::subject::encode_subject`]: portcullis_core::subject::encode_subject

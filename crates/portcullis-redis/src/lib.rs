@@ -104,26 +104,61 @@ mod tls;
 
 pub mod guide;
 
-pub use budget::{LocalBudget, DEFAULT_BUDGET_SUBJECTS, DEFAULT_GRANT_PERIOD, DEFAULT_MAX_PERMITS};
+pub use budget::LocalBudget;
 pub use clock::ClockMode;
 pub use env::store_from_env;
 pub use errors::{BuildError, RedisCause, ACL_CLUSTER_COMMANDS, ACL_COMMANDS};
 pub use functions::CallPath;
 pub use keys::MAX_PREFIX_LEN;
 pub use redact::redact_url;
-pub use store::builder::{
-    RedisPool, DEFAULT_CLIENT_CLOCK_TOLERANCE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE,
-    DEFAULT_PREFIX, DEFAULT_TIMEOUT,
-};
+pub use store::builder::RedisPool;
 pub use store::{RedisStore, RedisStoreBuilder, ThrottleCallError, THROTTLE_POLICY_NAME};
 
-/// The `bb8` pool this crate uses, re-exported so versions never mismatch.
-pub use bb8;
-/// The bb8-redis connection manager underneath the pool, re-exported for
-/// [`RedisStoreBuilder::pool`] so versions never mismatch.
-pub use bb8_redis;
 /// The redis-cell reply type, from `portcullis-core`.
 pub use portcullis_core::algorithms::{ThrottleError, ThrottleReply};
-/// The `redis` crate this crate uses, re-exported so versions never
-/// mismatch.
-pub use redis;
+
+/// The builders' defaults, named by this crate's own docs and code; their
+/// values are documented on the setters ([`RedisStoreBuilder::timeout`],
+/// [`LocalBudget::new`], ...), and they are not part of the API.
+#[doc(hidden)]
+pub mod defaults {
+    pub use crate::budget::{DEFAULT_BUDGET_SUBJECTS, DEFAULT_GRANT_PERIOD, DEFAULT_MAX_PERMITS};
+    pub use crate::redisson::DEFAULT_KEEP_ALIVE;
+    pub use crate::store::builder::{
+        DEFAULT_CLIENT_CLOCK_TOLERANCE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_PREFIX,
+        DEFAULT_TIMEOUT,
+    };
+}
+
+pub mod upstream {
+    //! For passing your own client or pool: the types of the `redis`,
+    //! `bb8` and `bb8-redis` versions this crate is built with, so that
+    //! what you build is what
+    //! [`RedisStoreBuilder::client`](crate::RedisStoreBuilder::client),
+    //! [`cluster_client`](crate::RedisStoreBuilder::cluster_client) and
+    //! [`pool`](crate::RedisStoreBuilder::pool) take, whatever versions
+    //! your own dependencies name. For anything else from those crates,
+    //! depend on them yourself (`cargo tree -i redis` shows the version).
+    //!
+    //! ```no_run
+    //! use portcullis::redis::upstream::{Client, Pool, RedisConnectionManager};
+    //! use portcullis::redis::RedisStore;
+    //!
+    //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    //! // A pool the application shares with its own Redis calls.
+    //! let pool = Pool::builder()
+    //!     .max_size(8)
+    //!     .build(RedisConnectionManager::new("redis://127.0.0.1:6379")?)
+    //!     .await?;
+    //! let store = RedisStore::builder().pool(pool.clone()).build().await?;
+    //! // Or a client configured by the application.
+    //! let client = Client::open("redis://127.0.0.1:6379")?;
+    //! let other = RedisStore::builder().client(client).build().await?;
+    //! # let _ = (store, other); Ok(()) }
+    //! ```
+
+    pub use bb8::Pool;
+    pub use bb8_redis::RedisConnectionManager;
+    pub use redis::cluster::ClusterClient;
+    pub use redis::Client;
+}

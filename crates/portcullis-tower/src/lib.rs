@@ -43,7 +43,11 @@
 //! |---|---|
 //! | who is limited | [`RateLimitLayerBuilder::key`]: [`PeerIp`], [`ClientIp`] behind proxies, [`BearerToken`], [`ApiKey`], [`Header`], [`User`], `MatchedRoute` (feature `axum`), [`Method`], [`Global`], a closure, a tuple, [`KeyExtractor::or`] |
 //! | several limits at once | [`RateLimitLayerBuilder::policy`] several times (checked atomically) |
-//! | plans / tiers | [`RateLimitLayerBuilder::tier`] and [`RateLimitLayerBuilder::tier_by`] |
+//! | plans / tiers | [`RateLimitLayerBuilder::tier`] and [`RateLimitLayerBuilder::tier_by`]; a plan per subject from a database or billing API: [`RateLimitLayerBuilder::resolve_plan`] with a [`PlanResolver`] |
+//! | limits that change without a restart (policies, tiers, per-subject overrides) | [`RateLimitLayerBuilder::limits`] with a [`Limits`](portcullis_core::Limits) handle (a TOML file: the facade's `LimitsFile`, feature `config`) |
+//! | a retried request answered with its first decision, not charged twice | [`RateLimitLayerBuilder::idempotency_key`] |
+//! | part of a limit reserved for important traffic (priority classes) | [`RateLimitLayerBuilder::priority`] with [`PolicyBuilder::class`](portcullis_core::PolicyBuilder::class) |
+//! | fewer Redis calls on hot subjects | the store's choice, not the layer's: `RedisStoreBuilder::coalesce` (on by default) and the local budget, `LocalBudget` (the facade's `redis` module) |
 //! | expensive requests | [`RateLimitLayerBuilder::cost`] |
 //! | a cost known only after the response (failed logins, LLM tokens) | [`RateLimitLayerBuilder::charge_from_response`], [`Charge`] |
 //! | try before enforcing, or delay instead of reject | [`Mode`] |
@@ -95,7 +99,7 @@
 //! ```
 //! use std::time::Duration;
 //! use axum::{routing::post, Router};
-//! use http::HeaderName;
+//! use axum::http::HeaderName;
 //! use portcullis::{ConcurrencyPolicy, MemoryStore, Policy};
 //! use portcullis::tower::{ConcurrencyLimitLayer, Header, RateLimitLayer};
 //!
@@ -203,17 +207,23 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod breaker;
+// The two layers' modules are public for the paths sibling code and old
+// imports name, but hidden: the crate root (the facade's `tower` page) is
+// each type's one documented home.
+#[doc(hidden)]
 pub mod concurrency;
 mod config;
 mod headers;
 mod info;
 mod key;
 mod observe;
+#[doc(hidden)]
 pub mod rate_limit;
 mod response;
 
 pub use concurrency::{
     ConcurrencyFailure, ConcurrencyLimit, ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder,
+    ResponseBody as ConcurrencyLimitBody, ResponseFuture as ConcurrencyLimitFuture,
 };
 pub use config::{ConfigError, FailurePolicy, HeaderMode, MissingKey, Mode};
 pub use info::RateLimitInfo;
@@ -230,7 +240,9 @@ pub use observe::describe_metrics;
 pub use rate_limit::{
     Charge, KeepBody, KeepBodyFuture, KeepBodyLayer, LookupKey, Plan, PlanResolver,
     PlanResolverBuilder, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResolverFailure,
+    ResponseBody as RateLimitBody, ResponseFuture as RateLimitFuture,
+};
+// Defaults both layers share; their values are documented on the setters.
+pub(crate) use rate_limit::{
     DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD, DEFAULT_CHECK_TIMEOUT,
-    DEFAULT_DENY_CACHE_CAPACITY, DEFAULT_ERROR_TTL, DEFAULT_MAX_LOOKUPS, DEFAULT_PLAN_CAPACITY,
-    DEFAULT_PLAN_TTL, DEFAULT_RESOLVE_TIMEOUT, DEFAULT_UNKNOWN_TTL,
 };

@@ -4,9 +4,23 @@
 //! [`RateLimitLayer`](tower::RateLimitLayer) for
 //! Axum, Tonic and Hyper, and keyed concurrency limits.
 //!
-//! This is the crate to depend on: it re-exports the core types at its root
-//! ([`Policy`], [`MemoryStore`], [`Store`], ...), the tower layer as
-//! [`tower`](mod@tower) and the Redis store as `redis` (feature `redis`).
+//! This is the crate to depend on. What it offers is the product; the
+//! `portcullis-core`, `portcullis-tower` and `portcullis-redis` crates
+//! underneath are its parts, and their paths are not the ones to use.
+//!
+//! # Start here
+//!
+//! | you want | use |
+//! |---|---|
+//! | a limit: "10 per second, bursts of 20" | [`Policy`] (`Policy::per_second(10).burst(20).name("api").build()?`) |
+//! | the limit on an Axum / Tonic / Hyper service | [`tower::RateLimitLayer`] |
+//! | state in this process | [`MemoryStore`] |
+//! | state shared by every instance | `redis::RedisStore` (feature `redis`) |
+//! | who is limited | the key extractors: [`tower::PeerIp`], [`tower::ClientIp`] (behind proxies), [`tower::ApiKey`], [`tower::BearerToken`], [`tower::Header`], [`tower::User`], `tower::MatchedRoute` (feature `axum`), [`tower::Global`], or a closure |
+//! | a decision without a layer | [`Store::check`], answering a [`Verdict`] of [`Decision`]s |
+//!
+//! Everything else is a choice on one of these: the table below says
+//! where each capability lives.
 //!
 //! # An Axum server, limited per client IP
 //!
@@ -40,11 +54,32 @@
 //!
 //! A limited request gets `429 Too Many Requests` with `Retry-After` and the
 //! IETF `RateLimit-Policy` / `RateLimit` fields; admitted responses carry
-//! `RateLimit` too. Who is limited (an API key, a user, a client IP behind
-//! trusted proxies), several policies at once, plan tiers, costs, charging
-//! after the response and what happens when the store fails are choices of
-//! the layer's builder: the [`tower`](mod@tower) module's page has the
-//! table.
+//! `RateLimit` too.
+//!
+//! # Capabilities
+//!
+//! | capability | where |
+//! |---|---|
+//! | six algorithms (GCRA by default, token and leaky bucket, fixed and sliding window, sliding log), the same in memory and in Redis | [`Algorithm`], [`PolicyBuilder::algorithm`] |
+//! | several limits per subject (10/s and 1 000/day), checked all or nothing | [`RateLimitLayerBuilder::policy`](tower::RateLimitLayerBuilder::policy) several times; [`Store::check`] with several policies |
+//! | expensive requests cost more | [`RateLimitLayerBuilder::cost`](tower::RateLimitLayerBuilder::cost) |
+//! | a cost known after the response (failed logins, LLM tokens) | [`RateLimitLayerBuilder::charge_from_response`](tower::RateLimitLayerBuilder::charge_from_response), [`tower::Charge`] |
+//! | idempotency keys: a retried request is answered with its first decision, not charged twice | [`RateLimitLayerBuilder::idempotency_key`](tower::RateLimitLayerBuilder::idempotency_key); [`CheckOptions::idempotency_key`] with [`Store::check_with`] |
+//! | priority classes: reserve part of a limit for important traffic | [`PolicyBuilder::class`], [`RateLimitLayerBuilder::priority`](tower::RateLimitLayerBuilder::priority); [`CheckOptions::class`] |
+//! | plans and tiers (free, pro, per-customer overrides) | [`RateLimitLayerBuilder::tier`](tower::RateLimitLayerBuilder::tier), [`tier_by`](tower::RateLimitLayerBuilder::tier_by), [`resolve_plan`](tower::RateLimitLayerBuilder::resolve_plan) with a [`tower::PlanResolver`] (a database, a billing API) |
+//! | live limits: change policies, tiers and overrides without a restart | [`Limits`] (a [`LimitSet`] swapped atomically) and [`RateLimitLayerBuilder::limits`](tower::RateLimitLayerBuilder::limits); `LimitsFile` reads one from TOML and reloads it (feature `config`) |
+//! | at most N requests running per key, as leases that expire | [`tower::ConcurrencyLimitLayer`], [`ConcurrencyPolicy`], [`LeaseStore`] |
+//! | try a limit before enforcing it, or delay instead of reject | [`tower::Mode`], [`RateLimitLayerBuilder::shape`](tower::RateLimitLayerBuilder::shape) |
+//! | the store is down: fail open, fail closed or a local fallback, a timeout, a circuit breaker | [`tower::FailurePolicy`], [`RateLimitLayerBuilder::check_timeout`](tower::RateLimitLayerBuilder::check_timeout), [`RateLimitLayerBuilder::circuit_breaker`](tower::RateLimitLayerBuilder::circuit_breaker) |
+//! | fewer Redis calls on hot subjects: concurrent checks share one call (exact, on by default) | `RedisStoreBuilder::coalesce` (feature `redis`) |
+//! | the local budget: a slice of a subject's allowance spent in process, with a stated overshoot bound | `redis::LocalBudget`, `RedisStoreBuilder::local_budget` (feature `redis`) |
+//! | Redis or memory chosen at start-up | `redis::store_from_env` (a [`BoxLeaseStore`]), [`BoxStore`] |
+//! | redis-cell's `CL.THROTTLE` and a Redisson-style limiter, on the same scripts | `RedisStore::throttle`, `RedisStore::rate_limiter` (feature `redis`) |
+//! | your own store | [`store`]: the contract and the helpers |
+//!
+//! The [`tower`](mod@tower) module's page shows the layer's choices with
+//! examples; the `redis` module's page (feature `redis`) shows the
+//! deployments (Cluster, Sentinel, TLS, ACL users, your own pool).
 //!
 //! # Feature flags
 //!
@@ -55,8 +90,15 @@
 //! | `tonic` | peer addresses from Tonic; limited calls answered as `tonic::Status` (`RESOURCE_EXHAUSTED`) with `RetryInfo` and `QuotaFailure` details |
 //! | `metrics` | counters and a latency histogram per policy through the `metrics` crate |
 //! | `config` | `LimitsFile`: policies, tiers and per-subject overrides from a TOML file, with reload (the live [`Limits`] handle needs no feature) |
-//! | `redis` | `redis`: `RedisStore` on standalone Redis, Cluster or Sentinel, ACL users, your own bb8 pool |
+//! | `redis` | `redis`: `RedisStore` on standalone Redis, Cluster or Sentinel, ACL users, your own client or bb8 pool; the local budget; redis-cell and Redisson compatibility |
 //! | `tls` | `rediss://` through rustls, trusting the system's roots; `tls-webpki-roots` trusts the compiled-in Mozilla roots, `tls-insecure` accepts `#insecure` URLs (tests only) |
+//!
+//! # Stability
+//!
+//! The items of this crate's pages are its API. The sibling crates
+//! share some internals through `#[doc(hidden)]` items (the algorithms'
+//! arithmetic, which the Redis store re-runs); those are not part of it
+//! and change without notice.
 //!
 //! # Several instances: Redis
 //!
@@ -84,7 +126,7 @@
 //! ```
 //!
 //! `portcullis::redis::store_from_env("REDIS_URL")` picks Redis when the
-//! variable is set and memory otherwise, as one [`BoxStore`].
+//! variable is set and memory otherwise, as one [`BoxLeaseStore`].
 //!
 //! # gRPC with Tonic
 //!
@@ -93,6 +135,7 @@
 //! `google.rpc.QuotaFailure` details:
 //!
 //! ```no_run
+//! // Also add: cargo add tonic tonic-health
 //! # #[cfg(feature = "tonic")]
 //! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
 //! # let (_reporter, service) = tonic_health::server::health_reporter();
@@ -119,7 +162,7 @@
 //! ```
 //! use portcullis::{MemoryStore, Policy, Store};
 //!
-//! # futures::executor::block_on(async {
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! let store = MemoryStore::new();
 //! let policies = [
 //!     Policy::per_second(10).name("burst").build()?,
@@ -134,7 +177,141 @@
 // docs.rs shows which feature each item needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub use portcullis_core::*;
+// The product, by concern. Each item's page says what it is for.
+pub use portcullis_core::{
+    // Policies and what a check answers.
+    Algorithm,
+    // Stores, and the trait to use one directly.
+    BoxLeaseStore,
+    BoxStore,
+    CheckOptions,
+    Checked,
+    // Time.
+    Clock,
+    // Concurrency limits.
+    ConcurrencyPolicy,
+    ConcurrencyPolicyBuilder,
+    ConcurrencyPolicyError,
+    Decision,
+    ErrorScope,
+    FastClock,
+    LeakyMode,
+    Lease,
+    LeaseDecision,
+    LeaseId,
+    LeaseStore,
+    // Limits as data: tiers, overrides, swapped live.
+    LimitSet,
+    LimitSetBuilder,
+    Limits,
+    LimitsError,
+    LimitsSubscription,
+    ManualClock,
+    MemoryStore,
+    MemoryStoreBuilder,
+    Override,
+    Policy,
+    PolicyBuilder,
+    PolicyError,
+    PolicySource,
+    Selected,
+    Store,
+    StoreError,
+    SystemClock,
+    Verdict,
+    WhenFull,
+    // Bounds a request or a policy is held to.
+    MAX_FINGERPRINT_LEN,
+    MAX_IDEMPOTENCY_KEY_LEN,
+    MAX_IDEMPOTENCY_WINDOW,
+    MAX_IN_FLIGHT,
+    MAX_LEASE_TTL,
+    MAX_MAGNITUDE,
+    MAX_POLICY_NAME_LEN,
+    MIN_LEASE_TTL,
+    SLIDING_LOG_MAX_LIMIT,
+};
+#[cfg(feature = "config")]
+#[cfg_attr(docsrs, doc(cfg(feature = "config")))]
+pub use portcullis_core::{LimitsFile, LimitsFileError, Reload, Watcher};
+
+pub use portcullis_core::subject;
+
+// The algorithms' arithmetic, shared with the sibling crates: not API.
+#[doc(hidden)]
+pub use portcullis_core::algorithms;
+
+pub mod store {
+    //! For writing your own store: what a [`Store`](crate::Store) or
+    //! [`LeaseStore`](crate::LeaseStore) implementation needs beyond the
+    //! traits. An application that uses [`MemoryStore`](crate::MemoryStore)
+    //! or `RedisStore` never needs this module.
+    //!
+    //! A store's contract is on the traits' pages. In short:
+    //!
+    //! - refuse what no store may decide, alike: [`validate_check`] before
+    //!   a check or peek, [`validate_charge`] before a charge (a cost above
+    //!   a policy's limit, an empty policy list, names that repeat);
+    //! - decide every policy of one call in one atomic step, all or
+    //!   nothing, through the current policy (stored state a changed policy
+    //!   cannot produce is clamped, never an error);
+    //! - with [`CheckOptions`], call [`plan`]: it
+    //!   validates the options against the policies and returns the
+    //!   [`CheckPlan`] (each policy's class reserve, the idempotency
+    //!   [`Record`] to keep beside the subject's state);
+    //! - a store held boxed answers with the `Box*Future` types below, at
+    //!   most one allocation per call;
+    //! - subjects reach keys through [`subject`](crate::subject)'s encoding.
+    //!
+    //! The differential tests (`tests/` in the repository) hold the memory
+    //! and Redis stores to the same decisions; a new store is best tested
+    //! the same way against [`MemoryStore`](crate::MemoryStore).
+
+    pub use portcullis_core::{
+        validate_charge, validate_check, BoxAcquireFuture, BoxCheckFuture, BoxReleaseFuture,
+        BoxRenewFuture, BoxResetFuture, CheckPlan, Record,
+    };
+
+    use portcullis_core::{CheckOptions, Policy, StoreError};
+
+    /// Validates a check with `options` (as [`validate_check`], plus the
+    /// options) and plans it: each policy's reserve in permits for the
+    /// options' class, in order, and the idempotency [`Record`] to consult
+    /// and write. A store calls it once per
+    /// [`Store::check_with`](crate::Store::check_with).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use portcullis::{store, CheckOptions, Policy};
+    ///
+    /// let policies = [Policy::per_second(10).class("batch", 50).build()?];
+    /// let plan = store::plan(&CheckOptions::new().class("batch"), &policies, 1)?;
+    /// assert_eq!(plan.reserves(), &[5]);
+    /// assert!(plan.record().is_none());
+    /// let err = store::plan(&CheckOptions::new().class("batch"), &policies, 6).unwrap_err();
+    /// assert!(err.to_string().contains("cost 6"), "{err}");
+    /// let zero = CheckOptions::new().idempotency_key("k", Duration::ZERO);
+    /// assert!(store::plan(&zero, &policies, 1).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`validate_check`]; [`StoreError::Unsupported`] for an empty or
+    /// too long idempotency key or fingerprint, or a window of zero or
+    /// above [`MAX_IDEMPOTENCY_WINDOW`](crate::MAX_IDEMPOTENCY_WINDOW);
+    /// [`StoreError::CostTooHigh`] when the cost and the class's reserve
+    /// together exceed a policy's capacity (the class can never be
+    /// admitted that cost). A class a policy does not define is no error:
+    /// the policy's default class applies.
+    pub fn plan(
+        options: &CheckOptions,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Result<CheckPlan, StoreError> {
+        options.plan(policies, cost)
+    }
+}
 
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

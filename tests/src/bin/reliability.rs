@@ -117,11 +117,11 @@ async fn slow(rows: &mut Vec<Row>) {
         let config = SlowRedis {
             stall: Duration::from_secs(4),
             requests: 5_000,
-            store_timeout: portcullis_redis::DEFAULT_TIMEOUT,
-            layer_timeout: portcullis_tower::DEFAULT_CHECK_TIMEOUT,
+            store_timeout: portcullis_redis::defaults::DEFAULT_TIMEOUT,
+            layer_timeout: portcullis_tower::rate_limit::DEFAULT_CHECK_TIMEOUT,
             breaker: (
-                portcullis_tower::DEFAULT_BREAKER_THRESHOLD,
-                portcullis_tower::DEFAULT_BREAKER_PAUSE,
+                portcullis_tower::rate_limit::DEFAULT_BREAKER_THRESHOLD,
+                portcullis_tower::rate_limit::DEFAULT_BREAKER_PAUSE,
             ),
             ..SlowRedis::quick(how)
         };

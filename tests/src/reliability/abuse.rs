@@ -174,7 +174,7 @@ async fn hot_phase(
         .on_store_failure(FailurePolicy::FailOpen)
         .check_timeout(Duration::from_secs(2))
         .deny_cache(if cache {
-            portcullis_tower::DEFAULT_DENY_CACHE_CAPACITY
+            portcullis_tower::rate_limit::DEFAULT_DENY_CACHE_CAPACITY
         } else {
             0
         })

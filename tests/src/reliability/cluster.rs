@@ -502,7 +502,7 @@ impl Failover {
             limit: 5,
             // The store's default: the recovery figure is what an
             // application that configures nothing sees.
-            store_timeout: portcullis_redis::DEFAULT_TIMEOUT,
+            store_timeout: portcullis_redis::defaults::DEFAULT_TIMEOUT,
             fixed_subjects: 16,
         }
     }

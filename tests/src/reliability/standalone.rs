@@ -108,11 +108,11 @@ impl KillRestart {
             limit: 5,
             // The defaults of the store and the layer: recovery figures are
             // what an application that configures nothing sees.
-            store_timeout: portcullis_redis::DEFAULT_TIMEOUT,
-            layer_timeout: portcullis_tower::DEFAULT_CHECK_TIMEOUT,
+            store_timeout: portcullis_redis::defaults::DEFAULT_TIMEOUT,
+            layer_timeout: portcullis_tower::rate_limit::DEFAULT_CHECK_TIMEOUT,
             breaker: (
-                portcullis_tower::DEFAULT_BREAKER_THRESHOLD,
-                portcullis_tower::DEFAULT_BREAKER_PAUSE,
+                portcullis_tower::rate_limit::DEFAULT_BREAKER_THRESHOLD,
+                portcullis_tower::rate_limit::DEFAULT_BREAKER_PAUSE,
             ),
         }
     }

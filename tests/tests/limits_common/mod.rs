@@ -26,7 +26,7 @@ pub(crate) fn service<K: KeyExtractor>(
     layer: &RateLimitLayer<MemoryStore, K>,
 ) -> impl Service<
     Request<()>,
-    Response = Response<portcullis::tower::rate_limit::ResponseBody<String>>,
+    Response = Response<portcullis::tower::RateLimitBody<String>>,
     Error = Infallible,
     Future: Send,
 > + Clone

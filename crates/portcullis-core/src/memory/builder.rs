@@ -63,7 +63,8 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// Caps the number of subjects held (default [`DEFAULT_MAX_KEYS`]).
+    /// Caps the number of subjects held (default 262 144, 2^18: under
+    /// about 25 MB at its worst, see [`MemoryStore::bytes_per_entry`]).
     ///
     /// When the store is full, a check that would add a new subject first
     /// sweeps expired subjects; if none can be freed it evicts or refuses,

@@ -219,7 +219,7 @@ impl MemoryStore {
     /// ```
     /// use portcullis::{ConcurrencyPolicy, LeaseId, LeaseStore, MemoryStore};
     ///
-    /// # futures::executor::block_on(async {
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let store = MemoryStore::new();
     /// let policy = ConcurrencyPolicy::max_in_flight(2).build()?;
     /// let lease = store.acquire("alice", &policy, LeaseId::generate()).await?.lease().unwrap();

@@ -125,7 +125,7 @@ pub enum WhenFull {
 /// forgotten once it is back to full capacity, and shards sweep such
 /// subjects away as they serve operations (see [`MemoryStore::len`] and
 /// [`MemoryStore::purge_expired`]). The number of subjects is capped at
-/// [`DEFAULT_MAX_KEYS`] unless [`MemoryStoreBuilder::max_keys`] or
+/// 262 144 (2^18) unless [`MemoryStoreBuilder::max_keys`] or
 /// [`MemoryStoreBuilder::unbounded`] says otherwise; a full store keeps
 /// checking held subjects exactly and evicts or denies new ones
 /// ([`WhenFull`]). [`MemoryStore::bytes_per_entry`] and
@@ -139,7 +139,7 @@ pub enum WhenFull {
 /// use std::time::Duration;
 /// use portcullis::{ManualClock, MemoryStore, Policy, Store};
 ///
-/// # futures::executor::block_on(async {
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let clock = ManualClock::new(1_700_000_000_000_000);
 /// let store = MemoryStore::builder().clock(clock.clone()).max_keys(100_000).build();
 /// let policies = [Policy::per_second(1).name("api").build()?];
@@ -216,16 +216,16 @@ impl fmt::Debug for MemoryStore {
 
 impl MemoryStore {
     /// A store on the [`FastClock`](crate::FastClock) with default sharding, holding at most
-    /// [`DEFAULT_MAX_KEYS`] subjects (evicting per
+    /// 262 144 (2^18) subjects (evicting per
     /// [`WhenFull::EvictNearestFull`] beyond; see
     /// [`MemoryStoreBuilder::unbounded`] to opt out).
     ///
     /// ```
-    /// use portcullis::{MemoryStore, DEFAULT_MAX_KEYS};
+    /// use portcullis::MemoryStore;
     ///
     /// let store = MemoryStore::new();
     /// assert_eq!(store.len(), 0);
-    /// assert_eq!(store.max_keys(), Some(DEFAULT_MAX_KEYS));
+    /// assert_eq!(store.max_keys(), Some(262_144));
     /// ```
     #[must_use]
     pub fn new() -> Self {
@@ -261,7 +261,7 @@ impl MemoryStore {
     /// ```
     /// use portcullis::{MemoryStore, Policy, Store};
     ///
-    /// # futures::executor::block_on(async {
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let store = MemoryStore::new();
     /// let policies = [Policy::per_minute(5).build()?];
     /// store.check("alice", &policies, 1).await?;
@@ -301,7 +301,8 @@ impl MemoryStore {
     /// ```
     /// use portcullis::MemoryStore;
     ///
-    /// let worst = MemoryStore::bytes_per_entry() * 16 / 7 * portcullis::DEFAULT_MAX_KEYS;
+    /// let default_max_keys = MemoryStore::new().max_keys().unwrap();
+    /// let worst = MemoryStore::bytes_per_entry() * 16 / 7 * default_max_keys;
     /// assert!(worst < 32 << 20, "the default bound stays under 32 MiB");
     /// ```
     #[must_use]
@@ -340,7 +341,7 @@ impl MemoryStore {
     /// use std::time::Duration;
     /// use portcullis::{ManualClock, MemoryStore, Policy, Store};
     ///
-    /// # futures::executor::block_on(async {
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let clock = ManualClock::new(1_700_000_000_000_000);
     /// let store = MemoryStore::with_clock(clock.clone());
     /// let policies = [Policy::per_second(10).build()?];

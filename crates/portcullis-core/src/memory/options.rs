@@ -191,7 +191,7 @@ impl MemoryStore {
     /// use std::time::Duration;
     /// use portcullis::{CheckOptions, MemoryStore, Policy, Store};
     ///
-    /// # futures::executor::block_on(async {
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let store = MemoryStore::new();
     /// let policies = [Policy::per_second(5).build()?];
     /// let options = CheckOptions::new().idempotency_key("k1", Duration::from_secs(60));

@@ -85,7 +85,7 @@ impl KeyBuf {
 
     /// Appends `string`; when the key is empty, `string` becomes the key
     /// without a copy.
-    pub fn push_string(&mut self, string: String) {
+    pub(crate) fn push_string(&mut self, string: String) {
         if matches!(&self.repr, Repr::Inline(inline) if inline.is_empty()) {
             self.repr = Repr::Heap(string);
         } else {
@@ -94,7 +94,7 @@ impl KeyBuf {
     }
 
     /// Empties the key, keeping a heap buffer it may have.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         match &mut self.repr {
             Repr::Inline(inline) => inline.clear(),
             Repr::Heap(string) => string.clear(),
@@ -109,7 +109,7 @@ impl KeyBuf {
 
     /// The key as a `String` (allocates when it is inline).
     #[must_use]
-    pub fn into_string(self) -> String {
+    pub(crate) fn into_string(self) -> String {
         match self.repr {
             Repr::Heap(string) => string,
             Repr::Inline(inline) => inline.as_str().to_owned(),
