@@ -1,5 +1,5 @@
 //! [`ConcurrencyLimitLayer`] and its builder (the state its services share
-//! is `limiter.rs`).
+//! is `gate.rs`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::time::Duration;
 use portcullis_core::{ConcurrencyPolicy, LeaseStore};
 use tower_layer::Layer;
 
-use super::limiter::Limiter;
+use super::gate::Gate;
 use super::ConcurrencyLimit;
 use crate::breaker::{Breaker, UndecidedLog};
 use crate::config::{ConfigError, MissingKey};
@@ -60,20 +60,20 @@ use crate::{DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD, DEFAULT_CHECK_TIME
 /// # let _ = app; Ok(()) }
 /// ```
 pub struct ConcurrencyLimitLayer<St, K = PeerIp> {
-    limiter: Arc<Limiter<St, K>>,
+    gate: Arc<Gate<St, K>>,
 }
 
 impl<St, K> Clone for ConcurrencyLimitLayer<St, K> {
     fn clone(&self) -> Self {
         Self {
-            limiter: Arc::clone(&self.limiter),
+            gate: Arc::clone(&self.gate),
         }
     }
 }
 
 impl<St, K> fmt::Debug for ConcurrencyLimitLayer<St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.limiter.fmt(f)
+        self.gate.fmt(f)
     }
 }
 
@@ -81,7 +81,7 @@ impl<S, St, K> Layer<S> for ConcurrencyLimitLayer<St, K> {
     type Service = ConcurrencyLimit<S, St, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        ConcurrencyLimit::new(inner, Arc::clone(&self.limiter))
+        ConcurrencyLimit::new(inner, Arc::clone(&self.gate))
     }
 }
 
@@ -113,13 +113,13 @@ impl<St, K> ConcurrencyLimitLayer<St, K> {
     /// The store.
     #[must_use]
     pub fn store(&self) -> &Arc<St> {
-        &self.limiter.store
+        &self.gate.store
     }
 
     /// The policy.
     #[must_use]
     pub fn policy(&self) -> &ConcurrencyPolicy {
-        &self.limiter.policy
+        &self.gate.policy
     }
 }
 
@@ -279,7 +279,7 @@ impl<St: LeaseStore, K: KeyExtractor> ConcurrencyLimitLayerBuilder<St, K> {
             )
         });
         Ok(ConcurrencyLimitLayer {
-            limiter: Arc::new(Limiter {
+            gate: Arc::new(Gate {
                 store: self.store,
                 policy_name: Arc::from(policy.name()),
                 policy,

@@ -12,7 +12,7 @@ use portcullis_core::{LeaseId, LeaseStore};
 use tower_service::Service;
 
 use super::future::ResponseFuture;
-use super::limiter::{Limiter, Outcome, Ticket};
+use super::gate::{Gate, Outcome, Ticket};
 use super::ResponseBody;
 use crate::config::MissingKey;
 use crate::key::{KeyBuf, KeyExtractor};
@@ -48,12 +48,12 @@ use crate::response::{grpc_content_type, plain};
 /// ```
 pub struct ConcurrencyLimit<S, St, K> {
     inner: S,
-    limiter: Arc<Limiter<St, K>>,
+    gate: Arc<Gate<St, K>>,
 }
 
 impl<S, St, K> ConcurrencyLimit<S, St, K> {
-    pub(crate) fn new(inner: S, limiter: Arc<Limiter<St, K>>) -> Self {
-        Self { inner, limiter }
+    pub(crate) fn new(inner: S, gate: Arc<Gate<St, K>>) -> Self {
+        Self { inner, gate }
     }
 
     /// The inner service.
@@ -76,7 +76,7 @@ impl<S: Clone, St, K> Clone for ConcurrencyLimit<S, St, K> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            limiter: Arc::clone(&self.limiter),
+            gate: Arc::clone(&self.gate),
         }
     }
 }
@@ -85,7 +85,7 @@ impl<S: fmt::Debug, St, K> fmt::Debug for ConcurrencyLimit<S, St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConcurrencyLimit")
             .field("inner", &self.inner)
-            .field("limiter", &self.limiter)
+            .field("gate", &self.gate)
             .finish()
     }
 }
@@ -107,22 +107,22 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let limiter = &*self.limiter;
+        let gate = &*self.gate;
         let grpc = grpc_content_type(request.headers());
         let (parts, body) = request.into_parts();
         // Read as the rate layer reads it (`extract_into`), so both layers
         // count a request against the same key.
         let mut key = KeyBuf::new();
-        if !limiter.key.extract_into(&parts, &mut key) {
-            match &limiter.missing_key {
+        if !gate.key.extract_into(&parts, &mut key) {
+            match &gate.missing_key {
                 MissingKey::Skip => {
                     let request = Request::from_parts(parts, body);
                     return ResponseFuture::forward(self.inner.call(request), None);
                 }
                 MissingKey::Reject { status, message } => {
                     crate::response::log_missing_key(
-                        &limiter.rejected,
-                        &limiter.key,
+                        &gate.rejected,
+                        &gate.key,
                         *status,
                         grpc.is_some(),
                     );
@@ -140,8 +140,8 @@ where
             lease: LeaseId::generate(),
             grpc,
         };
-        if !limiter.store_allowed() {
-            return match limiter.on_failure(&ticket) {
+        if !gate.store_allowed() {
+            return match gate.on_failure(&ticket) {
                 Outcome::Forward(permit) => {
                     ResponseFuture::forward(self.inner.call(request), permit)
                 }
@@ -150,25 +150,24 @@ where
         }
         // A store that answers synchronously (the memory store) is decided
         // here, and the inner service called directly.
-        if let Some(result) =
-            limiter
-                .store
-                .acquire_now(&ticket.subject, &limiter.policy, ticket.lease)
+        if let Some(result) = gate
+            .store
+            .acquire_now(&ticket.subject, &gate.policy, ticket.lease)
         {
-            return match limiter.decide(&ticket, result) {
+            return match gate.decide(&ticket, result) {
                 Outcome::Forward(permit) => {
                     ResponseFuture::forward(self.inner.call(request), permit)
                 }
                 Outcome::Respond(response) => ResponseFuture::respond(response),
             };
         }
-        let acquire = limiter
+        let acquire = gate
             .store
-            .acquire(&ticket.subject, &limiter.policy, ticket.lease);
+            .acquire(&ticket.subject, &gate.policy, ticket.lease);
         // The inner service that was driven to readiness goes into the
         // future; this service keeps a fresh clone.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::acquiring(acquire, Arc::clone(&self.limiter), inner, request, ticket)
+        ResponseFuture::acquiring(acquire, Arc::clone(&self.gate), inner, request, ticket)
     }
 }

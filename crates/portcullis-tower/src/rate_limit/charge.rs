@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use http::Response;
 use portcullis_core::{ErrorScope, Store, StoreError, Verdict};
 
-use super::limiter::Limiter;
+use super::checker::Checker;
 use super::tier::Tier;
 use crate::config::FailurePolicy;
 use crate::headers::RateLimitHeaders;
@@ -138,7 +138,7 @@ impl Charge {
         amount.delta = 0;
     }
 
-    /// Records the subject a verdict admitted (the limiter, before the
+    /// Records the subject a verdict admitted (the checker, before the
     /// inner service is called).
     pub(crate) fn admit(&self, key: &str, tier: &Arc<Tier>, fallback: bool) {
         self.lock().subject = Some(Subject {
@@ -165,7 +165,7 @@ type ChargeFuture = Pin<Box<dyn Future<Output = Option<Verdict>> + Send>>;
 /// The post-response step of a request of a layer that charges after the
 /// response: holds the response while its charge is sent.
 pub(crate) struct PostCharge<R, St, K> {
-    limiter: Arc<Limiter<St, K>>,
+    checker: Arc<Checker<St, K>>,
     handle: Charge,
     response: Option<R>,
     charging: Option<ChargeFuture>,
@@ -176,9 +176,9 @@ pub(crate) struct PostCharge<R, St, K> {
 }
 
 impl<B, St: Store, K: KeyExtractor> PostCharge<Response<B>, St, K> {
-    pub(crate) fn new(limiter: Arc<Limiter<St, K>>, handle: Charge) -> Box<Self> {
+    pub(crate) fn new(checker: Arc<Checker<St, K>>, handle: Charge) -> Box<Self> {
         Box::new(Self {
-            limiter,
+            checker,
             handle,
             response: None,
             charging: None,
@@ -198,7 +198,7 @@ impl<B, St: Store, K: KeyExtractor> PostCharge<Response<B>, St, K> {
         headers: Option<RateLimitHeaders>,
     ) -> Result<(), Response<B>> {
         let (mut parts, body) = response.into_parts();
-        let from_response = self.limiter.charge.as_ref().map_or(0, |cost| cost(&parts));
+        let from_response = self.checker.charge.as_ref().map_or(0, |cost| cost(&parts));
         let Some((subject, cost)) = self.handle.finish(from_response) else {
             if let Some(headers) = headers {
                 headers.apply(&mut parts.headers);
@@ -207,7 +207,7 @@ impl<B, St: Store, K: KeyExtractor> PostCharge<Response<B>, St, K> {
         };
         self.tier = Some(Arc::clone(&subject.tier));
         self.headers = headers;
-        self.charging = Some(Box::pin(charge(Arc::clone(&self.limiter), subject, cost)));
+        self.charging = Some(Box::pin(charge(Arc::clone(&self.checker), subject, cost)));
         self.response = Some(Response::from_parts(parts, body));
         Ok(())
     }
@@ -229,7 +229,7 @@ impl<B, St: Store, K: KeyExtractor> PostCharge<Response<B>, St, K> {
             // the same fields, of the state after the charge.
             if let (Some(verdict), Some(_)) = (charged, &headers) {
                 if let Some(tier) = &self.tier {
-                    headers = Some(self.limiter.headers(tier, &verdict, false));
+                    headers = Some(self.checker.headers(tier, &verdict, false));
                 }
             }
         }
@@ -247,31 +247,31 @@ impl<B, St: Store, K: KeyExtractor> PostCharge<Response<B>, St, K> {
 /// [`FailurePolicy::Fallback`] a charge the main store failed (not one it
 /// refused) goes to the fallback store. The response is never lost.
 async fn charge<St: Store, K: Send + Sync + 'static>(
-    limiter: Arc<Limiter<St, K>>,
+    checker: Arc<Checker<St, K>>,
     subject: Subject,
     cost: u64,
 ) -> Option<Verdict> {
     let policies = Arc::clone(&subject.tier.policies);
-    let fallback = match &limiter.failure {
+    let fallback = match &checker.failure {
         FailurePolicy::Fallback(store) => Some(store),
         _ => None,
     };
     if !subject.fallback {
         let result = within(
-            limiter.timeout,
-            limiter.store.charge(&subject.key, &policies, cost),
+            checker.timeout,
+            checker.store.charge(&subject.key, &policies, cost),
         )
         .await;
         let error = match result {
             Ok(verdict) => {
-                limiter.breaker.success();
+                checker.breaker.success();
                 trace_charged(&subject, cost, &verdict);
                 return Some(verdict);
             }
             Err(error) => error,
         };
         if error.scope() == ErrorScope::Store {
-            limiter.breaker.failure();
+            checker.breaker.failure();
         }
         tracing::warn!(error = crate::observe::chain(&error), key = %subject.key, cost, "charging after the response failed");
         // The fallback store takes what the failure policy sends it: the
@@ -283,7 +283,7 @@ async fn charge<St: Store, K: Send + Sync + 'static>(
         fallback?;
     }
     let store = fallback?;
-    match within(limiter.timeout, store.charge(&subject.key, &policies, cost)).await {
+    match within(checker.timeout, store.charge(&subject.key, &policies, cost)).await {
         Ok(verdict) => {
             trace_charged(&subject, cost, &verdict);
             Some(verdict)

@@ -1,4 +1,4 @@
-//! What the [`Limiter`] does when its store fails or is skipped: the
+//! What the [`Checker`] does when its store fails or is skipped: the
 //! failure policy (fail open, fail closed, a fallback store), the answer
 //! to a new subject the store has no room for, and the rate-limited logs
 //! of errors and of requests let through undecided.
@@ -6,14 +6,14 @@
 use http::{HeaderMap, StatusCode};
 use portcullis_core::{Store, StoreError};
 
-use super::limiter::{Limiter, Next, Ticket};
+use super::checker::{Checker, Next, Ticket};
 use super::tier::Tier;
 use crate::config::{FailurePolicy, Mode};
 use crate::key::KeyExtractor;
 use crate::observe;
 use crate::response::{self, grpc_content_type};
 
-impl<St: Store, K: KeyExtractor> Limiter<St, K> {
+impl<St: Store, K: KeyExtractor> Checker<St, K> {
     /// A new subject the store has no room for: denied, whatever the
     /// failure policy (letting it through would leave every fresh identity
     /// of a flood unlimited), with the store's `Retry-After`.

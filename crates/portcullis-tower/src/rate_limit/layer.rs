@@ -1,6 +1,6 @@
 //! `RateLimitLayer` and its builder, which compiles the [`Tier`]s
 //! (`tier.rs`) a request is checked against. The state its services share
-//! is the [`Limiter`] in `limiter.rs`.
+//! is the [`Checker`] in `checker.rs`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -13,8 +13,8 @@ use portcullis_core::{validate_charge, LimitSet, Limits, Policy, Store, StoreErr
 use tower_layer::Layer;
 
 use super::charge::ChargeFn;
+use super::checker::{Checker, CostFn, TierFn};
 use super::deny_cache::DenyCache;
-use super::limiter::{CostFn, Limiter, TierFn};
 use super::resolve::{Live, PlanResolver};
 use super::tier::Tier;
 use crate::breaker::{Breaker, UndecidedLog};
@@ -62,20 +62,20 @@ pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 65_536;
 /// # Ok(()) }
 /// ```
 pub struct RateLimitLayer<St, K = PeerIp> {
-    limiter: Arc<Limiter<St, K>>,
+    checker: Arc<Checker<St, K>>,
 }
 
 impl<St, K> Clone for RateLimitLayer<St, K> {
     fn clone(&self) -> Self {
         Self {
-            limiter: Arc::clone(&self.limiter),
+            checker: Arc::clone(&self.checker),
         }
     }
 }
 
 impl<St, K> fmt::Debug for RateLimitLayer<St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.limiter.fmt(f)
+        self.checker.fmt(f)
     }
 }
 
@@ -83,7 +83,7 @@ impl<S, St, K> Layer<S> for RateLimitLayer<St, K> {
     type Service = RateLimit<S, St, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::new(inner, Arc::clone(&self.limiter))
+        RateLimit::new(inner, Arc::clone(&self.checker))
     }
 }
 
@@ -149,7 +149,7 @@ impl<St: Store, K> RateLimitLayer<St, K> {
     /// The store.
     #[must_use]
     pub fn store(&self) -> &Arc<St> {
-        &self.limiter.store
+        &self.checker.store
     }
 
     /// This layer with responses in the inner service's own body type
@@ -176,7 +176,7 @@ impl<St: Store, K> RateLimitLayer<St, K> {
     /// in force when the layer was built; the handle has the current ones).
     #[must_use]
     pub fn policies(&self) -> &[Policy] {
-        &self.limiter.tiers[0].policies
+        &self.checker.tiers[0].policies
     }
 
     /// Forgets the state of `key` (a key as the extractor produces it, for
@@ -188,17 +188,17 @@ impl<St: Store, K> RateLimitLayer<St, K> {
     ///
     /// The store's error.
     pub async fn reset(&self, key: &str) -> Result<(), StoreError> {
-        if let Some(cache) = &self.limiter.deny_cache {
+        if let Some(cache) = &self.checker.deny_cache {
             cache.remove(key);
         }
-        let tiers = match &self.limiter.live {
+        let tiers = match &self.checker.live {
             Some(live) => live.sets_for(key),
-            None => self.limiter.tiers.to_vec(),
+            None => self.checker.tiers.to_vec(),
         };
         for tier in tiers {
-            self.limiter.store.reset(key, &tier.policies).await?;
+            self.checker.store.reset(key, &tier.policies).await?;
         }
-        if let Some(cache) = &self.limiter.deny_cache {
+        if let Some(cache) = &self.checker.deny_cache {
             cache.remove(key);
         }
         Ok(())
@@ -821,7 +821,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
             )
         });
         RateLimitLayer {
-            limiter: Arc::new(Limiter {
+            checker: Arc::new(Checker {
                 store: self.store,
                 key: self.key,
                 tiers,

@@ -6,7 +6,7 @@
 //! how to use them. Like [`concurrency`](crate::concurrency), this module
 //! names its future and body `ResponseFuture` and `ResponseBody`.
 //!
-//! Inside: the limiter state its services share (`limiter.rs`) and what it
+//! Inside: the checker state its services share (`checker.rs`) and what it
 //! does when the store fails (`failure.rs`), the deny cache, the keep-body
 //! variant. Modules both layers use (response
 //! building, headers, circuit breaker, metrics, configuration,
@@ -14,12 +14,12 @@
 
 mod body;
 mod charge;
+mod checker;
 mod deny_cache;
 mod failure;
 mod future;
 mod keep_body;
 mod layer;
-mod limiter;
 mod options;
 mod resolve;
 mod service;

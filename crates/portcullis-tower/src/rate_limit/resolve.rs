@@ -5,10 +5,10 @@
 //! gives its lookup. The cache and the lookups it runs are in
 //! `resolve/cache.rs`; the live [`Limits`](portcullis_core::Limits) side
 //! (compiled sets, the tier a request gets) in `resolve/live.rs`; the
-//! limiter's steps that use them
-//! ([`Limiter::pick_tier`](super::limiter::Limiter::pick_tier),
-//! [`Limiter::on_resolved`](super::limiter::Limiter::on_resolved)) are in
-//! `limiter.rs`.
+//! checker's steps that use them
+//! ([`Checker::pick_tier`](super::checker::Checker::pick_tier),
+//! [`Checker::on_resolved`](super::checker::Checker::on_resolved)) are in
+//! `checker.rs`.
 
 mod cache;
 mod live;

@@ -10,9 +10,9 @@ use portcullis_core::Store;
 use tower_service::Service;
 
 use super::charge::{Charge, PostCharge};
+use super::checker::Checker;
+use super::checker::Next;
 use super::future::ResponseFuture;
-use super::limiter::Limiter;
-use super::limiter::Next;
 use crate::key::KeyExtractor;
 use crate::rate_limit::ResponseBody;
 
@@ -54,12 +54,12 @@ use crate::rate_limit::ResponseBody;
 /// ```
 pub struct RateLimit<S, St, K> {
     inner: S,
-    limiter: Arc<Limiter<St, K>>,
+    checker: Arc<Checker<St, K>>,
 }
 
 impl<S, St, K> RateLimit<S, St, K> {
-    pub(crate) fn new(inner: S, limiter: Arc<Limiter<St, K>>) -> Self {
-        Self { inner, limiter }
+    pub(crate) fn new(inner: S, checker: Arc<Checker<St, K>>) -> Self {
+        Self { inner, checker }
     }
 
     /// The inner service.
@@ -82,7 +82,7 @@ impl<S: Clone, St, K> Clone for RateLimit<S, St, K> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            limiter: Arc::clone(&self.limiter),
+            checker: Arc::clone(&self.checker),
         }
     }
 }
@@ -91,7 +91,7 @@ impl<S: fmt::Debug, St, K> fmt::Debug for RateLimit<S, St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
-            .field("config", &self.limiter)
+            .field("config", &self.checker)
             .finish()
     }
 }
@@ -116,13 +116,13 @@ where
         let (mut parts, body) = request.into_parts();
         // Charging after the response: a handle for the handler, and the
         // post-response step.
-        let charge = self.limiter.charge.is_some().then(|| {
+        let charge = self.checker.charge.is_some().then(|| {
             let handle = Charge::new();
             parts.extensions.insert(handle.clone());
-            PostCharge::new(Arc::clone(&self.limiter), handle)
+            PostCharge::new(Arc::clone(&self.checker), handle)
         });
         let mut ticket = None;
-        let mut next = self.limiter.start(&mut parts, &mut ticket);
+        let mut next = self.checker.start(&mut parts, &mut ticket);
         // A store that answers synchronously does so through
         // `Store::check_now` (`Next::Ready`), so the request is decided here
         // and the inner service is called directly instead of being cloned
@@ -130,7 +130,7 @@ where
         // answer), so this ends after a few rounds.
         if let Some(ticket) = ticket.as_mut() {
             while let Next::Ready(result) = next {
-                next = self.limiter.on_result(ticket, &mut parts, result);
+                next = self.checker.on_result(ticket, &mut parts, result);
             }
         }
         // Each arm builds the returned future in one go (see
@@ -150,7 +150,7 @@ where
                     let inner = std::mem::replace(&mut self.inner, clone);
                     ResponseFuture::pending(
                         next,
-                        Arc::clone(&self.limiter),
+                        Arc::clone(&self.checker),
                         inner,
                         (parts, body),
                         ticket,

@@ -2,7 +2,7 @@
 //! layer is built or its limits change: the policies, where they came
 //! from, the header values precomputed from them, and the facts about them
 //! a check reads rather than derives (whether any has priority classes).
-//! The layer builds tiers; the limiter, charging and live limits read them.
+//! The layer builds tiers; the checker, charging and live limits read them.
 
 use std::sync::Arc;
 

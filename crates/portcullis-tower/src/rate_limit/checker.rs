@@ -1,4 +1,4 @@
-//! [`Limiter`], the state the services of one layer share, and its
+//! [`Checker`], the state the services of one layer share, and its
 //! methods: the decisions of the layer, independent of how the future is
 //! driven (what to do with a new request, a plan lookup's answer, a store
 //! verdict, the end of a wait), and the [`Ticket`] and [`Next`] step they
@@ -32,10 +32,10 @@ pub(crate) type CostFn = Box<dyn Fn(&Parts) -> u64 + Send + Sync>;
 
 /// The state the services of one layer share: its store, key extractor,
 /// tiers and settings, circuit breaker and deny cache. Its methods are the
-/// steps of a request ([`Limiter::start`], [`Limiter::on_result`], ...).
+/// steps of a request ([`Checker::start`], [`Checker::on_result`], ...).
 /// Charging after the response (`charge.rs`) reads its store, timeout,
 /// breaker and failure policy.
-pub(crate) struct Limiter<St, K> {
+pub(crate) struct Checker<St, K> {
     pub(crate) store: Arc<St>,
     pub(crate) key: K,
     /// Tier 0 holds the default policies (with live limits: those when
@@ -72,7 +72,7 @@ pub(crate) struct Limiter<St, K> {
     pub(crate) options: Option<super::options::OptionSources>,
 }
 
-impl<St, K> fmt::Debug for Limiter<St, K> {
+impl<St, K> fmt::Debug for Checker<St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("store", &std::any::type_name::<St>())
@@ -93,7 +93,7 @@ impl<St, K> fmt::Debug for Limiter<St, K> {
     }
 }
 
-impl<St, K> Limiter<St, K> {
+impl<St, K> Checker<St, K> {
     /// The tier for this request: the one the selector names, else the
     /// default.
     pub(crate) fn tier_index(&self, parts: &Parts, key: &str) -> usize {
@@ -110,7 +110,7 @@ impl<St, K> Limiter<St, K> {
     }
 }
 
-/// One request on its way through the limiter.
+/// One request on its way through the checker.
 #[derive(Debug)]
 pub(crate) struct Ticket {
     /// The key, inline for IP keys (no `String` per request).
@@ -190,7 +190,7 @@ fn request_span(key: &KeyBuf, tier: &Tier, cost: u64) -> Option<tracing::Span> {
     })
 }
 
-impl<St: Store, K: KeyExtractor> Limiter<St, K> {
+impl<St: Store, K: KeyExtractor> Checker<St, K> {
     #[allow(clippy::unused_self)]
     pub(super) fn tier<'t>(&self, ticket: &'t Ticket) -> &'t Tier {
         &ticket.tier
@@ -782,7 +782,7 @@ fn delayed_as_denied(verdict: &Verdict) -> Verdict {
 
 /// Per-request policies from data (`resolve.rs`): which tier a request
 /// is checked under, and the step after a plan lookup.
-impl<St: Store, K: KeyExtractor> Limiter<St, K> {
+impl<St: Store, K: KeyExtractor> Checker<St, K> {
     /// The tier of a request (`key` is its key).
     #[inline]
     pub(crate) fn pick_tier(&self, parts: &Parts, key: &str) -> Picked {
