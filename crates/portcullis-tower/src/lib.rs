@@ -202,6 +202,8 @@
 // docs.rs shows which feature each item needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[macro_use]
+mod macros;
 mod breaker;
 pub mod concurrency;
 mod config;

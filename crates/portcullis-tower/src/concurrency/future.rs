@@ -15,9 +15,9 @@ use portcullis_core::{LeaseStore, StoreError};
 use tokio::time::Sleep;
 use tower_service::Service;
 
+use super::body::ResponseBody;
 use super::gate::{Gate, Outcome, Ticket};
 use super::permit::Permit;
-use super::ResponseBody;
 
 /// What an acquire under way keeps for the call that follows.
 struct Pending<S, St, K, ReqBody> {

@@ -1,7 +1,6 @@
 //! [`ConcurrencyLimit`], the service: reads the key, and acquires a lease
 //! at once from a synchronous store or in its [`ResponseFuture`].
 
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -11,13 +10,14 @@ use http_body::Body;
 use portcullis_core::{LeaseId, LeaseStore};
 use tower_service::Service;
 
+use super::body::ResponseBody;
 use super::future::ResponseFuture;
 use super::gate::{Gate, Outcome, Ticket};
-use super::ResponseBody;
 use crate::config::MissingKey;
 use crate::key::{KeyBuf, KeyExtractor};
 use crate::response::{grpc_content_type, plain};
 
+layer_service! {
 /// The service a [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer)
 /// wraps around an inner service.
 ///
@@ -46,48 +46,8 @@ use crate::response::{grpc_content_type, plain};
 /// assert_eq!(third.status(), StatusCode::OK);
 /// # Ok(()) }
 /// ```
-pub struct ConcurrencyLimit<S, St, K> {
-    inner: S,
-    gate: Arc<Gate<St, K>>,
-}
-
-impl<S, St, K> ConcurrencyLimit<S, St, K> {
-    pub(crate) fn new(inner: S, gate: Arc<Gate<St, K>>) -> Self {
-        Self { inner, gate }
-    }
-
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, consuming this one.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
-}
-
-impl<S: Clone, St, K> Clone for ConcurrencyLimit<S, St, K> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            gate: Arc::clone(&self.gate),
-        }
-    }
-}
-
-impl<S: fmt::Debug, St, K> fmt::Debug for ConcurrencyLimit<S, St, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ConcurrencyLimit")
-            .field("inner", &self.inner)
-            .field("gate", &self.gate)
-            .finish()
-    }
+    ConcurrencyLimit,
+    Gate
 }
 
 impl<S, St, K, ReqBody, ResBody> Service<Request<ReqBody>> for ConcurrencyLimit<S, St, K>
@@ -107,7 +67,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let gate = &*self.gate;
+        let gate = &*self.shared;
         let grpc = grpc_content_type(request.headers());
         let (parts, body) = request.into_parts();
         // Read as the rate layer reads it (`extract_into`), so both layers
@@ -168,6 +128,6 @@ where
         // future; this service keeps a fresh clone.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::acquiring(acquire, Arc::clone(&self.gate), inner, request, ticket)
+        ResponseFuture::acquiring(acquire, Arc::clone(&self.shared), inner, request, ticket)
     }
 }

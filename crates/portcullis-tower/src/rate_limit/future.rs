@@ -15,12 +15,12 @@ use portcullis_core::{BoxCheckFuture, Store, StoreError, Verdict};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::charge::PostCharge;
-use super::checker::Checker;
-use super::checker::{Next, Then, Ticket};
+use super::body::ResponseBody;
+use super::checker::{Checker, Next, Then, Ticket};
+use super::post_charge::PostCharge;
+use super::resolve::Lookup;
 use crate::headers::RateLimitHeaders;
 use crate::key::KeyExtractor;
-use crate::rate_limit::ResponseBody;
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).
@@ -34,7 +34,7 @@ pin_project! {
         // Boxed: only requests that wait (a store that answers later, a
         // shaping delay) need it, and the fast path stays small to move.
         pending: Option<Box<Pending<S, St, K, ReqBody>>>,
-        // Charging after the response (charge.rs), when the layer does.
+        // Charging after the response (post_charge.rs), when the layer does.
         charge: Option<Box<PostCharge<S::Response, St, K>>>,
     }
 }
@@ -76,7 +76,7 @@ pin_project! {
         Charging,
         // Waiting for the subject's plan (resolve.rs).
         Resolve {
-            lookup: super::resolve::Lookup,
+            lookup: Lookup,
         },
     }
 }

@@ -6,11 +6,13 @@
 use http::{HeaderMap, StatusCode};
 use portcullis_core::{Store, StoreError};
 
-use super::checker::{Checker, Next, Ticket};
-use super::tier::Tier;
+use super::shared::Checker;
+use super::step::{Next, Ticket};
 use crate::config::{FailurePolicy, Mode};
 use crate::key::KeyExtractor;
 use crate::observe;
+use crate::rate_limit::options::{self, Asked};
+use crate::rate_limit::tier::Tier;
 use crate::response::{self, grpc_content_type};
 
 impl<St: Store, K: KeyExtractor> Checker<St, K> {
@@ -92,7 +94,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
     pub(crate) fn on_failure(&self, ticket: &mut Ticket, headers: &HeaderMap) -> Next<St> {
         match &self.failure {
             FailurePolicy::FailOpen => {
-                self.let_through(self.tier(ticket));
+                self.let_through(&ticket.tier);
                 Next::Forward(None)
             }
             FailurePolicy::FailClosed => Next::Respond(Box::new(response::plain(
@@ -102,20 +104,20 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
             ))),
             FailurePolicy::Fallback(store) => {
                 ticket.fallback = true;
-                let tier = self.tier(ticket);
+                let tier = &ticket.tier;
                 // With a class or an idempotency key (a classed tier always
                 // has one: its default), the fallback store keeps them too:
                 // its reserves hold while the main store is down.
                 if let Some(request) = ticket.options.as_deref() {
-                    return match super::options::ask(
+                    return match options::ask(
                         store,
                         &ticket.key,
                         &tier.policies,
                         ticket.cost,
                         request,
                     ) {
-                        super::options::Asked::Now(result) => Next::Ready(result),
-                        super::options::Asked::Later(future) => Next::Fallback(future),
+                        Asked::Now(result) => Next::Ready(result),
+                        Asked::Later(future) => Next::Fallback(future),
                     };
                 }
                 match store.check_now(&ticket.key, &tier.policies, ticket.cost) {
