@@ -11,7 +11,8 @@ use http::header::{HeaderName, FORWARDED};
 use http::request::Parts;
 use ipnet::IpNet;
 
-use super::{KeyBuf, KeyExtractor};
+use super::buf::KeyBuf;
+use super::extractor::KeyExtractor;
 
 /// Most proxy hops [`ClientIp`] walks past before it stops trusting a header.
 const MAX_HOPS: usize = 64;

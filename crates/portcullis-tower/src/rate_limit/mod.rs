@@ -55,4 +55,3 @@ pub use resolve::{
     DEFAULT_UNKNOWN_TTL,
 };
 pub use service::RateLimit;
-pub(crate) use tier::Tier;

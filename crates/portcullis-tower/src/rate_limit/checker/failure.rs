@@ -62,7 +62,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
     /// Counts and logs (at most once per second) a request let through
     /// undecided.
     pub(super) fn let_through(&self, tier: &Tier) {
-        observe::fail_open(tier);
+        observe::fail_open(&tier.labels);
         if let Some(count) = self.undecided.record() {
             tracing::warn!(
                 count,

@@ -251,7 +251,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
         let result = self.store.check_now(key, &tier.policies, cost);
         #[cfg(feature = "metrics")]
         if result.is_some() {
-            observe::store_latency(tier, begun.elapsed());
+            observe::store_latency(&tier.labels, begun.elapsed());
         }
         result
     }
@@ -278,7 +278,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
             return None;
         }
         self.store_answered();
-        observe::allowed(tier);
+        observe::allowed(&tier.labels);
         Some(Next::Forward(self.admitted_headers(tier, verdict)))
     }
 

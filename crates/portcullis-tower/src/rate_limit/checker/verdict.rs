@@ -96,7 +96,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
         }
         #[cfg(feature = "metrics")]
         if let Some(sent) = ticket.sent {
-            observe::store_latency(tier, sent.elapsed());
+            observe::store_latency(&tier.labels, sent.elapsed());
         }
         let error = match result {
             Ok(verdict) => {
@@ -124,7 +124,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
         // the breaker, so no subject's fault changes another's decision.
         match error.scope() {
             ErrorScope::Store => {
-                observe::store_error(tier);
+                observe::store_error(&tier.labels);
                 if self.breaker.failure() {
                     tracing::warn!(error = crate::observe::chain(&error), pause = ?self.breaker.pause(), "rate-limit store failing; circuit breaker opened");
                 } else {
@@ -133,11 +133,11 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
                 self.on_failure(ticket, &parts.headers)
             }
             ErrorScope::NoRoom => {
-                observe::store_error(tier);
+                observe::store_error(&tier.labels);
                 self.no_room(&parts.headers, &error)
             }
             ErrorScope::Subject => {
-                observe::store_error(tier);
+                observe::store_error(&tier.labels);
                 tracing::debug!(error = crate::observe::chain(&error), key = %ticket.key, "rate-limit check failed for this subject alone; its failure policy applies to this request");
                 self.log_error(&error, "rate-limit store failed");
                 self.on_failure(ticket, &parts.headers)
@@ -215,7 +215,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
 
     fn limited(&self, ticket: &mut Ticket, headers: &HeaderMap, verdict: Verdict) -> Next<St> {
         let tier = &ticket.tier;
-        observe::denied(tier, &verdict);
+        observe::denied(&tier.labels, &verdict);
         let grpc = grpc_content_type(headers);
         let headers = self.headers(tier, &verdict, true);
         let info = self.info(ticket, verdict);
@@ -245,7 +245,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
                     charge.admit(&ticket.key, &ticket.tier, ticket.fallback);
                 }
             }
-            observe::allowed(tier);
+            observe::allowed(&tier.labels);
             let delay = verdict.delay();
             if self.mode == Mode::DryRun {
                 extensions.insert(self.info(ticket, verdict));
@@ -283,7 +283,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
         } else {
             match self.mode {
                 Mode::DryRun => {
-                    observe::dry_run_denied(tier, &verdict);
+                    observe::dry_run_denied(&tier.labels, &verdict);
                     let info = self.info(ticket, verdict);
                     tracing::info!(key = %info.key(), policy = info.binding_policy(), retry_after = ?info.retry_after(), "dry run: would have been rate limited");
                     extensions.insert(info);
