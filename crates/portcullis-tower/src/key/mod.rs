@@ -1,10 +1,11 @@
 //! Key extractors: who a request is counted against. Each file imports
 //! only those below it: the shipped extractors (`boxed.rs`, `header.rs`,
-//! `ip.rs`, `misc.rs`) implement the trait in `extractor.rs`, which writes
+//! `client_ip.rs` above `ip.rs`, `misc.rs`) implement the trait in `extractor.rs`, which writes
 //! into the buffer in `buf.rs`.
 
 mod boxed;
 mod buf;
+mod client_ip;
 mod extractor;
 mod header;
 mod ip;
@@ -12,9 +13,10 @@ mod misc;
 
 pub use boxed::BoxKeyExtractor;
 pub use buf::KeyBuf;
+pub use client_ip::{ClientIp, ProxyHeader};
 pub use extractor::{KeyExtractor, Or};
 pub use header::{ApiKey, BearerToken, Header};
-pub use ip::{ClientIp, PeerIp, ProxyHeader};
+pub use ip::PeerIp;
 #[cfg(feature = "axum")]
 pub use misc::MatchedRoute;
 pub use misc::{Global, Method, User};

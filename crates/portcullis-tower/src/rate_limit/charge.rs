@@ -25,7 +25,7 @@ pub(crate) type ChargeFn = Box<dyn Fn(&http::response::Parts) -> u64 + Send + Sy
 /// response head is ready and before the response is returned, so the
 /// subject's next request sees it. A request the layer denied, or let
 /// through without a verdict (a failing store with
-/// [`FailurePolicy::FailOpen`]), is not charged.
+/// [`FailurePolicy::FailOpen`](crate::FailurePolicy::FailOpen)), is not charged.
 ///
 /// Clones share one amount (an `Arc` inside), so a handler may hand it to
 /// the tasks doing the work.

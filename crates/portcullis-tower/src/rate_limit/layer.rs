@@ -70,7 +70,7 @@ impl<St: Store, K> RateLimitLayer<St, K> {
         KeepBodyLayer::new(self)
     }
 
-    /// The default policies (with [`RateLimitLayerBuilder::limits`]: those
+    /// The default policies (with [`RateLimitLayerBuilder::limits`](crate::RateLimitLayerBuilder::limits): those
     /// in force when the layer was built; the handle has the current ones).
     #[must_use]
     pub fn policies(&self) -> &[Policy] {

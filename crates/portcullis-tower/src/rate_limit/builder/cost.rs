@@ -54,9 +54,9 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     ///
     /// When the charge fails, the response is returned all the same and the
     /// failure logged (at `warn`); a store-wide failure counts toward the
-    /// circuit breaker, and with [`FailurePolicy::Fallback`] a charge the
+    /// circuit breaker, and with [`FailurePolicy::Fallback`](crate::FailurePolicy::Fallback) a charge the
     /// store failed (rather than refused) goes to the fallback store.
-    /// Requests let through undecided ([`FailurePolicy::FailOpen`]) and
+    /// Requests let through undecided ([`FailurePolicy::FailOpen`](crate::FailurePolicy::FailOpen)) and
     /// dry-run denials are not charged.
     ///
     /// Only GCRA (the default) and token-bucket policies can be charged

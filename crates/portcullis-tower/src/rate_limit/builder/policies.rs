@@ -26,7 +26,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
         self
     }
 
-    /// Sets how requests are keyed (default [`PeerIp`]).
+    /// Sets how requests are keyed (default [`PeerIp`](crate::PeerIp)).
     pub fn key<K2: KeyExtractor>(self, key: K2) -> RateLimitLayerBuilder<St, K2> {
         RateLimitLayerBuilder {
             store: self.store,

@@ -265,7 +265,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
 
     /// Forwards an admitted verdict the store gave at once, when forwarding
     /// needs nothing from a ticket: no queueing delay, no dry run, no
-    /// [`RateLimitInfo`] or [`Charge`](crate::Charge) in the extensions.
+    /// [`RateLimitInfo`](crate::RateLimitInfo) or [`Charge`](crate::Charge) in the extensions.
     /// `None` leaves the verdict to [`on_verdict`](Self::on_verdict).
     #[inline]
     fn forward_at_once(&self, tier: &Tier, verdict: &Verdict) -> Option<Next<St>> {

@@ -46,7 +46,7 @@ pub enum Plan {
     Policies(Vec<Policy>),
 }
 
-/// What the layer does when a [`PlanResolver`] lookup fails or times out.
+/// What the layer does when a [`PlanResolver`](crate::PlanResolver) lookup fails or times out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum ResolverFailure {
@@ -60,9 +60,9 @@ pub enum ResolverFailure {
     FailurePolicy,
 }
 
-/// What a [`PlanResolver`]'s lookup is given for a request, when the
+/// What a [`PlanResolver`](crate::PlanResolver)'s lookup is given for a request, when the
 /// layer's key is not what the plans are looked up by
-/// ([`PlanResolverBuilder::lookup_key`]).
+/// ([`PlanResolverBuilder::lookup_key`](crate::PlanResolverBuilder::lookup_key)).
 ///
 /// [`ApiKey`] and [`BearerToken`] give the credential itself (the layer's
 /// key is its SHA-256, which a database cannot be searched by); a closure
