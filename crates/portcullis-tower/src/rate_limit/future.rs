@@ -74,7 +74,7 @@ pin_project! {
         // The inner service answered; its response waits in `charge`
         // while the cost is charged.
         Charging,
-        // Waiting for the subject's plan (resolve.rs).
+        // Waiting for the subject's plan (resolve/).
         Resolve {
             lookup: Lookup,
         },

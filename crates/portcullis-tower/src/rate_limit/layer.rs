@@ -1,8 +1,11 @@
 //! [`RateLimitLayer`], what a built layer is: the `Arc` of the
 //! [`Checker`] its services share (`checker/`), the `Layer` that makes
 //! [`RateLimit`] services, and what a layer answers once built (its
-//! store, policies, `reset`, `keep_body`). How one is made, and every
-//! default, is the builder's (`builder/`), which sits above this file.
+//! store, policies, `reset`, `keep_body`). How one is made is the
+//! builder's (`builder/`, above this file): the constructors
+//! (`RateLimitLayer::new`, `builder`, `builder_shared`) live there beside
+//! the builder they start, and `build` makes the layer, so this file never
+//! names the builder.
 
 use std::sync::Arc;
 

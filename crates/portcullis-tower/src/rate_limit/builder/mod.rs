@@ -149,7 +149,7 @@ struct Settings {
     charge: Option<ChargeFn>,
     limits: Option<Limits>,
     plans: Option<PlanResolver>,
-    /// Idempotency keys and priority classes (`options.rs`).
+    /// Idempotency keys and priority classes (`rate_limit/options.rs`).
     options: OptionSources,
 }
 

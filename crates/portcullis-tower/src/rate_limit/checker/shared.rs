@@ -62,7 +62,7 @@ pub(crate) struct Checker<St, K> {
     /// Charging after the response: the cost of a response head.
     pub(crate) charge: Option<ChargeFn>,
     /// Idempotency keys and priority classes, when configured
-    /// (`options.rs`).
+    /// (`rate_limit/options.rs`).
     pub(crate) options: Option<OptionSources>,
 }
 

@@ -128,7 +128,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
         }
     }
 
-    /// A check with a request's options (`options.rs`): its answer now,
+    /// A check with a request's options (`rate_limit/options.rs`): its answer now,
     /// or `None` with the future that answers later in `asked`.
     fn ask_with(
         &self,

@@ -34,7 +34,7 @@ pub(crate) struct Ticket {
     /// The `rate_limit` span the request's events belong to; `None` (no
     /// span object to drop or enter) unless `debug` is enabled.
     pub(crate) span: Option<tracing::Span>,
-    /// The request's idempotency key and class (`options.rs`), if any.
+    /// The request's idempotency key and class (`rate_limit/options.rs`), if any.
     pub(crate) options: Option<Box<RequestOptions>>,
 }
 
