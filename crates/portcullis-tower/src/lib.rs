@@ -206,6 +206,8 @@
 // docs.rs shows which feature each item needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[macro_use]
+mod macros;
 mod breaker;
 // The two layers' modules are public for the paths sibling code and old
 // imports name, but hidden: the crate root (the facade's `tower` page) is

@@ -86,18 +86,39 @@ pub fn describe_metrics() {
     );
 }
 
-use crate::rate_limit::Tier;
+/// The `policy` labels of a set of policies, made once when its tier is
+/// built, so a request's metrics clone an `Arc` per policy and format
+/// nothing (empty without feature `metrics`).
+#[derive(Debug, Default)]
+pub(crate) struct PolicyLabels {
+    #[cfg(feature = "metrics")]
+    names: Box<[std::sync::Arc<str>]>,
+}
+
+impl PolicyLabels {
+    pub(crate) fn of(policies: &[portcullis_core::Policy]) -> Self {
+        #[cfg(not(feature = "metrics"))]
+        let _ = policies;
+        Self {
+            #[cfg(feature = "metrics")]
+            names: policies
+                .iter()
+                .map(|p| std::sync::Arc::from(p.name()))
+                .collect(),
+        }
+    }
+}
 
 #[cfg(feature = "metrics")]
-fn each_policy(tier: &Tier, mut f: impl FnMut(metrics::SharedString)) {
-    for name in tier.metric_names.iter() {
+fn each_policy(labels: &PolicyLabels, mut f: impl FnMut(metrics::SharedString)) {
+    for name in labels.names.iter() {
         f(metrics::SharedString::from(std::sync::Arc::clone(name)));
     }
 }
 
 #[cfg(feature = "metrics")]
-fn each_denying(tier: &Tier, verdict: &Verdict, name: &'static str) {
-    for (policy, decision) in tier.metric_names.iter().zip(verdict.decisions()) {
+fn each_denying(labels: &PolicyLabels, verdict: &Verdict, name: &'static str) {
+    for (policy, decision) in labels.names.iter().zip(verdict.decisions()) {
         if !decision.is_allowed() {
             metrics::counter!(name, "policy" => metrics::SharedString::from(std::sync::Arc::clone(policy)))
                 .increment(1);
@@ -105,45 +126,45 @@ fn each_denying(tier: &Tier, verdict: &Verdict, name: &'static str) {
     }
 }
 
-pub(crate) fn allowed(tier: &Tier) {
+pub(crate) fn allowed(labels: &PolicyLabels) {
     #[cfg(feature = "metrics")]
-    each_policy(tier, |policy| {
+    each_policy(labels, |policy| {
         metrics::counter!("portcullis_allowed_total", "policy" => policy).increment(1);
     });
-    let _ = tier;
+    let _ = labels;
 }
 
-pub(crate) fn denied(tier: &Tier, verdict: &Verdict) {
+pub(crate) fn denied(labels: &PolicyLabels, verdict: &Verdict) {
     #[cfg(feature = "metrics")]
-    each_denying(tier, verdict, "portcullis_denied_total");
-    let _ = (tier, verdict);
+    each_denying(labels, verdict, "portcullis_denied_total");
+    let _ = (labels, verdict);
 }
 
-pub(crate) fn dry_run_denied(tier: &Tier, verdict: &Verdict) {
+pub(crate) fn dry_run_denied(labels: &PolicyLabels, verdict: &Verdict) {
     #[cfg(feature = "metrics")]
-    each_denying(tier, verdict, "portcullis_dry_run_denied_total");
-    let _ = (tier, verdict);
+    each_denying(labels, verdict, "portcullis_dry_run_denied_total");
+    let _ = (labels, verdict);
 }
 
-pub(crate) fn store_error(tier: &Tier) {
+pub(crate) fn store_error(labels: &PolicyLabels) {
     #[cfg(feature = "metrics")]
-    each_policy(tier, |policy| {
+    each_policy(labels, |policy| {
         metrics::counter!("portcullis_store_errors_total", "policy" => policy).increment(1);
     });
-    let _ = tier;
+    let _ = labels;
 }
 
-pub(crate) fn fail_open(tier: &Tier) {
+pub(crate) fn fail_open(labels: &PolicyLabels) {
     #[cfg(feature = "metrics")]
-    each_policy(tier, |policy| {
+    each_policy(labels, |policy| {
         metrics::counter!("portcullis_fail_open_total", "policy" => policy).increment(1);
     });
-    let _ = tier;
+    let _ = labels;
 }
 
 #[cfg(feature = "metrics")]
-pub(crate) fn store_latency(tier: &Tier, latency: std::time::Duration) {
-    each_policy(tier, |policy| {
+pub(crate) fn store_latency(labels: &PolicyLabels, latency: std::time::Duration) {
+    each_policy(labels, |policy| {
         metrics::histogram!("portcullis_store_latency_seconds", "policy" => policy)
             .record(latency.as_secs_f64());
     });

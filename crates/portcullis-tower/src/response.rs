@@ -13,8 +13,8 @@ use http::{Response, StatusCode};
 
 use crate::breaker::UndecidedLog;
 use crate::headers::{ceil_secs, RateLimitHeaders};
+use crate::info::RateLimitInfo;
 use crate::key::KeyExtractor;
-use crate::RateLimitInfo;
 
 static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 #[cfg(not(feature = "tonic"))]

@@ -15,15 +15,15 @@ use portcullis_core::{LeaseStore, StoreError};
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use super::limiter::{Limiter, Outcome, Ticket};
+use super::body::ResponseBody;
+use super::gate::{Gate, Outcome, Ticket};
 use super::permit::Permit;
-use super::ResponseBody;
 
 /// What an acquire under way keeps for the call that follows.
 struct Pending<S, St, K, ReqBody> {
     inner: S,
     request: Request<ReqBody>,
-    limiter: Arc<Limiter<St, K>>,
+    gate: Arc<Gate<St, K>>,
     ticket: Ticket,
     /// Releases the lease if this future is dropped (or the store fails)
     /// before the acquire's answer says it was not granted.
@@ -93,15 +93,15 @@ where
 
     pub(crate) fn acquiring(
         acquire: St::AcquireFuture,
-        limiter: Arc<Limiter<St, K>>,
+        gate: Arc<Gate<St, K>>,
         inner: S,
         request: Request<ReqBody>,
         ticket: Ticket,
     ) -> Self {
         let cleanup = Some(Permit::release_on_drop(
-            &limiter.store,
+            &gate.store,
             Arc::clone(&ticket.subject),
-            &limiter.policy,
+            &gate.policy,
             ticket.lease,
         ));
         Self {
@@ -109,7 +109,7 @@ where
             pending: Some(Box::new(Pending {
                 inner,
                 request,
-                limiter,
+                gate,
                 ticket,
                 cleanup,
                 timer: None,
@@ -137,7 +137,7 @@ where
                     let result = match acquire.poll(cx) {
                         Poll::Ready(result) => result,
                         Poll::Pending => {
-                            let timeout = pending.limiter.timeout;
+                            let timeout = pending.gate.timeout;
                             let timer = pending
                                 .timer
                                 .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
@@ -156,7 +156,7 @@ where
                             cleanup.disarm();
                         }
                     }
-                    let outcome = pending.limiter.decide(&pending.ticket, result);
+                    let outcome = pending.gate.decide(&pending.ticket, result);
                     if matches!(outcome, Outcome::Forward(Some(_))) {
                         // Granted: the permit releases it from now on.
                         if let Some(cleanup) = pending.cleanup.take() {

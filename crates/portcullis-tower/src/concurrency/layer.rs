@@ -1,20 +1,22 @@
 //! [`ConcurrencyLimitLayer`] and its builder (the state its services share
-//! is `limiter.rs`).
+//! is `gate.rs`).
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use portcullis_core::{ConcurrencyPolicy, LeaseStore};
-use tower_layer::Layer;
 
-use super::limiter::Limiter;
-use super::ConcurrencyLimit;
+use super::gate::Gate;
+use super::service::ConcurrencyLimit;
 use crate::breaker::{Breaker, UndecidedLog};
-use crate::config::{ConfigError, MissingKey};
+use crate::config::{
+    ConfigError, MissingKey, DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD,
+    DEFAULT_CHECK_TIMEOUT,
+};
 use crate::key::{KeyExtractor, PeerIp};
-use crate::{DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD, DEFAULT_CHECK_TIMEOUT};
 
+shared_layer! {
 /// A tower `Layer` that allows each key (tenant, user, IP…) at
 /// most [`ConcurrencyPolicy::limit`] requests in flight at once, answering
 /// the others `429 Too Many Requests` (gRPC `RESOURCE_EXHAUSTED`).
@@ -59,30 +61,9 @@ use crate::{DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD, DEFAULT_CHECK_TIME
 ///     .layer(exports);
 /// # let _ = app; Ok(()) }
 /// ```
-pub struct ConcurrencyLimitLayer<St, K = PeerIp> {
-    limiter: Arc<Limiter<St, K>>,
-}
-
-impl<St, K> Clone for ConcurrencyLimitLayer<St, K> {
-    fn clone(&self) -> Self {
-        Self {
-            limiter: Arc::clone(&self.limiter),
-        }
-    }
-}
-
-impl<St, K> fmt::Debug for ConcurrencyLimitLayer<St, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.limiter.fmt(f)
-    }
-}
-
-impl<S, St, K> Layer<S> for ConcurrencyLimitLayer<St, K> {
-    type Service = ConcurrencyLimit<S, St, K>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        ConcurrencyLimit::new(inner, Arc::clone(&self.limiter))
-    }
+    ConcurrencyLimitLayer,
+    ConcurrencyLimit,
+    Gate
 }
 
 impl<St: LeaseStore> ConcurrencyLimitLayer<St, PeerIp> {
@@ -113,13 +94,13 @@ impl<St, K> ConcurrencyLimitLayer<St, K> {
     /// The store.
     #[must_use]
     pub fn store(&self) -> &Arc<St> {
-        &self.limiter.store
+        &self.shared.store
     }
 
     /// The policy.
     #[must_use]
     pub fn policy(&self) -> &ConcurrencyPolicy {
-        &self.limiter.policy
+        &self.shared.policy
     }
 }
 
@@ -279,7 +260,7 @@ impl<St: LeaseStore, K: KeyExtractor> ConcurrencyLimitLayerBuilder<St, K> {
             )
         });
         Ok(ConcurrencyLimitLayer {
-            limiter: Arc::new(Limiter {
+            shared: Arc::new(Gate {
                 store: self.store,
                 policy_name: Arc::from(policy.name()),
                 policy,

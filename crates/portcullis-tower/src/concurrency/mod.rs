@@ -9,13 +9,13 @@
 
 //!
 //! Inside: the state the services of one layer share and the decision on an
-//! acquire's result (`limiter.rs`, like the rate layer's), and the held
+//! acquire's result (`gate.rs`, like the rate layer's), and the held
 //! lease (`permit.rs`).
 
 mod body;
 mod future;
+mod gate;
 mod layer;
-mod limiter;
 mod permit;
 mod service;
 

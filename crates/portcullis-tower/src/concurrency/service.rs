@@ -1,7 +1,6 @@
 //! [`ConcurrencyLimit`], the service: reads the key, and acquires a lease
 //! at once from a synchronous store or in its [`ResponseFuture`].
 
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -11,13 +10,14 @@ use http_body::Body;
 use portcullis_core::{LeaseId, LeaseStore};
 use tower_service::Service;
 
+use super::body::ResponseBody;
 use super::future::ResponseFuture;
-use super::limiter::{Limiter, Outcome, Ticket};
-use super::ResponseBody;
+use super::gate::{Gate, Outcome, Ticket};
 use crate::config::MissingKey;
 use crate::key::{KeyBuf, KeyExtractor};
 use crate::response::{grpc_content_type, plain};
 
+layer_service! {
 /// The service a [`ConcurrencyLimitLayer`](crate::ConcurrencyLimitLayer)
 /// wraps around an inner service.
 ///
@@ -46,48 +46,8 @@ use crate::response::{grpc_content_type, plain};
 /// assert_eq!(third.status(), StatusCode::OK);
 /// # Ok(()) }
 /// ```
-pub struct ConcurrencyLimit<S, St, K> {
-    inner: S,
-    limiter: Arc<Limiter<St, K>>,
-}
-
-impl<S, St, K> ConcurrencyLimit<S, St, K> {
-    pub(crate) fn new(inner: S, limiter: Arc<Limiter<St, K>>) -> Self {
-        Self { inner, limiter }
-    }
-
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, consuming this one.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
-}
-
-impl<S: Clone, St, K> Clone for ConcurrencyLimit<S, St, K> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            limiter: Arc::clone(&self.limiter),
-        }
-    }
-}
-
-impl<S: fmt::Debug, St, K> fmt::Debug for ConcurrencyLimit<S, St, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ConcurrencyLimit")
-            .field("inner", &self.inner)
-            .field("limiter", &self.limiter)
-            .finish()
-    }
+    ConcurrencyLimit,
+    Gate
 }
 
 impl<S, St, K, ReqBody, ResBody> Service<Request<ReqBody>> for ConcurrencyLimit<S, St, K>
@@ -107,22 +67,22 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let limiter = &*self.limiter;
+        let gate = &*self.shared;
         let grpc = grpc_content_type(request.headers());
         let (parts, body) = request.into_parts();
         // Read as the rate layer reads it (`extract_into`), so both layers
         // count a request against the same key.
         let mut key = KeyBuf::new();
-        if !limiter.key.extract_into(&parts, &mut key) {
-            match &limiter.missing_key {
+        if !gate.key.extract_into(&parts, &mut key) {
+            match &gate.missing_key {
                 MissingKey::Skip => {
                     let request = Request::from_parts(parts, body);
                     return ResponseFuture::forward(self.inner.call(request), None);
                 }
                 MissingKey::Reject { status, message } => {
                     crate::response::log_missing_key(
-                        &limiter.rejected,
-                        &limiter.key,
+                        &gate.rejected,
+                        &gate.key,
                         *status,
                         grpc.is_some(),
                     );
@@ -140,8 +100,8 @@ where
             lease: LeaseId::generate(),
             grpc,
         };
-        if !limiter.store_allowed() {
-            return match limiter.on_failure(&ticket) {
+        if !gate.store_allowed() {
+            return match gate.on_failure(&ticket) {
                 Outcome::Forward(permit) => {
                     ResponseFuture::forward(self.inner.call(request), permit)
                 }
@@ -150,25 +110,24 @@ where
         }
         // A store that answers synchronously (the memory store) is decided
         // here, and the inner service called directly.
-        if let Some(result) =
-            limiter
-                .store
-                .acquire_now(&ticket.subject, &limiter.policy, ticket.lease)
+        if let Some(result) = gate
+            .store
+            .acquire_now(&ticket.subject, &gate.policy, ticket.lease)
         {
-            return match limiter.decide(&ticket, result) {
+            return match gate.decide(&ticket, result) {
                 Outcome::Forward(permit) => {
                     ResponseFuture::forward(self.inner.call(request), permit)
                 }
                 Outcome::Respond(response) => ResponseFuture::respond(response),
             };
         }
-        let acquire = limiter
+        let acquire = gate
             .store
-            .acquire(&ticket.subject, &limiter.policy, ticket.lease);
+            .acquire(&ticket.subject, &gate.policy, ticket.lease);
         // The inner service that was driven to readiness goes into the
         // future; this service keeps a fresh clone.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::acquiring(acquire, Arc::clone(&self.limiter), inner, request, ticket)
+        ResponseFuture::acquiring(acquire, Arc::clone(&self.shared), inner, request, ticket)
     }
 }

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use http::request::Parts;
 
-use super::{KeyBuf, KeyExtractor};
+use super::buf::KeyBuf;
+use super::extractor::KeyExtractor;
 
 /// Any [`KeyExtractor`] behind one type, so the extractor can be picked at
 /// run time (from configuration, say) where each choice is a different
@@ -75,7 +76,7 @@ mod tests {
     use http::Request;
 
     use super::*;
-    use crate::{Header, PeerIp};
+    use crate::key::{Header, PeerIp};
 
     #[test]
     fn a_boxed_extractor_keys_as_the_one_it_holds() {

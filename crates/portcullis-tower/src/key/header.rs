@@ -4,7 +4,8 @@ use http::header::{HeaderName, AUTHORIZATION};
 use http::request::Parts;
 use portcullis_core::subject::{hash_subject, is_plain};
 
-use super::{KeyBuf, KeyExtractor};
+use super::buf::KeyBuf;
+use super::extractor::KeyExtractor;
 
 /// Keys on the value of a request header, for example a tenant id set by a
 /// trusted gateway.

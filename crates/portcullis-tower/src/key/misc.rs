@@ -5,7 +5,8 @@ use std::marker::PhantomData;
 
 use http::request::Parts;
 
-use super::{KeyBuf, KeyExtractor};
+use super::buf::KeyBuf;
+use super::extractor::KeyExtractor;
 
 /// Keys on an authenticated user that an earlier layer (your authentication
 /// middleware) inserted into the request extensions, as any type you name;

@@ -1,22 +1,14 @@
-//! Charging after the response: the [`Charge`] handle a handler uses to add
-//! or refund cost, and the step of the response future that charges the
-//! store once the inner service has answered
-//! ([`RateLimitLayerBuilder::charge_from_response`](crate::RateLimitLayerBuilder::charge_from_response)).
+//! The [`Charge`] handle of charging after the response
+//! ([`RateLimitLayerBuilder::charge_from_response`](crate::RateLimitLayerBuilder::charge_from_response)):
+//! what a handler adds or refunds, the subject a verdict admitted, and the
+//! amount owed once the response is ready. The checker records the
+//! subject; the step of the response future that charges the store is
+//! `post_charge.rs`.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 
-use http::Response;
-use portcullis_core::{ErrorScope, Store, StoreError, Verdict};
-
-use super::limiter::Limiter;
 use super::tier::Tier;
-use crate::config::FailurePolicy;
-use crate::headers::RateLimitHeaders;
-use crate::key::KeyExtractor;
 
 /// What decides a request's cost from its response head.
 pub(crate) type ChargeFn = Box<dyn Fn(&http::response::Parts) -> u64 + Send + Sync>;
@@ -33,7 +25,7 @@ pub(crate) type ChargeFn = Box<dyn Fn(&http::response::Parts) -> u64 + Send + Sy
 /// response head is ready and before the response is returned, so the
 /// subject's next request sees it. A request the layer denied, or let
 /// through without a verdict (a failing store with
-/// [`FailurePolicy::FailOpen`]), is not charged.
+/// [`FailurePolicy::FailOpen`](crate::FailurePolicy::FailOpen)), is not charged.
 ///
 /// Clones share one amount (an `Arc` inside), so a handler may hand it to
 /// the tasks doing the work.
@@ -88,10 +80,10 @@ struct Amount {
 
 /// The subject a verdict admitted: its key, tier and store.
 #[derive(Debug, Clone)]
-struct Subject {
-    key: String,
-    tier: Arc<Tier>,
-    fallback: bool,
+pub(super) struct Subject {
+    pub(super) key: String,
+    pub(super) tier: Arc<Tier>,
+    pub(super) fallback: bool,
 }
 
 impl fmt::Debug for Charge {
@@ -138,7 +130,7 @@ impl Charge {
         amount.delta = 0;
     }
 
-    /// Records the subject a verdict admitted (the limiter, before the
+    /// Records the subject a verdict admitted (the checker, before the
     /// inner service is called).
     pub(crate) fn admit(&self, key: &str, tier: &Arc<Tier>, fallback: bool) {
         self.lock().subject = Some(Subject {
@@ -150,7 +142,7 @@ impl Charge {
 
     /// The amount to charge, given the response's cost, and to whom; `None`
     /// when the request was not admitted by a verdict or nothing is owed.
-    fn finish(&self, from_response: u64) -> Option<(Subject, u64)> {
+    pub(super) fn finish(&self, from_response: u64) -> Option<(Subject, u64)> {
         let mut amount = self.lock();
         let subject = amount.subject.take()?;
         let base = amount.set.unwrap_or(from_response);
@@ -158,155 +150,6 @@ impl Charge {
         let total = u64::try_from(total).unwrap_or(u64::MAX);
         (total > 0).then_some((subject, total))
     }
-}
-
-type ChargeFuture = Pin<Box<dyn Future<Output = Option<Verdict>> + Send>>;
-
-/// The post-response step of a request of a layer that charges after the
-/// response: holds the response while its charge is sent.
-pub(crate) struct PostCharge<R, St, K> {
-    limiter: Arc<Limiter<St, K>>,
-    handle: Charge,
-    response: Option<R>,
-    charging: Option<ChargeFuture>,
-    /// The headers of the peek, for a response whose charge failed.
-    headers: Option<RateLimitHeaders>,
-    /// The tier charged.
-    tier: Option<Arc<Tier>>,
-}
-
-impl<B, St: Store, K: KeyExtractor> PostCharge<Response<B>, St, K> {
-    pub(crate) fn new(limiter: Arc<Limiter<St, K>>, handle: Charge) -> Box<Self> {
-        Box::new(Self {
-            limiter,
-            handle,
-            response: None,
-            charging: None,
-            headers: None,
-            tier: None,
-        })
-    }
-
-    /// Starts charging for `response`, whose peek gave `headers`:
-    /// `Err(response)`, with `headers` applied, when there is nothing to
-    /// charge (it is returned at once), else `Ok(())` and
-    /// [`PostCharge::poll`] gives the response back once charged, with the
-    /// headers of the state after the charge.
-    pub(crate) fn begin(
-        &mut self,
-        response: Response<B>,
-        headers: Option<RateLimitHeaders>,
-    ) -> Result<(), Response<B>> {
-        let (mut parts, body) = response.into_parts();
-        let from_response = self.limiter.charge.as_ref().map_or(0, |cost| cost(&parts));
-        let Some((subject, cost)) = self.handle.finish(from_response) else {
-            if let Some(headers) = headers {
-                headers.apply(&mut parts.headers);
-            }
-            return Err(Response::from_parts(parts, body));
-        };
-        self.tier = Some(Arc::clone(&subject.tier));
-        self.headers = headers;
-        self.charging = Some(Box::pin(charge(Arc::clone(&self.limiter), subject, cost)));
-        self.response = Some(Response::from_parts(parts, body));
-        Ok(())
-    }
-
-    /// Waits for the charge; then the response, with the rate-limit headers
-    /// of the state the charge left (those of the peek when it failed).
-    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Response<B>>> {
-        let mut headers = self.headers.take();
-        if let Some(charging) = self.charging.as_mut() {
-            let charged = match charging.as_mut().poll(cx) {
-                Poll::Ready(charged) => charged,
-                Poll::Pending => {
-                    self.headers = headers;
-                    return Poll::Pending;
-                }
-            };
-            self.charging = None;
-            // Headers only where the peek wrote some (the header mode):
-            // the same fields, of the state after the charge.
-            if let (Some(verdict), Some(_)) = (charged, &headers) {
-                if let Some(tier) = &self.tier {
-                    headers = Some(self.limiter.headers(tier, &verdict, false));
-                }
-            }
-        }
-        let mut response = self.response.take();
-        if let (Some(response), Some(headers)) = (response.as_mut(), headers) {
-            headers.apply(response.headers_mut());
-        }
-        Poll::Ready(response)
-    }
-}
-
-/// Charges `cost` to `subject` in the store that admitted it, within the
-/// layer's timeout. A failure is logged and, when the store as a whole
-/// fails, counted by the circuit breaker; with
-/// [`FailurePolicy::Fallback`] a charge the main store failed (not one it
-/// refused) goes to the fallback store. The response is never lost.
-async fn charge<St: Store, K: Send + Sync + 'static>(
-    limiter: Arc<Limiter<St, K>>,
-    subject: Subject,
-    cost: u64,
-) -> Option<Verdict> {
-    let policies = Arc::clone(&subject.tier.policies);
-    let fallback = match &limiter.failure {
-        FailurePolicy::Fallback(store) => Some(store),
-        _ => None,
-    };
-    if !subject.fallback {
-        let result = within(
-            limiter.timeout,
-            limiter.store.charge(&subject.key, &policies, cost),
-        )
-        .await;
-        let error = match result {
-            Ok(verdict) => {
-                limiter.breaker.success();
-                trace_charged(&subject, cost, &verdict);
-                return Some(verdict);
-            }
-            Err(error) => error,
-        };
-        if error.scope() == ErrorScope::Store {
-            limiter.breaker.failure();
-        }
-        tracing::warn!(error = crate::observe::chain(&error), key = %subject.key, cost, "charging after the response failed");
-        // The fallback store takes what the failure policy sends it: the
-        // store's failures (store-wide or this subject's), not a request
-        // it refuses.
-        if matches!(error.scope(), ErrorScope::Request) {
-            return None;
-        }
-        fallback?;
-    }
-    let store = fallback?;
-    match within(limiter.timeout, store.charge(&subject.key, &policies, cost)).await {
-        Ok(verdict) => {
-            trace_charged(&subject, cost, &verdict);
-            Some(verdict)
-        }
-        Err(error) => {
-            tracing::warn!(error = crate::observe::chain(&error), key = %subject.key, cost, "charging the fallback store after the response failed");
-            None
-        }
-    }
-}
-
-fn trace_charged(subject: &Subject, cost: u64, verdict: &Verdict) {
-    tracing::debug!(key = %subject.key, cost, allowed_next = verdict.is_allowed(), retry_after = ?verdict.retry_after(), "charged after the response");
-}
-
-/// `future`, or a timeout error after `after`.
-async fn within(
-    after: std::time::Duration,
-    future: impl Future<Output = Result<Verdict, StoreError>>,
-) -> Result<Verdict, StoreError> {
-    tokio::time::timeout(after, future)
-        .await
-        .unwrap_or(Err(StoreError::Timeout { after }))
 }
 
 #[cfg(test)]
@@ -350,119 +193,5 @@ mod tests {
         drop(shared);
         assert_eq!(clone.finish(u64::MAX).unwrap().1, u64::MAX);
         assert!(format!("{clone:?}").contains("Charge"));
-    }
-}
-
-#[cfg(test)]
-mod layer_tests {
-    use std::convert::Infallible;
-    use std::net::SocketAddr;
-
-    use bytes::Bytes;
-    use http::{Request, StatusCode};
-    use http_body_util::Full;
-    use portcullis_core::{MemoryStore, Policy, Store, StoreError, Verdict};
-    use tower::{service_fn, Layer, ServiceExt};
-
-    use crate::RateLimitLayer;
-
-    /// A store that checks (in memory, answering later as Redis does) but
-    /// cannot charge: the trait's default.
-    struct NoCharge(MemoryStore);
-
-    impl Store for NoCharge {
-        type CheckFuture = std::pin::Pin<
-            Box<dyn std::future::Future<Output = Result<Verdict, StoreError>> + Send>,
-        >;
-
-        fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
-            Box::pin(self.0.check(subject, policies, cost))
-        }
-
-        fn reset(
-            &self,
-            subject: &str,
-            policies: &[Policy],
-        ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static {
-            self.0.reset(subject, policies)
-        }
-    }
-
-    #[tokio::test]
-    async fn a_failing_charge_keeps_the_response() {
-        let layer = RateLimitLayer::builder(NoCharge(MemoryStore::new()))
-            .policy(Policy::per_minute(1).name("p").build().unwrap())
-            .charge_from_response(|_| 5)
-            .build()
-            .unwrap();
-        let service = layer.layer(service_fn(|_req: Request<()>| async {
-            Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from("kept"))))
-        }));
-        let peer: SocketAddr = "192.0.2.1:4711".parse().unwrap();
-        for _ in 0..3 {
-            let request = Request::get("/").extension(peer).body(()).unwrap();
-            let response = service.clone().oneshot(request).await.unwrap();
-            // Nothing could be charged, so nothing limits; the handler's
-            // response comes back whole each time.
-            assert_eq!(response.status(), StatusCode::OK);
-            let body = http_body_util::BodyExt::collect(response.into_body())
-                .await
-                .unwrap()
-                .to_bytes();
-            assert_eq!(body, "kept");
-        }
-    }
-
-    /// A store that checks in memory but whose charges fail as an
-    /// unreachable store's do.
-    struct DownForCharges(MemoryStore);
-
-    impl Store for DownForCharges {
-        type CheckFuture = std::pin::Pin<
-            Box<dyn std::future::Future<Output = Result<Verdict, StoreError>> + Send>,
-        >;
-
-        fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
-            Box::pin(self.0.check(subject, policies, cost))
-        }
-
-        fn charge(
-            &self,
-            _subject: &str,
-            _policies: &[Policy],
-            _cost: u64,
-        ) -> impl std::future::Future<Output = Result<Verdict, StoreError>> + Send + 'static
-        {
-            std::future::ready(Err(StoreError::unavailable("connection refused")))
-        }
-
-        fn reset(
-            &self,
-            subject: &str,
-            policies: &[Policy],
-        ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static {
-            self.0.reset(subject, policies)
-        }
-    }
-
-    #[tokio::test]
-    async fn a_failed_charge_goes_to_the_fallback_store() {
-        let fallback = MemoryStore::new();
-        let policies = [Policy::per_minute(10).name("p").build().unwrap()];
-        let layer = RateLimitLayer::builder(DownForCharges(MemoryStore::new()))
-            .policies(policies.clone())
-            .charge_from_response(|_| 4)
-            .on_store_failure(crate::FailurePolicy::fallback(fallback.clone()))
-            .build()
-            .unwrap();
-        let service = layer.layer(service_fn(|_req: Request<()>| async {
-            Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from("kept"))))
-        }));
-        let peer: SocketAddr = "192.0.2.1:4711".parse().unwrap();
-        let request = Request::get("/").extension(peer).body(()).unwrap();
-        let response = service.oneshot(request).await.unwrap();
-        assert_eq!(response.status(), StatusCode::OK);
-        let peek = fallback.peek("192.0.2.1", &policies).await.unwrap();
-        assert_eq!(peek.decisions()[0].remaining(), 6);
     }
 }

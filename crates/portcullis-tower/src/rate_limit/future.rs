@@ -15,12 +15,12 @@ use portcullis_core::{BoxCheckFuture, Store, StoreError, Verdict};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::charge::PostCharge;
-use super::limiter::Limiter;
-use super::limiter::{Next, Then, Ticket};
+use super::body::ResponseBody;
+use super::checker::{Checker, Next, Then, Ticket};
+use super::post_charge::PostCharge;
+use super::resolve::Lookup;
 use crate::headers::RateLimitHeaders;
 use crate::key::KeyExtractor;
-use crate::rate_limit::ResponseBody;
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).
@@ -34,7 +34,7 @@ pin_project! {
         // Boxed: only requests that wait (a store that answers later, a
         // shaping delay) need it, and the fast path stays small to move.
         pending: Option<Box<Pending<S, St, K, ReqBody>>>,
-        // Charging after the response (charge.rs), when the layer does.
+        // Charging after the response (post_charge.rs), when the layer does.
         charge: Option<Box<PostCharge<S::Response, St, K>>>,
     }
 }
@@ -74,18 +74,18 @@ pin_project! {
         // The inner service answered; its response waits in `charge`
         // while the cost is charged.
         Charging,
-        // Waiting for the subject's plan (resolve.rs).
+        // Waiting for the subject's plan (resolve/).
         Resolve {
-            lookup: super::resolve::Lookup,
+            lookup: Lookup,
         },
     }
 }
 
 /// What a request that is still being checked holds on to.
 struct Pending<S, St, K, ReqBody> {
-    limiter: Arc<Limiter<St, K>>,
+    checker: Arc<Checker<St, K>>,
     inner: S,
-    // The request in its parts, so the limiter can read the headers while
+    // The request in its parts, so the checker can read the headers while
     // it writes the extensions.
     parts: Parts,
     body: ReqBody,
@@ -150,14 +150,14 @@ where
 
     pub(crate) fn pending(
         next: Next<St>,
-        limiter: Arc<Limiter<St, K>>,
+        checker: Arc<Checker<St, K>>,
         inner: S,
         (parts, body): (Parts, ReqBody),
         ticket: Ticket,
         charge: Option<Box<PostCharge<S::Response, St, K>>>,
     ) -> Self {
         let mut pending = Some(Box::new(Pending {
-            limiter,
+            checker,
             inner,
             parts,
             body,
@@ -242,15 +242,15 @@ where
     let next = match check.poll(cx) {
         Poll::Ready(result) => {
             pending
-                .limiter
+                .checker
                 .on_result(&mut pending.ticket, &mut pending.parts, result)
         }
         Poll::Pending => {
             let timer =
-                timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(pending.limiter.timeout)));
+                timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(pending.checker.timeout)));
             ready!(timer.as_mut().poll(cx));
             pending
-                .limiter
+                .checker
                 .on_timeout(&mut pending.ticket, &mut pending.parts)
         }
     };
@@ -316,7 +316,7 @@ where
                         return Poll::Ready(Ok(lost()));
                     };
                     pending
-                        .limiter
+                        .checker
                         .on_result(&mut pending.ticket, &mut pending.parts, result)
                 }
                 StateProj::Fallback { check, timer } => {
@@ -331,7 +331,7 @@ where
                         return Poll::Ready(Ok(lost()));
                     };
                     pending
-                        .limiter
+                        .checker
                         .on_resolved(&mut pending.ticket, &mut pending.parts, &cached)
                 }
                 StateProj::Wait { until, sleep, then } => {
@@ -344,7 +344,7 @@ where
                     };
                     let then = then.take().unwrap_or(Then::Forward(None));
                     pending
-                        .limiter
+                        .checker
                         .after_wait(&mut pending.ticket, &pending.parts.headers, then)
                 }
             };

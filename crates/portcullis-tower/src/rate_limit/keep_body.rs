@@ -12,7 +12,7 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::rate_limit::ResponseBody;
+use super::body::ResponseBody;
 
 /// Wraps a layer whose services answer [`ResponseBody`]s (such as
 /// [`RateLimitLayer`](crate::RateLimitLayer)) so that they answer the inner

@@ -6,37 +6,52 @@
 //! how to use them. Like [`concurrency`](crate::concurrency), this module
 //! names its future and body `ResponseFuture` and `ResponseBody`.
 //!
-//! Inside: the limiter state its services share (`limiter.rs`) and what it
-//! does when the store fails (`failure.rs`), the deny cache, the keep-body
-//! variant. Modules both layers use (response
-//! building, headers, circuit breaker, metrics, configuration,
-//! [`RateLimitInfo`](crate::RateLimitInfo)) live at the crate root.
+//! Inside, each file imports only files below it:
+//!
+//! | file | owns |
+//! |---|---|
+//! | `builder/` | [`RateLimitLayerBuilder`], its settings and defaults, `build` (setters by concern in its submodules) |
+//! | `layer.rs` | [`RateLimitLayer`]: the `Layer`, and what a built layer answers |
+//! | `keep_body.rs` | [`KeepBodyLayer`] and its service and future |
+//! | `service.rs` | [`RateLimit`], the service: starts the check in `call` |
+//! | `future.rs` | [`ResponseFuture`]: drives the check, waits, calls the inner service |
+//! | `post_charge.rs` | charging the store after the response |
+//! | `checker/` | the state the services share and the decisions of a request |
+//! | `options.rs` | idempotency keys and classes: what a request carries, and its check |
+//! | `resolve/` | per-request policies from data: [`PlanResolver`], live limits |
+//! | `charge.rs` | the [`Charge`] handle a handler adjusts |
+//! | `deny_cache.rs` | denials held locally until their retry time |
+//! | `tier.rs` | `Tier`: what a request is checked against, compiled once |
+//! | `body.rs` | [`ResponseBody`] |
+//!
+//! Modules both layers use (response building, headers, circuit breaker,
+//! metrics, configuration, [`RateLimitInfo`](crate::RateLimitInfo)) live at
+//! the crate root, below both.
 
 mod body;
+mod builder;
 mod charge;
+mod checker;
 mod deny_cache;
-mod failure;
 mod future;
 mod keep_body;
 mod layer;
-mod limiter;
 mod options;
+mod post_charge;
 mod resolve;
 mod service;
 mod tier;
 
+pub use crate::config::{DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD, DEFAULT_CHECK_TIMEOUT};
 pub use body::ResponseBody;
+pub use builder::{RateLimitLayerBuilder, DEFAULT_DENY_CACHE_CAPACITY};
 pub use charge::Charge;
 pub use future::ResponseFuture;
 pub use keep_body::{KeepBody, KeepBodyFuture, KeepBodyLayer};
-pub use layer::{
-    RateLimitLayer, RateLimitLayerBuilder, DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD,
-    DEFAULT_CHECK_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY,
-};
+pub use layer::RateLimitLayer;
 pub use resolve::{
     LookupKey, Plan, PlanResolver, PlanResolverBuilder, ResolverFailure, DEFAULT_ERROR_TTL,
     DEFAULT_MAX_LOOKUPS, DEFAULT_PLAN_CAPACITY, DEFAULT_PLAN_TTL, DEFAULT_RESOLVE_TIMEOUT,
     DEFAULT_UNKNOWN_TTL,
 };
 pub use service::RateLimit;
-pub(crate) use tier::Tier;

@@ -1,10 +1,9 @@
 //! A request's check options in the rate-limit layer (idempotency keys and
-//! priority classes): the builder methods
-//! ([`RateLimitLayerBuilder::idempotency_key`],
-//! [`RateLimitLayerBuilder::priority`]), where a layer takes them from
-//! ([`OptionSources`]), the [`CheckOptions`] they give one request
-//! ([`RequestOptions`]), and its check through [`Store::check_with`] (one
-//! call: the record, the class reserves and the check together).
+//! priority classes): where a layer takes them from ([`OptionSources`],
+//! set by the builder's `builder/options.rs`), the [`CheckOptions`] they
+//! give one request ([`RequestOptions`]), and its check through
+//! [`Store::check_with`] (one call: the record, the class reserves and the
+//! check together).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,17 +16,17 @@ use portcullis_core::{
     MAX_IDEMPOTENCY_WINDOW,
 };
 
-use super::layer::RateLimitLayerBuilder;
+use crate::config::ConfigError;
 use crate::key::{KeyBuf, KeyExtractor};
 
 /// What a layer adds to each check: an idempotency key extractor with its
 /// window, the free replays of a record and what else binds it to its
 /// request, and a priority class selector.
 pub(crate) struct OptionSources {
-    idempotency: Option<(Box<dyn KeyExtractor>, Duration)>,
-    fingerprint: Option<Box<dyn KeyExtractor>>,
-    free_replays: u32,
-    priority: Option<Box<dyn KeyExtractor>>,
+    pub(super) idempotency: Option<(Box<dyn KeyExtractor>, Duration)>,
+    pub(super) fingerprint: Option<Box<dyn KeyExtractor>>,
+    pub(super) free_replays: u32,
+    pub(super) priority: Option<Box<dyn KeyExtractor>>,
 }
 
 impl Default for OptionSources {
@@ -161,207 +160,11 @@ pub(crate) fn ask<St: Store>(
     }
 }
 
-impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
-    /// Makes a request's retries free: a request whose `key` extractor
-    /// yields an **idempotency key** (a header such as `Idempotency-Key`:
-    /// [`Header`](crate::Header) of `idempotency-key`) and is **admitted**
-    /// is recorded for `window`; a retry of the *same request* within the
-    /// window is answered as the first was and charges nothing, at most
-    /// [`idempotency_free_replays`](Self::idempotency_free_replays) times
-    /// (2 by default); past that a retry is charged as a new request. With
-    /// [`charge_from_response`](Self::charge_from_response) a free retry is
-    /// not charged after its response either.
-    ///
-    /// **What a client can do with the key** (it is chosen by the client
-    /// the limit holds):
-    ///
-    /// - *Reuse one key for other requests*: the record is bound to the
-    ///   request (its method, path and query, cost, and what
-    ///   [`idempotency_fingerprint`](Self::idempotency_fingerprint) adds),
-    ///   so another request under a used key is a new request, charged.
-    /// - *Retry forever*: each admitted charge buys at most
-    ///   `1 + free replays` answers that reach your service, so per window
-    ///   a subject gets at most `(1 + free replays) × limit` through; with
-    ///   0 free replays, exactly the limit.
-    /// - *Lock itself out*: a denial records nothing, so a retry after its
-    ///   `Retry-After` is checked afresh.
-    /// - *Grow state or evict others*: records are written only for
-    ///   admitted requests, live beside their subject's state (in Redis:
-    ///   `<prefix>:{<subject>}:#<sha256>`, same hash slot, expiring with the
-    ///   window) and, in a `MemoryStore`, count in its `memory_bytes`, at
-    ///   most 64 per subject (a subject's new record replaces its own
-    ///   oldest) and the store's `max_keys` in all (beyond, no record is
-    ///   kept: the retry is charged again, never more admitted).
-    ///
-    /// The key is hashed before it is stored. Requests without a key are
-    /// checked as usual. The layer's deny cache is off for a layer with
-    /// idempotency keys or classes; its fallback store, while the main
-    /// store is down, checks with the key and class too (its records are
-    /// its own).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use http::Request;
-    /// use portcullis::{MemoryStore, Policy};
-    /// use portcullis::tower::{Header, RateLimitLayer};
-    /// use tower::{service_fn, Layer, ServiceExt};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = RateLimitLayer::builder(MemoryStore::new())
-    ///     .policy(Policy::per_minute(1).name("payments").build()?)
-    ///     .key(Header::new(http::HeaderName::from_static("x-account")))
-    ///     .idempotency_key(Header::new(http::HeaderName::from_static("idempotency-key")), Duration::from_secs(600))
-    ///     .build()?;
-    /// let service = layer.layer(service_fn(|_req: Request<()>| async {
-    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
-    /// }));
-    /// let call = |path: &str| Request::post(path)
-    ///     .header("x-account", "acme")
-    ///     .header("idempotency-key", "pay-7f3a")
-    ///     .body(())
-    ///     .unwrap();
-    /// assert_eq!(service.clone().oneshot(call("/pay")).await?.status(), 200);
-    /// // The retry is answered as the first attempt, not charged again.
-    /// assert_eq!(service.clone().oneshot(call("/pay")).await?.status(), 200);
-    /// // The same key on another request is a new request: the limit holds.
-    /// assert_eq!(service.clone().oneshot(call("/refund")).await?.status(), 429);
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// A window of zero or above 30 days fails at [`build`](Self::build)
-    /// with [`ConfigError::IdempotencyWindow`](crate::ConfigError::IdempotencyWindow).
-    pub fn idempotency_key<I: KeyExtractor>(mut self, key: I, window: Duration) -> Self {
-        self.options_mut().idempotency = Some((Box::new(key), window));
-        self
-    }
-
-    /// How many retries of an admitted request one idempotency record
-    /// answers without charging: 2 by default, the retries the common HTTP
-    /// API client libraries make. The retry after them is charged as a new
-    /// request. 0 charges every retry. Per window a subject gets at most
-    /// `(1 + free_replays) × limit` requests through.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use http::HeaderName;
-    /// use portcullis::{MemoryStore, Policy};
-    /// use portcullis::tower::{Header, RateLimitLayer};
-    ///
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = RateLimitLayer::builder(MemoryStore::new())
-    ///     .policy(Policy::per_minute(10).build()?)
-    ///     .idempotency_key(Header::new(HeaderName::from_static("idempotency-key")), Duration::from_secs(600))
-    ///     .idempotency_free_replays(1)
-    ///     .build()?;
-    /// # let _ = layer; Ok(()) }
-    /// ```
-    pub fn idempotency_free_replays(mut self, free_replays: u32) -> Self {
-        self.options_mut().free_replays = free_replays;
-        self
-    }
-
-    /// Adds `fingerprint`'s value (for example a `Content-Digest` header
-    /// the client or an earlier layer sets) to what binds an idempotency
-    /// record to its request, beside the method, path and cost: a retry
-    /// with another body is then a new request, charged. A request
-    /// without the value is fingerprinted without it.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use http::HeaderName;
-    /// use portcullis::{MemoryStore, Policy};
-    /// use portcullis::tower::{Header, RateLimitLayer};
-    ///
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = RateLimitLayer::builder(MemoryStore::new())
-    ///     .policy(Policy::per_minute(10).build()?)
-    ///     .idempotency_key(Header::new(HeaderName::from_static("idempotency-key")), Duration::from_secs(600))
-    ///     .idempotency_fingerprint(Header::new(HeaderName::from_static("content-digest")))
-    ///     .build()?;
-    /// # let _ = layer; Ok(()) }
-    /// ```
-    pub fn idempotency_fingerprint<F: KeyExtractor>(mut self, fingerprint: F) -> Self {
-        self.options_mut().fingerprint = Some(Box::new(fingerprint));
-        self
-    }
-
-    /// Chooses each request's **priority class** with `selector` (any key
-    /// extractor), for policies that define classes
-    /// ([`PolicyBuilder::class`](portcullis_core::PolicyBuilder::class)):
-    /// a class is admitted only while its reserve of the shared allowance
-    /// remains after its charge, and its denial's `Retry-After` says when
-    /// that class may go again. Exact and atomic in memory and Redis.
-    ///
-    /// **A class is a privilege: grant it, never let a client claim it.**
-    /// Take it from what your application trusts — an extension your
-    /// authentication layer inserts ([`User`](crate::User) reads one), the
-    /// route, the customer's plan — not from a header the client sends: a
-    /// client that may name its class will name the best one. A request
-    /// whose selector yields nothing, or a class a policy does not define,
-    /// is checked as that policy's default class, the most reserved unless
-    /// the policy names another
-    /// ([`PolicyBuilder::default_class`](portcullis_core::PolicyBuilder::default_class)):
-    /// sending nothing or nonsense never earns more, and is no error.
-    ///
-    /// ```
-    /// use std::fmt;
-    /// use http::Request;
-    /// use portcullis::{MemoryStore, Policy};
-    /// use portcullis::tower::{Global, RateLimitLayer, User};
-    /// use tower::{service_fn, Layer, ServiceExt};
-    ///
-    /// /// Set by your authentication layer from the caller's credentials.
-    /// #[derive(Clone)]
-    /// struct Class(&'static str);
-    /// impl fmt::Display for Class {
-    ///     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-    ///         f.write_str(self.0)
-    ///     }
-    /// }
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let policy = Policy::per_minute(4)
-    ///     .name("api")
-    ///     .class("critical", 0)
-    ///     .class("batch", 50)
-    ///     .build()?;
-    /// let layer = RateLimitLayer::builder(MemoryStore::new())
-    ///     .policy(policy)
-    ///     .key(Global)
-    ///     .priority(User::<Class>::new())
-    ///     .build()?;
-    /// let service = layer.layer(service_fn(|_req: Request<()>| async {
-    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
-    /// }));
-    /// let call = |class: Option<&'static str>| {
-    ///     let mut request = Request::builder();
-    ///     if let Some(class) = class {
-    ///         request = request.extension(Class(class));
-    ///     }
-    ///     request.body(()).unwrap()
-    /// };
-    /// let mut statuses = Vec::new();
-    /// for class in [None, Some("batch"), Some("batch"), Some("critical"), Some("critical"), Some("critical")] {
-    ///     statuses.push(service.clone().oneshot(call(class)).await?.status().as_u16());
-    /// }
-    /// // No class is the default, "batch" (the most reserved): batch stops
-    /// // while half remains; critical takes the rest.
-    /// assert_eq!(statuses, [200, 200, 429, 200, 200, 429]);
-    /// # Ok(()) }
-    /// ```
-    pub fn priority<P: KeyExtractor>(mut self, selector: P) -> Self {
-        self.options_mut().priority = Some(Box::new(selector));
-        self
-    }
-}
-
 /// Checks the layer's idempotency window at build time.
-pub(crate) fn validate(sources: &OptionSources) -> Result<(), crate::ConfigError> {
+pub(crate) fn validate(sources: &OptionSources) -> Result<(), ConfigError> {
     match &sources.idempotency {
         Some((_, window)) if window.is_zero() || *window > MAX_IDEMPOTENCY_WINDOW => {
-            Err(crate::ConfigError::IdempotencyWindow { window: *window })
+            Err(ConfigError::IdempotencyWindow { window: *window })
         }
         _ => Ok(()),
     }

@@ -1,6 +1,7 @@
-//! The `RateLimit` service.
+//! [`RateLimit`], the service: `call` starts the check (the checker's
+//! `start`), answers at once what a store answers at once, and otherwise
+//! hands the request to its [`ResponseFuture`].
 
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -9,13 +10,14 @@ use http_body::Body;
 use portcullis_core::Store;
 use tower_service::Service;
 
-use super::charge::{Charge, PostCharge};
+use super::body::ResponseBody;
+use super::charge::Charge;
+use super::checker::{Checker, Next};
 use super::future::ResponseFuture;
-use super::limiter::Limiter;
-use super::limiter::Next;
+use super::post_charge::PostCharge;
 use crate::key::KeyExtractor;
-use crate::rate_limit::ResponseBody;
 
+layer_service! {
 /// Middleware that rate-limits requests; built by
 /// [`RateLimitLayer`](crate::RateLimitLayer).
 ///
@@ -52,48 +54,8 @@ use crate::rate_limit::ResponseBody;
 /// assert_eq!(second.headers()["retry-after"], "60");
 /// # Ok(()) }
 /// ```
-pub struct RateLimit<S, St, K> {
-    inner: S,
-    limiter: Arc<Limiter<St, K>>,
-}
-
-impl<S, St, K> RateLimit<S, St, K> {
-    pub(crate) fn new(inner: S, limiter: Arc<Limiter<St, K>>) -> Self {
-        Self { inner, limiter }
-    }
-
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwraps the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
-}
-
-impl<S: Clone, St, K> Clone for RateLimit<S, St, K> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            limiter: Arc::clone(&self.limiter),
-        }
-    }
-}
-
-impl<S: fmt::Debug, St, K> fmt::Debug for RateLimit<S, St, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimit")
-            .field("inner", &self.inner)
-            .field("config", &self.limiter)
-            .finish()
-    }
+    RateLimit,
+    Checker
 }
 
 impl<S, St, K, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, St, K>
@@ -116,13 +78,13 @@ where
         let (mut parts, body) = request.into_parts();
         // Charging after the response: a handle for the handler, and the
         // post-response step.
-        let charge = self.limiter.charge.is_some().then(|| {
+        let charge = self.shared.charge.is_some().then(|| {
             let handle = Charge::new();
             parts.extensions.insert(handle.clone());
-            PostCharge::new(Arc::clone(&self.limiter), handle)
+            PostCharge::new(Arc::clone(&self.shared), handle)
         });
         let mut ticket = None;
-        let mut next = self.limiter.start(&mut parts, &mut ticket);
+        let mut next = self.shared.start(&mut parts, &mut ticket);
         // A store that answers synchronously does so through
         // `Store::check_now` (`Next::Ready`), so the request is decided here
         // and the inner service is called directly instead of being cloned
@@ -130,7 +92,7 @@ where
         // answer), so this ends after a few rounds.
         if let Some(ticket) = ticket.as_mut() {
             while let Next::Ready(result) = next {
-                next = self.limiter.on_result(ticket, &mut parts, result);
+                next = self.shared.on_result(ticket, &mut parts, result);
             }
         }
         // Each arm builds the returned future in one go (see
@@ -150,7 +112,7 @@ where
                     let inner = std::mem::replace(&mut self.inner, clone);
                     ResponseFuture::pending(
                         next,
-                        Arc::clone(&self.limiter),
+                        Arc::clone(&self.shared),
                         inner,
                         (parts, body),
                         ticket,

@@ -2,7 +2,7 @@
 //! layer is built or its limits change: the policies, where they came
 //! from, the header values precomputed from them, and the facts about them
 //! a check reads rather than derives (whether any has priority classes).
-//! The layer builds tiers; the limiter, charging and live limits read them.
+//! The layer builds tiers; the checker, charging and live limits read them.
 
 use std::sync::Arc;
 
@@ -11,6 +11,7 @@ use portcullis_core::{validate_check, Policy, PolicySource};
 
 use crate::config::ConfigError;
 use crate::headers::{policy_value, ratelimit_prefixes};
+use crate::observe::PolicyLabels;
 
 /// A named set of policies checked together.
 #[derive(Debug)]
@@ -34,8 +35,8 @@ pub(crate) struct Tier {
     /// checked with its class, or the default class, never as a plain
     /// check that would skip the reserves.
     pub(crate) classed: bool,
-    #[cfg(feature = "metrics")]
-    pub(crate) metric_names: Box<[Arc<str>]>,
+    /// The metrics' `policy` labels.
+    pub(crate) labels: PolicyLabels,
 }
 
 impl Tier {
@@ -97,8 +98,7 @@ impl Tier {
             classed: policies.iter().any(Policy::has_classes),
             policy_header: policy_value(&policies),
             ratelimit_prefixes: ratelimit_prefixes(&policies),
-            #[cfg(feature = "metrics")]
-            metric_names: policies.iter().map(|p| Arc::from(p.name())).collect(),
+            labels: PolicyLabels::of(&policies),
             policies: policies.into(),
         }
     }

@@ -22,9 +22,14 @@ use portcullis_core::PolicySource;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::live::{apply, Compiled, Picked};
-use super::{BoxError, LookupFn, LookupFuture, LookupKey, Plan, ResolverFailure, SHARDS};
-use crate::rate_limit::Tier;
+use super::compiled::{apply, Compiled};
+use super::plan::{
+    BoxError, Cached, Lookup, LookupFn, LookupFuture, LookupKey, Picked, Plan, ResolverFailure,
+};
+use crate::rate_limit::tier::Tier;
+
+/// The cache's shards, each a hash table under its own mutex.
+pub(super) const SHARDS: usize = 16;
 
 pub(super) struct ResolverInner {
     pub(super) lookup: Box<LookupFn>,
@@ -47,22 +52,6 @@ pub(super) struct ResolverInner {
     pub(super) failures: crate::breaker::UndecidedLog,
     /// Requests answered by the defaults because of the bounds.
     pub(super) skipped: crate::breaker::UndecidedLog,
-}
-
-/// A cached answer.
-#[derive(Debug, Clone)]
-pub(crate) enum Cached {
-    Defaults,
-    Tier(Arc<str>),
-    Own(Arc<Tier>),
-    Failed,
-}
-
-impl Cached {
-    /// Unknown and failed subjects: evicted first.
-    fn is_negative(&self) -> bool {
-        matches!(self, Self::Defaults | Self::Failed)
-    }
 }
 
 /// The tier a cached answer gave under one version of the limits, so that
@@ -445,9 +434,6 @@ impl Future for CatchPanic {
         }
     }
 }
-
-/// A lookup to wait for: its answer, once in.
-pub(crate) type Lookup = Pin<Box<dyn Future<Output = Cached> + Send>>;
 
 fn wait(mut receiver: watch::Receiver<Option<Cached>>) -> Lookup {
     Box::pin(async move {

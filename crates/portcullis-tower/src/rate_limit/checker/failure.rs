@@ -1,4 +1,4 @@
-//! What the [`Limiter`] does when its store fails or is skipped: the
+//! What the [`Checker`] does when its store fails or is skipped: the
 //! failure policy (fail open, fail closed, a fallback store), the answer
 //! to a new subject the store has no room for, and the rate-limited logs
 //! of errors and of requests let through undecided.
@@ -6,14 +6,16 @@
 use http::{HeaderMap, StatusCode};
 use portcullis_core::{Store, StoreError};
 
-use super::limiter::{Limiter, Next, Ticket};
-use super::tier::Tier;
+use super::shared::Checker;
+use super::step::{Next, Ticket};
 use crate::config::{FailurePolicy, Mode};
 use crate::key::KeyExtractor;
 use crate::observe;
+use crate::rate_limit::options::{self, Asked};
+use crate::rate_limit::tier::Tier;
 use crate::response::{self, grpc_content_type};
 
-impl<St: Store, K: KeyExtractor> Limiter<St, K> {
+impl<St: Store, K: KeyExtractor> Checker<St, K> {
     /// A new subject the store has no room for: denied, whatever the
     /// failure policy (letting it through would leave every fresh identity
     /// of a flood unlimited), with the store's `Retry-After`.
@@ -60,7 +62,7 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
     /// Counts and logs (at most once per second) a request let through
     /// undecided.
     pub(super) fn let_through(&self, tier: &Tier) {
-        observe::fail_open(tier);
+        observe::fail_open(&tier.labels);
         if let Some(count) = self.undecided.record() {
             tracing::warn!(
                 count,
@@ -92,7 +94,7 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
     pub(crate) fn on_failure(&self, ticket: &mut Ticket, headers: &HeaderMap) -> Next<St> {
         match &self.failure {
             FailurePolicy::FailOpen => {
-                self.let_through(self.tier(ticket));
+                self.let_through(&ticket.tier);
                 Next::Forward(None)
             }
             FailurePolicy::FailClosed => Next::Respond(Box::new(response::plain(
@@ -102,20 +104,20 @@ impl<St: Store, K: KeyExtractor> Limiter<St, K> {
             ))),
             FailurePolicy::Fallback(store) => {
                 ticket.fallback = true;
-                let tier = self.tier(ticket);
+                let tier = &ticket.tier;
                 // With a class or an idempotency key (a classed tier always
                 // has one: its default), the fallback store keeps them too:
                 // its reserves hold while the main store is down.
                 if let Some(request) = ticket.options.as_deref() {
-                    return match super::options::ask(
+                    return match options::ask(
                         store,
                         &ticket.key,
                         &tier.policies,
                         ticket.cost,
                         request,
                     ) {
-                        super::options::Asked::Now(result) => Next::Ready(result),
-                        super::options::Asked::Later(future) => Next::Fallback(future),
+                        Asked::Now(result) => Next::Ready(result),
+                        Asked::Later(future) => Next::Fallback(future),
                     };
                 }
                 match store.check_now(&ticket.key, &tier.policies, ticket.cost) {

@@ -1,41 +1,21 @@
-//! Per-request policies from data: an async [`PlanResolver`] behind a
-//! bounded cache (capacity a hard bound, loading entries included; a
-//! bound on lookups in flight; eviction of negative entries first, then
-//! the least recently used) with single-flight, and the [`LookupKey`] it
-//! gives its lookup. The cache and the lookups it runs are in
-//! `resolve/cache.rs`; the live [`Limits`](portcullis_core::Limits) side
-//! (compiled sets, the tier a request gets) in `resolve/live.rs`; the
-//! limiter's steps that use them
-//! ([`Limiter::pick_tier`](super::limiter::Limiter::pick_tier),
-//! [`Limiter::on_resolved`](super::limiter::Limiter::on_resolved)) are in
-//! `limiter.rs`.
+//! [`PlanResolver`], the handle on a plan cache that layers share, and
+//! [`PlanResolverBuilder`], with the defaults it starts from. The cache
+//! itself and the lookups it runs are `cache.rs`.
 
-mod cache;
-mod live;
-
-use std::error::Error;
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use foldhash::fast::FixedState;
-use http::request::Parts;
 use parking_lot::Mutex;
 use portcullis_core::subject::hash_subject;
-use portcullis_core::Policy;
 
+use super::cache::{ResolverInner, Shard, SHARDS};
+use super::plan::{BoxError, LookupFn, LookupKey, Plan, ResolverFailure};
+#[cfg(doc)]
 use crate::key::{ApiKey, BearerToken};
-use cache::{ResolverInner, Shard};
-
-pub(crate) use cache::{Cached, Lookup};
-pub(crate) use live::{Live, Picked};
-
-type BoxError = Box<dyn Error + Send + Sync + 'static>;
-type LookupFuture = Pin<Box<dyn Future<Output = Result<Option<Plan>, BoxError>> + Send>>;
-type LookupFn = dyn Fn(String) -> LookupFuture + Send + Sync;
 
 /// Default time a resolved plan is cached: 60 s.
 pub const DEFAULT_PLAN_TTL: Duration = Duration::from_secs(60);
@@ -51,105 +31,6 @@ pub const DEFAULT_RESOLVE_TIMEOUT: Duration = Duration::from_millis(200);
 pub const DEFAULT_PLAN_CAPACITY: usize = 100_000;
 /// Default bound on lookups in flight at once: 64.
 pub const DEFAULT_MAX_LOOKUPS: usize = 64;
-
-const SHARDS: usize = 16;
-
-/// What a [`PlanResolver`] found for a subject: which policies apply.
-///
-/// ```
-/// use portcullis::Policy;
-/// use portcullis::tower::Plan;
-///
-/// # fn main() -> Result<(), portcullis::PolicyError> {
-/// let pro = Plan::Tier("pro".into());
-/// let own = Plan::Policies(vec![Policy::per_minute(5_000).name("acme-minute").build()?]);
-/// # let _ = (pro, own); Ok(()) }
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Plan {
-    /// The default policies.
-    Default,
-    /// The policies of this tier of the layer's [`Limits`](portcullis_core::Limits)
-    /// (the defaults if it has no such tier: warned once per tier, and
-    /// with feature `metrics` counted per request in
-    /// `portcullis_resolver_missing_tier_total`). Changes to the tier apply
-    /// at once.
-    Tier(String),
-    /// Policies of the subject's own, such as a quota a customer bought.
-    /// Checked together, so their names must differ.
-    Policies(Vec<Policy>),
-}
-
-/// What the layer does when a [`PlanResolver`] lookup fails or times out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum ResolverFailure {
-    /// Apply the default policies (the default): the request is still
-    /// limited, perhaps more strictly than the subject's plan says.
-    #[default]
-    Defaults,
-    /// Apply the layer's [`FailurePolicy`](crate::FailurePolicy), as when
-    /// the store fails: let the request through (counted as undecided),
-    /// answer `503`, or check the fallback store with the defaults.
-    FailurePolicy,
-}
-
-/// What a [`PlanResolver`]'s lookup is given for a request, when the
-/// layer's key is not what the plans are looked up by
-/// ([`PlanResolverBuilder::lookup_key`]).
-///
-/// [`ApiKey`] and [`BearerToken`] give the credential itself (the layer's
-/// key is its SHA-256, which a database cannot be searched by); a closure
-/// `Fn(&Parts, &str) -> Option<String>` is given the request head and the
-/// layer's key. `None` means the request has nothing to look up: the
-/// defaults apply.
-///
-/// The plan is cached by the layer's key, so the lookup key must be a
-/// function of what the layer keys on (the same credential, say), not of
-/// other parts of the request.
-///
-/// ```
-/// use http::request::Parts;
-/// use portcullis::tower::LookupKey;
-///
-/// // The customer id a trusted gateway puts beside the hashed API key.
-/// fn customer(parts: &Parts, _key: &str) -> Option<String> {
-///     parts.headers.get("x-customer")?.to_str().ok().map(str::to_owned)
-/// }
-/// fn takes(_: impl LookupKey) {}
-/// takes(customer);
-/// ```
-pub trait LookupKey: Send + Sync + 'static {
-    /// The key the lookup is given for this request (`key` is the layer's
-    /// key for it), or `None` for the defaults.
-    fn lookup_key(&self, request: &Parts, key: &str) -> Option<String>;
-}
-
-impl<F> LookupKey for F
-where
-    F: Fn(&Parts, &str) -> Option<String> + Send + Sync + 'static,
-{
-    fn lookup_key(&self, request: &Parts, key: &str) -> Option<String> {
-        self(request, key)
-    }
-}
-
-/// The API key itself (trimmed; none unless it is UTF-8).
-impl LookupKey for ApiKey {
-    fn lookup_key(&self, request: &Parts, _key: &str) -> Option<String> {
-        let raw = self.credential(request)?;
-        std::str::from_utf8(raw).ok().map(str::to_owned)
-    }
-}
-
-/// The bearer token itself (none unless it is UTF-8).
-impl LookupKey for BearerToken {
-    fn lookup_key(&self, request: &Parts, _key: &str) -> Option<String> {
-        let raw = self.token(request)?;
-        std::str::from_utf8(raw).ok().map(str::to_owned)
-    }
-}
 
 /// Looks up the plan of each subject (in a database, a Redis hash, a
 /// billing API) for a [`RateLimitLayer`](crate::RateLimitLayer), behind a
@@ -227,7 +108,7 @@ impl LookupKey for BearerToken {
 /// ```
 #[derive(Clone)]
 pub struct PlanResolver {
-    inner: Arc<ResolverInner>,
+    pub(super) inner: Arc<ResolverInner>,
 }
 
 impl fmt::Debug for PlanResolver {

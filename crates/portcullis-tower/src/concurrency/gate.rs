@@ -1,4 +1,4 @@
-//! [`Limiter`], what the services of one concurrency layer share (store,
+//! [`Gate`], what the services of one concurrency layer share (store,
 //! policy, key, failure policy, circuit breaker, logs), and the decision it
 //! takes on an acquire's result: grant, 429, or the failure policy.
 
@@ -19,7 +19,7 @@ use crate::observe::{self, Concurrency};
 use crate::response::{self, plain};
 
 /// What the services of one layer share.
-pub(crate) struct Limiter<St, K> {
+pub(crate) struct Gate<St, K> {
     pub(crate) store: Arc<St>,
     pub(crate) policy: ConcurrencyPolicy,
     pub(crate) key: K,
@@ -41,7 +41,7 @@ pub(crate) struct Limiter<St, K> {
     pub(crate) policy_name: Arc<str>,
 }
 
-impl<St, K> fmt::Debug for Limiter<St, K> {
+impl<St, K> fmt::Debug for Gate<St, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConcurrencyLimitLayer")
             .field("policy", &self.policy)
@@ -68,7 +68,7 @@ pub(crate) struct Ticket {
     pub(crate) grpc: Option<HeaderValue>,
 }
 
-impl<St: LeaseStore, K> Limiter<St, K> {
+impl<St: LeaseStore, K> Gate<St, K> {
     /// Turns an acquire's result into what to do. `cleanup` releases the
     /// lease if it may have been granted (an error or a timeout).
     pub(crate) fn decide(
