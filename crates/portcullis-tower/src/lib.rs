@@ -244,7 +244,3 @@ pub use rate_limit::{
     PlanResolverBuilder, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResolverFailure,
     ResponseBody as RateLimitBody, ResponseFuture as RateLimitFuture,
 };
-// Defaults both layers share; their values are documented on the setters.
-pub(crate) use rate_limit::{
-    DEFAULT_BREAKER_PAUSE, DEFAULT_BREAKER_THRESHOLD, DEFAULT_CHECK_TIMEOUT,
-};
