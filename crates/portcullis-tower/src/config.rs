@@ -112,7 +112,7 @@ impl FailurePolicy {
 /// What the layer does with a request its key extractor finds no key in.
 ///
 /// ```
-/// use http::StatusCode;
+/// use axum::http::StatusCode;
 /// use portcullis::{MemoryStore, Policy};
 /// use portcullis::tower::{BearerToken, MissingKey, RateLimitLayer};
 ///

@@ -54,7 +54,7 @@ shared_layer! {
 ///             .name("exports")
 ///             .build()?,
 ///     )
-///     .key(Header::new(http::HeaderName::from_static("x-tenant")))
+///     .key(Header::new(axum::http::HeaderName::from_static("x-tenant")))
 ///     .build()?;
 /// let app: Router = Router::new()
 ///     .route("/exports", post(|| async { "done" }))

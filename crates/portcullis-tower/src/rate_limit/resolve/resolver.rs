@@ -98,7 +98,7 @@ pub const DEFAULT_MAX_LOOKUPS: usize = 64;
 /// .ttl(Duration::from_secs(30))
 /// .build();
 /// let layer = RateLimitLayer::builder(MemoryStore::new())
-///     .key(Header::new(http::HeaderName::from_static("x-customer")))
+///     .key(Header::new(axum::http::HeaderName::from_static("x-customer")))
 ///     .limits(limits)
 ///     .resolve_plan(plans.clone())
 ///     .build()?;
