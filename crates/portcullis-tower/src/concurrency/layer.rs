@@ -214,9 +214,10 @@ impl<St: LeaseStore, K: KeyExtractor> ConcurrencyLimitLayerBuilder<St, K> {
         self
     }
 
-    /// The longest an acquire may take (default
-    /// [`DEFAULT_CHECK_TIMEOUT`]); beyond it the failure policy applies, and
-    /// the lease, which may have been granted, is released.
+    /// The longest an acquire may take; beyond it the failure policy
+    /// applies, and the lease, which may have been granted, is released.
+    /// Default: 500 ms, as for
+    /// [`RateLimitLayerBuilder::check_timeout`](crate::RateLimitLayerBuilder::check_timeout).
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.settings.timeout = timeout;
         self

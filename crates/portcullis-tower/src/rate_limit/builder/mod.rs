@@ -40,7 +40,10 @@ use crate::config::{
 use crate::key::{KeyExtractor, PeerIp};
 use crate::response::LimitedBody;
 
-/// Default capacity of the local deny cache (subjects).
+/// Default capacity of the local deny cache (subjects). Not API (the value
+/// is documented on [`deny_cache`](RateLimitLayerBuilder::deny_cache));
+/// public, hidden, for the workspace's abuse test.
+#[doc(hidden)]
 pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 65_536;
 
 impl<St: Store> RateLimitLayer<St, PeerIp> {
