@@ -117,17 +117,14 @@ pub use store::{RedisStore, RedisStoreBuilder, ThrottleCallError, THROTTLE_POLIC
 /// The redis-cell reply type, from `portcullis-core`.
 pub use portcullis_core::algorithms::{ThrottleError, ThrottleReply};
 
-/// The builders' defaults, named by this crate's own docs and code; their
-/// values are documented on the setters ([`RedisStoreBuilder::timeout`],
-/// [`LocalBudget::new`], ...), and they are not part of the API.
+/// The two builder defaults the workspace's tests name (the reliability
+/// runs and the client-clock test); their values are documented on the
+/// setters ([`RedisStoreBuilder::timeout`],
+/// [`RedisStoreBuilder::client_clock_tolerance`]), and they are not part
+/// of the API. The other defaults are private to this crate.
 #[doc(hidden)]
 pub mod defaults {
-    pub use crate::budget::{DEFAULT_BUDGET_SUBJECTS, DEFAULT_GRANT_PERIOD, DEFAULT_MAX_PERMITS};
-    pub use crate::redisson::DEFAULT_KEEP_ALIVE;
-    pub use crate::store::builder::{
-        DEFAULT_CLIENT_CLOCK_TOLERANCE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_PREFIX,
-        DEFAULT_TIMEOUT,
-    };
+    pub use crate::store::builder::{DEFAULT_CLIENT_CLOCK_TOLERANCE, DEFAULT_TIMEOUT};
 }
 
 pub mod upstream {

@@ -15,10 +15,19 @@ use portcullis_core::{BoxStore, Store, StoreError};
 /// first. Measured on a 2-core box with four busy threads and 1024 checks
 /// in flight through this layer over Redis, the slowest check took 164 ms:
 /// a healthy store on a loaded machine does not fail open.
+///
+/// The three defaults of both layers' builders are not API (their values
+/// are documented on the setters,
+/// [`check_timeout`](crate::RateLimitLayerBuilder::check_timeout) and
+/// [`circuit_breaker`](crate::RateLimitLayerBuilder::circuit_breaker)):
+/// public, and hidden, for the workspace's reliability tests.
+#[doc(hidden)]
 pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_millis(500);
 /// Default number of consecutive store failures that open the circuit breaker.
+#[doc(hidden)]
 pub const DEFAULT_BREAKER_THRESHOLD: u32 = 5;
 /// Default pause of an open circuit breaker.
+#[doc(hidden)]
 pub const DEFAULT_BREAKER_PAUSE: Duration = Duration::from_secs(1);
 
 /// What the layer does with a request the store denies.
@@ -112,7 +121,7 @@ impl FailurePolicy {
 /// What the layer does with a request its key extractor finds no key in.
 ///
 /// ```
-/// use http::StatusCode;
+/// use axum::http::StatusCode;
 /// use portcullis::{MemoryStore, Policy};
 /// use portcullis::tower::{BearerToken, MissingKey, RateLimitLayer};
 ///

@@ -117,15 +117,15 @@ impl Default for LocalBudget {
 }
 
 /// Default [`LocalBudget::max_permits`].
-pub const DEFAULT_MAX_PERMITS: u64 = 64;
+pub(crate) const DEFAULT_MAX_PERMITS: u64 = 64;
 /// Default [`LocalBudget::grant_period`].
-pub const DEFAULT_GRANT_PERIOD: Duration = Duration::from_millis(100);
+pub(crate) const DEFAULT_GRANT_PERIOD: Duration = Duration::from_millis(100);
 /// Default [`LocalBudget::max_subjects`].
-pub const DEFAULT_BUDGET_SUBJECTS: usize = 65_536;
+pub(crate) const DEFAULT_BUDGET_SUBJECTS: usize = 65_536;
 
 impl LocalBudget {
-    /// Grants of at most [`DEFAULT_MAX_PERMITS`] permits, each for
-    /// [`DEFAULT_GRANT_PERIOD`], for every policy the budget can take.
+    /// Grants of at most 64 permits, each for 100 ms, for every policy the
+    /// budget can take, tracking at most 65 536 subjects.
     pub fn new() -> Self {
         Self {
             max_permits: DEFAULT_MAX_PERMITS,
@@ -138,6 +138,7 @@ impl LocalBudget {
     /// The most permits one grant takes (at least 1; 1 turns granting off).
     /// Larger grants save more calls and widen the bound. A grant takes no
     /// more than one grant period's worth of the policy's rate either.
+    /// Default: 64.
     pub fn max_permits(mut self, max_permits: u64) -> Self {
         self.max_permits = max_permits.max(1);
         self
@@ -146,14 +147,14 @@ impl LocalBudget {
     /// How long a grant's permits may be spent (must be positive; checked
     /// at `build()`). Shorter grants tighten the bound, lose fewer permits
     /// when demand drops, and make other instances obey a `reset()`
-    /// sooner: within one grant period.
+    /// sooner: within one grant period. Default: 100 ms.
     pub fn grant_period(mut self, period: Duration) -> Self {
         self.grant_period = period;
         self
     }
 
     /// How many subjects the budget tracks at once (at least 1); a subject
-    /// that finds no room is checked exactly.
+    /// that finds no room is checked exactly. Default: 65 536.
     pub fn max_subjects(mut self, max_subjects: usize) -> Self {
         self.max_subjects = max_subjects.max(1);
         self

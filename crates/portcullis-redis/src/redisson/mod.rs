@@ -32,7 +32,7 @@ fn limiter_script() -> &'static LuaScript {
 
 /// How long a limiter's configuration stays in Redis without an admitted
 /// acquisition or a rate change: [`RateLimiter::keep_alive`].
-pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(7 * 24 * 3600);
+pub(crate) const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Who shares a [`RateLimiter`]'s permits (Redisson's `RateType`).
 ///
@@ -216,8 +216,7 @@ impl RateLimiter {
     }
 
     /// How long the configuration stays in Redis after the last rate change
-    /// or admitted acquisition (default [`DEFAULT_KEEP_ALIVE`], 7 days), so
-    /// no key is immortal. A handle that has seen the configuration (it set
+    /// or admitted acquisition, so no key is immortal. Default: 7 days. A handle that has seen the configuration (it set
     /// it, or acquired with it) restores it if it expired.
     #[must_use]
     pub fn keep_alive(mut self, keep_alive: Duration) -> Self {

@@ -23,8 +23,10 @@ pin_project! {
     /// body.
     ///
     /// ```
+    /// // Also add: cargo add tower --features util && cargo add http-body-util
     /// use std::convert::Infallible;
-    /// use http::{Request, Response};
+    /// use axum::body::Bytes;
+    /// use axum::http::{Request, Response};
     /// use http_body_util::{BodyExt, Full};
     /// use portcullis::{ConcurrencyPolicy, MemoryStore};
     /// use portcullis::tower::{ConcurrencyLimitLayer, Global};
@@ -36,15 +38,15 @@ pin_project! {
     ///     .policy(ConcurrencyPolicy::max_in_flight(1).build()?)
     ///     .key(Global)
     ///     .build()?;
-    /// let service = layer.layer(tower::service_fn(|_: Request<Full<bytes::Bytes>>| async {
-    ///     Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::from("report"))))
+    /// let service = layer.layer(tower::service_fn(|_: Request<Full<Bytes>>| async {
+    ///     Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("report"))))
     /// }));
     /// let response = service.clone().oneshot(Request::new(Full::default())).await?;
     /// // Reading the body to its end releases the permit.
     /// let body = response.into_body().collect().await?.to_bytes();
     /// assert_eq!(&body[..], b"report");
     /// let next = service.oneshot(Request::new(Full::default())).await?;
-    /// assert_eq!(next.status(), http::StatusCode::OK);
+    /// assert_eq!(next.status(), axum::http::StatusCode::OK);
     /// # Ok(()) }
     /// ```
     pub struct ResponseBody<B> {

@@ -54,7 +54,7 @@ shared_layer! {
 ///             .name("exports")
 ///             .build()?,
 ///     )
-///     .key(Header::new(http::HeaderName::from_static("x-tenant")))
+///     .key(Header::new(axum::http::HeaderName::from_static("x-tenant")))
 ///     .build()?;
 /// let app: Router = Router::new()
 ///     .route("/exports", post(|| async { "done" }))
@@ -214,9 +214,10 @@ impl<St: LeaseStore, K: KeyExtractor> ConcurrencyLimitLayerBuilder<St, K> {
         self
     }
 
-    /// The longest an acquire may take (default
-    /// [`DEFAULT_CHECK_TIMEOUT`]); beyond it the failure policy applies, and
-    /// the lease, which may have been granted, is released.
+    /// The longest an acquire may take; beyond it the failure policy
+    /// applies, and the lease, which may have been granted, is released.
+    /// Default: 500 ms, as for
+    /// [`RateLimitLayerBuilder::check_timeout`](crate::RateLimitLayerBuilder::check_timeout).
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.settings.timeout = timeout;
         self

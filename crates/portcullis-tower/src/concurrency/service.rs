@@ -22,8 +22,9 @@ layer_service! {
 /// wraps around an inner service.
 ///
 /// ```
+/// // Also add: cargo add tower --features util
 /// use std::convert::Infallible;
-/// use http::{Request, Response, StatusCode};
+/// use axum::http::{Request, Response, StatusCode};
 /// use portcullis::{ConcurrencyPolicy, MemoryStore};
 /// use portcullis::tower::{ConcurrencyLimitLayer, Global};
 /// use tower::{Layer, ServiceExt};

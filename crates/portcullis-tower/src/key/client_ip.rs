@@ -59,7 +59,7 @@ pub enum ProxyHeader {
 ///
 /// ```
 /// use std::net::SocketAddr;
-/// use http::Request;
+/// use axum::http::Request;
 /// use portcullis::tower::{ClientIp, KeyExtractor};
 ///
 /// let extractor = ClientIp::trusting(["10.0.0.0/8".parse().unwrap()]);

@@ -25,7 +25,7 @@ use super::buf::KeyBuf;
 /// [`RateLimitLayerBuilder::on_missing_key`]: crate::RateLimitLayerBuilder::on_missing_key
 ///
 /// ```
-/// use http::{request::Parts, Request};
+/// use axum::http::{request::Parts, Request};
 /// use portcullis::tower::{BearerToken, KeyExtractor, Method, PeerIp};
 ///
 /// // A closure: the tenant from a header, lower-cased.
@@ -55,7 +55,7 @@ pub trait KeyExtractor: Send + Sync + 'static {
     /// too, its `String` moved into `key`.)
     ///
     /// ```
-    /// use http::{request::Parts, Request};
+    /// use axum::http::{request::Parts, Request};
     /// use portcullis::tower::{KeyBuf, KeyExtractor};
     ///
     /// struct Tenant;

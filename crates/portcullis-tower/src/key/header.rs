@@ -16,7 +16,7 @@ use super::extractor::KeyExtractor;
 /// always hashes.
 ///
 /// ```
-/// use http::{HeaderName, Request};
+/// use axum::http::{HeaderName, Request};
 /// use portcullis::tower::{Header, KeyExtractor};
 ///
 /// let tenant = Header::new(HeaderName::from_static("x-tenant"));
@@ -63,7 +63,7 @@ impl KeyExtractor for Header {
 /// header, another scheme or an empty token yields no key.
 ///
 /// ```
-/// use http::Request;
+/// use axum::http::Request;
 /// use portcullis::tower::{BearerToken, KeyExtractor};
 ///
 /// let (parts, ()) = Request::get("/")
@@ -135,7 +135,7 @@ impl BearerToken {
 ///   secret.
 ///
 /// ```
-/// use http::{HeaderName, Request};
+/// use axum::http::{HeaderName, Request};
 /// use portcullis::tower::{ApiKey, KeyExtractor};
 ///
 /// let (parts, ()) = Request::get("/").header("x-api-key", "k-123").body(()).unwrap().into_parts();

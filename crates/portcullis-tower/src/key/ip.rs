@@ -158,7 +158,7 @@ fn push_decimal<const N: usize>(n: u8, text: &mut ArrayString<N>) {
 ///
 /// ```
 /// use std::net::SocketAddr;
-/// use http::Request;
+/// use axum::http::Request;
 /// use portcullis::tower::{KeyExtractor, PeerIp};
 ///
 /// let peer: SocketAddr = "[2001:db8:aa:bbcc::1]:4711".parse().unwrap();

@@ -15,7 +15,7 @@ use super::extractor::KeyExtractor;
 ///
 /// ```
 /// use std::fmt;
-/// use http::Request;
+/// use axum::http::Request;
 /// use portcullis::tower::{KeyExtractor, User};
 ///
 /// #[derive(Clone)]
@@ -90,7 +90,7 @@ where
 /// One key for every request: the limit is shared by all callers.
 ///
 /// ```
-/// use http::Request;
+/// use axum::http::Request;
 /// use portcullis::tower::{Global, KeyExtractor};
 ///
 /// let (parts, ()) = Request::get("/").body(()).unwrap().into_parts();
@@ -114,7 +114,7 @@ impl KeyExtractor for Global {
 /// example `(PeerIp::new(), Method)`.
 ///
 /// ```
-/// use http::Request;
+/// use axum::http::Request;
 /// use portcullis::tower::{KeyExtractor, Method};
 ///
 /// let (parts, ()) = Request::delete("/").body(()).unwrap().into_parts();

@@ -52,11 +52,10 @@ impl<B: From<Bytes>> ResponseBody<B> {
     /// [`KeepBodyLayer`](crate::KeepBodyLayer) does to every response).
     ///
     /// ```
-    /// use bytes::Bytes;
-    /// use http_body_util::Full;
-    /// use portcullis::tower::rate_limit::ResponseBody;
+    /// use axum::body::Body;
+    /// use portcullis::tower::RateLimitBody;
     ///
-    /// # fn unwrap(body: ResponseBody<Full<Bytes>>) -> Full<Bytes> {
+    /// # fn unwrap(body: RateLimitBody<Body>) -> Body {
     /// body.into_body()
     /// # }
     /// ```

@@ -31,11 +31,11 @@ pub(crate) type ChargeFn = Box<dyn Fn(&http::response::Parts) -> u64 + Send + Sy
 /// the tasks doing the work.
 ///
 /// ```
+/// // Also add: cargo add tower --features util
 /// use std::convert::Infallible;
 /// use std::net::SocketAddr;
-/// use bytes::Bytes;
-/// use http::{Request, Response, StatusCode};
-/// use http_body_util::Full;
+/// use axum::body::Body;
+/// use axum::http::{Request, Response, StatusCode};
 /// use portcullis::{MemoryStore, Policy};
 /// use portcullis::tower::{Charge, RateLimitLayer};
 /// use tower::{service_fn, Layer, ServiceExt};
@@ -52,7 +52,7 @@ pub(crate) type ChargeFn = Box<dyn Fn(&http::response::Parts) -> u64 + Send + Sy
 ///         charge.add(150); // more than the whole budget: a debt
 ///         charge.refund(30);
 ///     }
-///     Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("done"))))
+///     Ok::<_, Infallible>(Response::new(Body::from("done")))
 /// }));
 /// let peer: SocketAddr = "192.0.2.1:4711".parse()?;
 /// let request = || Request::get("/").extension(peer).body(()).unwrap();

@@ -31,9 +31,10 @@ use super::body::ResponseBody;
 /// default [`ResponseBody`].
 ///
 /// ```
+/// // Also add: cargo add tower --features util
 /// use std::net::SocketAddr;
 /// use axum::{body::Body, routing::get, Router};
-/// use http::{Request, StatusCode};
+/// use axum::http::{Request, StatusCode};
 /// use portcullis::{MemoryStore, Policy};
 /// use portcullis::tower::RateLimitLayer;
 /// use tower::ServiceExt;

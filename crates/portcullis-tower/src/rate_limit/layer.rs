@@ -55,7 +55,7 @@ impl<St: Store, K> RateLimitLayer<St, K> {
 
     /// This layer with responses in the inner service's own body type
     /// (`From<Bytes>`, as Axum's `Body` is) instead of
-    /// [`ResponseBody`](crate::rate_limit::ResponseBody), so
+    /// [`RateLimitBody`](crate::RateLimitBody), so
     /// Axum does not box a wrapper body per response: see
     /// [`KeepBodyLayer`]. Clones of the layer still share its store,
     /// configuration and deny cache.

@@ -51,7 +51,6 @@ pub use keep_body::{KeepBody, KeepBodyFuture, KeepBodyLayer};
 pub use layer::RateLimitLayer;
 pub use resolve::{
     LookupKey, Plan, PlanResolver, PlanResolverBuilder, ResolverFailure, DEFAULT_ERROR_TTL,
-    DEFAULT_MAX_LOOKUPS, DEFAULT_PLAN_CAPACITY, DEFAULT_PLAN_TTL, DEFAULT_RESOLVE_TIMEOUT,
-    DEFAULT_UNKNOWN_TTL,
+    DEFAULT_PLAN_TTL,
 };
 pub use service::RateLimit;

@@ -27,11 +27,11 @@ layer_service! {
 /// type is the inner service's and it needs no `HandleErrorLayer` in Axum.
 ///
 /// ```
+/// // Also add: cargo add tower --features util
 /// use std::convert::Infallible;
 /// use std::net::SocketAddr;
-/// use bytes::Bytes;
-/// use http::{Request, Response, StatusCode};
-/// use http_body_util::Full;
+/// use axum::body::Body;
+/// use axum::http::{Request, Response, StatusCode};
 /// use portcullis::{MemoryStore, Policy};
 /// use portcullis::tower::RateLimitLayer;
 /// use tower::{service_fn, Layer, ServiceExt};
@@ -40,7 +40,7 @@ layer_service! {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let layer = RateLimitLayer::new(MemoryStore::new(), Policy::per_minute(1).name("demo").build()?);
 /// let service = layer.layer(service_fn(|_req: Request<()>| async {
-///     Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("hello"))))
+///     Ok::<_, Infallible>(Response::new(Body::from("hello")))
 /// }));
 /// let peer: SocketAddr = "192.0.2.1:4711".parse()?;
 /// let request = || Request::get("/").extension(peer).body(()).unwrap();

@@ -18,7 +18,9 @@ use crate::store::RedisStore;
 /// wrong (a time zone error, a dead RTC battery, a test clock left at a
 /// fixed date). What a skew below it costs: keys expire up to that much
 /// early (a clock behind) or late (ahead), so a key can forget at most one
-/// second's worth of its state before its time.
+/// second's worth of its state before its time. Not API (the value is
+/// documented on the setter); public, hidden, for the workspace's tests.
+#[doc(hidden)]
 pub const DEFAULT_CLIENT_CLOCK_TOLERANCE: Duration = Duration::from_secs(1);
 
 /// How far a client clock is from Redis's.

@@ -66,11 +66,11 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// [`cost`](Self::cost).
     ///
     /// ```
+    /// // Also add: cargo add tower --features util
     /// use std::convert::Infallible;
     /// use std::net::SocketAddr;
-    /// use bytes::Bytes;
-    /// use http::{Request, Response, StatusCode};
-    /// use http_body_util::Full;
+    /// use axum::body::Body;
+    /// use axum::http::{Request, Response, StatusCode};
     /// use portcullis::{MemoryStore, Policy};
     /// use portcullis::tower::RateLimitLayer;
     /// use tower::{service_fn, Layer, ServiceExt};
@@ -87,7 +87,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     ///     })
     ///     .build()?;
     /// let service = layer.layer(service_fn(|_req: Request<()>| async {
-    ///     let mut response = Response::new(Full::new(Bytes::from("…")));
+    ///     let mut response = Response::new(Body::from("…"));
     ///     response.headers_mut().insert("x-tokens-used", 6_000.into());
     ///     Ok::<_, Infallible>(response)
     /// }));

@@ -24,15 +24,19 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
         self
     }
 
-    /// Bounds each store check (default [`DEFAULT_CHECK_TIMEOUT`](crate::DEFAULT_CHECK_TIMEOUT), 500 ms);
-    /// a check that takes longer is a store failure. The same bound applies
-    /// to the fallback store's check ([`FailurePolicy::Fallback`]), whose
-    /// timeout lets the request through undecided. The default leaves a
-    /// `RedisStore` (whose own per-call timeout defaults to 250 ms) room to
-    /// answer on a loaded machine (see [`DEFAULT_CHECK_TIMEOUT`](crate::DEFAULT_CHECK_TIMEOUT) for the
-    /// measurement), so it fails open only when the store really is stuck;
-    /// the circuit breaker then stops waiting on it after
-    /// [`DEFAULT_BREAKER_THRESHOLD`](crate::DEFAULT_BREAKER_THRESHOLD) failures.
+    /// Bounds each store check; a check that takes longer is a store
+    /// failure. The same bound applies to the fallback store's check
+    /// ([`FailurePolicy::Fallback`]), whose timeout lets the request through
+    /// undecided. Default: 500 ms.
+    ///
+    /// The default is above a `RedisStore`'s own per-call timeout (250 ms by
+    /// default), so that the store's own timeout answers first, and leaves
+    /// it room to answer on a loaded machine: measured on a 2-core box with
+    /// four busy threads and 1024 checks in flight through this layer over
+    /// Redis, the slowest check took 164 ms. So the layer fails open only
+    /// when the store really is stuck; the
+    /// [circuit breaker](Self::circuit_breaker) then stops waiting on it
+    /// after 5 failures in a row (by default).
     pub fn check_timeout(mut self, timeout: Duration) -> Self {
         self.settings.timeout = timeout;
         self

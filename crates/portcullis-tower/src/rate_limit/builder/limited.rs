@@ -71,7 +71,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// legacy `X-RateLimit-*` headers unless they are there.
     ///
     /// ```
-    /// use http::{Response, StatusCode};
+    /// use axum::http::{Response, StatusCode};
     /// use portcullis::{MemoryStore, Policy};
     /// use portcullis::tower::RateLimitLayer;
     ///

@@ -40,7 +40,10 @@ use crate::config::{
 use crate::key::{KeyExtractor, PeerIp};
 use crate::response::LimitedBody;
 
-/// Default capacity of the local deny cache (subjects).
+/// Default capacity of the local deny cache (subjects). Not API (the value
+/// is documented on [`deny_cache`](RateLimitLayerBuilder::deny_cache));
+/// public, hidden, for the workspace's abuse test.
+#[doc(hidden)]
 pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 65_536;
 
 impl<St: Store> RateLimitLayer<St, PeerIp> {
@@ -114,7 +117,7 @@ impl<St: Store> RateLimitLayer<St, PeerIp> {
 ///     .policy(Policy::per_second(5).name("burst").build()?)
 ///     .policy(Policy::per_hour(1_000).name("hourly").build()?)
 ///     .key(ApiKey::new().or(PeerIp::new()))
-///     .cost(|parts| if parts.method == http::Method::POST { 2 } else { 1 })
+///     .cost(|parts| if parts.method == axum::http::Method::POST { 2 } else { 1 })
 ///     .shape(Duration::from_millis(200))
 ///     .build()?;
 /// # let _ = layer; Ok(()) }

@@ -48,8 +48,9 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// its own).
     ///
     /// ```
+    /// // Also add: cargo add tower --features util
     /// use std::time::Duration;
-    /// use http::Request;
+    /// use axum::http::Request;
     /// use portcullis::{MemoryStore, Policy};
     /// use portcullis::tower::{Header, RateLimitLayer};
     /// use tower::{service_fn, Layer, ServiceExt};
@@ -58,11 +59,11 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let layer = RateLimitLayer::builder(MemoryStore::new())
     ///     .policy(Policy::per_minute(1).name("payments").build()?)
-    ///     .key(Header::new(http::HeaderName::from_static("x-account")))
-    ///     .idempotency_key(Header::new(http::HeaderName::from_static("idempotency-key")), Duration::from_secs(600))
+    ///     .key(Header::new(axum::http::HeaderName::from_static("x-account")))
+    ///     .idempotency_key(Header::new(axum::http::HeaderName::from_static("idempotency-key")), Duration::from_secs(600))
     ///     .build()?;
     /// let service = layer.layer(service_fn(|_req: Request<()>| async {
-    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    ///     Ok::<_, std::convert::Infallible>(axum::http::Response::new(String::new()))
     /// }));
     /// let call = |path: &str| Request::post(path)
     ///     .header("x-account", "acme")
@@ -92,7 +93,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use http::HeaderName;
+    /// use axum::http::HeaderName;
     /// use portcullis::{MemoryStore, Policy};
     /// use portcullis::tower::{Header, RateLimitLayer};
     ///
@@ -117,7 +118,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use http::HeaderName;
+    /// use axum::http::HeaderName;
     /// use portcullis::{MemoryStore, Policy};
     /// use portcullis::tower::{Header, RateLimitLayer};
     ///
@@ -153,8 +154,9 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// sending nothing or nonsense never earns more, and is no error.
     ///
     /// ```
+    /// // Also add: cargo add tower --features util
     /// use std::fmt;
-    /// use http::Request;
+    /// use axum::http::Request;
     /// use portcullis::{MemoryStore, Policy};
     /// use portcullis::tower::{Global, RateLimitLayer, User};
     /// use tower::{service_fn, Layer, ServiceExt};
@@ -181,7 +183,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     ///     .priority(User::<Class>::new())
     ///     .build()?;
     /// let service = layer.layer(service_fn(|_req: Request<()>| async {
-    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    ///     Ok::<_, std::convert::Infallible>(axum::http::Response::new(String::new()))
     /// }));
     /// let call = |class: Option<&'static str>| {
     ///     let mut request = Request::builder();

@@ -96,8 +96,9 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// ([`RateLimitInfo::source`](crate::RateLimitInfo::source)).
     ///
     /// ```
+    /// // Also add: cargo add tower --features util
     /// use std::convert::Infallible;
-    /// use http::{Request, Response, StatusCode};
+    /// use axum::http::{Request, Response, StatusCode};
     /// use portcullis::{LimitSet, Limits, MemoryStore, Policy};
     /// use portcullis::tower::{Header, RateLimitLayer};
     /// use tower::{service_fn, Layer, ServiceExt};
@@ -106,7 +107,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let limits = Limits::new(LimitSet::of([Policy::per_minute(2).name("minute").build()?])?);
     /// let layer = RateLimitLayer::builder(MemoryStore::new())
-    ///     .key(Header::new(http::HeaderName::from_static("x-customer")))
+    ///     .key(Header::new(axum::http::HeaderName::from_static("x-customer")))
     ///     .limits(limits.clone())
     ///     .build()?;
     /// let service = layer.layer(service_fn(|_req: Request<()>| async {

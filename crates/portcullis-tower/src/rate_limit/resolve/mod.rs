@@ -25,7 +25,4 @@ mod resolver;
 pub(crate) use live::Live;
 pub(crate) use plan::{Cached, Lookup, Picked};
 pub use plan::{LookupKey, Plan, ResolverFailure};
-pub use resolver::{
-    PlanResolver, PlanResolverBuilder, DEFAULT_ERROR_TTL, DEFAULT_MAX_LOOKUPS,
-    DEFAULT_PLAN_CAPACITY, DEFAULT_PLAN_TTL, DEFAULT_RESOLVE_TIMEOUT, DEFAULT_UNKNOWN_TTL,
-};
+pub use resolver::{PlanResolver, PlanResolverBuilder, DEFAULT_ERROR_TTL, DEFAULT_PLAN_TTL};

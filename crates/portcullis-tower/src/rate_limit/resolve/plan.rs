@@ -75,7 +75,7 @@ pub enum ResolverFailure {
 /// other parts of the request.
 ///
 /// ```
-/// use http::request::Parts;
+/// use axum::http::request::Parts;
 /// use portcullis::tower::LookupKey;
 ///
 /// // The customer id a trusted gateway puts beside the hashed API key.

@@ -17,20 +17,24 @@ use super::plan::{BoxError, LookupFn, LookupKey, Plan, ResolverFailure};
 #[cfg(doc)]
 use crate::key::{ApiKey, BearerToken};
 
-/// Default time a resolved plan is cached: 60 s.
+/// Default time a resolved plan is cached: 60 s. Not API (documented on
+/// the setter); public, hidden, for the workspace's tests.
+#[doc(hidden)]
 pub const DEFAULT_PLAN_TTL: Duration = Duration::from_secs(60);
 /// Default time an unknown subject (the resolver answered `None`) is
 /// cached: 10 s.
-pub const DEFAULT_UNKNOWN_TTL: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_UNKNOWN_TTL: Duration = Duration::from_secs(10);
 /// Default time a failed or timed-out lookup is remembered before the
-/// resolver is asked again: 1 s.
+/// resolver is asked again: 1 s. Not API (documented on the setter);
+/// public, hidden, for the workspace's tests.
+#[doc(hidden)]
 pub const DEFAULT_ERROR_TTL: Duration = Duration::from_secs(1);
 /// Default bound on one lookup: 200 ms.
-pub const DEFAULT_RESOLVE_TIMEOUT: Duration = Duration::from_millis(200);
+pub(crate) const DEFAULT_RESOLVE_TIMEOUT: Duration = Duration::from_millis(200);
 /// Default number of subjects whose plans are cached: 100 000.
-pub const DEFAULT_PLAN_CAPACITY: usize = 100_000;
+pub(crate) const DEFAULT_PLAN_CAPACITY: usize = 100_000;
 /// Default bound on lookups in flight at once: 64.
-pub const DEFAULT_MAX_LOOKUPS: usize = 64;
+pub(crate) const DEFAULT_MAX_LOOKUPS: usize = 64;
 
 /// Looks up the plan of each subject (in a database, a Redis hash, a
 /// billing API) for a [`RateLimitLayer`](crate::RateLimitLayer), behind a
@@ -42,31 +46,32 @@ pub const DEFAULT_MAX_LOOKUPS: usize = 64;
 ///   key (a SHA-256 hash, `#<hex>`), `.lookup_key(ApiKey::new())` gives the
 ///   lookup the API key itself. Store keys, logs and the cache keep the
 ///   layer's key; the credential reaches only the lookup.
-/// - **Cache.** A found plan is kept for the TTL
-///   ([`DEFAULT_PLAN_TTL`]); an unknown subject (`Ok(None)`: the defaults)
-///   for its own TTL ([`DEFAULT_UNKNOWN_TTL`]). A cached `Plan::Tier`
-///   follows changes of the tier at once; [`invalidate`](Self::invalidate)
-///   drops a subject's cached plan (call it when you change one, on every
-///   instance).
+/// - **Cache.** A found plan is kept for the [TTL](PlanResolverBuilder::ttl)
+///   (default 60 seconds); an unknown subject (`Ok(None)`: the defaults)
+///   for its [own TTL](PlanResolverBuilder::unknown_ttl) (default 10
+///   seconds). A cached `Plan::Tier` follows changes of the tier at once;
+///   [`invalidate`](Self::invalidate) drops a subject's cached plan (call
+///   it when you change one, on every instance).
 /// - **Bounded.** At most [`capacity`](PlanResolverBuilder::capacity)
 ///   subjects are held, lookups in flight included. When a shard of the
 ///   cache (one of 16) is full, expired entries go first, then an eighth
 ///   of the shard at once: unknown and failed subjects first, then the
 ///   least recently used (an LRU per shard, approximate across shards).
-///   At most [`max_lookups`](PlanResolverBuilder::max_lookups)
-///   ([`DEFAULT_MAX_LOOKUPS`]) lookups run at once: a request of an
-///   uncached subject beyond that (or with its shard full of lookups in
-///   flight) is checked under the **default policies** without a lookup
-///   (a cached but expired plan is used as it was), so a flood of fresh
-///   keys costs the backend at most that many queries at a time. Counted
-///   with feature `metrics` in `portcullis_resolver_skipped_total`.
+///   At most [`max_lookups`](PlanResolverBuilder::max_lookups) (default
+///   64) lookups run at once: a request of an uncached subject beyond that
+///   (or with its shard full of lookups in flight) is checked under the
+///   **default policies** without a lookup (a cached but expired plan is
+///   used as it was), so a flood of fresh keys costs the backend at most
+///   that many queries at a time. Counted with feature `metrics` in
+///   `portcullis_resolver_skipped_total`.
 /// - **Single flight.** Concurrent requests of one uncached subject make
 ///   one lookup and all wait for it.
 /// - **Failures.** A lookup that fails, panics or takes longer than the
-///   [`timeout`](PlanResolverBuilder::timeout) ([`DEFAULT_RESOLVE_TIMEOUT`])
-///   is answered as [`ResolverFailure`] says (default: the default
-///   policies), remembered for [`DEFAULT_ERROR_TTL`] so a failing backend is
-///   not asked on every request, logged at `warn` (at most once per
+///   [`timeout`](PlanResolverBuilder::timeout) (default 200 ms) is
+///   answered as [`ResolverFailure`] says (default: the default policies),
+///   remembered for the [`error_ttl`](PlanResolverBuilder::error_ttl)
+///   (default 1 second) so a failing backend is not asked on every
+///   request, logged at `warn` (at most once per
 ///   second), and with feature `metrics` counted in
 ///   `portcullis_resolver_failures_total` (label `reason`: `error`,
 ///   `timeout`, `invalid`, `panic`, `cancelled`). A lookup cancelled
@@ -98,7 +103,7 @@ pub const DEFAULT_MAX_LOOKUPS: usize = 64;
 /// .ttl(Duration::from_secs(30))
 /// .build();
 /// let layer = RateLimitLayer::builder(MemoryStore::new())
-///     .key(Header::new(http::HeaderName::from_static("x-customer")))
+///     .key(Header::new(axum::http::HeaderName::from_static("x-customer")))
 ///     .limits(limits)
 ///     .resolve_plan(plans.clone())
 ///     .build()?;
@@ -256,28 +261,26 @@ impl PlanResolverBuilder {
         self
     }
 
-    /// How long a found plan is cached (default [`DEFAULT_PLAN_TTL`]).
+    /// How long a found plan is cached. Default: 60 seconds.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
     }
 
-    /// How long an unknown subject is cached (default
-    /// [`DEFAULT_UNKNOWN_TTL`]).
+    /// How long an unknown subject is cached. Default: 10 seconds.
     pub fn unknown_ttl(mut self, ttl: Duration) -> Self {
         self.unknown_ttl = ttl;
         self
     }
 
-    /// How long a failed lookup is remembered (default
-    /// [`DEFAULT_ERROR_TTL`]); zero asks again at the next request.
+    /// How long a failed lookup is remembered; zero asks again at the next
+    /// request. Default: 1 second.
     pub fn error_ttl(mut self, ttl: Duration) -> Self {
         self.error_ttl = ttl;
         self
     }
 
-    /// Bounds each lookup (default [`DEFAULT_RESOLVE_TIMEOUT`]); a slower
-    /// one is a failure.
+    /// Bounds each lookup; a slower one is a failure. Default: 200 ms.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -291,16 +294,15 @@ impl PlanResolverBuilder {
     }
 
     /// How many subjects are held at most, lookups in flight included
-    /// (default [`DEFAULT_PLAN_CAPACITY`]; at least one per shard, 16).
+    /// (at least one per shard, 16). Default: 100 000.
     pub fn capacity(mut self, capacity: usize) -> Self {
         self.capacity = capacity;
         self
     }
 
-    /// How many lookups run at once at most (default
-    /// [`DEFAULT_MAX_LOOKUPS`]; at least 1). A request of an uncached
-    /// subject beyond it is checked under the default policies, without a
-    /// lookup.
+    /// How many lookups run at once at most (at least 1). A request of an
+    /// uncached subject beyond it is checked under the default policies,
+    /// without a lookup. Default: 64.
     pub fn max_lookups(mut self, max_lookups: usize) -> Self {
         self.max_lookups = max_lookups;
         self
