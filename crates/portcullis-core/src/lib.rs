@@ -48,7 +48,6 @@
 #[doc(hidden)]
 pub mod algorithms;
 mod boxed;
-mod classes;
 mod clock;
 mod concurrency;
 mod decision;
@@ -61,6 +60,7 @@ mod options;
 mod policy;
 mod store;
 pub mod subject;
+mod validate;
 
 pub use boxed::{
     BoxAcquireFuture, BoxCheckFuture, BoxLeaseStore, BoxReleaseFuture, BoxRenewFuture,
@@ -96,4 +96,5 @@ pub use policy::{
     Algorithm, LeakyMode, Policy, PolicyBuilder, PolicyError, MAX_MAGNITUDE, MAX_POLICY_NAME_LEN,
     SLIDING_LOG_MAX_LIMIT,
 };
-pub use store::{validate_charge, validate_check, Store};
+pub use store::Store;
+pub use validate::{validate_charge, validate_check};

@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 use smallvec::SmallVec;
 
 use super::{Inner, Shard, WhenFull};
+use crate::algorithms::classes::check_class;
 use crate::algorithms::{self, Step};
-use crate::classes::check_class;
 use crate::memory::entry::{Entry, Live};
 use crate::memory::names::Names;
 use crate::memory::records::Rec;
