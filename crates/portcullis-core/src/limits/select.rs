@@ -33,7 +33,7 @@ pub enum PolicySource {
     Default,
     /// A named tier, chosen per request (a tier selector or a resolver).
     Tier,
-    /// A per-subject override of the [`LimitSet`].
+    /// A per-subject override of the [`LimitSet`](crate::LimitSet).
     Override,
     /// Policies a resolver returned for this subject alone (for example a
     /// customer's quota read from a database).
@@ -64,7 +64,7 @@ impl fmt::Display for PolicySource {
 }
 
 /// The policies chosen for one subject, and what chose them
-/// ([`LimitSet::select`]).
+/// ([`LimitSet::select`](crate::LimitSet::select)).
 #[derive(Debug, Clone, Copy)]
 pub struct Selected<'a> {
     pub(super) name: &'a str,

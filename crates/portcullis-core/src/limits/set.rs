@@ -24,7 +24,7 @@ pub enum Override {
 
 /// One consistent set of limits: the default policies, named tiers, and
 /// per-subject overrides. Validated when built; never changed afterwards (a
-/// [`Limits`] handle swaps whole sets, so nobody sees half of one).
+/// [`Limits`](crate::Limits) handle swaps whole sets, so nobody sees half of one).
 ///
 /// ```
 /// use portcullis::{LimitSet, Policy};
@@ -109,7 +109,7 @@ impl LimitSet {
         }
     }
 
-    /// The version the [`Limits`] handle gave this set when it was stored
+    /// The version the [`Limits`](crate::Limits) handle gave this set when it was stored
     /// (1 for the first, then one more per swap; 0 for a set never stored).
     #[must_use]
     pub fn version(&self) -> u64 {

@@ -16,7 +16,7 @@ pub enum LeakyMode {
     Queue,
 }
 
-/// The algorithm a [`Policy`] uses.
+/// The algorithm a [`Policy`](crate::Policy) uses.
 ///
 /// | algorithm | state per key | pick it when |
 /// |---|---|---|
@@ -26,7 +26,7 @@ pub enum LeakyMode {
 /// | `LeakyBucket(Queue)` | one timestamp | smoothing: admit, and say how long to wait ([`Decision::delay`](crate::Decision::delay)) |
 /// | `FixedWindow` | one counter | "N per calendar minute or day": quotas that reset at a known time; up to 2N across a boundary |
 /// | `SlidingWindow` | two counters | window semantics without the boundary burst (an estimate) |
-/// | `SlidingLog` | one entry per permit | an exact rolling window for small limits (at most [`SLIDING_LOG_MAX_LIMIT`]) |
+/// | `SlidingLog` | one entry per permit | an exact rolling window for small limits (at most [`SLIDING_LOG_MAX_LIMIT`](crate::SLIDING_LOG_MAX_LIMIT)) |
 ///
 /// ```
 /// use portcullis::{Algorithm, Policy};
@@ -51,7 +51,7 @@ pub enum Algorithm {
     FixedWindow,
     /// Two-counter estimate of a window sliding over time.
     SlidingWindow,
-    /// Exact log of admitted permits; at most [`SLIDING_LOG_MAX_LIMIT`].
+    /// Exact log of admitted permits; at most [`SLIDING_LOG_MAX_LIMIT`](crate::SLIDING_LOG_MAX_LIMIT).
     SlidingLog,
 }
 

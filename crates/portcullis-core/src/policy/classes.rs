@@ -150,7 +150,7 @@ impl Policy {
 
     /// The reserve in permits a request of `class` is checked with: that
     /// class's, or the default class's when `class` is `None` or not
-    /// defined ([`PolicyBuilder::default_class`]); 0 for a policy without
+    /// defined ([`PolicyBuilder::default_class`](crate::PolicyBuilder::default_class)); 0 for a policy without
     /// classes.
     ///
     /// ```

@@ -56,10 +56,10 @@ pub enum PolicyError {
         /// The name given (at most 80 characters of it).
         name: String,
     },
-    /// A priority class ([`PolicyBuilder::class`]) was refused: a bad or
+    /// A priority class ([`PolicyBuilder::class`](crate::PolicyBuilder::class)) was refused: a bad or
     /// repeated name, a reserve of 100 % or more, a reserve that leaves no
     /// permit to the class, an algorithm without classes, or a
-    /// [`default_class`](PolicyBuilder::default_class) the policy does not
+    /// [`default_class`](crate::PolicyBuilder::default_class) the policy does not
     /// define.
     InvalidClass {
         /// The policy's name.

@@ -28,7 +28,7 @@ mod general;
 mod hot_path;
 pub(in crate::memory) mod sweep;
 
-/// What a [`MemoryStore`] at its bound ([`MemoryStoreBuilder::max_keys`])
+/// What a [`MemoryStore`](crate::MemoryStore) at its bound ([`MemoryStoreBuilder::max_keys`](crate::MemoryStoreBuilder::max_keys))
 /// does with a subject it does not hold, once no expired subject can be
 /// swept away. Subjects already held are checked exactly either way.
 ///
@@ -66,7 +66,7 @@ pub enum WhenFull {
     /// one lightly used subject per eviction.
     #[default]
     EvictNearestFull,
-    /// Refuse the new subject with [`StoreError::Full`], whose
+    /// Refuse the new subject with [`StoreError::Full`](crate::StoreError::Full), whose
     /// `retry_after` is when the first held subject expires (the tower layer
     /// answers `429` with that `Retry-After`, never lets it through). No
     /// held subject is ever forgotten early, but while the store is full no
