@@ -43,23 +43,37 @@
 // docs.rs shows which feature each item needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// The modules, top-down: each uses only the ones below it (a module's
+// submodules are part of it). The stores (`memory`, and `boxed`: any store
+// behind one type) above the `Store` trait (`store`), `limits_file` (limits
+// read from TOML) and `limits` (limits as data), above `options` (what a
+// check may carry), above `validate` (the request checks every store
+// applies), above `algorithms` (the pure functions), above `concurrency`
+// (concurrency policies, the `LeaseStore` trait), above the leaves
+// (`policy`, `decision`, `error`, `clock`, `subject`).
+mod boxed;
+mod memory;
+
+#[cfg(feature = "config")]
+mod limits_file;
+mod store;
+
+mod limits;
+mod options;
+
+mod validate;
+
 // The algorithms as pure functions, which the Redis store re-runs for its
 // replies: shared with the sibling crates, not part of the API.
 #[doc(hidden)]
 pub mod algorithms;
-mod boxed;
-mod classes;
-mod clock;
+
 mod concurrency;
+
+mod clock;
 mod decision;
 mod error;
-mod limits;
-#[cfg(feature = "config")]
-mod limits_file;
-mod memory;
-mod options;
 mod policy;
-mod store;
 pub mod subject;
 
 pub use boxed::{
@@ -96,4 +110,5 @@ pub use policy::{
     Algorithm, LeakyMode, Policy, PolicyBuilder, PolicyError, MAX_MAGNITUDE, MAX_POLICY_NAME_LEN,
     SLIDING_LOG_MAX_LIMIT,
 };
-pub use store::{validate_charge, validate_check, Store};
+pub use store::Store;
+pub use validate::{validate_charge, validate_check};

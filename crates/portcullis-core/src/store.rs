@@ -93,7 +93,7 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// Supported for [`Algorithm::Gcra`](crate::Algorithm::Gcra) and
     /// [`Algorithm::TokenBucket`](crate::Algorithm::TokenBucket) policies
-    /// ([`validate_charge`]). The default implementation answers
+    /// ([`validate_charge`](crate::validate_charge)). The default implementation answers
     /// [`StoreError::Unsupported`]: a store opts in by overriding it
     /// ([`MemoryStore`](crate::MemoryStore) and `RedisStore` do).
     ///
@@ -193,69 +193,4 @@ pub trait Store: Send + Sync + 'static {
         subject: &str,
         policies: &[Policy],
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static;
-}
-
-/// Validates the request part every store must refuse the same way: no
-/// policies, duplicate names, a cost above a policy's capacity.
-///
-/// # Errors
-///
-/// As [`Store::check`] documents for bad requests.
-pub fn validate_check(policies: &[Policy], cost: u64) -> Result<(), StoreError> {
-    if policies.is_empty() {
-        return Err(StoreError::NoPolicies);
-    }
-    for (i, policy) in policies.iter().enumerate() {
-        if cost > policy.capacity() {
-            return Err(StoreError::CostTooHigh {
-                policy: policy.name().to_owned(),
-                cost,
-                capacity: policy.capacity(),
-            });
-        }
-        if policies[..i].iter().any(|p| p.name() == policy.name()) {
-            return Err(StoreError::DuplicatePolicy {
-                name: policy.name().to_owned(),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// Validates a post-charge ([`Store::charge`]) the way every store must:
-/// no policies, duplicate names, and algorithms without post-charging
-/// (anything but GCRA and the token bucket) are refused. The cost is not
-/// limited.
-///
-/// ```
-/// use portcullis::store::validate_charge;
-/// use portcullis::{Algorithm, Policy};
-///
-/// let gcra = Policy::per_minute(10).build()?;
-/// assert!(validate_charge(&[gcra]).is_ok());
-/// let window = Policy::per_minute(10).algorithm(Algorithm::FixedWindow).build()?;
-/// let err = validate_charge(&[window]).unwrap_err();
-/// assert!(err.to_string().contains("fixed_window"), "{err}");
-/// # Ok::<(), portcullis::PolicyError>(())
-/// ```
-///
-/// # Errors
-///
-/// As [`Store::charge`] documents for bad requests.
-pub fn validate_charge(policies: &[Policy]) -> Result<(), StoreError> {
-    validate_check(policies, 0)?;
-    match policies
-        .iter()
-        .find(|policy| !crate::algorithms::supports_charge(policy.algorithm()))
-    {
-        Some(policy) => Err(StoreError::Unsupported {
-            operation: "charge",
-            detail: format!(
-                "policy {:?} uses the {} algorithm, which cannot be charged after the fact; give it Algorithm::Gcra (the default) or Algorithm::TokenBucket",
-                policy.name(),
-                policy.algorithm()
-            ),
-        }),
-        None => Ok(()),
-    }
 }

@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 use crate::{Algorithm, Decision, LeakyMode, Policy};
 
 mod charge;
+pub(crate) mod classes;
 mod fixed_window;
 mod gcra;
 mod leaky_bucket;

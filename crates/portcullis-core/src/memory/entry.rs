@@ -1,43 +1,17 @@
-//! What a shard stores per subject: the stored key ([`StoredKey`]), the
-//! 40-byte [`Entry`] with its compact form (one GCRA state, its TAT packed
-//! into one word) and its general form (a list of [`Slot`]s), and the
-//! packed TAT that both the fast path and the general path read.
+//! What a shard stores per subject: the 40-byte [`Entry`] (its
+//! [`StoredKey`] and its [`Body`]): the compact form (one GCRA state, its
+//! TAT packed into one word, `tat.rs`) and the general form (a list of
+//! [`Slot`]s), and how a state written in other units is read ([`Live`]).
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::table::{same_name, Names};
+use super::key::StoredKey;
+use super::names::{same_name, Names};
+use super::tat::{pack, packed_expiry, unpack};
 use crate::algorithms::{rescale, GcraState, Shape, State};
 use crate::Policy;
-
-/// Bits of a packed TAT that hold its fraction (`tat_rem`, in units of
-/// `1 / scale` µs); the 52 above hold `tat_us`.
-pub(super) const REM_BITS: u32 = 12;
-/// The fraction of a packed TAT.
-pub(super) const REM_MASK: u64 = (1 << REM_BITS) - 1;
-/// Longest key stored inside the entry.
-pub(super) const INLINE_KEY: usize = 22;
-
-/// `(tat_us, tat_rem)` packed into one word when it fits: `tat_us` below
-/// 2^52 µs (the year 2112) and `tat_rem` below 2^12.
-#[inline(always)]
-pub(super) fn pack(tat_us: u64, tat_rem: u64) -> Option<u64> {
-    (tat_us >> (64 - REM_BITS) == 0 && tat_rem <= REM_MASK).then_some(tat_us << REM_BITS | tat_rem)
-}
-
-/// The `(tat_us, tat_rem)` of a packed TAT.
-#[inline(always)]
-pub(super) fn unpack(packed: u64) -> (u64, u64) {
-    (packed >> REM_BITS, packed & REM_MASK)
-}
-
-/// When a packed TAT's state expires: the TAT rounded up to a whole
-/// microsecond (as [`algorithms::check`](crate::algorithms::check) reports it).
-#[inline(always)]
-pub(super) fn packed_expiry(packed: u64) -> u64 {
-    (packed >> REM_BITS) + u64::from(packed & REM_MASK != 0)
-}
 
 /// The packed TAT of a state the compact form can hold: a GCRA state that
 /// expires when its TAT is reached and that [`pack`] fits.
@@ -49,89 +23,6 @@ fn compact(state: &State, expires_at_us: u64) -> Option<u64> {
             pack(*tat_us, *tat_rem)
         }
         _ => None,
-    }
-}
-
-/// A subject as a shard stores it: up to [`INLINE_KEY`] bytes inside the
-/// entry (user ids, IPv4 addresses, short e-mail addresses), longer keys
-/// (and the 33-byte form of hashed subjects) on the heap. 24 bytes.
-pub(super) enum StoredKey {
-    Inline { len: u8, bytes: [u8; INLINE_KEY] },
-    Heap(Box<[u8]>),
-}
-
-impl StoredKey {
-    pub(super) fn new(key: &[u8]) -> Self {
-        match u8::try_from(key.len()) {
-            Ok(len) if key.len() <= INLINE_KEY => {
-                let mut bytes = [0; INLINE_KEY];
-                bytes[..key.len()].copy_from_slice(key);
-                Self::Inline { len, bytes }
-            }
-            _ => Self::Heap(key.into()),
-        }
-    }
-
-    #[inline(always)]
-    pub(super) fn as_slice(&self) -> &[u8] {
-        match self {
-            Self::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or(&[]),
-            Self::Heap(bytes) => bytes,
-        }
-    }
-
-    /// Whether this is `key`. An inline key is compared by a few
-    /// overlapping word loads rather than a call to `memcmp`.
-    #[inline(always)]
-    pub(super) fn matches(&self, key: &[u8]) -> bool {
-        match self {
-            Self::Inline { len, bytes } => {
-                usize::from(*len) == key.len()
-                    && bytes
-                        .get(..key.len())
-                        .is_some_and(|stored| short_eq(stored, key))
-            }
-            Self::Heap(bytes) => **bytes == *key,
-        }
-    }
-
-    /// Bytes held outside the entry.
-    pub(super) fn heap_bytes(&self) -> usize {
-        match self {
-            Self::Inline { .. } => 0,
-            Self::Heap(bytes) => bytes.len(),
-        }
-    }
-}
-
-/// `a == b` for two slices of the same length, at most [`INLINE_KEY`].
-#[inline(always)]
-fn short_eq(a: &[u8], b: &[u8]) -> bool {
-    #[inline(always)]
-    fn word(s: &[u8], at: usize) -> u64 {
-        s.get(at..at + 8)
-            .and_then(|w| w.try_into().ok())
-            .map_or(0, u64::from_ne_bytes)
-    }
-    #[inline(always)]
-    fn half(s: &[u8], at: usize) -> u32 {
-        s.get(at..at + 4)
-            .and_then(|w| w.try_into().ok())
-            .map_or(0, u32::from_ne_bytes)
-    }
-    let n = b.len();
-    if n != a.len() {
-        return false;
-    }
-    if n >= 8 {
-        // Words at 0, at n − 8 and (past 16 bytes) at 8 cover every byte.
-        word(a, 0) == word(b, 0)
-            && word(a, n - 8) == word(b, n - 8)
-            && (n <= 16 || word(a, 8) == word(b, 8))
-    } else if n >= 4 {
-        half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4)
-    } else {
-        a == b
     }
 }
 

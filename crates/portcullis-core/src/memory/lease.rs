@@ -1,4 +1,4 @@
-//! The [`LeaseStore`] impl of [`MemoryStore`]: leases of
+//! The lease table of a [`MemoryStore`](crate::MemoryStore): leases of
 //! [`ConcurrencyPolicy`]s in a table of their own ([`Leases`]), beside the
 //! rate-limit shards, bounded by the store's `max_keys`.
 //!
@@ -14,17 +14,16 @@
 //! `max_in_flight`).
 
 use std::collections::HashMap;
-use std::future::{ready, Ready};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::{MemoryStore, HASHED_KEY_TAG};
+use super::key::HASHED_KEY_TAG;
 use crate::algorithms::lease::{self, LeaseState};
 use crate::subject::MAX_PLAIN_SUBJECT_LEN;
-use crate::{ConcurrencyPolicy, LeaseDecision, LeaseId, LeaseStore, StoreError};
+use crate::{ConcurrencyPolicy, LeaseDecision, LeaseId, StoreError};
 
 /// Number of lease shards (a power of two).
 const LEASE_SHARDS: usize = 64;
@@ -58,7 +57,7 @@ impl LeaseShard {
     }
 }
 
-/// The lease table of a [`MemoryStore`].
+/// The lease table of a [`MemoryStore`](crate::MemoryStore).
 pub(super) struct Leases {
     shards: Box<[Mutex<LeaseShard>]>,
     hasher: std::collections::hash_map::RandomState,
@@ -68,6 +67,12 @@ pub(super) struct Leases {
 }
 
 impl Leases {
+    /// (Subject, policy) pairs holding leases, expired ones not yet swept
+    /// included.
+    pub(super) fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
     pub(super) fn new(max_keys: Option<usize>) -> Self {
         Self {
             shards: (0..LEASE_SHARDS)
@@ -140,7 +145,7 @@ impl Leases {
         earliest
     }
 
-    fn acquire(
+    pub(super) fn acquire(
         &self,
         subject: &str,
         policy: &ConcurrencyPolicy,
@@ -178,7 +183,7 @@ impl Leases {
         })
     }
 
-    fn renew(
+    pub(super) fn renew(
         &self,
         subject: &str,
         policy: &ConcurrencyPolicy,
@@ -196,7 +201,13 @@ impl Leases {
         renewed
     }
 
-    fn release(&self, subject: &str, policy: &ConcurrencyPolicy, id: LeaseId, now_us: u64) -> bool {
+    pub(super) fn release(
+        &self,
+        subject: &str,
+        policy: &ConcurrencyPolicy,
+        id: LeaseId,
+        now_us: u64,
+    ) -> bool {
         let key = Self::key(subject, policy);
         let mut shard = self.shard(&key);
         let Some(state) = shard.states.get_mut(&key) else {
@@ -208,85 +219,6 @@ impl Leases {
             self.forget(1);
         }
         released
-    }
-}
-
-impl MemoryStore {
-    /// The number of (subject, concurrency policy) pairs holding leases,
-    /// counting ones whose leases expired but were not swept yet; at most
-    /// [`MemoryStore::max_keys`].
-    ///
-    /// ```
-    /// use portcullis::{ConcurrencyPolicy, LeaseId, LeaseStore, MemoryStore};
-    ///
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let store = MemoryStore::new();
-    /// let policy = ConcurrencyPolicy::max_in_flight(2).build()?;
-    /// let lease = store.acquire("alice", &policy, LeaseId::generate()).await?.lease().unwrap();
-    /// assert_eq!(store.lease_subjects(), 1);
-    /// store.release("alice", &policy, lease.id()).await?;
-    /// assert_eq!(store.lease_subjects(), 0);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # }).unwrap();
-    /// ```
-    #[must_use]
-    pub fn lease_subjects(&self) -> usize {
-        self.inner.leases.len.load(Ordering::Relaxed)
-    }
-}
-
-impl LeaseStore for MemoryStore {
-    type AcquireFuture = Ready<Result<LeaseDecision, StoreError>>;
-
-    fn acquire(
-        &self,
-        subject: &str,
-        policy: &ConcurrencyPolicy,
-        lease: LeaseId,
-    ) -> Self::AcquireFuture {
-        let now = self.inner.clock.now_micros();
-        ready(self.inner.leases.acquire(subject, policy, lease, now))
-    }
-
-    fn acquire_now(
-        &self,
-        subject: &str,
-        policy: &ConcurrencyPolicy,
-        lease: LeaseId,
-    ) -> Option<Result<LeaseDecision, StoreError>> {
-        Some(self.acquire(subject, policy, lease).into_inner())
-    }
-
-    fn renew(
-        &self,
-        subject: &str,
-        policy: &ConcurrencyPolicy,
-        lease: LeaseId,
-    ) -> impl std::future::Future<Output = Result<Option<u64>, StoreError>> + Send + 'static {
-        let now = self.inner.clock.now_micros();
-        ready(Ok(self.inner.leases.renew(subject, policy, lease, now)))
-    }
-
-    fn release_now(
-        &self,
-        subject: &str,
-        policy: &ConcurrencyPolicy,
-        lease: LeaseId,
-    ) -> Option<Result<bool, StoreError>> {
-        let now = self.inner.clock.now_micros();
-        Some(Ok(self.inner.leases.release(subject, policy, lease, now)))
-    }
-
-    fn release(
-        &self,
-        subject: &str,
-        policy: &ConcurrencyPolicy,
-        lease: LeaseId,
-    ) -> impl std::future::Future<Output = Result<bool, StoreError>> + Send + 'static {
-        ready(
-            self.release_now(subject, policy, lease)
-                .unwrap_or(Ok(false)),
-        )
     }
 }
 

@@ -1,10 +1,11 @@
 //! Unit tests of the memory store's internals (table, sweeps, hot slot).
 
-use super::entry::{pack, packed_expiry, unpack, Body, Slot};
-use super::fast::{check_policy, tat_admitted, tat_charge, TatCharge};
-use super::*;
+use super::entry::{Body, Entry, Slot};
+use super::key::Key;
+use super::store::builder::MAX_SHARDS;
+use super::tat::{check_policy, pack, packed_expiry, tat_admitted, tat_charge, unpack, TatCharge};
 use crate::algorithms::{self, GcraState, State};
-use crate::ManualClock;
+use crate::{ManualClock, MemoryStore, Policy, Store, Verdict};
 use std::time::Duration;
 
 const T0: u64 = 1_700_000_000_000_000;
@@ -385,7 +386,7 @@ fn the_hot_slot_holds_the_state_exactly_through_every_path() {
 
 #[test]
 fn stored_keys_match_exactly_their_own_bytes() {
-    use super::entry::StoredKey;
+    use super::key::StoredKey;
     // Every length around the inline limit and the word sizes, and a
     // difference at every position (the inline compare uses overlapping
     // word loads).

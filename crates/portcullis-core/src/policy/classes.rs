@@ -1,7 +1,7 @@
 //! Priority classes of a policy: names with reserved headroom over the
 //! policy's one shared state ([`PolicyBuilder::class`], [`Policy::class_reserve`]),
-//! and the class check every store applies (ALGORITHMS.md, "Priority
-//! classes").
+//! and their validation. The class check every store applies is
+//! `crate::algorithms::classes` (ALGORITHMS.md, "Priority classes").
 //!
 //! A class with a reserve of `r` permits is admitted only while at least
 //! `r` permits remain *after* its charge. Every algorithm that supports
@@ -11,13 +11,12 @@
 
 use std::sync::Arc;
 
-use crate::algorithms::{State, Step};
-use crate::policy::validate_name;
-use crate::{Algorithm, Decision, LeakyMode, Policy, PolicyBuilder, PolicyError};
+use super::name::validate_name;
+use super::{Algorithm, LeakyMode, Policy, PolicyError};
 
 /// One class: its name, its reserve as given, and in permits.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct Class {
+pub(super) struct Class {
     name: Arc<str>,
     reserve: u64,
 }
@@ -25,7 +24,7 @@ pub(crate) struct Class {
 /// A policy's classes and which of them a request gets when it names
 /// none, or one the policy does not define.
 #[derive(Debug, PartialEq, Eq, Hash)]
-pub(crate) struct ClassTable {
+pub(super) struct ClassTable {
     classes: Box<[Class]>,
     /// Index of the default class in `classes`.
     default: usize,
@@ -33,11 +32,11 @@ pub(crate) struct ClassTable {
 
 /// A policy's classes (none for most policies: no allocation).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
-pub(crate) struct Classes(Option<Arc<ClassTable>>);
+pub(super) struct Classes(Option<Arc<ClassTable>>);
 
 impl Classes {
     /// Validates the classes given to a builder, and its default class.
-    pub(crate) fn build(
+    pub(super) fn build(
         policy: &str,
         algorithm: Algorithm,
         capacity: u64,
@@ -122,97 +121,8 @@ impl Classes {
 /// Whether `algorithm` supports priority classes: every algorithm but the
 /// leaky bucket as a queue (which admits and delays, holding no headroom).
 #[must_use]
-pub(crate) const fn supports_classes(algorithm: Algorithm) -> bool {
+const fn supports_classes(algorithm: Algorithm) -> bool {
     !matches!(algorithm, Algorithm::LeakyBucket(LeakyMode::Queue))
-}
-
-impl PolicyBuilder {
-    /// Defines a **priority class**: requests of class `name` share the
-    /// policy's one state with every other request of the subject, but are
-    /// admitted only while at least `reserve_percent` % of the capacity
-    /// (rounded up to whole permits) remains *after* their charge. A class
-    /// with a reserve of 0 may spend the whole allowance.
-    ///
-    /// A request is checked as a class through
-    /// [`CheckOptions::class`](crate::CheckOptions::class) (the tower
-    /// layer's `priority` selector). A request that names no class, or a
-    /// class the policy does not define, is checked as the policy's
-    /// **default class**: the most reserved one, unless
-    /// [`default_class`](Self::default_class) names another. So a class is
-    /// a privilege the application grants (from authentication, the
-    /// route, the customer's plan), never one a client can claim by
-    /// sending nothing or something unknown. A denial's `retry_after` says
-    /// when that class may go again. Every algorithm but the leaky bucket
-    /// as a queue has classes ([`PolicyError::InvalidClass`] otherwise).
-    ///
-    /// Reserves are part of [`Store::check_with`](crate::Store::check_with);
-    /// a plain [`Store::check`](crate::Store::check), [`peek`](crate::Store::peek)
-    /// or [`charge`](crate::Store::charge) is the application's own
-    /// unclassed use of the allowance and applies none. The tower layer
-    /// checks every request of a policy with classes through `check_with`
-    /// (with the request's class, or none: the default).
-    ///
-    /// ```
-    /// use portcullis::{CheckOptions, MemoryStore, Policy, Store};
-    ///
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let policy = Policy::per_minute(10)
-    ///     .name("api")
-    ///     .class("critical", 0)
-    ///     .class("interactive", 20)
-    ///     .class("batch", 50)
-    ///     .build()?;
-    /// assert_eq!(policy.class_reserve("batch"), Some(5));
-    /// let store = MemoryStore::new();
-    /// let policies = [policy];
-    /// let batch = CheckOptions::new().class("batch");
-    /// let mut admitted = 0;
-    /// while store.check_with("acme", &policies, 1, &batch).await?.verdict().is_allowed() {
-    ///     admitted += 1;
-    /// }
-    /// assert_eq!(admitted, 5); // batch stops while half remains
-    /// let critical = CheckOptions::new().class("critical");
-    /// assert!(store.check_with("acme", &policies, 1, &critical).await?.verdict().is_allowed());
-    /// // No class, or one the policy does not define: the default, the
-    /// // most reserved class ("batch" here), which is now refused.
-    /// let unknown = CheckOptions::new().class("urgent");
-    /// assert!(!store.check_with("acme", &policies, 1, &unknown).await?.verdict().is_allowed());
-    /// assert!(!store.check_with("acme", &policies, 1, &CheckOptions::new()).await?.verdict().is_allowed());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # }).unwrap();
-    /// ```
-    pub fn class(mut self, name: impl Into<String>, reserve_percent: u8) -> Self {
-        self.classes.push((name.into(), reserve_percent));
-        self
-    }
-
-    /// Names the class a request gets when it names none, or one the
-    /// policy does not define. Without this, the default is the most
-    /// reserved class (the first of equals): the safe choice, since the
-    /// class is then never better than what a client could claim. Name a
-    /// less reserved default only when every request that can reach the
-    /// policy is trusted with it. A name the policy does not define with
-    /// [`class`](Self::class) fails at [`build`](Self::build) with
-    /// [`PolicyError::InvalidClass`].
-    ///
-    /// ```
-    /// use portcullis::Policy;
-    ///
-    /// let policy = Policy::per_second(10)
-    ///     .class("interactive", 20)
-    ///     .class("batch", 50)
-    ///     .default_class("interactive")
-    ///     .build()?;
-    /// assert_eq!(policy.reserve_of(None), 2);
-    /// assert_eq!(policy.reserve_of(Some("nonsense")), 2);
-    /// assert_eq!(Policy::per_second(10).class("batch", 50).build()?.reserve_of(None), 5);
-    /// assert!(Policy::per_second(10).class("batch", 50).default_class("gold").build().is_err());
-    /// # Ok::<(), portcullis::PolicyError>(())
-    /// ```
-    pub fn default_class(mut self, name: impl Into<String>) -> Self {
-        self.default_class = Some(name.into());
-        self
-    }
 }
 
 impl Policy {
@@ -240,7 +150,7 @@ impl Policy {
 
     /// The reserve in permits a request of `class` is checked with: that
     /// class's, or the default class's when `class` is `None` or not
-    /// defined ([`PolicyBuilder::default_class`]); 0 for a policy without
+    /// defined ([`PolicyBuilder::default_class`](crate::PolicyBuilder::default_class)); 0 for a policy without
     /// classes.
     ///
     /// ```
@@ -293,51 +203,4 @@ impl Policy {
     pub fn has_classes(&self) -> bool {
         self.classes.0.is_some()
     }
-}
-
-/// [`check`](crate::algorithms::check) for a class with a reserve of `reserve` permits:
-/// admitted when a cost of `cost + reserve` would be, and then charged
-/// `cost`; denied with the decision of `cost + reserve`. `remaining` is
-/// what the class may still spend (the shared remaining less the
-/// reserve). The caller has checked `cost + reserve <= capacity`; a peek
-/// (cost 0) ignores the reserve but for `remaining`.
-pub(crate) fn check_class(
-    policy: &Policy,
-    state: Option<&State>,
-    now_us: u64,
-    cost: u64,
-    reserve: u64,
-    check: impl Fn(&Policy, Option<&State>, u64, u64) -> Step,
-) -> Step {
-    if reserve == 0 {
-        return check(policy, state, now_us, cost);
-    }
-    let probe_cost = if cost == 0 { 1 } else { cost };
-    let probe = check(policy, state, now_us, probe_cost + reserve);
-    let mut step = if cost == 0 || !probe.decision.is_allowed() {
-        if cost == 0 {
-            let peek = check(policy, state, now_us, 0);
-            Step {
-                decision: if probe.decision.is_allowed() {
-                    peek.decision
-                } else {
-                    probe.decision
-                },
-                ..peek
-            }
-        } else {
-            // A probe writes nothing but a repair.
-            probe
-        }
-    } else {
-        check(policy, state, now_us, cost)
-    };
-    step.decision = for_class(step.decision, reserve);
-    step
-}
-
-/// `decision` as a class with `reserve` permits reserved sees it.
-#[must_use]
-pub(crate) const fn for_class(decision: Decision, reserve: u64) -> Decision {
-    decision.with_remaining(decision.remaining().saturating_sub(reserve))
 }

@@ -1,15 +1,11 @@
-//! `MemoryStore`'s post-charge ([`Store::charge`](crate::Store::charge)): every policy of the
-//! subject charged after the fact with [`algorithms::charge`], in one
-//! critical section under the shard's write lock (the general path; the
-//! GCRA hot path then reads the states it leaves like any other).
+//! [`Store::charge`](crate::Store::charge) for [`MemoryStore`]: every
+//! policy of the subject charged after the fact with
+//! [`algorithms::charge`](crate::algorithms::charge), in one critical
+//! section under the shard's write lock ([`Shard::charge_many`](crate::memory::table::Shard)); the
+//! GCRA hot path then reads the states it leaves like any other.
 
-use std::sync::atomic::Ordering;
-
-use smallvec::SmallVec;
-
-use super::table::{Key, Shard};
-use super::{Inner, MemoryStore};
-use crate::algorithms::{self, Step};
+use super::MemoryStore;
+use crate::memory::key::Key;
 use crate::{validate_charge, Policy, StoreError, Verdict};
 
 impl MemoryStore {
@@ -28,46 +24,6 @@ impl MemoryStore {
         self.on_shard(hash, now, |shard, inner| {
             shard.charge_many(inner, hash, key, policies, now, cost)
         })
-    }
-}
-
-impl Shard {
-    /// Charges every policy (a charge is never denied), writes what
-    /// changed, and answers the states after the charge as peeks.
-    fn charge_many(
-        &mut self,
-        inner: &Inner,
-        hash: u64,
-        key: &[u8],
-        policies: &[Policy],
-        now: u64,
-        cost: u64,
-    ) -> Result<Verdict, StoreError> {
-        // The time again, under the lock (as `check_many`).
-        let now = now.max(inner.clock.now_micros());
-        self.demote_if_hot(hash);
-        let hot = self.hot_tat.load(Ordering::Relaxed);
-        let index = self.find(hash, key);
-        let entry = index.and_then(|index| self.table.get_bucket(index));
-        let names = &self.names;
-        let steps: SmallVec<[Step; 2]> = policies
-            .iter()
-            .map(|policy| {
-                let state = entry.and_then(|entry| entry.live_state(names, policy, now, hot));
-                // `validate_charge` refused the algorithms without a
-                // charge; were one to come through, it is only peeked.
-                algorithms::charge(policy, state.as_deref(), now, cost)
-                    .unwrap_or_else(|| algorithms::check(policy, state.as_deref(), now, 0))
-            })
-            .collect();
-        let verdict: Verdict = steps.iter().map(|step| step.decision).collect();
-        if !steps.iter().any(|step| step.new_state.is_some()) {
-            self.tick(inner, now);
-            return Ok(verdict);
-        }
-        self.write_steps(inner, hash, key, index, policies.iter().zip(steps), now)?;
-        self.tick(inner, now);
-        Ok(verdict)
     }
 }
 

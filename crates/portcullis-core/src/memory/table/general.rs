@@ -1,180 +1,29 @@
-//! The table: the subject as looked up ([`Key`]), a shard (its lock, hash
-//! table and bookkeeping) and the general path that checks and inserts
-//! subjects under the shard's write lock. What an entry holds is in
-//! `entry.rs`.
+//! The general path: a check of any policies ([`Shard::check_one`],
+//! [`Shard::check_many`]), a post-charge ([`Shard::charge_many`]) and a
+//! check with options ([`Shard::check_with`]: idempotency records and
+//! priority classes), each in one critical section under the shard's write
+//! lock, and the writes and inserts they share.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::Ordering;
 
-use hashbrown::HashTable;
-use sha2::{Digest, Sha256};
 use smallvec::SmallVec;
 
-use super::entry::Entry;
-use super::fast::check_policy;
-use super::{Inner, WhenFull, HASHED_KEY_TAG, MAX_INTERNED_NAMES};
-use crate::algorithms::{Shape, Step};
-use crate::subject::MAX_PLAIN_SUBJECT_LEN;
-use crate::{Decision, Policy, StoreError, Verdict};
-
-/// A subject as stored: its bytes when it is at most
-/// [`MAX_PLAIN_SUBJECT_LEN`] long, or the byte `0xFF` and its SHA-256 digest
-/// (raw, not hex: `0xFF` never occurs in UTF-8, so the two never collide).
-/// Built on the stack: looking a subject up allocates nothing.
-pub(super) enum Key<'a> {
-    Raw(&'a [u8]),
-    Hashed([u8; 33]),
-}
-
-impl<'a> Key<'a> {
-    #[inline(always)]
-    pub(super) fn new(subject: &'a str) -> Self {
-        if subject.len() <= MAX_PLAIN_SUBJECT_LEN {
-            Self::Raw(subject.as_bytes())
-        } else {
-            Self::Hashed(Self::hashed(subject))
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    pub(super) fn hashed(subject: &str) -> [u8; 33] {
-        let mut key = [0; 33];
-        key[0] = HASHED_KEY_TAG;
-        key[1..].copy_from_slice(&Sha256::digest(subject.as_bytes()));
-        key
-    }
-
-    #[inline(always)]
-    pub(super) fn as_bytes(&self) -> &[u8] {
-        match self {
-            Self::Raw(key) => key,
-            Self::Hashed(key) => key,
-        }
-    }
-}
-
-/// A shard's lock: [`std::sync::RwLock`], whose readers retry a lost
-/// compare-and-swap at once (parking_lot's back off first, which measured
-/// slower with two threads charging one subject). Poisoning is ignored:
-/// nothing that runs under the lock panics, and a shard is consistent
-/// between any two statements that could.
-pub(super) struct ShardLock(pub(super) RwLock<Shard>);
-
-impl ShardLock {
-    #[inline]
-    pub(super) fn read(&self) -> RwLockReadGuard<'_, Shard> {
-        self.0
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    #[inline]
-    pub(super) fn write(&self) -> RwLockWriteGuard<'_, Shard> {
-        self.0
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-// `repr(C)`: `hot_tat` comes first, on the cache line of the lock word
-// (the lock's few bytes precede the shard in its `RwLock`).
-#[repr(C)]
-pub(super) struct Shard {
-    /// The packed TAT of the shard's hot slot ([`Body::Hot`](super::entry::Body::Hot)), if it has
-    /// one; charged under the read lock by compare-and-swap.
-    pub(super) hot_tat: AtomicU64,
-    /// Fast-path charges of this shard (counted without a read-modify-write:
-    /// two threads may count one), on the cache line the read lock writes
-    /// anyway; every [`SWEEP_EVERY`](super::SWEEP_EVERY)-th sweeps the shard.
-    pub(super) hot_ops: AtomicU32,
-    /// The hash of the subject that holds the hot slot.
-    pub(super) hot_hash: Option<u64>,
-    pub(super) table: HashTable<Entry>,
-    /// Operations since the last incremental sweep.
-    pub(super) ops: u32,
-    /// Next bucket the incremental sweep looks at.
-    pub(super) cursor: usize,
-    /// Next bucket an eviction looks at.
-    pub(super) evict_cursor: usize,
-    /// No entry expires before this (a lower bound, made exact by full
-    /// sweeps and at the end of each incremental pass).
-    pub(super) min_expires_at_us: u64,
-    /// The least expiry seen by the current incremental pass (entries it
-    /// scanned and kept, and every write since it began).
-    pub(super) pass_min_us: u64,
-    /// Policy names in use, shared by the slots: a new subject allocates
-    /// its key, not its policies' names.
-    pub(super) names: Names,
-    /// Idempotency records of the shard's subjects (`options.rs`).
-    pub(super) records: super::options::Records,
-}
-
-/// The policies a shard shares between its subjects: up to
-/// [`MAX_INTERNED_NAMES`] (applications use a handful; past that, each slot
-/// holds the `Arc` of the policy that wrote it), each a name with the
-/// [`Shape`] its states are written in. A name changed to another rate or
-/// capacity (a plan change under the same name) is a second entry, so a
-/// compact state always says in which units it was written.
-///
-/// The first policy seen with a name and shape lends its own `Arc`, so
-/// checks made with clones of that policy find their slot by a pointer
-/// comparison.
-#[derive(Default)]
-pub(super) struct Names {
-    names: Vec<Arc<str>>,
-    shapes: Vec<Shape>,
-}
-
-impl Names {
-    /// The shared name of `policy`'s name and shape.
-    pub(super) fn intern(&mut self, policy: &Policy) -> Arc<str> {
-        let name = policy.shared_name();
-        let shape = Shape::of(policy);
-        let found = self
-            .names
-            .iter()
-            .zip(&self.shapes)
-            .find(|(interned, interned_shape)| {
-                **interned_shape == shape && same_name(interned, name)
-            });
-        if let Some((interned, _)) = found {
-            return Arc::clone(interned);
-        }
-        if self.names.len() < MAX_INTERNED_NAMES {
-            self.names.push(Arc::clone(name));
-            self.shapes.push(shape);
-        }
-        Arc::clone(name)
-    }
-
-    /// The interned name at `index` and its shape.
-    #[inline(always)]
-    pub(super) fn get(&self, index: usize) -> Option<(&Arc<str>, Shape)> {
-        Some((self.names.get(index)?, *self.shapes.get(index)?))
-    }
-
-    /// Where `name` (this very `Arc`) is interned.
-    pub(super) fn position(&self, name: &Arc<str>) -> Option<usize> {
-        self.names
-            .iter()
-            .position(|interned| Arc::ptr_eq(interned, name))
-    }
-
-    /// Bytes held outside the shard.
-    pub(super) fn heap_bytes(&self) -> usize {
-        self.names.capacity() * std::mem::size_of::<Arc<str>>()
-            + self.shapes.capacity() * std::mem::size_of::<Shape>()
-    }
-}
+use super::{Inner, Shard, WhenFull};
+use crate::algorithms::classes::check_class;
+use crate::algorithms::{self, Step};
+use crate::memory::entry::{Entry, Live};
+use crate::memory::names::Names;
+use crate::memory::records::Rec;
+use crate::memory::tat::check_policy;
+use crate::{CheckPlan, Checked, Decision, Policy, StoreError, Verdict};
 
 /// [`check_policy`] of a state as [`Entry::live`] read it: a state it
 /// rescaled to `policy`'s units is written back on a charge whatever the
 /// verdict, as a repair is (ALGORITHMS.md, "Changing a policy").
 #[inline(always)]
-pub(super) fn checked(
+pub(in crate::memory) fn checked(
     policy: &Policy,
-    live: Option<(std::borrow::Cow<'_, crate::algorithms::State>, bool)>,
+    live: Option<Live<'_>>,
     now: u64,
     cost: u64,
 ) -> Step {
@@ -191,40 +40,11 @@ pub(super) fn checked(
     }
 }
 
-/// Whether two policy names are equal, comparing pointers first.
-#[inline(always)]
-pub(super) fn same_name(a: &Arc<str>, b: &Arc<str>) -> bool {
-    Arc::ptr_eq(a, b) || **a == **b
-}
-
 impl Shard {
-    pub(super) fn new() -> Self {
-        Self {
-            hot_tat: AtomicU64::new(0),
-            hot_ops: AtomicU32::new(0),
-            hot_hash: None,
-            table: HashTable::new(),
-            ops: 0,
-            cursor: 0,
-            evict_cursor: 0,
-            min_expires_at_us: u64::MAX,
-            pass_min_us: u64::MAX,
-            names: Names::default(),
-            records: super::options::Records::default(),
-        }
-    }
-
-    /// The bucket of `key`'s entry.
-    #[inline(always)]
-    pub(super) fn find(&self, hash: u64, key: &[u8]) -> Option<usize> {
-        self.table
-            .find_bucket_index(hash, |entry| entry.key.matches(key))
-    }
-
     /// The common case, one policy: no intermediate list of steps, and the
     /// state is written in place.
     #[inline(always)]
-    pub(super) fn check_one(
+    pub(in crate::memory) fn check_one(
         &mut self,
         inner: &Inner,
         hash: u64,
@@ -266,7 +86,7 @@ impl Shard {
     /// Several policies: every one is computed first, and the new states
     /// are written only if all admit.
     #[inline(never)]
-    pub(super) fn check_many(
+    pub(in crate::memory) fn check_many(
         &mut self,
         inner: &Inner,
         hash: u64,
@@ -325,7 +145,7 @@ impl Shard {
     /// Writes the new states of `steps` (each policy with its step) to the
     /// subject's entry at `index`, or to a new entry when there is none,
     /// and notes when it expires. Shared by checks and post-charges.
-    pub(super) fn write_steps<'p>(
+    pub(in crate::memory) fn write_steps<'p>(
         &mut self,
         inner: &Inner,
         hash: u64,
@@ -359,7 +179,7 @@ impl Shard {
     }
 
     #[inline(never)]
-    pub(super) fn insert(
+    pub(in crate::memory) fn insert(
         &mut self,
         inner: &Inner,
         hash: u64,
@@ -406,5 +226,115 @@ impl Shard {
         let rehash = inner.rehash();
         self.table.insert_unique(hash, entry, &rehash);
         Ok(())
+    }
+
+    /// Charges every policy (a charge is never denied), writes what
+    /// changed, and answers the states after the charge as peeks.
+    pub(in crate::memory) fn charge_many(
+        &mut self,
+        inner: &Inner,
+        hash: u64,
+        key: &[u8],
+        policies: &[Policy],
+        now: u64,
+        cost: u64,
+    ) -> Result<Verdict, StoreError> {
+        // The time again, under the lock (as `check_many`).
+        let now = now.max(inner.clock.now_micros());
+        self.demote_if_hot(hash);
+        let hot = self.hot_tat.load(Ordering::Relaxed);
+        let index = self.find(hash, key);
+        let entry = index.and_then(|index| self.table.get_bucket(index));
+        let names = &self.names;
+        let steps: SmallVec<[Step; 2]> = policies
+            .iter()
+            .map(|policy| {
+                let state = entry.and_then(|entry| entry.live_state(names, policy, now, hot));
+                // `validate_charge` refused the algorithms without a
+                // charge; were one to come through, it is only peeked.
+                algorithms::charge(policy, state.as_deref(), now, cost)
+                    .unwrap_or_else(|| algorithms::check(policy, state.as_deref(), now, 0))
+            })
+            .collect();
+        let verdict: Verdict = steps.iter().map(|step| step.decision).collect();
+        if !steps.iter().any(|step| step.new_state.is_some()) {
+            self.tick(inner, now);
+            return Ok(verdict);
+        }
+        self.write_steps(inner, hash, key, index, policies.iter().zip(steps), now)?;
+        self.tick(inner, now);
+        Ok(verdict)
+    }
+
+    /// The check with a plan: the record first (a live one answers at
+    /// once), then every policy with its class reserve, written only if
+    /// all admit, then the record.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::memory) fn check_with(
+        &mut self,
+        inner: &Inner,
+        hash: u64,
+        key: &[u8],
+        policies: &[Policy],
+        now: u64,
+        cost: u64,
+        plan: &CheckPlan,
+        record: Option<([u8; 32], u64, u32)>,
+    ) -> Result<Checked, StoreError> {
+        // The time again, under the lock (as `check_many`).
+        let now = now.max(inner.clock.now_micros());
+        if let Some((id, _, _)) = &record {
+            if let Some(verdict) = self.records.replay(key, id, now) {
+                return Ok(Checked::new(verdict, true));
+            }
+        }
+        self.demote_if_hot(hash);
+        let hot = self.hot_tat.load(std::sync::atomic::Ordering::Relaxed);
+        let index = self.find(hash, key);
+        let entry = index.and_then(|index| self.table.get_bucket(index));
+        let names = &self.names;
+        let state_of =
+            |policy: &Policy| entry.and_then(|entry| entry.live_state(names, policy, now, hot));
+        let mut steps: SmallVec<[Step; 2]> = policies
+            .iter()
+            .zip(plan.reserves())
+            .map(|(policy, reserve)| {
+                let state = state_of(policy);
+                check_class(policy, state.as_deref(), now, cost, *reserve, check_policy)
+            })
+            .collect();
+        if cost > 0 && steps.iter().any(|step| !step.decision.is_allowed()) {
+            // Nothing is charged: the policies that would have admitted
+            // report their state as a peek of their class does.
+            for ((policy, reserve), step) in
+                policies.iter().zip(plan.reserves()).zip(steps.iter_mut())
+            {
+                if step.decision.is_allowed() {
+                    let state = state_of(policy);
+                    *step = check_class(policy, state.as_deref(), now, 0, *reserve, check_policy);
+                }
+            }
+        }
+        let verdict: Verdict = steps.iter().map(|step| step.decision).collect();
+        let write = cost > 0 && steps.iter().any(|step| step.new_state.is_some());
+        if write {
+            self.write_steps(inner, hash, key, index, policies.iter().zip(steps), now)?;
+        }
+        self.tick(inner, now);
+        // Admissions only: a denial is never replayed, so a retry after its
+        // `retry_after` is checked afresh.
+        if let Some((id, window_us, free_replays)) = record {
+            if verdict.is_allowed() && free_replays > 0 {
+                let rec = Rec {
+                    id,
+                    expires_at_us: now.saturating_add(window_us),
+                    replays_left: free_replays,
+                    verdict: verdict.clone(),
+                };
+                self.records
+                    .insert(inner.max_keys, inner.shards.len(), key, rec, now);
+            }
+        }
+        Ok(Checked::new(verdict, false))
     }
 }

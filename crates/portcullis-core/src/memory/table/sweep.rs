@@ -1,92 +1,28 @@
-//! Reclaiming memory: the incremental sweep, sweeps before growth, purges,
-//! eviction of a full store's nearest-full subject and `make_room` across
-//! shards (see "Expiry and sweeping" in the module docs).
+//! Reclaiming a shard's memory: the incremental sweep, purges and the
+//! eviction of a full store's nearest-full subject (see "Expiry and
+//! sweeping" in `ALGORITHMS.md`). Sweeping across shards when a store is
+//! full is the store's (`make_room` in `store/mod.rs`).
 
 use std::sync::atomic::Ordering;
 
-use super::table::Shard;
-use super::{
-    Inner, MemoryStore, WhenFull, EVICT_SAMPLE, MAKE_ROOM_ATTEMPTS, MIN_SHRINK_BUCKETS,
-    SWEEP_CHUNK, SWEEP_EVERY, SWEEP_MAX_CHUNKS,
-};
-use crate::StoreError;
+use super::{Inner, Shard};
 
-impl MemoryStore {
-    /// A new subject found the store full and its own shard could not
-    /// make room: sweep expired entries everywhere (and, when evicting,
-    /// evict from the fullest shard), then retry; a few times, since other
-    /// threads may take the room made. A refusal carries the time until the
-    /// first held subject expires.
-    #[cold]
-    #[inline(never)]
-    pub(super) fn make_room<T>(
-        &self,
-        now: u64,
-        first: Result<T, StoreError>,
-        retry: impl Fn() -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        let inner = &*self.inner;
-        let mut result = first;
-        for _ in 0..MAKE_ROOM_ATTEMPTS {
-            let mut freed = 0;
-            for shard in &*inner.shards {
-                // Looked at under the read lock first: a flood of new
-                // subjects at the bound must not stop every shard in turn.
-                if shard.read().min_expires_at_us > now {
-                    continue;
-                }
-                let mut shard = shard.write();
-                if shard.min_expires_at_us <= now {
-                    let purged = shard.purge(now);
-                    inner.forget(purged);
-                    freed += purged;
-                }
-            }
-            if freed == 0 && inner.when_full == WhenFull::EvictNearestFull {
-                let fullest = inner
-                    .shards
-                    .iter()
-                    .max_by_key(|shard| shard.read().table.len());
-                if let Some(shard) = fullest {
-                    if shard.write().evict_one(now) {
-                        inner.forget(1);
-                        freed = 1;
-                    }
-                }
-            }
-            if freed == 0 {
-                break;
-            }
-            result = retry();
-            if !matches!(result, Err(StoreError::Full { .. })) {
-                return result;
-            }
-        }
-        match result {
-            Err(StoreError::Full { max_keys, .. }) => {
-                let first_expiry = inner
-                    .shards
-                    .iter()
-                    .map(|shard| shard.read().min_expires_at_us)
-                    .min()
-                    .unwrap_or(u64::MAX);
-                Err(StoreError::Full {
-                    max_keys,
-                    retry_after: std::time::Duration::from_micros(
-                        first_expiry.saturating_sub(now).max(1),
-                    ),
-                })
-            }
-            other => other,
-        }
-    }
-}
+/// Operations on a shard between two incremental sweeps.
+pub(in crate::memory) const SWEEP_EVERY: u32 = 64;
+/// Buckets scanned per chunk of an incremental sweep.
+const SWEEP_CHUNK: usize = 128;
+/// Most chunks one incremental sweep scans.
+const SWEEP_MAX_CHUNKS: usize = 16;
+/// A table with fewer buckets is never shrunk.
+const MIN_SHRINK_BUCKETS: usize = 256;
+/// Entries an eviction compares (the one soonest back to full goes).
+const EVICT_SAMPLE: usize = 16;
 
 impl Shard {
     /// Counts an operation; every [`SWEEP_EVERY`] runs an incremental
     /// sweep.
     #[inline(always)]
-    pub(super) fn tick(&mut self, inner: &Inner, now: u64) {
+    pub(in crate::memory) fn tick(&mut self, inner: &Inner, now: u64) {
         self.ops += 1;
         if self.ops >= SWEEP_EVERY {
             self.ops = 0;
@@ -101,7 +37,7 @@ impl Shard {
     /// removed (not when the table is empty); the caller accounts for it.
     #[cold]
     #[inline(never)]
-    pub(super) fn evict_one(&mut self, now: u64) -> bool {
+    pub(in crate::memory) fn evict_one(&mut self, now: u64) -> bool {
         let buckets = self.table.num_buckets();
         if self.table.is_empty() || buckets == 0 {
             return false;
@@ -141,7 +77,7 @@ impl Shard {
     }
 
     /// Removes every expired entry; returns how many.
-    pub(super) fn purge(&mut self, now: u64) -> usize {
+    pub(in crate::memory) fn purge(&mut self, now: u64) -> usize {
         let before = self.table.len();
         let mut min = u64::MAX;
         let hot = self.hot_tat.load(Ordering::Relaxed);
@@ -166,14 +102,14 @@ impl Shard {
 
     /// Records that an entry now expires at `at`.
     #[inline(always)]
-    pub(super) fn note_expiry(&mut self, at: u64) {
+    pub(in crate::memory) fn note_expiry(&mut self, at: u64) {
         self.min_expires_at_us = self.min_expires_at_us.min(at);
         self.pass_min_us = self.pass_min_us.min(at);
     }
 
     /// One incremental sweep step; returns how many entries it removed.
     #[inline(never)]
-    pub(super) fn sweep_some(&mut self, inner: &Inner, now: u64) -> usize {
+    pub(in crate::memory) fn sweep_some(&mut self, inner: &Inner, now: u64) -> usize {
         if self.min_expires_at_us > now {
             return 0;
         }

@@ -6,10 +6,14 @@ use std::sync::{Arc, RwLock};
 
 use crossbeam_utils::CachePadded;
 
-use super::table::{Shard, ShardLock};
-use super::{Inner, MemoryStore, StoreClock, WhenFull, DEFAULT_MAX_KEYS, MAX_SHARDS};
+use super::{MemoryStore, DEFAULT_MAX_KEYS};
 use crate::clock::Counter;
+use crate::memory::lease::Leases;
+use crate::memory::table::{Inner, Shard, ShardLock, StoreClock, WhenFull};
 use crate::Clock;
+
+/// Most shards a store may have.
+pub(in crate::memory) const MAX_SHARDS: usize = 4096;
 
 /// Builder for a [`MemoryStore`]; finish with [`MemoryStoreBuilder::build`].
 ///
@@ -114,7 +118,7 @@ impl MemoryStoreBuilder {
                 max_keys: self.max_keys,
                 when_full: self.when_full,
                 len: AtomicUsize::new(0),
-                leases: super::lease::Leases::new(self.max_keys),
+                leases: Leases::new(self.max_keys),
             }),
         }
     }

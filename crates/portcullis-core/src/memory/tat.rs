@@ -1,89 +1,38 @@
-//! The GCRA fast path: the charge of a known subject under the shard's
-//! read lock by compare-and-swap, the division-free arithmetic it uses
-//! on a packed TAT (whole or fractional emission intervals),
-//! the `u64` GCRA of the general path, and the shard's hot slot (see
-//! "The GCRA hot path" in the module docs).
+//! The packed TAT and the GCRA arithmetic in `u64` that both paths use:
+//! a GCRA state packed into one word ([`pack`], [`unpack`],
+//! [`packed_expiry`]), the hot path's charge of a packed TAT
+//! ([`tat_charge`], [`tat_admitted`]) and the general path's `u64` GCRA
+//! ([`check_policy`], [`gcra_fast`]), each exactly as
+//! [`algorithms::check`] computes it. A leaf: it uses nothing else of the
+//! memory store.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use super::entry::{pack, packed_expiry, unpack, Body, Entry};
-use super::table::{Shard, ShardLock};
-use super::{Inner, MemoryStore, SWEEP_EVERY};
 use crate::algorithms::{self, GcraState, State, Step};
 use crate::{Algorithm, Decision, Policy};
 
-impl MemoryStore {
-    /// The hot path: a GCRA charge of a subject whose only state is a
-    /// compact [`Body::Tat`] of this policy, made under the shard's read
-    /// lock by compare-and-swap. `None` (having changed nothing) for
-    /// everything else, which takes the general path.
-    #[inline(always)]
-    pub(super) fn charge_known_gcra(
-        &self,
-        key: &[u8],
-        hash: u64,
-        now: u64,
-        policy: &Policy,
-        cost: u64,
-    ) -> Option<Decision> {
-        if policy.algorithm() != Algorithm::Gcra || cost == 0 {
-            return None;
-        }
-        let inner = &*self.inner;
-        let lock = inner.shard(hash);
-        let shard = lock.read();
-        let (charged, promote) = shard.charge_known_gcra(hash, key, policy, now, cost)?;
-        // Every `SWEEP_EVERY`-th fast-path charge of a shard sweeps a
-        // shard, taking them in turn from this one (so that one busy
-        // subject keeps every shard swept). The count is a load and a store
-        // on the cache line the read lock has just written: no shared line
-        // is added, and two threads may count one charge (a sweep then
-        // comes a little later).
-        let ops = shard.hot_ops.load(Ordering::Relaxed).wrapping_add(1);
-        shard.hot_ops.store(ops, Ordering::Relaxed);
-        drop(shard);
-        let sweep = ops.is_multiple_of(SWEEP_EVERY);
-        if promote || sweep {
-            let turn = sweep.then_some((ops / SWEEP_EVERY) as usize);
-            Self::after_charge(inner, lock, promote, turn, hash, key, policy, now);
-        }
-        // The figures of an admission are computed after the lock is let
-        // go.
-        Some(match charged {
-            TatCharge::Denied(decision) => decision,
-            TatCharge::Admitted(packed) => tat_admitted(policy, packed, now),
-        })
-    }
+/// Bits of a packed TAT that hold its fraction (`tat_rem`, in units of
+/// `1 / scale` µs); the 52 above hold `tat_us`.
+const REM_BITS: u32 = 12;
+/// The fraction of a packed TAT.
+const REM_MASK: u64 = (1 << REM_BITS) - 1;
 
-    /// What a fast-path charge leaves for the write lock: making its
-    /// subject the hot slot, or the sweep of the shard `turn` shards on
-    /// from its own.
-    #[cold]
-    #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
-    fn after_charge(
-        inner: &Inner,
-        lock: &ShardLock,
-        promote: bool,
-        turn: Option<usize>,
-        hash: u64,
-        key: &[u8],
-        policy: &Policy,
-        now: u64,
-    ) {
-        if promote {
-            lock.write().promote(hash, key, policy, now);
-        }
-        if let Some(turn) = turn {
-            let target = &inner.shards[(inner.shard_index(hash) + turn) & inner.shard_mask];
-            // Looked at under the read lock first: a write lock would stop
-            // the shard's other readers even when there is nothing to do.
-            if target.read().min_expires_at_us <= now {
-                let freed = target.write().sweep_some(inner, now);
-                inner.forget(freed);
-            }
-        }
-    }
+/// `(tat_us, tat_rem)` packed into one word when it fits: `tat_us` below
+/// 2^52 µs (the year 2112) and `tat_rem` below 2^12.
+#[inline(always)]
+pub(super) fn pack(tat_us: u64, tat_rem: u64) -> Option<u64> {
+    (tat_us >> (64 - REM_BITS) == 0 && tat_rem <= REM_MASK).then_some(tat_us << REM_BITS | tat_rem)
+}
+
+/// The `(tat_us, tat_rem)` of a packed TAT.
+#[inline(always)]
+pub(super) fn unpack(packed: u64) -> (u64, u64) {
+    (packed >> REM_BITS, packed & REM_MASK)
+}
+
+/// When a packed TAT's state expires: the TAT rounded up to a whole
+/// microsecond (as [`algorithms::check`](crate::algorithms::check) reports it).
+#[inline(always)]
+pub(super) fn packed_expiry(packed: u64) -> u64 {
+    (packed >> REM_BITS) + u64::from(packed & REM_MASK != 0)
 }
 
 /// [`algorithms::check`], with GCRA (the default algorithm) on a fast path.
@@ -281,112 +230,4 @@ pub(super) fn tat_admitted(policy: &Policy, packed: u64, now_us: u64) -> Decisio
     let span = ahead * scale + tat_rem;
     let remaining = (full - span) / period;
     Decision::allowed_us(policy.capacity(), remaining, ahead + u64::from(tat_rem > 0))
-}
-
-impl Shard {
-    /// Moves the hot slot back into its entry when `hash` is the hot
-    /// subject's, so that the general path finds all of that subject's
-    /// state in its entry.
-    #[inline(always)]
-    pub(super) fn demote_if_hot(&mut self, hash: u64) {
-        if self.hot_hash == Some(hash) {
-            self.demote();
-        }
-    }
-
-    /// Moves the hot slot, if any, back into its entry.
-    #[cold]
-    #[inline(never)]
-    pub(super) fn demote(&mut self) {
-        let Some(hash) = self.hot_hash.take() else {
-            return;
-        };
-        let packed = self.hot_tat.load(Ordering::Relaxed);
-        if let Some(entry) = self.table.find_mut(hash, Entry::is_hot) {
-            if let Body::Hot { name } = entry.body {
-                entry.body = Body::Tat {
-                    name,
-                    tat: AtomicU64::new(packed),
-                };
-            }
-        }
-    }
-
-    /// Makes `key`'s entry the shard's hot slot, after fast-path charges of
-    /// it met one another; unless another live subject holds it (no
-    /// ping-pong between two busy subjects of one shard).
-    #[cold]
-    #[inline(never)]
-    pub(super) fn promote(&mut self, hash: u64, key: &[u8], policy: &Policy, now: u64) {
-        if self.hot_hash.is_some() {
-            if packed_expiry(self.hot_tat.load(Ordering::Relaxed)) > now {
-                return;
-            }
-            self.demote();
-        }
-        let Some(entry) = self.table.find_mut(hash, |e| e.key.matches(key)) else {
-            return;
-        };
-        let Body::Tat { name, tat } = &entry.body else {
-            return;
-        };
-        if !name.is(&self.names, policy) {
-            return;
-        }
-        let packed = tat.load(Ordering::Relaxed);
-        entry.body = Body::Hot { name: *name };
-        self.hot_tat.store(packed, Ordering::Relaxed);
-        self.hot_hash = Some(hash);
-    }
-
-    /// See [`MemoryStore::charge_known_gcra`]. Under the read lock: the
-    /// TAT is replaced by compare-and-swap, so charges of different
-    /// subjects in one shard, and of one subject, proceed together. It
-    /// never lowers the shard's least expiry (a charge only moves a TAT
-    /// later).
-    ///
-    /// Also says whether the subject should become the shard's hot slot:
-    /// when its swap lost to another thread's.
-    #[inline(always)]
-    pub(super) fn charge_known_gcra(
-        &self,
-        hash: u64,
-        key: &[u8],
-        policy: &Policy,
-        now: u64,
-        cost: u64,
-    ) -> Option<(TatCharge, bool)> {
-        let entry = self.table.find(hash, |entry| entry.key.matches(key))?;
-        let (name, cell, hot) = match &entry.body {
-            Body::Tat { name, tat } => (*name, tat, false),
-            Body::Hot { name } => (*name, &self.hot_tat, true),
-            Body::Slots(_) => return None,
-        };
-        if !name.is(&self.names, policy) {
-            return None;
-        }
-        let mut contended = false;
-        let mut packed = cell.load(Ordering::Acquire);
-        loop {
-            match tat_charge(policy, packed, now, cost)? {
-                denied @ TatCharge::Denied(_) => return Some((denied, false)),
-                TatCharge::Admitted(new_packed) => {
-                    match cell.compare_exchange_weak(
-                        packed,
-                        new_packed,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    ) {
-                        // The figures are computed by the caller, to keep
-                        // the window between load and swap short.
-                        Ok(_) => return Some((TatCharge::Admitted(new_packed), contended && !hot)),
-                        Err(current) => {
-                            contended |= current != packed;
-                            packed = current;
-                        }
-                    }
-                }
-            }
-        }
-    }
 }
