@@ -1,5 +1,6 @@
--- The check with options (Store::check_with; memory/options.rs and
--- classes.rs in portcullis-core are the twins): an idempotency record and
+-- The check with options (Store::check_with; memory/table/general.rs,
+-- memory/records.rs and algorithms/classes.rs in portcullis-core are the
+-- twins): an idempotency record and
 -- priority-class reserves, in the same call as the check. Needs check.lua's
 -- helpers (the prelude and the algorithms).
 --
