@@ -9,29 +9,34 @@
 -- members at one time, would read every live entry.
 local ZADD_CHUNK = 1000
 
+-- Adds c entries at the string score `score`, numbered from first (the
+-- entries at that time so far + 1). A clamp that dropped the oldest
+-- entries (ZREMRANGEBYRANK, which orders equal scores by member) can leave
+-- a gap in the numbers, so a number may already be taken: ZADD NX skips
+-- it, and the next numbers are tried until c entries were added (at most
+-- the limit more tries).
+local function log_put(key, score, first, c)
+  local added, n = 0, first
+  while added < c do
+    local want = c - added
+    if want > ZADD_CHUNK then
+      want = ZADD_CHUNK
+    end
+    local args = { 'NX' }
+    for j = n, n + want - 1 do
+      args[#args + 1] = score
+      args[#args + 1] = score .. ':' .. fmt(j)
+    end
+    added = added + redis.call('ZADD', key, unpack(args))
+    n = n + want
+  end
+end
+
 -- Adds c entries at time t (its string score), numbered from first (the
 -- entries at t so far + 1), and sets the key to expire when they leave
 -- the window (t + P).
 local function log_add(key, t, score, first, c, P)
-  if c == 1 then
-    redis.call('ZADD', key, score, score .. ':' .. fmt(first))
-  else
-    local last = first + c - 1
-    local i = first
-    while i <= last do
-      local args = {}
-      local stop = i + ZADD_CHUNK - 1
-      if stop > last then
-        stop = last
-      end
-      for n = i, stop do
-        args[#args + 1] = score
-        args[#args + 1] = score .. ':' .. fmt(n)
-      end
-      redis.call('ZADD', key, unpack(args))
-      i = stop + 1
-    end
-  end
+  log_put(key, score, first, c)
   redis.call('PEXPIREAT', key, fmt(ceil_div(t + P, 1000)))
 end
 
@@ -69,10 +74,7 @@ ALG.sliding_log = function(key, L, P, B, now, c)
       if future > 0 then
         redis.call('ZREMRANGEBYSCORE', key, '(' .. fmt(now), '+inf')
         local score = fmt(now)
-        local first = redis.call('ZCOUNT', key, score, score) + 1
-        for n = first, first + future - 1 do
-          redis.call('ZADD', key, score, score .. ':' .. fmt(n))
-        end
+        log_put(key, score, redis.call('ZCOUNT', key, score, score) + 1, future)
       end
       if skip > 0 then
         redis.call('ZREMRANGEBYRANK', key, 0, -(L + 1))
