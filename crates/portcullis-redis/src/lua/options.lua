@@ -29,17 +29,17 @@
 -- charges c; denied, it answers the decision of c + r (its retry_after is
 -- when the class may go); remaining is what the class may still spend. A
 -- peek of a class probes 1 + r.
-local function class_step(alg, key, L, P, B, now, c, r)
+local function class_step(alg, key, L, P, B, now, c, r, tail)
   if r == 0 then
-    return alg(key, L, P, B, now, c)
+    return alg(key, L, P, B, now, c, tail)
   end
   local probe_cost = c
   if c == 0 then
     probe_cost = 1
   end
-  local d = alg(key, L, P, B, now, probe_cost + r)
+  local d = alg(key, L, P, B, now, probe_cost + r, tail)
   if d[1] then
-    d = alg(key, L, P, B, now, c)
+    d = alg(key, L, P, B, now, c, tail)
   end
   local remaining = d[2] - r
   if remaining < 0 then
@@ -87,12 +87,12 @@ local function check_ext(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
   local decisions = {}
   local all = true
   for i = 1, n do
-    local L, P, B = policy_of(ARGV[o + 4 + i])
+    local L, P, B, tail = policy_of(ARGV[o + 4 + i])
     local r = tonumber(ARGV[o + 4 + n + i])
     if L == nil or r == nil then
       return redis.error_reply('ERR portcullis: policy ' .. i .. ' is not <limit>:<period_us>:<capacity> with a reserve')
     end
-    local d = class_step(PLAN[i], KEYS[i], L, P, B, now, cost, r)
+    local d = class_step(PLAN[i], KEYS[i], L, P, B, now, cost, r, tail)
     decisions[i] = d
     if not d[1] then
       all = false
@@ -101,7 +101,7 @@ local function check_ext(PLAN, KEYS, ARGV, o, NO_NEW_KEYS)
   if not all and cost > 0 then
     for i = 1, n do
       if decisions[i][1] then
-        local L, P, B = policy_of(ARGV[o + 4 + i])
+        local L, P, B, tail = policy_of(ARGV[o + 4 + i])
         decisions[i] = class_step(PLAN[i], KEYS[i], L, P, B, now, 0, tonumber(ARGV[o + 4 + n + i]))
       end
     end
