@@ -77,6 +77,10 @@ pub struct Policy {
     gcra: GcraConsts,
     /// Priority classes and their reserves (`classes.rs`).
     classes: Classes,
+    /// `<limit>:<period_us>:<capacity>`, the policy as the Redis store's
+    /// scripts take it and as its bucket states record their units, written
+    /// once here rather than on every call.
+    shape_argument: Arc<str>,
 }
 
 /// A bucket policy's magnitudes split into whole microseconds and
@@ -273,6 +277,15 @@ impl Policy {
     #[must_use]
     pub const fn capacity(&self) -> u64 {
         self.capacity
+    }
+
+    /// `<limit>:<period_us>:<capacity>`, computed when the policy was built:
+    /// what the Redis store sends for it. Shared by the family's stores, not
+    /// API.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn shape_argument(&self) -> &str {
+        &self.shape_argument
     }
 }
 

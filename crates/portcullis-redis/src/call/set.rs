@@ -28,17 +28,15 @@ impl PolicySet {
     /// answers, or one that waits for a coalesced call, never needs the
     /// arguments).
     pub(crate) fn new(policies: &[Policy], serving: Serving) -> Self {
-        use std::fmt::Write as _;
-        let mut arguments = String::with_capacity(24 * policies.len());
+        let mut arguments = String::with_capacity(
+            policies
+                .iter()
+                .map(|policy| policy.shape_argument().len())
+                .sum(),
+        );
         let mut ends = SmallVec::new();
         for policy in policies {
-            let _ = write!(
-                arguments,
-                "{}:{}:{}",
-                policy.limit(),
-                policy.period_micros(),
-                policy.capacity()
-            );
+            arguments.push_str(policy.shape_argument());
             ends.push(arguments.len());
         }
         Self {
