@@ -284,7 +284,7 @@ impl Policy {
     /// API.
     #[doc(hidden)]
     #[must_use]
-    pub fn shape_argument(&self) -> &str {
+    pub fn shape_argument(&self) -> &Arc<str> {
         &self.shape_argument
     }
 }

@@ -9,7 +9,7 @@ use redis::Value;
 
 use super::{Ask, Budget};
 use crate::call::reply::{ints, protocol};
-use crate::call::{int_reply, push_time, Call, Caller, Kind, PolicySet};
+use crate::call::{int_reply, push_time, Call, Caller, Kind, PolicySet, Target};
 use crate::functions::CallPath;
 
 /// Clears the subject's `granting` mark if the grant call's future is
@@ -100,6 +100,7 @@ async fn exact(
     cost: u64,
 ) -> Result<Verdict, StoreError> {
     let keys = std::iter::once(key.to_owned()).collect();
-    let call = Call::new(caller, CallPath::Evalsha, Kind::Check, keys, &[], set, cost)?;
+    let target = Arc::new(Target::new(keys, set, &[]));
+    let call = Call::new(caller, CallPath::Evalsha, Kind::Check, target, cost)?;
     call.verdict(caller).await
 }

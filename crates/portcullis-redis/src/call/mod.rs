@@ -9,9 +9,10 @@
 //! Below the store and its paths (local budget, coalescing), above the
 //! connection and the scripts: nothing here knows a `RedisStore`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use portcullis_core::{Checked, Policy, StoreError, Verdict};
+use portcullis_core::{Checked, StoreError, Verdict};
 use redis::{Cmd, Value};
 use smallvec::SmallVec;
 
@@ -24,8 +25,10 @@ use crate::scripts::{LuaScript, ScriptCache, Serving};
 pub(crate) mod int_reply;
 pub(crate) mod reply;
 mod set;
+mod target;
 
 pub(crate) use set::PolicySet;
+pub(crate) use target::Target;
 
 /// What every call of a store needs: the pool, the timeout, the clock, the
 /// key names and the scripts (with the call path).
@@ -196,62 +199,57 @@ pub(crate) struct Call {
     /// What is sent first, and how its arguments are laid out.
     script: LuaScript,
     layout: Layout,
-    /// The state key of each policy.
-    keys: SmallVec<[String; 2]>,
+    /// The keys, the policy set and the policies.
+    target: Arc<Target>,
     now: Option<u64>,
     cost: u64,
-    set: PolicySet,
-    /// The policies, for a fast function's integers (empty otherwise).
-    policies: SmallVec<[Policy; 1]>,
 }
 
 impl Call {
-    /// The call of `kind` for `cost` against `policies` (their `set`, their
-    /// state `keys`) on `path`, read at the caller's time now.
+    /// The call of `kind` for `cost` against `target` on `path`, read at
+    /// the caller's time now.
     pub(crate) fn new(
         caller: &Caller,
         path: CallPath,
         kind: Kind,
-        keys: SmallVec<[String; 2]>,
-        policies: &[Policy],
-        set: PolicySet,
+        target: Arc<Target>,
         cost: u64,
     ) -> Result<Self, StoreError> {
         let library = caller.scripts.library();
+        let set = target.set();
         // The fast functions serve checks on the Functions path only.
         let fast = if matches!(kind, Kind::Check) && path != CallPath::Evalsha {
             library.fast_function(set.serving())
         } else {
             None
         };
-        let (script, layout, policies) = match fast {
-            Some(function) => {
+        let (script, layout) = match fast {
+            // A fast function's integers are read with the policies.
+            Some(function) if target.policies().len() == set.len() => {
                 let layout = if set.serving() == Serving::GcraMulti {
                     Layout::Multi
                 } else {
                     Layout::One
                 };
-                (function.clone(), layout, policies.iter().cloned().collect())
+                (function.clone(), layout)
             }
-            None => {
+            _ => {
                 let script = match (path, &kind) {
-                    (CallPath::Evalsha, _) => evalsha_script(caller, &kind, &set)?,
+                    (CallPath::Evalsha, _) => evalsha_script(caller, &kind, set)?,
                     (_, Kind::Check) => library.function(cost == 0).clone(),
                     (_, Kind::Charge) => library.charge_function().clone(),
                     (_, Kind::Options(_)) => library.options_function().clone(),
                 };
-                (script, Layout::General, SmallVec::new())
+                (script, Layout::General)
             }
         };
         Ok(Self {
             kind,
             script,
             layout,
-            keys,
+            target,
             now: caller.now(),
             cost,
-            set,
-            policies,
         })
     }
 
@@ -262,14 +260,18 @@ impl Call {
             _ => None,
         };
         let record = options.and_then(|options| options.record_key.as_deref());
-        let mut cmd = redis::cmd(match layout {
+        let (keys, set) = (self.target.keys(), self.target.set());
+        // Sized once: the command's argument list and bytes never grow.
+        let (count, bytes) = command_size(keys, set, record, options);
+        let mut cmd = Cmd::with_capacity(count, bytes + script.sha().len());
+        cmd.arg(match layout {
             Layout::General if !script.is_function() => "EVALSHA",
             Layout::General if matches!(self.kind, Kind::Check) && self.cost == 0 => "FCALL_RO",
             _ => "FCALL",
         });
         cmd.arg(script.sha())
-            .arg(self.keys.len() + usize::from(record.is_some()));
-        for key in &self.keys {
+            .arg(keys.len() + usize::from(record.is_some()));
+        for key in keys {
             cmd.arg(key.as_str());
         }
         match layout {
@@ -278,14 +280,14 @@ impl Call {
                     cmd.arg(record);
                 }
                 if script.is_function() {
-                    cmd.arg(self.set.letters()?.as_slice());
+                    cmd.arg(set.letters()?.as_slice());
                 }
                 push_time(&mut cmd, self.now);
                 cmd.arg(self.cost);
                 if let Some(options) = options {
                     cmd.arg(options.window_us).arg(options.free_replays);
                 }
-                for argument in self.set.arguments() {
+                for argument in set.arguments() {
                     cmd.arg(argument);
                 }
                 if let Some(options) = options {
@@ -295,17 +297,21 @@ impl Call {
                 }
             }
             Layout::One => {
-                use std::fmt::Write as _;
-                let mut argument = String::with_capacity(48);
-                let _ = write!(argument, "{}:{}", self.set.argument(0), self.cost);
-                cmd.arg(argument.as_str());
+                // `<policy>:<cost>`, written on the stack: at most three
+                // numbers of 20 digits and three separators.
+                use std::io::Write as _;
+                let mut buffer = [0_u8; 96];
+                let mut free = &mut buffer[..];
+                let _ = write!(free, "{}:{}", set.argument(0), self.cost);
+                let written = 96 - free.len();
+                cmd.arg(&buffer[..written]);
                 if let Some(now) = self.now {
                     cmd.arg(now);
                 }
             }
             Layout::Multi => {
                 cmd.arg(self.cost);
-                for argument in self.set.arguments() {
+                for argument in set.arguments() {
                     cmd.arg(argument);
                 }
                 if let Some(now) = self.now {
@@ -320,11 +326,11 @@ impl Call {
     /// LOAD` (so nothing ran), once more as the general script by
     /// `EVALSHA`, which the store uses from now on.
     pub(crate) async fn send(&self, caller: &Caller) -> Result<Value, StoreError> {
-        let first_key = self.keys.first().map_or("", String::as_str);
+        let first_key = self.target.first_key();
         let cmd = self.command(&self.script, self.layout)?;
         match caller.run(&self.script, &cmd, first_key).await {
             Err(error) if self.script.is_function() && caller.scripts.path().refused(&error) => {
-                let script = evalsha_script(caller, &self.kind, &self.set)?;
+                let script = evalsha_script(caller, &self.kind, self.target.set())?;
                 let cmd = self.command(&script, Layout::General)?;
                 caller.run(&script, &cmd, first_key).await
             }
@@ -342,13 +348,14 @@ impl Call {
     /// integers, or the general check's five per policy (which a fast
     /// function also answers for a state only the general check reads).
     pub(crate) fn read(&self, value: Value) -> Result<Verdict, StoreError> {
-        let capacities = self.set.capacities();
+        let capacities = self.target.set().capacities();
+        let policies = self.target.policies();
         match (self.layout, value) {
-            (Layout::One, Value::Int(reply)) => {
-                int_reply::verdict(&self.policies[0], reply, self.cost)
+            (Layout::One, Value::Int(reply)) if !policies.is_empty() => {
+                int_reply::verdict(&policies[0], reply, self.cost)
             }
             (Layout::Multi, Value::Array(items))
-                if items.len() == self.policies.len()
+                if items.len() == policies.len()
                     && items.iter().all(|item| matches!(item, Value::Int(_))) =>
             {
                 let leads: Vec<i64> = items
@@ -358,7 +365,7 @@ impl Call {
                         _ => None,
                     })
                     .collect();
-                int_reply::multi_verdict(&self.policies, &leads, self.cost)
+                int_reply::multi_verdict(policies, &leads, self.cost)
             }
             (_, value) => reply::parse_verdict(value, capacities),
         }
@@ -367,7 +374,7 @@ impl Call {
     /// Sends a check with options and reads its answer (a replay or not).
     pub(crate) async fn checked(&self, caller: &Caller) -> Result<Checked, StoreError> {
         let value = self.send(caller).await?;
-        reply::parse_checked(value, self.set.capacities())
+        reply::parse_checked(value, self.target.set().capacities())
     }
 }
 
@@ -381,6 +388,25 @@ fn evalsha_script(caller: &Caller, kind: &Kind, set: &PolicySet) -> Result<LuaSc
     }
 }
 
+/// How many arguments a call's command has at most, and about how many
+/// bytes they take (the command's buffers are sized once from it).
+fn command_size(
+    keys: &[String],
+    set: &PolicySet,
+    record: Option<&str>,
+    options: Option<&OptionArgs>,
+) -> (usize, usize) {
+    let reserves = options.map_or(0, |options| options.reserves.len());
+    // Name, function, key count, keys, record, letters, time, cost, the
+    // two option numbers, the policies, the reserves.
+    let count = 3 + keys.len() + 1 + 1 + 1 + 1 + 2 + set.len() + reserves;
+    let text: usize = keys.iter().map(String::len).sum::<usize>()
+        + record.map_or(0, str::len)
+        + set.arguments().map(str::len).sum::<usize>();
+    // Every number at most 20 digits.
+    (count, text + 20 * (count - keys.len() - set.len()) + 16)
+}
+
 /// Appends a call's time argument: `now`, or empty for Redis `TIME`.
 pub(crate) fn push_time(cmd: &mut Cmd, now: Option<u64>) {
     match now {
@@ -391,7 +417,7 @@ pub(crate) fn push_time(cmd: &mut Cmd, now: Option<u64>) {
 
 #[cfg(test)]
 mod tests {
-    use portcullis_core::Algorithm;
+    use portcullis_core::{Algorithm, Policy};
 
     use super::*;
     use crate::scripts;
@@ -425,11 +451,13 @@ mod tests {
             kind: Kind::Check,
             script: function.clone(),
             layout: Layout::General,
-            keys: ["k1".to_owned(), "k2".to_owned()].into_iter().collect(),
+            target: Arc::new(Target::new(
+                ["k1".to_owned(), "k2".to_owned()].into_iter().collect(),
+                set,
+                &policies,
+            )),
             now: None,
             cost: 1,
-            set,
-            policies: SmallVec::new(),
         };
         let fcall = call.command(&function, Layout::General).unwrap();
         let expected: Vec<&[u8]> = vec![

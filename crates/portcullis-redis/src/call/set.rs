@@ -3,6 +3,8 @@
 //! coalescing, the call and its `EVALSHA` fallback), and kept by a
 //! coalesced batch and a local budget's grant for as long as they live.
 
+use std::sync::Arc;
+
 use portcullis_core::{Algorithm, Policy, StoreError};
 use smallvec::SmallVec;
 
@@ -12,10 +14,9 @@ use crate::scripts::{Library, Serving};
 #[derive(Debug, Clone)]
 pub(crate) struct PolicySet {
     /// Each policy as the library's argument, `<limit>:<period_us>:<capacity>`
-    /// (the library parses a policy once, not on every call), back to back.
-    arguments: String,
-    /// Where each policy's argument ends in `arguments`.
-    ends: SmallVec<[usize; 2]>,
+    /// (the library parses a policy once, not on every call): the policy's
+    /// own text, written when it was built, shared.
+    arguments: SmallVec<[Arc<str>; 2]>,
     capacities: SmallVec<[u64; 2]>,
     algorithms: SmallVec<[Algorithm; 2]>,
     /// Which function serves the check ([`Library::serving`]).
@@ -26,22 +27,13 @@ impl PolicySet {
     /// The set of a check against `policies` that `serving` serves
     /// ([`Library::serving`], decided first: a check the local budget
     /// answers, or one that waits for a coalesced call, never needs the
-    /// arguments).
+    /// arguments). Allocates nothing for up to two policies.
     pub(crate) fn new(policies: &[Policy], serving: Serving) -> Self {
-        let mut arguments = String::with_capacity(
-            policies
-                .iter()
-                .map(|policy| policy.shape_argument().len())
-                .sum(),
-        );
-        let mut ends = SmallVec::new();
-        for policy in policies {
-            arguments.push_str(policy.shape_argument());
-            ends.push(arguments.len());
-        }
         Self {
-            arguments,
-            ends,
+            arguments: policies
+                .iter()
+                .map(|policy| Arc::clone(policy.shape_argument()))
+                .collect(),
             capacities: policies.iter().map(Policy::capacity).collect(),
             algorithms: policies.iter().map(Policy::algorithm).collect(),
             serving,
@@ -50,18 +42,17 @@ impl PolicySet {
 
     /// How many policies.
     pub(crate) fn len(&self) -> usize {
-        self.ends.len()
+        self.arguments.len()
     }
 
     /// Policy `i`'s `<limit>:<period_us>:<capacity>`.
     pub(crate) fn argument(&self, i: usize) -> &str {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] };
-        &self.arguments[start..self.ends[i]]
+        &self.arguments[i]
     }
 
     /// Every policy's argument, in order.
     pub(crate) fn arguments(&self) -> impl Iterator<Item = &str> {
-        (0..self.len()).map(|i| self.argument(i))
+        self.arguments.iter().map(|argument| &**argument)
     }
 
     /// Each policy's capacity (a decision's limit).

@@ -44,17 +44,17 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use portcullis_core::{Policy, StoreError, Verdict};
+use portcullis_core::{StoreError, Verdict};
 use redis::Value;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
 use crate::call::reply::{out_of_memory, parse_verdict, protocol};
-use crate::call::{int_reply, push_time, Call, Caller, Kind, PolicySet};
+use crate::call::{int_reply, push_time, Call, Caller, Kind, Target};
 use crate::functions::CallPath;
 use crate::scripts::Serving;
 
@@ -71,9 +71,10 @@ const SHARDS: usize = 16;
 
 type Reply = Result<Verdict, StoreError>;
 
-/// One shard: the calls in flight, by subject and policies, each with the
-/// checks waiting for it.
-type Shard = HashMap<Box<str>, Vec<Waiter>>;
+/// One shard: the calls in flight, by subject and policies (a check's
+/// [`Target`]; the call's own, shared), each with the checks waiting for
+/// it.
+type Shard<K> = HashMap<K, Vec<Waiter>, foldhash::fast::FixedState>;
 
 /// A check waiting for the call in flight for its subject and policies.
 struct Waiter {
@@ -83,13 +84,16 @@ struct Waiter {
 }
 
 /// The calls in flight, by subject and policies, with the checks waiting
-/// for each.
-pub(crate) struct Coalescer {
-    shards: Box<[Mutex<Shard>]>,
-    hasher: std::collections::hash_map::RandomState,
+/// for each. Keyed by the lead's `Arc<Target>`, so joining a call costs no
+/// copy of its keys (and no allocation for the lead); hashed once per
+/// join with foldhash, seeded per store (a subject chosen by a client
+/// cannot aim at one shard without knowing the seed).
+pub(crate) struct Coalescer<K = Arc<Target>> {
+    shards: Box<[Mutex<Shard<K>>]>,
+    hasher: foldhash::fast::RandomState,
 }
 
-impl fmt::Debug for Coalescer {
+impl<K> fmt::Debug for Coalescer<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Coalescer").finish_non_exhaustive()
     }
@@ -103,17 +107,25 @@ pub(crate) enum Join {
     Wait(Waiting),
 }
 
-impl Coalescer {
+impl<K: Hash + Eq + Clone> Coalescer<K> {
     pub(crate) fn new() -> Self {
+        let hasher = foldhash::fast::RandomState::default();
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: std::collections::hash_map::RandomState::new(),
+            shards: (0..SHARDS)
+                .map(|_| {
+                    // Each shard's map hashes with the store's seed.
+                    let state = foldhash::fast::FixedState::with_seed(hasher.hash_one(0_u8));
+                    Mutex::new(HashMap::with_hasher(state))
+                })
+                .collect(),
+            hasher,
         }
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
-        // The low bits pick the shard; `SHARDS` is a power of two.
-        let index = (self.hasher.hash_one(key) as usize) & (SHARDS - 1);
+    fn shard(&self, key: &K) -> MutexGuard<'_, Shard<K>> {
+        // The high bits pick the shard (the map uses the low ones);
+        // `SHARDS` is a power of two.
+        let index = (self.hasher.hash_one(key) >> 60) as usize & (SHARDS - 1);
         // A panic while holding the lock leaves a table that is still
         // consistent (every change is one insert, push or remove).
         self.shards[index]
@@ -123,7 +135,7 @@ impl Coalescer {
 
     /// Joins the call in flight for `key`, or makes this check the one
     /// that calls.
-    pub(crate) fn join(&self, key: &str, cost: u64) -> Join {
+    pub(crate) fn join(&self, key: &K, cost: u64) -> Join {
         let mut shard = self.shard(key);
         if let Some(waiting) = shard.get_mut(key) {
             let (reply, answer) = oneshot::channel();
@@ -139,7 +151,7 @@ impl Coalescer {
             });
             return Join::Wait(Waiting::new(answer, state, batches_ahead));
         }
-        shard.insert(key.into(), Vec::new());
+        shard.insert(key.clone(), Vec::new());
         Join::Lead
     }
 
@@ -148,7 +160,7 @@ impl Coalescer {
     /// is in flight for `key` any more). Checks whose requests were
     /// cancelled, or that withdrew, are dropped here, uncharged; the ones
     /// taken are marked so, and can no longer withdraw.
-    fn next(&self, key: &str) -> Option<Vec<Waiter>> {
+    fn next(&self, key: &K) -> Option<Vec<Waiter>> {
         let mut shard = self.shard(key);
         let waiting = shard.get_mut(key)?;
         let mut batch = Vec::with_capacity(waiting.len().min(MAX_BATCH));
@@ -176,41 +188,15 @@ impl Coalescer {
     }
 }
 
-/// How to send a batch of checks of one subject and policies, kept from
-/// the lead's check for every batch after it.
-pub(crate) struct Batch {
-    /// The state key of each policy.
-    keys: SmallVec<[String; 2]>,
-    /// The plan argument (one letter per policy).
-    letters: SmallVec<[u8; 8]>,
-    /// The policies' arguments and capacities, derived once for the lead.
-    set: PolicySet,
-    /// The policy, when the fast GCRA batch takes it.
-    fast: Option<Policy>,
-}
-
-impl Batch {
-    pub(crate) fn new(keys: SmallVec<[String; 2]>, policies: &[Policy], set: PolicySet) -> Self {
-        // The fast batch takes every cost a fast check takes (a coalesced
-        // check is a charge): the policy decides, not this check's cost.
-        let fast = set.serving() == Serving::WholeGcra;
-        Self {
-            keys,
-            letters: set.letters().unwrap_or_default(),
-            set,
-            fast: fast.then(|| policies[0].clone()),
-        }
-    }
-}
-
 /// Held by the check that made the call for `key`: when it is dropped
 /// (the call ended, or the request was cancelled), the checks that waited
 /// meanwhile are sent.
 pub(crate) struct Lead {
     caller: Arc<Caller>,
     coalescer: Arc<Coalescer>,
-    key: Box<str>,
-    batch: Option<Batch>,
+    /// The call's target: the key of the calls in flight, and what the
+    /// batches after it send.
+    target: Arc<Target>,
     /// The store-wide error the call met, if it did: the checks that
     /// waited get it at once, unsent, rather than a second call that would
     /// wait out the same failure.
@@ -218,17 +204,11 @@ pub(crate) struct Lead {
 }
 
 impl Lead {
-    pub(crate) fn new(
-        caller: Arc<Caller>,
-        coalescer: Arc<Coalescer>,
-        key: Box<str>,
-        batch: Batch,
-    ) -> Self {
+    pub(crate) fn new(caller: Arc<Caller>, coalescer: Arc<Coalescer>, target: Arc<Target>) -> Self {
         Self {
             caller,
             coalescer,
-            key,
-            batch: Some(batch),
+            target,
             failed: None,
         }
     }
@@ -246,22 +226,20 @@ impl Lead {
 impl Drop for Lead {
     fn drop(&mut self) {
         let coalescer = &self.coalescer;
-        let Some(waiters) = coalescer.next(&self.key) else {
+        let Some(waiters) = coalescer.next(&self.target) else {
             return;
         };
         let runtime = tokio::runtime::Handle::try_current();
-        match (self.failed.take(), self.batch.take(), runtime) {
-            (None, Some(batch), Ok(runtime)) => {
-                let key = std::mem::take(&mut self.key);
+        match (self.failed.take(), runtime) {
+            (None, Ok(runtime)) => {
                 runtime.spawn(send_batches(
                     Arc::clone(&self.caller),
                     Arc::clone(&self.coalescer),
-                    key,
-                    batch,
+                    Arc::clone(&self.target),
                     waiters,
                 ));
             }
-            (failed, _, _) => {
+            (failed, _) => {
                 // Nothing of theirs is sent, so nothing of theirs is
                 // charged: the call failed store-wide, or (unreachable: the
                 // call that just ended ran on a runtime) there is no
@@ -271,7 +249,7 @@ impl Drop for Lead {
                     StoreError::unavailable("no tokio runtime to send the coalesced checks on")
                 });
                 let mut waiters = Some(waiters);
-                while let Some(batch) = waiters.take().or_else(|| coalescer.next(&self.key)) {
+                while let Some(batch) = waiters.take().or_else(|| coalescer.next(&self.target)) {
                     for waiter in batch {
                         let _ = waiter.reply.send(Err(share(&error)));
                     }
@@ -281,17 +259,16 @@ impl Drop for Lead {
     }
 }
 
-/// Sends the waiting checks of `key` batch after batch until none wait.
+/// Sends the waiting checks of `target` batch after batch until none wait.
 async fn send_batches(
     caller: Arc<Caller>,
     coalescer: Arc<Coalescer>,
-    key: Box<str>,
-    batch: Batch,
+    target: Arc<Target>,
     mut waiters: Vec<Waiter>,
 ) {
     loop {
         let costs: SmallVec<[u64; 16]> = waiters.iter().map(|w| w.cost).collect();
-        match decide(&caller, &batch, &costs).await {
+        match decide(&caller, &target, &costs).await {
             Ok(replies) => {
                 for (waiter, reply) in waiters.drain(..).zip(replies) {
                     let _ = waiter.reply.send(reply);
@@ -303,7 +280,7 @@ async fn send_batches(
                 }
             }
         }
-        match coalescer.next(&key) {
+        match coalescer.next(&target) {
             Some(next) => waiters = next,
             None => return,
         }
@@ -313,16 +290,27 @@ async fn send_batches(
 /// Decides `costs` in turn in one call (two when the fast batch hands a
 /// state to the general one; one call per check, in turn, on a server
 /// that refuses Functions from now on).
-async fn decide(caller: &Caller, batch: &Batch, costs: &[u64]) -> Result<Vec<Reply>, StoreError> {
+async fn decide(
+    caller: &Caller,
+    batch: &Arc<Target>,
+    costs: &[u64],
+) -> Result<Vec<Reply>, StoreError> {
     let (general, gcra) = caller.scripts.library().batch_functions();
-    let first_key = batch.keys[0].as_str();
+    let first_key = batch.first_key();
+    let set = batch.set();
     let now = caller.now();
-    if let Some(policy) = &batch.fast {
+    // The fast batch takes every cost a fast check takes (a coalesced
+    // check is a charge): the policy decides, not the lead's cost.
+    let fast = match batch.policies() {
+        [policy] if set.serving() == Serving::WholeGcra => Some(policy),
+        _ => None,
+    };
+    if let Some(policy) = fast {
         let mut cmd = redis::cmd("FCALL");
         cmd.arg(gcra.sha())
             .arg(1)
             .arg(first_key)
-            .arg(batch.set.argument(0));
+            .arg(set.argument(0));
         push_time(&mut cmd, now);
         for cost in costs {
             cmd.arg(*cost);
@@ -354,17 +342,17 @@ async fn decide(caller: &Caller, batch: &Batch, costs: &[u64]) -> Result<Vec<Rep
         }
     }
     let mut cmd = redis::cmd("FCALL");
-    cmd.arg(general.sha()).arg(batch.keys.len());
-    for key in &batch.keys {
+    cmd.arg(general.sha()).arg(batch.keys().len());
+    for key in batch.keys() {
         cmd.arg(key.as_str());
     }
-    cmd.arg(batch.letters.as_slice());
+    cmd.arg(set.letters().unwrap_or_default().as_slice());
     push_time(&mut cmd, now);
     cmd.arg(costs.len());
     for cost in costs {
         cmd.arg(*cost);
     }
-    for argument in batch.set.arguments() {
+    for argument in set.arguments() {
         cmd.arg(argument);
     }
     match caller.run(general, &cmd, first_key).await {
@@ -372,7 +360,7 @@ async fn decide(caller: &Caller, batch: &Batch, costs: &[u64]) -> Result<Vec<Rep
             .into_iter()
             .map(|item| match item {
                 Value::SimpleString(status) if status == "NOROOM" => Err(out_of_memory()),
-                item => parse_verdict(item, batch.set.capacities()),
+                item => parse_verdict(item, set.capacities()),
             })
             .collect()),
         Ok(other) => Err(protocol(format!("coalesced checks answered {other:?}"))),
@@ -388,7 +376,7 @@ async fn decide(caller: &Caller, batch: &Batch, costs: &[u64]) -> Result<Vec<Rep
 #[cold]
 async fn one_by_one(
     caller: &Caller,
-    batch: &Batch,
+    batch: &Arc<Target>,
     costs: &[u64],
 ) -> Result<Vec<Reply>, StoreError> {
     let mut replies = Vec::with_capacity(costs.len());
@@ -397,9 +385,7 @@ async fn one_by_one(
             caller,
             CallPath::Evalsha,
             Kind::Check,
-            batch.keys.clone(),
-            &[],
-            batch.set.clone(),
+            Arc::clone(batch),
             cost,
         );
         let reply = match call {
@@ -487,24 +473,24 @@ mod tests {
 
     #[test]
     fn the_first_check_leads_and_the_others_wait_in_order() {
-        let coalescer = Coalescer::new();
-        assert!(matches!(coalescer.join("k", 1), Join::Lead));
+        let coalescer = Coalescer::<&str>::new();
+        assert!(matches!(coalescer.join(&"k", 1), Join::Lead));
         let waits: Vec<_> = (2..5)
-            .map(|cost| match coalescer.join("k", cost) {
+            .map(|cost| match coalescer.join(&"k", cost) {
                 Join::Wait(waiting) => waiting,
                 Join::Lead => panic!("a second leader while a call is in flight"),
             })
             .collect();
         // Another subject is not held up.
-        assert!(matches!(coalescer.join("other", 1), Join::Lead));
-        let batch = coalescer.next("k").expect("three wait");
+        assert!(matches!(coalescer.join(&"other", 1), Join::Lead));
+        let batch = coalescer.next(&"k").expect("three wait");
         assert_eq!(batch.iter().map(|w| w.cost).collect::<Vec<_>>(), [2, 3, 4]);
         drop(waits);
         // Still in flight (the batch), so a new check waits.
-        assert!(matches!(coalescer.join("k", 9), Join::Wait(_)));
+        assert!(matches!(coalescer.join(&"k", 9), Join::Wait(_)));
         // Its request was dropped: it is left out, and the key is free.
-        assert!(coalescer.next("k").is_none());
-        assert!(matches!(coalescer.join("k", 1), Join::Lead));
+        assert!(coalescer.next(&"k").is_none());
+        assert!(matches!(coalescer.join(&"k", 1), Join::Lead));
     }
 
     fn waiting(join: Join) -> Waiting {
@@ -516,10 +502,10 @@ mod tests {
 
     #[test]
     fn a_check_queued_behind_full_batches_waits_for_each() {
-        let coalescer = Coalescer::new();
-        assert!(matches!(coalescer.join("k", 1), Join::Lead));
+        let coalescer = Coalescer::<&str>::new();
+        assert!(matches!(coalescer.join(&"k", 1), Join::Lead));
         let waits: Vec<_> = (0..MAX_BATCH * 2 + 1)
-            .map(|_| waiting(coalescer.join("k", 1)))
+            .map(|_| waiting(coalescer.join(&"k", 1)))
             .collect();
         let ahead: Vec<usize> = waits.iter().map(Waiting::batches_ahead).collect();
         assert_eq!(ahead[0], 1, "the call in flight");
@@ -530,12 +516,14 @@ mod tests {
 
     #[test]
     fn a_batch_holds_at_most_max_batch_checks() {
-        let coalescer = Coalescer::new();
-        assert!(matches!(coalescer.join("k", 1), Join::Lead));
-        let _waits: Vec<_> = (0..MAX_BATCH + 3).map(|_| coalescer.join("k", 1)).collect();
-        assert_eq!(coalescer.next("k").map(|b| b.len()), Some(MAX_BATCH));
-        assert_eq!(coalescer.next("k").map(|b| b.len()), Some(3));
-        assert!(coalescer.next("k").is_none());
+        let coalescer = Coalescer::<&str>::new();
+        assert!(matches!(coalescer.join(&"k", 1), Join::Lead));
+        let _waits: Vec<_> = (0..MAX_BATCH + 3)
+            .map(|_| coalescer.join(&"k", 1))
+            .collect();
+        assert_eq!(coalescer.next(&"k").map(|b| b.len()), Some(MAX_BATCH));
+        assert_eq!(coalescer.next(&"k").map(|b| b.len()), Some(3));
+        assert!(coalescer.next(&"k").is_none());
     }
 
     #[test]

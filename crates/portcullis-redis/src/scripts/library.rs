@@ -219,7 +219,7 @@ impl Library {
 }
 
 /// Which function serves a check: [`Library::serving`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Serving {
     /// One GCRA policy whose emission interval is a whole number of
     /// microseconds and whose `capacity × interval` is exact in Lua, a cost
@@ -241,7 +241,7 @@ pub(crate) enum Serving {
 }
 
 /// The one-policy fast functions of the algorithms other than GCRA.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Fast {
     TokenBucket,
     LeakyMeter,

@@ -17,8 +17,8 @@ use smallvec::SmallVec;
 
 use super::RedisStore;
 use crate::budget::{self, Budget, Take};
-use crate::call::{Call, Kind, OptionArgs, PolicySet};
-use crate::coalesce::{self, Batch, Join, Lead};
+use crate::call::{Call, Kind, OptionArgs, PolicySet, Target};
+use crate::coalesce::{self, Join, Lead};
 use crate::functions::CallPath;
 use crate::scripts::{Library, Serving};
 
@@ -50,7 +50,8 @@ impl Store for RedisStore {
         self.inner.budget.as_ref()?;
         let path = self.inner.caller.scripts.path().choose();
         let serving = Library::serving(policies, cost);
-        let (budget, key) = self.budget_for(path, serving, subject, policies, cost)?;
+        let encoded = self.subject(subject);
+        let (budget, key) = self.budget_for(path, serving, &encoded, policies, cost)?;
         let now = self.inner.caller.clock.budget_time();
         budget.local(&key, &policies[0], cost, now).map(Ok)
     }
@@ -132,6 +133,16 @@ impl RedisStore {
             .collect()
     }
 
+    /// What the calls of a check of `policies` for `encoded` address,
+    /// served as `serving`.
+    fn target(&self, encoded: &str, policies: &[Policy], serving: Serving) -> Arc<Target> {
+        Arc::new(Target::new(
+            self.state_keys(encoded, policies),
+            PolicySet::new(policies, serving),
+            policies,
+        ))
+    }
+
     fn check_future(
         &self,
         subject: &str,
@@ -141,39 +152,28 @@ impl RedisStore {
         validate_check(policies, cost)?;
         let path = self.inner.caller.scripts.path().choose();
         let serving = Library::serving(policies, cost);
-        if let Some(future) = self.budget_answer(path, serving, subject, policies, cost) {
+        // Encoded once (a hashed subject's SHA-256 is computed once).
+        let encoded = self.subject(subject);
+        if let Some(future) = self.budget_answer(path, serving, &encoded, policies, cost) {
             return Ok(future);
         }
-        let encoded = self.subject(subject);
+        let target = self.target(&encoded, policies, serving);
         // Charges on the Functions path join a call in flight for the same
         // subject and policies (coalesce/); peeks and scripts go alone.
         if let (Some(coalescer), CallPath::Functions, true) =
             (&self.inner.coalescer, path, cost > 0)
         {
-            let key = self.batch_key(&encoded, policies);
-            match coalescer.join(&key, cost) {
+            match coalescer.join(&target, cost) {
                 Join::Wait(answer) => {
                     return Ok(Box::pin(coalesce::wait(answer, self.inner.caller.timeout)));
                 }
                 Join::Lead => {
-                    let set = PolicySet::new(policies, serving);
-                    let keys = self.state_keys(&encoded, policies);
-                    let batch = Batch::new(keys.clone(), policies, set.clone());
                     let mut lead = Lead::new(
                         Arc::clone(&self.inner.caller),
                         Arc::clone(coalescer),
-                        key.into(),
-                        batch,
+                        Arc::clone(&target),
                     );
-                    let call = Call::new(
-                        &self.inner.caller,
-                        path,
-                        Kind::Check,
-                        keys,
-                        policies,
-                        set,
-                        cost,
-                    );
+                    let call = Call::new(&self.inner.caller, path, Kind::Check, target, cost);
                     let caller = Arc::clone(&self.inner.caller);
                     return Ok(Box::pin(async move {
                         let verdict = match call {
@@ -191,29 +191,19 @@ impl RedisStore {
                 }
             }
         }
-        let set = PolicySet::new(policies, serving);
-        let keys = self.state_keys(&encoded, policies);
-        let call = Call::new(
-            &self.inner.caller,
-            path,
-            Kind::Check,
-            keys,
-            policies,
-            set,
-            cost,
-        )?;
+        let call = Call::new(&self.inner.caller, path, Kind::Check, target, cost)?;
         let caller = Arc::clone(&self.inner.caller);
         Ok(Box::pin(async move { call.verdict(&caller).await }))
     }
 
     /// The local budget and the state key of a check it takes: one GCRA
     /// policy of the fast path (whole microseconds), a charge, on the
-    /// Functions path.
+    /// Functions path. `encoded` is the subject as keys hold it.
     fn budget_for(
         &self,
         path: CallPath,
         serving: Serving,
-        subject: &str,
+        encoded: &str,
         policies: &[Policy],
         cost: u64,
     ) -> Option<(&Arc<Budget>, String)> {
@@ -225,7 +215,7 @@ impl RedisStore {
             && cost > 0
             && budget.takes(policy)
             && serving == Serving::WholeGcra;
-        takes.then(|| (budget, self.key(&self.subject(subject), policy.name())))
+        takes.then(|| (budget, self.key(encoded, policy.name())))
     }
 
     /// The check's answer from the local budget (admitted from a grant, or
@@ -234,11 +224,11 @@ impl RedisStore {
         &self,
         path: CallPath,
         serving: Serving,
-        subject: &str,
+        encoded: &str,
         policies: &[Policy],
         cost: u64,
     ) -> Option<CheckFuture> {
-        let (budget, key) = self.budget_for(path, serving, subject, policies, cost)?;
+        let (budget, key) = self.budget_for(path, serving, encoded, policies, cost)?;
         let policy = &policies[0];
         match budget.take(&key, policy, cost, self.inner.caller.clock.budget_time()) {
             Take::Local(verdict) => Some(Box::pin(std::future::ready(Ok(verdict)))),
@@ -255,25 +245,6 @@ impl RedisStore {
         }
     }
 
-    /// What identifies checks that may share a call: the subject's keys
-    /// and each policy's name, algorithm and figures.
-    fn batch_key(&self, encoded_subject: &str, policies: &[Policy]) -> String {
-        use std::fmt::Write as _;
-        let mut key = self.key(encoded_subject, "");
-        for policy in policies {
-            let _ = write!(
-                key,
-                "\n{}\n{:?}:{}:{}:{}",
-                policy.name(),
-                policy.algorithm(),
-                policy.limit(),
-                policy.period_micros(),
-                policy.capacity()
-            );
-        }
-        key
-    }
-
     /// A post-charge: one call of charge.lua.
     fn charge_future(
         &self,
@@ -283,17 +254,8 @@ impl RedisStore {
     ) -> Result<CheckFuture, StoreError> {
         validate_charge(policies)?;
         let path = self.inner.caller.scripts.path().choose();
-        let keys = self.state_keys(&self.subject(subject), policies);
-        let set = PolicySet::new(policies, Serving::General);
-        let call = Call::new(
-            &self.inner.caller,
-            path,
-            Kind::Charge,
-            keys,
-            policies,
-            set,
-            cost,
-        )?;
+        let target = self.target(&self.subject(subject), policies, Serving::General);
+        let call = Call::new(&self.inner.caller, path, Kind::Charge, target, cost)?;
         let caller = Arc::clone(&self.inner.caller);
         Ok(Box::pin(async move { call.verdict(&caller).await }))
     }
@@ -320,16 +282,12 @@ impl RedisStore {
                 .map_or(0, portcullis_core::Record::free_replays),
             reserves: plan.reserves().iter().copied().collect(),
         };
-        let set = PolicySet::new(policies, Serving::General);
-        let call = Call::new(
-            &self.inner.caller,
-            path,
-            Kind::Options(args),
+        let target = Arc::new(Target::new(
             keys,
+            PolicySet::new(policies, Serving::General),
             policies,
-            set,
-            cost,
-        )?;
+        ));
+        let call = Call::new(&self.inner.caller, path, Kind::Options(args), target, cost)?;
         let caller = Arc::clone(&self.inner.caller);
         Ok(Box::pin(async move { call.checked(&caller).await }))
     }

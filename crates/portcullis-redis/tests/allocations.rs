@@ -1,0 +1,112 @@
+//! Allocations per uncontended check on the client, counted by `dhat`
+//! against the real Redis server `cargo xtask test` starts
+//! (`PORTCULLIS_REDIS_URL`; without it this binary fails, it never skips).
+//!
+//! Counted over the whole process while the checks run, so the `redis`
+//! crate's own four per command count too (its boxed request future, the
+//! packed command, the reply's oneshot channel, a parser error value).
+//! The store's own: the boxed check future, the call's target (its keys
+//! and policy set, shared with the table of calls in flight when
+//! coalescing), one state key per policy and the command's two buffers,
+//! sized once. A hashed subject adds one (its encoding, once per check).
+//! Two policies are answered by the general function: its reply is an
+//! array (one more in the `redis` crate) and the verdict holds a decision
+//! per policy (one more of the store's).
+//! Its own binary (no harness): `dhat` counts the whole process.
+
+use portcullis::redis::RedisStore;
+use portcullis::{Algorithm, Policy, Store};
+
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
+
+const CHECKS: u64 = 200;
+
+/// The `redis` crate's allocations per command (see the module docs).
+const REDIS_CRATE: f64 = 4.0;
+
+/// Allocations per check (rounded mean over [`CHECKS`], after a warm-up)
+/// of `policies` through `store`.
+fn allocations_per_check(
+    runtime: &tokio::runtime::Runtime,
+    store: &RedisStore,
+    policies: &[Policy],
+) -> f64 {
+    let run = |n: u64| {
+        for _ in 0..n {
+            let verdict = runtime
+                .block_on(store.check("user-42", policies, 1))
+                .expect("the check is answered");
+            assert!(verdict.is_allowed(), "the policies are generous");
+        }
+    };
+    run(10);
+    let before = dhat::HeapStats::get().total_blocks;
+    run(CHECKS);
+    let after = dhat::HeapStats::get().total_blocks;
+    #[allow(clippy::cast_precision_loss)]
+    let per_check = (after - before) as f64 / CHECKS as f64;
+    // Rounded: the runtime's own bookkeeping allocates now and then (a
+    // few blocks over the whole run).
+    per_check.round()
+}
+
+fn main() {
+    let _profiler = dhat::Profiler::builder().testing().build();
+    let url = std::env::var("PORTCULLIS_REDIS_URL").expect(
+        "PORTCULLIS_REDIS_URL is not set: run this through `cargo xtask test`, \
+         which starts a Redis server for it",
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let prefix = format!("alloc{}", std::process::id());
+    let gcra = Policy::per_second(1_000_000).name("gcra").build().unwrap();
+    let window = Policy::per_second(1_000_000)
+        .algorithm(Algorithm::SlidingWindow)
+        .name("window")
+        .build()
+        .unwrap();
+    let mut failures = Vec::new();
+    for (coalesce, hash) in [(true, false), (false, false), (true, true)] {
+        let store = runtime
+            .block_on(
+                RedisStore::builder()
+                    .url(url.as_str())
+                    .prefix(prefix.as_str())
+                    .coalesce(coalesce)
+                    .hash_subjects(hash)
+                    .build(),
+            )
+            .expect("the store connects");
+        for policies in [vec![gcra.clone()], vec![gcra.clone(), window.clone()]] {
+            let measured = allocations_per_check(&runtime, &store, &policies);
+            // The future, the target, a key per policy, the command's two
+            // buffers; a hashed subject's encoding is one more; the general
+            // reply's array and the verdict's decisions two more.
+            let general = policies.len() > 1;
+            #[allow(clippy::cast_precision_loss)]
+            let own = 4.0
+                + policies.len() as f64
+                + f64::from(u8::from(hash))
+                + f64::from(u8::from(general));
+            let bound = own + REDIS_CRATE + f64::from(u8::from(general));
+            println!(
+                "coalesce={coalesce} hash_subjects={hash} policies={}: \
+                 {measured} allocations per check (bound {bound})",
+                policies.len()
+            );
+            if measured > bound {
+                failures.push(format!(
+                    "coalesce={coalesce} hash_subjects={hash} policies={}: {measured} > {bound}",
+                    policies.len()
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "a check allocates more than its bound: {failures:?}"
+    );
+}
