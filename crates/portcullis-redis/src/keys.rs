@@ -42,6 +42,12 @@ impl Keys {
         encode_subject(subject, self.hash_subjects)
     }
 
+    /// `<prefix>:{<encoded subject>}:<name>` in parts, to be written
+    /// where the key is kept.
+    pub(crate) fn parts<'a>(&'a self, encoded_subject: &'a str, name: &'a str) -> [&'a str; 5] {
+        [&self.prefix, ":{", encoded_subject, "}:", name]
+    }
+
     /// `<prefix>:{<encoded subject>}:<name>`.
     pub(crate) fn key(&self, encoded_subject: &str, name: &str) -> String {
         let prefix = &*self.prefix;

@@ -5,10 +5,11 @@
 //! Counted over the whole process while the checks run, so the `redis`
 //! crate's own four per command count too (its boxed request future, the
 //! packed command, the reply's oneshot channel, a parser error value).
-//! The store's own: the boxed check future, the call's target (its keys
-//! and policy set, shared with the table of calls in flight when
-//! coalescing), one state key per policy and the command's two buffers,
-//! sized once. A hashed subject adds one (its encoding, once per check).
+//! The store's own: the boxed check future and the call's target (its
+//! state keys, held inline up to 112 bytes, its policy set and policies,
+//! shared with the table of calls in flight when coalescing); the
+//! command's buffers are reused per thread. A hashed subject adds its
+//! encoding (once per check), and two hashed keys no longer fit inline.
 //! Two policies are answered by the general function: its reply is an
 //! array (one more in the `redis` crate) and the verdict holds a decision
 //! per policy (one more of the store's).
@@ -82,14 +83,13 @@ fn main() {
             .expect("the store connects");
         for policies in [vec![gcra.clone()], vec![gcra.clone(), window.clone()]] {
             let measured = allocations_per_check(&runtime, &store, &policies);
-            // The future, the target, a key per policy, the command's two
-            // buffers; a hashed subject's encoding is one more; the general
-            // reply's array and the verdict's decisions two more.
+            // The future and the target; a hashed subject's encoding, and
+            // its keys past the inline bytes when two; the general reply's
+            // decisions (and its array, in the redis crate).
             let general = policies.len() > 1;
-            #[allow(clippy::cast_precision_loss)]
-            let own = 4.0
-                + policies.len() as f64
+            let own = 2.0
                 + f64::from(u8::from(hash))
+                + f64::from(u8::from(hash && general))
                 + f64::from(u8::from(general));
             let bound = own + REDIS_CRATE + f64::from(u8::from(general));
             println!(

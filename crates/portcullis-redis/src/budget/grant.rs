@@ -99,8 +99,7 @@ async fn exact(
     set: PolicySet,
     cost: u64,
 ) -> Result<Verdict, StoreError> {
-    let keys = std::iter::once(key.to_owned()).collect();
-    let target = Arc::new(Target::new(keys, set, &[]));
+    let target = Arc::new(Target::new(set, &[]).with_key(key));
     let call = Call::new(caller, CallPath::Evalsha, Kind::Check, target, cost)?;
     call.verdict(caller).await
 }

@@ -25,6 +25,7 @@ use crate::scripts::{LuaScript, ScriptCache, Serving};
 pub(crate) mod int_reply;
 pub(crate) mod reply;
 mod set;
+mod spare;
 mod target;
 
 pub(crate) use set::PolicySet;
@@ -253,26 +254,28 @@ impl Call {
         })
     }
 
-    /// The command of `script` laid out as `layout`.
-    fn command(&self, script: &LuaScript, layout: Layout) -> Result<Cmd, StoreError> {
+    /// The command of `script` laid out as `layout`, and its estimated
+    /// size in bytes (for [`spare::give_back`]).
+    fn command(&self, script: &LuaScript, layout: Layout) -> Result<(Cmd, usize), StoreError> {
         let options = match &self.kind {
             Kind::Options(options) => Some(options),
             _ => None,
         };
         let record = options.and_then(|options| options.record_key.as_deref());
-        let (keys, set) = (self.target.keys(), self.target.set());
+        let set = self.target.set();
         // Sized once: the command's argument list and bytes never grow.
-        let (count, bytes) = command_size(keys, set, record, options);
-        let mut cmd = Cmd::with_capacity(count, bytes + script.sha().len());
+        let (count, bytes) = command_size(&self.target, record, options);
+        let bytes = bytes + script.sha().len();
+        let mut cmd = spare::take(count, bytes);
         cmd.arg(match layout {
             Layout::General if !script.is_function() => "EVALSHA",
             Layout::General if matches!(self.kind, Kind::Check) && self.cost == 0 => "FCALL_RO",
             _ => "FCALL",
         });
         cmd.arg(script.sha())
-            .arg(keys.len() + usize::from(record.is_some()));
-        for key in keys {
-            cmd.arg(key.as_str());
+            .arg(self.target.key_count() + usize::from(record.is_some()));
+        for key in self.target.keys() {
+            cmd.arg(key);
         }
         match layout {
             Layout::General => {
@@ -319,7 +322,7 @@ impl Call {
                 }
             }
         }
-        Ok(cmd)
+        Ok((cmd, bytes))
     }
 
     /// Sends the call: once, and when Redis refused `FCALL` or `FUNCTION
@@ -327,11 +330,13 @@ impl Call {
     /// `EVALSHA`, which the store uses from now on.
     pub(crate) async fn send(&self, caller: &Caller) -> Result<Value, StoreError> {
         let first_key = self.target.first_key();
-        let cmd = self.command(&self.script, self.layout)?;
-        match caller.run(&self.script, &cmd, first_key).await {
+        let (cmd, bytes) = self.command(&self.script, self.layout)?;
+        let value = caller.run(&self.script, &cmd, first_key).await;
+        spare::give_back(cmd, bytes);
+        match value {
             Err(error) if self.script.is_function() && caller.scripts.path().refused(&error) => {
                 let script = evalsha_script(caller, &self.kind, self.target.set())?;
-                let cmd = self.command(&script, Layout::General)?;
+                let (cmd, _) = self.command(&script, Layout::General)?;
                 caller.run(&script, &cmd, first_key).await
             }
             other => other,
@@ -391,20 +396,23 @@ fn evalsha_script(caller: &Caller, kind: &Kind, set: &PolicySet) -> Result<LuaSc
 /// How many arguments a call's command has at most, and about how many
 /// bytes they take (the command's buffers are sized once from it).
 fn command_size(
-    keys: &[String],
-    set: &PolicySet,
+    target: &Target,
     record: Option<&str>,
     options: Option<&OptionArgs>,
 ) -> (usize, usize) {
+    let set = target.set();
     let reserves = options.map_or(0, |options| options.reserves.len());
     // Name, function, key count, keys, record, letters, time, cost, the
     // two option numbers, the policies, the reserves.
-    let count = 3 + keys.len() + 1 + 1 + 1 + 1 + 2 + set.len() + reserves;
-    let text: usize = keys.iter().map(String::len).sum::<usize>()
+    let count = 3 + target.key_count() + 1 + 1 + 1 + 1 + 2 + set.len() + reserves;
+    let text: usize = target.key_bytes()
         + record.map_or(0, str::len)
         + set.arguments().map(str::len).sum::<usize>();
     // Every number at most 20 digits.
-    (count, text + 20 * (count - keys.len() - set.len()) + 16)
+    (
+        count,
+        text + 20 * (count - target.key_count() - set.len()) + 16,
+    )
 }
 
 /// Appends a call's time argument: `now`, or empty for Redis `TIME`.
@@ -451,15 +459,11 @@ mod tests {
             kind: Kind::Check,
             script: function.clone(),
             layout: Layout::General,
-            target: Arc::new(Target::new(
-                ["k1".to_owned(), "k2".to_owned()].into_iter().collect(),
-                set,
-                &policies,
-            )),
+            target: Arc::new(Target::new(set, &policies).with_key("k1").with_key("k2")),
             now: None,
             cost: 1,
         };
-        let fcall = call.command(&function, Layout::General).unwrap();
+        let (fcall, _) = call.command(&function, Layout::General).unwrap();
         let expected: Vec<&[u8]> = vec![
             b"FCALL",
             function.sha().as_bytes(),
@@ -473,7 +477,7 @@ mod tests {
             b"9:60000000:9",
         ];
         assert_eq!(args(&fcall), expected);
-        let evalsha = call.command(&script, Layout::General).unwrap();
+        let (evalsha, _) = call.command(&script, Layout::General).unwrap();
         let expected: Vec<&[u8]> = vec![
             b"EVALSHA",
             script.sha().as_bytes(),

@@ -15,33 +15,75 @@ use super::PolicySet;
 /// The keys, policy set and policies of one check (see the module docs).
 #[derive(Debug)]
 pub(crate) struct Target {
-    /// The state key of each policy, in order.
-    keys: SmallVec<[String; 2]>,
+    /// The state key of each policy, back to back, held inline up to
+    /// [`INLINE`] bytes (one or two keys of a short prefix and subject):
+    /// so the target is one allocation, the `Arc`'s.
+    text: SmallVec<[u8; INLINE]>,
+    /// Where each key ends in `text`.
+    ends: SmallVec<[usize; 2]>,
     set: PolicySet,
     /// The policies, for a fast function's integer replies (empty where a
     /// call only sends the set).
     policies: SmallVec<[Policy; 2]>,
 }
 
+/// Bytes of keys a target holds without allocating.
+const INLINE: usize = 112;
+
 impl Target {
     /// The target of a check against `policies` (or of a call that sends
-    /// only `set`, with no policies) at `keys`.
-    pub(crate) fn new(keys: SmallVec<[String; 2]>, set: PolicySet, policies: &[Policy]) -> Self {
+    /// only `set`, with no policies), with no keys yet.
+    pub(crate) fn new(set: PolicySet, policies: &[Policy]) -> Self {
         Self {
-            keys,
+            text: SmallVec::new(),
+            ends: SmallVec::new(),
             set,
             policies: policies.iter().cloned().collect(),
         }
     }
 
-    /// The state key of each policy.
-    pub(crate) fn keys(&self) -> &[String] {
-        &self.keys
+    /// Adds the next policy's state key, written from `parts`.
+    pub(crate) fn push_key(&mut self, parts: &[&str]) {
+        for part in parts {
+            self.text.extend_from_slice(part.as_bytes());
+        }
+        self.ends.push(self.text.len());
+    }
+
+    /// With `key` as the next policy's state key.
+    pub(crate) fn with_key(mut self, key: &str) -> Self {
+        self.push_key(&[key]);
+        self
+    }
+
+    /// Key `i` (keys are written from `&str`s only, so always UTF-8).
+    fn key(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        std::str::from_utf8(&self.text[start..self.ends[i]]).unwrap_or_default()
+    }
+
+    /// The state key of each policy, in order.
+    pub(crate) fn keys(&self) -> impl ExactSizeIterator<Item = &str> {
+        (0..self.ends.len()).map(|i| self.key(i))
+    }
+
+    /// How many keys.
+    pub(crate) fn key_count(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Every key's bytes together (a call's size).
+    pub(crate) fn key_bytes(&self) -> usize {
+        self.text.len()
     }
 
     /// The first state key (where the call is routed in a Cluster).
     pub(crate) fn first_key(&self) -> &str {
-        self.keys.first().map_or("", String::as_str)
+        if self.ends.is_empty() {
+            ""
+        } else {
+            self.key(0)
+        }
     }
 
     pub(crate) fn set(&self) -> &PolicySet {
@@ -60,7 +102,8 @@ impl Target {
 /// batch serves every cost.
 impl PartialEq for Target {
     fn eq(&self, other: &Self) -> bool {
-        self.keys == other.keys
+        self.text == other.text
+            && self.ends == other.ends
             && self.set.arguments().eq(other.set.arguments())
             && self.set.algorithms().eq(other.set.algorithms())
     }
@@ -70,7 +113,8 @@ impl Eq for Target {}
 
 impl Hash for Target {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.keys.hash(state);
+        self.text.hash(state);
+        self.ends.hash(state);
         for argument in self.set.arguments() {
             argument.hash(state);
         }

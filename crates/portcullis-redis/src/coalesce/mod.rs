@@ -342,9 +342,9 @@ async fn decide(
         }
     }
     let mut cmd = redis::cmd("FCALL");
-    cmd.arg(general.sha()).arg(batch.keys().len());
+    cmd.arg(general.sha()).arg(batch.key_count());
     for key in batch.keys() {
-        cmd.arg(key.as_str());
+        cmd.arg(key);
     }
     cmd.arg(set.letters().unwrap_or_default().as_slice());
     push_time(&mut cmd, now);

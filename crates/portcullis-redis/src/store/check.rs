@@ -13,7 +13,6 @@ use std::sync::Arc;
 use portcullis_core::{
     validate_charge, validate_check, CheckOptions, Checked, Policy, Store, StoreError, Verdict,
 };
-use smallvec::SmallVec;
 
 use super::RedisStore;
 use crate::budget::{self, Budget, Take};
@@ -124,23 +123,14 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
-    /// The state key of each policy for `encoded` (one buffer for the
-    /// common `<prefix>:{<subject>}:` part).
-    fn state_keys(&self, encoded: &str, policies: &[Policy]) -> SmallVec<[String; 2]> {
-        policies
-            .iter()
-            .map(|policy| self.key(encoded, policy.name()))
-            .collect()
-    }
-
     /// What the calls of a check of `policies` for `encoded` address,
     /// served as `serving`.
     fn target(&self, encoded: &str, policies: &[Policy], serving: Serving) -> Arc<Target> {
-        Arc::new(Target::new(
-            self.state_keys(encoded, policies),
-            PolicySet::new(policies, serving),
-            policies,
-        ))
+        let mut target = Target::new(PolicySet::new(policies, serving), policies);
+        for policy in policies {
+            target.push_key(&self.inner.caller.keys.parts(encoded, policy.name()));
+        }
+        Arc::new(target)
     }
 
     fn check_future(
@@ -271,7 +261,6 @@ impl RedisStore {
         let plan = options.plan(policies, cost)?;
         let path = self.inner.caller.scripts.path().choose();
         let encoded = self.subject(subject);
-        let keys = self.state_keys(&encoded, policies);
         let args = OptionArgs {
             record_key: plan.record().map(|record| self.key(&encoded, record.id())),
             window_us: plan
@@ -282,11 +271,7 @@ impl RedisStore {
                 .map_or(0, portcullis_core::Record::free_replays),
             reserves: plan.reserves().iter().copied().collect(),
         };
-        let target = Arc::new(Target::new(
-            keys,
-            PolicySet::new(policies, Serving::General),
-            policies,
-        ));
+        let target = self.target(&encoded, policies, Serving::General);
         let call = Call::new(&self.inner.caller, path, Kind::Options(args), target, cost)?;
         let caller = Arc::clone(&self.inner.caller);
         Ok(Box::pin(async move { call.checked(&caller).await }))
