@@ -4,6 +4,9 @@
 //! (`MemoryStore`, sequentially, at the same instant); a check cancelled
 //! while it waits is never charged; a call that fails store-wide fails the
 //! checks that waited for it at once, unsent, and nothing is charged twice.
+//! Checks of different subjects that find the store's calls all in flight
+//! go together in one call (batches across subjects), and decide exactly
+//! as one by one too; a check its function refuses fails alone.
 //!
 //! Redis Functions only (coalescing is off on the `EVALSHA` path): xtask
 //! skips these by name on servers before Redis 7. One test function runs
@@ -15,7 +18,7 @@ mod redis_common;
 use std::time::Duration;
 
 use futures::future::join_all;
-use portcullis_core::{Algorithm, Decision, ManualClock, MemoryStore, Policy, Store};
+use portcullis_core::{Algorithm, Clock, Decision, ManualClock, MemoryStore, Policy, Store};
 use portcullis_redis::{ClockMode, RedisStore};
 use portcullis_tests::unique_prefix;
 use redis_common::{client, manual_clock};
@@ -167,6 +170,8 @@ async fn coalesced_checks_decide_as_checks_sent_one_by_one() {
     at_once(&separate, "hot-separate", &hot, &vec![1; CONCURRENT]).await;
     assert_eq!(redis_common::fcalls(&mut raw) - before, CONCURRENT as u64);
 
+    across_subjects(&clock, &mut raw).await;
+
     // A waiting check whose request is dropped before its batch goes is
     // not charged.
     let small = [Policy::per_minute(100).name("cancel").build().unwrap()];
@@ -239,4 +244,100 @@ async fn coalesced_checks_decide_as_checks_sent_one_by_one() {
     );
     // And the subject is decided again at once.
     assert!(redis.check("paused", &paused, 1).await.is_ok());
+}
+
+/// Batches across subjects: rounds of one check per subject, each round
+/// made at once (the store's first two checks take its calls, the rest
+/// wait and go as one batch), with the policy sets of every form mixed
+/// across subjects; Redis decides exactly as a `MemoryStore` one by one,
+/// in at most three calls a round; a check its function refuses fails alone; a
+/// waiting check dropped before its batch goes is not charged.
+async fn across_subjects(clock: &ManualClock, raw: &mut redis::Connection) {
+    const SUBJECTS: usize = 40;
+    const ROUNDS: u64 = 6;
+    let prefix = unique_prefix("across");
+    let redis = store(&prefix, client(clock), true).await;
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let sets = policy_sets();
+    let set_of = |i: usize| &sets[i % sets.len()].1;
+    for round in 0..ROUNDS {
+        let cost = |i: usize| 1 + (i as u64 * 5 + round * 3) % 7;
+        let before = redis_common::fcalls(raw);
+        let checks: Vec<_> = (0..SUBJECTS)
+            .map(|i| redis.check(&format!("s{i}"), set_of(i), cost(i)))
+            .collect();
+        let got = join_all(checks).await;
+        let calls = redis_common::fcalls(raw) - before;
+        // Two calls go at once (one, when the last round's batch has not
+        // yet given its call back), the rest wait and go as one batch.
+        assert!(
+            (2..=3).contains(&calls),
+            "round {round}: {SUBJECTS} checks of different subjects made at once took {calls} \
+             calls, not at most the store's two calls and one batch"
+        );
+        for (i, verdict) in got.into_iter().enumerate() {
+            let expected = memory
+                .check_now(&format!("s{i}"), set_of(i), cost(i))
+                .expect("the memory store answers at once")
+                .expect("decided");
+            let verdict = verdict.unwrap_or_else(|e| panic!("round {round}, s{i}: {e}"));
+            assert_eq!(
+                verdict.decisions(),
+                expected.decisions(),
+                "round {round}, s{i} ({}): the batch decided otherwise than one by one",
+                sets[i % sets.len()].0
+            );
+        }
+    }
+
+    // A check its function refuses fails alone: the batch function, called
+    // directly with a fast GCRA check between two good ones, the middle one
+    // with a policy argument the function does not read.
+    let library = redis.library_name().to_owned();
+    let gcra = format!("{library}_gcra");
+    let keys = [
+        format!("{prefix}:{{m1}}:a"),
+        format!("{prefix}:{{m2}}:a"),
+        format!("{prefix}:{{m3}}:a"),
+    ];
+    let now = clock.now_micros().to_string();
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(format!("{library}_mixed")).arg(3).arg(&keys).arg(3);
+    for argument in ["40:1000000:40:1", "not a policy", "40:1000000:40:1"] {
+        cmd.arg(&gcra).arg(1).arg(2).arg(argument).arg(&now);
+    }
+    let replies: Vec<redis::Value> = cmd.query(raw).expect("the batch runs");
+    assert_eq!(replies.len(), 3);
+    assert!(
+        matches!(replies[0], redis::Value::Int(_)) && matches!(replies[2], redis::Value::Int(_)),
+        "the good checks are decided: {replies:?}"
+    );
+    assert!(
+        matches!(&replies[1], redis::Value::SimpleString(status) if status.starts_with("FAILED ")),
+        "the refused check is its own failure: {replies:?}"
+    );
+
+    // Dropped before their batch goes: never charged.
+    let minute = [Policy::per_minute(10).name("m").build().unwrap()];
+    let mut checks: Vec<_> = (0..8)
+        .map(|i| Some(redis.check(&format!("d{i}"), &minute, 1)))
+        .collect();
+    for check in checks.iter_mut().skip(3).step_by(2) {
+        // d3, d5, d7: queued behind the two calls in flight, then dropped.
+        check.take();
+    }
+    let kept = join_all(checks.into_iter().flatten()).await;
+    assert!(kept
+        .iter()
+        .all(|v| v.as_ref().is_ok_and(|v| v.is_allowed())));
+    for i in 0..8 {
+        let left = redis
+            .peek(&format!("d{i}"), &minute)
+            .await
+            .unwrap()
+            .decisions()[0]
+            .remaining();
+        let dropped = i >= 3 && i % 2 == 1;
+        assert_eq!(left, if dropped { 10 } else { 9 }, "d{i}");
+    }
 }

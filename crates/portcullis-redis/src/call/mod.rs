@@ -343,6 +343,22 @@ impl Call {
         }
     }
 
+    /// The command this call sends alone (for a batch across subjects).
+    pub(crate) fn alone(&self) -> Result<(Cmd, usize), StoreError> {
+        self.command(&self.script, self.layout)
+    }
+
+    /// The first state key (where the call goes on a Cluster).
+    pub(crate) fn first_key(&self) -> &str {
+        self.target.first_key()
+    }
+
+    /// Whether the call goes as `FCALL` (a batch across subjects takes
+    /// only these).
+    pub(crate) fn is_function(&self) -> bool {
+        self.script.is_function()
+    }
+
     /// Sends a check or a post-charge and reads its verdict.
     pub(crate) async fn verdict(&self, caller: &Caller) -> Result<Verdict, StoreError> {
         let value = self.send(caller).await?;

@@ -58,7 +58,10 @@ use crate::call::{int_reply, push_time, Call, Caller, Kind, Target};
 use crate::functions::CallPath;
 use crate::scripts::Serving;
 
+mod lane;
 mod wait;
+
+pub(crate) use lane::{Entry, Lane};
 
 pub(crate) use wait::{wait, Waiting};
 use wait::{TAKEN, WAITING};
@@ -434,7 +437,7 @@ impl Shared {
     /// subject failed with `error`.
     fn unsent(error: &StoreError) -> Self {
         Self {
-            text: "not sent: the call in flight for this subject failed".to_owned(),
+            text: "not sent: the call in flight before this check failed".to_owned(),
             source: Some(Box::new(Self::of(error))),
         }
     }

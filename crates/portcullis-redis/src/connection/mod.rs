@@ -316,6 +316,11 @@ pub(crate) enum Connection {
 }
 
 impl Pool {
+    /// Whether the pool's connections are Cluster connections.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Self::Cluster(..))
+    }
+
     async fn checkout(&self) -> Result<Connection, StoreError> {
         match self {
             Self::Standalone(pool, last) => {

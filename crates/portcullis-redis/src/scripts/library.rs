@@ -9,7 +9,7 @@ use smallvec::SmallVec;
 
 use super::{
     code, LuaScript, BATCH, BUCKET_FAST, CHARGE, CHARGE_LIBRARY, CHECK, FIXED_WINDOW_FAST,
-    GCRA_MULTI, LEAKY_QUEUE_FAST, LEASE, LIBRARY, OPTIONS, OPTIONS_LIBRARY, PRELUDE,
+    GCRA_MULTI, LEAKY_QUEUE_FAST, LEASE, LIBRARY, MIXED, OPTIONS, OPTIONS_LIBRARY, PRELUDE,
     SLIDING_LOG_FAST, SLIDING_WINDOW_FAST, SOURCES,
 };
 
@@ -50,6 +50,8 @@ pub(crate) struct Library {
     leaky_queue: LuaScript,
     /// A one-policy sliding log check (sliding_log_fast.lua).
     sliding_log: LuaScript,
+    /// Checks of different subjects in one call (mixed.lua); twin `mixed_oom`.
+    mixed: LuaScript,
     /// A check with options (options.lua, `FCALL`); twin `ext_oom` (the Lua names keep "ext").
     options: LuaScript,
 }
@@ -75,10 +77,11 @@ impl Library {
         body.push_str(LEAKY_QUEUE_FAST);
         body.push_str(SLIDING_LOG_FAST);
         body.push_str(OPTIONS_LIBRARY);
+        body.push_str(MIXED);
         let hash = redis::Script::new(&body).get_hash().to_owned();
         let name = format!("portcullis_{}", &hash[..12]);
         let source: Arc<str> = format!(
-            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM, FN_BATCH, FN_BATCH_OOM, FN_GCRA_BATCH, FN_GCRA_BATCH_OOM, FN_GCRA_TAKE, FN_GCRA_TAKE_OOM, FN_GCRA_MULTI, FN_GCRA_MULTI_OOM, FN_TB_FAST, FN_TB_FAST_OOM, FN_METER_FAST, FN_METER_FAST_OOM, FN_FW_FAST, FN_FW_FAST_OOM, FN_SW_FAST, FN_SW_FAST_OOM, FN_QUEUE_FAST, FN_QUEUE_FAST_OOM, FN_LOG_FAST, FN_LOG_FAST_OOM, FN_EXT, FN_EXT_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom', '{name}_batch', '{name}_batch_oom', '{name}_gcra_batch', '{name}_gcra_batch_oom', '{name}_gcra_take', '{name}_gcra_take_oom', '{name}_gcra_multi', '{name}_gcra_multi_oom', '{name}_token_bucket', '{name}_token_bucket_oom', '{name}_leaky_meter', '{name}_leaky_meter_oom', '{name}_fixed_window', '{name}_fixed_window_oom', '{name}_sliding_window', '{name}_sliding_window_oom', '{name}_leaky_queue', '{name}_leaky_queue_oom', '{name}_sliding_log', '{name}_sliding_log_oom', '{name}_ext', '{name}_ext_oom'\n{body}"
+            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM, FN_BATCH, FN_BATCH_OOM, FN_GCRA_BATCH, FN_GCRA_BATCH_OOM, FN_GCRA_TAKE, FN_GCRA_TAKE_OOM, FN_GCRA_MULTI, FN_GCRA_MULTI_OOM, FN_TB_FAST, FN_TB_FAST_OOM, FN_METER_FAST, FN_METER_FAST_OOM, FN_FW_FAST, FN_FW_FAST_OOM, FN_SW_FAST, FN_SW_FAST_OOM, FN_QUEUE_FAST, FN_QUEUE_FAST_OOM, FN_LOG_FAST, FN_LOG_FAST_OOM, FN_EXT, FN_EXT_OOM, FN_MIXED, FN_MIXED_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom', '{name}_batch', '{name}_batch_oom', '{name}_gcra_batch', '{name}_gcra_batch_oom', '{name}_gcra_take', '{name}_gcra_take_oom', '{name}_gcra_multi', '{name}_gcra_multi_oom', '{name}_token_bucket', '{name}_token_bucket_oom', '{name}_leaky_meter', '{name}_leaky_meter_oom', '{name}_fixed_window', '{name}_fixed_window_oom', '{name}_sliding_window', '{name}_sliding_window_oom', '{name}_leaky_queue', '{name}_leaky_queue_oom', '{name}_sliding_log', '{name}_sliding_log_oom', '{name}_ext', '{name}_ext_oom', '{name}_mixed', '{name}_mixed_oom'\n{body}"
         )
         .into();
         let function =
@@ -105,8 +108,10 @@ impl Library {
         let token_bucket = with_twin("token_bucket");
         let gcra_multi = with_twin("gcra_multi");
         let gcra_take = with_twin("gcra_take");
+        let mixed = with_twin("mixed");
         Self {
             options,
+            mixed,
             batch,
             gcra_batch,
             gcra_take,
@@ -149,6 +154,12 @@ impl Library {
     /// one-policy GCRA one.
     pub(crate) fn batch_functions(&self) -> (&LuaScript, &LuaScript) {
         (&self.batch, &self.gcra_batch)
+    }
+
+    /// The function that runs checks of different subjects in one call
+    /// (`mixed`).
+    pub(crate) fn mixed_function(&self) -> &LuaScript {
+        &self.mixed
     }
 
     /// The function that grants permits to a local budget (`gcra_take`).

@@ -41,6 +41,7 @@ const FIXED_WINDOW_FAST: &str = include_str!("../lua/fixed_window_fast.lua");
 const SLIDING_WINDOW_FAST: &str = include_str!("../lua/sliding_window_fast.lua");
 const LEAKY_QUEUE_FAST: &str = include_str!("../lua/leaky_queue_fast.lua");
 const SLIDING_LOG_FAST: &str = include_str!("../lua/sliding_log_fast.lua");
+const MIXED: &str = include_str!("../lua/mixed.lua");
 const OPTIONS: &str = include_str!("../lua/options.lua");
 const OPTIONS_LIBRARY: &str = include_str!("../lua/options_library.lua");
 

@@ -17,7 +17,7 @@ use portcullis_core::{
 use super::RedisStore;
 use crate::budget::{self, Budget, Take};
 use crate::call::{Call, Kind, OptionArgs, PolicySet, Target};
-use crate::coalesce::{self, Join, Lead};
+use crate::coalesce::{self, Entry, Join, Lead};
 use crate::functions::CallPath;
 use crate::scripts::{Library, Serving};
 
@@ -163,11 +163,41 @@ impl RedisStore {
                         Arc::clone(coalescer),
                         Arc::clone(&target),
                     );
-                    let call = Call::new(&self.inner.caller, path, Kind::Check, target, cost);
                     let caller = Arc::clone(&self.inner.caller);
+                    let lane = self.inner.lane.clone();
+                    // The call goes now, or waits for a free call and goes
+                    // in a batch across subjects (coalesce/lane.rs); taken
+                    // here, so the order of arrival is the order of checks.
+                    let route =
+                        Call::new(&caller, path, Kind::Check, target, cost).map(|call| match &self
+                            .inner
+                            .lane
+                        {
+                            Some(lane) if call.is_function() => lane.enter(&caller, call),
+                            _ => Entry::Alone(call),
+                        });
                     return Ok(Box::pin(async move {
-                        let verdict = match call {
-                            Ok(call) => call.verdict(&caller).await,
+                        let verdict = match route {
+                            Ok(Entry::Alone(call)) => {
+                                let verdict = call.verdict(&caller).await;
+                                if let (Err(error), Some(lane)) = (&verdict, &lane) {
+                                    lane.failed(error);
+                                }
+                                verdict
+                            }
+                            Ok(Entry::Go(mut slot, call)) => {
+                                let verdict = call.verdict(&caller).await;
+                                if let Err(error) = &verdict {
+                                    slot.failed(error);
+                                }
+                                // Frees the slot: what queued meanwhile goes
+                                // (or fails as this call did, unsent).
+                                drop(slot);
+                                verdict
+                            }
+                            Ok(Entry::Wait(waiting)) => {
+                                coalesce::wait(waiting, caller.timeout).await
+                            }
                             Err(error) => Err(error),
                         };
                         if let Err(error) = &verdict {

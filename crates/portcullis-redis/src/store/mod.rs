@@ -15,7 +15,7 @@ use redis::Value;
 
 use crate::budget::Budget;
 use crate::call::Caller;
-use crate::coalesce::Coalescer;
+use crate::coalesce::{Coalescer, Lane};
 use crate::functions::CallPath;
 use crate::redisson::RateLimiter;
 
@@ -34,6 +34,9 @@ pub(crate) struct Inner {
     /// Checks waiting for a call in flight for their subject and policies
     /// (`coalesce/`); `None` when coalescing is off.
     pub(crate) coalescer: Option<Arc<Coalescer>>,
+    /// Checks of any subject waiting for a free call (`coalesce/lane.rs`);
+    /// `None` when coalescing is off, and on a Cluster.
+    pub(crate) lane: Option<Arc<Lane>>,
     /// Grants of permits for busy subjects (`budget/`); `None` unless
     /// configured.
     pub(crate) budget: Option<Arc<Budget>>,

@@ -12,7 +12,7 @@ use super::{Inner, RedisStore};
 use crate::budget::{Budget, LocalBudget};
 use crate::call::Caller;
 use crate::clock::ClockMode;
-use crate::coalesce::Coalescer;
+use crate::coalesce::{Coalescer, Lane};
 use crate::errors::BuildError;
 use crate::keys::{Keys, MAX_PREFIX_LEN};
 use crate::redact::redact_url;
@@ -477,6 +477,7 @@ impl RedisStoreBuilder {
         }
         let target = self.target.clone().ok_or(BuildError::NoServer)?;
         let (pool, description, user) = self.open_pool(target).await?;
+        let cluster = pool.is_cluster();
         let store = RedisStore {
             inner: Arc::new(Inner {
                 caller: Arc::new(Caller {
@@ -487,6 +488,7 @@ impl RedisStoreBuilder {
                     scripts: ScriptCache::new(),
                 }),
                 coalescer: self.coalesce.then(|| Arc::new(Coalescer::new())),
+                lane: (self.coalesce && !cluster).then(|| Arc::new(Lane::default())),
                 budget: self.budget.map(|budget| Arc::new(Budget::new(budget))),
             }),
         };

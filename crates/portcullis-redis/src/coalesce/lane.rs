@@ -1,0 +1,379 @@
+//! Batches across subjects ([`Lane`]): a store sends at most [`IN_FLIGHT`]
+//! calls of checks at a time; a check that finds them all in flight waits,
+//! and the checks that waited go together in one call (mixed.lua), whatever
+//! their subjects and policies, each run as the function it would have
+//! been sent to alone, in arrival order. So under load a store makes about
+//! `IN_FLIGHT` calls per round trip instead of one per check, and a check
+//! that finds a call free is sent at once: nothing waits for a batch to
+//! fill.
+//!
+//! Standalone servers and Sentinel only: a Cluster refuses keys of
+//! several slots in one call, and subjects spread over 16 384 slots, so
+//! there every check goes alone (checks of one subject still coalesce).
+//!
+//! Waiting follows the same rules as a coalesced check (`wait.rs`): a
+//! waiting check is either taken into a batch and answered by it, or
+//! withdraws before (never sent, never charged); a check whose request was
+//! dropped before its batch was taken is left out. It waits for the first
+//! call in flight to end (and one batch per [`MAX_BATCH`] checks queued
+//! before it); a call that fails store-wide (a timeout, a server gone)
+//! fails the checks waiting at once, unsent, rather than sending them into
+//! the same failure, and for [`UNHEALTHY`] after a store-wide failure
+//! every check goes alone, as without a lane (so a check made after the
+//! server is back never inherits the failure of a call made before, and no
+//! check waits for a failing call and then its own). Checks queue in
+//! arrival order: while any wait, a new check queues behind them rather
+//! than taking a slot that frees.
+//!
+//! The slots are two atomic counters and the queue a mutex taken only when
+//! every slot is busy, so a check that goes at once takes no lock. A check
+//! that queues counts itself (`queued`) before trying a slot once more,
+//! and a call that ends frees its slot before looking at `queued`; both in
+//! sequentially consistent order, so one of the two always sees the other
+//! and a queued check is never left behind.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use portcullis_core::StoreError;
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use tokio::sync::oneshot;
+
+use super::wait::{Waiting, TAKEN, WAITING};
+use super::{share, Reply, Shared, MAX_BATCH};
+use crate::call::reply::{out_of_memory, protocol};
+use crate::call::{Call, Caller};
+use crate::errors::RedisCause;
+
+/// Calls of checks a store has in flight before checks wait for a batch.
+pub(crate) const IN_FLIGHT: usize = 2;
+
+/// How long after a store-wide failure every check goes alone.
+pub(crate) const UNHEALTHY: Duration = Duration::from_secs(1);
+
+/// Milliseconds of a monotonic clock (since its first reading).
+fn now_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    u64::try_from(START.get_or_init(Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A check waiting for a batch across subjects.
+struct Queued {
+    call: Call,
+    reply: oneshot::Sender<Reply>,
+    state: Arc<AtomicU8>,
+}
+
+/// A store's calls of checks in flight, and the checks waiting for them.
+#[derive(Default)]
+pub(crate) struct Lane {
+    in_flight: AtomicUsize,
+    queued: AtomicUsize,
+    queue: Mutex<VecDeque<Queued>>,
+    /// Until when (ms of [`now_ms`]) checks go alone: [`UNHEALTHY`] after
+    /// the last store-wide failure.
+    alone_until: AtomicU64,
+}
+
+impl std::fmt::Debug for Lane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lane")
+            .field("in_flight", &self.in_flight.load(Ordering::Relaxed))
+            .field("queued", &self.queued.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// What a check does: go now (holding a slot until its call ends, or
+/// alone, outside any lane), or wait for a batch.
+pub(crate) enum Entry {
+    Alone(Call),
+    Go(Slot, Call),
+    Wait(Waiting),
+}
+
+/// A slot of the lane, held by a call sent alone: dropping it frees the
+/// slot and sends the checks that queued meanwhile.
+pub(crate) struct Slot {
+    lane: Arc<Lane>,
+    caller: Arc<Caller>,
+    /// The store-wide error the call met, if it did.
+    failed: Option<StoreError>,
+}
+
+impl Slot {
+    /// The call ended with `error`: when store-wide, the checks waiting
+    /// fail with it at once, unsent.
+    pub(crate) fn failed(&mut self, error: &StoreError) {
+        if error.is_store_wide() {
+            self.lane.failed(error);
+            self.failed = Some(unsent(error));
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.lane.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if let Some(error) = self.failed.take() {
+            self.lane.fail_queued(&error);
+        }
+        self.lane.send_queued(&self.caller);
+    }
+}
+
+/// The error of checks failed unsent because a call before them failed
+/// store-wide with `error`.
+fn unsent(error: &StoreError) -> StoreError {
+    StoreError::Unavailable {
+        source: Box::new(Shared::unsent(error)),
+    }
+}
+
+impl Lane {
+    /// A call ended with `error`: when store-wide, checks go alone for
+    /// [`UNHEALTHY`].
+    pub(crate) fn failed(&self, error: &StoreError) {
+        if error.is_store_wide() {
+            let until = now_ms().saturating_add(UNHEALTHY.as_millis() as u64);
+            self.alone_until.fetch_max(until, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes a free slot, if there is one.
+    fn try_slot(&self) -> bool {
+        self.in_flight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < IN_FLIGHT).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// The check of `call` goes now, or waits for a batch. Outside a tokio
+    /// runtime (nothing to send a batch on) it goes now, without a slot.
+    pub(crate) fn enter(self: &Arc<Self>, caller: &Arc<Caller>, call: Call) -> Entry {
+        let slot = || Slot {
+            lane: Arc::clone(self),
+            caller: Arc::clone(caller),
+            failed: None,
+        };
+        if now_ms() < self.alone_until.load(Ordering::Relaxed) {
+            return Entry::Alone(call);
+        }
+        // In arrival order: while checks wait, a new one waits behind them.
+        if self.queued.load(Ordering::SeqCst) == 0 && self.try_slot() {
+            return Entry::Go(slot(), call);
+        }
+        if tokio::runtime::Handle::try_current().is_err() {
+            // Counted, so that its end sends what queued meanwhile.
+            self.in_flight.fetch_add(1, Ordering::SeqCst);
+            return Entry::Go(slot(), call);
+        }
+        let (reply, answer) = oneshot::channel();
+        let state = Arc::new(AtomicU8::new(WAITING));
+        let ahead = {
+            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            queue.push_back(Queued {
+                call,
+                reply,
+                state: Arc::clone(&state),
+            });
+            queue.len() - 1
+        };
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        // A slot freed while this check queued: nobody else may look.
+        self.send_queued(caller);
+        // The first call in flight to end, and a batch per MAX_BATCH
+        // queued before.
+        Entry::Wait(Waiting::new(answer, state, 1 + ahead / MAX_BATCH))
+    }
+
+    /// When checks wait and a slot is free, takes it and sends them, batch
+    /// after batch, on a task of the runtime.
+    fn send_queued(self: &Arc<Self>, caller: &Arc<Caller>) {
+        if self.queued.load(Ordering::SeqCst) == 0 || !self.try_slot() {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(drain(Arc::clone(self), Arc::clone(caller)));
+            }
+            // Unreachable (checks queue only on a runtime, and their calls
+            // end on it): free the slot; the next call's end sends them.
+            Err(_) => {
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Fails every check waiting with `error`, unsent (those a batch took
+    /// already are answered by it).
+    fn fail_queued(&self, error: &StoreError) {
+        loop {
+            let batch = self.next_batch();
+            if batch.is_empty() {
+                return;
+            }
+            for queued in batch {
+                let _ = queued.reply.send(Err(share(error)));
+            }
+        }
+    }
+
+    /// The next batch: up to [`MAX_BATCH`] waiting checks, marked taken;
+    /// dropped and withdrawn ones are left out (never sent).
+    fn next_batch(&self) -> Vec<Queued> {
+        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut batch = Vec::with_capacity(queue.len().min(MAX_BATCH));
+        let mut popped = 0;
+        while batch.len() < MAX_BATCH {
+            let Some(queued) = queue.pop_front() else {
+                break;
+            };
+            popped += 1;
+            if queued.reply.is_closed() {
+                continue;
+            }
+            if queued
+                .state
+                .compare_exchange(WAITING, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                batch.push(queued);
+            }
+        }
+        self.queued.fetch_sub(popped, Ordering::SeqCst);
+        batch
+    }
+}
+
+/// Holding a slot: sends the waiting checks, batch after batch, then frees
+/// the slot (and looks once more, as a call's end does).
+async fn drain(lane: Arc<Lane>, caller: Arc<Caller>) {
+    loop {
+        let batch = lane.next_batch();
+        if batch.is_empty() {
+            lane.in_flight.fetch_sub(1, Ordering::SeqCst);
+            lane.send_queued(&caller);
+            return;
+        }
+        if let Some(error) = send(&caller, batch).await {
+            lane.failed(&error);
+            lane.fail_queued(&unsent(&error));
+        }
+    }
+}
+
+/// Sends one batch and answers each of its checks; returns the error of
+/// a call that failed store-wide.
+async fn send(caller: &Caller, batch: Vec<Queued>) -> Option<StoreError> {
+    if let [_] = batch.as_slice() {
+        let mut failed = None;
+        for queued in batch {
+            let verdict = queued.call.verdict(caller).await;
+            if let Err(error) = &verdict {
+                failed = error.is_store_wide().then(|| share(error));
+            }
+            let _ = queued.reply.send(verdict);
+        }
+        return failed;
+    }
+    let mixed = caller.scripts.library().mixed_function();
+    let cmd = match command(mixed.sha(), &batch) {
+        Ok(cmd) => cmd,
+        Err(error) => {
+            for queued in batch {
+                let _ = queued.reply.send(Err(share(&error)));
+            }
+            return None;
+        }
+    };
+    let first_key = batch[0].call.first_key().to_owned();
+    match caller.run(mixed, &cmd, &first_key).await {
+        Ok(Value::Array(items)) if items.len() == batch.len() => {
+            for (queued, item) in batch.into_iter().zip(items) {
+                let reply = match item {
+                    Value::SimpleString(status) if status == "NOROOM" => Err(out_of_memory()),
+                    Value::SimpleString(status) if status.starts_with("FAILED ") => {
+                        Err(StoreError::rejected(RedisCause::from(RedisError::from((
+                            ErrorKind::Server(ServerErrorKind::ResponseError),
+                            "Redis refused one check of a batch",
+                            status["FAILED ".len()..].to_owned(),
+                        )))))
+                    }
+                    item => queued.call.read(item),
+                };
+                let _ = queued.reply.send(reply);
+            }
+            None
+        }
+        Ok(other) => {
+            let error = protocol(format!("checks of several subjects answered {other:?}"));
+            for queued in batch {
+                let _ = queued.reply.send(Err(share(&error)));
+            }
+            None
+        }
+        // Redis refused Functions (nothing ran): each check alone, which
+        // sends it on the EVALSHA path the store takes from now on.
+        Err(error) if caller.scripts.path().refused(&error) => {
+            for queued in batch {
+                let verdict = queued.call.verdict(caller).await;
+                let _ = queued.reply.send(verdict);
+            }
+            None
+        }
+        Err(error) => {
+            for queued in batch {
+                let _ = queued.reply.send(Err(share(&error)));
+            }
+            error.is_store_wide().then_some(error)
+        }
+    }
+}
+
+/// `FCALL <mixed> <keys> <every check's keys> <m> [<function> <keys>
+/// <arguments> <arguments...>]...`: each check's own command, its keys
+/// moved to the front.
+fn command(function: &str, batch: &[Queued]) -> Result<redis::Cmd, StoreError> {
+    let mut alone = Vec::with_capacity(batch.len());
+    let mut keys = 0;
+    for queued in batch {
+        let (cmd, _) = queued.call.alone()?;
+        let parts: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .filter_map(|arg| match arg {
+                redis::Arg::Simple(bytes) => Some(bytes.to_vec()),
+                _ => None,
+            })
+            .collect();
+        let count = parts
+            .get(2)
+            .and_then(|count| std::str::from_utf8(count).ok())
+            .and_then(|count| count.parse::<usize>().ok())
+            .filter(|count| parts.len() >= 3 + count)
+            .ok_or_else(|| protocol("a check's command has no key count".to_owned()))?;
+        keys += count;
+        alone.push((parts, count));
+    }
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(function).arg(keys);
+    for (parts, count) in &alone {
+        for key in &parts[3..3 + count] {
+            cmd.arg(key.as_slice());
+        }
+    }
+    cmd.arg(batch.len());
+    for (parts, count) in &alone {
+        let arguments = &parts[3 + count..];
+        cmd.arg(parts[1].as_slice())
+            .arg(*count)
+            .arg(arguments.len());
+        for argument in arguments {
+            cmd.arg(argument.as_slice());
+        }
+    }
+    Ok(cmd)
+}
