@@ -268,3 +268,72 @@ pub(crate) fn concurrency(policy: &std::sync::Arc<str>, event: Concurrency) {
     }
     let _ = (policy, event);
 }
+
+#[cfg(all(test, feature = "metrics"))]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use metrics::{
+        Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+
+    use super::{allowed, recording, PolicyLabels};
+
+    /// Counts every increment, whatever the key.
+    #[derive(Default)]
+    struct Count(Arc<AtomicU64>);
+
+    impl CounterFn for Count {
+        fn increment(&self, value: u64) {
+            self.0.fetch_add(value, Ordering::SeqCst);
+        }
+        fn absolute(&self, _: u64) {}
+    }
+
+    impl Recorder for Count {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::from_arc(Arc::new(Count(Arc::clone(&self.0))))
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn a_request_records_through_the_recorder_in_force_and_nothing_without_one() {
+        let policies = [
+            portcullis_core::Policy::per_second(1)
+                .name("a")
+                .build()
+                .unwrap(),
+            portcullis_core::Policy::per_minute(9)
+                .name("b")
+                .build()
+                .unwrap(),
+        ];
+        let labels = PolicyLabels::of(&policies);
+        // No recorder installed in this test binary: `metrics`' no-op one.
+        assert!(!recording());
+        metrics::with_local_recorder(&metrics::NoopRecorder, || assert!(!recording()));
+
+        let count = Count::default();
+        metrics::with_local_recorder(&count, || {
+            assert!(recording());
+            allowed(&labels);
+        });
+        assert_eq!(count.0.load(Ordering::SeqCst), 2, "one per policy");
+        allowed(&labels);
+        assert_eq!(
+            count.0.load(Ordering::SeqCst),
+            2,
+            "outside the scope: nothing"
+        );
+    }
+}
