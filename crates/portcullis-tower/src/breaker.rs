@@ -77,6 +77,7 @@ impl Breaker {
 
     /// Whether a store-wide failure was recorded since the last success:
     /// the store is in an outage (with the breaker disabled too).
+    #[inline]
     pub(crate) fn failing(&self) -> bool {
         self.failures.load(Ordering::Relaxed) > 0
     }

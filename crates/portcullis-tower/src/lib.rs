@@ -71,7 +71,11 @@
 //! `portcullis_concurrency_denied_total`,
 //! `portcullis_concurrency_store_errors_total`,
 //! `portcullis_concurrency_fail_open_total`, each labelled `policy`, with help
-//! text and units: `describe_metrics`).
+//! text and units: `describe_metrics`). Each request goes to the recorder in
+//! force when it is decided (a scope's `metrics::with_local_recorder`, else
+//! the global one), so a recorder installed after the layer was built sees
+//! it; with none installed, a request records nothing and reads no clock
+//! (a zero-sized recorder, as `metrics::NoopRecorder`, counts as none).
 //!
 //! # When the store fails
 //!

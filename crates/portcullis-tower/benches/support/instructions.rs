@@ -9,6 +9,12 @@
 //! defaults; and with `use_headers()`, which adds `x-ratelimit-limit` and
 //! `x-ratelimit-remaining` to every admitted response).
 //!
+//! The `metrics` feature is off here, as users get the layer by default;
+//! `PORTCULLIS_BENCH_CALLGRIND_ONLY=1 cargo bench -p portcullis-tower
+//! --features metrics --bench http_throughput` counts the same
+//! configurations with it on and no recorder installed, the cost of the
+//! feature being the difference of the added figures of the two runs.
+//!
 //! The bench re-runs itself under `valgrind --tool=callgrind` once per
 //! configuration (`PORTCULLIS_CALLGRIND_CHILD=<config>:<n>`); after 100
 //! warm-up requests, only the function running the measured requests is

@@ -83,6 +83,19 @@ impl KeyBuf {
         }
     }
 
+    /// The inline text, when the key is inline with room for `room` more
+    /// bytes: a writer of short keys writes there, with no second copy.
+    #[inline]
+    pub(crate) fn inline_with_room(
+        &mut self,
+        room: usize,
+    ) -> Option<&mut ArrayString<{ KeyBuf::INLINE_CAPACITY }>> {
+        match &mut self.repr {
+            Repr::Inline(inline) if inline.remaining_capacity() >= room => Some(inline),
+            _ => None,
+        }
+    }
+
     /// Appends `string`; when the key is empty, `string` becomes the key
     /// without a copy.
     pub(crate) fn push_string(&mut self, string: String) {

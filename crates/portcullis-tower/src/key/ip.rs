@@ -80,13 +80,28 @@ impl Grouping {
 }
 
 /// `a.b.c.d`, as `Ipv4Addr`'s `Display` writes it: each octet's digits
-/// from a table into a stack buffer, then one copy into `out` (no
-/// `core::fmt`, no per-digit division). `Ipv4Addr`'s own `Display` goes
-/// through `core::fmt`, which costs several times this on every request.
+/// from a table, straight into `out` when it is inline with room (else
+/// into a stack buffer, then one copy): no `core::fmt`, no per-digit
+/// division. `Ipv4Addr`'s own `Display` goes through `core::fmt`, which
+/// costs several times this on every request.
+#[inline]
 fn push_ipv4(ip: Ipv4Addr, out: &mut KeyBuf) {
+    const LONGEST: usize = "255.255.255.255".len();
+    match out.inline_with_room(LONGEST) {
+        Some(inline) => write_ipv4(ip, inline),
+        None => {
+            let mut text = ArrayString::<LONGEST>::new();
+            write_ipv4(ip, &mut text);
+            out.push_str(&text);
+        }
+    }
+}
+
+/// `a.b.c.d` appended to `text`, which has room for 15 bytes more.
+#[inline]
+fn write_ipv4<const N: usize>(ip: Ipv4Addr, text: &mut ArrayString<N>) {
     // Pushed char by char: turning a byte buffer into a `str` would check
     // it for UTF-8, which costs more than these pushes.
-    let mut text = ArrayString::<15>::new();
     for (i, octet) in ip.octets().into_iter().enumerate() {
         if i > 0 {
             let _ = text.try_push('.');
@@ -96,7 +111,6 @@ fn push_ipv4(ip: Ipv4Addr, out: &mut KeyBuf) {
             let _ = text.try_push(char::from(digit));
         }
     }
-    out.push_str(&text);
 }
 
 /// For every octet value: its decimal digits, left-aligned in three bytes,

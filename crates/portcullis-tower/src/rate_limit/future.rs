@@ -1,5 +1,13 @@
 //! The response future of `RateLimit`: check, maybe wait, then call the
 //! inner service or answer.
+//!
+//! The common ways (a request decided in `call` and forwarded, or
+//! answered limited) are two variants that hold only the inner future and
+//! its headers, or the response, as tower-http's limit future holds only
+//! the inner one; everything that waits or charges after the response
+//! (the check in flight, a fallback store, a shaping wait, a plan lookup,
+//! a charge) is [`Slow`], boxed, so the common future stays small to build
+//! and move and its `poll` is one match.
 
 use std::fmt;
 use std::future::Future;
@@ -30,10 +38,43 @@ pin_project! {
         St: Store,
     {
         #[pin]
+        kind: Kind<S::Future, Pin<Box<Slow<S, St, K, ReqBody>>>>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<F, W> {
+        // Decided in `call`, admitted: the inner service's future and the
+        // headers for its response.
+        Inner {
+            #[pin]
+            future: F,
+            headers: Option<RateLimitHeaders>,
+        },
+        // Decided in `call`: answered by the layer.
+        Done {
+            response: Option<Response<Bytes>>,
+        },
+        // Waiting, or charging after the response.
+        Slow {
+            slow: W,
+        },
+    }
+}
+
+pin_project! {
+    /// A request that waits (a store that answers later, a shaping delay, a
+    /// plan lookup) or is charged after its response.
+    struct Slow<S, St, K, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+        St: Store,
+    {
+        #[pin]
         state: State<S::Future, St::CheckFuture>,
-        // Boxed: only requests that wait (a store that answers later, a
-        // shaping delay) need it, and the fast path stays small to move.
-        pending: Option<Box<Pending<S, St, K, ReqBody>>>,
+        // Until the request is forwarded.
+        pending: Option<Pending<S, St, K, ReqBody>>,
         // Charging after the response (post_charge.rs), when the layer does.
         charge: Option<Box<PostCharge<S::Response, St, K>>>,
     }
@@ -98,7 +139,24 @@ where
     St: Store,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.state {
+        let state = match &self.kind {
+            Kind::Inner { .. } => "calling the inner service",
+            Kind::Done { .. } => "answered",
+            Kind::Slow { slow } => slow.describe(),
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<S, St, K, ReqBody> Slow<S, St, K, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+    St: Store,
+{
+    fn describe(&self) -> &'static str {
+        match &self.state {
             State::Check { .. } => "checking",
             State::Fallback { .. } => "checking the fallback store",
             State::Ready { .. } => "checked",
@@ -107,10 +165,7 @@ where
             State::Done { .. } => "answered",
             State::Charging => "charging after the response",
             State::Resolve { .. } => "looking up the plan",
-        };
-        f.debug_struct("ResponseFuture")
-            .field("state", &state)
-            .finish()
+        }
     }
 }
 
@@ -121,31 +176,45 @@ where
     K: KeyExtractor,
 {
     // The constructors take the post-charge, if any, so `call` builds its
-    // future in one expression rather than moving the whole future (some
-    // 400 bytes) again to set it.
+    // future in one expression rather than moving the whole future again
+    // to set it. Without one, the future is one of the small variants.
     pub(crate) fn forward(
         future: S::Future,
         headers: Option<RateLimitHeaders>,
         charge: Option<Box<PostCharge<S::Response, St, K>>>,
     ) -> Self {
-        Self {
-            state: State::Inner { future, headers },
-            pending: None,
-            charge,
-        }
+        let kind = match charge {
+            None => Kind::Inner { future, headers },
+            charge => Kind::Slow {
+                slow: Box::pin(Slow {
+                    state: State::Inner { future, headers },
+                    pending: None,
+                    charge,
+                }),
+            },
+        };
+        Self { kind }
     }
 
     pub(crate) fn respond(
         response: Response<Bytes>,
         charge: Option<Box<PostCharge<S::Response, St, K>>>,
     ) -> Self {
-        Self {
-            state: State::Done {
+        let kind = match charge {
+            None => Kind::Done {
                 response: Some(response),
             },
-            pending: None,
-            charge,
-        }
+            charge => Kind::Slow {
+                slow: Box::pin(Slow {
+                    state: State::Done {
+                        response: Some(response),
+                    },
+                    pending: None,
+                    charge,
+                }),
+            },
+        };
+        Self { kind }
     }
 
     pub(crate) fn pending(
@@ -156,17 +225,22 @@ where
         ticket: Ticket,
         charge: Option<Box<PostCharge<S::Response, St, K>>>,
     ) -> Self {
-        let mut pending = Some(Box::new(Pending {
+        let mut pending = Some(Pending {
             checker,
             inner,
             parts,
             body,
             ticket,
-        }));
+        });
+        let state = enter(next, &mut pending);
         Self {
-            state: enter(next, &mut pending),
-            pending,
-            charge,
+            kind: Kind::Slow {
+                slow: Box::pin(Slow {
+                    state,
+                    pending,
+                    charge,
+                }),
+            },
         }
     }
 }
@@ -174,7 +248,7 @@ where
 /// The state for `next`. Calling the inner service consumes `pending`.
 fn enter<S, St, K, ReqBody>(
     next: Next<St>,
-    pending: &mut Option<Box<Pending<S, St, K, ReqBody>>>,
+    pending: &mut Option<Pending<S, St, K, ReqBody>>,
 ) -> State<S::Future, St::CheckFuture>
 where
     S: Service<Request<ReqBody>>,
@@ -198,7 +272,7 @@ where
                 response: Some(*response),
             }
         }
-        Next::Forward(headers) => match pending.take().map(|p| *p) {
+        Next::Forward(headers) => match pending.take() {
             Some(Pending {
                 mut inner,
                 parts,
@@ -258,6 +332,33 @@ where
 }
 
 impl<S, St, K, ReqBody, ResBody> Future for ResponseFuture<S, St, K, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    St: Store,
+    K: KeyExtractor,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Inner { future, headers } => {
+                let mut response = ready!(future.poll(cx))?;
+                if let Some(headers) = headers.take() {
+                    headers.apply(response.headers_mut());
+                }
+                Poll::Ready(Ok(response.map(ResponseBody::inner)))
+            }
+            KindProj::Done { response } => {
+                let response = response.take().unwrap_or_else(missing_request);
+                Poll::Ready(Ok(response.map(ResponseBody::own)))
+            }
+            KindProj::Slow { slow } => slow.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<S, St, K, ReqBody, ResBody> Future for Slow<S, St, K, ReqBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     St: Store,

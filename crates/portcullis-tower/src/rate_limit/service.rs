@@ -76,15 +76,31 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let (mut parts, body) = request.into_parts();
-        // Charging after the response: a handle for the handler, and the
-        // post-response step.
-        let charge = self.shared.charge.is_some().then(|| {
-            let handle = Charge::new();
-            parts.extensions.insert(handle.clone());
-            PostCharge::new(Arc::clone(&self.shared), handle)
-        });
         let mut ticket = None;
-        let mut next = self.shared.start(&mut parts, &mut ticket);
+        // A layer built with nothing a request brings but its key (chosen
+        // at `build()`): an admitted request is forwarded from here, with
+        // no step or ticket built; anything else continues below.
+        let (mut next, charge) = if self.shared.straight {
+            match self.shared.start_straight(&mut parts, &mut ticket) {
+                Ok(headers) => {
+                    return ResponseFuture::forward(
+                        self.inner.call(Request::from_parts(parts, body)),
+                        headers,
+                        None,
+                    )
+                }
+                Err(next) => (next, None),
+            }
+        } else {
+            // Charging after the response: a handle for the handler, and
+            // the post-response step.
+            let charge = self.shared.charge.is_some().then(|| {
+                let handle = Charge::new();
+                parts.extensions.insert(handle.clone());
+                PostCharge::new(Arc::clone(&self.shared), handle)
+            });
+            (self.shared.start(&mut parts, &mut ticket), charge)
+        };
         // A store that answers synchronously does so through
         // `Store::check_now` (`Next::Ready`), so the request is decided here
         // and the inner service is called directly instead of being cloned

@@ -291,6 +291,12 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
                 crate::response::missing_key_message(&self.key),
             )
         });
+        let straight = self.settings.select_tier.is_none()
+            && self.settings.cost.is_none()
+            && self.settings.charge.is_none()
+            && options.is_none()
+            && !self.settings.info_in_extensions
+            && self.settings.mode != Mode::DryRun;
         RateLimitLayer {
             shared: Arc::new(Checker {
                 store: self.store,
@@ -316,6 +322,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
                 no_room_status: self.settings.no_room_status,
                 charge: self.settings.charge,
                 options,
+                straight,
             }),
         }
     }

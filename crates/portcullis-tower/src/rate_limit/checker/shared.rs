@@ -64,6 +64,12 @@ pub(crate) struct Checker<St, K> {
     /// Idempotency keys and priority classes, when configured
     /// (`rate_limit/options.rs`).
     pub(crate) options: Option<OptionSources>,
+    /// Whether a request needs nothing but its key (chosen at `build()`):
+    /// no tier selector, no cost function, no charge
+    /// after the response, no options, no
+    /// [`RateLimitInfo`](crate::RateLimitInfo) in the extensions, not a dry
+    /// run. The service then takes `start_straight`.
+    pub(crate) straight: bool,
 }
 
 impl<St, K> fmt::Debug for Checker<St, K> {

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use super::shared::Checker;
 use super::step::{Next, Ticket};
 use crate::config::{MissingKey, Mode};
+use crate::headers::RateLimitHeaders;
 use crate::key::{KeyBuf, KeyExtractor};
 use crate::observe;
 use crate::rate_limit::options::{self, Asked, RequestOptions};
@@ -58,6 +59,99 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
         if let Err(next) = self.read_key(parts, &mut key) {
             return next;
         }
+        self.start_keyed(parts, key, slot)
+    }
+
+    /// The first step for a new request on a layer built without any of
+    /// what a request may bring beyond its key ([`Checker::straight`]: no
+    /// tier selector, no cost function, no charge, no options, no
+    /// [`RateLimitInfo`](crate::RateLimitInfo), not a dry run): the default
+    /// tier, or with live limits the key's override, cached plan or the
+    /// defaults in force; cost 1. `Ok` is an admitted request to forward
+    /// with these headers, decided with no ticket and no [`Next`] built;
+    /// everything else is the step [`start`](Self::start) would take, its
+    /// ticket in `slot`.
+    #[inline]
+    pub(crate) fn start_straight(
+        &self,
+        parts: &mut Parts,
+        slot: &mut Option<Ticket>,
+    ) -> Result<Option<RateLimitHeaders>, Next<St>> {
+        let mut key = KeyBuf::new();
+        self.read_key(parts, &mut key)?;
+        // A held denial (only a store that answers later fills the cache),
+        // or a request span to record: the general way.
+        if self
+            .deny_cache
+            .as_ref()
+            .is_some_and(|cache| !cache.is_empty())
+            || tracing::enabled!(tracing::Level::DEBUG)
+        {
+            return Err(self.start_keyed(parts, key, slot));
+        }
+        match &self.live {
+            None => self.straight_check(parts, key, &self.tiers[0], slot),
+            Some(live) if !live.has_plans() => {
+                live.with_tier(key, |key, tier| self.straight_check(parts, key, tier, slot))
+            }
+            Some(live) => match live.pick(parts, &key, None) {
+                Picked::Live(tier) => self.straight_check(parts, key, &tier, slot),
+                Picked::Static(index) => {
+                    let tier = self.tiers.get(index).unwrap_or(&self.tiers[0]);
+                    self.straight_check(parts, key, tier, slot)
+                }
+                Picked::Later(lookup) => {
+                    *slot = Some(self.ticket(key, &self.tiers[0], 1, None));
+                    Err(Next::Resolve(lookup))
+                }
+                Picked::Failed => {
+                    let ticket = slot.insert(self.ticket(key, &self.tiers[0], 1, None));
+                    Err(self.on_failure(ticket, &parts.headers))
+                }
+            },
+        }
+    }
+
+    /// [`start_straight`](Self::start_straight) once the key and tier are
+    /// known.
+    #[inline]
+    fn straight_check(
+        &self,
+        parts: &mut Parts,
+        key: KeyBuf,
+        tier: &Arc<Tier>,
+        slot: &mut Option<Ticket>,
+    ) -> Result<Option<RateLimitHeaders>, Next<St>> {
+        if tier.classed {
+            // Checked as its default class (`ask_store` asks with it).
+            let ticket = slot.insert(self.ticket(key, tier, 1, None));
+            ticket.options = Some(RequestOptions::default_class());
+            return Err(self.ask_store(ticket, &parts.headers));
+        }
+        if !self.breaker.allow() {
+            let ticket = slot.insert(self.ticket(key, tier, 1, None));
+            tracing::debug!("store skipped: circuit breaker open");
+            return Err(self.on_failure(ticket, &parts.headers));
+        }
+        match self.check_now(tier, &key, 1) {
+            Some(Ok(verdict)) if verdict.is_allowed() && verdict.delay().is_zero() => {
+                self.store_answered();
+                observe::allowed(&tier.labels);
+                Ok(self.admitted_headers(tier, &verdict))
+            }
+            Some(result) => {
+                let ticket = slot.insert(self.ticket(key, tier, 1, None));
+                Err(self.on_result(ticket, parts, result))
+            }
+            None => {
+                let ticket = slot.insert(self.ticket(key, tier, 1, None));
+                Err(self.check_later(ticket))
+            }
+        }
+    }
+
+    /// [`start`](Self::start) once the request's key is read.
+    fn start_keyed(&self, parts: &mut Parts, key: KeyBuf, slot: &mut Option<Ticket>) -> Next<St> {
         let Some(cost) = self.request_cost(parts) else {
             return Next::Forward(None);
         };
@@ -246,14 +340,18 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
     /// ([`Store::check_now`]).
     #[inline]
     fn check_now(&self, tier: &Tier, key: &str, cost: u64) -> Option<Result<Verdict, StoreError>> {
+        // The store latency costs two clock reads: only when a recorder
+        // is in force (`observe::recording`).
         #[cfg(feature = "metrics")]
-        let begun = Instant::now();
-        let result = self.store.check_now(key, &tier.policies, cost);
-        #[cfg(feature = "metrics")]
-        if result.is_some() {
-            observe::store_latency(&tier.labels, begun.elapsed());
+        if observe::recording() {
+            let begun = Instant::now();
+            let result = self.store.check_now(key, &tier.policies, cost);
+            if result.is_some() {
+                observe::store_latency(&tier.labels, begun.elapsed());
+            }
+            return result;
         }
-        result
+        self.store.check_now(key, &tier.policies, cost)
     }
 
     /// Sends the check to a store that answers later.

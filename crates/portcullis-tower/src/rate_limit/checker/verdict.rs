@@ -23,7 +23,13 @@ use crate::response::{self, grpc_content_type};
 
 impl<St: Store, K: KeyExtractor> Checker<St, K> {
     /// The store answered: closes the circuit breaker if it was open.
+    #[inline]
     pub(super) fn store_answered(&self) {
+        // No store-wide failure since the last answer (the common case):
+        // one atomic load, no outage to report, no breaker to close.
+        if !self.breaker.failing() {
+            return;
+        }
         self.outage_over();
         if self.breaker.success() {
             tracing::info!("rate-limit store answers again; circuit breaker closed");
@@ -95,7 +101,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
             };
         }
         #[cfg(feature = "metrics")]
-        if let Some(sent) = ticket.sent {
+        if let Some(sent) = ticket.sent.filter(|_| observe::recording()) {
             observe::store_latency(&tier.labels, sent.elapsed());
         }
         let error = match result {

@@ -4,9 +4,11 @@
 //! override, its plan, the chosen tier, the defaults), and every set a
 //! key may be checked under (for `reset`).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::{ArcSwap, Guard};
@@ -33,6 +35,12 @@ pub(crate) struct Live {
 /// What the compiler and the requests share.
 struct LiveState {
     compiled: ArcSwap<Compiled>,
+    /// Counts the sets compiled: a thread's view of `compiled`
+    /// ([`VIEWS`]) is current while this has not moved.
+    epoch: AtomicU64,
+    /// Names this state in the per-thread views (never reused, unlike an
+    /// address).
+    id: u64,
     plans: Option<PlanResolver>,
     missing: Arc<MissingTiers>,
 }
@@ -56,6 +64,9 @@ impl LiveState {
         self.warn_missing_tiers(&compiled);
         tracing::debug!(version = set.version(), "rate limit: new limits compiled");
         self.compiled.store(Arc::new(compiled));
+        // After the store: a thread that sees the new epoch loads a set at
+        // least as new as the one it names.
+        self.epoch.fetch_add(1, Ordering::Release);
     }
 
     /// Warns once per tier that cached plans name and `compiled` lacks,
@@ -92,11 +103,38 @@ impl LiveState {
     }
 }
 
+/// Layers with live limits a thread keeps a view for; beyond these, the
+/// oldest view is replaced.
+const VIEWS_PER_THREAD: usize = 4;
+
+/// One thread's view of a layer's compiled set: the set, and the epoch it
+/// was current at.
+struct View {
+    id: u64,
+    epoch: u64,
+    compiled: Arc<Compiled>,
+}
+
+thread_local! {
+    /// Each thread's views of the compiled sets of the layers it serves,
+    /// so a request reads its layer's set with one atomic load (the epoch)
+    /// instead of an `ArcSwap` load and its release. A view holds its set
+    /// until the thread next serves that layer after a change, or another
+    /// layer takes its place.
+    static VIEWS: RefCell<arrayvec::ArrayVec<View, VIEWS_PER_THREAD>> =
+        const { RefCell::new(arrayvec::ArrayVec::new_const()) };
+}
+
+/// Identifies each [`LiveState`].
+static IDS: AtomicU64 = AtomicU64::new(1);
+
 impl Live {
     pub(crate) fn new(limits: Limits, plans: Option<PlanResolver>) -> Self {
         let missing = Arc::new(MissingTiers::default());
         let state = Arc::new(LiveState {
             compiled: ArcSwap::from_pointee(Compiled::of(&limits.load(), Arc::clone(&missing))),
+            epoch: AtomicU64::new(0),
+            id: IDS.fetch_add(1, Ordering::Relaxed),
             plans,
             missing,
         });
@@ -122,6 +160,58 @@ impl Live {
     #[inline]
     fn current(&self) -> Guard<Arc<Compiled>> {
         self.state.compiled.load()
+    }
+
+    /// The compiled set in force, through this thread's view of it when
+    /// that is current (one atomic load and a reference count), else
+    /// loaded and kept as the thread's view.
+    #[inline]
+    fn current_view(&self) -> Arc<Compiled> {
+        let state = &*self.state;
+        let epoch = state.epoch.load(Ordering::Acquire);
+        let viewed = VIEWS.try_with(|views| {
+            let mut views = views.try_borrow_mut().ok()?;
+            if let Some(view) = views.iter_mut().find(|view| view.id == state.id) {
+                if view.epoch != epoch {
+                    view.compiled = state.compiled.load_full();
+                    view.epoch = epoch;
+                }
+                return Some(Arc::clone(&view.compiled));
+            }
+            let compiled = state.compiled.load_full();
+            if views.is_full() {
+                views.remove(0);
+            }
+            views.push(View {
+                id: state.id,
+                epoch,
+                compiled: Arc::clone(&compiled),
+            });
+            Some(compiled)
+        });
+        match viewed {
+            Ok(Some(compiled)) => compiled,
+            // The thread's views are being torn down.
+            _ => state.compiled.load_full(),
+        }
+    }
+
+    /// Whether a plan resolver chooses requests' tiers.
+    pub(crate) fn has_plans(&self) -> bool {
+        self.state.plans.is_some()
+    }
+
+    /// For a layer without a plan resolver or tier selector: `f` with the
+    /// tier of `key` (its override, else the defaults), borrowed from the
+    /// compiled set in force.
+    #[inline]
+    pub(crate) fn with_tier<Q, T>(&self, key: Q, f: impl FnOnce(Q, &Arc<Tier>) -> T) -> T
+    where
+        Q: std::ops::Deref<Target = str>,
+    {
+        let compiled = self.current_view();
+        let tier = compiled.overrides.get(&*key).unwrap_or(&compiled.defaults);
+        f(key, tier)
     }
 
     /// Every set of policies `key` may be checked under now: the defaults,
@@ -156,7 +246,7 @@ impl Live {
     /// The tier for a request (`parts`, its key `key`): the key's override,
     /// else its plan, else the tier `select` names, else the defaults.
     pub(crate) fn pick(&self, parts: &Parts, key: &str, select: Option<&str>) -> Picked {
-        let compiled = self.current();
+        let compiled = self.current_view();
         if let Some(tier) = compiled.overrides.get(key) {
             return Picked::Live(Arc::clone(tier));
         }
