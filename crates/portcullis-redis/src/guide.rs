@@ -152,6 +152,13 @@
 //! [`RedisStoreBuilder::coalesce(false)`](crate::RedisStoreBuilder::coalesce);
 //! peeks and the `EVALSHA` path are never coalesced.
 //!
+//! Checks of different subjects batch too, on a standalone server or behind
+//! Sentinel: a store keeps at most two calls of checks in flight, and the
+//! checks that find both busy go together as one call of
+//! `portcullis_<hash>_mixed`, each run as the function it would have been
+//! sent to alone (ALGORITHMS.md, "Batches across subjects"). On a Cluster
+//! (keys of one call must share a slot) every check goes alone.
+//!
 //! With a [`LocalBudget`](crate::LocalBudget), a busy subject's checks are
 //! admitted from grants of permits (`portcullis_<hash>_gcra_take`: as many
 //! permits as fit, up to the demand of the last grant period, charged at

@@ -392,9 +392,13 @@ impl RedisStoreBuilder {
     /// each had been sent alone at that instant. A check that finds no call
     /// in flight is sent at once: nothing waits for a batch to fill. A busy
     /// subject then costs Redis one call per round trip instead of one per
-    /// request. Charges on the Redis Functions path are coalesced; peeks,
-    /// and every check on the `EVALSHA` path, go alone. Turn it off to send
-    /// every check as its own call.
+    /// request. On a standalone server or behind Sentinel, checks of
+    /// different subjects batch as well: the store keeps at most two calls
+    /// of checks in flight, and checks that find both busy go together as
+    /// one call, each decided as if sent alone (on a Cluster, whose calls
+    /// hold one slot's keys, they go alone). Charges on the Redis Functions
+    /// path are coalesced; peeks, and every check on the `EVALSHA` path, go
+    /// alone. Turn it off to send every check as its own call.
     ///
     /// A waiting check is either sent in its batch and answered with that
     /// batch's answer, or never sent: if the calls ahead of it take longer
