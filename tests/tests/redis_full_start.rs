@@ -61,6 +61,32 @@ async fn flush_functions(url: &str) {
         .expect("FUNCTION FLUSH");
 }
 
+/// `FUNCTION LOAD`s the server at `url` was sent (run, rejected or failed:
+/// `INFO commandstats`).
+async fn function_loads(url: &str) -> u64 {
+    command_calls(url, "function|load").await
+}
+
+/// How many times the server at `url` was sent `name` (run, rejected or
+/// failed: `INFO commandstats`).
+async fn command_calls(url: &str, name: &str) -> u64 {
+    let mut connection = admin(url).await;
+    let info: String = command(&mut connection, &["INFO", "commandstats"])
+        .await
+        .expect("INFO commandstats");
+    let prefix = format!("cmdstat_{name}:");
+    info.lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .map_or(0, |fields| {
+            fields
+                .split(',')
+                .filter_map(|field| field.split_once('='))
+                .filter(|(name, _)| matches!(*name, "calls" | "rejected_calls" | "failed_calls"))
+                .filter_map(|(_, value)| value.parse::<u64>().ok())
+                .sum()
+        })
+}
+
 async fn library_loaded(url: &str, name: &str) -> bool {
     let mut connection = admin(url).await;
     let list: redis::Value = command(&mut connection, &["FUNCTION", "LIST"])
@@ -261,8 +287,34 @@ async fn a_cluster_node_full_before_it_ever_loaded_the_library() {
     assert_eq!(remaining(&store, &elsewhere).await, 4);
     assert!(!library_loaded(&full.url, store.library_name()).await);
 
+    // Only the full node's keys wait: checks on the other nodes succeed on
+    // Functions without sending the full node's keys back to a library it
+    // cannot load, so its FUNCTION LOAD attempts stay at about one per
+    // retry interval however the checks alternate (no flapping).
+    let loads = function_loads(&full.url).await;
+    let fcalls = command_calls(&other.url, "fcall").await;
+    let started = std::time::Instant::now();
+    for _ in 0..30 {
+        store.check(&elsewhere, &[policy()], 1).await.unwrap();
+        store.check(&held[0], &[policy()], 1).await.unwrap();
+    }
+    assert_eq!(
+        command_calls(&other.url, "fcall").await - fcalls,
+        30,
+        "every check on a node with room stays on Functions while another node is full"
+    );
+    let attempts = function_loads(&full.url).await - loads;
+    let retries = started.elapsed().as_secs() + 2;
+    assert!(
+        attempts <= retries,
+        "{attempts} FUNCTION LOADs on the full node in {:?}: at most one per second (and the \
+         first) was expected",
+        started.elapsed()
+    );
+
     free(&full.url, &fillers).await;
-    until_functions(&store, &elsewhere).await;
+    // The full node's keys try Functions again once a second.
+    until_functions(&store, &held[0]).await;
     // Back on Functions: the full node loads the library at its next check.
     let verdict = store.check(&held[1], &[policy()], 1).await.unwrap();
     assert_eq!(verdict.decisions()[0].remaining(), 4);

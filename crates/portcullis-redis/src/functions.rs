@@ -3,8 +3,9 @@
 //! and how a refusal is recognised.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 use portcullis_core::StoreError;
 
@@ -32,12 +33,15 @@ pub enum CallPath {
     Functions,
     /// Scripts (`EVALSHA`, loaded after `NOSCRIPT`): taken for good when a
     /// server refuses `FCALL` or `FUNCTION` (Redis before 7, an ACL without
-    /// them), and for as long as a node lacks the library and is too full
-    /// to load it (`maxmemory` with `noeviction`; scripts load even then).
-    /// In that case one check a second tries Functions again, and the
-    /// store returns to them once the library could be loaded. The check
+    /// them), and, for the keys of a node that lacks the library and is
+    /// too full to load it (`maxmemory` with `noeviction`; scripts load even
+    /// then), for as long as that lasts: on a Cluster only that node's keys
+    /// (its slots, read from `CLUSTER SLOTS`), so the other nodes stay on
+    /// Functions. One check of those keys a second tries Functions again,
+    /// and they return to them once the library could be loaded. The check
     /// that found out runs on this path at once; decisions are the same on
-    /// both paths.
+    /// both paths. [`RedisStore::call_path`](crate::RedisStore::call_path)
+    /// reports this path while any node's keys are on it.
     Evalsha,
 }
 
@@ -51,72 +55,133 @@ impl fmt::Display for CallPath {
 }
 
 /// How long a store that found a node too full to load the library stays
-/// on `EVALSHA` before one check tries Redis Functions again.
+/// on `EVALSHA` for that node's keys before one check tries Redis Functions
+/// again.
 pub(crate) const LIBRARY_RETRY: Duration = Duration::from_secs(1);
 
-const FUNCTIONS: u8 = 0;
+/// `state`: Functions (0, the default), or `EVALSHA` for good.
 const EVALSHA: u8 = 1;
-/// On `EVALSHA` because a node had no memory to load the library; one
-/// check at a time (after [`LIBRARY_RETRY`]) tries Functions again.
-const DEFERRED: u8 = 2;
 
-/// The store's call path, shared by its clones.
+/// Hash slots of a Cluster (a standalone server is one range of them all).
+pub(crate) const SLOTS: u16 = 16_384;
+
+/// Keys whose node had no memory to load the library: its slots (one slot
+/// until the node's range is learned from `CLUSTER SLOTS`), and when the
+/// next check may try Functions there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Deferred {
+    first: u16,
+    last: u16,
+    retry_at_ms: u64,
+    /// The range is one slot, still to be widened to its node's.
+    learn: bool,
+}
+
+/// The store's call path, shared by its clones: Functions, `EVALSHA` for
+/// good, or `EVALSHA` for the keys of the nodes that had no memory to load
+/// the library (per node on a Cluster, so a node that loaded it stays on
+/// Functions, and a success elsewhere does not send the full node's keys
+/// back to a library it cannot load).
 #[derive(Debug, Default)]
 pub(crate) struct PathState {
     state: AtomicU8,
-    /// While [`DEFERRED`]: when the next check may try Functions, in
-    /// milliseconds since the Unix epoch.
-    retry_at_ms: AtomicU64,
+    /// Whether keys map to slots of several nodes (a Cluster).
+    cluster: AtomicBool,
+    /// Whether `deferred` holds any range (read on every call).
+    any_deferred: AtomicBool,
+    deferred: Mutex<Vec<Deferred>>,
 }
 
+/// Milliseconds of a monotonic clock (since its first reading).
 fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| {
-            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+    static START: OnceLock<Instant> = OnceLock::new();
+    u64::try_from(START.get_or_init(Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The hash slot of `key` (its `{...}` tag's, as a Cluster computes it).
+pub(crate) fn slot_of(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tag = bytes
+        .iter()
+        .position(|b| *b == b'{')
+        .and_then(|open| {
+            let rest = &bytes[open + 1..];
+            rest.iter()
+                .position(|b| *b == b'}')
+                .map(|close| &rest[..close])
         })
+        .filter(|tag| !tag.is_empty())
+        .unwrap_or(bytes);
+    crc16::State::<crc16::XMODEM>::calculate(tag) % SLOTS
 }
 
 impl PathState {
-    /// The path checks take now, as [`RedisStore::call_path`](crate::RedisStore::call_path) reports it.
+    /// Keys are spread over a Cluster's nodes: a node too full to load the
+    /// library defers Functions for its slots only.
+    pub(crate) fn set_cluster(&self, cluster: bool) {
+        self.cluster.store(cluster, Ordering::Relaxed);
+    }
+
+    fn deferred(&self) -> MutexGuard<'_, Vec<Deferred>> {
+        self.deferred.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The path checks take now, as [`RedisStore::call_path`](crate::RedisStore::call_path)
+    /// reports it: `EVALSHA` while any node's keys are on it.
     pub(crate) fn get(&self) -> CallPath {
-        match self.state.load(Ordering::Relaxed) {
-            FUNCTIONS => CallPath::Functions,
-            _ => CallPath::Evalsha,
+        if self.state.load(Ordering::Relaxed) == EVALSHA
+            || self.any_deferred.load(Ordering::Relaxed)
+        {
+            CallPath::Evalsha
+        } else {
+            CallPath::Functions
         }
     }
 
-    /// The path for one call: [`get`](Self::get), except that while the
-    /// library waits for memory one call per [`LIBRARY_RETRY`] is sent
-    /// down the Functions path to try loading it again.
-    pub(crate) fn choose(&self) -> CallPath {
-        match self.state.load(Ordering::Relaxed) {
-            FUNCTIONS => CallPath::Functions,
-            EVALSHA => CallPath::Evalsha,
-            _ => self.try_again(),
+    /// The path for one call whose first key is `key`: [`get`](Self::get)
+    /// for a store on Functions, except that for the keys of a node whose
+    /// library waits for memory one call per [`LIBRARY_RETRY`] is sent down
+    /// the Functions path to try loading it again.
+    pub(crate) fn choose(&self, key: &str) -> CallPath {
+        if self.state.load(Ordering::Relaxed) == EVALSHA {
+            return CallPath::Evalsha;
         }
+        if !self.any_deferred.load(Ordering::Relaxed) {
+            return CallPath::Functions;
+        }
+        self.try_again(key)
     }
 
     #[cold]
-    fn try_again(&self) -> CallPath {
+    fn try_again(&self, key: &str) -> CallPath {
+        let slot = self.slot(key);
         let now = now_ms();
-        let retry_at = self.retry_at_ms.load(Ordering::Relaxed);
-        let next = now.saturating_add(LIBRARY_RETRY.as_millis() as u64);
-        if now >= retry_at
-            && self
-                .retry_at_ms
-                .compare_exchange(retry_at, next, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
+        let mut deferred = self.deferred();
+        match deferred
+            .iter_mut()
+            .find(|range| (range.first..=range.last).contains(&slot))
         {
-            CallPath::Functions
-        } else {
-            CallPath::Evalsha
+            None => CallPath::Functions,
+            Some(range) if now >= range.retry_at_ms => {
+                range.retry_at_ms = now.saturating_add(LIBRARY_RETRY.as_millis() as u64);
+                CallPath::Functions
+            }
+            Some(_) => CallPath::Evalsha,
         }
     }
 
-    /// After a refusal of Redis Functions (see [`refusal`]): whether the
-    /// call should run again on the `EVALSHA` path (it did not run).
-    pub(crate) fn refused(&self, error: &StoreError) -> bool {
+    fn slot(&self, key: &str) -> u16 {
+        if self.cluster.load(Ordering::Relaxed) {
+            slot_of(key)
+        } else {
+            0
+        }
+    }
+
+    /// After a refusal of Redis Functions (see [`refusal`]) of a call whose
+    /// first key is `key`: whether the call should run again on the
+    /// `EVALSHA` path (it did not run).
+    pub(crate) fn refused(&self, error: &StoreError, key: &str) -> bool {
         match refusal(error) {
             None => false,
             Some(Refusal::ForGood) => {
@@ -128,39 +193,95 @@ impl PathState {
                 true
             }
             Some(Refusal::OutOfMemory) => {
-                self.retry_at_ms.store(
-                    now_ms().saturating_add(LIBRARY_RETRY.as_millis() as u64),
-                    Ordering::Relaxed,
-                );
-                if self
-                    .state
-                    .compare_exchange(FUNCTIONS, DEFERRED, Ordering::Relaxed, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    tracing::warn!(
-                        "Redis is out of memory (maxmemory with noeviction) and refused to load \
-                         the function library: checks run as scripts (EVALSHA) until it can be \
-                         loaded, tried again every {LIBRARY_RETRY:?}. Subjects Redis holds are \
-                         still checked exactly and new ones are refused (OutOfMemory): raise \
-                         maxmemory, free memory, or set maxmemory-policy volatile-ttl"
-                    );
-                }
+                self.defer(key);
                 true
             }
         }
     }
 
-    /// After a call of a function succeeded: a library that waited for
-    /// memory is loaded, and checks use Functions again.
-    pub(crate) fn loaded(&self) {
-        if self.state.load(Ordering::Relaxed) == DEFERRED
-            && self
-                .state
-                .compare_exchange(DEFERRED, FUNCTIONS, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
+    /// Defers Functions for the node of `key` (the whole server when it is
+    /// not a Cluster).
+    fn defer(&self, key: &str) {
+        let cluster = self.cluster.load(Ordering::Relaxed);
+        let slot = self.slot(key);
+        let retry_at_ms = now_ms().saturating_add(LIBRARY_RETRY.as_millis() as u64);
+        let mut deferred = self.deferred();
+        if let Some(range) = deferred
+            .iter_mut()
+            .find(|range| (range.first..=range.last).contains(&slot))
         {
+            range.retry_at_ms = retry_at_ms;
+            return;
+        }
+        let (first, last) = if cluster {
+            (slot, slot)
+        } else {
+            (0, SLOTS - 1)
+        };
+        deferred.push(Deferred {
+            first,
+            last,
+            retry_at_ms,
+            learn: cluster,
+        });
+        self.any_deferred.store(true, Ordering::Relaxed);
+        tracing::warn!(
+            "Redis is out of memory (maxmemory with noeviction) and refused to load the function \
+             library: checks of the keys it serves run as scripts (EVALSHA) until it can be \
+             loaded, tried again every {LIBRARY_RETRY:?}. Subjects Redis holds are still checked \
+             exactly and new ones are refused (OutOfMemory): raise maxmemory, free memory, or \
+             set maxmemory-policy volatile-ttl"
+        );
+    }
+
+    /// A slot deferred alone whose node's range is still to be learned.
+    pub(crate) fn to_learn(&self) -> Option<u16> {
+        if !self.any_deferred.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.deferred()
+            .iter()
+            .find(|range| range.learn)
+            .map(|range| range.first)
+    }
+
+    /// The node serving `slot` serves `first..=last` (`CLUSTER SLOTS`): its
+    /// deferral covers them all.
+    pub(crate) fn learned(&self, slot: u16, first: u16, last: u16) {
+        let mut deferred = self.deferred();
+        let Some(index) = deferred
+            .iter()
+            .position(|range| range.learn && range.first == slot)
+        else {
+            return;
+        };
+        let retry_at_ms = deferred[index].retry_at_ms;
+        // The node's other slots may have been deferred one by one meanwhile.
+        deferred.retain(|range| !(first..=last).contains(&range.first));
+        deferred.push(Deferred {
+            first,
+            last,
+            retry_at_ms,
+            learn: false,
+        });
+    }
+
+    /// After a call of a function whose first key is `key` succeeded: a
+    /// library that waited for memory on that key's node is loaded, and its
+    /// keys use Functions again.
+    pub(crate) fn loaded(&self, key: &str) {
+        if !self.any_deferred.load(Ordering::Relaxed) {
+            return;
+        }
+        let slot = self.slot(key);
+        let mut deferred = self.deferred();
+        let before = deferred.len();
+        deferred.retain(|range| !(range.first..=range.last).contains(&slot));
+        if deferred.len() < before {
             tracing::info!("Redis had room to load the function library: checks use it again");
         }
+        self.any_deferred
+            .store(!deferred.is_empty(), Ordering::Relaxed);
     }
 }
 
@@ -271,27 +392,84 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn a_library_refused_for_memory_defers_functions_and_a_success_restores_them() {
-        let state = PathState::default();
+    fn oom() -> StoreError {
         let oom = redis::RedisError::from((
             redis::ErrorKind::Extension,
             "OOM",
             "command not allowed when used memory > 'maxmemory'.".to_owned(),
         ));
-        let error = StoreError::unavailable(LibraryNotLoaded(oom.into()));
+        StoreError::unavailable(LibraryNotLoaded(oom.into()))
+    }
+
+    #[test]
+    fn a_library_refused_for_memory_defers_functions_and_a_success_restores_them() {
+        let state = PathState::default();
+        let error = oom();
         assert_eq!(refusal(&error), Some(Refusal::OutOfMemory));
-        assert!(state.refused(&error));
+        assert!(state.refused(&error, "p:{a}:x"));
         assert_eq!(state.get(), CallPath::Evalsha);
-        // Within the retry interval no call tries Functions.
-        assert_eq!(state.choose(), CallPath::Evalsha);
-        // Past it, exactly one call does.
-        state.retry_at_ms.store(0, Ordering::Relaxed);
-        assert_eq!(state.choose(), CallPath::Functions);
-        assert_eq!(state.choose(), CallPath::Evalsha);
-        state.loaded();
+        // A standalone server: every key waits, within the retry interval.
+        assert_eq!(state.choose("p:{b}:x"), CallPath::Evalsha);
+        // Past it, exactly one call tries Functions.
+        state.deferred()[0].retry_at_ms = 0;
+        assert_eq!(state.choose("p:{c}:x"), CallPath::Functions);
+        assert_eq!(state.choose("p:{c}:x"), CallPath::Evalsha);
+        state.loaded("p:{c}:x");
         assert_eq!(state.get(), CallPath::Functions);
-        assert_eq!(state.choose(), CallPath::Functions);
+        assert_eq!(state.choose("p:{a}:x"), CallPath::Functions);
+    }
+
+    #[test]
+    fn on_a_cluster_only_the_full_nodes_keys_wait_and_a_success_elsewhere_changes_nothing() {
+        let state = PathState::default();
+        state.set_cluster(true);
+        let full = "p:{on-the-full-node}:x";
+        let slot = slot_of(full);
+        assert!(state.refused(&oom(), full));
+        assert_eq!(state.to_learn(), Some(slot));
+        // Until the node's range is learned, only that slot waits.
+        assert_eq!(state.choose(full), CallPath::Evalsha);
+        let (first, last) = (
+            slot.saturating_sub(10),
+            slot.saturating_add(10).min(SLOTS - 1),
+        );
+        state.learned(slot, first, last);
+        assert_eq!(state.to_learn(), None);
+        let elsewhere = (0..)
+            .map(|i| format!("p:{{k{i}}}:x"))
+            .find(|key| !(first..=last).contains(&slot_of(key)))
+            .unwrap();
+        let neighbour = (0..)
+            .map(|i| format!("p:{{n{i}}}:x"))
+            .find(|key| slot_of(key) != slot && (first..=last).contains(&slot_of(key)))
+            .unwrap();
+        assert_eq!(
+            state.choose(&neighbour),
+            CallPath::Evalsha,
+            "the node's other slots wait"
+        );
+        assert_eq!(
+            state.choose(&elsewhere),
+            CallPath::Functions,
+            "other nodes do not"
+        );
+        state.loaded(&elsewhere);
+        assert_eq!(
+            state.choose(full),
+            CallPath::Evalsha,
+            "a success elsewhere changes nothing"
+        );
+        state.loaded(full);
+        assert_eq!(state.choose(&neighbour), CallPath::Functions);
+        assert_eq!(state.get(), CallPath::Functions);
+    }
+
+    #[test]
+    fn slots_are_the_clusters() {
+        // CLUSTER KEYSLOT values of Redis.
+        assert_eq!(slot_of("foo"), 12_182);
+        assert_eq!(slot_of("{user1000}.following"), slot_of("user1000"));
+        assert_eq!(slot_of("a{}b"), slot_of("a{}b"));
     }
 
     #[test]
@@ -301,13 +479,13 @@ mod tests {
             detail: "ERR unknown command 'FCALL', with args beginning with: 'x'".to_owned(),
         };
         assert_eq!(refusal(&error), Some(Refusal::ForGood));
-        assert!(state.refused(&error));
-        state.loaded();
+        assert!(state.refused(&error, "k"));
+        state.loaded("k");
         assert_eq!(state.get(), CallPath::Evalsha);
-        assert_eq!(state.choose(), CallPath::Evalsha);
+        assert_eq!(state.choose("k"), CallPath::Evalsha);
         let other = StoreError::Protocol {
             detail: "something else".to_owned(),
         };
-        assert!(!state.refused(&other));
+        assert!(!state.refused(&other, "k"));
     }
 }

@@ -74,7 +74,7 @@ pub(crate) async fn grant(
             (0, exact(&caller, &guard.key, set, cost).await?)
         }
         Ok(other) => return Err(protocol(format!("a grant of permits answered {other:?}"))),
-        Err(error) if caller.scripts.path().refused(&error) => {
+        Err(error) if caller.scripts.path().refused(&error, &guard.key) => {
             (0, exact(&caller, &guard.key, set, cost).await?)
         }
         Err(error) => return Err(error),

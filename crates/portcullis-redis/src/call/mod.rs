@@ -62,10 +62,13 @@ impl Caller {
         cmd: &Cmd,
         first_key: &str,
     ) -> Result<Value, StoreError> {
+        if let Some(slot) = self.scripts.path().to_learn() {
+            self.learn_node(slot).await;
+        }
         match connection::eval(&self.pool, self.timeout, script, cmd, first_key).await {
             Ok(value) => {
                 if script.is_function() {
-                    self.scripts.path().loaded();
+                    self.scripts.path().loaded(first_key);
                 }
                 Ok(value)
             }
@@ -78,6 +81,32 @@ impl Caller {
             }
             Err(error) => Err(error),
         }
+    }
+
+    /// Learns which slots the Cluster node serving `slot` serves (`CLUSTER
+    /// SLOTS`), after that node had no memory to load the library: its
+    /// other slots then wait with it, rather than each trying to load the
+    /// library. Once per deferral; a failure leaves the one slot deferred.
+    #[cold]
+    async fn learn_node(&self, slot: u16) {
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let range = match self.query(&cmd).await {
+            Ok(Value::Array(ranges)) => ranges.iter().find_map(|range| match range {
+                Value::Array(fields) => match (fields.first(), fields.get(1)) {
+                    (Some(Value::Int(first)), Some(Value::Int(last))) => {
+                        let first = u16::try_from(*first).ok()?;
+                        let last = u16::try_from(*last).ok()?;
+                        (first..=last).contains(&slot).then_some((first, last))
+                    }
+                    _ => None,
+                },
+                _ => None,
+            }),
+            _ => None,
+        };
+        let (first, last) = range.unwrap_or((slot, slot));
+        self.scripts.path().learned(slot, first, last);
     }
 
     /// A check Redis refused with `OOM` (nothing was written), run once
@@ -334,7 +363,10 @@ impl Call {
         let value = caller.run(&self.script, &cmd, first_key).await;
         spare::give_back(cmd, bytes);
         match value {
-            Err(error) if self.script.is_function() && caller.scripts.path().refused(&error) => {
+            Err(error)
+                if self.script.is_function()
+                    && caller.scripts.path().refused(&error, first_key) =>
+            {
                 let script = evalsha_script(caller, &self.kind, self.target.set())?;
                 let (cmd, _) = self.command(&script, Layout::General)?;
                 caller.run(&script, &cmd, first_key).await

@@ -318,7 +318,7 @@ async fn send(caller: &Caller, batch: Vec<Queued>) -> Option<StoreError> {
         }
         // Redis refused Functions (nothing ran): each check alone, which
         // sends it on the EVALSHA path the store takes from now on.
-        Err(error) if caller.scripts.path().refused(&error) => {
+        Err(error) if caller.scripts.path().refused(&error, &first_key) => {
             for queued in batch {
                 let verdict = queued.call.verdict(caller).await;
                 let _ = queued.reply.send(verdict);

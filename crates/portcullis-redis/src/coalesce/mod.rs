@@ -338,7 +338,7 @@ async fn decide(
                     "coalesced GCRA checks answered {other:?}"
                 )))
             }
-            Err(error) if caller.scripts.path().refused(&error) => {
+            Err(error) if caller.scripts.path().refused(&error, first_key) => {
                 return one_by_one(caller, batch, costs).await;
             }
             Err(error) => return Err(error),
@@ -367,7 +367,7 @@ async fn decide(
             })
             .collect()),
         Ok(other) => Err(protocol(format!("coalesced checks answered {other:?}"))),
-        Err(error) if caller.scripts.path().refused(&error) => {
+        Err(error) if caller.scripts.path().refused(&error, first_key) => {
             one_by_one(caller, batch, costs).await
         }
         Err(error) => Err(error),

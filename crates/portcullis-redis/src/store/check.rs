@@ -47,9 +47,9 @@ impl Store for RedisStore {
         cost: u64,
     ) -> Option<Result<Verdict, StoreError>> {
         self.inner.budget.as_ref()?;
-        let path = self.inner.caller.scripts.path().choose();
-        let serving = Library::serving(policies, cost);
         let encoded = self.subject(subject);
+        let path = self.inner.caller.scripts.path().choose(&encoded);
+        let serving = Library::serving(policies, cost);
         let (budget, key) = self.budget_for(path, serving, &encoded, policies, cost)?;
         let now = self.inner.caller.clock.budget_time();
         budget.local(&key, &policies[0], cost, now).map(Ok)
@@ -140,10 +140,11 @@ impl RedisStore {
         cost: u64,
     ) -> Result<CheckFuture, StoreError> {
         validate_check(policies, cost)?;
-        let path = self.inner.caller.scripts.path().choose();
-        let serving = Library::serving(policies, cost);
-        // Encoded once (a hashed subject's SHA-256 is computed once).
+        // Encoded once (a hashed subject's SHA-256 is computed once); it is
+        // the keys' hash tag, so its slot is theirs.
         let encoded = self.subject(subject);
+        let path = self.inner.caller.scripts.path().choose(&encoded);
+        let serving = Library::serving(policies, cost);
         if let Some(future) = self.budget_answer(path, serving, &encoded, policies, cost) {
             return Ok(future);
         }
@@ -273,8 +274,9 @@ impl RedisStore {
         cost: u64,
     ) -> Result<CheckFuture, StoreError> {
         validate_charge(policies)?;
-        let path = self.inner.caller.scripts.path().choose();
-        let target = self.target(&self.subject(subject), policies, Serving::General);
+        let encoded = self.subject(subject);
+        let path = self.inner.caller.scripts.path().choose(&encoded);
+        let target = self.target(&encoded, policies, Serving::General);
         let call = Call::new(&self.inner.caller, path, Kind::Charge, target, cost)?;
         let caller = Arc::clone(&self.inner.caller);
         Ok(Box::pin(async move { call.verdict(&caller).await }))
@@ -289,8 +291,8 @@ impl RedisStore {
         options: &CheckOptions,
     ) -> Result<CheckWithFuture, StoreError> {
         let plan = options.plan(policies, cost)?;
-        let path = self.inner.caller.scripts.path().choose();
         let encoded = self.subject(subject);
+        let path = self.inner.caller.scripts.path().choose(&encoded);
         let args = OptionArgs {
             record_key: plan.record().map(|record| self.key(&encoded, record.id())),
             window_us: plan

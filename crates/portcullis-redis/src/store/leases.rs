@@ -73,13 +73,13 @@ impl RedisStore {
             .arg(id.to_string());
         let caller = Arc::clone(&self.inner.caller);
         async move {
-            let value = match caller.scripts.path().choose() {
+            let value = match caller.scripts.path().choose(&key) {
                 CallPath::Evalsha => send(&caller, lease_script(), &key, &args).await?,
                 _ => {
                     let function = caller.scripts.library().lease().clone();
                     match send(&caller, &function, &key, &args).await {
                         // Redis refused FCALL or FUNCTION LOAD: nothing ran.
-                        Err(error) if caller.scripts.path().refused(&error) => {
+                        Err(error) if caller.scripts.path().refused(&error, &key) => {
                             send(&caller, lease_script(), &key, &args).await?
                         }
                         other => other?,
@@ -117,7 +117,7 @@ async fn send(
     match call(caller, script, key, args).await {
         Ok(value) => {
             if script.is_function() {
-                caller.scripts.path().loaded();
+                caller.scripts.path().loaded(key);
             }
             Ok(value)
         }

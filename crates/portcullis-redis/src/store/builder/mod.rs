@@ -482,6 +482,8 @@ impl RedisStoreBuilder {
         let target = self.target.clone().ok_or(BuildError::NoServer)?;
         let (pool, description, user) = self.open_pool(target).await?;
         let cluster = pool.is_cluster();
+        let scripts = ScriptCache::new();
+        scripts.path().set_cluster(cluster);
         let store = RedisStore {
             inner: Arc::new(Inner {
                 caller: Arc::new(Caller {
@@ -489,7 +491,7 @@ impl RedisStoreBuilder {
                     timeout: self.timeout,
                     clock: self.clock,
                     keys: Keys::new(self.prefix.into(), self.hash_subjects),
-                    scripts: ScriptCache::new(),
+                    scripts,
                 }),
                 coalescer: self.coalesce.then(|| Arc::new(Coalescer::new())),
                 lane: (self.coalesce && !cluster).then(|| Arc::new(Lane::default())),
