@@ -24,7 +24,7 @@ mod grant;
 mod table;
 
 pub(crate) use grant::grant;
-pub(crate) use table::{Ask, Budget, Take};
+pub(crate) use table::{Ask, Budget, Share, Take};
 
 /// A local budget: busy subjects are admitted from grants of permits
 /// taken from Redis, so a hot subject costs Redis a fraction of a call per
