@@ -115,9 +115,14 @@ pub(crate) async fn grant(
         Err(error) => return Err(error),
     };
     let received = caller.clock.budget_time();
-    guard
-        .budget
-        .grant_ended(&guard.key, want, cost, share, admitted, (guard.sent, received));
+    guard.budget.grant_ended(
+        &guard.key,
+        want,
+        cost,
+        share,
+        admitted,
+        (guard.sent, received),
+    );
     guard.done = true;
     Ok(verdict)
 }

@@ -169,7 +169,8 @@ impl Slot {
             } else {
                 let beyond = self.share.slots.saturating_add(cost);
                 (
-                    self.sent.saturating_add(lead_of(beyond).saturating_sub(cap)),
+                    self.sent
+                        .saturating_add(lead_of(beyond).saturating_sub(cap)),
                     false,
                 )
             };
@@ -181,8 +182,8 @@ impl Slot {
                 self.used = need;
                 // What Redis held when the share was taken, less what this
                 // instance admitted since.
-                let remaining = (cap.saturating_sub(self.share.lead) / interval)
-                    .saturating_sub(self.used);
+                let remaining =
+                    (cap.saturating_sub(self.share.lead) / interval).saturating_sub(self.used);
                 Some(Decision::allowed(policy.capacity(), remaining, reset_after))
             } else {
                 None

@@ -27,8 +27,22 @@ const MS: u64 = 1_000;
 /// Redis answered the grant asked as `want` for `key` (cost 1), sent and
 /// answered at `at`: `slots` slots at a lead of `lead` µs, the asking
 /// check admitted or not.
-fn answered(budget: &Budget, key: &str, want: Ask, (slots, lead): (u64, u64), admitted: bool, at: u64) {
-    budget.grant_ended(key, want, 1, Some(Share { slots, lead }), admitted, (at, at));
+fn answered(
+    budget: &Budget,
+    key: &str,
+    want: Ask,
+    (slots, lead): (u64, u64),
+    admitted: bool,
+    at: u64,
+) {
+    budget.grant_ended(
+        key,
+        want,
+        1,
+        Some(Share { slots, lead }),
+        admitted,
+        (at, at),
+    );
 }
 
 #[test]
@@ -57,7 +71,14 @@ fn a_quiet_subject_is_never_granted_and_a_busy_one_is() {
     ));
     // Redis' state held 100 ms (100 permits) then: remaining 900 before
     // the share, 899 after the asking check.
-    answered(&budget, "busy", want, (want.permits, 100 * MS), true, 100 * MS);
+    answered(
+        &budget,
+        "busy",
+        want,
+        (want.permits, 100 * MS),
+        true,
+        100 * MS,
+    );
     for admitted in 2..=10 {
         let Take::Local(verdict) = budget.take("busy", &policy, 1, 101 * MS) else {
             panic!("the share should admit");
@@ -107,7 +128,11 @@ fn a_grant_ends_one_period_after_it_was_sent() {
 #[test]
 fn a_denial_is_held_until_redis_could_admit_the_cost() {
     let budget = Budget::new(LocalBudget::new().grant_period(Duration::from_millis(100)));
-    let policy = Policy::per_second(100).burst(10).name("api").build().unwrap();
+    let policy = Policy::per_second(100)
+        .burst(10)
+        .name("api")
+        .build()
+        .unwrap();
     for _ in 0..20 {
         budget.take("k", &policy, 2, 0);
     }
@@ -136,7 +161,10 @@ fn a_denial_is_held_until_redis_could_admit_the_cost() {
     assert!(matches!(budget.take("k", &policy, 1, 104 * MS), Take::Local(v) if !v.is_allowed()));
     // A cost of 1 may fit by 105 ms: asked of Redis. While that call is
     // in flight, the subject at its limit is denied here.
-    assert!(matches!(budget.take("k", &policy, 1, 105 * MS), Take::Grant(_)));
+    assert!(matches!(
+        budget.take("k", &policy, 1, 105 * MS),
+        Take::Grant(_)
+    ));
     assert!(matches!(budget.take("k", &policy, 2, 115 * MS), Take::Local(v) if !v.is_allowed()));
 }
 
@@ -153,7 +181,11 @@ fn a_rate_share_is_dispensed_on_the_gcra_schedule() {
             .grant_period(Duration::from_millis(100)),
     );
     // 1 000 per second, burst 50: interval 1 ms, capacity 50 ms.
-    let policy = Policy::per_second(1_000).burst(50).name("api").build().unwrap();
+    let policy = Policy::per_second(1_000)
+        .burst(50)
+        .name("api")
+        .build()
+        .unwrap();
     let t = 100 * MS;
     // The state at its capacity: slot j is due at t + j ms. 64 slots.
     let Take::Grant(want) = ({
@@ -164,7 +196,10 @@ fn a_rate_share_is_dispensed_on_the_gcra_schedule() {
     }) else {
         panic!("a flooding subject should grant");
     };
-    assert_eq!(want.permits, 64, "max_permits, below the demand and the rate");
+    assert_eq!(
+        want.permits, 64,
+        "max_permits, below the demand and the rate"
+    );
     answered(&budget, "flood", want, (64, 50 * MS), false, t);
     let mut admitted = 0;
     for tick in 0..(70 * 4) {
@@ -175,7 +210,10 @@ fn a_rate_share_is_dispensed_on_the_gcra_schedule() {
                 Take::Local(verdict) if verdict.is_allowed() => {
                     admitted += 1;
                     // Slot `admitted` is due at t + admitted ms.
-                    assert!(now >= t + admitted * MS, "slot {admitted} admitted at {now}");
+                    assert!(
+                        now >= t + admitted * MS,
+                        "slot {admitted} admitted at {now}"
+                    );
                 }
                 Take::Local(verdict) => {
                     let retry = verdict.retry_after().expect("a denial says when");
@@ -209,12 +247,19 @@ fn a_rate_share_is_dispensed_on_the_gcra_schedule() {
 #[test]
 fn a_share_of_none_holds_the_denial_for_the_grant_period() {
     let budget = Budget::new(LocalBudget::new().grant_period(Duration::from_millis(100)));
-    let policy = Policy::per_second(1_000).burst(50).name("api").build().unwrap();
+    let policy = Policy::per_second(1_000)
+        .burst(50)
+        .name("api")
+        .build()
+        .unwrap();
     let want = busy(&budget, "k", &policy);
     // 50 ms of capacity and the whole 100 ms horizon reserved.
     answered(&budget, "k", want, (0, 150 * MS), false, 100 * MS);
     assert!(matches!(budget.take("k", &policy, 1, 199 * MS), Take::Local(v) if !v.is_allowed()));
-    assert!(matches!(budget.take("k", &policy, 1, 200 * MS), Take::Grant(_)));
+    assert!(matches!(
+        budget.take("k", &policy, 1, 200 * MS),
+        Take::Grant(_)
+    ));
 }
 
 #[test]
@@ -315,7 +360,10 @@ fn a_reset_drops_the_share_the_denial_and_the_call_in_flight() {
     answered(&budget, "d", want, (1, 1_000 * MS), false, 100 * MS);
     assert!(budget.local("d", &policy, 1, 100 * MS).is_some());
     assert!(matches!(budget.take("d", &policy, 1, 101 * MS), Take::Local(v) if v.is_allowed()));
-    assert!(matches!(budget.take("d", &policy, 1, 102 * MS), Take::Grant(_)));
+    assert!(matches!(
+        budget.take("d", &policy, 1, 102 * MS),
+        Take::Grant(_)
+    ));
     assert!(budget.local("d", &policy, 1, 102 * MS).is_some());
     budget.forget("d");
     assert!(budget.local("d", &policy, 1, 102 * MS).is_none());
