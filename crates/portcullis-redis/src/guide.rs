@@ -160,9 +160,10 @@
 //! (keys of one call must share a slot) every check goes alone.
 //!
 //! With a [`LocalBudget`](crate::LocalBudget), a busy subject's checks are
-//! admitted from grants of permits (`portcullis_<hash>_gcra_take`: as many
-//! permits as fit, up to the demand of the last grant period, charged at
-//! once), with the bound the type states.
+//! admitted from rate shares (`portcullis_<hash>_gcra_take`: the next
+//! emission slots over the grant period, up to the demand of the last
+//! one, charged at once and dispensed on the GCRA schedule), with the
+//! bound the type states.
 //!
 //! # Clock modes
 //!

@@ -15,8 +15,13 @@
 //! instructions come from a second Redis under valgrind's callgrind (two
 //! request counts, the difference divided by the difference in requests).
 //!
+//! The flood row: one subject offered as much as 4 connections send, far
+//! past a policy of 1 000 per second, on Redis exact and with the local
+//! budget (Redis calls per request, and the worst window beside the bound).
+//!
 //! Modes of this binary (the bench runs itself): no argument runs the
-//! bench; `serve ...` is one app instance; `load ...` is the load
+//! bench; `flood` runs the flood row alone (`cargo xtask bench scale --
+//! flood`); `serve ...` is one app instance; `load ...` is the load
 //! generator. Tune with `PORTCULLIS_BENCH_SECS` (default 3) and
 //! `PORTCULLIS_BENCH_ROUNDS` (default 3). Needs `redis-server` on PATH (or
 //! `PORTCULLIS_REDIS_SERVER`), `taskset`, `valgrind` and
@@ -53,6 +58,12 @@ const BUDGET_LEASE_MS: u64 = 100;
 /// 100, offered as much as the load generator sends.
 const LIMITED: (u64, u64) = (2_000, 100);
 const BUCKET_US: u64 = 10_000;
+/// The flood row: one subject offered far past a 1 000-per-second policy
+/// (its default burst) by 4 connections, as a new user would try it, on
+/// Redis exact (coalesced) and with the local budget.
+const FLOOD: (u64, u64) = (1_000, 1_000);
+const FLOOD_CONNECTIONS: usize = 4;
+const FLOOD_CONFIGS: [&str; 2] = ["redis", "budget"];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -62,7 +73,10 @@ fn main() -> ExitCode {
         }
         Some("load") => portcullis_tests::option_pairs("scale", &args[1..]).and_then(|o| load(&o)),
         None => bench(),
-        Some(other) => Err(format!("unknown mode {other:?}: serve, load, or nothing")),
+        Some("flood") => flood_only(),
+        Some(other) => Err(format!(
+            "unknown mode {other:?}: serve, load, flood (the flood row alone), or nothing"
+        )),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -179,7 +193,7 @@ where
 // ----------------------------------------------------------------- load
 
 /// The load generator: `load --ports a,b,c --subjects hot|many (--secs S |
-/// --requests N)`; prints `requests ok limited other secs p50_us p99_us`
+/// --requests N) [--connections C]`; prints `requests ok limited other secs p50_us p99_us`
 /// and then the admitted requests per 10 ms bucket.
 fn load(options: &HashMap<String, String>) -> Result<(), String> {
     let ports: Vec<u16> = options
@@ -191,19 +205,20 @@ fn load(options: &HashMap<String, String>) -> Result<(), String> {
     let hot = get::<String>(options, "subjects")? == "hot";
     let secs: Option<f64> = get(options, "secs").ok();
     let requests: Option<u64> = get(options, "requests").ok();
+    let connections: usize = get(options, "connections").unwrap_or(CONNECTIONS);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
     runtime.block_on(async move {
         let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(CONNECTIONS)
+            .pool_max_idle_per_host(connections)
             .build_http();
         let sent = Arc::new(AtomicU64::new(0));
         let started = Instant::now();
         let deadline = secs.map(|s| started + Duration::from_secs_f64(s));
         let mut tasks = Vec::new();
-        for c in 0..CONNECTIONS {
+        for c in 0..connections {
             let client = client.clone();
             let sent = Arc::clone(&sent);
             let uri: http::Uri = format!("http://127.0.0.1:{}/", ports[c % ports.len()])
@@ -528,6 +543,16 @@ struct Run {
 }
 
 fn run_load(ports: &[u16], hot: bool, flag: &str, amount: &str) -> Result<Run, String> {
+    run_load_on(ports, hot, flag, amount, CONNECTIONS)
+}
+
+fn run_load_on(
+    ports: &[u16],
+    hot: bool,
+    flag: &str,
+    amount: &str,
+    connections: usize,
+) -> Result<Run, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let ports = ports
         .iter()
@@ -540,6 +565,7 @@ fn run_load(ports: &[u16], hot: bool, flag: &str, amount: &str) -> Result<Run, S
         .args(["load", "--ports", &ports])
         .args(["--subjects", if hot { "hot" } else { "many" }])
         .args([flag, amount])
+        .args(["--connections", &connections.to_string()])
         .output()
         .map_err(|e| format!("the load generator: {e}"))?;
     let text = String::from_utf8_lossy(&output.stdout);
@@ -607,14 +633,7 @@ fn worst_overshoot(buckets: &[u64], limit: u64, burst: u64) -> i64 {
 const CONFIGS: [&str; 4] = ["bare", "memory", "redis", "budget"];
 
 fn bench() -> Result<(), String> {
-    let secs: f64 = std::env::var("PORTCULLIS_BENCH_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3.0);
-    let rounds: usize = std::env::var("PORTCULLIS_BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let (secs, rounds) = secs_and_rounds();
     let started = Instant::now();
     let open = (1_000_000, 1_000_000);
     println!("scale: {INSTANCES} instances per configuration, {CONNECTIONS} connections, {rounds} rounds of {secs} s");
@@ -702,6 +721,9 @@ fn bench() -> Result<(), String> {
     }
     drop(redis);
 
+    // 4. One subject flooding past its limit.
+    let flood_table = flood(secs, rounds)?;
+
     // The table.
     println!();
     println!("| configuration | workload | req/s median [range] | × bare | Redis calls / request | Redis instructions / request | p50 / p99 µs |");
@@ -750,10 +772,131 @@ fn bench() -> Result<(), String> {
         }
     }
     println!();
+    for line in &flood_table {
+        println!("{line}");
+    }
+    println!();
     println!(
         "windows of {} ms buckets, times taken by the load generator; took {:.0} s",
         BUCKET_US / 1_000,
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// `scale flood`: the flood row alone.
+fn flood_only() -> Result<(), String> {
+    let (secs, rounds) = secs_and_rounds();
+    let started = Instant::now();
+    println!("scale flood: {INSTANCES} instances per configuration, {FLOOD_CONNECTIONS} connections, {rounds} rounds of {secs} s");
+    let table = flood(secs, rounds)?;
+    println!();
+    for line in &table {
+        println!("{line}");
+    }
+    println!();
+    println!(
+        "windows of {} ms buckets, times taken by the load generator; took {:.0} s",
+        BUCKET_US / 1_000,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `PORTCULLIS_BENCH_SECS` and `PORTCULLIS_BENCH_ROUNDS`.
+fn secs_and_rounds() -> (f64, usize) {
+    let secs: f64 = std::env::var("PORTCULLIS_BENCH_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3.0);
+    let rounds: usize = std::env::var("PORTCULLIS_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    (secs, rounds)
+}
+
+/// One subject offered as much as 4 connections send, far past a policy
+/// of 1 000 per second: Redis calls per request (the server's
+/// `INFO commandstats`, summed over rounds), requests per second, and the
+/// worst window over the exact policy beside the stated bound. The
+/// configurations take turns, round after round, on one Redis; each
+/// configuration's instances keep their own prefix. Returns the table.
+fn flood(secs: f64, rounds: usize) -> Result<Vec<String>, String> {
+    println!(
+        "one subject flooding past {} per second (burst {}), {FLOOD_CONNECTIONS} connections ...",
+        FLOOD.0, FLOOD.1
+    );
+    let redis = Redis::start(false)?;
+    let policy = Policy::per_second(FLOOD.0)
+        .burst(FLOOD.1)
+        .name("scale")
+        .build()
+        .map_err(|e| e.to_string())?;
+    let bound = LocalBudget::new()
+        .max_permits(BUDGET_PERMITS)
+        .grant_period(Duration::from_millis(BUDGET_LEASE_MS))
+        .overshoot_bound(&policy, INSTANCES as u64);
+    let instances: Vec<Instances> = FLOOD_CONFIGS
+        .iter()
+        .map(|c| Instances::start(c, Some(&redis), FLOOD, &format!("scale-flood-{c}")))
+        .collect::<Result<_, _>>()?;
+    // [config] -> (calls, runs)
+    let mut totals: Vec<(u64, Vec<Run>)> = vec![(0, Vec::new()); FLOOD_CONFIGS.len()];
+    for round in 0..rounds {
+        for (c, instance) in instances.iter().enumerate() {
+            let before = redis.calls();
+            let run = run_load_on(
+                &instance.ports,
+                true,
+                "--secs",
+                &secs.to_string(),
+                FLOOD_CONNECTIONS,
+            )?;
+            let calls = redis.calls() - before;
+            println!(
+                "  round {} {:<7} flood {:>8.0} req/s  ok {} limited {} other {}  calls {calls} ({:.4} per request)",
+                round + 1,
+                FLOOD_CONFIGS[c],
+                run.per_second,
+                run.ok,
+                run.limited,
+                run.other,
+                calls as f64 / run.requests.max(1) as f64
+            );
+            totals[c].0 += calls;
+            totals[c].1.push(run);
+        }
+    }
+    drop(instances);
+    drop(redis);
+    let mut table = vec![
+        format!(
+            "| configuration | one subject flooding past {} per second, {FLOOD_CONNECTIONS} connections | req/s median [range] | admitted per second | Redis calls / request | worst window over the exact policy | stated bound |",
+            FLOOD.0
+        ),
+        "|---|---|---|---|---|---|---|".to_owned(),
+    ];
+    for (c, config) in FLOOD_CONFIGS.iter().enumerate() {
+        let (calls, runs) = &totals[c];
+        let (rate, low, high) = median(runs.iter().map(|r| r.per_second).collect());
+        let requests: u64 = runs.iter().map(|r| r.requests).sum();
+        let ok: u64 = runs.iter().map(|r| r.ok).sum();
+        let worst = runs
+            .iter()
+            .map(|r| worst_overshoot(&r.buckets, FLOOD.0, FLOOD.1))
+            .max()
+            .unwrap_or(0);
+        let stated = if *config == "budget" {
+            bound.to_string()
+        } else {
+            "0".to_owned()
+        };
+        table.push(format!(
+            "| {config} | {requests} requests over {rounds} rounds | {rate:.0} [{low:.0}–{high:.0}] | {:.0} | {:.4} | {worst} | {stated} |",
+            ok as f64 / (secs * rounds as f64),
+            *calls as f64 / requests.max(1) as f64,
+        ));
+    }
+    Ok(table)
 }

@@ -1,13 +1,14 @@
-//! The grant call: a slice of a busy subject's allowance (up to the
-//! asked permits, this check's cost first), charged in Redis in one call
-//! of the library's `gcra_take` function, and handed to the [`Budget`].
+//! The grant call: a rate share of a busy subject (the next emission
+//! slots over one grant period, up to the asked permits, this check's
+//! cost first when due at once), charged in Redis in one call of the
+//! library's `gcra_take` function, and handed to the [`Budget`].
 
 use std::sync::Arc;
 
 use portcullis_core::{Policy, StoreError, Verdict};
 use redis::Value;
 
-use super::{Ask, Budget};
+use super::{Ask, Budget, Share};
 use crate::call::reply::{ints, protocol};
 use crate::call::{int_reply, push_time, Call, Caller, Kind, PolicySet, Target};
 use crate::functions::CallPath;
@@ -26,8 +27,14 @@ struct Granting {
 impl Drop for Granting {
     fn drop(&mut self) {
         if !self.done {
-            self.budget
-                .grant_ended(&self.key, self.ask, self.cost, 0, self.sent, None);
+            self.budget.grant_ended(
+                &self.key,
+                self.ask,
+                self.cost,
+                None,
+                false,
+                (self.sent, self.sent),
+            );
         }
     }
 }
@@ -58,34 +65,63 @@ pub(crate) async fn grant(
         .arg(guard.key.as_str())
         .arg(set.argument(0));
     push_time(&mut cmd, caller.now());
-    cmd.arg(cost).arg(want.permits);
+    let horizon = u64::try_from(guard.budget.period().as_micros()).unwrap_or(u64::MAX);
+    cmd.arg(cost).arg(want.permits).arg(horizon);
     let answer = caller.run(script, &cmd, &guard.key).await;
-    let (granted, verdict) = match answer {
-        Ok(Value::Array(items)) => match ints::<2>(&items)? {
-            [granted, ahead] if granted > 0 => {
-                let granted = granted.unsigned_abs();
-                (granted, int_reply::verdict(&policy, ahead, cost)?)
+    let (share, admitted, verdict) = match answer {
+        Ok(Value::Array(items)) => {
+            let [slots, lead] = ints::<2>(&items)?;
+            let (Ok(slots), Ok(lead)) = (u64::try_from(slots), u64::try_from(lead)) else {
+                return Err(protocol(format!(
+                    "a rate share answered {slots} slots at a lead of {lead} µs"
+                )));
+            };
+            let share = Share { slots, lead };
+            let interval = policy.period_micros() / policy.limit().max(1);
+            let cap = policy.capacity().saturating_mul(interval);
+            let at_once = lead.saturating_add(cost.saturating_mul(interval)) <= cap;
+            let signed = |lead: u64| i64::try_from(lead).unwrap_or(i64::MAX);
+            if slots >= cost && at_once {
+                (
+                    Some(share),
+                    true,
+                    int_reply::verdict(&policy, signed(lead), cost)?,
+                )
+            } else {
+                // Denied: the exact answer for this instance, whose own
+                // slots come first when it holds enough of them, else
+                // Redis' after the share.
+                let behind = if slots >= cost {
+                    lead
+                } else {
+                    lead.saturating_add(slots.saturating_mul(interval))
+                };
+                (
+                    Some(share),
+                    false,
+                    int_reply::verdict(&policy, -1 - signed(behind), cost)?,
+                )
             }
-            [_, ahead] => (0, int_reply::verdict(&policy, -1 - ahead, cost)?),
-        },
+        }
         // A state only the general check reads, or a refused function:
         // this check alone, exactly; the next grant finds the state read.
         Ok(Value::SimpleString(status)) if status == "GENERAL" => {
-            (0, exact(&caller, &guard.key, set, cost).await?)
+            (None, false, exact(&caller, &guard.key, set, cost).await?)
         }
         Ok(other) => return Err(protocol(format!("a grant of permits answered {other:?}"))),
         Err(error) if caller.scripts.path().refused(&error, &guard.key) => {
-            (0, exact(&caller, &guard.key, set, cost).await?)
+            (None, false, exact(&caller, &guard.key, set, cost).await?)
         }
         Err(error) => return Err(error),
     };
+    let received = caller.clock.budget_time();
     guard.budget.grant_ended(
         &guard.key,
         want,
         cost,
-        granted,
-        guard.sent,
-        Some(verdict.binding()),
+        share,
+        admitted,
+        (guard.sent, received),
     );
     guard.done = true;
     Ok(verdict)

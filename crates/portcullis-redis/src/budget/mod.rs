@@ -1,14 +1,18 @@
 //! The local budget ([`LocalBudget`], opt-in): for a busy subject, an
-//! instance takes a slice of its allowance from Redis in one call (a grant
-//! of up to `max_permits` permits, charged in Redis at once) and admits
-//! from it locally until the slice is spent or the grant ends; what is
-//! left when the grant ends is dropped, never given back. The size of the
-//! next grant follows the subject's demand on this instance over the last
-//! grant period, so a quiet subject (at most one check per period) is
-//! never granted: each of its checks goes to Redis and is exact.
+//! instance takes a rate share from Redis in one call (the next emission
+//! slots of the subject's GCRA state over one grant period, up to
+//! `max_permits`, charged in Redis at once) and dispenses them locally on
+//! the GCRA schedule, each no earlier than the exact check would admit it,
+//! until the share is spent or the grant period ends; what is left is
+//! dropped, never given back. While it knows nothing can be admitted (its
+//! next slot not yet due, or Redis' state ahead), it denies locally. The
+//! size of the next share follows the subject's demand on this instance
+//! over the last grant period, so a quiet subject (at most one check per
+//! period) is never granted: each of its checks goes to Redis and is exact.
 //!
-//! Every permit admitted was charged in Redis before, at most one grant
-//! period earlier; that gives the bound the docs state
+//! Every slot dispensed was charged in Redis, distinct from every other
+//! permit, and is dispensed no earlier than its GCRA time and less than one
+//! grant period after it; that gives the bound the docs state
 //! ([`LocalBudget::overshoot_bound`]). A subject's state in Redis can move
 //! back (a `reset()`, a policy changed under the same name), so no local
 //! answer outlives one grant period, each is tied to the policy's numbers,
@@ -24,11 +28,12 @@ mod grant;
 mod table;
 
 pub(crate) use grant::grant;
-pub(crate) use table::{Ask, Budget, Take};
+pub(crate) use table::{Ask, Budget, Share, Take};
 
-/// A local budget: busy subjects are admitted from grants of permits
-/// taken from Redis, so a hot subject costs Redis a fraction of a call per
-/// request, at the price of a stated overshoot. Give it to
+/// A local budget: busy subjects are admitted from rate shares taken from
+/// Redis, so a hot subject costs Redis a fraction of a call per request,
+/// under its limit or flooding far past it, at the price of a stated
+/// overshoot. Give it to
 /// [`RedisStoreBuilder::local_budget`](crate::RedisStoreBuilder::local_budget).
 ///
 /// It applies to checks of one GCRA policy whose emission interval is a
@@ -37,37 +42,56 @@ pub(crate) use table::{Ask, Budget, Take};
 /// path; other checks are exact as always. [`LocalBudget::policies`]
 /// limits it to policies by name.
 ///
-/// **The bound.** Every permit an instance admits locally was charged in
-/// Redis when it was granted, at most one grant period earlier, and at
-/// most `min(max_permits, ⌈limit × grant / period⌉)` granted permits (one
-/// grant period's worth of the rate) wait unspent on one instance at a
+/// **Rate shares.** A grant call charges, in one call, the subject's next
+/// emission slots whose GCRA times (when the exact check would admit each)
+/// fall within the next grant period: what is left of the burst, due at
+/// once, then one slot per emission interval; at most `min(max_permits,
+/// ⌈limit × grant / period⌉)` and no more than the demand this instance
+/// saw over the last grant period. The instance admits slot `j` no earlier
+/// than its GCRA time and denies the checks in between locally (with the
+/// time to the next slot as the retry-after). When its share is spent it
+/// still knows Redis' state was at least that far ahead, so it denies
+/// until Redis could admit the next permit; a share of none (the other
+/// instances hold the period) holds the denial for the grant period; and
+/// while its next grant call is in flight for a subject at its limit, its
+/// checks are denied here rather than sent to Redis. So a subject flooding
+/// past its limit costs each instance one Redis call per `min(max_permits
+/// × interval, grant period)`, whatever the offered load.
+///
+/// **The bound.** Slots charged in Redis are distinct across instances
+/// and each is dispensed no earlier than its GCRA time and before one
+/// grant period after it; at most `min(max_permits, ⌈limit × grant /
+/// period⌉)` slots charged and not yet dispensed wait on one instance at a
 /// time. So over any interval, the subject is admitted at most
 /// `min(instances × max_permits, ⌈limit × grant / period⌉)` permits more
 /// than the exact policy would admit in that interval
-/// ([`LocalBudget::overshoot_bound`]); over any period-long stretch once
-/// grants have ended, no more than the policy's own allowance. Permits
-/// left when a grant ends (or held by an instance that stopped) are lost:
-/// the subject gets fewer, never more, and its state in Redis recovers at
-/// the policy's rate. A slow policy (at most one permit per grant period)
-/// is never granted: each of its checks is exact.
+/// ([`LocalBudget::overshoot_bound`]; the permits dispensed late in it,
+/// or those whose GCRA times fell in the grant period before it); over a
+/// whole run, no more than Redis charged. Slots not dispensed within the
+/// grant period (demand dropped), the rest of a share when the next is
+/// taken, and the share of an instance that stopped are lost: the subject
+/// gets fewer, never more, the other instances are held back by at most
+/// that share, and the state recovers at the policy's rate. A slow policy
+/// (at most one permit per grant period) is never granted: each of its
+/// checks is exact. ALGORITHMS.md ("The local budget's bound") has the
+/// proof.
 ///
-/// **Resets and policy changes.** Every local answer (a grant's permits,
-/// or a denial Redis gave, repeated) ends one grant period after its call
-/// to Redis was sent, and a denial is repeated no longer than its own
-/// retry-after. So after [`Store::reset`](portcullis_core::Store::reset)
+/// **Resets and policy changes.** Every local answer (a share's slots,
+/// or a held denial) ends one grant period after its call to Redis was
+/// sent. So after [`Store::reset`](portcullis_core::Store::reset)
 /// returns, the instance that called it answers from Redis at once (its
 /// local answers for the subject are dropped, and a grant call in flight
 /// is ignored), and every other instance within one grant period. A check
 /// whose policy has other numbers (limit, period or burst) than the one a
 /// local answer was taken under, as after a plan change under the same
 /// name, never gets that answer: it goes to Redis, on every instance, from
-/// its first check under the new numbers. A reset forgives the permits
-/// granted before it with the rest of the state: in the grant period after
+/// its first check under the new numbers. A reset forgives the slots
+/// charged before it with the rest of the state: in the grant period after
 /// a reset, the overshoot is at most `instances × min(max_permits,
-/// ⌈limit × grant / period⌉)` (the unspent grants).
+/// ⌈limit × grant / period⌉)` (the undispensed shares).
 ///
 /// **Headers.** A locally admitted request reports `remaining` as this
-/// instance sees it: what Redis held when the grant was taken, less what
+/// instance sees it: what Redis held when the share was taken, less what
 /// this instance admitted since. Other instances' use is not in it.
 ///
 /// ```no_run
@@ -135,8 +159,8 @@ impl LocalBudget {
         }
     }
 
-    /// The most permits one grant takes (at least 1; 1 turns granting off).
-    /// Larger grants save more calls and widen the bound. A grant takes no
+    /// The most slots one share takes (at least 1; 1 turns granting off).
+    /// Larger shares save more calls and widen the bound. A share takes no
     /// more than one grant period's worth of the policy's rate either.
     /// Default: 64.
     pub fn max_permits(mut self, max_permits: u64) -> Self {
@@ -144,10 +168,12 @@ impl LocalBudget {
         self
     }
 
-    /// How long a grant's permits may be spent (must be positive; checked
-    /// at `build()`). Shorter grants tighten the bound, lose fewer permits
-    /// when demand drops, and make other instances obey a `reset()`
-    /// sooner: within one grant period. Default: 100 ms.
+    /// How long a share's slots may be dispensed, and how far ahead of now
+    /// they reach (must be positive; checked at `build()`; the reach is cut
+    /// to the capacity's time or 1 s, whichever is longer). Shorter periods
+    /// tighten the bound, lose fewer slots when demand drops, and make
+    /// other instances obey a `reset()` sooner: within one grant period;
+    /// longer ones cost a flooding subject fewer calls. Default: 100 ms.
     pub fn grant_period(mut self, period: Duration) -> Self {
         self.grant_period = period;
         self

@@ -1,6 +1,7 @@
 //! The budgets of one store's subjects on this instance ([`Budget`]): a
-//! sharded table of slots, each holding a subject's grant (permits
-//! charged in Redis, spent here), a denial Redis gave, and its demand;
+//! sharded table of slots, each holding a subject's rate share (emission
+//! slots charged in Redis, dispensed here on the GCRA schedule), what it
+//! says of Redis' state (how long a denial holds), and its demand;
 //! [`Budget::take`] says what a check does with it.
 
 use std::collections::HashMap;
@@ -34,52 +35,86 @@ impl Numbers {
             capacity: policy.capacity(),
         }
     }
+
+    /// The emission interval in µs (whole: the budget takes only such
+    /// policies) and the capacity in µs (`capacity × interval`).
+    fn interval_and_cap(self) -> (u64, u64) {
+        let interval = (self.period_micros / self.limit.max(1)).max(1);
+        (interval, self.capacity.saturating_mul(interval))
+    }
+}
+
+/// What Redis answered a grant call: the rate share this instance holds.
+#[derive(Clone, Copy)]
+pub(crate) struct Share {
+    /// Emission slots charged in Redis for this instance, in order.
+    pub(crate) slots: u64,
+    /// The state's lead over Redis' now before the call, in µs.
+    pub(crate) lead: u64,
 }
 
 /// A subject's budget on this instance. Times are µs of [`ClockMode::budget_time`](crate::clock::ClockMode::budget_time).
 struct Slot {
-    /// The numbers of the policy the grant and the denial were taken
-    /// under.
+    /// The numbers of the policy the share was taken under.
     numbers: Numbers,
     /// Changes whenever the local answers are dropped (a reset, other
     /// numbers): a grant call sent before answers into nothing.
     generation: u64,
-    /// Granted permits not yet admitted.
-    permits: u64,
-    /// When the grant's permits may no longer be spent: one grant period
-    /// after the grant call was sent, so no earlier than one period after
-    /// Redis charged them.
+    /// The last share Redis granted: slot `j` (from 1) of it is due (its
+    /// GCRA time has come) at `received + max(0, lead + j × interval -
+    /// cap)`, and the first `used` are spent (admitted, or dropped when the
+    /// next grant was asked). Redis' state after the call lay at least
+    /// `lead + slots × interval` ahead of its now, which came after `sent`:
+    /// so a cost `c` beyond the share cannot be admitted by Redis before
+    /// `sent + lead + (slots + c) × interval - cap`.
+    share: Share,
+    used: u64,
+    /// When the grant call was sent, and when its answer came.
+    sent: u64,
+    received: u64,
+    /// No local answer at or after this: one grant period after the grant
+    /// call was sent (a reset elsewhere is obeyed by then).
     expires: u64,
-    /// `remaining` as this instance sees it.
-    remaining: u64,
-    reset_after: Duration,
+    /// The last share found the subject at its limit (slots not due at
+    /// once, or none): checks while the next grant call is in flight are
+    /// denied here rather than each sent to Redis.
+    at_limit: bool,
     /// The demand (permits) of the current and the last grant period.
     period_start: u64,
     demand: u64,
     last_demand: u64,
-    /// A grant call is in flight (checks meanwhile go to Redis, exact).
+    /// A grant call is in flight.
     granting: bool,
-    /// Redis denied a cost of `denied_cost`, with a retry-after ending no
-    /// later than one grant period after the call was sent, at
-    /// `denied_until`: until then costs at least that large are denied
-    /// here. Redis would deny them too unless the state moved back (a
-    /// reset elsewhere), which the grant period bounds.
-    denied_until: u64,
-    denied_cost: u64,
-    denied_reset: u64,
 }
 
 impl Slot {
-    /// Drops the grant and the denial, and takes `generation`, so that a
+    fn new(numbers: Numbers, generation: u64, now: u64) -> Self {
+        Self {
+            numbers,
+            generation,
+            share: Share { slots: 0, lead: 0 },
+            used: 0,
+            sent: now,
+            received: now,
+            expires: now,
+            at_limit: false,
+            period_start: now,
+            demand: 0,
+            last_demand: 0,
+            granting: false,
+        }
+    }
+
+    /// Drops the share and what it said, and takes `generation`, so that a
     /// grant call in flight answers into nothing. The demand stays: it is
     /// the subject's traffic, whatever the policy.
     fn drop_answers(&mut self, generation: u64) {
         self.generation = generation;
-        self.permits = 0;
+        self.share = Share { slots: 0, lead: 0 };
+        self.used = 0;
+        self.expires = 0;
         self.granting = false;
-        self.denied_until = 0;
-        self.denied_cost = 0;
-        self.denied_reset = 0;
+        self.at_limit = false;
     }
 
     /// Counts `cost` in the demand of the grant period that holds `now`.
@@ -97,26 +132,69 @@ impl Slot {
         self.demand = self.demand.saturating_add(cost);
     }
 
-    /// The answer from this instance alone, if it has one: a denial Redis
-    /// gave that still holds, or permits of a live grant (counted in the
-    /// demand, and spent, when it answers).
+    /// The answer from this instance alone, if it has one (counted in the
+    /// demand, and spent, when it answers): the share's next slots when
+    /// due; a denial until they are due, or until Redis could admit the
+    /// cost beyond the share; a denial while a grant call is in flight
+    /// after the last share found the subject at its limit.
     fn answer(&mut self, policy: &Policy, cost: u64, now: u64, grant: u64) -> Option<Verdict> {
         if self.numbers != Numbers::of(policy) {
             return None;
         }
-        let decision = if now < self.denied_until && cost >= self.denied_cost {
+        let (interval, cap) = self.numbers.interval_and_cap();
+        let lead_of = |slots: u64| {
+            self.share
+                .lead
+                .saturating_add(slots.saturating_mul(interval))
+        };
+        // Redis' state after the share, as far as this instance knows.
+        let state_until = self.sent.saturating_add(lead_of(self.share.slots));
+        let reset_after = Duration::from_micros(state_until.saturating_sub(now));
+        let denied = |until: u64| {
             Decision::denied(
                 policy.capacity(),
                 0,
-                Duration::from_micros(self.denied_until - now),
-                Duration::from_micros(self.denied_reset.saturating_sub(now)),
+                Duration::from_micros(until.saturating_sub(now).max(1)),
+                reset_after,
             )
-        } else if self.permits >= cost && now < self.expires {
-            self.permits -= cost;
-            self.remaining = self.remaining.saturating_sub(cost);
-            Decision::allowed(policy.capacity(), self.remaining, self.reset_after)
+        };
+        let need = self.used.saturating_add(cost);
+        let decision = if now < self.expires {
+            let (due, own) = if need <= self.share.slots {
+                (
+                    self.received
+                        .saturating_add(lead_of(need).saturating_sub(cap)),
+                    true,
+                )
+            } else {
+                let beyond = self.share.slots.saturating_add(cost);
+                (
+                    self.sent
+                        .saturating_add(lead_of(beyond).saturating_sub(cap)),
+                    false,
+                )
+            };
+            if now < due {
+                // Nothing this instance knows of can be admitted before
+                // `due` (held no longer than the share lives).
+                Some(denied(due.min(self.expires)))
+            } else if own {
+                self.used = need;
+                // What Redis held when the share was taken, less what this
+                // instance admitted since.
+                let remaining =
+                    (cap.saturating_sub(self.share.lead) / interval).saturating_sub(self.used);
+                Some(Decision::allowed(policy.capacity(), remaining, reset_after))
+            } else {
+                None
+            }
         } else {
-            return None;
+            None
+        };
+        let decision = match decision {
+            Some(decision) => decision,
+            None if self.granting && self.at_limit => denied(now.saturating_add(interval)),
+            None => return None,
         };
         self.count(cost, now, grant);
         Some(std::iter::once(decision).collect())
@@ -125,7 +203,8 @@ impl Slot {
 
 /// What a check does with the budget.
 pub(crate) enum Take {
-    /// Admitted from the grant.
+    /// Answered from the share: admitted from its due slots, or denied
+    /// while nothing this instance knows of can be admitted.
     Local(Verdict),
     /// Take a grant (this check's cost first).
     Grant(Ask),
@@ -181,6 +260,12 @@ impl Budget {
         self.config.takes(policy)
     }
 
+    /// The grant period: how long a share lives, and how far ahead of now
+    /// its slots reach.
+    pub(crate) fn period(&self) -> Duration {
+        self.config.grant_period
+    }
+
     /// A generation no slot had before.
     fn next_generation(&self) -> u64 {
         self.generations.fetch_add(1, Ordering::Relaxed) + 1
@@ -220,24 +305,9 @@ impl Budget {
                 }
             }
             let generation = self.next_generation();
-            shard.slots.insert(
-                key.into(),
-                Slot {
-                    numbers: Numbers::of(policy),
-                    generation,
-                    permits: 0,
-                    expires: now,
-                    remaining: 0,
-                    reset_after: Duration::ZERO,
-                    period_start: now,
-                    demand: 0,
-                    last_demand: 0,
-                    granting: false,
-                    denied_until: 0,
-                    denied_cost: 0,
-                    denied_reset: 0,
-                },
-            );
+            shard
+                .slots
+                .insert(key.into(), Slot::new(Numbers::of(policy), generation, now));
         }
         let Some(slot) = shard.slots.get_mut(key) else {
             return Take::Exact;
@@ -252,16 +322,16 @@ impl Budget {
             return Take::Local(verdict);
         }
         slot.count(cost, now, grant);
-        // Leftovers too few for this cost, or past the grant: dropped.
-        slot.permits = 0;
         let want = slot
             .last_demand
             .min(self.config.max_permits)
-            .min(policy.capacity())
             .min(self.config.grant_worth(policy));
         if want <= cost || slot.granting {
             return Take::Exact;
         }
+        // Slots of the share too few for this cost, or past its life:
+        // dropped (one share at a time per instance: the bound).
+        slot.used = slot.share.slots;
         slot.granting = true;
         Take::Grant(Ask {
             permits: want,
@@ -289,17 +359,19 @@ impl Budget {
             .answer(policy, cost, now, grant)
     }
 
-    /// A grant call for `key` asked as `ask`, sent at `sent` (µs of
-    /// [`ClockMode::budget_time`](crate::clock::ClockMode::budget_time)), ended: `granted` permits were charged (this check's
-    /// `cost` among them) at `decision` (None: it failed).
+    /// A grant call for `key` asked as `ask`, sent at `sent` and answered
+    /// at `received` (µs of [`ClockMode::budget_time`](crate::clock::ClockMode::budget_time)),
+    /// ended: Redis charged `share` (None: it failed, or was answered
+    /// otherwise), of which the asking check of `cost` took its first
+    /// `cost` slots when `admitted`.
     pub(super) fn grant_ended(
         &self,
         key: &str,
         ask: Ask,
         cost: u64,
-        granted: u64,
-        sent: u64,
-        decision: Option<&Decision>,
+        share: Option<Share>,
+        admitted: bool,
+        (sent, received): (u64, u64),
     ) {
         let mut shard = self.shard(key);
         let Some(slot) = shard
@@ -311,25 +383,20 @@ impl Budget {
             return;
         };
         slot.granting = false;
-        let grant = u64::try_from(self.config.grant_period.as_micros()).unwrap_or(u64::MAX);
-        if let Some(retry) = decision.and_then(Decision::retry_after) {
-            // Measured from when the call was sent, which is no later than
-            // when Redis decided: the local denial ends no later than
-            // Redis' would, and no later than one grant period after the
-            // call (a reset elsewhere is obeyed by then).
-            let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-            slot.denied_until = sent.saturating_add(micros(retry).min(grant));
-            slot.denied_cost = cost;
-            slot.denied_reset =
-                decision.map_or(sent, |d| sent.saturating_add(micros(d.reset_after())));
+        let Some(share) = share else {
             return;
-        }
-        if let Some(decision) = decision.filter(|d| d.is_allowed() && granted >= cost) {
-            slot.permits = granted - cost;
-            slot.expires = sent.saturating_add(grant);
-            slot.remaining = decision.remaining();
-            slot.reset_after = decision.reset_after();
-        }
+        };
+        let grant = u64::try_from(self.config.grant_period.as_micros()).unwrap_or(u64::MAX);
+        let (interval, cap) = slot.numbers.interval_and_cap();
+        slot.share = share;
+        slot.used = if admitted { cost.min(share.slots) } else { 0 };
+        slot.sent = sent;
+        slot.received = received.max(sent);
+        slot.expires = sent.saturating_add(grant);
+        slot.at_limit = share
+            .lead
+            .saturating_add(share.slots.max(1).saturating_mul(interval))
+            > cap;
     }
 }
 

@@ -1,6 +1,8 @@
 //! Unit tests of the local budget (`budget/table.rs`): the bound's figures, when
-//! a subject is granted, how long a grant and a repeated denial last, and
-//! that a reset or other policy numbers drop what was taken before.
+//! a subject is granted, how long a share and a held denial last, that a
+//! share's slots are dispensed no earlier than their GCRA times, that a
+//! grant call in flight under a flood is answered here, and that a reset
+//! or other policy numbers drop what was taken before.
 
 use super::*;
 
@@ -21,6 +23,27 @@ fn the_bound_is_the_smaller_of_grants_and_rate() {
 }
 
 const MS: u64 = 1_000;
+
+/// Redis answered the grant asked as `want` for `key` (cost 1), sent and
+/// answered at `at`: `slots` slots at a lead of `lead` µs, the asking
+/// check admitted or not.
+fn answered(
+    budget: &Budget,
+    key: &str,
+    want: Ask,
+    (slots, lead): (u64, u64),
+    admitted: bool,
+    at: u64,
+) {
+    budget.grant_ended(
+        key,
+        want,
+        1,
+        Some(Share { slots, lead }),
+        admitted,
+        (at, at),
+    );
+}
 
 #[test]
 fn a_quiet_subject_is_never_granted_and_a_busy_one_is() {
@@ -46,13 +69,22 @@ fn a_quiet_subject_is_never_granted_and_a_busy_one_is() {
         budget.take("busy", &policy, 1, 100 * MS),
         Take::Exact
     ));
-    let decision = Decision::allowed(1_000, 900, Duration::from_millis(100));
-    budget.grant_ended("busy", want, 1, want.permits, 100 * MS, Some(&decision));
-    for left in (0..9).rev() {
+    // Redis' state held 100 ms (100 permits) then: remaining 900 before
+    // the share, 899 after the asking check.
+    answered(
+        &budget,
+        "busy",
+        want,
+        (want.permits, 100 * MS),
+        true,
+        100 * MS,
+    );
+    for admitted in 2..=10 {
         let Take::Local(verdict) = budget.take("busy", &policy, 1, 101 * MS) else {
-            panic!("the grant should admit");
+            panic!("the share should admit");
         };
-        assert_eq!(verdict.binding().remaining(), 900 - (9 - left));
+        assert!(verdict.is_allowed());
+        assert_eq!(verdict.binding().remaining(), 900 - admitted);
     }
     // Spent: the next check grants again (or goes exact).
     assert!(!matches!(
@@ -71,9 +103,18 @@ fn a_grant_ends_one_period_after_it_was_sent() {
     let Take::Grant(want) = budget.take("k", &policy, 1, 100 * MS) else {
         panic!("a busy subject should grant");
     };
-    let decision = Decision::allowed(1_000, 500, Duration::ZERO);
     // Sent at 100 ms, answered at 150 ms: spendable until 200 ms.
-    budget.grant_ended("k", want, 1, want.permits, 100 * MS, Some(&decision));
+    budget.grant_ended(
+        "k",
+        want,
+        1,
+        Some(Share {
+            slots: want.permits,
+            lead: 0,
+        }),
+        true,
+        (100 * MS, 150 * MS),
+    );
     assert!(matches!(
         budget.take("k", &policy, 1, 199 * MS),
         Take::Local(_)
@@ -85,31 +126,139 @@ fn a_grant_ends_one_period_after_it_was_sent() {
 }
 
 #[test]
-fn a_denial_is_repeated_locally_until_its_retry_after() {
+fn a_denial_is_held_until_redis_could_admit_the_cost() {
     let budget = Budget::new(LocalBudget::new().grant_period(Duration::from_millis(100)));
-    let policy = policy();
+    let policy = Policy::per_second(100)
+        .burst(10)
+        .name("api")
+        .build()
+        .unwrap();
     for _ in 0..20 {
         budget.take("k", &policy, 2, 0);
     }
     let Take::Grant(want) = budget.take("k", &policy, 2, 100 * MS) else {
         panic!("a busy subject should grant");
     };
-    let denied = Decision::denied(10, 0, Duration::from_millis(30), Duration::from_secs(1));
-    budget.grant_ended("k", want, 2, 0, 100 * MS, Some(&denied));
+    // No slot fit this cost (the state 95 ms ahead, capacity 100 ms,
+    // interval 10 ms): a cost of 2 fits Redis 15 ms after the call, a
+    // cost of 1 after 5 ms.
+    budget.grant_ended(
+        "k",
+        want,
+        2,
+        Some(Share {
+            slots: 0,
+            lead: 95 * MS,
+        }),
+        false,
+        (100 * MS, 100 * MS),
+    );
     let Take::Local(verdict) = budget.take("k", &policy, 2, 110 * MS) else {
-        panic!("the denial should be repeated here");
+        panic!("the denial should be held here");
     };
     assert!(!verdict.is_allowed());
-    assert_eq!(verdict.retry_after(), Some(Duration::from_millis(20)));
-    // A smaller cost may fit: asked of Redis. So is any cost once the
-    // retry-after has passed.
-    assert!(!matches!(
-        budget.take("k", &policy, 1, 110 * MS),
-        Take::Local(_)
+    assert_eq!(verdict.retry_after(), Some(Duration::from_millis(5)));
+    assert!(matches!(budget.take("k", &policy, 1, 104 * MS), Take::Local(v) if !v.is_allowed()));
+    // A cost of 1 may fit by 105 ms: asked of Redis. While that call is
+    // in flight, the subject at its limit is denied here.
+    assert!(matches!(
+        budget.take("k", &policy, 1, 105 * MS),
+        Take::Grant(_)
     ));
-    assert!(!matches!(
-        budget.take("k", &policy, 2, 130 * MS),
-        Take::Local(_)
+    assert!(matches!(budget.take("k", &policy, 2, 115 * MS), Take::Local(v) if !v.is_allowed()));
+}
+
+/// Under a flood (the state at its capacity), a share's slots are
+/// dispensed one interval apart, each no earlier than the exact GCRA would
+/// admit it; checks between them are denied here, with the time to the
+/// next slot; when the share is spent, checks are denied until Redis could
+/// admit one; and while the next grant call is in flight, too.
+#[test]
+fn a_rate_share_is_dispensed_on_the_gcra_schedule() {
+    let budget = Budget::new(
+        LocalBudget::new()
+            .max_permits(64)
+            .grant_period(Duration::from_millis(100)),
+    );
+    // 1 000 per second, burst 50: interval 1 ms, capacity 50 ms.
+    let policy = Policy::per_second(1_000)
+        .burst(50)
+        .name("api")
+        .build()
+        .unwrap();
+    let t = 100 * MS;
+    // The state at its capacity: slot j is due at t + j ms. 64 slots.
+    let Take::Grant(want) = ({
+        for _ in 0..200 {
+            budget.take("flood", &policy, 1, 0);
+        }
+        budget.take("flood", &policy, 1, t)
+    }) else {
+        panic!("a flooding subject should grant");
+    };
+    assert_eq!(
+        want.permits, 64,
+        "max_permits, below the demand and the rate"
+    );
+    answered(&budget, "flood", want, (64, 50 * MS), false, t);
+    let mut admitted = 0;
+    for tick in 0..(70 * 4) {
+        // Four checks every quarter of a millisecond.
+        let now = t + tick * 250;
+        for _ in 0..4 {
+            match budget.take("flood", &policy, 1, now) {
+                Take::Local(verdict) if verdict.is_allowed() => {
+                    admitted += 1;
+                    // Slot `admitted` is due at t + admitted ms.
+                    assert!(
+                        now >= t + admitted * MS,
+                        "slot {admitted} admitted at {now}"
+                    );
+                }
+                Take::Local(verdict) => {
+                    let retry = verdict.retry_after().expect("a denial says when");
+                    assert!(retry > Duration::ZERO);
+                    if admitted < 64 {
+                        // The next slot's time, exactly.
+                        let next = t + (admitted + 1) * MS;
+                        assert_eq!(now + u64::try_from(retry.as_micros()).unwrap(), next);
+                    }
+                }
+                Take::Grant(_) => {
+                    // Spent: Redis could admit the next slot at t + 65 ms.
+                    assert_eq!(admitted, 64);
+                    assert!(now >= t + 65 * MS, "asked Redis at {now}");
+                    // While the call is in flight, answered here.
+                    assert!(matches!(
+                        budget.take("flood", &policy, 1, now),
+                        Take::Local(v) if !v.is_allowed()
+                    ));
+                    return;
+                }
+                Take::Exact => panic!("a flood should never go to Redis alone"),
+            }
+        }
+    }
+    panic!("the spent share should have asked for the next one");
+}
+
+/// A share of none (the other instances hold the horizon) holds the
+/// denial for the rest of the grant period, then asks again.
+#[test]
+fn a_share_of_none_holds_the_denial_for_the_grant_period() {
+    let budget = Budget::new(LocalBudget::new().grant_period(Duration::from_millis(100)));
+    let policy = Policy::per_second(1_000)
+        .burst(50)
+        .name("api")
+        .build()
+        .unwrap();
+    let want = busy(&budget, "k", &policy);
+    // 50 ms of capacity and the whole 100 ms horizon reserved.
+    answered(&budget, "k", want, (0, 150 * MS), false, 100 * MS);
+    assert!(matches!(budget.take("k", &policy, 1, 199 * MS), Take::Local(v) if !v.is_allowed()));
+    assert!(matches!(
+        budget.take("k", &policy, 1, 200 * MS),
+        Take::Grant(_)
     ));
 }
 
@@ -172,27 +321,25 @@ fn a_denial_is_held_no_longer_than_a_grant_period() {
     let budget = Budget::new(LocalBudget::new().grant_period(Duration::from_millis(100)));
     let policy = policy();
     let want = busy(&budget, "k", &policy);
-    // A state far ahead (a lowered plan): Redis said 10 s.
-    let denied = Decision::denied(10, 0, Duration::from_secs(10), Duration::from_secs(20));
-    budget.grant_ended("k", want, 1, 0, 100 * MS, Some(&denied));
+    // A state far ahead (a lowered plan): Redis could admit in 10 s.
+    answered(&budget, "k", want, (0, 10_000 * MS), false, 100 * MS);
     assert!(budget.local("k", &policy, 1, 199 * MS).is_some());
     assert!(budget.local("k", &policy, 1, 200 * MS).is_none());
 }
 
 #[test]
-fn a_reset_drops_the_grant_the_denial_and_the_call_in_flight() {
+fn a_reset_drops_the_share_the_denial_and_the_call_in_flight() {
     let budget = Budget::new(LocalBudget::new().grant_period(Duration::from_millis(100)));
     let policy = policy();
-    let allowed = Decision::allowed(1_000, 900, Duration::ZERO);
     let want = busy(&budget, "a", &policy);
-    budget.grant_ended("a", want, 1, want.permits, 100 * MS, Some(&allowed));
+    answered(&budget, "a", want, (want.permits, 0), true, 100 * MS);
     assert!(budget.local("a", &policy, 1, 100 * MS).is_some());
     budget.forget("a");
     assert!(budget.local("a", &policy, 1, 100 * MS).is_none());
 
-    let denied = Decision::denied(10, 0, Duration::from_millis(50), Duration::ZERO);
+    // Denied (the state full): held, until the reset.
     let want = busy(&budget, "b", &policy);
-    budget.grant_ended("b", want, 1, 0, 100 * MS, Some(&denied));
+    answered(&budget, "b", want, (0, 1_050 * MS), false, 100 * MS);
     assert!(budget.local("b", &policy, 1, 100 * MS).is_some());
     budget.forget("b");
     assert!(budget.local("b", &policy, 1, 100 * MS).is_none());
@@ -201,12 +348,25 @@ fn a_reset_drops_the_grant_the_denial_and_the_call_in_flight() {
     // check may grant again.
     let want = busy(&budget, "c", &policy);
     budget.forget("c");
-    budget.grant_ended("c", want, 1, 0, 100 * MS, Some(&denied));
+    answered(&budget, "c", want, (0, 1_050 * MS), false, 100 * MS);
     assert!(budget.local("c", &policy, 1, 100 * MS).is_none());
     assert!(matches!(
         budget.take("c", &policy, 1, 100 * MS),
         Take::Grant(_)
     ));
+
+    // A flood's grant in flight answers here, until the reset.
+    let want = busy(&budget, "d", &policy);
+    answered(&budget, "d", want, (1, 1_000 * MS), false, 100 * MS);
+    assert!(budget.local("d", &policy, 1, 100 * MS).is_some());
+    assert!(matches!(budget.take("d", &policy, 1, 101 * MS), Take::Local(v) if v.is_allowed()));
+    assert!(matches!(
+        budget.take("d", &policy, 1, 102 * MS),
+        Take::Grant(_)
+    ));
+    assert!(budget.local("d", &policy, 1, 102 * MS).is_some());
+    budget.forget("d");
+    assert!(budget.local("d", &policy, 1, 102 * MS).is_none());
 }
 
 #[test]
@@ -214,9 +374,9 @@ fn other_numbers_never_get_an_answer_taken_under_the_old_ones() {
     let budget = Budget::new(LocalBudget::new().grant_period(Duration::from_millis(100)));
     let policy = policy();
     let raised = Policy::per_second(100_000).name("api").build().unwrap();
-    let denied = Decision::denied(10, 0, Duration::from_millis(50), Duration::ZERO);
     let want = busy(&budget, "k", &policy);
-    budget.grant_ended("k", want, 1, 0, 100 * MS, Some(&denied));
+    answered(&budget, "k", want, (0, 1_050 * MS), false, 100 * MS);
+    assert!(budget.local("k", &policy, 1, 100 * MS).is_some());
     assert!(budget.local("k", &raised, 1, 100 * MS).is_none());
     // The raised plan's first check asks Redis, and drops the denial:
     // the old plan asks Redis too.
@@ -226,16 +386,15 @@ fn other_numbers_never_get_an_answer_taken_under_the_old_ones() {
     ));
     assert!(budget.local("k", &policy, 1, 100 * MS).is_none());
 
-    // A grant asked under the old numbers, answered after the change:
+    // A share asked under the old numbers, answered after the change:
     // ignored.
-    let allowed = Decision::allowed(1_000, 900, Duration::ZERO);
     let budget = Budget::new(LocalBudget::new().grant_period(Duration::from_millis(100)));
     let want = busy(&budget, "k", &policy);
     assert!(!matches!(
         budget.take("k", &raised, 1, 100 * MS),
         Take::Local(_)
     ));
-    budget.grant_ended("k", want, 1, want.permits, 100 * MS, Some(&allowed));
+    answered(&budget, "k", want, (want.permits, 0), true, 100 * MS);
     assert!(budget.local("k", &raised, 1, 100 * MS).is_none());
     assert!(budget.local("k", &policy, 1, 100 * MS).is_none());
 }

@@ -114,25 +114,40 @@ local function gcra_batch(keys, args, no_new_keys)
   end
   return replies
 end
--- gcra_take(keys, args): a lease of permits for a local budget
--- (budget.rs): as many permits as the state allows, at least ARGV[3] and
--- at most ARGV[4], charged at once. ARGV[1] = "<limit>:<period_us>:<capacity>",
--- ARGV[2] = now or ''. Reply: { n, ahead } with n the permits charged and
--- ahead the state's lead over now before the call; n = 0 (and nothing
--- written) when not even ARGV[3] fit. GENERAL or NOROOM as gcra_batch.
+-- gcra_take(keys, args): a rate share for a local budget (budget/): the
+-- next emission slots of the state, in order, those whose GCRA time (when
+-- the exact check would admit them) lies within the horizon after now, at
+-- most ARGV[4] of them, all charged at once. Slot j (from 1) has the GCRA
+-- time now + max(0, ahead + j x interval - capacity x interval): the
+-- first slots may be due at once (the burst left), the later ones one
+-- interval apart. ARGV[1] = "<limit>:<period_us>:<capacity>", ARGV[2] =
+-- now or '', ARGV[3] = the asking check's cost (at least that many slots,
+-- else none), ARGV[4] = the most slots, ARGV[5] = the horizon in us (the
+-- grant period), cut to the clock tolerance beyond the capacity, so that
+-- every reader still reads the state (as denying until it comes down).
+-- Reply: { n, ahead } with n the slots charged and ahead the state's lead
+-- over now before the call; n = 0 (and nothing written) when fewer than
+-- ARGV[3] fit. The asking check is admitted when its slots are due at
+-- once (ahead + cost x interval <= capacity x interval), which the client
+-- derives. GENERAL or NOROOM as gcra_batch.
 local function gcra_take(keys, args, no_new_keys)
   local f = batch_policy_of(args[1])
-  local least, most = tonumber(args[3]), tonumber(args[4])
-  if f == nil or least == nil or most == nil or least < 1 or least > most or least > f[4] then
-    return redis.error_reply('ERR portcullis: a lease of permits needs <limit>:<period_us>:<capacity>, now, least, most; upgrade portcullis-redis')
+  local least, most, horizon = tonumber(args[3]), tonumber(args[4]), tonumber(args[5])
+  if f == nil or least == nil or most == nil or horizon == nil or least < 1 or least > most
+      or least > f[4] or horizon < 0 then
+    return redis.error_reply('ERR portcullis: a rate share needs <limit>:<period_us>:<capacity>, now, least, most, horizon; upgrade portcullis-redis')
   end
   local now = now_of(args[2])
   local ahead = batch_lead(keys[1], now, f, no_new_keys)
   if type(ahead) ~= 'number' then
     return ahead
   end
-  -- The most permits that fit: ahead + n * interval <= capacity.
-  local fit = math.floor((f[2] - ahead) / f[1])
+  if horizon > f[3] - f[2] then
+    horizon = f[3] - f[2]
+  end
+  -- The slots whose GCRA time is within the horizon:
+  -- ahead + n x interval <= capacity x interval + horizon.
+  local fit = math.floor((f[2] + horizon - ahead) / f[1])
   if fit < least then
     return { 0, ahead }
   end
