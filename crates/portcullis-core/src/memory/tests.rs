@@ -3,7 +3,9 @@
 use super::entry::{Body, Entry, Slot};
 use super::key::Key;
 use super::store::builder::MAX_SHARDS;
-use super::tat::{check_policy, pack, packed_expiry, tat_admitted, tat_charge, unpack, TatCharge};
+use super::tat::{
+    check_policy, pack, packed_expiry, tat_admitted, tat_charge, tat_denied, unpack, TatCharge,
+};
 use crate::algorithms::{self, GcraState, State};
 use crate::{ManualClock, MemoryStore, Policy, Store, Verdict};
 use std::time::Duration;
@@ -114,7 +116,9 @@ proptest! {
         let reference = algorithms::check(&policy, Some(&state), now, cost);
         match tat_charge(&policy, packed, now, cost) {
             None => {}
-            Some(TatCharge::Denied(decision)) => {
+            Some(TatCharge::Denied(read)) => {
+                prop_assert_eq!(read, packed);
+                let decision = tat_denied(&policy, packed, now, cost);
                 prop_assert_eq!(decision, reference.decision);
                 prop_assert_eq!(reference.new_state, None);
             }
@@ -277,7 +281,7 @@ fn the_table_follows_removals_sweeps_and_purges() {
 }
 
 #[test]
-fn charges_of_one_hot_subject_sweep_every_shard() {
+fn expired_subjects_are_swept_where_memory_grows() {
     let clock = ManualClock::new(T0);
     let store = MemoryStore::builder()
         .clock(clock.clone())
@@ -288,15 +292,21 @@ fn charges_of_one_hot_subject_sweep_every_shard() {
         check(&store, &format!("idle{i}"), &idle, 1);
     }
     clock.advance(Duration::from_secs(1));
-    // One subject, always the same shard, on the hot path (a whole
-    // interval): 40 000 charges make 625 sweeps, taken in turn over the
-    // 8 shards from its own, each up to 16 chunks of 128 entries.
+    // One held subject on the hot path (a whole interval): its charges
+    // grow nothing, and leave the expired subjects where they are.
     let hot = [Policy::per_second(1_000_000).name("hot").build().unwrap()];
     for _ in 0..40_000 {
-        check(&store, "hot", &hot, 1);
-        clock.advance(Duration::from_micros(1));
+        assert!(check(&store, "hot", &hot, 1).is_allowed());
     }
-    assert_eq!(store.len(), 1);
+    assert_eq!(store.len(), 4_001);
+    // New subjects grow the store: their inserts count toward each
+    // shard's sweeps (and a table about to grow is swept first), so the
+    // expired subjects go as the new ones come.
+    let long = [Policy::per_hour(1).name("long").build().unwrap()];
+    for i in 0..4_000 {
+        check(&store, &format!("new{i}"), &long, 1);
+    }
+    assert_eq!(store.len(), 4_001);
     assert_consistent(&store);
 }
 

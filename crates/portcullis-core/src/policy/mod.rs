@@ -102,6 +102,14 @@ pub(crate) struct GcraConsts {
     /// is clamped by the reference.
     pub(crate) full_ceil_us: u64,
     pub(crate) tolerance_us: u64,
+    /// `full_ceil_us + tolerance_us`: the furthest ahead of now a TAT is
+    /// read as it is (further, the reference clamps it).
+    pub(crate) clamp_after_us: u64,
+    /// Whether the emission interval is a whole number of microseconds
+    /// (`interval_rem == 0`, so `full_rem == 0` too): a state this policy
+    /// writes then never holds a fraction, and the hot path takes its
+    /// whole-µs branch (no remainders, no carries).
+    pub(crate) whole: bool,
 }
 
 impl GcraConsts {
@@ -118,6 +126,8 @@ impl GcraConsts {
             full_rem: full % scale,
             full_ceil_us,
             tolerance_us: full_ceil_us.max(1_000_000),
+            clamp_after_us: full_ceil_us.saturating_add(full_ceil_us.max(1_000_000)),
+            whole: increment % scale == 0,
         }
     }
 }

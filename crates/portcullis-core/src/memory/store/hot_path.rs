@@ -1,15 +1,11 @@
 //! The store's half of the GCRA hot path: a charge of a known subject
 //! under its shard's read lock ([`MemoryStore::charge_known_gcra`]), and
-//! what it leaves for the write lock (the hot slot, every so often a
-//! sweep). The shard's half is `table/hot_path.rs`, the arithmetic
-//! `tat.rs`.
-
-use std::sync::atomic::Ordering;
+//! what it leaves for the write lock (the hot slot). The shard's half is
+//! `table/hot_path.rs`, the arithmetic `tat.rs`.
 
 use super::MemoryStore;
-use crate::memory::table::sweep::SWEEP_EVERY;
-use crate::memory::table::{Inner, ShardLock};
-use crate::memory::tat::{tat_admitted, TatCharge};
+use crate::memory::table::{Charged, ShardLock};
+use crate::memory::tat::{tat_admitted, tat_denied, TatCharge};
 use crate::{Algorithm, Decision, Policy};
 
 impl MemoryStore {
@@ -32,56 +28,29 @@ impl MemoryStore {
         let inner = &*self.inner;
         let lock = inner.shard(hash);
         let shard = lock.read();
-        let (charged, promote) = shard.charge_known_gcra(hash, key, policy, now, cost)?;
-        // Every `SWEEP_EVERY`-th fast-path charge of a shard sweeps a
-        // shard, taking them in turn from this one (so that one busy
-        // subject keeps every shard swept). The count is a load and a store
-        // on the cache line the read lock has just written: no shared line
-        // is added, and two threads may count one charge (a sweep then
-        // comes a little later).
-        let ops = shard.hot_ops.load(Ordering::Relaxed).wrapping_add(1);
-        shard.hot_ops.store(ops, Ordering::Relaxed);
+        let charged = shard.charge_known_gcra(hash, key, policy, now, cost)?;
         drop(shard);
-        let sweep = ops.is_multiple_of(SWEEP_EVERY);
-        if promote || sweep {
-            let turn = sweep.then_some((ops / SWEEP_EVERY) as usize);
-            Self::after_charge(inner, lock, promote, turn, hash, key, policy, now);
-        }
-        // The figures of an admission are computed after the lock is let
-        // go.
+        // No sweep is scheduled here: a charge of a held subject never
+        // grows memory, so the shard's sweeps are counted where it grows
+        // (the general path's inserts and writes, `Shard::tick`).
+        //
+        // The figures are computed after the lock is let go (and not at
+        // all by a caller that inlines this and never reads them).
         Some(match charged {
-            TatCharge::Denied(decision) => decision,
-            TatCharge::Admitted(packed) => tat_admitted(policy, packed, now),
+            Charged::Done(TatCharge::Admitted(packed)) => tat_admitted(policy, packed, now),
+            Charged::Done(TatCharge::Denied(packed)) => tat_denied(policy, packed, now, cost),
+            Charged::Contended(packed) => {
+                Self::promote(lock, hash, key, policy, now);
+                tat_admitted(policy, packed, now)
+            }
         })
     }
 
-    /// What a fast-path charge leaves for the write lock: making its
-    /// subject the hot slot, or the sweep of the shard `turn` shards on
-    /// from its own.
+    /// Makes a subject whose fast-path charges met one another its shard's
+    /// hot slot (under the write lock).
     #[cold]
     #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
-    fn after_charge(
-        inner: &Inner,
-        lock: &ShardLock,
-        promote: bool,
-        turn: Option<usize>,
-        hash: u64,
-        key: &[u8],
-        policy: &Policy,
-        now: u64,
-    ) {
-        if promote {
-            lock.write().promote(hash, key, policy, now);
-        }
-        if let Some(turn) = turn {
-            let target = &inner.shards[(inner.shard_index(hash) + turn) & inner.shard_mask];
-            // Looked at under the read lock first: a write lock would stop
-            // the shard's other readers even when there is nothing to do.
-            if target.read().min_expires_at_us <= now {
-                let freed = target.write().sweep_some(inner, now);
-                inner.forget(freed);
-            }
-        }
+    fn promote(lock: &ShardLock, hash: u64, key: &[u8], policy: &Policy, now: u64) {
+        lock.write().promote(hash, key, policy, now);
     }
 }

@@ -17,7 +17,7 @@ use super::entry::Entry;
 use super::key::Key;
 use super::table::{Inner, Shard, ShardLock, WhenFull};
 use crate::subject::MAX_PLAIN_SUBJECT_LEN;
-use crate::{validate_check, Clock, Policy, Store, StoreError, Verdict};
+use crate::{validate_check, Algorithm, Clock, Policy, Store, StoreError, Verdict};
 
 pub(super) mod builder;
 mod charge;
@@ -375,23 +375,79 @@ impl MemoryStore {
     }
 }
 
-impl Store for MemoryStore {
-    type CheckFuture = Ready<Result<Verdict, StoreError>>;
+impl MemoryStore {
+    /// [`Store::check`], answered in the call. The common case, one GCRA
+    /// policy with a cost it can admit for a short subject the store holds,
+    /// is written here to be inlined into the caller (the hash, the read
+    /// lock, the compare-and-swap), so that a caller that never reads a
+    /// figure of the decision does not compute it; everything else is one
+    /// call out of line.
+    #[inline(always)]
+    fn check_sync(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Result<Verdict, StoreError> {
+        if let [policy] = policies {
+            // `1 <= cost <= capacity`: valid, and a charge (a peek writes
+            // nothing and takes the general path).
+            if policy.algorithm() == Algorithm::Gcra
+                && cost.wrapping_sub(1) < policy.capacity()
+                && subject.len() <= MAX_PLAIN_SUBJECT_LEN
+            {
+                // Read before locking to keep the critical section short.
+                // Two concurrent checks may then apply their times out of
+                // order; every algorithm handles a time earlier than its
+                // state's (it never admits more than it would have at the
+                // later time).
+                let now = self.inner.clock.now_micros();
+                // A short subject is its own key.
+                let key = subject.as_bytes();
+                let hash = self.inner.hash_key(key);
+                if let Some(decision) = self.charge_known_gcra(key, hash, now, policy, cost) {
+                    return Ok(Verdict::from_one(decision));
+                }
+                return self.check_one_locked(key, hash, now, policy, cost);
+            }
+        }
+        self.check_general(subject, policies, cost)
+    }
 
-    fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
+    /// One policy under the shard's write lock: a new subject, a state
+    /// the hot path does not take (or, with a cost it can admit, the hot
+    /// path declined).
+    #[inline(never)]
+    fn check_one_locked(
+        &self,
+        key: &[u8],
+        hash: u64,
+        now: u64,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Verdict, StoreError> {
+        self.on_shard(hash, now, |shard, inner| {
+            shard.check_one(inner, hash, key, policy, now, cost)
+        })
+        .map(Verdict::from_one)
+    }
+
+    /// Every check [`MemoryStore::check_sync`] does not answer inline:
+    /// peeks, other algorithms, several policies, long subjects and bad
+    /// requests.
+    #[inline(never)]
+    fn check_general(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Result<Verdict, StoreError> {
         // A single policy with a cost it can admit is valid; anything else
         // goes through the shared validation (same errors as every store).
         let valid = matches!(policies, [policy] if cost <= policy.capacity());
         if !valid {
-            if let Err(err) = validate_check(policies, cost) {
-                return ready(Err(err));
-            }
+            validate_check(policies, cost)?;
         }
-        // Read before locking to keep the critical section short
-        // (and first: fewer values live across the counter's read). Two
-        // concurrent checks may then apply their times out of order; every
-        // algorithm handles a time earlier than its state's (it never admits
-        // more than it would have at the later time).
         let now = self.inner.clock.now_micros();
         // A short subject is its own key (no `Key` to build and match on).
         let hashed;
@@ -406,25 +462,35 @@ impl Store for MemoryStore {
         // end rather than a `Verdict` (twice its size).
         if let [policy] = policies {
             if let Some(decision) = self.charge_known_gcra(key, hash, now, policy, cost) {
-                return ready(Ok(Verdict::from_one(decision)));
+                return Ok(Verdict::from_one(decision));
             }
             let decision = self.on_shard(hash, now, |shard, inner| {
                 shard.check_one(inner, hash, key, policy, now, cost)
             });
-            return ready(decision.map(Verdict::from_one));
+            return decision.map(Verdict::from_one);
         }
-        ready(self.on_shard(hash, now, |shard, inner| {
+        self.on_shard(hash, now, |shard, inner| {
             shard.check_many(inner, hash, key, policies, now, cost)
-        }))
+        })
+    }
+}
+
+impl Store for MemoryStore {
+    type CheckFuture = Ready<Result<Verdict, StoreError>>;
+
+    #[inline]
+    fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
+        ready(self.check_sync(subject, policies, cost))
     }
 
+    #[inline]
     fn check_now(
         &self,
         subject: &str,
         policies: &[Policy],
         cost: u64,
     ) -> Option<Result<Verdict, StoreError>> {
-        Some(self.check(subject, policies, cost).into_inner())
+        Some(self.check_sync(subject, policies, cost))
     }
 
     fn charge(

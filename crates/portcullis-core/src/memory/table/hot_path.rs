@@ -73,8 +73,8 @@ impl Shard {
     /// never lowers the shard's least expiry (a charge only moves a TAT
     /// later).
     ///
-    /// Also says whether the subject should become the shard's hot slot:
-    /// when its swap lost to another thread's.
+    /// [`Charged::Contended`] says that the subject should become the
+    /// shard's hot slot: its swap lost to another thread's.
     #[inline(always)]
     pub(in crate::memory) fn charge_known_gcra(
         &self,
@@ -83,7 +83,7 @@ impl Shard {
         policy: &Policy,
         now: u64,
         cost: u64,
-    ) -> Option<(TatCharge, bool)> {
+    ) -> Option<Charged> {
         let entry = self.table.find(hash, |entry| entry.key.matches(key))?;
         let (name, cell, hot) = match &entry.body {
             Body::Tat { name, tat } => (*name, tat, false),
@@ -93,28 +93,73 @@ impl Shard {
         if !name.is(&self.names, policy) {
             return None;
         }
-        let mut contended = false;
-        let mut packed = cell.load(Ordering::Acquire);
+        // The first attempt, straight: the retries after a lost swap are
+        // out of line, so that this path keeps only what it reads in
+        // registers.
+        let packed = cell.load(Ordering::Acquire);
+        let charged = tat_charge(policy, packed, now, cost)?;
+        if let TatCharge::Admitted(new_packed) = charged {
+            // The figures are computed by the caller, to keep the window
+            // between load and swap short.
+            if let Err(current) =
+                cell.compare_exchange_weak(packed, new_packed, Ordering::AcqRel, Ordering::Acquire)
+            {
+                return Self::charge_again(
+                    cell,
+                    current,
+                    current != packed,
+                    hot,
+                    policy,
+                    now,
+                    cost,
+                );
+            }
+        }
+        Some(Charged::Done(charged))
+    }
+
+    /// The retries of [`Shard::charge_known_gcra`] after its swap lost:
+    /// each recomputes from the TAT that won. `contended` when another
+    /// thread's swap won (a weak swap may also fail spuriously); `hot`
+    /// when the subject holds the hot slot already.
+    #[cold]
+    #[inline(never)]
+    fn charge_again(
+        cell: &AtomicU64,
+        mut packed: u64,
+        mut contended: bool,
+        hot: bool,
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+    ) -> Option<Charged> {
         loop {
-            match tat_charge(policy, packed, now, cost)? {
-                denied @ TatCharge::Denied(_) => return Some((denied, false)),
-                TatCharge::Admitted(new_packed) => {
-                    match cell.compare_exchange_weak(
-                        packed,
-                        new_packed,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    ) {
-                        // The figures are computed by the caller, to keep
-                        // the window between load and swap short.
-                        Ok(_) => return Some((TatCharge::Admitted(new_packed), contended && !hot)),
-                        Err(current) => {
-                            contended |= current != packed;
-                            packed = current;
-                        }
-                    }
+            let charged = tat_charge(policy, packed, now, cost)?;
+            let TatCharge::Admitted(new_packed) = charged else {
+                return Some(Charged::Done(charged));
+            };
+            match cell.compare_exchange_weak(
+                packed,
+                new_packed,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) if contended && !hot => return Some(Charged::Contended(new_packed)),
+                Ok(_) => return Some(Charged::Done(charged)),
+                Err(current) => {
+                    contended |= current != packed;
+                    packed = current;
                 }
             }
         }
     }
+}
+
+/// What a fast-path charge did: two words, returned in registers.
+#[derive(Clone, Copy)]
+pub(in crate::memory) enum Charged {
+    Done(TatCharge),
+    /// Admitted (the new packed TAT) after losing a swap to another
+    /// thread: the subject should become its shard's hot slot.
+    Contended(u64),
 }

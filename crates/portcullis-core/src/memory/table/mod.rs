@@ -11,7 +11,7 @@
 //! `entry.rs`.
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crossbeam_utils::CachePadded;
@@ -26,6 +26,7 @@ use crate::Clock;
 
 mod general;
 mod hot_path;
+pub(in crate::memory) use self::hot_path::Charged;
 pub(in crate::memory) mod sweep;
 
 /// What a [`MemoryStore`](crate::MemoryStore) at its bound ([`MemoryStoreBuilder::max_keys`](crate::MemoryStoreBuilder::max_keys))
@@ -186,10 +187,6 @@ pub(in crate::memory) struct Shard {
     /// The packed TAT of the shard's hot slot ([`Body::Hot`](super::entry::Body::Hot)), if it has
     /// one; charged under the read lock by compare-and-swap.
     pub(in crate::memory) hot_tat: AtomicU64,
-    /// Fast-path charges of this shard (counted without a read-modify-write:
-    /// two threads may count one), on the cache line the read lock writes
-    /// anyway; every [`SWEEP_EVERY`](sweep::SWEEP_EVERY)-th sweeps the shard.
-    pub(in crate::memory) hot_ops: AtomicU32,
     /// The hash of the subject that holds the hot slot.
     pub(in crate::memory) hot_hash: Option<u64>,
     pub(in crate::memory) table: HashTable<Entry>,
@@ -216,7 +213,6 @@ impl Shard {
     pub(in crate::memory) fn new() -> Self {
         Self {
             hot_tat: AtomicU64::new(0),
-            hot_ops: AtomicU32::new(0),
             hot_hash: None,
             table: HashTable::new(),
             ops: 0,
