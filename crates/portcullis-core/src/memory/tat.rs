@@ -283,15 +283,11 @@ pub(super) fn tat_denied(policy: &Policy, packed: u64, now_us: u64, cost: u64) -
 /// `packed`.
 #[inline(always)]
 pub(super) fn tat_admitted(policy: &Policy, packed: u64, now_us: u64) -> Decision {
-    let g = policy.gcra_consts();
-    if g.whole && packed & REM_MASK == 0 {
-        // `tat_charge` checked `ahead <= full_us` with `tat_us >= now`.
-        let ahead = (packed >> REM_BITS) - now_us;
-        let remaining = (g.full_us - ahead).checked_div(g.interval_us).unwrap_or(0);
-        return Decision::allowed_us(policy.capacity(), remaining, ahead);
-    }
+    // One formula for whole and fractional intervals alike (with a whole
+    // one, `tat_rem` is 0 and the span a multiple of the scale): a branch
+    // would cost as much as the multiplication it saves.
     let (scale, period) = policy.emission_interval();
-    let full = g.full;
+    let full = policy.gcra_consts().full;
     let (tat_us, tat_rem) = unpack(packed);
     // `tat_charge` checked `span <= full` (at most 2^52) with `tat_us >= now`.
     let ahead = tat_us - now_us;

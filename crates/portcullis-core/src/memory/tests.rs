@@ -215,10 +215,7 @@ fn slots_of_unused_policies_are_dropped_once_expired() {
     let Body::Tat { name, .. } = entry.body else {
         panic!("not compact");
     };
-    assert_eq!(
-        &**shard.names.get(usize::from(name.index)).unwrap().0,
-        "new"
-    );
+    assert_eq!(&**shard.names.get(name.index()).unwrap().0, "new");
 }
 
 /// Every entry is found by its key in its own shard, and the store

@@ -17,7 +17,7 @@ use super::entry::Entry;
 use super::key::Key;
 use super::table::{Inner, Shard, ShardLock, WhenFull};
 use crate::subject::MAX_PLAIN_SUBJECT_LEN;
-use crate::{validate_check, Algorithm, Clock, Policy, Store, StoreError, Verdict};
+use crate::{validate_check, Clock, Policy, Store, StoreError, Verdict};
 
 pub(super) mod builder;
 mod charge;
@@ -390,10 +390,9 @@ impl MemoryStore {
         cost: u64,
     ) -> Result<Verdict, StoreError> {
         if let [policy] = policies {
-            // `1 <= cost <= capacity`: valid, and a charge (a peek writes
-            // nothing and takes the general path).
-            if policy.algorithm() == Algorithm::Gcra
-                && cost.wrapping_sub(1) < policy.capacity()
+            // A GCRA policy and `1 <= cost <= capacity`: valid, and a
+            // charge (a peek writes nothing and takes the general path).
+            if cost.wrapping_sub(1) < policy.gcra_consts().charge_capacity
                 && subject.len() <= MAX_PLAIN_SUBJECT_LEN
             {
                 // Read before locking to keep the critical section short.

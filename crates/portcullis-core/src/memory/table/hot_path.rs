@@ -31,11 +31,9 @@ impl Shard {
         };
         let packed = self.hot_tat.load(Ordering::Relaxed);
         if let Some(entry) = self.table.find_mut(hash, Entry::is_hot) {
-            if let Body::Hot { name } = entry.body {
-                entry.body = Body::Tat {
-                    name,
-                    tat: AtomicU64::new(packed),
-                };
+            if let Body::Tat { name, tat } = &mut entry.body {
+                *tat.get_mut() = packed;
+                *name = name.with_hot(false);
             }
         }
     }
@@ -55,14 +53,14 @@ impl Shard {
         let Some(entry) = self.table.find_mut(hash, |e| e.key.matches(key)) else {
             return;
         };
-        let Body::Tat { name, tat } = &entry.body else {
+        let Body::Tat { name, tat } = &mut entry.body else {
             return;
         };
-        if !name.is(&self.names, policy) {
+        if name.is_hot() || !name.is(&self.names, policy) {
             return;
         }
-        let packed = tat.load(Ordering::Relaxed);
-        entry.body = Body::Hot { name: *name };
+        let packed = *tat.get_mut();
+        *name = name.with_hot(true);
         self.hot_tat.store(packed, Ordering::Relaxed);
         self.hot_hash = Some(hash);
     }
@@ -85,14 +83,14 @@ impl Shard {
         cost: u64,
     ) -> Option<Charged> {
         let entry = self.table.find(hash, |entry| entry.key.matches(key))?;
-        let (name, cell, hot) = match &entry.body {
-            Body::Tat { name, tat } => (*name, tat, false),
-            Body::Hot { name } => (*name, &self.hot_tat, true),
-            Body::Slots(_) => return None,
+        let Body::Tat { name, tat } = &entry.body else {
+            return None;
         };
         if !name.is(&self.names, policy) {
             return None;
         }
+        let hot = name.is_hot();
+        let cell = if hot { &self.hot_tat } else { tat };
         // The first attempt, straight: the retries after a lost swap are
         // out of line, so that this path keeps only what it reads in
         // registers.
