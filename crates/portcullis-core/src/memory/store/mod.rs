@@ -16,6 +16,7 @@ pub use self::builder::MemoryStoreBuilder;
 use super::entry::Entry;
 use super::key::Key;
 use super::table::{Inner, Shard, ShardLock, WhenFull};
+use super::tat::{tat_denied, TatCharge};
 use crate::subject::MAX_PLAIN_SUBJECT_LEN;
 use crate::{validate_check, Clock, Policy, Store, StoreError, Verdict};
 
@@ -404,13 +405,87 @@ impl MemoryStore {
                 // A short subject is its own key.
                 let key = subject.as_bytes();
                 let hash = self.inner.hash_key(key);
-                if let Some(decision) = self.charge_known_gcra(key, hash, now, policy, cost) {
+                if let Some(decision) = self.charge_known_gcra(
+                    key,
+                    |e: &Entry| e.key.matches(key),
+                    hash,
+                    now,
+                    policy,
+                    cost,
+                ) {
                     return Ok(Verdict::from_one(decision));
                 }
                 return self.check_one_locked(key, hash, now, policy, cost);
             }
         }
         self.check_general(subject, policies, cost)
+    }
+
+    /// A check that answers the verdict only when it denies: `Ok(None)`
+    /// when every policy admitted (and charged) the request, `Ok(Some)`
+    /// with the full verdict when one denied (nothing charged), the same
+    /// errors as [`Store::check`].
+    ///
+    /// It charges exactly as [`Store::check`] does; only the figures of an
+    /// admission (`remaining`, `reset_after`, a leaky bucket queue's
+    /// `delay`) are not computed, which is what a caller that answers
+    /// admitted requests without headers throws away. A GCRA charge of a
+    /// held subject then costs the hash, the shard's read lock and one
+    /// compare-and-swap, written to be inlined into the caller. Use
+    /// [`Store::check`] when an admission's figures are wanted (headers on
+    /// every response, a queue's delay).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use portcullis::{ManualClock, MemoryStore, Policy};
+    ///
+    /// let clock = ManualClock::new(1_700_000_000_000_000);
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let policies = [Policy::per_second(1).name("api").build()?];
+    ///
+    /// assert!(store.check_denial("alice", &policies, 1)?.is_none());
+    /// let denied = store.check_denial("alice", &policies, 1)?.expect("denied");
+    /// assert_eq!(denied.retry_after(), Some(Duration::from_secs(1)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::check`]: a bad request (no policies, duplicate names,
+    /// a cost above a capacity) and a full store ([`StoreError::Full`]).
+    #[inline]
+    pub fn check_denial(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Result<Option<Verdict>, StoreError> {
+        if let [policy] = policies {
+            if cost.wrapping_sub(1) < policy.gcra_consts().charge_capacity
+                && subject.len() <= MAX_PLAIN_SUBJECT_LEN
+            {
+                let now = self.inner.clock.now_micros();
+                let key = subject.as_bytes();
+                let hash = self.inner.hash_key(key);
+                return match self.charge_known_gcra_tat(
+                    key,
+                    |e: &Entry| e.key.matches(key),
+                    hash,
+                    now,
+                    policy,
+                    cost,
+                ) {
+                    Some(TatCharge::Admitted(_)) => Ok(None),
+                    Some(TatCharge::Denied(packed)) => Ok(Some(Verdict::from_one(tat_denied(
+                        policy, packed, now, cost,
+                    )))),
+                    None => self
+                        .check_one_locked(key, hash, now, policy, cost)
+                        .map(denial),
+                };
+            }
+        }
+        self.check_general(subject, policies, cost).map(denial)
     }
 
     /// One policy under the shard's write lock: a new subject, a state
@@ -460,8 +535,18 @@ impl MemoryStore {
         // One policy, the common case, carries a `Decision` until the very
         // end rather than a `Verdict` (twice its size).
         if let [policy] = policies {
-            if let Some(decision) = self.charge_known_gcra(key, hash, now, policy, cost) {
-                return Ok(Verdict::from_one(decision));
+            // (A long subject's GCRA charge: the inline path took the rest.)
+            if cost.wrapping_sub(1) < policy.gcra_consts().charge_capacity {
+                if let Some(decision) = self.charge_known_gcra(
+                    key,
+                    |e: &Entry| e.key.matches(key),
+                    hash,
+                    now,
+                    policy,
+                    cost,
+                ) {
+                    return Ok(Verdict::from_one(decision));
+                }
             }
             let decision = self.on_shard(hash, now, |shard, inner| {
                 shard.check_one(inner, hash, key, policy, now, cost)
@@ -472,6 +557,11 @@ impl MemoryStore {
             shard.check_many(inner, hash, key, policies, now, cost)
         })
     }
+}
+
+/// The verdict, when it denies.
+fn denial(verdict: Verdict) -> Option<Verdict> {
+    (!verdict.is_allowed()).then_some(verdict)
 }
 
 impl Store for MemoryStore {

@@ -74,15 +74,19 @@ impl Shard {
     /// [`Charged::Contended`] says that the subject should become the
     /// shard's hot slot: its swap lost to another thread's.
     #[inline(always)]
+    ///
+    /// `is_key` tells the subject's entry (`entry.key.matches(key)`); each
+    /// entry point of the store passes its own closure, so that each gets
+    /// its own copy of the probe, which the compiler then inlines into it.
     pub(in crate::memory) fn charge_known_gcra(
         &self,
         hash: u64,
-        key: &[u8],
+        is_key: impl Fn(&Entry) -> bool,
         policy: &Policy,
         now: u64,
         cost: u64,
     ) -> Option<Charged> {
-        let entry = self.table.find(hash, |entry| entry.key.matches(key))?;
+        let entry = self.table.find(hash, is_key)?;
         let Body::Tat { name, tat } = &entry.body else {
             return None;
         };
