@@ -1,11 +1,15 @@
 //! The store's half of the GCRA hot path: a charge of a known subject
 //! under its shard's read lock ([`MemoryStore::charge_known_gcra`]), and
-//! what it leaves for the write lock (the hot slot). The shard's half is
-//! `table/hot_path.rs`, the arithmetic `tat.rs`.
+//! what it leaves for the write lock (the hot slot, every so often a
+//! sweep). The shard's half is `table/hot_path.rs`, the arithmetic
+//! `tat.rs`.
+
+use std::sync::atomic::Ordering;
 
 use super::MemoryStore;
 use crate::memory::entry::Entry;
-use crate::memory::table::{Charged, ShardLock};
+use crate::memory::table::sweep::SWEEP_EVERY;
+use crate::memory::table::{Charged, Inner, ShardLock};
 use crate::memory::tat::{tat_admitted, tat_denied, TatCharge};
 use crate::{Decision, Policy};
 
@@ -52,27 +56,59 @@ impl MemoryStore {
         policy: &Policy,
         cost: u64,
     ) -> Option<TatCharge> {
-        let lock = self.inner.shard(hash);
+        let inner = &*self.inner;
+        let lock = inner.shard(hash);
         let shard = lock.read();
         let charged = shard.charge_known_gcra(hash, is_key, policy, now, cost)?;
+        // Every `SWEEP_EVERY`-th fast-path charge of a shard sweeps a
+        // shard, taking them in turn from this one (so that one busy
+        // subject keeps every shard swept, and a burst of subjects that
+        // stopped is forgotten by the traffic that goes on). The count is a
+        // load and a store on the cache line the read lock has just
+        // written: no shared line is added, and two threads may count one
+        // charge (a sweep then comes a little later).
+        let ops = shard.hot_ops.load(Ordering::Relaxed).wrapping_add(1);
+        shard.hot_ops.store(ops, Ordering::Relaxed);
         drop(shard);
-        // No sweep is scheduled here: a charge of a held subject never
-        // grows memory, so the shard's sweeps are counted where it grows
-        // (the general path's inserts and writes, `Shard::tick`).
-        Some(match charged {
-            Charged::Done(charged) => charged,
-            Charged::Contended(packed) => {
-                Self::promote(lock, hash, key, policy, now);
-                TatCharge::Admitted(packed)
-            }
-        })
+        let (charged, promote) = match charged {
+            Charged::Done(charged) => (charged, false),
+            Charged::Contended(packed) => (TatCharge::Admitted(packed), true),
+        };
+        let sweep = ops.is_multiple_of(SWEEP_EVERY);
+        if promote || sweep {
+            let turn = sweep.then_some((ops / SWEEP_EVERY) as usize);
+            Self::after_charge(inner, lock, promote, turn, hash, key, policy, now);
+        }
+        Some(charged)
     }
 
-    /// Makes a subject whose fast-path charges met one another its shard's
-    /// hot slot (under the write lock).
+    /// What a fast-path charge leaves for the write lock: making its
+    /// subject the hot slot, or the sweep of the shard `turn` shards on
+    /// from its own.
     #[cold]
     #[inline(never)]
-    fn promote(lock: &ShardLock, hash: u64, key: &[u8], policy: &Policy, now: u64) {
-        lock.write().promote(hash, key, policy, now);
+    #[allow(clippy::too_many_arguments)]
+    fn after_charge(
+        inner: &Inner,
+        lock: &ShardLock,
+        promote: bool,
+        turn: Option<usize>,
+        hash: u64,
+        key: &[u8],
+        policy: &Policy,
+        now: u64,
+    ) {
+        if promote {
+            lock.write().promote(hash, key, policy, now);
+        }
+        if let Some(turn) = turn {
+            let target = &inner.shards[(inner.shard_index(hash) + turn) & inner.shard_mask];
+            // Looked at under the read lock first: a write lock would stop
+            // the shard's other readers even when there is nothing to do.
+            if target.read().min_expires_at_us <= now {
+                let freed = target.write().sweep_some(inner, now);
+                inner.forget(freed);
+            }
+        }
     }
 }

@@ -11,7 +11,7 @@
 //! `entry.rs`.
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crossbeam_utils::CachePadded;
@@ -187,6 +187,10 @@ pub(in crate::memory) struct Shard {
     /// The packed TAT of the shard's hot slot ([`Body::Hot`](super::entry::Body::Hot)), if it has
     /// one; charged under the read lock by compare-and-swap.
     pub(in crate::memory) hot_tat: AtomicU64,
+    /// Fast-path charges of this shard (counted without a read-modify-write:
+    /// two threads may count one), on the cache line the read lock writes
+    /// anyway; every [`SWEEP_EVERY`](sweep::SWEEP_EVERY)-th sweeps a shard.
+    pub(in crate::memory) hot_ops: AtomicU32,
     /// The hash of the subject that holds the hot slot.
     pub(in crate::memory) hot_hash: Option<u64>,
     pub(in crate::memory) table: HashTable<Entry>,
@@ -213,6 +217,7 @@ impl Shard {
     pub(in crate::memory) fn new() -> Self {
         Self {
             hot_tat: AtomicU64::new(0),
+            hot_ops: AtomicU32::new(0),
             hot_hash: None,
             table: HashTable::new(),
             ops: 0,
