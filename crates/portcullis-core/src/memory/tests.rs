@@ -429,3 +429,57 @@ fn a_policy_built_apart_with_the_same_name_shares_the_state() {
     );
     assert!(!check(&store, "alice", &apart, 1).is_allowed());
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// `check_denial` charges exactly as `check` does, and answers
+    /// `check`'s verdict when it denies, nothing when it admits, and the
+    /// same errors: two stores on one clock, one asked each way, through
+    /// whole and fractional GCRA intervals, other algorithms, several
+    /// policies, peeks, costs above the capacity and long subjects.
+    #[test]
+    fn check_denial_is_check_without_an_admissions_figures(
+        ops in prop::collection::vec(
+            (0..6usize, 0..4usize, 0..5u64, 0..3_000_000u64),
+            1..80,
+        ),
+    ) {
+        let sets: [Vec<Policy>; 6] = [
+            vec![Policy::per_second(10).name("whole").build().unwrap()],
+            vec![Policy::per(3, Duration::from_secs(10)).burst(4).name("third").build().unwrap()],
+            vec![Policy::per_second(2)
+                .algorithm(crate::Algorithm::SlidingWindow)
+                .name("window")
+                .build()
+                .unwrap()],
+            vec![
+                Policy::per_second(3).name("a").build().unwrap(),
+                Policy::per_minute(20).name("b").build().unwrap(),
+            ],
+            vec![Policy::per_second(1).build().unwrap(), Policy::per_second(1).build().unwrap()],
+            vec![],
+        ];
+        let long = "s".repeat(300);
+        let subjects = ["alice", "bob", "a-subject-longer-than-22-bytes", long.as_str()];
+        let clock = ManualClock::new(T0);
+        let checked = MemoryStore::with_clock(clock.clone());
+        let lean = MemoryStore::with_clock(clock.clone());
+        for (set, subject, cost, step) in ops {
+            clock.advance(Duration::from_micros(step));
+            let policies = &sets[set];
+            let full = Store::check(&checked, subjects[subject], policies, cost).into_inner();
+            let denial = lean.check_denial(subjects[subject], policies, cost);
+            match (full, denial) {
+                (Ok(verdict), Ok(None)) => prop_assert!(verdict.is_allowed()),
+                (Ok(verdict), Ok(Some(denied))) => {
+                    prop_assert!(!verdict.is_allowed());
+                    prop_assert_eq!(verdict, denied);
+                }
+                (Err(a), Err(b)) => prop_assert_eq!(format!("{a:?}"), format!("{b:?}")),
+                (a, b) => prop_assert!(false, "check {:?} but check_denial {:?}", a, b),
+            }
+        }
+        prop_assert_eq!(checked.len(), lean.len());
+    }
+}
