@@ -132,7 +132,7 @@ impl GcraConsts {
             full_ceil_us,
             tolerance_us: full_ceil_us.max(1_000_000),
             clamp_after_us: full_ceil_us.saturating_add(full_ceil_us.max(1_000_000)),
-            whole: increment % scale == 0,
+            whole: increment.is_multiple_of(scale),
             charge_capacity: if algorithm == Algorithm::Gcra {
                 capacity
             } else {
