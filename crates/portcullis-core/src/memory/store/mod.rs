@@ -433,7 +433,8 @@ impl MemoryStore {
     /// held subject then costs the hash, the shard's read lock and one
     /// compare-and-swap, written to be inlined into the caller. Use
     /// [`Store::check`] when an admission's figures are wanted (headers on
-    /// every response, a queue's delay).
+    /// every response, a queue's delay). Generic code reaches it through
+    /// [`Store::check_denial_now`].
     ///
     /// ```
     /// use std::time::Duration;
@@ -580,6 +581,16 @@ impl Store for MemoryStore {
         cost: u64,
     ) -> Option<Result<Verdict, StoreError>> {
         Some(self.check_sync(subject, policies, cost))
+    }
+
+    #[inline]
+    fn check_denial_now(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Option<Result<Option<Verdict>, StoreError>> {
+        Some(self.check_denial(subject, policies, cost))
     }
 
     fn charge(
