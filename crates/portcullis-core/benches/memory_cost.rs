@@ -109,6 +109,14 @@ const CASES: [Case; 5] = [
 ];
 
 const IMPLS: [&str; 3] = ["portcullis", "governor-sip", "governor-fold"];
+/// Instructions are also counted for `MemoryStore::check_denial`, the
+/// check that answers the verdict only when it denies.
+const INSN_IMPLS: [&str; 4] = [
+    "portcullis",
+    "governor-sip",
+    "governor-fold",
+    "portcullis-denial",
+];
 
 /// One cost-1 check, allowed or not.
 #[allow(clippy::ptr_arg)]
@@ -126,6 +134,19 @@ impl Limiter for Portcullis {
     fn allow(&self, key: &String) -> bool {
         match self.store.check(key, &self.policies, 1).into_inner() {
             Ok(verdict) => verdict.is_allowed(),
+            Err(err) => panic!("check failed: {err}"),
+        }
+    }
+}
+
+/// The same store through `MemoryStore::check_denial`.
+struct PortcullisDenial(Portcullis);
+
+impl Limiter for PortcullisDenial {
+    #[inline]
+    fn allow(&self, key: &String) -> bool {
+        match self.0.store.check_denial(key, &self.0.policies, 1) {
+            Ok(denied) => denied.is_none(),
             Err(err) => panic!("check failed: {err}"),
         }
     }
@@ -184,6 +205,10 @@ fn limiter(name: &str, quota: Quota_) -> Box<dyn Limiter> {
             store: MemoryStore::builder().unbounded().build(),
             policies: [portcullis_policy(quota)],
         }),
+        "portcullis-denial" => Box::new(PortcullisDenial(Portcullis {
+            store: MemoryStore::builder().unbounded().build(),
+            policies: [portcullis_policy(quota)],
+        })),
         "governor-sip" => Box::new(SipGovernor::keyed(governor_quota(quota))),
         "governor-fold" => Box::new(FoldGovernor::new(
             governor_quota(quota),
@@ -343,23 +368,32 @@ fn ratio(a: f64, b: f64) -> String {
 fn report_instructions() -> Result<(), String> {
     println!("instructions per check (callgrind; the loop's own cost, `baseline`, subtracted):");
     println!(
-        "  {:<22} {:>9} {:>13} {:>14} {:>9} {:>9}",
-        "case", "portcullis", "governor-sip", "governor-fold", "vs sip", "vs fold"
+        "  {:<22} {:>9} {:>13} {:>14} {:>9} {:>9} {:>18} {:>9}",
+        "case",
+        "portcullis",
+        "governor-sip",
+        "governor-fold",
+        "vs sip",
+        "vs fold",
+        "check_denial",
+        "vs fold"
     );
     for (index, case) in CASES.iter().enumerate() {
         let base = instructions(index, "baseline")? as f64 / case.checks as f64;
         let mut figures = Vec::new();
-        for name in IMPLS {
+        for name in INSN_IMPLS {
             figures.push(instructions(index, name)? as f64 / case.checks as f64 - base);
         }
         println!(
-            "  {:<22} {:>9.0} {:>13.0} {:>14.0} {:>9} {:>9}",
+            "  {:<22} {:>9.0} {:>13.0} {:>14.0} {:>9} {:>9} {:>18.0} {:>9}",
             case.name,
             figures[0],
             figures[1],
             figures[2],
             ratio(figures[0], figures[1]),
-            ratio(figures[0], figures[2])
+            ratio(figures[0], figures[2]),
+            figures[3],
+            ratio(figures[3], figures[2])
         );
     }
     Ok(())

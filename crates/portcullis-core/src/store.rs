@@ -72,6 +72,36 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// [`Store::check_now`] for a caller that reads a verdict only when it
+    /// denies: `Some(Ok(None))` when every policy admitted (and charged)
+    /// the request, `Some(Ok(Some(verdict)))` when one denied, `None` when
+    /// the store cannot answer synchronously (nothing was done).
+    ///
+    /// It charges exactly as [`Store::check_now`]; a store may skip
+    /// computing an admission's figures (`remaining`, `reset_after`, a
+    /// queue's `delay`), which the answer does not carry. The default maps
+    /// [`Store::check_now`]; the [`MemoryStore`](crate::MemoryStore)
+    /// answers through [`MemoryStore::check_denial`](crate::MemoryStore::check_denial).
+    ///
+    /// ```
+    /// use portcullis::{MemoryStore, Policy, Store};
+    ///
+    /// let store = MemoryStore::new();
+    /// let policies = [Policy::per_minute(1).build()?];
+    /// assert!(matches!(store.check_denial_now("alice", &policies, 1), Some(Ok(None))));
+    /// assert!(matches!(store.check_denial_now("alice", &policies, 1), Some(Ok(Some(_)))));
+    /// # Ok::<(), portcullis::PolicyError>(())
+    /// ```
+    fn check_denial_now(
+        &self,
+        subject: &str,
+        policies: &[Policy],
+        cost: u64,
+    ) -> Option<Result<Option<Verdict>, StoreError>> {
+        self.check_now(subject, policies, cost)
+            .map(|result| result.map(|verdict| (!verdict.is_allowed()).then_some(verdict)))
+    }
+
     /// Reports the state of `policies` for `subject` without changing it
     /// (a check with cost 0).
     fn peek(&self, subject: &str, policies: &[Policy]) -> Self::CheckFuture {

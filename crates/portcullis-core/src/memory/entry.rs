@@ -4,6 +4,7 @@
 //! [`Slot`]s), and how a state written in other units is read ([`Live`]).
 
 use std::borrow::Cow;
+use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -38,13 +39,14 @@ pub(super) enum Body {
     /// the policy named `names[name]` in the shard's interned names, its
     /// TAT packed ([`pack`]), which also gives its expiry
     /// ([`packed_expiry`]).
+    ///
+    /// When [`PolicyRef::is_hot`], the TAT is kept in its shard's
+    /// [`Shard::hot_tat`](super::table::Shard::hot_tat) instead (and `tat`
+    /// is stale), on the cache line of the shard's lock word: a subject
+    /// charged by several threads at once is moved there, so that each
+    /// charge contends for one cache line rather than two. At most one per
+    /// shard.
     Tat { name: PolicyRef, tat: AtomicU64 },
-    /// A `Tat` kept in its shard's
-    /// [`Shard::hot_tat`](super::table::Shard::hot_tat) instead, on the
-    /// cache line of the shard's lock word: a subject charged by several
-    /// threads at once is moved there, so that each charge contends for one
-    /// cache line rather than two. At most one per shard.
-    Hot { name: PolicyRef },
     /// Any other states (several policies, other algorithms, a GCRA state
     /// the compact form cannot hold, a policy name the shard does not
     /// intern): one slot per policy that charged the subject and has not
@@ -73,11 +75,21 @@ pub(super) struct Slot {
 /// name is at that address has that name: the fast path compares one word
 /// and reads no shared memory (a policy built apart, with a copy of the
 /// name, is compared by its characters).
+///
+/// One word: the address in bits 0–47, the index in bits 48–55, and in
+/// bit 63 whether the state is in the shard's hot slot. The fast path
+/// recognises its policy by one masked comparison, and the word is never
+/// zero (an address is not), so [`Body`] keeps its variant in that niche
+/// and stays at 16 bytes.
 #[derive(Clone, Copy)]
-pub(super) struct PolicyRef {
-    pub(super) index: u8,
-    address: [u8; 6],
-}
+pub(super) struct PolicyRef(NonZeroU64);
+
+/// The address bits of a [`PolicyRef`].
+const ADDRESS_MASK: u64 = (1 << 48) - 1;
+/// Where a [`PolicyRef`] keeps the index.
+const INDEX_SHIFT: u32 = 48;
+/// The bit of a [`PolicyRef`] that says its state is in the hot slot.
+const HOT_BIT: u64 = 1 << 63;
 
 /// The address of a policy's name, as [`PolicyRef`] compares it.
 #[inline(always)]
@@ -90,11 +102,30 @@ impl PolicyRef {
     fn new(names: &Names, index: usize) -> Option<Self> {
         let address = address_of(names.get(index)?.0);
         let index = u8::try_from(index).ok()?;
-        let bytes = address.to_le_bytes();
-        (address >> 48 == 0).then_some(Self {
-            index,
-            address: [bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5]],
-        })
+        if address & !ADDRESS_MASK != 0 {
+            return None;
+        }
+        NonZeroU64::new(address | u64::from(index) << INDEX_SHIFT).map(Self)
+    }
+
+    /// The position of the name among the shard's interned names.
+    #[inline(always)]
+    pub(super) fn index(self) -> usize {
+        usize::from((self.0.get() >> INDEX_SHIFT) as u8)
+    }
+
+    /// Whether the state is in the shard's hot slot.
+    #[inline(always)]
+    pub(super) fn is_hot(self) -> bool {
+        self.0.get() & HOT_BIT != 0
+    }
+
+    /// The same reference, its state in the hot slot or not.
+    #[must_use]
+    pub(super) fn with_hot(self, hot: bool) -> Self {
+        let word = (self.0.get() & !HOT_BIT) | if hot { HOT_BIT } else { 0 };
+        // The address bits stay, and they are not all zero.
+        NonZeroU64::new(word).map_or(self, Self)
     }
 
     /// Whether this is `policy`: its name, in its units. (The same `Arc`
@@ -102,19 +133,16 @@ impl PolicyRef {
     /// allocates the name of each.)
     #[inline(always)]
     pub(super) fn is(self, names: &Names, policy: &Policy) -> bool {
-        let a = self.address;
-        let address = u64::from_le_bytes([a[0], a[1], a[2], a[3], a[4], a[5], 0, 0]);
-        address == address_of(policy.shared_name()) || self.is_by_characters(names, policy)
+        self.0.get() & ADDRESS_MASK == address_of(policy.shared_name())
+            || self.is_by_characters(names, policy)
     }
 
     #[cold]
     #[inline(never)]
     fn is_by_characters(self, names: &Names, policy: &Policy) -> bool {
-        names
-            .get(usize::from(self.index))
-            .is_some_and(|(interned, shape)| {
-                shape == Shape::of(policy) && same_name(interned, policy.shared_name())
-            })
+        names.get(self.index()).is_some_and(|(interned, shape)| {
+            shape == Shape::of(policy) && same_name(interned, policy.shared_name())
+        })
     }
 
     /// The units of a state of `policy`'s name written in other units (a
@@ -123,7 +151,7 @@ impl PolicyRef {
     #[inline(never)]
     fn written_in_other_units(self, names: &Names, policy: &Policy) -> Option<Shape> {
         names
-            .get(usize::from(self.index))
+            .get(self.index())
             .filter(|(interned, _)| same_name(interned, policy.shared_name()))
             .map(|(_, shape)| shape)
     }
@@ -131,7 +159,7 @@ impl PolicyRef {
     /// Whether this is `policy`'s name, in whatever units.
     fn is_named(self, names: &Names, policy: &Policy) -> bool {
         names
-            .get(usize::from(self.index))
+            .get(self.index())
             .is_some_and(|(interned, _)| same_name(interned, policy.shared_name()))
     }
 }
@@ -206,8 +234,11 @@ impl Entry {
     #[inline]
     pub(super) fn expires_at_us(&self, hot: u64) -> u64 {
         match &self.body {
-            Body::Tat { tat, .. } => packed_expiry(tat.load(Ordering::Acquire)),
-            Body::Hot { .. } => packed_expiry(hot),
+            Body::Tat { name, tat } => packed_expiry(if name.is_hot() {
+                hot
+            } else {
+                tat.load(Ordering::Acquire)
+            }),
             Body::Slots(slots) => slots
                 .iter()
                 .map(|slot| slot.expires_at_us)
@@ -218,7 +249,7 @@ impl Entry {
 
     /// Whether the entry holds its shard's hot slot.
     pub(super) fn is_hot(&self) -> bool {
-        matches!(self.body, Body::Hot { .. })
+        matches!(&self.body, Body::Tat { name, .. } if name.is_hot())
     }
 
     /// The state `policy` left, unless it expired, in `policy`'s units
@@ -232,8 +263,8 @@ impl Entry {
         hot: u64,
     ) -> Option<Live<'_>> {
         let (name, packed) = match &self.body {
+            Body::Tat { name, .. } if name.is_hot() => (*name, hot),
             Body::Tat { name, tat } => (*name, tat.load(Ordering::Acquire)),
-            Body::Hot { name } => (*name, hot),
             Body::Slots(slots) => {
                 let slot = slots
                     .iter()
@@ -278,7 +309,7 @@ impl Entry {
         hot: u64,
     ) {
         if let Body::Tat { name, tat } = &mut self.body {
-            if name.is(names, policy) {
+            if !name.is_hot() && name.is(names, policy) {
                 if let Some(packed) = compact(&state, expires_at_us) {
                     *tat.get_mut() = packed;
                     return;
@@ -300,12 +331,12 @@ impl Entry {
     ) {
         let expanded = match &self.body {
             Body::Slots(_) => None,
+            Body::Tat { name, .. } if name.is_hot() => Some((*name, hot)),
             Body::Tat { name, tat } => Some((*name, tat.load(Ordering::Relaxed))),
-            Body::Hot { name } => Some((*name, hot)),
         };
         if let Some((name, packed)) = expanded {
             let mut slots = Vec::with_capacity(2);
-            if let Some((interned, shape)) = names.get(usize::from(name.index)) {
+            if let Some((interned, shape)) = names.get(name.index()) {
                 let (tat_us, tat_rem) = unpack(packed);
                 slots.push(Slot {
                     policy: Arc::clone(interned),
@@ -383,9 +414,7 @@ impl Entry {
     /// Forgets the states of `policies`; whether none is left.
     pub(super) fn forget(&mut self, names: &Names, policies: &[Policy]) -> bool {
         let empty = match &mut self.body {
-            Body::Tat { name, .. } | Body::Hot { name } => {
-                policies.iter().any(|policy| name.is_named(names, policy))
-            }
+            Body::Tat { name, .. } => policies.iter().any(|policy| name.is_named(names, policy)),
             Body::Slots(slots) => {
                 slots.retain(|slot| !policies.iter().any(|p| p.name() == &*slot.policy));
                 slots.is_empty()

@@ -3,7 +3,9 @@
 use super::entry::{Body, Entry, Slot};
 use super::key::Key;
 use super::store::builder::MAX_SHARDS;
-use super::tat::{check_policy, pack, packed_expiry, tat_admitted, tat_charge, unpack, TatCharge};
+use super::tat::{
+    check_policy, pack, packed_expiry, tat_admitted, tat_charge, tat_denied, unpack, TatCharge,
+};
 use crate::algorithms::{self, GcraState, State};
 use crate::{ManualClock, MemoryStore, Policy, Store, Verdict};
 use std::time::Duration;
@@ -114,7 +116,9 @@ proptest! {
         let reference = algorithms::check(&policy, Some(&state), now, cost);
         match tat_charge(&policy, packed, now, cost) {
             None => {}
-            Some(TatCharge::Denied(decision)) => {
+            Some(TatCharge::Denied(read)) => {
+                prop_assert_eq!(read, packed);
+                let decision = tat_denied(&policy, packed, now, cost);
                 prop_assert_eq!(decision, reference.decision);
                 prop_assert_eq!(reference.new_state, None);
             }
@@ -211,10 +215,7 @@ fn slots_of_unused_policies_are_dropped_once_expired() {
     let Body::Tat { name, .. } = entry.body else {
         panic!("not compact");
     };
-    assert_eq!(
-        &**shard.names.get(usize::from(name.index)).unwrap().0,
-        "new"
-    );
+    assert_eq!(&**shard.names.get(name.index()).unwrap().0, "new");
 }
 
 /// Every entry is found by its key in its own shard, and the store
@@ -427,4 +428,58 @@ fn a_policy_built_apart_with_the_same_name_shares_the_state() {
         1
     );
     assert!(!check(&store, "alice", &apart, 1).is_allowed());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// `check_denial` charges exactly as `check` does, and answers
+    /// `check`'s verdict when it denies, nothing when it admits, and the
+    /// same errors: two stores on one clock, one asked each way, through
+    /// whole and fractional GCRA intervals, other algorithms, several
+    /// policies, peeks, costs above the capacity and long subjects.
+    #[test]
+    fn check_denial_is_check_without_an_admissions_figures(
+        ops in prop::collection::vec(
+            (0..6usize, 0..4usize, 0..5u64, 0..3_000_000u64),
+            1..80,
+        ),
+    ) {
+        let sets: [Vec<Policy>; 6] = [
+            vec![Policy::per_second(10).name("whole").build().unwrap()],
+            vec![Policy::per(3, Duration::from_secs(10)).burst(4).name("third").build().unwrap()],
+            vec![Policy::per_second(2)
+                .algorithm(crate::Algorithm::SlidingWindow)
+                .name("window")
+                .build()
+                .unwrap()],
+            vec![
+                Policy::per_second(3).name("a").build().unwrap(),
+                Policy::per_minute(20).name("b").build().unwrap(),
+            ],
+            vec![Policy::per_second(1).build().unwrap(), Policy::per_second(1).build().unwrap()],
+            vec![],
+        ];
+        let long = "s".repeat(300);
+        let subjects = ["alice", "bob", "a-subject-longer-than-22-bytes", long.as_str()];
+        let clock = ManualClock::new(T0);
+        let checked = MemoryStore::with_clock(clock.clone());
+        let lean = MemoryStore::with_clock(clock.clone());
+        for (set, subject, cost, step) in ops {
+            clock.advance(Duration::from_micros(step));
+            let policies = &sets[set];
+            let full = Store::check(&checked, subjects[subject], policies, cost).into_inner();
+            let denial = lean.check_denial(subjects[subject], policies, cost);
+            match (full, denial) {
+                (Ok(verdict), Ok(None)) => prop_assert!(verdict.is_allowed()),
+                (Ok(verdict), Ok(Some(denied))) => {
+                    prop_assert!(!verdict.is_allowed());
+                    prop_assert_eq!(verdict, denied);
+                }
+                (Err(a), Err(b)) => prop_assert_eq!(format!("{a:?}"), format!("{b:?}")),
+                (a, b) => prop_assert!(false, "check {:?} but check_denial {:?}", a, b),
+            }
+        }
+        prop_assert_eq!(checked.len(), lean.len());
+    }
 }

@@ -254,7 +254,7 @@ impl PolicyBuilder {
             increment,
             weight_unit_us,
             // `scale` is at least 1 here.
-            gcra: GcraConsts::of(scale, increment, burst.unwrap_or(limit)),
+            gcra: GcraConsts::of(algorithm, scale, increment, burst.unwrap_or(limit)),
             shape_argument: format!("{limit}:{period_us}:{}", burst.unwrap_or(limit)).into(),
         })
     }

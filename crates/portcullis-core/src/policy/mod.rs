@@ -102,10 +102,23 @@ pub(crate) struct GcraConsts {
     /// is clamped by the reference.
     pub(crate) full_ceil_us: u64,
     pub(crate) tolerance_us: u64,
+    /// `full_ceil_us + tolerance_us`: the furthest ahead of now a TAT is
+    /// read as it is (further, the reference clamps it).
+    pub(crate) clamp_after_us: u64,
+    /// Whether the emission interval is a whole number of microseconds
+    /// (`interval_rem == 0`, so `full_rem == 0` too): a state this policy
+    /// writes then never holds a fraction, and the hot path takes its
+    /// whole-µs branch (no remainders, no carries).
+    pub(crate) whole: bool,
+    /// The capacity for a GCRA policy, 0 for any other algorithm: the
+    /// memory store's hot path takes a charge of `cost` when
+    /// `cost - 1 < charge_capacity` (wrapping), one comparison for "GCRA,
+    /// and `1 <= cost <= capacity`".
+    pub(crate) charge_capacity: u64,
 }
 
 impl GcraConsts {
-    fn of(scale: u64, increment: u64, capacity: u64) -> Self {
+    fn of(algorithm: Algorithm, scale: u64, increment: u64, capacity: u64) -> Self {
         // `scale` is at least 1; the product saturates only for policies
         // that are not buckets (which never use these).
         let full = capacity.saturating_mul(increment);
@@ -118,6 +131,13 @@ impl GcraConsts {
             full_rem: full % scale,
             full_ceil_us,
             tolerance_us: full_ceil_us.max(1_000_000),
+            clamp_after_us: full_ceil_us.saturating_add(full_ceil_us.max(1_000_000)),
+            whole: increment.is_multiple_of(scale),
+            charge_capacity: if algorithm == Algorithm::Gcra {
+                capacity
+            } else {
+                0
+            },
         }
     }
 }

@@ -31,11 +31,9 @@ impl Shard {
         };
         let packed = self.hot_tat.load(Ordering::Relaxed);
         if let Some(entry) = self.table.find_mut(hash, Entry::is_hot) {
-            if let Body::Hot { name } = entry.body {
-                entry.body = Body::Tat {
-                    name,
-                    tat: AtomicU64::new(packed),
-                };
+            if let Body::Tat { name, tat } = &mut entry.body {
+                *tat.get_mut() = packed;
+                *name = name.with_hot(false);
             }
         }
     }
@@ -55,14 +53,14 @@ impl Shard {
         let Some(entry) = self.table.find_mut(hash, |e| e.key.matches(key)) else {
             return;
         };
-        let Body::Tat { name, tat } = &entry.body else {
+        let Body::Tat { name, tat } = &mut entry.body else {
             return;
         };
-        if !name.is(&self.names, policy) {
+        if name.is_hot() || !name.is(&self.names, policy) {
             return;
         }
-        let packed = tat.load(Ordering::Relaxed);
-        entry.body = Body::Hot { name: *name };
+        let packed = *tat.get_mut();
+        *name = name.with_hot(true);
         self.hot_tat.store(packed, Ordering::Relaxed);
         self.hot_hash = Some(hash);
     }
@@ -73,48 +71,97 @@ impl Shard {
     /// never lowers the shard's least expiry (a charge only moves a TAT
     /// later).
     ///
-    /// Also says whether the subject should become the shard's hot slot:
-    /// when its swap lost to another thread's.
+    /// [`Charged::Contended`] says that the subject should become the
+    /// shard's hot slot: its swap lost to another thread's.
     #[inline(always)]
+    ///
+    /// `is_key` tells the subject's entry (`entry.key.matches(key)`); each
+    /// entry point of the store passes its own closure, so that each gets
+    /// its own copy of the probe, which the compiler then inlines into it.
     pub(in crate::memory) fn charge_known_gcra(
         &self,
         hash: u64,
-        key: &[u8],
+        is_key: impl Fn(&Entry) -> bool,
         policy: &Policy,
         now: u64,
         cost: u64,
-    ) -> Option<(TatCharge, bool)> {
-        let entry = self.table.find(hash, |entry| entry.key.matches(key))?;
-        let (name, cell, hot) = match &entry.body {
-            Body::Tat { name, tat } => (*name, tat, false),
-            Body::Hot { name } => (*name, &self.hot_tat, true),
-            Body::Slots(_) => return None,
+    ) -> Option<Charged> {
+        let entry = self.table.find(hash, is_key)?;
+        let Body::Tat { name, tat } = &entry.body else {
+            return None;
         };
         if !name.is(&self.names, policy) {
             return None;
         }
-        let mut contended = false;
-        let mut packed = cell.load(Ordering::Acquire);
+        let hot = name.is_hot();
+        let cell = if hot { &self.hot_tat } else { tat };
+        // The first attempt, straight: the retries after a lost swap are
+        // out of line, so that this path keeps only what it reads in
+        // registers.
+        let packed = cell.load(Ordering::Acquire);
+        let charged = tat_charge(policy, packed, now, cost)?;
+        if let TatCharge::Admitted(new_packed) = charged {
+            // The figures are computed by the caller, to keep the window
+            // between load and swap short.
+            if let Err(current) =
+                cell.compare_exchange_weak(packed, new_packed, Ordering::AcqRel, Ordering::Acquire)
+            {
+                return Self::charge_again(
+                    cell,
+                    current,
+                    current != packed,
+                    hot,
+                    policy,
+                    now,
+                    cost,
+                );
+            }
+        }
+        Some(Charged::Done(charged))
+    }
+
+    /// The retries of [`Shard::charge_known_gcra`] after its swap lost:
+    /// each recomputes from the TAT that won. `contended` when another
+    /// thread's swap won (a weak swap may also fail spuriously); `hot`
+    /// when the subject holds the hot slot already.
+    #[cold]
+    #[inline(never)]
+    fn charge_again(
+        cell: &AtomicU64,
+        mut packed: u64,
+        mut contended: bool,
+        hot: bool,
+        policy: &Policy,
+        now: u64,
+        cost: u64,
+    ) -> Option<Charged> {
         loop {
-            match tat_charge(policy, packed, now, cost)? {
-                denied @ TatCharge::Denied(_) => return Some((denied, false)),
-                TatCharge::Admitted(new_packed) => {
-                    match cell.compare_exchange_weak(
-                        packed,
-                        new_packed,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    ) {
-                        // The figures are computed by the caller, to keep
-                        // the window between load and swap short.
-                        Ok(_) => return Some((TatCharge::Admitted(new_packed), contended && !hot)),
-                        Err(current) => {
-                            contended |= current != packed;
-                            packed = current;
-                        }
-                    }
+            let charged = tat_charge(policy, packed, now, cost)?;
+            let TatCharge::Admitted(new_packed) = charged else {
+                return Some(Charged::Done(charged));
+            };
+            match cell.compare_exchange_weak(
+                packed,
+                new_packed,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) if contended && !hot => return Some(Charged::Contended(new_packed)),
+                Ok(_) => return Some(Charged::Done(charged)),
+                Err(current) => {
+                    contended |= current != packed;
+                    packed = current;
                 }
             }
         }
     }
+}
+
+/// What a fast-path charge did: two words, returned in registers.
+#[derive(Clone, Copy)]
+pub(in crate::memory) enum Charged {
+    Done(TatCharge),
+    /// Admitted (the new packed TAT) after losing a swap to another
+    /// thread: the subject should become its shard's hot slot.
+    Contended(u64),
 }

@@ -26,6 +26,7 @@ use crate::Clock;
 
 mod general;
 mod hot_path;
+pub(in crate::memory) use self::hot_path::Charged;
 pub(in crate::memory) mod sweep;
 
 /// What a [`MemoryStore`](crate::MemoryStore) at its bound ([`MemoryStoreBuilder::max_keys`](crate::MemoryStoreBuilder::max_keys))
@@ -188,7 +189,7 @@ pub(in crate::memory) struct Shard {
     pub(in crate::memory) hot_tat: AtomicU64,
     /// Fast-path charges of this shard (counted without a read-modify-write:
     /// two threads may count one), on the cache line the read lock writes
-    /// anyway; every [`SWEEP_EVERY`](sweep::SWEEP_EVERY)-th sweeps the shard.
+    /// anyway; every [`SWEEP_EVERY`](sweep::SWEEP_EVERY)-th sweeps a shard.
     pub(in crate::memory) hot_ops: AtomicU32,
     /// The hash of the subject that holds the hot slot.
     pub(in crate::memory) hot_hash: Option<u64>,
