@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use http::HeaderValue;
-use portcullis_core::{validate_check, Policy, PolicySource};
+use portcullis_core::{validate_check, Algorithm, LeakyMode, Policy, PolicySource};
 
 use crate::config::ConfigError;
 use crate::headers::{policy_value, ratelimit_prefixes};
@@ -35,6 +35,9 @@ pub(crate) struct Tier {
     /// checked with its class, or the default class, never as a plain
     /// check that would skip the reserves.
     pub(crate) classed: bool,
+    /// Whether an admission may carry a delay (a leaky bucket queue): its
+    /// figures are then always read, never skipped.
+    pub(crate) may_delay: bool,
     /// The metrics' `policy` labels.
     pub(crate) labels: PolicyLabels,
 }
@@ -96,6 +99,9 @@ impl Tier {
             id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             name: name.into(),
             classed: policies.iter().any(Policy::has_classes),
+            may_delay: policies
+                .iter()
+                .any(|policy| policy.algorithm() == Algorithm::LeakyBucket(LeakyMode::Queue)),
             policy_header: policy_value(&policies),
             ratelimit_prefixes: ratelimit_prefixes(&policies),
             labels: PolicyLabels::of(&policies),

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::shared::Checker;
 use super::step::{Next, Ticket};
-use crate::config::{MissingKey, Mode};
+use crate::config::{HeaderMode, MissingKey, Mode};
 use crate::headers::RateLimitHeaders;
 use crate::key::{KeyBuf, KeyExtractor};
 use crate::observe;
@@ -132,6 +132,30 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
             let ticket = slot.insert(self.ticket(key, tier, 1, None));
             tracing::debug!("store skipped: circuit breaker open");
             return Err(self.on_failure(ticket, &parts.headers));
+        }
+        // Headers only on limited responses, and no admission that waits:
+        // an admission's figures would be thrown away, so the store may
+        // skip them (`Store::check_denial_now`).
+        if self.header_mode != HeaderMode::All && !tier.may_delay {
+            return match self.check_denial_now(tier, &key) {
+                Some(Ok(None)) => {
+                    self.store_answered();
+                    observe::allowed(&tier.labels);
+                    Ok(None)
+                }
+                Some(Ok(Some(denied))) => {
+                    let ticket = slot.insert(self.ticket(key, tier, 1, None));
+                    Err(self.on_result(ticket, parts, Ok(denied)))
+                }
+                Some(Err(error)) => {
+                    let ticket = slot.insert(self.ticket(key, tier, 1, None));
+                    Err(self.on_result(ticket, parts, Err(error)))
+                }
+                None => {
+                    let ticket = slot.insert(self.ticket(key, tier, 1, None));
+                    Err(self.check_later(ticket))
+                }
+            };
         }
         match self.check_now(tier, &key, 1) {
             Some(Ok(verdict)) if verdict.is_allowed() && verdict.delay().is_zero() => {
@@ -352,6 +376,27 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
             return result;
         }
         self.store.check_now(key, &tier.policies, cost)
+    }
+
+    /// The store's answer now, when it denies, if it answers synchronously
+    /// ([`Store::check_denial_now`]): `Some(Ok(None))` is an admission
+    /// whose figures were not computed. A cost of 1 (the straight path's).
+    #[inline]
+    fn check_denial_now(
+        &self,
+        tier: &Tier,
+        key: &str,
+    ) -> Option<Result<Option<Verdict>, StoreError>> {
+        #[cfg(feature = "metrics")]
+        if observe::recording() {
+            let begun = Instant::now();
+            let result = self.store.check_denial_now(key, &tier.policies, 1);
+            if result.is_some() {
+                observe::store_latency(&tier.labels, begun.elapsed());
+            }
+            return result;
+        }
+        self.store.check_denial_now(key, &tier.policies, 1)
     }
 
     /// Sends the check to a store that answers later.
