@@ -321,7 +321,7 @@ struct Op {
     free_replays: u32,
 }
 
-fn classed(algorithm: Algorithm, name: &str) -> impl Strategy<Value = Policy> {
+fn classed(algorithm: Algorithm, name: &str) -> impl Strategy<Value = Policy> + use<> {
     let name = name.to_owned();
     (
         1_u64..=10,

@@ -340,11 +340,11 @@ impl MemoryStore {
                     .shards
                     .iter()
                     .max_by_key(|shard| shard.read().table.len());
-                if let Some(shard) = fullest {
-                    if shard.write().evict_one(now) {
-                        inner.forget(1);
-                        freed = 1;
-                    }
+                if let Some(shard) = fullest
+                    && shard.write().evict_one(now)
+                {
+                    inner.forget(1);
+                    freed = 1;
                 }
             }
             if freed == 0 {
@@ -382,10 +382,8 @@ impl Store for MemoryStore {
         // A single policy with a cost it can admit is valid; anything else
         // goes through the shared validation (same errors as every store).
         let valid = matches!(policies, [policy] if cost <= policy.capacity());
-        if !valid {
-            if let Err(err) = validate_check(policies, cost) {
-                return ready(Err(err));
-            }
+        if !valid && let Err(err) = validate_check(policies, cost) {
+            return ready(Err(err));
         }
         // Read before locking to keep the critical section short
         // (and first: fewer values live across the counter's read). Two

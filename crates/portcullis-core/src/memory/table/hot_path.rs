@@ -30,13 +30,13 @@ impl Shard {
             return;
         };
         let packed = self.hot_tat.load(Ordering::Relaxed);
-        if let Some(entry) = self.table.find_mut(hash, Entry::is_hot) {
-            if let Body::Hot { name } = entry.body {
-                entry.body = Body::Tat {
-                    name,
-                    tat: AtomicU64::new(packed),
-                };
-            }
+        if let Some(entry) = self.table.find_mut(hash, Entry::is_hot)
+            && let Body::Hot { name } = entry.body
+        {
+            entry.body = Body::Tat {
+                name,
+                tat: AtomicU64::new(packed),
+            };
         }
     }
 
