@@ -4,7 +4,7 @@
 //! included), resets and policy combinations, for every algorithm, on a
 //! standalone server and on the Cluster.
 
-mod redis_common;
+use crate::redis_common;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! a differential holds `RedisStore` and `MemoryStore` equal for random
 //! sequences of keys, classes, costs and time steps.
 
-mod redis_common;
+use crate::redis_common;
 
 use std::convert::Infallible;
 use std::process::Command;

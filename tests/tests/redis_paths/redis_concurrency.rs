@@ -3,8 +3,6 @@
 //! they are admitted exactly N times, for every algorithm, on a standalone
 //! server and on the Cluster.
 
-mod redis_common;
-
 use std::process::{Command, Output};
 
 use portcullis_core::Algorithm;
