@@ -350,10 +350,10 @@ fn serves(port: u16, pid: u32) -> Option<bool> {
             Ok(n) => reply.extend_from_slice(&chunk[..n]),
         }
         let text = String::from_utf8_lossy(&reply);
-        if let Some(rest) = text.split("process_id:").nth(1) {
-            if let Some((id, _)) = rest.split_once('\r') {
-                return Some(id.trim() == pid.to_string());
-            }
+        if let Some(rest) = text.split("process_id:").nth(1)
+            && let Some((id, _)) = rest.split_once('\r')
+        {
+            return Some(id.trim() == pid.to_string());
         }
         if text.starts_with('-') {
             break;

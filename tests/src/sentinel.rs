@@ -105,10 +105,10 @@ impl OwnedSentinelSet {
                 .arg("GET-MASTER-ADDR-BY-NAME")
                 .arg(OWNED_SENTINEL_MASTER)
                 .query(&mut conn);
-            if let Ok(addr) = reply {
-                if let Some(port) = addr.get(1).and_then(|p| p.parse().ok()) {
-                    return port;
-                }
+            if let Ok(addr) = reply
+                && let Some(port) = addr.get(1).and_then(|p| p.parse().ok())
+            {
+                return port;
             }
         }
         panic!("no Sentinel named the primary")

@@ -345,7 +345,7 @@ fn write_crate(root: &Path, dir: &Path, examples: &[Example]) -> Result<()> {
         "# Written by `cargo xtask doc-examples`: the README's quick-start project, with\n\
          # every doc example of the portcullis family as a module. Do not edit.\n\
          [package]\nname = \"portcullis-doc-examples\"\nversion = \"0.0.0\"\n\
-         edition = \"2021\"\npublish = false\n\n\
+         edition = \"2024\"\npublish = false\n\n\
          # Not a member of the portcullis workspace.\n[workspace]\n\n\
          [features]\ndefault = [{defaults}]\n",
         defaults = FEATURES

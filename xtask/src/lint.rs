@@ -313,10 +313,12 @@ mod tests {
                     in_features = line == "[features]";
                     continue;
                 }
-                if let Some((name, _)) = line.split_once(" = ") {
-                    if in_features && !name.starts_with('#') && name != "default" {
-                        declared.push(name.trim().to_owned());
-                    }
+                if let Some((name, _)) = line.split_once(" = ")
+                    && in_features
+                    && !name.starts_with('#')
+                    && name != "default"
+                {
+                    declared.push(name.trim().to_owned());
                 }
             }
             let mut listed: Vec<String> = listed.iter().map(|f| (*f).to_owned()).collect();

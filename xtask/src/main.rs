@@ -164,15 +164,24 @@ fn run_test_stages(options: &TestOptions, tools: &Tools, stages: &mut Stages) ->
     let evalsha_result = if options.cargo_args.is_empty() {
         let mut evalsha_env = env.clone();
         evalsha_env.push(("PORTCULLIS_REDIS_CALL_PATH", "evalsha".to_owned()));
-        let mut args: Vec<String> = ["test", "--no-fail-fast", "-p", "portcullis-tests"]
-            .map(str::to_owned)
-            .to_vec();
-        for suite in EVALSHA_SUITES {
-            args.extend(["--test".to_owned(), suite.to_owned()]);
-        }
+        let mut args: Vec<String> = [
+            "test",
+            "--no-fail-fast",
+            "-p",
+            "portcullis-tests",
+            "--test",
+            EVALSHA_BINARY,
+        ]
+        .map(str::to_owned)
+        .to_vec();
         add_skips(&mut args, &skips);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        stages.run(&format!("cargo {} (EVALSHA path)", args.join(" ")), || {
+        let title = format!(
+            "cargo {} (EVALSHA path: {})",
+            args.join(" "),
+            EVALSHA_SUITES.join(", ")
+        );
+        stages.run(&title, || {
             run_cargo(
                 &args,
                 &evalsha_env,
@@ -215,7 +224,9 @@ fn version_skips(version: &str) -> Vec<&'static str> {
 }
 
 /// The tests of Redis Functions and of `allow-oom` scripts (Redis 7): the
-/// ones a Redis 6.2 run skips.
+/// ones a Redis 6.2 run skips, by their full names (`<module>::<test>` for
+/// a suite that is a module of a merged test binary such as
+/// `tests/tests/redis_paths/`; `test_names_exist` holds each one real).
 const FUNCTIONS_ONLY: [&str; 23] = [
     "functions_are_the_default_and_the_library_is_loaded",
     "an_acl_user_granted_the_documented_function_rules_runs_on_functions",
@@ -225,21 +236,21 @@ const FUNCTIONS_ONLY: [&str; 23] = [
     "a_failover_to_a_node_without_the_library_is_survived",
     "out_of_memory_on_both_paths",
     "the_fast_gcra_function_agrees_with_the_general_check",
-    "a_store_builds_on_a_full_redis_and_loads_the_library_once_there_is_room",
-    "a_cluster_node_full_before_it_ever_loaded_the_library",
-    "out_of_memory_keeps_held_subjects_and_refuses_new_ones",
+    "redis_full_start::a_store_builds_on_a_full_redis_and_loads_the_library_once_there_is_room",
+    "redis_full_start::a_cluster_node_full_before_it_ever_loaded_the_library",
+    "concurrency_limit::out_of_memory_keeps_held_subjects_and_refuses_new_ones",
     "coalesced_checks_decide_as_checks_sent_one_by_one",
-    "a_waiting_check_gets_its_batch_answer_or_is_not_charged",
-    "three_processes_with_leases_stay_within_the_stated_bound",
+    "redis_coalesce_timeout::a_waiting_check_gets_its_batch_answer_or_is_not_charged",
+    "redis_budget::three_processes_with_leases_stay_within_the_stated_bound",
     "the_fast_token_bucket_function_agrees_with_the_general_check",
     "the_fast_fixed_window_function_agrees_with_the_general_check",
     "the_fast_leaky_meter_function_agrees_with_the_general_check",
     "the_fast_sliding_window_function_agrees_with_the_general_check",
     "the_fast_leaky_queue_function_agrees_with_the_general_check",
     "the_fast_sliding_log_function_agrees_with_the_general_check",
-    "a_reset_is_obeyed_at_once_here_and_within_one_lease_period_by_another_process",
-    "a_plan_raised_a_hundredfold_under_the_same_name_is_obeyed_by_both_processes",
-    "a_daily_quota_leased_for_an_hour_takes_no_more_than_an_hour_of_it",
+    "redis_budget_reset::a_reset_is_obeyed_at_once_here_and_within_one_lease_period_by_another_process",
+    "redis_budget_reset::a_plan_raised_a_hundredfold_under_the_same_name_is_obeyed_by_both_processes",
+    "redis_budget_reset::a_daily_quota_leased_for_an_hour_takes_no_more_than_an_hour_of_it",
 ];
 
 /// Appends `--skip <name>` for each of `skips` to a `cargo test` command
@@ -257,9 +268,14 @@ fn add_skips(args: &mut Vec<String>, skips: &[&str]) {
     args.push("--exact".to_owned());
 }
 
-/// The Redis suites that `test` runs a second time on the `EVALSHA` path
-/// (`PORTCULLIS_REDIS_CALL_PATH=evalsha`: their stores log in as an ACL user
-/// without Redis Functions).
+/// The test binary of the Redis suites that `test` runs a second time on
+/// the `EVALSHA` path (`PORTCULLIS_REDIS_CALL_PATH=evalsha`: their stores
+/// log in as an ACL user without Redis Functions): `tests/tests/redis_paths/`,
+/// whose modules are [`EVALSHA_SUITES`].
+const EVALSHA_BINARY: &str = "redis_paths";
+
+/// The suites of [`EVALSHA_BINARY`], one module each
+/// (`evalsha_suites_are_the_modules_of_their_binary` holds the two equal).
 const EVALSHA_SUITES: [&str; 11] = [
     "charge_after_response",
     "redis_differential",
@@ -646,6 +662,61 @@ mod tests {
         let mut args = vec!["test".to_owned(), "--".to_owned(), "--nocapture".to_owned()];
         add_skips(&mut args, &[]);
         assert_eq!(args.join(" "), "test -- --nocapture");
+    }
+
+    /// The suite modules `tests/tests/<binary>/main.rs` declares.
+    fn modules_of(binary: &str) -> Vec<String> {
+        let main = workspace_root()
+            .join("tests/tests")
+            .join(binary)
+            .join("main.rs");
+        let text = std::fs::read_to_string(&main).unwrap();
+        let mut modules = Vec::new();
+        let mut lines = text.lines();
+        while let Some(line) = lines.next() {
+            if line.starts_with("#[path") {
+                lines.next(); // a shared helper module, not a suite
+            } else if let Some(name) = line.strip_prefix("mod ") {
+                modules.push(name.trim_end_matches(';').to_owned());
+            }
+        }
+        modules
+    }
+
+    #[test]
+    fn evalsha_suites_are_the_modules_of_their_binary() {
+        let mut listed: Vec<String> = EVALSHA_SUITES.iter().map(|s| (*s).to_owned()).collect();
+        listed.sort();
+        let mut modules = modules_of(EVALSHA_BINARY);
+        modules.sort();
+        assert_eq!(listed, modules);
+    }
+
+    #[test]
+    fn test_names_exist() {
+        let tests = workspace_root().join("tests/tests");
+        for name in FUNCTIONS_ONLY {
+            let (module, function) = name.split_once("::").unwrap_or(("", name));
+            let files: Vec<PathBuf> = if module.is_empty() {
+                std::fs::read_dir(&tests)
+                    .unwrap()
+                    .map(|entry| entry.unwrap().path())
+                    .filter(|path| path.extension().is_some_and(|e| e == "rs"))
+                    .collect()
+            } else {
+                std::fs::read_dir(&tests)
+                    .unwrap()
+                    .map(|entry| entry.unwrap().path().join(format!("{module}.rs")))
+                    .filter(|path| path.is_file())
+                    .collect()
+            };
+            let defined = files.iter().any(|file| {
+                std::fs::read_to_string(file)
+                    .unwrap()
+                    .contains(&format!("fn {function}("))
+            });
+            assert!(defined, "{name}: no such test in {}", tests.display());
+        }
     }
 
     #[test]

@@ -114,7 +114,7 @@ fn policy(algorithms: &'static [Algorithm]) -> impl Strategy<Value = Policy> {
         })
 }
 
-fn ops(policy: &Policy, clock_back: bool) -> impl Strategy<Value = Vec<Op>> {
+fn ops(policy: &Policy, clock_back: bool) -> impl Strategy<Value = Vec<Op>> + use<> {
     let period = policy.period_micros();
     let capacity = policy.capacity();
     // One emission interval, at least 1 µs.

@@ -288,11 +288,10 @@ proptest! {
             clock.set(now);
             let cost = cost.min(policy.capacity());
             let expected = algorithms::check(&policy, state.as_ref(), now, cost);
-            if cost > 0 && expected.decision.is_allowed() {
-                if let Some(new_state) = expected.new_state.clone() {
+            if cost > 0 && expected.decision.is_allowed()
+                && let Some(new_state) = expected.new_state.clone() {
                     state = Some(new_state);
                 }
-            }
             let got = check(&store, "subject", &policies, cost);
             prop_assert_eq!(got.decisions(), &[expected.decision][..]);
         }

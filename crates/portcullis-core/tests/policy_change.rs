@@ -4,7 +4,7 @@
 //! ahead than the new policy can leave is clamped to its worst case; either
 //! is written back with its expiry re-armed, so a subject is never held
 //! beyond the new policy's full reset. (The same in Redis:
-//! `tests/tests/redis_policy_change.rs`.)
+//! `tests/tests/redis_paths/redis_policy_change.rs`.)
 
 use std::time::Duration;
 

@@ -117,10 +117,10 @@ impl Server {
         };
         let client = redis::Client::open(server.url()).expect("a URL");
         for _ in 0..300 {
-            if let Ok(mut c) = client.get_connection() {
-                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                    return server;
-                }
+            if let Ok(mut c) = client.get_connection()
+                && redis::cmd("PING").query::<String>(&mut c).is_ok()
+            {
+                return server;
             }
             std::thread::sleep(Duration::from_millis(100));
         }

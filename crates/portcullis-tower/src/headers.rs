@@ -276,10 +276,9 @@ impl RateLimitHeaders {
                 Entry::Occupied(mut entry) => {
                     if let (Some(theirs), Some(ours)) =
                         (delta_seconds(entry.get()), delta_seconds(&value))
+                        && ours > theirs
                     {
-                        if ours > theirs {
-                            entry.insert(value);
-                        }
+                        entry.insert(value);
                     }
                 }
             }

@@ -1,5 +1,5 @@
 //! One instance with a local budget, for the multi-process test of the
-//! bound (`tests/tests/redis_budget.rs`): a `RedisStore` with
+//! bound (`tests/tests/redis_scenarios/redis_budget.rs`): a `RedisStore` with
 //! `LocalBudget` on a client clock that the test drives, so that several
 //! processes check one subject at the same simulated instants.
 //!

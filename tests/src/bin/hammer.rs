@@ -4,13 +4,17 @@
 //! ```text
 //! hammer --url redis://127.0.0.1:6390 | --cluster redis://a,redis://b
 //!        --prefix P --subject S --algorithm gcra --limit N --period-secs S
-//!        --tasks T --attempts A [--timeout-ms MS] [--start-at-ms UNIX_MS]
+//!        --tasks T --attempts A [--timeout-ms MS]
+//!        [--start-at-ms UNIX_MS | --start stdin]
 //! ```
 //!
 //! Prints one line: `admitted=<n> denied=<n> errors=<n>` (and each error's
 //! text on stderr). With `--start-at-ms`, the tasks start at that wall-clock
-//! time (milliseconds since the epoch), so several processes race. Exits 2
-//! on bad arguments.
+//! time (milliseconds since the epoch), so several processes race; with
+//! `--start stdin`, the process prints `ready` (a line of its own, before
+//! the counts) once its connections are open, and its tasks start when a
+//! line arrives on stdin, so a parent starts several processes at once as
+//! soon as all of them are ready. Exits 2 on bad arguments.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -99,7 +103,17 @@ fn main() -> ExitCode {
         if let Err(error) = store.ping().await {
             eprintln!("hammer: {error}");
         }
-        if let Some(start_at) = number("start-at-ms") {
+        if get("start").as_deref() == Some("stdin") {
+            println!("ready");
+            let go = tokio::task::spawn_blocking(|| {
+                let mut line = String::new();
+                std::io::stdin().read_line(&mut line).map(|_| ())
+            });
+            if let Ok(Err(error)) | Err(error) = go.await.map_err(std::io::Error::other) {
+                eprintln!("hammer: no start signal on stdin: {error}");
+                return ExitCode::from(2);
+            }
+        } else if let Some(start_at) = number("start-at-ms") {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis());

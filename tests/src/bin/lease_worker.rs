@@ -1,5 +1,5 @@
 //! A separate OS process for the concurrency-limit tests
-//! (`tests/tests/concurrency_limit.rs`), sharing one Redis with others.
+//! (`tests/tests/redis_paths/concurrency_limit.rs`), sharing one Redis with others.
 //!
 //! ```text
 //! lease_worker hold --url U --prefix P --subject S --max N --ttl-ms T

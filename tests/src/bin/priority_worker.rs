@@ -1,5 +1,5 @@
 //! A separate OS process for the priority-class tests
-//! (`tests/tests/redis_options.rs`): floods one subject with checks of one
+//! (`tests/tests/redis_paths/redis_options.rs`): floods one subject with checks of one
 //! class through `RedisStore::check_with`, sharing one Redis with others.
 //!
 //! ```text

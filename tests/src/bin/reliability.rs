@@ -168,14 +168,14 @@ async fn cluster(rows: &mut Vec<Row>) {
     rows.push(row);
     step("Cluster master killed (cluster-require-full-coverage no)");
     for node in cluster.nodes().await.iter().filter(|n| !n.failed) {
-        if let Ok(client) = redis::Client::open(node.url.as_str()) {
-            if let Ok(mut connection) = client.get_multiplexed_async_connection().await {
-                let _: redis::RedisResult<()> = command(
-                    &mut connection,
-                    &["CONFIG", "SET", "cluster-require-full-coverage", "no"],
-                )
-                .await;
-            }
+        if let Ok(client) = redis::Client::open(node.url.as_str())
+            && let Ok(mut connection) = client.get_multiplexed_async_connection().await
+        {
+            let _: redis::RedisResult<()> = command(
+                &mut connection,
+                &["CONFIG", "SET", "cluster-require-full-coverage", "no"],
+            )
+            .await;
         }
     }
     let mut row = cluster_kill(&cluster, &failover(FailoverHow::Kill)).await;

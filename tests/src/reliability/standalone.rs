@@ -738,13 +738,12 @@ pub async fn pool_exhaustion(calls: usize) -> PoolReport {
     // start-up probe's connection is still being closed).
     let mut holder = None;
     for _ in 0..100 {
-        if let Ok(client) = redis::Client::open(full.url()) {
-            if let Ok(mut connection) = client.get_multiplexed_async_connection().await {
-                if command::<String>(&mut connection, &["PING"]).await.is_ok() {
-                    holder = Some(connection);
-                    break;
-                }
-            }
+        if let Ok(client) = redis::Client::open(full.url())
+            && let Ok(mut connection) = client.get_multiplexed_async_connection().await
+            && command::<String>(&mut connection, &["PING"]).await.is_ok()
+        {
+            holder = Some(connection);
+            break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -29,9 +29,11 @@ pub(crate) fn service<K: KeyExtractor>(
     Response = Response<portcullis::tower::RateLimitBody<String>>,
     Error = Infallible,
     Future: Send,
-> + Clone
+>
+       + Clone
        + Send
-       + 'static {
+       + 'static
+       + use<K> {
     layer.layer(service_fn(|request: Request<()>| async move {
         let mut response = Response::new(String::new());
         if let Some(info) = request.extensions().get::<RateLimitInfo>() {

@@ -160,7 +160,7 @@ fn no_leases(operation: &'static str, store: &str) -> StoreError {
 /// `|$store| $inner` reaches (the same for a bare store and one boxed with
 /// its leases).
 macro_rules! forward_rates {
-    ($ty:ty, |$store:ident| $inner:expr) => {
+    ($ty:ty, |$store:ident| $inner:expr_2021) => {
         fn check_boxed(&self, subject: &str, policies: &[Policy], cost: u64) -> BoxCheckFuture {
             let $store = self;
             Box::pin($inner.check(subject, policies, cost))

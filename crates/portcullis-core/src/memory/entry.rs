@@ -308,13 +308,13 @@ impl Entry {
         expires_at_us: u64,
         hot: u64,
     ) {
-        if let Body::Tat { name, tat } = &mut self.body {
-            if !name.is_hot() && name.is(names, policy) {
-                if let Some(packed) = compact(&state, expires_at_us) {
-                    *tat.get_mut() = packed;
-                    return;
-                }
-            }
+        if let Body::Tat { name, tat } = &mut self.body
+            && !name.is_hot()
+            && name.is(names, policy)
+            && let Some(packed) = compact(&state, expires_at_us)
+        {
+            *tat.get_mut() = packed;
+            return;
         }
         self.write_slot(names, policy, state, expires_at_us, hot);
     }

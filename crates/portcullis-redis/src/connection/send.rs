@@ -96,10 +96,10 @@ impl Connection {
     /// replacing (with writes paused, or partitioned away). Other
     /// connections stay: a slow server is not a dead one.
     fn timed_out(&self) {
-        if let Self::Standalone(standalone) = self {
-            if standalone.rediscover_on_timeout {
-                self.mark_broken();
-            }
+        if let Self::Standalone(standalone) = self
+            && standalone.rediscover_on_timeout
+        {
+            self.mark_broken();
         }
     }
 
@@ -108,10 +108,10 @@ impl Connection {
     /// bumps the failure epoch so the other pooled connections are checked
     /// once before their next use.
     fn mark_broken(&self) {
-        if let Self::Standalone(standalone) = self {
-            if !standalone.broken.swap(true, Ordering::AcqRel) {
-                standalone.epoch.fetch_add(1, Ordering::AcqRel);
-            }
+        if let Self::Standalone(standalone) = self
+            && !standalone.broken.swap(true, Ordering::AcqRel)
+        {
+            standalone.epoch.fetch_add(1, Ordering::AcqRel);
         }
     }
 }

@@ -490,10 +490,10 @@ impl RateLimiter {
                 return Ok(true);
             }
             let wake = Instant::now().checked_add(attempt.retry_after);
-            if let Some(deadline) = deadline {
-                if wake.is_none_or(|wake| wake > deadline) {
-                    return Ok(false);
-                }
+            if let Some(deadline) = deadline
+                && wake.is_none_or(|wake| wake > deadline)
+            {
+                return Ok(false);
             }
             match wake {
                 Some(wake) => tokio::time::sleep_until(wake).await,

@@ -54,10 +54,10 @@ impl ScriptCache {
         &self,
         plan: impl ExactSizeIterator<Item = Algorithm> + Clone,
     ) -> Result<LuaScript, StoreError> {
-        if plan.len() == 1 {
-            if let Some(script) = plan.clone().next().and_then(|a| self.single.get(&a)) {
-                return Ok(script.clone());
-            }
+        if plan.len() == 1
+            && let Some(script) = plan.clone().next().and_then(|a| self.single.get(&a))
+        {
+            return Ok(script.clone());
         }
         let plan: Algorithms = plan.collect();
         {

@@ -63,7 +63,7 @@ impl RedisStore {
         subject: &str,
         policy: &ConcurrencyPolicy,
         id: LeaseId,
-    ) -> impl Future<Output = Result<Option<[i64; 4]>, StoreError>> + Send + 'static {
+    ) -> impl Future<Output = Result<Option<[i64; 4]>, StoreError>> + Send + 'static + use<> {
         let key = self.lease_key_for(subject, policy.name());
         let mut args = Cmd::new();
         args.arg(op);

@@ -103,10 +103,10 @@ fn wrk(server: u32, port: u16, connections: usize, secs: f64) -> Sample {
     let after = cpu_ticks(server);
     let text = String::from_utf8_lossy(&output.stdout);
     let mut sample = parse(&text).unwrap_or_else(|| panic!("cannot read wrk's output: {text}"));
-    if let (Some(before), Some(after)) = (before, after) {
-        if sample.requests > 0 {
-            sample.cpu_us = (after - before) as f64 * 1e4 / sample.requests as f64;
-        }
+    if let (Some(before), Some(after)) = (before, after)
+        && sample.requests > 0
+    {
+        sample.cpu_us = (after - before) as f64 * 1e4 / sample.requests as f64;
     }
     sample
 }

@@ -141,10 +141,10 @@ impl DenyCache {
     pub(crate) fn remove(&self, key: &str) {
         let tiers = self.shards.len() / SHARDS;
         for tier in 0..tiers {
-            if let Some(shard) = self.shard(tier, key) {
-                if shard.lock().remove(key).is_some() {
-                    self.len.fetch_sub(1, Ordering::Relaxed);
-                }
+            if let Some(shard) = self.shard(tier, key)
+                && shard.lock().remove(key).is_some()
+            {
+                self.len.fetch_sub(1, Ordering::Relaxed);
             }
         }
     }

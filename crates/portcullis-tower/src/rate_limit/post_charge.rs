@@ -86,10 +86,10 @@ impl<B, St: Store, K: KeyExtractor> PostCharge<Response<B>, St, K> {
             self.charging = None;
             // Headers only where the peek wrote some (the header mode):
             // the same fields, of the state after the charge.
-            if let (Some(verdict), Some(_)) = (charged, &headers) {
-                if let Some(tier) = &self.tier {
-                    headers = Some(self.checker.headers(tier, &verdict, false));
-                }
+            if let (Some(verdict), Some(_)) = (charged, &headers)
+                && let Some(tier) = &self.tier
+            {
+                headers = Some(self.checker.headers(tier, &verdict, false));
             }
         }
         let mut response = self.response.take();

@@ -341,11 +341,11 @@ impl MemoryStore {
                     .shards
                     .iter()
                     .max_by_key(|shard| shard.read().table.len());
-                if let Some(shard) = fullest {
-                    if shard.write().evict_one(now) {
-                        inner.forget(1);
-                        freed = 1;
-                    }
+                if let Some(shard) = fullest
+                    && shard.write().evict_one(now)
+                {
+                    inner.forget(1);
+                    freed = 1;
                 }
             }
             if freed == 0 {
@@ -461,30 +461,29 @@ impl MemoryStore {
         policies: &[Policy],
         cost: u64,
     ) -> Result<Option<Verdict>, StoreError> {
-        if let [policy] = policies {
-            if cost.wrapping_sub(1) < policy.gcra_consts().charge_capacity
-                && subject.len() <= MAX_PLAIN_SUBJECT_LEN
-            {
-                let now = self.inner.clock.now_micros();
-                let key = subject.as_bytes();
-                let hash = self.inner.hash_key(key);
-                return match self.charge_known_gcra_tat(
-                    key,
-                    |e: &Entry| e.key.matches(key),
-                    hash,
-                    now,
-                    policy,
-                    cost,
-                ) {
-                    Some(TatCharge::Admitted(_)) => Ok(None),
-                    Some(TatCharge::Denied(packed)) => Ok(Some(Verdict::from_one(tat_denied(
-                        policy, packed, now, cost,
-                    )))),
-                    None => self
-                        .check_one_locked(key, hash, now, policy, cost)
-                        .map(denial),
-                };
-            }
+        if let [policy] = policies
+            && cost.wrapping_sub(1) < policy.gcra_consts().charge_capacity
+            && subject.len() <= MAX_PLAIN_SUBJECT_LEN
+        {
+            let now = self.inner.clock.now_micros();
+            let key = subject.as_bytes();
+            let hash = self.inner.hash_key(key);
+            return match self.charge_known_gcra_tat(
+                key,
+                |e: &Entry| e.key.matches(key),
+                hash,
+                now,
+                policy,
+                cost,
+            ) {
+                Some(TatCharge::Admitted(_)) => Ok(None),
+                Some(TatCharge::Denied(packed)) => Ok(Some(Verdict::from_one(tat_denied(
+                    policy, packed, now, cost,
+                )))),
+                None => self
+                    .check_one_locked(key, hash, now, policy, cost)
+                    .map(denial),
+            };
         }
         self.check_general(subject, policies, cost).map(denial)
     }
@@ -537,17 +536,17 @@ impl MemoryStore {
         // end rather than a `Verdict` (twice its size).
         if let [policy] = policies {
             // (A long subject's GCRA charge: the inline path took the rest.)
-            if cost.wrapping_sub(1) < policy.gcra_consts().charge_capacity {
-                if let Some(decision) = self.charge_known_gcra(
+            if cost.wrapping_sub(1) < policy.gcra_consts().charge_capacity
+                && let Some(decision) = self.charge_known_gcra(
                     key,
                     |e: &Entry| e.key.matches(key),
                     hash,
                     now,
                     policy,
                     cost,
-                ) {
-                    return Ok(Verdict::from_one(decision));
-                }
+                )
+            {
+                return Ok(Verdict::from_one(decision));
             }
             let decision = self.on_shard(hash, now, |shard, inner| {
                 shard.check_one(inner, hash, key, policy, now, cost)

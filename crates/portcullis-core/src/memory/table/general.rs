@@ -283,10 +283,10 @@ impl Shard {
     ) -> Result<Checked, StoreError> {
         // The time again, under the lock (as `check_many`).
         let now = now.max(inner.clock.now_micros());
-        if let Some((id, _, _)) = &record {
-            if let Some(verdict) = self.records.replay(key, id, now) {
-                return Ok(Checked::new(verdict, true));
-            }
+        if let Some((id, _, _)) = &record
+            && let Some(verdict) = self.records.replay(key, id, now)
+        {
+            return Ok(Checked::new(verdict, true));
         }
         self.demote_if_hot(hash);
         let hot = self.hot_tat.load(std::sync::atomic::Ordering::Relaxed);
@@ -323,17 +323,18 @@ impl Shard {
         self.tick(inner, now);
         // Admissions only: a denial is never replayed, so a retry after its
         // `retry_after` is checked afresh.
-        if let Some((id, window_us, free_replays)) = record {
-            if verdict.is_allowed() && free_replays > 0 {
-                let rec = Rec {
-                    id,
-                    expires_at_us: now.saturating_add(window_us),
-                    replays_left: free_replays,
-                    verdict: verdict.clone(),
-                };
-                self.records
-                    .insert(inner.max_keys, inner.shards.len(), key, rec, now);
-            }
+        if let Some((id, window_us, free_replays)) = record
+            && verdict.is_allowed()
+            && free_replays > 0
+        {
+            let rec = Rec {
+                id,
+                expires_at_us: now.saturating_add(window_us),
+                replays_left: free_replays,
+                verdict: verdict.clone(),
+            };
+            self.records
+                .insert(inner.max_keys, inner.shards.len(), key, rec, now);
         }
         Ok(Checked::new(verdict, false))
     }

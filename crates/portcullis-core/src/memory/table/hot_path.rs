@@ -30,11 +30,11 @@ impl Shard {
             return;
         };
         let packed = self.hot_tat.load(Ordering::Relaxed);
-        if let Some(entry) = self.table.find_mut(hash, Entry::is_hot) {
-            if let Body::Tat { name, tat } = &mut entry.body {
-                *tat.get_mut() = packed;
-                *name = name.with_hot(false);
-            }
+        if let Some(entry) = self.table.find_mut(hash, Entry::is_hot)
+            && let Body::Tat { name, tat } = &mut entry.body
+        {
+            *tat.get_mut() = packed;
+            *name = name.with_hot(false);
         }
     }
 

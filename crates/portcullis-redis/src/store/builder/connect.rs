@@ -198,12 +198,12 @@ impl RedisStoreBuilder {
         let info = url
             .into_connection_info()
             .map_err(|source| invalid_url(redact_url(url), source))?;
-        if let ConnectionAddr::TcpTls { insecure: true, .. } = info.addr() {
-            if !cfg!(feature = "tls-insecure") {
-                return Err(BuildError::InsecureTlsNotEnabled {
-                    url: redact_url(url),
-                });
-            }
+        if let ConnectionAddr::TcpTls { insecure: true, .. } = info.addr()
+            && !cfg!(feature = "tls-insecure")
+        {
+            return Err(BuildError::InsecureTlsNotEnabled {
+                url: redact_url(url),
+            });
         }
         Ok(info)
     }

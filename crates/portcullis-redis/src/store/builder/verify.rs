@@ -197,17 +197,17 @@ async fn warn_on_noeviction(store: &RedisStore, timeout: Duration) {
         Ok(value) => config_value(value),
         Err(_) => return,
     };
-    if let (Some(policy), Some(maxmemory)) = (policy, maxmemory) {
-        if noeviction_with_limit(&policy, &maxmemory) {
-            tracing::warn!(
-                maxmemory = %maxmemory,
-                maxmemory_policy = %policy,
-                "Redis has maxmemory set with maxmemory-policy noeviction: once it is full every \
-                 check that writes fails with a store error (OOM). Every portcullis key has a TTL, so \
-                 `CONFIG SET maxmemory-policy volatile-ttl` lets Redis free the keys closest to \
-                 expiring instead"
-            );
-        }
+    if let (Some(policy), Some(maxmemory)) = (policy, maxmemory)
+        && noeviction_with_limit(&policy, &maxmemory)
+    {
+        tracing::warn!(
+            maxmemory = %maxmemory,
+            maxmemory_policy = %policy,
+            "Redis has maxmemory set with maxmemory-policy noeviction: once it is full every \
+             check that writes fails with a store error (OOM). Every portcullis key has a TTL, so \
+             `CONFIG SET maxmemory-policy volatile-ttl` lets Redis free the keys closest to \
+             expiring instead"
+        );
     }
 }
 

@@ -109,17 +109,17 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
                 self.store_answered();
                 // Only answers that took a round trip are cached: a store
                 // that answers at once is as quick as the cache.
-                if let Some((cache, sent)) = self.deny_cache.as_ref().zip(ticket.sent) {
-                    if !verdict.is_allowed() {
-                        cache.insert(
-                            ticket.tier.slot,
-                            ticket.tier.id,
-                            &ticket.key,
-                            ticket.cost,
-                            &verdict,
-                            sent,
-                        );
-                    }
+                if let Some((cache, sent)) = self.deny_cache.as_ref().zip(ticket.sent)
+                    && !verdict.is_allowed()
+                {
+                    cache.insert(
+                        ticket.tier.slot,
+                        ticket.tier.id,
+                        &ticket.key,
+                        ticket.cost,
+                        &verdict,
+                        sent,
+                    );
                 }
                 return self.on_verdict(ticket, parts, verdict);
             }
@@ -246,10 +246,11 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
                 .options
                 .as_ref()
                 .is_some_and(|request| request.is_replay());
-            if self.charge.is_some() && !replay {
-                if let Some(charge) = extensions.get::<Charge>() {
-                    charge.admit(&ticket.key, &ticket.tier, ticket.fallback);
-                }
+            if self.charge.is_some()
+                && !replay
+                && let Some(charge) = extensions.get::<Charge>()
+            {
+                charge.admit(&ticket.key, &ticket.tier, ticket.fallback);
             }
             observe::allowed(&tier.labels);
             let delay = verdict.delay();

@@ -82,10 +82,10 @@ impl LiveState {
                     expires,
                     ..
                 } = &slot.entry
+                    && *expires > now
+                    && !compiled.tiers.contains_key(&**name)
                 {
-                    if *expires > now && !compiled.tiers.contains_key(&**name) {
-                        *counts.entry(Arc::clone(name)).or_default() += 1;
-                    }
+                    *counts.entry(Arc::clone(name)).or_default() += 1;
                 }
             }
         }

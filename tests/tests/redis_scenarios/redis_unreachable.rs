@@ -3,8 +3,6 @@
 //! store built normally fails at `build()` instead, see
 //! `redis_production.rs`).
 
-mod redis_common;
-
 use std::time::Duration;
 
 use portcullis_core::{Policy, Store, StoreError};

@@ -1,7 +1,7 @@
 //! Every key the store writes has a TTL: after a workload over every
 //! algorithm and API, and for every key any Redis test left behind.
 
-mod redis_common;
+use crate::redis_common;
 
 use std::time::Duration;
 

@@ -9,7 +9,7 @@
 //! failover tests start their own ([`portcullis_tests::OwnedSentinelSet`]),
 //! since they take its primary away.
 
-mod redis_common;
+use crate::redis_common;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! (charge.lua) against `MemoryStore` (algorithms::charge), decision for
 //! decision. Runs on the EVALSHA path too (`PORTCULLIS_REDIS_CALL_PATH=evalsha`).
 
-mod redis_common;
+use crate::redis_common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

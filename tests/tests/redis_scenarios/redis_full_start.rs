@@ -8,7 +8,7 @@
 //! Functions nor allow-oom scripts, only the layer's test runs: the store
 //! builds, and a full server refuses every subject).
 
-mod redis_common;
+use crate::redis_common;
 
 use std::time::Duration;
 

@@ -13,8 +13,8 @@
 //! these by name on servers before Redis 7. One test function runs the
 //! steps in turn, because one of them reads a server-wide counter.
 
-mod budget_common;
-mod redis_common;
+use crate::budget_common;
+use crate::redis_common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! limits file together, and the memory store and Redis decide alike
 //! across changes of the limits.
 
-mod redis_common;
+use crate::redis_common;
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! (braces, newlines, 1 MB) stored under hashed keys that never collide and
 //! land in the right Cluster slot.
 
-mod redis_common;
+use crate::redis_common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! Redis clock and, with a client clock, at the last microsecond of a
 //! period and the first of the next — decided as `MemoryStore` decides.
 
-mod redis_common;
+use crate::redis_common;
 
 use std::time::Duration;
 

@@ -10,7 +10,7 @@
 //! `max_in_flight` at once.
 
 mod concurrency_limit_layer;
-mod redis_common;
+use crate::redis_common;
 
 use std::convert::Infallible;
 use std::process::{Command, Stdio};

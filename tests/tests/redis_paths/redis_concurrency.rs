@@ -3,9 +3,8 @@
 //! they are admitted exactly N times, for every algorithm, on a standalone
 //! server and on the Cluster.
 
-mod redis_common;
-
-use std::process::{Command, Output};
+use std::io::{Read as _, Write as _};
+use std::process::{Child, Command, Output};
 
 use portcullis_core::Algorithm;
 use portcullis_tests::unique_prefix;
@@ -46,16 +45,23 @@ fn parse(output: &Output) -> Counts {
     }
 }
 
+/// The first line a hammer prints (`ready`, or nothing if it failed first),
+/// read a byte at a time so that the rest of its output stays in the pipe
+/// for `wait_with_output`.
+fn ready_line(child: &mut Child) -> String {
+    let stdout = child.stdout.as_mut().expect("stdout is piped");
+    let mut line = Vec::new();
+    let mut byte = [0_u8; 1];
+    while stdout.read(&mut byte).is_ok_and(|n| n == 1) && byte[0] != b'\n' {
+        line.push(byte[0]);
+    }
+    String::from_utf8_lossy(&line).into_owned()
+}
+
 fn hammer_everything(target: &[&str], what: &str) {
     for algorithm in Algorithm::ALL {
         let prefix = unique_prefix(what);
-        // Both processes start hammering at the same wall-clock moment.
-        let start_at = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("the clock is after 1970")
-            .as_millis()
-            + 1_500;
-        let children: Vec<_> = (0..PROCESSES)
+        let mut children: Vec<_> = (0..PROCESSES)
             .map(|_| {
                 Command::new(env!("CARGO_BIN_EXE_hammer"))
                     .args(target)
@@ -65,17 +71,34 @@ fn hammer_everything(target: &[&str], what: &str) {
                     .args(["--period-secs", &PERIOD_SECS.to_string()])
                     .args(["--tasks", &TASKS.to_string()])
                     .args(["--attempts", &ATTEMPTS.to_string()])
-                    .args(["--start-at-ms", &start_at.to_string()])
+                    .args(["--start", "stdin"])
+                    .stdin(std::process::Stdio::piped())
                     .stdout(std::process::Stdio::piped())
                     .stderr(std::process::Stdio::piped())
                     .spawn()
                     .expect("the hammer binary should start")
             })
             .collect();
-        let counts: Vec<Counts> = children
+        // Both processes start hammering at the same moment, once both have
+        // their connections open: one `go` each once both said `ready` (a
+        // hammer that failed first says nothing and exits, and `parse`
+        // shows why).
+        let ready: Vec<String> = children.iter_mut().map(ready_line).collect();
+        for child in &mut children {
+            if let Some(mut stdin) = child.stdin.take() {
+                // A hammer that already exited cannot read it.
+                let _ = stdin.write_all(b"go\n");
+            }
+        }
+        let outputs: Vec<Output> = children
             .into_iter()
-            .map(|child| parse(&child.wait_with_output().expect("hammer should finish")))
+            .map(|child| child.wait_with_output().expect("hammer should finish"))
             .collect();
+        let counts: Vec<Counts> = outputs.iter().map(parse).collect();
+        assert!(
+            ready.iter().all(|line| line == "ready"),
+            "{what} {algorithm}: every hammer says it is ready first: {ready:?}"
+        );
         let admitted: u64 = counts.iter().map(|c| c.admitted).sum();
         let denied: u64 = counts.iter().map(|c| c.denied).sum();
         let errors: u64 = counts.iter().map(|c| c.errors).sum();

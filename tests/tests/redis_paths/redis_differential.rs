@@ -4,7 +4,7 @@
 //! included), resets and policy combinations, for every algorithm, on a
 //! standalone server and on the Cluster.
 
-mod redis_common;
+use crate::redis_common;
 
 use std::time::Duration;
 
@@ -97,7 +97,7 @@ fn ops(max_period: u64) -> impl Strategy<Value = Vec<Op>> {
 /// server's clock, not this test's clock a day ahead:
 /// `changed_policies_match_memory` holds the windows' period changes equal
 /// from aligned starts instead.)
-fn plans_like(policies: &[Policy]) -> impl Strategy<Value = Vec<Policy>> {
+fn plans_like(policies: &[Policy]) -> impl Strategy<Value = Vec<Policy>> + use<> {
     policies
         .iter()
         .map(|p| {

@@ -1,7 +1,7 @@
 //! The compatibility APIs: redis-cell's `CL.THROTTLE` sequence and the
 //! Redisson-style rate limiter's semantics, against a real server.
 
-mod redis_common;
+use crate::redis_common;
 
 use std::time::Duration;
 
@@ -332,7 +332,7 @@ async fn limiter_on_the_cluster() {
     assert!(limiter.delete().await.unwrap());
 }
 
-include!("../../crates/portcullis-core/tests/common/cl_throttle_known.rs");
+include!("../../../crates/portcullis-core/tests/common/cl_throttle_known.rs");
 
 /// `RedisStore::throttle` gives redis-cell 0.5's replies, rounding included.
 #[tokio::test(flavor = "multi_thread")]

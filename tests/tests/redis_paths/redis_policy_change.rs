@@ -4,7 +4,7 @@
 //! its TTL re-armed, and a value that does not parse is no state, never an
 //! error, and is overwritten on the next admit.
 
-mod redis_common;
+use crate::redis_common;
 
 use std::time::Duration;
 

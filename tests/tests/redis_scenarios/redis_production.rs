@@ -7,7 +7,7 @@
 //! `PORTCULLIS_REDIS_MTLS_URL`, `PORTCULLIS_REDIS_ACL_URL`, …); a missing
 //! variable fails the test.
 
-mod redis_common;
+use crate::redis_common;
 
 use std::error::Error as _;
 use std::time::Duration;

@@ -10,8 +10,8 @@
 //! Redis Functions only (the budget takes the fast GCRA path), like
 //! `redis_budget.rs`.
 
-mod budget_common;
-mod redis_common;
+use crate::budget_common;
+use crate::redis_common;
 
 use std::time::Duration;
 

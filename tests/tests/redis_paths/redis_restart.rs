@@ -2,7 +2,7 @@
 //! Decisions resume; only calls in flight while the server is down fail,
 //! with typed backend errors, never a panic.
 
-mod redis_common;
+use crate::redis_common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

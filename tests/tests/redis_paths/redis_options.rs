@@ -7,7 +7,7 @@
 //! a differential holds `RedisStore` and `MemoryStore` equal for random
 //! sequences of keys, classes, costs and time steps.
 
-mod redis_common;
+use crate::redis_common;
 
 use std::convert::Infallible;
 use std::process::Command;
@@ -321,7 +321,7 @@ struct Op {
     free_replays: u32,
 }
 
-fn classed(algorithm: Algorithm, name: &str) -> impl Strategy<Value = Policy> {
+fn classed(algorithm: Algorithm, name: &str) -> impl Strategy<Value = Policy> + use<> {
     let name = name.to_owned();
     (
         1_u64..=10,

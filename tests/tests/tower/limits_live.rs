@@ -2,7 +2,7 @@
 //! limits file, per-subject overrides and an async plan resolver (cache,
 //! single flight, failures and timeouts on Tokio's paused clock).
 
-mod limits_common;
+use crate::limits_common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
