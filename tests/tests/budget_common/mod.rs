@@ -28,8 +28,13 @@ pub(crate) struct Worker {
 
 impl Worker {
     pub(crate) fn start(setup: &Setup) -> Self {
+        Self::start_on(&portcullis_tests::redis_url(), setup)
+    }
+
+    /// [`Worker::start`] on the server at `url`.
+    pub(crate) fn start_on(url: &str, setup: &Setup) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_budget_worker"))
-            .args(["--url", &portcullis_tests::redis_url()])
+            .args(["--url", url])
             .args(["--prefix", &setup.prefix, "--subject", &setup.subject])
             .args(["--limit", &setup.limit.to_string()])
             .args(["--period-ms", &setup.period_ms.to_string()])

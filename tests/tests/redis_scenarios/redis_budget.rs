@@ -21,7 +21,7 @@ use std::time::Duration;
 use budget_common::{Setup, Worker};
 use portcullis_core::{Clock, MemoryStore, Policy, Store};
 use portcullis_redis::{LocalBudget, RedisStore};
-use portcullis_tests::unique_prefix;
+use portcullis_tests::{unique_prefix, OwnedRedis};
 use redis_common::{client, manual_clock};
 
 const WORKERS: usize = 3;
@@ -74,17 +74,21 @@ fn within_bound(admitted: &[u64], step_us: u64, interval_us: u64, burst: u64, bo
     worst
 }
 
-/// A worker on the hot policy's figures, with `limit` and `burst`.
-fn worker(prefix: &str, subject: &str, limit: u64, burst: u64) -> Worker {
-    Worker::start(&Setup {
-        prefix: prefix.to_owned(),
-        subject: subject.to_owned(),
-        limit,
-        period_ms: PERIOD_MS,
-        burst,
-        max_permits: MAX_PERMITS,
-        lease_ms: LEASE_MS,
-    })
+/// A worker on the hot policy's figures, with `limit` and `burst`, on the
+/// server at `url`.
+fn worker(url: &str, prefix: &str, subject: &str, limit: u64, burst: u64) -> Worker {
+    Worker::start_on(
+        url,
+        &Setup {
+            prefix: prefix.to_owned(),
+            subject: subject.to_owned(),
+            limit,
+            period_ms: PERIOD_MS,
+            burst,
+            max_permits: MAX_PERMITS,
+            lease_ms: LEASE_MS,
+        },
+    )
 }
 
 fn policy() -> Policy {
@@ -111,9 +115,13 @@ fn three_processes_with_leases_stay_within_the_stated_bound() {
     assert_eq!(bound, 13);
     let interval_us = PERIOD_MS * 1_000 / LIMIT;
 
-    let mut raw = redis_common::raw(&portcullis_tests::redis_url());
+    // A server of its own: the calls are counted server-wide (INFO
+    // commandstats), and the suites beside this one share the common one.
+    let server = OwnedRedis::start(&[]);
+    let url = server.url();
+    let mut raw = redis_common::raw(&url);
     let mut workers: Vec<Worker> = (0..WORKERS)
-        .map(|_| worker(&prefix, "hot", LIMIT, BURST))
+        .map(|_| worker(&url, &prefix, "hot", LIMIT, BURST))
         .collect();
     let start = redis_common::manual_clock().now_micros();
     let mut admitted = Vec::with_capacity(STEPS);
@@ -158,7 +166,7 @@ fn three_processes_with_leases_stay_within_the_stated_bound() {
     // A busy subject under its limit (900 checks/s against 2 000): every
     // check admitted, and leases save most Redis calls.
     let mut workers: Vec<Worker> = (0..WORKERS)
-        .map(|_| worker(&prefix, "busy", 2_000, 100))
+        .map(|_| worker(&url, &prefix, "busy", 2_000, 100))
         .collect();
     let calls_before = redis_common::fcalls(&mut raw);
     let (mut checks, mut admitted) = (0, 0);
@@ -202,15 +210,18 @@ fn three_processes_with_leases_stay_within_the_stated_bound() {
     let flood_interval_us = 1_000_000 / FLOOD_LIMIT;
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|_| {
-            Worker::start(&Setup {
-                prefix: prefix.clone(),
-                subject: "flood".to_owned(),
-                limit: FLOOD_LIMIT,
-                period_ms: 1_000,
-                burst: FLOOD_BURST,
-                max_permits: FLOOD_PERMITS,
-                lease_ms: FLOOD_LEASE_MS,
-            })
+            Worker::start_on(
+                &url,
+                &Setup {
+                    prefix: prefix.clone(),
+                    subject: "flood".to_owned(),
+                    limit: FLOOD_LIMIT,
+                    period_ms: 1_000,
+                    burst: FLOOD_BURST,
+                    max_permits: FLOOD_PERMITS,
+                    lease_ms: FLOOD_LEASE_MS,
+                },
+            )
         })
         .collect();
     let flood_start = start + (STEPS as u64 + 10) * STEP_US;
@@ -267,7 +278,7 @@ fn three_processes_with_leases_stay_within_the_stated_bound() {
     let store = runtime
         .block_on(
             RedisStore::builder()
-                .url(portcullis_tests::redis_url())
+                .url(url.as_str())
                 .prefix(&prefix)
                 .timeout(redis_common::TEST_TIMEOUT)
                 .clock(client(&clock))

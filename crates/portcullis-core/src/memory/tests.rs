@@ -480,6 +480,11 @@ proptest! {
                 (a, b) => prop_assert!(false, "check {:?} but check_denial {:?}", a, b),
             }
         }
+        // The same subjects alive: the two stores may sweep an expired
+        // subject at different moments (found by this test: the counts
+        // differed by one expired entry), which `len` includes until then.
+        checked.purge_expired();
+        lean.purge_expired();
         prop_assert_eq!(checked.len(), lean.len());
     }
 }
