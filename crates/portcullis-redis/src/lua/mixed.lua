@@ -34,18 +34,31 @@ local function mixed(keys, args, no_new_keys)
   end
   local replies = {}
   local a, k = 2, 0
+  -- One table of keys and one of arguments, refilled for each check (the
+  -- functions keep nothing of them; whatever one appended is cleared with
+  -- the rest): no table per check.
+  local check_keys, check_args = {}, {}
   for j = 1, m do
     local run = MIXED[args[a]]
     local nk, na = tonumber(args[a + 1]), tonumber(args[a + 2])
     if run == nil or nk == nil or na == nil or k + nk > #keys or a + 2 + na > #args then
       return redis.error_reply('ERR portcullis: a mixed batch names an unknown function or miscounts; upgrade portcullis-redis')
     end
-    local check_keys, check_args = {}, {}
     for i = 1, nk do
       check_keys[i] = keys[k + i]
     end
+    local i = nk + 1
+    while check_keys[i] ~= nil do
+      check_keys[i] = nil
+      i = i + 1
+    end
     for i = 1, na do
       check_args[i] = args[a + 2 + i]
+    end
+    i = na + 1
+    while check_args[i] ~= nil do
+      check_args[i] = nil
+      i = i + 1
     end
     local ok, reply = pcall(run, check_keys, check_args, no_new_keys)
     local failed = not ok and reply or (type(reply) == 'table' and reply.err)
