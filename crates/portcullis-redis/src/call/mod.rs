@@ -283,6 +283,15 @@ impl Call {
         })
     }
 
+    /// The record key of a check with options, if any (a key the call
+    /// sends after the state keys).
+    fn record(&self) -> Option<&str> {
+        match &self.kind {
+            Kind::Options(options) => options.record_key.as_deref(),
+            _ => None,
+        }
+    }
+
     /// The command of `script` laid out as `layout`, and its estimated
     /// size in bytes (for [`spare::give_back`]).
     fn command(&self, script: &LuaScript, layout: Layout) -> Result<(Cmd, usize), StoreError> {
@@ -290,8 +299,7 @@ impl Call {
             Kind::Options(options) => Some(options),
             _ => None,
         };
-        let record = options.and_then(|options| options.record_key.as_deref());
-        let set = self.target.set();
+        let record = self.record();
         // Sized once: the command's argument list and bytes never grow.
         let (count, bytes) = command_size(&self.target, record, options);
         let bytes = bytes + script.sha().len();
@@ -306,15 +314,31 @@ impl Call {
         for key in self.target.keys() {
             cmd.arg(key);
         }
+        if let Some(record) = record {
+            cmd.arg(record);
+        }
+        self.push_arguments(&mut cmd, script, layout)?;
+        Ok((cmd, bytes))
+    }
+
+    /// Appends what the call sends after its keys, laid out as `layout`.
+    fn push_arguments(
+        &self,
+        cmd: &mut Cmd,
+        script: &LuaScript,
+        layout: Layout,
+    ) -> Result<(), StoreError> {
+        let options = match &self.kind {
+            Kind::Options(options) => Some(options),
+            _ => None,
+        };
+        let set = self.target.set();
         match layout {
             Layout::General => {
-                if let Some(record) = record {
-                    cmd.arg(record);
-                }
                 if script.is_function() {
                     cmd.arg(set.letters()?.as_slice());
                 }
-                push_time(&mut cmd, self.now);
+                push_time(cmd, self.now);
                 cmd.arg(self.cost);
                 if let Some(options) = options {
                     cmd.arg(options.window_us).arg(options.free_replays);
@@ -351,7 +375,7 @@ impl Call {
                 }
             }
         }
-        Ok((cmd, bytes))
+        Ok(())
     }
 
     /// Sends the call: once, and when Redis refused `FCALL` or `FUNCTION
@@ -375,9 +399,21 @@ impl Call {
         }
     }
 
-    /// The command this call sends alone (for a batch across subjects).
-    pub(crate) fn alone(&self) -> Result<(Cmd, usize), StoreError> {
-        self.command(&self.script, self.layout)
+    /// The function this call is sent to (its name, for a batch across
+    /// subjects, which takes checks only: no record key).
+    pub(crate) fn function(&self) -> &str {
+        self.script.sha()
+    }
+
+    /// The call's state keys, in order.
+    pub(crate) fn keys(&self) -> impl ExactSizeIterator<Item = &[u8]> {
+        self.target.keys()
+    }
+
+    /// Appends what this call sends after its keys when sent alone (for a
+    /// batch across subjects).
+    pub(crate) fn push_alone_arguments(&self, cmd: &mut Cmd) -> Result<(), StoreError> {
+        self.push_arguments(cmd, &self.script, self.layout)
     }
 
     /// The first state key (where the call goes on a Cluster).

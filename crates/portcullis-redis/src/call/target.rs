@@ -56,14 +56,14 @@ impl Target {
         self
     }
 
-    /// Key `i` (keys are written from `&str`s only, so always UTF-8).
-    fn key(&self, i: usize) -> &str {
+    /// Key `i`'s bytes.
+    fn key(&self, i: usize) -> &[u8] {
         let start = if i == 0 { 0 } else { self.ends[i - 1] };
-        std::str::from_utf8(&self.text[start..self.ends[i]]).unwrap_or_default()
+        &self.text[start..self.ends[i]]
     }
 
-    /// The state key of each policy, in order.
-    pub(crate) fn keys(&self) -> impl ExactSizeIterator<Item = &str> {
+    /// The state key of each policy, in order (as sent: bytes).
+    pub(crate) fn keys(&self) -> impl ExactSizeIterator<Item = &[u8]> {
         (0..self.ends.len()).map(|i| self.key(i))
     }
 
@@ -77,12 +77,13 @@ impl Target {
         self.text.len()
     }
 
-    /// The first state key (where the call is routed in a Cluster).
+    /// The first state key (where the call is routed in a Cluster; keys
+    /// are written from `&str`s only, so always UTF-8).
     pub(crate) fn first_key(&self) -> &str {
         if self.ends.is_empty() {
             ""
         } else {
-            self.key(0)
+            std::str::from_utf8(self.key(0)).unwrap_or_default()
         }
     }
 

@@ -23,12 +23,12 @@
 //! server is back never inherits the failure of a call made before, and no
 //! check waits for a failing call and then its own). Checks queue in
 //! arrival order: while any wait, a new check queues behind them rather
-//! than taking a slot that frees.
+//! than taking a place that frees.
 //!
-//! The slots are two atomic counters and the queue a mutex taken only when
-//! every slot is busy, so a check that goes at once takes no lock. A check
-//! that queues counts itself (`queued`) before trying a slot once more,
-//! and a call that ends frees its slot before looking at `queued`; both in
+//! The places are two atomic counters and the queue a mutex taken only when
+//! every place is busy, so a check that goes at once takes no lock. A check
+//! that queues counts itself (`queued`) before trying a place once more,
+//! and a call that ends frees its place before looking at `queued`; both in
 //! sequentially consistent order, so one of the two always sees the other
 //! and a queued check is never left behind.
 
@@ -86,24 +86,24 @@ impl std::fmt::Debug for Lane {
     }
 }
 
-/// What a check does: go now (holding a slot until its call ends, or
+/// What a check does: go now (holding a place until its call ends, or
 /// alone, outside any lane), or wait for a batch.
 pub(crate) enum Entry {
     Alone(Call),
-    Go(Slot, Call),
+    Go(InFlight, Call),
     Wait(Waiting),
 }
 
-/// A slot of the lane, held by a call sent alone: dropping it frees the
-/// slot and sends the checks that queued meanwhile.
-pub(crate) struct Slot {
+/// A place among the calls in flight, held by a call sent alone: dropping it frees the
+/// place and sends the checks that queued meanwhile.
+pub(crate) struct InFlight {
     lane: Arc<Lane>,
     caller: Arc<Caller>,
     /// The store-wide error the call met, if it did.
     failed: Option<StoreError>,
 }
 
-impl Slot {
+impl InFlight {
     /// The call ended with `error`: when store-wide, the checks waiting
     /// fail with it at once, unsent.
     pub(crate) fn failed(&mut self, error: &StoreError) {
@@ -114,7 +114,7 @@ impl Slot {
     }
 }
 
-impl Drop for Slot {
+impl Drop for InFlight {
     fn drop(&mut self) {
         self.lane.in_flight.fetch_sub(1, Ordering::SeqCst);
         if let Some(error) = self.failed.take() {
@@ -142,8 +142,8 @@ impl Lane {
         }
     }
 
-    /// Takes a free slot, if there is one.
-    fn try_slot(&self) -> bool {
+    /// Takes a free place, if there is one.
+    fn try_place(&self) -> bool {
         self.in_flight
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                 (n < IN_FLIGHT).then_some(n + 1)
@@ -152,24 +152,26 @@ impl Lane {
     }
 
     /// The check of `call` goes now, or waits for a batch. Outside a tokio
-    /// runtime (nothing to send a batch on) it goes now, without a slot.
+    /// runtime (nothing to send a batch on) it goes now, without a place.
     pub(crate) fn enter(self: &Arc<Self>, caller: &Arc<Caller>, call: Call) -> Entry {
-        let slot = || Slot {
+        let in_flight = || InFlight {
             lane: Arc::clone(self),
             caller: Arc::clone(caller),
             failed: None,
         };
-        if now_ms() < self.alone_until.load(Ordering::Relaxed) {
+        // The clock is read only after a failure.
+        let alone_until = self.alone_until.load(Ordering::Relaxed);
+        if alone_until != 0 && now_ms() < alone_until {
             return Entry::Alone(call);
         }
         // In arrival order: while checks wait, a new one waits behind them.
-        if self.queued.load(Ordering::SeqCst) == 0 && self.try_slot() {
-            return Entry::Go(slot(), call);
+        if self.queued.load(Ordering::SeqCst) == 0 && self.try_place() {
+            return Entry::Go(in_flight(), call);
         }
         if tokio::runtime::Handle::try_current().is_err() {
             // Counted, so that its end sends what queued meanwhile.
             self.in_flight.fetch_add(1, Ordering::SeqCst);
-            return Entry::Go(slot(), call);
+            return Entry::Go(in_flight(), call);
         }
         let (reply, answer) = oneshot::channel();
         let state = Arc::new(AtomicU8::new(WAITING));
@@ -183,17 +185,17 @@ impl Lane {
             queue.len() - 1
         };
         self.queued.fetch_add(1, Ordering::SeqCst);
-        // A slot freed while this check queued: nobody else may look.
+        // A place freed while this check queued: nobody else may look.
         self.send_queued(caller);
         // The first call in flight to end, and a batch per MAX_BATCH
         // queued before.
         Entry::Wait(Waiting::new(answer, state, 1 + ahead / MAX_BATCH))
     }
 
-    /// When checks wait and a slot is free, takes it and sends them, batch
+    /// When checks wait and a place is free, takes it and sends them, batch
     /// after batch, on a task of the runtime.
     fn send_queued(self: &Arc<Self>, caller: &Arc<Caller>) {
-        if self.queued.load(Ordering::SeqCst) == 0 || !self.try_slot() {
+        if self.queued.load(Ordering::SeqCst) == 0 || !self.try_place() {
             return;
         }
         match tokio::runtime::Handle::try_current() {
@@ -201,7 +203,7 @@ impl Lane {
                 runtime.spawn(drain(Arc::clone(self), Arc::clone(caller)));
             }
             // Unreachable (checks queue only on a runtime, and their calls
-            // end on it): free the slot; the next call's end sends them.
+            // end on it): free the place; the next call's end sends them.
             Err(_) => {
                 self.in_flight.fetch_sub(1, Ordering::SeqCst);
             }
@@ -249,8 +251,8 @@ impl Lane {
     }
 }
 
-/// Holding a slot: sends the waiting checks, batch after batch, then frees
-/// the slot (and looks once more, as a call's end does).
+/// Holding a place: sends the waiting checks, batch after batch, then frees
+/// the place (and looks once more, as a call's end does).
 async fn drain(lane: Arc<Lane>, caller: Arc<Caller>) {
     loop {
         let batch = lane.next_batch();
@@ -335,44 +337,30 @@ async fn send(caller: &Caller, batch: Vec<Queued>) -> Option<StoreError> {
 }
 
 /// `FCALL <mixed> <keys> <every check's keys> <m> [<function> <keys>
-/// <arguments> <arguments...>]...`: each check's own command, its keys
-/// moved to the front.
+/// <arguments> <arguments...>]...`: each check's own function, keys and
+/// arguments, as it sends them alone, its keys moved to the front. One
+/// scratch command, cleared for each check, counts a check's arguments.
 fn command(function: &str, batch: &[Queued]) -> Result<redis::Cmd, StoreError> {
-    let mut alone = Vec::with_capacity(batch.len());
-    let mut keys = 0;
-    for queued in batch {
-        let (cmd, _) = queued.call.alone()?;
-        let parts: Vec<Vec<u8>> = cmd
-            .args_iter()
-            .filter_map(|arg| match arg {
-                redis::Arg::Simple(bytes) => Some(bytes.to_vec()),
-                _ => None,
-            })
-            .collect();
-        let count = parts
-            .get(2)
-            .and_then(|count| std::str::from_utf8(count).ok())
-            .and_then(|count| count.parse::<usize>().ok())
-            .filter(|count| parts.len() >= 3 + count)
-            .ok_or_else(|| protocol("a check's command has no key count".to_owned()))?;
-        keys += count;
-        alone.push((parts, count));
-    }
+    let keys: usize = batch.iter().map(|queued| queued.call.keys().len()).sum();
     let mut cmd = redis::cmd("FCALL");
     cmd.arg(function).arg(keys);
-    for (parts, count) in &alone {
-        for key in &parts[3..3 + count] {
-            cmd.arg(key.as_slice());
+    for queued in batch {
+        for key in queued.call.keys() {
+            cmd.arg(key);
         }
     }
     cmd.arg(batch.len());
-    for (parts, count) in &alone {
-        let arguments = &parts[3 + count..];
-        cmd.arg(parts[1].as_slice())
-            .arg(*count)
-            .arg(arguments.len());
-        for argument in arguments {
-            cmd.arg(argument.as_slice());
+    let mut scratch = redis::Cmd::new();
+    for queued in batch {
+        scratch.clear();
+        queued.call.push_alone_arguments(&mut scratch)?;
+        cmd.arg(queued.call.function())
+            .arg(queued.call.keys().len())
+            .arg(scratch.args_iter().len());
+        for argument in scratch.args_iter() {
+            if let redis::Arg::Simple(bytes) = argument {
+                cmd.arg(bytes);
+            }
         }
     }
     Ok(cmd)

@@ -186,14 +186,14 @@ impl RedisStore {
                                 }
                                 verdict
                             }
-                            Ok(Entry::Go(mut slot, call)) => {
+                            Ok(Entry::Go(mut in_flight, call)) => {
                                 let verdict = call.verdict(&caller).await;
                                 if let Err(error) = &verdict {
-                                    slot.failed(error);
+                                    in_flight.failed(error);
                                 }
-                                // Frees the slot: what queued meanwhile goes
+                                // Frees its place: what queued meanwhile goes
                                 // (or fails as this call did, unsent).
-                                drop(slot);
+                                drop(in_flight);
                                 verdict
                             }
                             Ok(Entry::Wait(waiting)) => {

@@ -364,18 +364,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
     /// ([`Store::check_now`]).
     #[inline]
     fn check_now(&self, tier: &Tier, key: &str, cost: u64) -> Option<Result<Verdict, StoreError>> {
-        // The store latency costs two clock reads: only when a recorder
-        // is in force (`observe::recording`).
-        #[cfg(feature = "metrics")]
-        if observe::recording() {
-            let begun = Instant::now();
-            let result = self.store.check_now(key, &tier.policies, cost);
-            if result.is_some() {
-                observe::store_latency(&tier.labels, begun.elapsed());
-            }
-            return result;
-        }
-        self.store.check_now(key, &tier.policies, cost)
+        self.timed(tier, || self.store.check_now(key, &tier.policies, cost))
     }
 
     /// The store's answer now, when it denies, if it answers synchronously
@@ -387,16 +376,26 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
         tier: &Tier,
         key: &str,
     ) -> Option<Result<Option<Verdict>, StoreError>> {
+        self.timed(tier, || self.store.check_denial_now(key, &tier.policies, 1))
+    }
+
+    /// `ask`, the store answering now, with its latency recorded when a
+    /// recorder is in force (two clock reads: only then,
+    /// `observe::recording`).
+    #[inline]
+    fn timed<T>(&self, tier: &Tier, ask: impl FnOnce() -> Option<T>) -> Option<T> {
         #[cfg(feature = "metrics")]
         if observe::recording() {
             let begun = Instant::now();
-            let result = self.store.check_denial_now(key, &tier.policies, 1);
+            let result = ask();
             if result.is_some() {
                 observe::store_latency(&tier.labels, begun.elapsed());
             }
             return result;
         }
-        self.store.check_denial_now(key, &tier.policies, 1)
+        #[cfg(not(feature = "metrics"))]
+        let _ = tier;
+        ask()
     }
 
     /// Sends the check to a store that answers later.
