@@ -50,7 +50,12 @@
 // check may carry), above `validate` (the request checks every store
 // applies), above `algorithms` (the pure functions), above `concurrency`
 // (concurrency policies, the `LeaseStore` trait), above the leaves
-// (`policy`, `decision`, `error`, `clock`, `subject`).
+// (`policy`, `decision`, `error`, `clock`, `subject`). `testing` (the
+// test kit's failing store) wraps any store, above them all.
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
+
 mod boxed;
 mod memory;
 
@@ -80,7 +85,7 @@ pub use boxed::{
     BoxAcquireFuture, BoxCheckFuture, BoxLeaseStore, BoxReleaseFuture, BoxRenewFuture,
     BoxResetFuture, BoxStore,
 };
-pub use clock::{Clock, FastClock, ManualClock, SystemClock};
+pub use clock::{Clock, FastClock, ManualClock, MonotonicClock, SystemClock};
 pub use concurrency::{
     ConcurrencyPolicy, ConcurrencyPolicyBuilder, ConcurrencyPolicyError, Lease, LeaseDecision,
     LeaseId, LeaseStore, MAX_IN_FLIGHT, MAX_LEASE_TTL, MIN_LEASE_TTL,

@@ -226,6 +226,11 @@ mod observe;
 #[doc(hidden)]
 pub mod rate_limit;
 mod response;
+/// The test kit's header reader (feature `testing`); the facade's
+/// `portcullis::testing` is its documented home.
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod testing;
 
 pub use concurrency::{
     ConcurrencyFailure, ConcurrencyLimit, ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder,

@@ -9,6 +9,7 @@
 mod limits_common;
 
 mod limits_live;
+mod testing_kit;
 mod tower_axum_e2e;
 mod tower_hyper_e2e;
 mod tower_metrics;

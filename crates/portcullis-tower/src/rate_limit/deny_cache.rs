@@ -10,25 +10,53 @@
 //! deadline is measured from when the check was *sent*, which is never
 //! later than when the store evaluated it, so the cache never denies longer
 //! than the store would.
+//!
+//! Time is the layer's [`LayerClock`]: tokio's clock by default (so a test
+//! on paused tokio time moves it), or the clock given to
+//! [`RateLimitLayerBuilder::clock`](crate::RateLimitLayerBuilder::clock),
+//! which a test shares with its store to move both at once.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use foldhash::fast::{FixedState, RandomState};
 use parking_lot::Mutex;
-use portcullis_core::{Decision, Verdict};
+use portcullis_core::{Clock, Decision, Verdict};
 use tokio::time::Instant;
+
+/// The time the deny cache holds denials in, in µs.
+#[derive(Debug, Clone)]
+pub(crate) enum LayerClock {
+    /// Tokio's clock, from when the layer was built.
+    Tokio(Instant),
+    /// A clock the user gave (in tests, the store's manual clock).
+    Given(Arc<dyn Clock>),
+}
+
+impl LayerClock {
+    pub(crate) fn now_us(&self) -> u64 {
+        match self {
+            Self::Tokio(base) => micros(base.elapsed()),
+            Self::Given(clock) => clock.now_micros(),
+        }
+    }
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
 
 const SHARDS: usize = 16;
 
 #[derive(Debug)]
 struct Entry {
-    /// When the check that was denied was sent.
-    sent: Instant,
+    /// When the check that was denied was sent, in the cache's clock's µs.
+    sent: u64,
     /// `sent + retry_after`.
-    until: Instant,
+    until: u64,
     /// The cost denied; smaller costs may still be admitted.
     min_cost: u64,
     verdict: Verdict,
@@ -45,16 +73,18 @@ pub(crate) struct DenyCache {
     per_shard: usize,
     len: AtomicUsize,
     hasher: FixedState,
+    clock: LayerClock,
 }
 
 impl DenyCache {
-    pub(crate) fn new(tiers: usize, max_entries: usize) -> Self {
+    pub(crate) fn new(tiers: usize, max_entries: usize, clock: LayerClock) -> Self {
         let count = tiers.max(1) * SHARDS;
         Self {
             shards: (0..count).map(|_| Mutex::new(HashMap::default())).collect(),
             per_shard: (max_entries / count).max(1),
             len: AtomicUsize::new(0),
             hasher: FixedState::default(),
+            clock,
         }
     }
 
@@ -71,19 +101,13 @@ impl DenyCache {
         self.len.load(Ordering::Relaxed) == 0
     }
 
-    /// The denial still in force for `key` at `now` for a request of `cost`,
-    /// with its durations counted down to `now`.
-    pub(crate) fn get(
-        &self,
-        tier: usize,
-        tier_id: u64,
-        key: &str,
-        cost: u64,
-        now: Instant,
-    ) -> Option<Verdict> {
+    /// The denial still in force for `key` now for a request of `cost`,
+    /// with its durations counted down to now.
+    pub(crate) fn get(&self, tier: usize, tier_id: u64, key: &str, cost: u64) -> Option<Verdict> {
         if self.len.load(Ordering::Relaxed) == 0 {
             return None;
         }
+        let now = self.clock.now_us();
         let mut shard = self.shard(tier, key)?.lock();
         let entry = shard.get(key)?;
         if now >= entry.until || entry.tier_id != tier_id {
@@ -94,11 +118,12 @@ impl DenyCache {
         if cost < entry.min_cost {
             return None;
         }
-        let elapsed = now.saturating_duration_since(entry.sent);
+        let elapsed = Duration::from_micros(now.saturating_sub(entry.sent));
         Some(count_down(&entry.verdict, elapsed))
     }
 
-    /// Remembers a denial of `cost` for `key` from a check sent at `sent`.
+    /// Remembers a denial of `cost` for `key` from a check sent at `sent`
+    /// (tokio's clock; moved into the cache's clock by the time since).
     pub(crate) fn insert(
         &self,
         tier: usize,
@@ -114,10 +139,11 @@ impl DenyCache {
         let Some(shard) = self.shard(tier, key) else {
             return;
         };
-        let until = sent + retry_after;
+        let now = self.clock.now_us();
+        let sent = now.saturating_sub(micros(sent.elapsed()));
+        let until = sent.saturating_add(micros(retry_after));
         let mut shard = shard.lock();
         if shard.len() >= self.per_shard && !shard.contains_key(key) {
-            let now = Instant::now();
             let before = shard.len();
             shard.retain(|_, entry| entry.until > now);
             self.len.fetch_sub(before - shard.len(), Ordering::Relaxed);
@@ -194,42 +220,44 @@ mod tests {
 
     #[test]
     fn denies_until_the_retry_time_for_equal_or_larger_costs() {
-        let cache = DenyCache::new(2, 1000);
-        let t0 = Instant::now();
-        cache.insert(0, 0, "alice", 2, &denied(1000), t0);
+        let clock = Arc::new(portcullis_core::ManualClock::new(1_000_000));
+        let cache = DenyCache::new(2, 1000, LayerClock::Given(clock.clone()));
+        cache.insert(0, 0, "alice", 2, &denied(1000), Instant::now());
         assert_eq!(cache.len(), 1);
-        let hit = cache
-            .get(0, 0, "alice", 2, t0 + Duration::from_millis(400))
-            .unwrap();
-        assert_eq!(hit.retry_after(), Some(Duration::from_millis(600)));
+        clock.advance(Duration::from_millis(400));
+        let hit = cache.get(0, 0, "alice", 2).unwrap();
+        // Up to the real microseconds between the insert and the clock
+        // reading inside it, subtracted as the check's round trip.
+        let retry = hit.retry_after().unwrap();
+        assert!(retry <= Duration::from_millis(600) && retry > Duration::from_millis(500));
         assert!(!hit.is_allowed());
-        assert!(cache.get(0, 0, "alice", 3, t0).is_some());
+        assert!(cache.get(0, 0, "alice", 3).is_some());
         assert!(
-            cache.get(0, 0, "alice", 1, t0).is_none(),
+            cache.get(0, 0, "alice", 1).is_none(),
             "a smaller cost may fit"
         );
-        assert!(cache.get(1, 0, "alice", 2, t0).is_none(), "other tier");
-        assert!(cache.get(0, 0, "bob", 2, t0).is_none());
-        assert!(cache
-            .get(0, 0, "alice", 2, t0 + Duration::from_millis(1000))
-            .is_none());
+        assert!(cache.get(1, 0, "alice", 2).is_none(), "other tier");
+        assert!(cache.get(0, 0, "bob", 2).is_none());
+        clock.advance(Duration::from_millis(600));
+        assert!(cache.get(0, 0, "alice", 2).is_none());
         assert_eq!(cache.len(), 0, "expired entries are dropped");
     }
 
     #[test]
     fn bounded_and_removable() {
-        let cache = DenyCache::new(1, SHARDS * 2);
+        let tokio = || LayerClock::Tokio(Instant::now());
+        let cache = DenyCache::new(1, SHARDS * 2, tokio());
         let t0 = Instant::now();
         for i in 0..1000 {
             cache.insert(0, 0, &format!("k{i}"), 1, &denied(60_000), t0);
         }
         assert!(cache.len() <= SHARDS * 2);
         cache.insert(0, 0, "zero", 1, &denied(0), t0);
-        assert!(cache.get(0, 0, "zero", 1, t0).is_none());
-        let cache = DenyCache::new(3, 100);
+        assert!(cache.get(0, 0, "zero", 1).is_none());
+        let cache = DenyCache::new(3, 100, tokio());
         cache.insert(2, 0, "x", 1, &denied(5000), t0);
         cache.remove("x");
-        assert!(cache.get(2, 0, "x", 1, t0).is_none());
+        assert!(cache.get(2, 0, "x", 1).is_none());
         assert_eq!(cache.len(), 0);
     }
 }

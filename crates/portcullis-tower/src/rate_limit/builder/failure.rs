@@ -1,11 +1,13 @@
 //! The builder's setters for a failing or full store: the failure
 //! policy, the check timeout, the circuit breaker, the deny cache that
-//! spares the store, and the status of a new subject it has no room for.
+//! spares the store and the clock it counts in, and the status of a new
+//! subject it has no room for.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
-use portcullis_core::Store;
+use portcullis_core::{Clock, Store};
 
 use super::RateLimitLayerBuilder;
 use crate::config::FailurePolicy;
@@ -64,6 +66,33 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// cache, so it is asked every time.
     pub fn deny_cache(mut self, capacity: usize) -> Self {
         self.settings.deny_cache = (capacity > 0).then_some(capacity);
+        self
+    }
+
+    /// The clock the [deny cache](Self::deny_cache) counts a held denial
+    /// down in: by default tokio's (which a test on paused tokio time
+    /// moves). In a test whose store reads a
+    /// [`ManualClock`](portcullis_core::ManualClock), give the layer the
+    /// same clock, so that advancing it ends the cached denial when it ends
+    /// the store's: no sleeping.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use portcullis::{ManualClock, MemoryStore, Policy, SystemClock, Clock};
+    /// use portcullis::tower::RateLimitLayer;
+    ///
+    /// let clock = ManualClock::new(SystemClock.now_micros());
+    /// let store = MemoryStore::builder().clock(clock.clone()).build();
+    /// let layer = RateLimitLayer::builder(store)
+    ///     .policy(Policy::per_minute(5).build()?)
+    ///     .clock(clock.clone())
+    ///     .build()?;
+    /// clock.advance(Duration::from_secs(60)); // the store and the layer's cache
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.settings.clock = Some(Arc::new(clock));
         self
     }
 

@@ -23,11 +23,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
-use portcullis_core::{validate_charge, LimitSet, Limits, Policy, Store};
+use portcullis_core::{validate_charge, Clock, LimitSet, Limits, Policy, Store};
 
 use super::charge::ChargeFn;
 use super::checker::{Checker, CostFn, TierFn};
-use super::deny_cache::DenyCache;
+use super::deny_cache::{DenyCache, LayerClock};
 use super::layer::RateLimitLayer;
 use super::options::OptionSources;
 use super::resolve::{Live, PlanResolver};
@@ -89,6 +89,7 @@ impl<St: Store> RateLimitLayer<St, PeerIp> {
                 timeout: DEFAULT_CHECK_TIMEOUT,
                 breaker: (DEFAULT_BREAKER_THRESHOLD, DEFAULT_BREAKER_PAUSE),
                 deny_cache: Some(DEFAULT_DENY_CACHE_CAPACITY),
+                clock: None,
                 missing_key: None,
                 header_mode: HeaderMode::default(),
                 legacy_headers: false,
@@ -142,6 +143,8 @@ struct Settings {
     timeout: Duration,
     breaker: (u32, Duration),
     deny_cache: Option<usize>,
+    /// The deny cache's clock; `None`: tokio's.
+    clock: Option<Arc<dyn Clock>>,
     /// `None`: a 400 naming what the key extractor reads.
     missing_key: Option<MissingKey>,
     header_mode: HeaderMode,
@@ -283,7 +286,13 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
             .settings
             .deny_cache
             .filter(|_| self.settings.options.is_empty())
-            .map(|capacity| DenyCache::new(tiers.len(), capacity));
+            .map(|capacity| {
+                let clock = match self.settings.clock {
+                    Some(clock) => LayerClock::Given(clock),
+                    None => LayerClock::Tokio(tokio::time::Instant::now()),
+                };
+                DenyCache::new(tiers.len(), capacity, clock)
+            });
         let options = (!self.settings.options.is_empty()).then_some(self.settings.options);
         let missing_key = self.settings.missing_key.unwrap_or_else(|| {
             MissingKey::reject(

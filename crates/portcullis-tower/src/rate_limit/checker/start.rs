@@ -314,7 +314,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
             .deny_cache
             .as_ref()
             .filter(|cache| !cache.is_empty())
-            .and_then(|cache| cache.get(tier.slot, tier.id, key, cost, Instant::now()));
+            .and_then(|cache| cache.get(tier.slot, tier.id, key, cost));
         Ok(match cached {
             Some(verdict) => Answer::Cached(verdict),
             None if !self.breaker.allow() => Answer::BreakerOpen,
@@ -507,13 +507,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
             .as_ref()
             .filter(|cache| !cache.is_empty())
             .and_then(|cache| {
-                cache.get(
-                    ticket.tier.slot,
-                    ticket.tier.id,
-                    &ticket.key,
-                    ticket.cost,
-                    Instant::now(),
-                )
+                cache.get(ticket.tier.slot, ticket.tier.id, &ticket.key, ticket.cost)
             });
         match cached {
             Some(verdict) => self.on_verdict(ticket, parts, verdict),
