@@ -123,6 +123,13 @@ fn test(options: &TestOptions) -> Result<()> {
         tools.server.display(),
         tools.server_version()
     );
+    if tools.promtool.is_none() {
+        eprintln!(
+            "xtask: WARNING: promtool not found on PATH: the metrics export test \
+             (metrics-dashboard) will FAIL; install it with `apt-get install prometheus` \
+             (Debian's package provides promtool)"
+        );
+    }
     let evalsha_stage = usize::from(options.cargo_args.is_empty());
     let mut stages = Stages::new(if options.lint { lint::STAGES } else { 0 } + 3 + evalsha_stage);
     let result = run_test_stages(options, &tools, &mut stages);

@@ -103,7 +103,7 @@ pub enum FailurePolicy {
     /// [`check_timeout`](crate::RateLimitLayerBuilder::check_timeout) too,
     /// so a check takes at most twice that timeout. If the fallback fails
     /// too, or does not answer in time, the request is let through
-    /// undecided: counted (`portcullis_fail_open_total`) and logged (at
+    /// undecided: counted (`portcullis_requests_total{result="failed_open"}`) and logged (at
     /// most once a second), as with [`FailurePolicy::FailOpen`]. A new
     /// subject the fallback has no room for is denied.
     Fallback(BoxStore),

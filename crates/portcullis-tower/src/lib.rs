@@ -63,14 +63,15 @@
 //! `MatchedRoute`), `tonic` (Tonic's `TcpConnectInfo` peer addresses, and
 //! limited gRPC calls answered through `tonic::Status` with
 //! `google.rpc.RetryInfo` and `google.rpc.QuotaFailure` details),
-//! `metrics` (counters and a latency histogram per policy through the
-//! `metrics` crate: `portcullis_allowed_total`, `portcullis_denied_total`,
-//! `portcullis_dry_run_denied_total`, `portcullis_store_errors_total`,
-//! `portcullis_fail_open_total`, `portcullis_store_latency_seconds`, and for
-//! [`ConcurrencyLimitLayer`] `portcullis_concurrency_granted_total`,
-//! `portcullis_concurrency_denied_total`,
+//! `metrics` (counters, gauges and histograms per policy through the
+//! `metrics` crate, named after OpenTelemetry's rate-limiting metrics:
+//! `portcullis_requests_total{policy, result}`,
+//! `portcullis_store_errors_total`, `portcullis_store_duration_seconds`, and
+//! for [`ConcurrencyLimitLayer`] `portcullis_concurrency_requests_total`,
 //! `portcullis_concurrency_store_errors_total`,
-//! `portcullis_concurrency_fail_open_total`, each labelled `policy`, with help
+//! `portcullis_active_request_leases` and
+//! `portcullis_request_lease_duration_seconds`; the README's "Metrics and
+//! dashboard" has the whole table. All are registered with help
 //! text and units: `describe_metrics`). Each request goes to the recorder in
 //! force when it is decided (a scope's `metrics::with_local_recorder`, else
 //! the global one), so a recorder installed after the layer was built sees
@@ -85,7 +86,7 @@
 //! that request alone, and a new subject the store has no room for is
 //! denied, never let through (the table at
 //! [`ErrorScope`](portcullis_core::ErrorScope)). Each request let through
-//! undecided is counted (`portcullis_fail_open_total`) and logged at `warn`,
+//! undecided is counted (`portcullis_requests_total{result="failed_open"}`) and logged at `warn`,
 //! at most once per second per layer with the count since the last log;
 //! the breaker logs opening (`warn`) and closing (`info`). Install a
 //! `tracing` subscriber to see them.

@@ -1,17 +1,31 @@
-//! Metrics (feature `metrics`): counters per policy and the store latency.
+//! Metrics (feature `metrics`): what the layers count, under names modelled
+//! on OpenTelemetry's rate-limiting metrics for ASP.NET Core (the only
+//! semantic conventions for rate limiting so far), in Prometheus' form.
+//! Labels are bounded: a policy's name and a result, never the subject.
 //!
-//! | metric | kind | labels |
-//! |---|---|---|
-//! | `portcullis_allowed_total` | counter | `policy` |
-//! | `portcullis_denied_total` | counter | `policy` (the denying policies) |
-//! | `portcullis_dry_run_denied_total` | counter | `policy` |
-//! | `portcullis_store_errors_total` | counter | `policy` |
-//! | `portcullis_fail_open_total` | counter | `policy` (requests let through undecided) |
-//! | `portcullis_store_latency_seconds` | histogram | `policy` |
-//! | `portcullis_concurrency_granted_total` | counter | `policy` (a concurrency policy) |
-//! | `portcullis_concurrency_denied_total` | counter | `policy` |
-//! | `portcullis_concurrency_store_errors_total` | counter | `policy` (errors and timeouts) |
-//! | `portcullis_concurrency_fail_open_total` | counter | `policy` (requests run without a permit) |
+//! | metric | kind | labels | OpenTelemetry counterpart |
+//! |---|---|---|---|
+//! | `portcullis_requests_total` | counter | `policy`, `result` | `aspnetcore.rate_limiting.requests` |
+//! | `portcullis_store_errors_total` | counter | `policy` | |
+//! | `portcullis_store_duration_seconds` | histogram | `policy` | |
+//! | `portcullis_concurrency_requests_total` | counter | `policy`, `result` | `aspnetcore.rate_limiting.requests` |
+//! | `portcullis_concurrency_store_errors_total` | counter | `policy` | |
+//! | `portcullis_active_request_leases` | gauge | `policy` | `aspnetcore.rate_limiting.active_request_leases` |
+//! | `portcullis_request_lease_duration_seconds` | histogram | `policy` | `aspnetcore.rate_limiting.request_lease.duration` |
+//! | `portcullis_resolver_lookups_total` | counter | `outcome` | |
+//! | `portcullis_resolver_failures_total` | counter | `reason` | |
+//! | `portcullis_resolver_skipped_total` | counter | | |
+//! | `portcullis_resolver_missing_tier_total` | counter | `tier` | |
+//! | `portcullis_limits_reloads_total` | counter | `outcome` | |
+//! | `portcullis_limits_version` | gauge | | |
+//! | `portcullis_limits_config_hash` | gauge | | |
+//!
+//! `result` of a rate-limit request: `allowed` (OpenTelemetry's
+//! `acquired`), `denied` (its `endpoint_limiter`; counted for each policy
+//! that denied), `dry_run_denied` (a dry-run layer forwarded it), or
+//! `failed_open` (the store failed and the request went through
+//! undecided). Of a concurrency request: `acquired`, `denied`, or
+//! `failed_open` (run without a permit).
 
 use portcullis_core::{StoreError, Verdict};
 
@@ -23,6 +37,41 @@ pub(crate) fn chain(error: &StoreError) -> &(dyn std::error::Error + 'static) {
     error
 }
 
+/// What kind of metric a [`METRICS`] row is.
+#[cfg(feature = "metrics")]
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Every metric portcullis records: name, kind, unit, help. The table in
+/// this module's docs, README's "Metrics and dashboard", and the dashboard
+/// in `dashboards/` follow it (a test reads the names back through a
+/// recorder).
+#[cfg(feature = "metrics")]
+const METRICS: &[(&str, Kind, metrics::Unit, &str)] = {
+    use metrics::Unit::{Count, Seconds};
+    use Kind::{Counter, Gauge, Histogram};
+    &[
+        ("portcullis_requests_total", Counter, Count, "Requests a rate-limit layer decided, per policy and result (allowed, denied, dry_run_denied, failed_open)."),
+        ("portcullis_store_errors_total", Counter, Count, "Rate-limit checks the store failed to answer (errors and timeouts), per policy."),
+        ("portcullis_store_duration_seconds", Histogram, Seconds, "Time from sending a rate-limit check to the store's answer, per policy."),
+        ("portcullis_concurrency_requests_total", Counter, Count, "Requests a concurrency layer decided, per policy and result (acquired, denied, failed_open)."),
+        ("portcullis_concurrency_store_errors_total", Counter, Count, "Permit acquires the store failed to answer (errors and timeouts), per concurrency policy."),
+        ("portcullis_active_request_leases", Gauge, Count, "Concurrency permits held by requests of this process now, per policy."),
+        ("portcullis_request_lease_duration_seconds", Histogram, Seconds, "How long requests held their concurrency permit, per policy."),
+        ("portcullis_resolver_lookups_total", Counter, Count, "Plan lookups by the rate limit's resolver, by outcome (found, unknown, failed)."),
+        ("portcullis_resolver_failures_total", Counter, Count, "Plan lookups that failed, by reason (error, timeout, invalid, panic, cancelled); the layer applied its ResolverFailure choice."),
+        ("portcullis_resolver_skipped_total", Counter, Count, "Requests of uncached subjects checked under the defaults without a lookup: the resolver's lookups in flight or its capacity were at their bound."),
+        ("portcullis_resolver_missing_tier_total", Counter, Count, "Requests whose plan names a tier the limits do not define, by tier (at most 32 names, then other); they got the defaults."),
+        ("portcullis_limits_reloads_total", Counter, Count, "Reloads of the limits file, by outcome."),
+        ("portcullis_limits_version", Gauge, Count, "The version of the limits in force (1 at the first load, one more per applied change)."),
+        ("portcullis_limits_config_hash", Gauge, Count, "A hash prefix of the limits file in force, to tell instances on different files apart."),
+    ]
+};
+
 /// Registers the help text and unit of every portcullis metric with the
 /// installed `metrics` recorder (so a Prometheus exporter prints `# HELP`
 /// lines). Building a layer calls it ([`RateLimitLayer::new`](crate::RateLimitLayer::new),
@@ -33,57 +82,17 @@ pub(crate) fn chain(error: &StoreError) -> &(dyn std::error::Error + 'static) {
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub fn describe_metrics() {
-    use metrics::{describe_counter, describe_histogram, Unit};
-    describe_counter!(
-        "portcullis_allowed_total",
-        Unit::Count,
-        "Requests a rate-limit policy admitted, per policy."
-    );
-    describe_counter!(
-        "portcullis_denied_total",
-        Unit::Count,
-        "Requests denied, counted for each policy that denied them."
-    );
-    describe_counter!(
-        "portcullis_dry_run_denied_total",
-        Unit::Count,
-        "Requests a dry-run layer would have denied (they were forwarded), per denying policy."
-    );
-    describe_counter!(
-        "portcullis_store_errors_total",
-        Unit::Count,
-        "Rate-limit checks the store failed to answer (errors and timeouts), per policy."
-    );
-    describe_counter!(
-        "portcullis_fail_open_total",
-        Unit::Count,
-        "Requests let through undecided because the store failed (fail-open), per policy."
-    );
-    describe_histogram!(
-        "portcullis_store_latency_seconds",
-        Unit::Seconds,
-        "Time from sending a rate-limit check to the store's answer, per policy."
-    );
-    describe_counter!(
-        "portcullis_concurrency_granted_total",
-        Unit::Count,
-        "Requests a concurrency policy gave a permit to, per policy."
-    );
-    describe_counter!(
-        "portcullis_concurrency_denied_total",
-        Unit::Count,
-        "Requests a concurrency policy refused (every permit held, or no room for a new subject), per policy."
-    );
-    describe_counter!(
-        "portcullis_concurrency_store_errors_total",
-        Unit::Count,
-        "Permit acquires the store failed to answer (errors and timeouts), per concurrency policy."
-    );
-    describe_counter!(
-        "portcullis_concurrency_fail_open_total",
-        Unit::Count,
-        "Requests run without a permit because the store failed (fail-open), per concurrency policy."
-    );
+    metrics::with_recorder(|recorder| {
+        for &(name, kind, unit, help) in METRICS {
+            let name = metrics::KeyName::from_const_str(name);
+            let help = metrics::SharedString::const_str(help);
+            match kind {
+                Kind::Counter => recorder.describe_counter(name, Some(unit), help),
+                Kind::Gauge => recorder.describe_gauge(name, Some(unit), help),
+                Kind::Histogram => recorder.describe_histogram(name, Some(unit), help),
+            }
+        }
+    });
 }
 
 /// The metric keys of a set of policies, built once when its tier is
@@ -121,13 +130,22 @@ impl PolicyKeys {
         let key = |name: &'static str| {
             metrics::Key::from_parts(name, vec![metrics::Label::new("policy", label.clone())])
         };
+        let request = |result: &'static str| {
+            metrics::Key::from_parts(
+                "portcullis_requests_total",
+                vec![
+                    metrics::Label::new("policy", label.clone()),
+                    metrics::Label::from_static_parts("result", result),
+                ],
+            )
+        };
         Self {
-            allowed: key("portcullis_allowed_total"),
-            denied: key("portcullis_denied_total"),
-            dry_run_denied: key("portcullis_dry_run_denied_total"),
+            allowed: request("allowed"),
+            denied: request("denied"),
+            dry_run_denied: request("dry_run_denied"),
             store_errors: key("portcullis_store_errors_total"),
-            fail_open: key("portcullis_fail_open_total"),
-            latency: key("portcullis_store_latency_seconds"),
+            fail_open: request("failed_open"),
+            latency: key("portcullis_store_duration_seconds"),
         }
     }
 }
@@ -247,26 +265,120 @@ pub(crate) fn store_latency(labels: &PolicyLabels, latency: std::time::Duration)
 /// What a concurrency layer counts (feature `metrics`), for its policy.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Concurrency {
-    Granted,
+    Acquired,
     Denied,
     StoreError,
     FailOpen,
 }
 
-/// Counts `event` for the concurrency policy `policy` (its name).
-pub(crate) fn concurrency(policy: &std::sync::Arc<str>, event: Concurrency) {
+/// A concurrency policy's metric keys, built once with its layer.
+#[derive(Debug, Default)]
+pub(crate) struct ConcurrencyLabels {
     #[cfg(feature = "metrics")]
-    if recording() {
-        let name = match event {
-            Concurrency::Granted => "portcullis_concurrency_granted_total",
-            Concurrency::Denied => "portcullis_concurrency_denied_total",
-            Concurrency::StoreError => "portcullis_concurrency_store_errors_total",
-            Concurrency::FailOpen => "portcullis_concurrency_fail_open_total",
-        };
-        metrics::counter!(name, "policy" => metrics::SharedString::from(std::sync::Arc::clone(policy)))
-            .increment(1);
+    keys: Option<ConcurrencyKeys>,
+}
+
+#[cfg(feature = "metrics")]
+#[derive(Debug)]
+struct ConcurrencyKeys {
+    acquired: metrics::Key,
+    denied: metrics::Key,
+    store_errors: metrics::Key,
+    failed_open: metrics::Key,
+    active: metrics::Key,
+    duration: metrics::Key,
+}
+
+impl ConcurrencyLabels {
+    pub(crate) fn of(policy: &str) -> Self {
+        #[cfg(not(feature = "metrics"))]
+        let _ = policy;
+        Self {
+            #[cfg(feature = "metrics")]
+            keys: Some({
+                let label: metrics::SharedString = std::sync::Arc::<str>::from(policy).into();
+                let key = |name: &'static str| {
+                    metrics::Key::from_parts(
+                        name,
+                        vec![metrics::Label::new("policy", label.clone())],
+                    )
+                };
+                let request = |result: &'static str| {
+                    metrics::Key::from_parts(
+                        "portcullis_concurrency_requests_total",
+                        vec![
+                            metrics::Label::new("policy", label.clone()),
+                            metrics::Label::from_static_parts("result", result),
+                        ],
+                    )
+                };
+                ConcurrencyKeys {
+                    acquired: request("acquired"),
+                    denied: request("denied"),
+                    store_errors: key("portcullis_concurrency_store_errors_total"),
+                    failed_open: request("failed_open"),
+                    active: key("portcullis_active_request_leases"),
+                    duration: key("portcullis_request_lease_duration_seconds"),
+                }
+            }),
+        }
     }
-    let _ = (policy, event);
+
+    /// Counts `event` with the recorder in force.
+    pub(crate) fn count(&self, event: Concurrency) {
+        #[cfg(feature = "metrics")]
+        if let Some(keys) = &self.keys {
+            let key = match event {
+                Concurrency::Acquired => &keys.acquired,
+                Concurrency::Denied => &keys.denied,
+                Concurrency::StoreError => &keys.store_errors,
+                Concurrency::FailOpen => &keys.failed_open,
+            };
+            with_recorder(|recorder| recorder.register_counter(key, &METADATA).increment(1));
+        }
+        let _ = event;
+    }
+
+    /// A permit granted now: counted, and, when a recorder is in force,
+    /// the lease gauge raised and a [`LeaseMetrics`] returned that lowers
+    /// it and records the hold time when the permit is dropped (on the
+    /// same recorder's handles, wherever the drop happens).
+    pub(crate) fn acquired(&self) -> Option<LeaseMetrics> {
+        self.count(Concurrency::Acquired);
+        #[cfg(feature = "metrics")]
+        if let Some(keys) = &self.keys {
+            return with_recorder(|recorder| {
+                let active = recorder.register_gauge(&keys.active, &METADATA);
+                active.increment(1.0);
+                LeaseMetrics {
+                    active,
+                    duration: recorder.register_histogram(&keys.duration, &METADATA),
+                    since: std::time::Instant::now(),
+                }
+            });
+        }
+        None
+    }
+}
+
+/// The metrics of a held permit (feature `metrics`, a recorder in force).
+pub(crate) struct LeaseMetrics {
+    #[cfg(feature = "metrics")]
+    active: metrics::Gauge,
+    #[cfg(feature = "metrics")]
+    duration: metrics::Histogram,
+    #[cfg(feature = "metrics")]
+    since: std::time::Instant,
+}
+
+impl Drop for LeaseMetrics {
+    fn drop(&mut self) {
+        #[cfg(feature = "metrics")]
+        {
+            self.active.decrement(1.0);
+            self.duration.record(self.since.elapsed().as_secs_f64());
+        }
+    }
 }
 
 #[cfg(all(test, feature = "metrics"))]

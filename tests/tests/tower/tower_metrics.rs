@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use metrics::{
-    Counter, CounterFn, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
+    Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
     SharedString, Unit,
 };
 use portcullis_core::{ConcurrencyPolicy, MemoryStore, Policy};
@@ -45,6 +45,43 @@ impl HistogramFn for Handle {
     }
 }
 
+/// A gauge, kept as a whole number (the lease gauge moves by 1).
+struct Level(Arc<AtomicU64>);
+
+impl GaugeFn for Level {
+    fn increment(&self, value: f64) {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        self.0.fetch_add(value as u64, Ordering::SeqCst);
+    }
+    fn decrement(&self, value: f64) {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        self.0.fetch_sub(value as u64, Ordering::SeqCst);
+    }
+    fn set(&self, value: f64) {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        self.0.store(value as u64, Ordering::SeqCst);
+    }
+}
+
+/// Every metric the crate documents, with its unit (the table in
+/// `portcullis-tower`'s `observe.rs` and the README).
+const METRICS: &[(&str, Unit)] = &[
+    ("portcullis_requests_total", Unit::Count),
+    ("portcullis_store_errors_total", Unit::Count),
+    ("portcullis_store_duration_seconds", Unit::Seconds),
+    ("portcullis_concurrency_requests_total", Unit::Count),
+    ("portcullis_concurrency_store_errors_total", Unit::Count),
+    ("portcullis_active_request_leases", Unit::Count),
+    ("portcullis_request_lease_duration_seconds", Unit::Seconds),
+    ("portcullis_resolver_lookups_total", Unit::Count),
+    ("portcullis_resolver_failures_total", Unit::Count),
+    ("portcullis_resolver_skipped_total", Unit::Count),
+    ("portcullis_resolver_missing_tier_total", Unit::Count),
+    ("portcullis_limits_reloads_total", Unit::Count),
+    ("portcullis_limits_version", Unit::Count),
+    ("portcullis_limits_config_hash", Unit::Count),
+];
+
 impl Totals {
     fn handle(&self, key: &Key) -> Arc<AtomicU64> {
         let labels: Vec<String> = key
@@ -71,15 +108,17 @@ impl Recorder for Totals {
             .unwrap()
             .insert(name.as_str().to_owned(), (unit, help.to_string()));
     }
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.describe_counter(name, unit, help);
+    }
     fn describe_histogram(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
         self.describe_counter(name, unit, help);
     }
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
         Counter::from_arc(Arc::new(Handle(self.handle(key))))
     }
-    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::noop()
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::from_arc(Arc::new(Level(self.handle(key))))
     }
     fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
         Histogram::from_arc(Arc::new(Handle(self.handle(key))))
@@ -119,16 +158,25 @@ async fn decisions_are_counted_per_policy() {
             StatusCode::TOO_MANY_REQUESTS
         ]
     );
-    assert_eq!(totals.get("portcullis_allowed_total{policy=minute}"), 2);
-    assert_eq!(totals.get("portcullis_allowed_total{policy=day}"), 2);
-    assert_eq!(totals.get("portcullis_denied_total{policy=minute}"), 1);
     assert_eq!(
-        totals.get("portcullis_denied_total{policy=day}"),
+        totals.get("portcullis_requests_total{policy=minute,result=allowed}"),
+        2
+    );
+    assert_eq!(
+        totals.get("portcullis_requests_total{policy=day,result=allowed}"),
+        2
+    );
+    assert_eq!(
+        totals.get("portcullis_requests_total{policy=minute,result=denied}"),
+        1
+    );
+    assert_eq!(
+        totals.get("portcullis_requests_total{policy=day,result=denied}"),
         0,
         "only the denying policy"
     );
     assert_eq!(
-        totals.get("portcullis_store_latency_seconds{policy=minute}"),
+        totals.get("portcullis_store_duration_seconds{policy=minute}"),
         3
     );
 }
@@ -147,12 +195,18 @@ async fn dry_run_denials_are_counted_apart() {
         let future = metrics::with_local_recorder(&totals, || service.call(request()));
         assert_eq!(future.await.unwrap().status(), StatusCode::OK);
     }
-    assert_eq!(totals.get("portcullis_allowed_total{policy=minute}"), 1);
     assert_eq!(
-        totals.get("portcullis_dry_run_denied_total{policy=minute}"),
+        totals.get("portcullis_requests_total{policy=minute,result=allowed}"),
+        1
+    );
+    assert_eq!(
+        totals.get("portcullis_requests_total{policy=minute,result=dry_run_denied}"),
         2
     );
-    assert_eq!(totals.get("portcullis_denied_total{policy=minute}"), 0);
+    assert_eq!(
+        totals.get("portcullis_requests_total{policy=minute,result=denied}"),
+        0
+    );
 }
 
 /// A store whose backend is always down. It answers at once
@@ -204,8 +258,14 @@ async fn store_errors_are_counted() {
         totals.get("portcullis_store_errors_total{policy=minute}"),
         2
     );
-    assert_eq!(totals.get("portcullis_fail_open_total{policy=minute}"), 2);
-    assert_eq!(totals.get("portcullis_allowed_total{policy=minute}"), 0);
+    assert_eq!(
+        totals.get("portcullis_requests_total{policy=minute,result=failed_open}"),
+        2
+    );
+    assert_eq!(
+        totals.get("portcullis_requests_total{policy=minute,result=allowed}"),
+        0
+    );
 }
 
 #[test]
@@ -219,25 +279,14 @@ fn every_metric_has_help_text_and_a_unit() {
     });
     let described = totals.described.lock().unwrap();
     // The table in the crate docs.
-    for (name, unit) in [
-        ("portcullis_allowed_total", Unit::Count),
-        ("portcullis_denied_total", Unit::Count),
-        ("portcullis_dry_run_denied_total", Unit::Count),
-        ("portcullis_store_errors_total", Unit::Count),
-        ("portcullis_fail_open_total", Unit::Count),
-        ("portcullis_store_latency_seconds", Unit::Seconds),
-        ("portcullis_concurrency_granted_total", Unit::Count),
-        ("portcullis_concurrency_denied_total", Unit::Count),
-        ("portcullis_concurrency_store_errors_total", Unit::Count),
-        ("portcullis_concurrency_fail_open_total", Unit::Count),
-    ] {
+    for (name, unit) in METRICS {
         let (got, help) = described
-            .get(name)
+            .get(*name)
             .unwrap_or_else(|| panic!("{name} is not described"));
-        assert_eq!(*got, Some(unit), "{name}");
+        assert_eq!(*got, Some(*unit), "{name}");
         assert!(help.len() > 20, "{name}: {help}");
     }
-    assert_eq!(described.len(), 10, "{described:?}");
+    assert_eq!(described.len(), METRICS.len(), "{described:?}");
 }
 
 #[test]
@@ -251,10 +300,10 @@ fn rate_limit_layer_new_describes_the_metrics_as_build_does() {
     });
     let described = totals.described.lock().unwrap();
     assert!(
-        described.contains_key("portcullis_allowed_total"),
+        described.contains_key("portcullis_requests_total"),
         "{described:?}"
     );
-    assert_eq!(described.len(), 10, "{described:?}");
+    assert_eq!(described.len(), METRICS.len(), "{described:?}");
 }
 
 #[tokio::test]
@@ -276,7 +325,7 @@ async fn concurrency_permits_and_refusals_are_counted_per_policy() {
             .described
             .lock()
             .unwrap()
-            .contains_key("portcullis_concurrency_granted_total"),
+            .contains_key("portcullis_concurrency_requests_total"),
         "building the concurrency layer describes the metrics too"
     );
     let mut service = layer.layer(tower::service_fn(hello));
@@ -294,16 +343,34 @@ async fn concurrency_permits_and_refusals_are_counted_per_policy() {
         assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     }
     assert_eq!(
-        totals.get("portcullis_concurrency_granted_total{policy=exports}"),
+        totals.get("portcullis_concurrency_requests_total{policy=exports,result=acquired}"),
         1
     );
     assert_eq!(
-        totals.get("portcullis_concurrency_denied_total{policy=exports}"),
+        totals.get("portcullis_concurrency_requests_total{policy=exports,result=denied}"),
         2
     );
     assert_eq!(
         totals.get("portcullis_concurrency_store_errors_total{policy=exports}"),
         0
     );
+    assert_eq!(
+        totals.get("portcullis_active_request_leases{policy=exports}"),
+        1
+    );
+    assert_eq!(
+        totals.get("portcullis_request_lease_duration_seconds{policy=exports}"),
+        0,
+        "recorded when the permit is given back"
+    );
     drop(held);
+    // Dropped outside the recorder's scope: the permit kept its handles.
+    assert_eq!(
+        totals.get("portcullis_active_request_leases{policy=exports}"),
+        0
+    );
+    assert_eq!(
+        totals.get("portcullis_request_lease_duration_seconds{policy=exports}"),
+        1
+    );
 }

@@ -80,7 +80,8 @@ exit "$status"
 /// started back to back never get the same one.
 static RESERVED_PORTS: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
 
-/// The Redis binaries found on PATH.
+/// The Redis binaries found on PATH, and `promtool` (which checks the
+/// metrics export in the `metrics-dashboard` example's test).
 #[derive(Debug, Clone)]
 pub(crate) struct Tools {
     /// Absolute path of `redis-server` (not canonicalized: on Debian it is
@@ -90,6 +91,8 @@ pub(crate) struct Tools {
     pub(crate) cli: Option<PathBuf>,
     /// `redis-benchmark`, if installed.
     pub(crate) benchmark: Option<PathBuf>,
+    /// `promtool` (Debian's `prometheus` package), if installed.
+    pub(crate) promtool: Option<PathBuf>,
 }
 
 impl Tools {
@@ -140,6 +143,7 @@ impl Tools {
             cli: beside(&["redis-cli", "valkey-cli"]).or_else(|| find_on_path("redis-cli")),
             benchmark: beside(&["redis-benchmark", "valkey-benchmark"])
                 .or_else(|| find_on_path("redis-benchmark")),
+            promtool: find_on_path("promtool"),
             server,
         })
     }
@@ -154,6 +158,9 @@ impl Tools {
         }
         if let Some(benchmark) = &self.benchmark {
             vars.push(("PORTCULLIS_REDIS_BENCHMARK", display(benchmark)));
+        }
+        if let Some(promtool) = &self.promtool {
+            vars.push(("PORTCULLIS_PROMTOOL", display(promtool)));
         }
         vars
     }

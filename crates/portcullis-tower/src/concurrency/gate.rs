@@ -15,7 +15,7 @@ use portcullis_core::{
 use super::permit::Permit;
 use crate::breaker::{Breaker, UndecidedLog};
 use crate::config::MissingKey;
-use crate::observe::{self, Concurrency};
+use crate::observe::{Concurrency, ConcurrencyLabels};
 use crate::response::{self, plain};
 
 /// What the services of one layer share.
@@ -37,8 +37,8 @@ pub(crate) struct Gate<St, K> {
     /// Requests without a key that were rejected, logged at most once per
     /// second (as the rate layer logs them).
     pub(crate) rejected: UndecidedLog,
-    /// The policy's name, shared by the metrics' `policy` label.
-    pub(crate) policy_name: Arc<str>,
+    /// The policy's metric keys (feature `metrics`).
+    pub(crate) metrics: ConcurrencyLabels,
 }
 
 impl<St, K> fmt::Debug for Gate<St, K> {
@@ -87,12 +87,13 @@ impl<St: LeaseStore, K> Gate<St, K> {
         }
         match result {
             Ok(decision) if decision.is_granted() => {
-                observe::concurrency(&self.policy_name, Concurrency::Granted);
+                let observed = self.metrics.acquired();
                 Outcome::Forward(Some(Permit::hold(
                     &self.store,
                     Arc::clone(&ticket.subject),
                     &self.policy,
                     ticket.lease,
+                    observed,
                 )))
             }
             Ok(decision) => Outcome::Respond(self.limited(ticket, decision.retry_after())),
@@ -105,17 +106,17 @@ impl<St: LeaseStore, K> Gate<St, K> {
             // No room for a new subject, or a request the store refuses:
             // denied, never let through.
             ErrorScope::NoRoom => {
-                observe::concurrency(&self.policy_name, Concurrency::StoreError);
+                self.metrics.count(Concurrency::StoreError);
                 Outcome::Respond(self.limited(ticket, error.retry_after()))
             }
             ErrorScope::Request => {
-                observe::concurrency(&self.policy_name, Concurrency::StoreError);
+                self.metrics.count(Concurrency::StoreError);
                 Outcome::Respond(self.limited(ticket, None))
             }
             // Only store-wide errors count toward the breaker (the table
             // at `portcullis_core::ErrorScope`), as in the rate layer.
             scope => {
-                observe::concurrency(&self.policy_name, Concurrency::StoreError);
+                self.metrics.count(Concurrency::StoreError);
                 if scope == ErrorScope::Store && self.breaker.failure() {
                     tracing::warn!(policy = self.policy.name(), error = crate::observe::chain(error), pause = ?self.breaker.pause(), "concurrency limit store failing; circuit breaker opened");
                 } else {
@@ -184,7 +185,7 @@ impl<St: LeaseStore, K> Gate<St, K> {
                 "The service cannot check its concurrency limit right now; try again shortly.\n",
             ))
         } else {
-            observe::concurrency(&self.policy_name, Concurrency::FailOpen);
+            self.metrics.count(Concurrency::FailOpen);
             if let Some(count) = self.undecided.record() {
                 tracing::warn!(
                     policy = self.policy.name(),
@@ -198,7 +199,7 @@ impl<St: LeaseStore, K> Gate<St, K> {
 
     /// The `429` (gRPC `RESOURCE_EXHAUSTED`) of a denied request.
     fn limited(&self, ticket: &Ticket, retry_after: Option<Duration>) -> Response<Bytes> {
-        observe::concurrency(&self.policy_name, Concurrency::Denied);
+        self.metrics.count(Concurrency::Denied);
         response::concurrency_limited(
             ticket.grpc.clone(),
             self.policy.name(),

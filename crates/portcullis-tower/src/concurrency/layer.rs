@@ -15,6 +15,7 @@ use crate::config::{
     DEFAULT_CHECK_TIMEOUT,
 };
 use crate::key::{KeyExtractor, PeerIp};
+use crate::observe::ConcurrencyLabels;
 
 shared_layer! {
 /// A tower `Layer` that allows each key (tenant, user, IP…) at
@@ -263,7 +264,7 @@ impl<St: LeaseStore, K: KeyExtractor> ConcurrencyLimitLayerBuilder<St, K> {
         Ok(ConcurrencyLimitLayer {
             shared: Arc::new(Gate {
                 store: self.store,
-                policy_name: Arc::from(policy.name()),
+                metrics: ConcurrencyLabels::of(policy.name()),
                 policy,
                 key: self.key,
                 missing_key,

@@ -10,6 +10,8 @@ use portcullis_core::{ConcurrencyPolicy, LeaseId, LeaseStore};
 use tokio::runtime::Handle;
 use tokio::task::AbortHandle;
 
+use crate::observe::LeaseMetrics;
+
 type Release = Box<dyn FnOnce() + Send + Sync>;
 
 /// A granted lease, held by the request: renewed every third of the TTL by
@@ -18,6 +20,9 @@ type Release = Box<dyn FnOnce() + Send + Sync>;
 pub(crate) struct Permit {
     release: Option<Release>,
     renewer: Option<AbortHandle>,
+    /// The lease gauge and hold time, when a recorder was in force at the
+    /// grant; dropped with the permit.
+    _metrics: Option<LeaseMetrics>,
 }
 
 impl fmt::Debug for Permit {
@@ -36,6 +41,7 @@ impl Permit {
         subject: Arc<str>,
         policy: &ConcurrencyPolicy,
         lease: LeaseId,
+        metrics: Option<LeaseMetrics>,
     ) -> Self {
         let renewer = Handle::try_current().ok().map(|handle| {
             let store = Arc::clone(store);
@@ -51,6 +57,7 @@ impl Permit {
         Self {
             release: Some(release),
             renewer,
+            _metrics: metrics,
         }
     }
 }
@@ -70,6 +77,7 @@ impl Permit {
         Self {
             release: Some(Box::new(move || release(&*store, &subject, &policy, lease))),
             renewer: None,
+            _metrics: None,
         }
     }
 

@@ -311,24 +311,7 @@ impl PlanResolverBuilder {
     /// The resolver.
     pub fn build(self) -> PlanResolver {
         #[cfg(feature = "metrics")]
-        {
-            metrics::describe_counter!(
-                "portcullis_resolver_lookups_total",
-                "Plan lookups by the rate limit's resolver, by outcome (found, unknown, failed)"
-            );
-            metrics::describe_counter!(
-                "portcullis_resolver_failures_total",
-                "Plan lookups that failed, by reason (error, timeout, invalid, panic, cancelled); the layer applied its ResolverFailure choice"
-            );
-            metrics::describe_counter!(
-                "portcullis_resolver_skipped_total",
-                "Requests of uncached subjects checked under the defaults without a lookup: the resolver's lookups in flight or its capacity were at their bound"
-            );
-            metrics::describe_counter!(
-                "portcullis_resolver_missing_tier_total",
-                "Requests whose plan names a tier the limits do not define, by tier (at most 32 names, then `other`); they got the defaults"
-            );
-        }
+        crate::observe::describe_metrics();
         PlanResolver {
             inner: Arc::new(ResolverInner {
                 lookup: self.lookup,
