@@ -78,6 +78,13 @@ impl Fault {
 /// to a layer and changes the [`Fault`] while requests run. Every call
 /// counts in [`calls`](Self::calls), faulted or not.
 ///
+/// [`new`](Self::new) answers at once where the wrapped store does (as a
+/// [`MemoryStore`](crate::MemoryStore) does, through
+/// [`Store::check_now`]); [`remote`](Self::remote) answers only through
+/// futures, as a store across a network does, so a layer in front of it
+/// behaves as in front of Redis: it times its checks and holds denials in
+/// its deny cache.
+///
 /// ```
 /// use portcullis::{MemoryStore, Policy, Store};
 /// use portcullis::testing::{Fault, FaultStore};
@@ -100,6 +107,8 @@ impl Fault {
 pub struct FaultStore<S> {
     inner: Arc<S>,
     state: Arc<State>,
+    /// Whether `check_now` may answer (else every call is a future).
+    at_once: bool,
 }
 
 #[derive(Debug, Default)]
@@ -113,6 +122,7 @@ impl<S> Clone for FaultStore<S> {
         Self {
             inner: Arc::clone(&self.inner),
             state: Arc::clone(&self.state),
+            at_once: self.at_once,
         }
     }
 }
@@ -137,6 +147,18 @@ impl<S> FaultStore<S> {
         Self {
             inner: Arc::new(inner),
             state: Arc::default(),
+            at_once: true,
+        }
+    }
+
+    /// Wraps `inner` as [`new`](Self::new) does, but answers every call
+    /// through its future, never at once: what a layer sees of a store
+    /// across a network.
+    #[must_use]
+    pub fn remote(inner: S) -> Self {
+        Self {
+            at_once: false,
+            ..Self::new(inner)
         }
     }
 
@@ -200,6 +222,9 @@ impl<S: Store> Store for FaultStore<S> {
         // a failing one answers here, so that a synchronous inner store
         // stays synchronous to the caller. Counted once: by whichever of
         // this and `check` runs it.
+        if !self.at_once {
+            return None;
+        }
         match self.fault() {
             Fault::Pass => {
                 let answer = self.inner.check_now(subject, policies, cost);
@@ -298,6 +323,22 @@ mod tests {
             .unwrap()
             .is_allowed());
         assert_eq!(store.calls(), 6);
+    }
+
+    #[test]
+    fn a_remote_store_answers_only_through_futures() {
+        let store = FaultStore::remote(MemoryStore::new());
+        let policies = [Policy::per_minute(1).build().unwrap()];
+        assert!(store.check_now("a", &policies, 1).is_none());
+        store.set(Fault::Unavailable);
+        assert!(store.check_now("a", &policies, 1).is_none());
+        assert_eq!(store.calls(), 0, "nothing was asked");
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(matches!(
+            store.check("a", &policies, 1).as_mut().poll(&mut cx),
+            Poll::Ready(Err(StoreError::Unavailable { .. }))
+        ));
+        assert_eq!(store.calls(), 1);
     }
 
     #[test]

@@ -1,13 +1,10 @@
 //! Service tests with `tower::ServiceExt::oneshot`: every mode, extractor,
-//! header format and failure policy, against the memory store and small
-//! test stores (a store that fails, one that hangs, one that counts calls).
+//! header format and failure policy, against the memory store and the test
+//! kit's `FaultStore` (answering through futures as Redis does, counting its
+//! calls, failing or hanging on command).
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -17,16 +14,13 @@ use axum::{Extension, Router};
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use portcullis_core::{
-    Algorithm, Clock, LeakyMode, MemoryStore, Policy, Store, StoreError, Verdict,
-};
+use portcullis::testing::{Fault, FaultStore};
+use portcullis_core::{Algorithm, Clock, LeakyMode, MemoryStore, Policy, Store};
 use portcullis_tower::{
     ApiKey, BearerToken, ClientIp, FailurePolicy, Global, Header, HeaderMode, KeyExtractor,
     MatchedRoute, Method, MissingKey, PeerIp, RateLimitInfo, RateLimitLayer, User,
 };
 use tower::{Layer, Service, ServiceExt};
-
-type BoxCheck = Pin<Box<dyn Future<Output = Result<Verdict, StoreError>> + Send>>;
 
 /// Wall-clock time that follows Tokio's (paused) clock, so a memory store
 /// and the layer's waits agree in `start_paused` tests.
@@ -53,80 +47,11 @@ fn paused_store() -> MemoryStore {
     MemoryStore::with_clock(TokioClock::new())
 }
 
-/// Wraps a store and counts its checks.
-#[derive(Clone)]
-struct Counting<S> {
-    inner: S,
-    calls: Arc<AtomicUsize>,
-}
-
-impl<S> Counting<S> {
-    fn new(inner: S) -> (Self, Arc<AtomicUsize>) {
-        let calls = Arc::new(AtomicUsize::new(0));
-        (
-            Self {
-                inner,
-                calls: Arc::clone(&calls),
-            },
-            calls,
-        )
-    }
-}
-
-impl<S: Store> Store for Counting<S> {
-    type CheckFuture = S::CheckFuture;
-    fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.check(subject, policies, cost)
-    }
-    fn reset(
-        &self,
-        subject: &str,
-        policies: &[Policy],
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
-        self.inner.reset(subject, policies)
-    }
-}
-
-/// A memory store that can be switched to fail (as a backend would) or to
-/// hang (never answer).
-#[derive(Clone)]
-struct Flaky {
-    inner: MemoryStore,
-    failing: Arc<AtomicBool>,
-    hanging: Arc<AtomicBool>,
-}
-
-impl Flaky {
-    fn new(inner: MemoryStore) -> Self {
-        Self {
-            inner,
-            failing: Arc::default(),
-            hanging: Arc::default(),
-        }
-    }
-}
-
-impl Store for Flaky {
-    type CheckFuture = BoxCheck;
-    fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
-        if self.hanging.load(Ordering::SeqCst) {
-            return Box::pin(std::future::pending());
-        }
-        if self.failing.load(Ordering::SeqCst) {
-            return Box::pin(std::future::ready(Err(StoreError::unavailable(
-                "connection refused",
-            ))));
-        }
-        Box::pin(self.inner.check(subject, policies, cost))
-    }
-    fn reset(
-        &self,
-        subject: &str,
-        policies: &[Policy],
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
-        self.inner.reset(subject, policies)
-    }
+/// A store that answers only through futures, as Redis does (so the layer
+/// times its checks and holds denials), counting its calls and failing or
+/// hanging on command: the test kit's `FaultStore`.
+fn remote(inner: MemoryStore) -> FaultStore<MemoryStore> {
+    FaultStore::remote(inner)
 }
 
 fn policy(limit: u64, name: &str) -> Policy {
@@ -428,7 +353,8 @@ async fn dry_run_never_rejects_and_tells_the_handler() {
 #[tokio::test(start_paused = true)]
 async fn shape_waits_for_the_retry_time_within_max_wait() {
     let p = Policy::per_second(1).name("slow").build().unwrap();
-    let (store, calls) = Counting::new(paused_store());
+    let store = remote(paused_store());
+    let calls = store.clone();
     let layer = RateLimitLayer::builder(store)
         .policy(p)
         .shape(Duration::from_secs(2))
@@ -446,7 +372,7 @@ async fn shape_waits_for_the_retry_time_within_max_wait() {
         (StatusCode::OK, "key=192.0.2.1 tier=default denied=false")
     );
     assert!(start.elapsed() >= Duration::from_secs(1));
-    assert_eq!(calls.load(Ordering::SeqCst), 3, "first, denied, recheck");
+    assert_eq!(calls.calls(), 3, "first, denied, recheck");
 }
 
 #[tokio::test(start_paused = true)]
@@ -496,8 +422,8 @@ async fn leaky_queue_delay_is_waited_out() {
 
 #[tokio::test]
 async fn fail_open_forwards_without_headers() {
-    let store = Flaky::new(MemoryStore::new());
-    store.failing.store(true, Ordering::SeqCst);
+    let store = remote(MemoryStore::new());
+    store.set(Fault::Unavailable);
     let app = app(RateLimitLayer::builder(store)
         .policy(policy(1, "api"))
         .build()
@@ -511,8 +437,8 @@ async fn fail_open_forwards_without_headers() {
 
 #[tokio::test]
 async fn fail_closed_answers_503_and_grpc_14() {
-    let store = Flaky::new(MemoryStore::new());
-    store.failing.store(true, Ordering::SeqCst);
+    let store = remote(MemoryStore::new());
+    store.set(Fault::Unavailable);
     let layer = RateLimitLayer::builder(store)
         .policy(policy(1, "api"))
         .on_store_failure(FailurePolicy::FailClosed)
@@ -535,8 +461,8 @@ async fn fail_closed_answers_503_and_grpc_14() {
 
 #[tokio::test]
 async fn fallback_store_limits_while_the_store_is_down() {
-    let store = Flaky::new(MemoryStore::new());
-    let failing = Arc::clone(&store.failing);
+    let store = remote(MemoryStore::new());
+    let failing = store.clone();
     let layer = RateLimitLayer::builder(store)
         .policy(policy(2, "api"))
         .on_store_failure(FailurePolicy::fallback(MemoryStore::new()))
@@ -546,7 +472,7 @@ async fn fallback_store_limits_while_the_store_is_down() {
         .unwrap();
     let app = app(layer);
     assert_eq!(send(&app, get_from("192.0.2.1")).await.0, StatusCode::OK);
-    failing.store(true, Ordering::SeqCst);
+    failing.set(Fault::Unavailable);
     // The fallback starts from scratch: two admitted, then limited.
     assert_eq!(send(&app, get_from("192.0.2.1")).await.0, StatusCode::OK);
     let (status, headers, _) = send(&app, get_from("192.0.2.1")).await;
@@ -557,7 +483,7 @@ async fn fallback_store_limits_while_the_store_is_down() {
         StatusCode::TOO_MANY_REQUESTS
     );
     // The store is back: it remembers one request, so one more is admitted.
-    failing.store(false, Ordering::SeqCst);
+    failing.set(Fault::Pass);
     assert_eq!(send(&app, get_from("192.0.2.1")).await.0, StatusCode::OK);
     assert_eq!(
         send(&app, get_from("192.0.2.1")).await.0,
@@ -565,31 +491,16 @@ async fn fallback_store_limits_while_the_store_is_down() {
     );
 }
 
-/// A store whose checks never complete.
-struct Hanging;
-
-impl Store for Hanging {
-    type CheckFuture = std::future::Pending<Result<Verdict, StoreError>>;
-    fn check(&self, _: &str, _: &[Policy], _: u64) -> Self::CheckFuture {
-        std::future::pending()
-    }
-    fn reset(
-        &self,
-        _: &str,
-        _: &[Policy],
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
-        std::future::ready(Ok(()))
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_hanging_fallback_store_times_out_and_lets_the_request_through() {
-    let store = Flaky::new(MemoryStore::new());
-    store.failing.store(true, Ordering::SeqCst);
+    let store = remote(MemoryStore::new());
+    store.set(Fault::Unavailable);
+    let hanging = remote(MemoryStore::new());
+    hanging.set(Fault::Stall);
     let layer = RateLimitLayer::builder(store)
         .policy(policy(1, "api"))
         .check_timeout(Duration::from_millis(50))
-        .on_store_failure(FailurePolicy::fallback(Hanging))
+        .on_store_failure(FailurePolicy::fallback(hanging))
         .info_in_extensions(true)
         .build()
         .unwrap();
@@ -609,8 +520,8 @@ async fn a_hanging_fallback_store_times_out_and_lets_the_request_through() {
 
 #[tokio::test(start_paused = true)]
 async fn hanging_store_times_out_into_the_failure_policy() {
-    let store = Flaky::new(MemoryStore::new());
-    store.hanging.store(true, Ordering::SeqCst);
+    let store = remote(MemoryStore::new());
+    store.set(Fault::Stall);
     let layer = RateLimitLayer::builder(store)
         .policy(policy(1, "api"))
         .check_timeout(Duration::from_millis(50))
@@ -627,10 +538,10 @@ async fn hanging_store_times_out_into_the_failure_policy() {
 
 #[tokio::test(start_paused = true)]
 async fn circuit_breaker_stops_asking_a_failing_store() {
-    let flaky = Flaky::new(MemoryStore::new());
-    flaky.failing.store(true, Ordering::SeqCst);
-    let failing = Arc::clone(&flaky.failing);
-    let (store, calls) = Counting::new(flaky);
+    let store = remote(MemoryStore::new());
+    store.set(Fault::Unavailable);
+    let failing = store.clone();
+    let calls = store.clone();
     let layer = RateLimitLayer::builder(store)
         .policy(policy(100, "api"))
         .circuit_breaker(3, Duration::from_secs(1))
@@ -645,27 +556,24 @@ async fn circuit_breaker_stops_asking_a_failing_store() {
             "fail-open"
         );
     }
-    assert_eq!(calls.load(Ordering::SeqCst), 3, "open after three failures");
+    assert_eq!(calls.calls(), 3, "open after three failures");
     tokio::time::advance(Duration::from_secs(1)).await;
     send(&app, get_from("192.0.2.1")).await;
-    assert_eq!(calls.load(Ordering::SeqCst), 4, "one probe after the pause");
+    assert_eq!(calls.calls(), 4, "one probe after the pause");
     send(&app, get_from("192.0.2.1")).await;
-    assert_eq!(
-        calls.load(Ordering::SeqCst),
-        4,
-        "the failed probe reopened it"
-    );
-    failing.store(false, Ordering::SeqCst);
+    assert_eq!(calls.calls(), 4, "the failed probe reopened it");
+    failing.set(Fault::Pass);
     tokio::time::advance(Duration::from_secs(1)).await;
     let (_, headers, _) = send(&app, get_from("192.0.2.1")).await;
     assert!(headers.get("ratelimit").is_some(), "the probe succeeded");
     send(&app, get_from("192.0.2.1")).await;
-    assert_eq!(calls.load(Ordering::SeqCst), 6, "closed again");
+    assert_eq!(calls.calls(), 6, "closed again");
 }
 
 #[tokio::test(start_paused = true)]
 async fn deny_cache_answers_locally_until_the_retry_time() {
-    let (store, calls) = Counting::new(paused_store());
+    let store = remote(paused_store());
+    let calls = store.clone();
     let p = Policy::per_second(1).name("api").build().unwrap();
     let layer = RateLimitLayer::builder(store)
         .policy(p)
@@ -682,33 +590,30 @@ async fn deny_cache_answers_locally_until_the_retry_time() {
             .unwrap()
     };
     assert_eq!(send(&app, req("one")).await.0, StatusCode::OK);
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(calls.calls(), 1);
     let (status, headers, _) = send(&app, req("one")).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(header(&headers, "retry-after"), "1");
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(calls.calls(), 2);
     for _ in 0..5 {
         let (status, headers, _) = send(&app, req("one")).await;
         assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
         assert!(headers.get("ratelimit").is_some());
     }
-    assert_eq!(
-        calls.load(Ordering::SeqCst),
-        2,
-        "denied locally, no store call"
-    );
+    assert_eq!(calls.calls(), 2, "denied locally, no store call");
     tokio::time::advance(Duration::from_millis(1000)).await;
     assert_eq!(
         send(&app, req("one")).await.0,
         StatusCode::OK,
         "admitted again at the retry time"
     );
-    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    assert_eq!(calls.calls(), 3);
 }
 
 #[tokio::test(start_paused = true)]
 async fn deny_cache_lets_smaller_costs_through_to_the_store() {
-    let (store, calls) = Counting::new(paused_store());
+    let store = remote(paused_store());
+    let calls = store.clone();
     let p = Policy::per_second(3).name("api").build().unwrap();
     let layer = RateLimitLayer::builder(store)
         .policy(p)
@@ -729,7 +634,7 @@ async fn deny_cache_lets_smaller_costs_through_to_the_store() {
     assert_eq!(send(&app, req(3)).await.0, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(send(&app, req(3)).await.0, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
-        calls.load(Ordering::SeqCst),
+        calls.calls(),
         2,
         "the second cost-3 request was denied locally"
     );
@@ -738,12 +643,13 @@ async fn deny_cache_lets_smaller_costs_through_to_the_store() {
         StatusCode::OK,
         "a smaller cost still fits"
     );
-    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    assert_eq!(calls.calls(), 3);
 }
 
 #[tokio::test]
 async fn reset_clears_the_store_and_the_deny_cache() {
-    let (store, calls) = Counting::new(MemoryStore::new());
+    let store = remote(MemoryStore::new());
+    let calls = store.clone();
     let layer = RateLimitLayer::builder(store)
         .policy(policy(1, "api"))
         .info_in_extensions(true)
@@ -759,7 +665,7 @@ async fn reset_clears_the_store_and_the_deny_cache() {
         send(&app, get_from("192.0.2.1")).await.0,
         StatusCode::TOO_MANY_REQUESTS
     );
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(calls.calls(), 2);
     layer.reset("192.0.2.1").await.unwrap();
     assert_eq!(send(&app, get_from("192.0.2.1")).await.0, StatusCode::OK);
 }

@@ -16,6 +16,7 @@ use metrics::{
     Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
     SharedString, Unit,
 };
+use portcullis::testing::{Fault, FaultStore};
 use portcullis_core::{ConcurrencyPolicy, MemoryStore, Policy};
 use portcullis_tower::{ConcurrencyLimitLayer, Mode, RateLimitLayer};
 use tower::{Layer, Service, ServiceExt};
@@ -209,41 +210,19 @@ async fn dry_run_denials_are_counted_apart() {
     );
 }
 
-/// A store whose backend is always down. It answers at once
-/// (`check_now`), so the layer decides inside `call`, under the local
-/// recorder.
-struct Down;
-
-impl portcullis_core::Store for Down {
-    type CheckFuture =
-        std::future::Ready<Result<portcullis_core::Verdict, portcullis_core::StoreError>>;
-    fn check(&self, subject: &str, policies: &[Policy], cost: u64) -> Self::CheckFuture {
-        std::future::ready(self.check_now(subject, policies, cost).unwrap())
-    }
-    fn check_now(
-        &self,
-        _: &str,
-        _: &[Policy],
-        _: u64,
-    ) -> Option<Result<portcullis_core::Verdict, portcullis_core::StoreError>> {
-        Some(Err(portcullis_core::StoreError::unavailable(
-            "connection refused",
-        )))
-    }
-    fn reset(
-        &self,
-        _: &str,
-        _: &[Policy],
-    ) -> impl std::future::Future<Output = Result<(), portcullis_core::StoreError>> + Send + 'static
-    {
-        std::future::ready(Ok(()))
-    }
+/// A store whose backend is always down (the test kit's `FaultStore`). It
+/// answers at once (`check_now`), so the layer decides inside `call`,
+/// under the local recorder.
+fn down() -> FaultStore<MemoryStore> {
+    let store = FaultStore::new(MemoryStore::new());
+    store.set(Fault::Unavailable);
+    store
 }
 
 #[tokio::test]
 async fn store_errors_are_counted() {
     let totals = Totals::default();
-    let layer = RateLimitLayer::builder(Down)
+    let layer = RateLimitLayer::builder(down())
         .policy(Policy::per_minute(1).name("minute").build().unwrap())
         .circuit_breaker(0, std::time::Duration::ZERO)
         .build()
