@@ -227,8 +227,8 @@ mod observe;
 #[doc(hidden)]
 pub mod rate_limit;
 mod response;
-/// The test kit's header reader (feature `testing`); the facade's
-/// `portcullis::testing` is its documented home.
+// The test kit's header reader (feature `testing`); the facade's
+// `portcullis::testing` is its documented home.
 #[cfg(feature = "testing")]
 #[doc(hidden)]
 pub mod testing;

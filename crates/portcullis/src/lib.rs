@@ -324,82 +324,83 @@ pub use portcullis_redis as redis;
 #[doc(inline)]
 pub use portcullis_tower as tower;
 
-/// The test kit (feature `testing`): test code that sits behind a limiter
-/// without sleeping and without reaching into internals.
-///
-/// - **Time you move by hand.** A [`ManualClock`] given to the store
-///   (`MemoryStore::builder().clock(…)`, or
-///   `RedisStoreBuilder::clock(ClockMode::Client(…))`) and to the layer
-///   ([`RateLimitLayerBuilder::clock`](crate::tower::RateLimitLayerBuilder::clock),
-///   which its deny cache counts in): `advance` it and every limit moves
-///   on at once.
-/// - **A store that fails on command.** [`FaultStore`] wraps a real store
-///   and answers [`Fault::Unavailable`], [`Fault::Timeout`],
-///   [`Fault::OutcomeUnknown`] or never ([`Fault::Stall`]) while a test
-///   says so: for fail-open, fail-closed, fallback stores and the circuit
-///   breaker.
-/// - **Headers read back as numbers.** [`RateLimitFields`] reads a
-///   response's `RateLimit`, `RateLimit-Policy` and `Retry-After`.
-///
-/// "The sixth request in a minute is refused, and a minute later it passes",
-/// as a test of an Axum app (with `portcullis` features `axum` and
-/// `testing`, and `tokio`, `axum` and `tower` (feature `util`) as
-/// dev-dependencies):
-///
-/// ```no_run
-/// use std::time::Duration;
-///
-/// use axum::body::Body;
-/// use axum::http::{Request, StatusCode};
-/// use axum::{Router, routing::get};
-/// use portcullis::testing::{ManualClock, RateLimitFields};
-/// use portcullis::tower::{ApiKey, RateLimitLayer};
-/// use portcullis::{Clock, MemoryStore, Policy, SystemClock};
-/// use tower::ServiceExt;
-///
-/// fn app(clock: &ManualClock) -> Router {
-///     let store = MemoryStore::builder().clock(clock.clone()).build();
-///     let limit = RateLimitLayer::builder(store)
-///         .policy(Policy::per_minute(5).name("api").build().unwrap())
-///         .key(ApiKey::new())
-///         .clock(clock.clone())
-///         .build()
-///         .unwrap();
-///     Router::new().route("/", get(|| async { "ok" })).layer(limit)
-/// }
-///
-/// fn request() -> Request<Body> {
-///     Request::get("/").header("x-api-key", "k-1").body(Body::empty()).unwrap()
-/// }
-///
-/// #[tokio::test]
-/// async fn the_sixth_request_in_a_minute_is_refused() {
-///     let clock = ManualClock::new(SystemClock.now_micros());
-///     let app = app(&clock);
-///     for left in (0..5).rev() {
-///         let response = app.clone().oneshot(request()).await.unwrap();
-///         assert_eq!(response.status(), StatusCode::OK);
-///         let fields = RateLimitFields::read(response.headers()).unwrap();
-///         assert_eq!(fields.remaining(), Some(left));
-///     }
-///     let refused = app.clone().oneshot(request()).await.unwrap();
-///     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-///     let wait = RateLimitFields::read(refused.headers()).unwrap().retry_after().unwrap();
-///     assert!(wait <= Duration::from_secs(12)); // one request's share of the minute
-///
-///     clock.advance(wait);
-///     let again = app.clone().oneshot(request()).await.unwrap();
-///     assert_eq!(again.status(), StatusCode::OK);
-/// }
-/// # fn main() {}
-/// ```
-///
-/// The same test runs in the project's own suite
-/// (`tests/tests/tower/testing_kit.rs`), with the failing store driving
-/// a layer that fails open and one that fails closed.
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing {
+    //! The test kit (feature `testing`): test code that sits behind a limiter
+    //! without sleeping and without reaching into internals.
+    //!
+    //! - **Time you move by hand.** A [`ManualClock`] given to the store
+    //!   (`MemoryStore::builder().clock(…)`, or
+    //!   `RedisStoreBuilder::clock(ClockMode::Client(…))`) and to the layer
+    //!   ([`RateLimitLayerBuilder::clock`](crate::tower::RateLimitLayerBuilder::clock),
+    //!   which its deny cache counts in): `advance` it and every limit moves
+    //!   on at once.
+    //! - **A store that fails on command.** [`FaultStore`] wraps a real store
+    //!   and answers [`Fault::Unavailable`], [`Fault::Timeout`],
+    //!   [`Fault::OutcomeUnknown`] or never ([`Fault::Stall`]) while a test
+    //!   says so: for fail-open, fail-closed, fallback stores and the circuit
+    //!   breaker.
+    //! - **Headers read back as numbers.** [`RateLimitFields`] reads a
+    //!   response's `RateLimit`, `RateLimit-Policy` and `Retry-After`.
+    //!
+    //! "The sixth request in a minute is refused, and a minute later it passes",
+    //! as a test of an Axum app (with `portcullis` features `axum` and
+    //! `testing`, and `tokio`, `axum` and `tower` (feature `util`) as
+    //! dev-dependencies):
+    //!
+    //! ```no_run
+    //! use std::time::Duration;
+    //!
+    //! use axum::body::Body;
+    //! use axum::http::{Request, StatusCode};
+    //! use axum::{Router, routing::get};
+    //! use portcullis::testing::{ManualClock, RateLimitFields};
+    //! use portcullis::tower::{ApiKey, RateLimitLayer};
+    //! use portcullis::{Clock, MemoryStore, Policy, SystemClock};
+    //! use tower::ServiceExt;
+    //!
+    //! fn app(clock: &ManualClock) -> Router {
+    //!     let store = MemoryStore::builder().clock(clock.clone()).build();
+    //!     let limit = RateLimitLayer::builder(store)
+    //!         .policy(Policy::per_minute(5).name("api").build().unwrap())
+    //!         .key(ApiKey::new())
+    //!         .clock(clock.clone())
+    //!         .build()
+    //!         .unwrap();
+    //!     Router::new().route("/", get(|| async { "ok" })).layer(limit)
+    //! }
+    //!
+    //! fn request() -> Request<Body> {
+    //!     Request::get("/").header("x-api-key", "k-1").body(Body::empty()).unwrap()
+    //! }
+    //!
+    //! #[tokio::test]
+    //! async fn the_sixth_request_in_a_minute_is_refused() {
+    //!     let clock = ManualClock::new(SystemClock.now_micros());
+    //!     let app = app(&clock);
+    //!     for left in (0..5).rev() {
+    //!         let response = app.clone().oneshot(request()).await.unwrap();
+    //!         assert_eq!(response.status(), StatusCode::OK);
+    //!         let fields = RateLimitFields::read(response.headers()).unwrap();
+    //!         assert_eq!(fields.remaining(), Some(left));
+    //!     }
+    //!     let refused = app.clone().oneshot(request()).await.unwrap();
+    //!     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    //!     let wait = RateLimitFields::read(refused.headers()).unwrap().retry_after().unwrap();
+    //!     assert!(wait <= Duration::from_secs(12)); // one request's share of the minute
+    //!
+    //!     clock.advance(wait);
+    //!     let again = app.clone().oneshot(request()).await.unwrap();
+    //!     assert_eq!(again.status(), StatusCode::OK);
+    //! }
+    //! # fn main() {}
+    //! ```
+    //!
+    //! The same test runs in the project's own suite
+    //! (`tests/tests/tower/testing_kit.rs`), with the failing store driving
+    //! a layer that fails open and one that fails closed.
+
     pub use portcullis_core::testing::{Fault, FaultStore};
     pub use portcullis_core::ManualClock;
     #[cfg(feature = "tower")]
