@@ -50,7 +50,9 @@ const MARKDOWN: [&str; 2] = ["README.md", "crates/portcullis/README.md"];
 
 /// The facade's features the docs are written for (feature-gated docs
 /// say which one they need; none of them adds a crate to the project).
-const FEATURES: [&str; 6] = ["axum", "redis", "tonic", "config", "metrics", "tls"];
+const FEATURES: [&str; 7] = [
+    "axum", "redis", "tonic", "config", "metrics", "tls", "testing",
+];
 
 /// The marker of an example's first line that names more crates.
 const ALSO_ADD: &str = "// Also add:";

@@ -34,7 +34,7 @@ pub struct RateLimitField {
 ///
 /// ```
 /// use std::time::Duration;
-/// use http::HeaderMap;
+/// use axum::http::HeaderMap;
 /// use portcullis::testing::RateLimitFields;
 ///
 /// let mut headers = HeaderMap::new();

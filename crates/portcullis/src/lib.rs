@@ -350,6 +350,7 @@ pub mod testing {
     //! dev-dependencies):
     //!
     //! ```no_run
+    //! // Also add: cargo add tower --features util
     //! use std::time::Duration;
     //!
     //! use axum::body::Body;
