@@ -1,0 +1,214 @@
+//! The store, built as the service builds its `RedisStore` (the same
+//! builder: URL forms, TLS files, ACL users in the URL, Cluster), and a
+//! second, plain connection for what the `Store` trait does not expose:
+//! a key's type, raw value and expiry, and a lease set's live members.
+//! Those raw reads are read-only commands only (`TYPE`, `GET`, `ZCARD`,
+//! `ZCOUNT`, `PTTL`, `TIME`); every call has the `--timeout`.
+
+use std::future::Future;
+use std::time::Duration;
+
+use portcullis::redis::{redact_url, RedisStore};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, FromRedisValue, TlsCertificates};
+
+use crate::args::StoreArgs;
+use crate::failure::Failure;
+use crate::report::RawView;
+
+/// A store and a raw connection to the same server.
+pub(crate) struct Connected {
+    pub(crate) store: RedisStore,
+    raw: Raw,
+    timeout: Duration,
+    /// What to show for the server: URLs with passwords hidden.
+    pub(crate) shown: String,
+}
+
+enum Raw {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+/// Builds the store and opens the raw connection.
+pub(crate) async fn connect(args: &StoreArgs) -> Result<Connected, Failure> {
+    let urls: Vec<&str> = args
+        .urls
+        .iter()
+        .map(|url| url.trim())
+        .filter(|url| !url.is_empty())
+        .collect();
+    if urls.is_empty() {
+        return Err(Failure::usage(
+            "no Redis given: pass --redis URL (or set PORTCULLIS_REDIS_URL), the URL the service's store uses",
+        ));
+    }
+    if urls.len() > 1 && !args.cluster {
+        return Err(Failure::usage(
+            "several Redis URLs given: add --cluster if they are nodes of one Redis Cluster, else give one",
+        ));
+    }
+    let shown = urls
+        .iter()
+        .map(|url| redact_url(url))
+        .collect::<Vec<_>>()
+        .join(",");
+    let ca = args.tls_ca.as_deref().map(read_pem).transpose()?;
+    let client_cert = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some((read_pem(cert)?, read_pem(key)?)),
+        _ => None,
+    };
+
+    let mut builder = RedisStore::builder()
+        .prefix(args.prefix.as_str())
+        .hash_subjects(args.hash_subjects)
+        .timeout(args.timeout)
+        .connect_timeout(args.timeout);
+    builder = if args.cluster {
+        builder.cluster(urls.iter().copied())
+    } else {
+        builder.url(urls.concat())
+    };
+    if let Some(ca) = &ca {
+        builder = builder.tls_ca(ca.clone());
+    }
+    if let Some((cert, key)) = &client_cert {
+        builder = builder.tls_client_cert(cert.clone(), key.clone());
+    }
+    let store = builder
+        .build()
+        .await
+        .map_err(|error| Failure::store(&format!("cannot use the store at {shown}"), &error))?;
+
+    // The store's build installed the TLS provider when it needed one.
+    let certs = (ca.is_some() || client_cert.is_some()).then(|| TlsCertificates {
+        client_tls: client_cert.map(|(client_cert, client_key)| redis::ClientTlsConfig {
+            client_cert,
+            client_key,
+        }),
+        root_cert: ca,
+    });
+    let raw_error = |error: redis::RedisError| {
+        Failure::store(&format!("cannot open a connection to {shown}"), &error)
+    };
+    let raw = if args.cluster {
+        let mut client = ClusterClientBuilder::new(urls.iter().copied());
+        if let Some(certs) = certs {
+            client = client.certs(certs);
+        }
+        let client = client.build().map_err(raw_error)?;
+        Raw::Cluster(
+            within(args.timeout, &shown, client.get_async_connection())
+                .await?
+                .map_err(raw_error)?,
+        )
+    } else {
+        let url = urls.concat();
+        let client = match certs {
+            Some(certs) => redis::Client::build_with_tls(url, certs),
+            None => redis::Client::open(url),
+        }
+        .map_err(raw_error)?;
+        Raw::Single(
+            within(
+                args.timeout,
+                &shown,
+                client.get_multiplexed_async_connection(),
+            )
+            .await?
+            .map_err(raw_error)?,
+        )
+    };
+    Ok(Connected {
+        store,
+        raw,
+        timeout: args.timeout,
+        shown,
+    })
+}
+
+fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, Failure> {
+    std::fs::read(path).map_err(|error| {
+        Failure::usage(format!(
+            "cannot read {}: {error}; give a PEM file",
+            path.display()
+        ))
+    })
+}
+
+async fn within<T>(
+    timeout: Duration,
+    shown: &str,
+    future: impl Future<Output = T>,
+) -> Result<T, Failure> {
+    tokio::time::timeout(timeout, future).await.map_err(|_| {
+        Failure::store(
+            &format!("{shown} did not answer within {timeout:?}"),
+            &std::io::Error::from(std::io::ErrorKind::TimedOut),
+        )
+    })
+}
+
+impl Connected {
+    /// Runs one read-only command.
+    async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> Result<T, Failure> {
+        let (timeout, shown) = (self.timeout, self.shown.clone());
+        let reply = match &mut self.raw {
+            Raw::Single(connection) => within(timeout, &shown, query_on(connection, cmd)).await?,
+            Raw::Cluster(connection) => within(timeout, &shown, query_on(connection, cmd)).await?,
+        };
+        reply.map_err(|error| Failure::store(&format!("reading from {shown}"), &error))
+    }
+
+    /// A key as Redis holds it.
+    pub(crate) async fn read_key(&mut self, key: &str) -> Result<RawView, Failure> {
+        let redis_type: String = self.query(redis::cmd("TYPE").arg(key)).await?;
+        let (value, members) = match redis_type.as_str() {
+            "string" => {
+                let bytes: Option<Vec<u8>> = self.query(redis::cmd("GET").arg(key)).await?;
+                (bytes.map(|b| String::from_utf8_lossy(&b).into_owned()), None)
+            }
+            "zset" => (None, Some(self.query(redis::cmd("ZCARD").arg(key)).await?)),
+            _ => (None, None),
+        };
+        let expires_in_ms = self.expires_in_ms(key).await?;
+        Ok(RawView {
+            redis_type,
+            value,
+            members,
+            expires_in_ms,
+        })
+    }
+
+    /// The key's time to live, if it has one.
+    async fn expires_in_ms(&mut self, key: &str) -> Result<Option<u64>, Failure> {
+        let pttl: i64 = self.query(redis::cmd("PTTL").arg(key)).await?;
+        Ok(u64::try_from(pttl).ok())
+    }
+
+    /// The leases live now in a lease set (members scored by their expiry
+    /// in microseconds, against the server's clock), and when the set
+    /// expires.
+    pub(crate) async fn live_leases(&mut self, key: &str) -> Result<(u64, Option<u64>), Failure> {
+        let (secs, micros): (u64, u64) = self.query(&redis::cmd("TIME")).await?;
+        let now_us = secs.saturating_mul(1_000_000).saturating_add(micros);
+        let live: u64 = self
+            .query(
+                redis::cmd("ZCOUNT")
+                    .arg(key)
+                    .arg(format!("({now_us}"))
+                    .arg("+inf"),
+            )
+            .await?;
+        Ok((live, self.expires_in_ms(key).await?))
+    }
+}
+
+async fn query_on<C: ConnectionLike, T: FromRedisValue>(
+    connection: &mut C,
+    cmd: &Cmd,
+) -> redis::RedisResult<T> {
+    cmd.query_async(connection).await
+}

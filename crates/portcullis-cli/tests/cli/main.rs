@@ -1,0 +1,81 @@
+//! The `portcullis` binary, run as an operator runs it: `with_redis.rs` against
+//! the real Redis that `cargo xtask test` starts (`PORTCULLIS_REDIS_URL`;
+//! missing, those tests fail loudly), `offline.rs` what needs no server
+//! (limits files, bad input, the README's help). This file owns the
+//! helpers both use.
+
+mod offline;
+mod with_redis;
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+/// The binary, with no Redis from the environment and stdin closed (not
+/// a terminal).
+fn portcullis(args: &[&str]) -> Output {
+    run(args, None)
+}
+
+/// The binary with `PORTCULLIS_REDIS_URL` set to `url`.
+fn portcullis_with_env(args: &[&str], url: &str) -> Output {
+    run(args, Some(url))
+}
+
+fn run(args: &[&str], env_url: Option<&str>) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_portcullis"));
+    command
+        .args(args)
+        .env_remove("PORTCULLIS_REDIS_URL")
+        .stdin(Stdio::null());
+    if let Some(url) = env_url {
+        command.env("PORTCULLIS_REDIS_URL", url);
+    }
+    let output = command.output().expect("the binary should start");
+    // A panic exits with 101: never an answer to any input.
+    assert_ne!(
+        output.status.code(),
+        Some(101),
+        "portcullis {args:?} panicked: {}",
+        stderr(&output)
+    );
+    output
+}
+
+fn code(output: &Output) -> i32 {
+    output.status.code().expect("the binary should exit, not be killed")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// The JSON report on stdout.
+fn json(output: &Output) -> serde_json::Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|error| {
+        panic!(
+            "stdout is not JSON ({error}); exit {:?}\nstdout: {}\nstderr: {}",
+            output.status.code(),
+            stdout(output),
+            stderr(output)
+        )
+    })
+}
+
+/// A file of `text` in a directory of this test run.
+fn file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("portcullis-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(name);
+    let mut file = std::fs::File::create(&path).expect("temp file");
+    file.write_all(text.as_bytes()).expect("write temp file");
+    path
+}
+
+fn path_str(path: &std::path::Path) -> &str {
+    path.to_str().expect("temp paths are UTF-8")
+}
