@@ -2,8 +2,9 @@
 //! builder: URL forms, TLS files, ACL users in the URL, Cluster), and a
 //! second, plain connection for what the `Store` trait does not expose:
 //! a key's type, raw value and expiry, and a lease set's live members.
-//! Those raw reads are read-only commands only (`TYPE`, `GET`, `ZCARD`,
-//! `ZCOUNT`, `PTTL`, `TIME`); every call has the `--timeout`.
+//! Those raw reads are read-only commands only (`GET`, `ZCARD`,
+//! `ZCOUNT`, `TIME`, which the store's ACL user is granted, and `PTTL`
+//! when allowed); every call has the `--timeout`.
 
 use std::future::Future;
 use std::time::Duration;
@@ -152,40 +153,66 @@ async fn within<T>(
 }
 
 impl Connected {
-    /// Runs one read-only command.
-    async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> Result<T, Failure> {
-        let (timeout, shown) = (self.timeout, self.shown.clone());
-        let reply = match &mut self.raw {
-            Raw::Single(connection) => within(timeout, &shown, query_on(connection, cmd)).await?,
-            Raw::Cluster(connection) => within(timeout, &shown, query_on(connection, cmd)).await?,
-        };
-        reply.map_err(|error| Failure::store(&format!("reading from {shown}"), &error))
+    /// Runs one read-only command: the timeout is a failure, the server's
+    /// answer (an error included) is the caller's to read.
+    async fn try_query<T: FromRedisValue>(
+        &mut self,
+        cmd: &Cmd,
+    ) -> Result<redis::RedisResult<T>, Failure> {
+        let (timeout, shown) = (self.timeout, self.shown.as_str());
+        match &mut self.raw {
+            Raw::Single(connection) => within(timeout, shown, query_on(connection, cmd)).await,
+            Raw::Cluster(connection) => within(timeout, shown, query_on(connection, cmd)).await,
+        }
     }
 
-    /// A key as Redis holds it.
+    async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> Result<T, Failure> {
+        self.try_query(cmd)
+            .await?
+            .map_err(|error| Failure::store(&format!("reading from {}", self.shown), &error))
+    }
+
+    /// A key as Redis holds it, read with the commands an ACL user of
+    /// the store is granted (`ACL_COMMANDS`: `GET`, `ZCARD`, `TIME`,
+    /// `ZCOUNT`; `PTTL` when allowed).
     pub(crate) async fn read_key(&mut self, key: &str) -> Result<RawView, Failure> {
-        let redis_type: String = self.query(redis::cmd("TYPE").arg(key)).await?;
-        let (value, members) = match redis_type.as_str() {
-            "string" => {
-                let bytes: Option<Vec<u8>> = self.query(redis::cmd("GET").arg(key)).await?;
-                (bytes.map(|b| String::from_utf8_lossy(&b).into_owned()), None)
+        let get: redis::RedisResult<Option<Vec<u8>>> =
+            self.try_query(redis::cmd("GET").arg(key)).await?;
+        let (redis_type, value, members) = match get {
+            Ok(Some(bytes)) => ("string", Some(String::from_utf8_lossy(&bytes).into_owned()), None),
+            Ok(None) => ("none", None, None),
+            Err(error) if error.code() == Some("WRONGTYPE") => {
+                let zcard: redis::RedisResult<u64> =
+                    self.try_query(redis::cmd("ZCARD").arg(key)).await?;
+                match zcard {
+                    Ok(members) => ("zset", None, Some(members)),
+                    Err(error) if error.code() == Some("WRONGTYPE") => ("other", None, None),
+                    Err(error) => return Err(self.read_failure(&error)),
+                }
             }
-            "zset" => (None, Some(self.query(redis::cmd("ZCARD").arg(key)).await?)),
-            _ => (None, None),
+            Err(error) => return Err(self.read_failure(&error)),
         };
         let expires_in_ms = self.expires_in_ms(key).await?;
         Ok(RawView {
-            redis_type,
+            redis_type: redis_type.to_owned(),
             value,
             members,
             expires_in_ms,
         })
     }
 
-    /// The key's time to live, if it has one.
+    fn read_failure(&self, error: &redis::RedisError) -> Failure {
+        Failure::store(&format!("reading from {}", self.shown), error)
+    }
+
+    /// The key's time to live, if it has one and the user may ask.
     async fn expires_in_ms(&mut self, key: &str) -> Result<Option<u64>, Failure> {
-        let pttl: i64 = self.query(redis::cmd("PTTL").arg(key)).await?;
-        Ok(u64::try_from(pttl).ok())
+        match self.try_query::<i64>(redis::cmd("PTTL").arg(key)).await? {
+            Ok(pttl) => Ok(u64::try_from(pttl).ok()),
+            // An ACL user granted only what the store needs.
+            Err(error) if error.code() == Some("NOPERM") => Ok(None),
+            Err(error) => Err(self.read_failure(&error)),
+        }
     }
 
     /// The leases live now in a lease set (members scored by their expiry

@@ -20,21 +20,31 @@ use crate::{code, file, json, path_str, portcullis, portcullis_with_env, stderr,
 ///
 /// When it is not set: never skip silently.
 fn redis_url() -> String {
-    match std::env::var("PORTCULLIS_REDIS_URL") {
-        Ok(url) if !url.is_empty() => url,
+    required("PORTCULLIS_REDIS_URL")
+}
+
+/// A variable `cargo xtask test` sets.
+///
+/// # Panics
+///
+/// When it is not set: never skip silently.
+fn required(name: &str) -> String {
+    match std::env::var(name) {
+        Ok(value) if !value.is_empty() => value,
         _ => panic!(
-            "PORTCULLIS_REDIS_URL is not set: these tests need the Redis that `cargo xtask test` \
+            "{name} is not set: these tests need the Redis servers that `cargo xtask test` \
              starts; run `cargo xtask test`, or `cargo xtask redis` and export what it prints"
         ),
     }
 }
 
-/// A prefix no other test (or run) uses.
+/// A prefix no other test (or run) uses, inside the keys the test
+/// servers' ACL user may touch (`pc-test*`).
 fn prefix(test: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
-    format!("cli-{test}-{}-{nanos}", std::process::id())
+    format!("pc-test-cli-{test}-{}-{nanos}", std::process::id())
 }
 
 async fn store(prefix: &str) -> RedisStore {
@@ -248,4 +258,80 @@ fn an_unreachable_store_is_exit_4_with_the_password_hidden() {
     assert_eq!(code(&out), 4, "{}", stderr(&out));
     assert!(!stderr(&out).contains("s3cret"), "{}", stderr(&out));
     assert!(stderr(&out).contains("127.0.0.1:1"), "{}", stderr(&out));
+}
+
+#[tokio::test]
+async fn inspect_and_reset_over_mutual_tls_as_the_stores_acl_user() {
+    let prefix = prefix("mtls");
+    let url = required("PORTCULLIS_REDIS_MTLS_URL");
+    let (ca, cert, key) = (
+        required("PORTCULLIS_REDIS_TLS_CA"),
+        required("PORTCULLIS_REDIS_TLS_CLIENT_CERT"),
+        required("PORTCULLIS_REDIS_TLS_CLIENT_KEY"),
+    );
+    let read = |path: &str| std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let store = RedisStore::builder()
+        .url(url.as_str())
+        .prefix(prefix.as_str())
+        .tls_ca(read(&ca))
+        .tls_client_cert(read(&cert), read(&key))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("the mutual-TLS store should build");
+    let policies = [Policy::per_hour(3).name("hourly").build().unwrap()];
+    for _ in 0..2 {
+        assert!(store.check("dave", &policies, 1).await.unwrap().is_allowed());
+    }
+    let tls = ["--redis", &url, "--prefix", &prefix, "--tls-ca", &ca, "--tls-cert", &cert, "--tls-key", &key];
+    let mut args = vec!["--json", "inspect", "dave", "--policy", "hourly"];
+    args.extend(tls);
+    let out = portcullis(&args);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(json(&out)["policies"][0]["decision"]["remaining"], 1);
+    assert!(!stdout(&out).contains(&url), "the password is printed");
+
+    let mut args = vec!["reset", "--yes", "dave", "--policy", "hourly"];
+    args.extend(tls);
+    let out = portcullis(&args);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(store.peek("dave", &policies).await.unwrap().decisions()[0].remaining(), 3);
+}
+
+#[tokio::test]
+async fn inspect_and_reset_on_a_cluster_touch_only_the_subject() {
+    let prefix = prefix("cluster");
+    let urls = required("PORTCULLIS_REDIS_CLUSTER_URLS");
+    let store = RedisStore::builder()
+        .cluster(urls.split(','))
+        .prefix(prefix.as_str())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("the Cluster store should build");
+    let policies = [Policy::per_hour(10).name("hourly").build().unwrap()];
+    // Subjects on different slots, each charged a different number of times.
+    let subjects: Vec<String> = (1..=6).map(|n| format!("user-{n}")).collect();
+    for (n, subject) in subjects.iter().enumerate() {
+        for _ in 0..=n {
+            assert!(store.check(subject, &policies, 1).await.unwrap().is_allowed());
+        }
+    }
+    let cluster = ["--cluster", "--redis", &urls, "--prefix", &prefix];
+    for (n, subject) in subjects.iter().enumerate() {
+        let mut args = vec!["--json", "inspect", subject.as_str(), "--policy", "hourly"];
+        args.extend(cluster);
+        let out = portcullis(&args);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        assert_eq!(json(&out)["policies"][0]["decision"]["remaining"], 9 - n, "{subject}");
+    }
+    let mut args = vec!["reset", "--yes", "user-3", "--policy", "hourly"];
+    args.extend(cluster);
+    let out = portcullis(&args);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    for (n, subject) in subjects.iter().enumerate() {
+        let remaining = store.peek(subject, &policies).await.unwrap().decisions()[0].remaining();
+        let expected = if subject == "user-3" { 10 } else { 9 - n as u64 };
+        assert_eq!(remaining, expected, "{subject}");
+    }
 }
