@@ -192,7 +192,13 @@ pub(crate) struct StoreArgs {
     /// The Redis URL (redis://, rediss://, redis+unix://; user and
     /// password as in the store); with --cluster, several (repeat or
     /// separate by commas).
-    #[arg(long = "redis", env = "PORTCULLIS_REDIS_URL", value_name = "URL", value_delimiter = ',', hide_env_values = true)]
+    #[arg(
+        long = "redis",
+        env = "PORTCULLIS_REDIS_URL",
+        value_name = "URL",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
     pub(crate) urls: Vec<String>,
     /// The URLs are nodes of a Redis Cluster.
     #[arg(long)]

@@ -11,15 +11,17 @@ use std::time::Duration;
 use portcullis::subject::encode_subject;
 use portcullis::{Algorithm, ConcurrencyPolicy, LeakyMode, Policy, PolicySource, Store as _};
 
-use crate::args::{Check, Command, Inspect, LimitsCommand, PolicyArgs, Reset, StoreArgs, SubjectArgs, SubjectKind};
+use crate::args::{
+    Check, Command, Inspect, LimitsCommand, PolicyArgs, Reset, StoreArgs, SubjectArgs, SubjectKind,
+};
 use crate::failure::Failure;
+use crate::limits;
 use crate::report::{
-    DecisionView, LeaseView, PolicyState, PolicyView, Report, ResetKey, ResetReport,
-    StateReport, SubjectView,
+    DecisionView, LeaseView, PolicyState, PolicyView, Report, ResetKey, ResetReport, StateReport,
+    SubjectView,
 };
 use crate::store::{connect, Connected};
 use crate::subject::{layer_key, LayerKey};
-use crate::limits;
 
 /// Runs a command.
 pub(crate) async fn run(command: Command) -> Result<Report, Failure> {
@@ -90,7 +92,11 @@ fn subject(subject: &SubjectArgs, args: &PolicyArgs) -> Result<Subject, Failure>
             "{} has no tier {}; its tiers: {}",
             path.display(),
             shown(tier),
-            if tiers.is_empty() { "none".to_owned() } else { tiers.join(", ") }
+            if tiers.is_empty() {
+                "none".to_owned()
+            } else {
+                tiers.join(", ")
+            }
         )));
     }
     let selected = set.select(&key.key, args.tier.as_deref());
@@ -103,7 +109,10 @@ fn subject(subject: &SubjectArgs, args: &PolicyArgs) -> Result<Subject, Failure>
         })
         .collect();
     if !names.is_empty() {
-        if let Some(missing) = names.iter().find(|n| !targets.iter().any(|t| &t.name == *n)) {
+        if let Some(missing) = names
+            .iter()
+            .find(|n| !targets.iter().any(|t| &t.name == *n))
+        {
             let has: Vec<&str> = targets.iter().map(|t| t.name.as_str()).collect();
             return Err(Failure::usage(format!(
                 "{} gives this subject no policy {}; it has: {}",
@@ -173,7 +182,10 @@ async fn inspect(args: &Inspect) -> Result<StateReport, Failure> {
             .targets
             .iter()
             .map(|target| PolicyState {
-                key: format!("{}:{{{}}}:{}", args.store.prefix, view.store_subject, target.name),
+                key: format!(
+                    "{}:{{{}}}:{}",
+                    args.store.prefix, view.store_subject, target.name
+                ),
                 policy: target.name.clone(),
                 current: target.current.as_ref().map(PolicyView::of),
                 written_under: None,
@@ -371,7 +383,9 @@ async fn reset(args: &Reset) -> Result<ResetReport, Failure> {
             None => Policy::per_second(1)
                 .name(target.name.as_str())
                 .build()
-                .map_err(|error| Failure::usage(format!("policy {}: {error}", shown(&target.name))))?,
+                .map_err(|error| {
+                    Failure::usage(format!("policy {}: {error}", shown(&target.name)))
+                })?,
         });
     }
     connected

@@ -71,6 +71,14 @@ impl Failure {
         }
     }
 
+    /// The same message, as bad input (exit 2).
+    pub(crate) fn as_usage(self) -> Self {
+        Self {
+            kind: Kind::Usage,
+            ..self
+        }
+    }
+
     /// The async runtime could not start.
     pub(crate) fn runtime(error: &std::io::Error) -> Self {
         Self::store("cannot start the async runtime", error)

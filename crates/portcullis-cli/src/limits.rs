@@ -85,16 +85,11 @@ pub(crate) fn diff(old_path: &Path, new_path: &Path) -> Result<DiffReport, Failu
         "policy",
         &old_policies,
         &new_policies,
-        |policy| describe(policy),
+        describe,
         &mut changes,
     );
 
-    let names = |list: &[Policy]| {
-        list.iter()
-            .map(Policy::name)
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let names = |list: &[Policy]| list.iter().map(Policy::name).collect::<Vec<_>>().join(", ");
     if names(old.defaults()) != names(new.defaults()) {
         changes.push(Change {
             item: "defaults",
@@ -109,7 +104,13 @@ pub(crate) fn diff(old_path: &Path, new_path: &Path) -> Result<DiffReport, Failu
             .map(|(name, list)| (name.to_owned(), names(list)))
             .collect::<BTreeMap<_, _>>()
     };
-    compare("tier", &tiers(&old), &tiers(&new), Clone::clone, &mut changes);
+    compare(
+        "tier",
+        &tiers(&old),
+        &tiers(&new),
+        Clone::clone,
+        &mut changes,
+    );
     let overrides = |set: &LimitSet| {
         set.overrides()
             .map(|(subject, value)| {

@@ -15,8 +15,8 @@ mod args;
 mod commands;
 mod failure;
 mod limits;
-mod store;
 mod report;
+mod store;
 mod subject;
 
 use std::io::Write as _;

@@ -260,7 +260,11 @@ impl Report {
             }
             Self::Diff(report) => {
                 if report.changes.is_empty() {
-                    let _ = writeln!(out, "{} and {} give the same limits", report.old, report.new);
+                    let _ = writeln!(
+                        out,
+                        "{} and {} give the same limits",
+                        report.old, report.new
+                    );
                 }
                 for change in &report.changes {
                     let sign = match change.change {
@@ -268,7 +272,11 @@ impl Report {
                         "removed" => '-',
                         _ => '~',
                     };
-                    let _ = write!(out, "{sign} {} {}: {}", change.item, change.name, change.change);
+                    let _ = write!(
+                        out,
+                        "{sign} {} {}: {}",
+                        change.item, change.name, change.change
+                    );
                     match (&change.old, &change.new) {
                         (Some(old), Some(new)) => {
                             let _ = write!(out, ": {old} -> {new}");
@@ -293,7 +301,11 @@ fn subject_text(subject: &SubjectView, store: Option<&str>, out: &mut String) {
     if subject.store_subject != subject.layer_key {
         let _ = writeln!(out, "stored as  {}", subject.store_subject);
     }
-    let _ = writeln!(out, "store      {}", store.unwrap_or("(none given: state not read)"));
+    let _ = writeln!(
+        out,
+        "store      {}",
+        store.unwrap_or("(none given: state not read)")
+    );
     let _ = writeln!(out, "policies   {}", subject.policies_from);
 }
 
@@ -377,7 +389,11 @@ fn state_text(report: &StateReport, out: &mut String) {
             lease.policy, lease.key, lease.live
         );
         if let Some(ms) = lease.expires_in_ms {
-            let _ = write!(out, ", the last expiring in {}", human(Duration::from_millis(ms)));
+            let _ = write!(
+                out,
+                ", the last expiring in {}",
+                human(Duration::from_millis(ms))
+            );
         }
         out.push('\n');
     }
@@ -401,7 +417,7 @@ pub(crate) fn human(duration: Duration) -> String {
     let secs = duration.as_secs();
     if ms < 1_000 {
         let us = duration.as_micros();
-        return if us % 1_000 == 0 {
+        return if us.is_multiple_of(1_000) {
             format!("{ms}ms")
         } else {
             format!("{us}us")
@@ -415,12 +431,8 @@ pub(crate) fn human(duration: Duration) -> String {
             format!("{secs}.{tenths}s")
         };
     }
-    let (days, hours, minutes, seconds) = (
-        secs / 86_400,
-        secs / 3_600 % 24,
-        secs / 60 % 60,
-        secs % 60,
-    );
+    let (days, hours, minutes, seconds) =
+        (secs / 86_400, secs / 3_600 % 24, secs / 60 % 60, secs % 60);
     let parts = [(days, "d"), (hours, "h"), (minutes, "m"), (seconds, "s")];
     let mut text = String::new();
     for (value, unit) in parts.into_iter().skip_while(|(v, _)| *v == 0) {

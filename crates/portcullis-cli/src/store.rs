@@ -9,7 +9,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use portcullis::redis::{redact_url, RedisStore};
+use portcullis::redis::{redact_url, BuildError, RedisStore};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -78,10 +78,22 @@ pub(crate) async fn connect(args: &StoreArgs) -> Result<Connected, Failure> {
     if let Some((cert, key)) = &client_cert {
         builder = builder.tls_client_cert(cert.clone(), key.clone());
     }
-    let store = builder
-        .build()
-        .await
-        .map_err(|error| Failure::store(&format!("cannot use the store at {shown}"), &error))?;
+    let store = builder.build().await.map_err(|error| {
+        let failure = Failure::store(&format!("cannot use the store at {shown}"), &error);
+        // What the command line got wrong is bad input, not a store
+        // that failed.
+        if matches!(
+            error,
+            BuildError::InvalidUrl { .. }
+                | BuildError::InvalidPrefix { .. }
+                | BuildError::TlsSettingsWithoutTls { .. }
+                | BuildError::NoServer
+        ) {
+            failure.as_usage()
+        } else {
+            failure
+        }
+    })?;
 
     // The store's build installed the TLS provider when it needed one.
     let certs = (ca.is_some() || client_cert.is_some()).then(|| TlsCertificates {
@@ -179,7 +191,11 @@ impl Connected {
         let get: redis::RedisResult<Option<Vec<u8>>> =
             self.try_query(redis::cmd("GET").arg(key)).await?;
         let (redis_type, value, members) = match get {
-            Ok(Some(bytes)) => ("string", Some(String::from_utf8_lossy(&bytes).into_owned()), None),
+            Ok(Some(bytes)) => (
+                "string",
+                Some(String::from_utf8_lossy(&bytes).into_owned()),
+                None,
+            ),
             Ok(None) => ("none", None, None),
             Err(error) if error.code() == Some("WRONGTYPE") => {
                 let zcard: redis::RedisResult<u64> =

@@ -130,20 +130,41 @@ mod tests {
 
     #[test]
     fn secrets_are_hashed_as_the_extractors_hash_them() {
-        assert_eq!(key(SubjectKind::ApiKey, " k-1 ").unwrap(), hash_subject(b"k-1"));
-        assert_eq!(key(SubjectKind::Bearer, "tok").unwrap(), hash_subject(b"tok"));
+        assert_eq!(
+            key(SubjectKind::ApiKey, " k-1 ").unwrap(),
+            hash_subject(b"k-1")
+        );
+        assert_eq!(
+            key(SubjectKind::Bearer, "tok").unwrap(),
+            hash_subject(b"tok")
+        );
         assert_eq!(key(SubjectKind::Header, "acme").unwrap(), "acme");
-        assert_eq!(key(SubjectKind::Header, "a b").unwrap(), hash_subject(b"a b"));
+        assert_eq!(
+            key(SubjectKind::Header, "a b").unwrap(),
+            hash_subject(b"a b")
+        );
         assert_eq!(key(SubjectKind::Key, "a b").unwrap(), "a b");
     }
 
     #[test]
     fn addresses_are_grouped_as_the_layer_groups_them() {
         assert_eq!(key(SubjectKind::Ip, "203.0.113.7").unwrap(), "203.0.113.7");
-        assert_eq!(key(SubjectKind::Ip, "203.0.113.7:443").unwrap(), "203.0.113.7");
-        assert_eq!(key(SubjectKind::Ip, "::ffff:203.0.113.7").unwrap(), "203.0.113.7");
-        assert_eq!(key(SubjectKind::Ip, "2001:db8:1:2ff:3::1").unwrap(), "2001:db8:1:200::/56");
-        assert_eq!(key(SubjectKind::Ip, "[2001:db8::1]:80").unwrap(), "2001:db8::/56");
+        assert_eq!(
+            key(SubjectKind::Ip, "203.0.113.7:443").unwrap(),
+            "203.0.113.7"
+        );
+        assert_eq!(
+            key(SubjectKind::Ip, "::ffff:203.0.113.7").unwrap(),
+            "203.0.113.7"
+        );
+        assert_eq!(
+            key(SubjectKind::Ip, "2001:db8:1:2ff:3::1").unwrap(),
+            "2001:db8:1:200::/56"
+        );
+        assert_eq!(
+            key(SubjectKind::Ip, "[2001:db8::1]:80").unwrap(),
+            "2001:db8::/56"
+        );
         assert!(key(SubjectKind::Ip, "not-an-ip").is_err());
     }
 

@@ -43,7 +43,10 @@ fn run(args: &[&str], env_url: Option<&str>) -> Output {
 }
 
 fn code(output: &Output) -> i32 {
-    output.status.code().expect("the binary should exit, not be killed")
+    output
+        .status
+        .code()
+        .expect("the binary should exit, not be killed")
 }
 
 fn stdout(output: &Output) -> String {

@@ -28,7 +28,11 @@ fn invalid_limits_files_are_refused_with_file_line_and_column() {
     assert_eq!(code(&out), 3, "{}", stderr(&out));
     let expected = format!("{}:3:", bad.display());
     assert!(stderr(&out).contains(&expected), "{}", stderr(&out));
-    assert!(stderr(&out).contains("policies.api.period"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("policies.api.period"),
+        "{}",
+        stderr(&out)
+    );
     assert!(stdout(&out).is_empty());
 
     // A name that refers to nothing, on its own line.
@@ -41,11 +45,20 @@ fn invalid_limits_files_are_refused_with_file_line_and_column() {
     let error: serde_json::Value = serde_json::from_slice(&out.stderr).expect("JSON error");
     assert_eq!(error["exit_code"], 3);
     let message = error["error"].as_str().unwrap();
-    assert!(message.starts_with(&format!("{}:5:", dangling.display())), "{message}");
+    assert!(
+        message.starts_with(&format!("{}:5:", dangling.display())),
+        "{message}"
+    );
 
     // Every file is read, each error reported; the valid one passes.
     let valid = file("valid.toml", VALID);
-    let out = portcullis(&["limits", "validate", path_str(&valid), path_str(&bad), path_str(&dangling)]);
+    let out = portcullis(&[
+        "limits",
+        "validate",
+        path_str(&valid),
+        path_str(&bad),
+        path_str(&dangling),
+    ]);
     assert_eq!(code(&out), 3);
     assert_eq!(stderr(&out).lines().count(), 2, "{}", stderr(&out));
     let out = portcullis(&["--json", "limits", "validate", path_str(&valid)]);
@@ -58,7 +71,11 @@ fn invalid_limits_files_are_refused_with_file_line_and_column() {
     // Missing files and the same file given to inspect.
     let out = portcullis(&["limits", "validate", "/nonexistent/limits.toml"]);
     assert_eq!(code(&out), 3);
-    assert!(stderr(&out).contains("/nonexistent/limits.toml"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("/nonexistent/limits.toml"),
+        "{}",
+        stderr(&out)
+    );
     let out = portcullis(&["inspect", "alice", "--limits", path_str(&bad)]);
     assert_eq!(code(&out), 3);
     assert!(stderr(&out).contains(&expected), "{}", stderr(&out));
@@ -71,8 +88,14 @@ fn limits_diff_lists_what_changed_and_exits_1() {
         "new.toml",
         &VALID
             .replace("limit = 5, period = \"1m\"", "limit = 10, period = \"1m\"")
-            .replace("pro = [\"pro-minute\"]", "pro = [\"pro-minute\"]\nteam = [\"pro-minute\"]")
-            .replace("\"customer:globex\" = { tier = \"pro\" }", "\"customer:acme\" = { tier = \"team\" }"),
+            .replace(
+                "pro = [\"pro-minute\"]",
+                "pro = [\"pro-minute\"]\nteam = [\"pro-minute\"]",
+            )
+            .replace(
+                "\"customer:globex\" = { tier = \"pro\" }",
+                "\"customer:acme\" = { tier = \"team\" }",
+            ),
     );
     let out = portcullis(&["limits", "diff", path_str(&old), path_str(&old)]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
@@ -99,28 +122,71 @@ fn limits_diff_lists_what_changed_and_exits_1() {
 
     let out = portcullis(&["limits", "diff", path_str(&old), path_str(&new)]);
     assert_eq!(code(&out), 1);
-    assert!(stdout(&out).contains("~ policy api-minute: changed: gcra 5 per 1m -> gcra 10 per 1m"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("~ policy api-minute: changed: gcra 5 per 1m -> gcra 10 per 1m"),
+        "{}",
+        stdout(&out)
+    );
 }
 
 #[test]
 fn a_limits_file_alone_shows_the_policies_the_layer_would_select() {
     let limits = file("select.toml", VALID);
-    let out = portcullis(&["--json", "inspect", "customer:globex", "--limits", path_str(&limits)]);
+    let out = portcullis(&[
+        "--json",
+        "inspect",
+        "customer:globex",
+        "--limits",
+        path_str(&limits),
+    ]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let report = json(&out);
     assert_eq!(report["store"], serde_json::Value::Null);
     assert_eq!(report["policies"][0]["policy"], "pro-minute");
-    assert_eq!(report["policies"][0]["key"], "portcullis:{customer:globex}:pro-minute");
+    assert_eq!(
+        report["policies"][0]["key"],
+        "portcullis:{customer:globex}:pro-minute"
+    );
     assert_eq!(report["policies"][0]["current"]["capacity"], 10);
 
-    let out = portcullis(&["--json", "inspect", "someone", "--limits", path_str(&limits), "--tier", "pro"]);
+    let out = portcullis(&[
+        "--json",
+        "inspect",
+        "someone",
+        "--limits",
+        path_str(&limits),
+        "--tier",
+        "pro",
+    ]);
     assert_eq!(json(&out)["policies"][0]["policy"], "pro-minute");
-    let out = portcullis(&["inspect", "someone", "--limits", path_str(&limits), "--tier", "gold"]);
+    let out = portcullis(&[
+        "inspect",
+        "someone",
+        "--limits",
+        path_str(&limits),
+        "--tier",
+        "gold",
+    ]);
     assert_eq!(code(&out), 2);
-    assert!(stderr(&out).contains("no tier \"gold\"; its tiers: pro"), "{}", stderr(&out));
-    let out = portcullis(&["inspect", "someone", "--limits", path_str(&limits), "--policy", "nope"]);
+    assert!(
+        stderr(&out).contains("no tier \"gold\"; its tiers: pro"),
+        "{}",
+        stderr(&out)
+    );
+    let out = portcullis(&[
+        "inspect",
+        "someone",
+        "--limits",
+        path_str(&limits),
+        "--policy",
+        "nope",
+    ]);
     assert_eq!(code(&out), 2);
-    assert!(stderr(&out).contains("api-minute, api-day"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("api-minute, api-day"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -129,16 +195,29 @@ fn hostile_subjects_and_policy_names_are_refused_with_a_reason() {
     let cases: [(&[&str], &str); 7] = [
         (&["inspect", &huge, "--policy", "api"], "at most 65536"),
         (&["inspect", "", "--policy", "api"], "empty"),
-        (&["inspect", "k\u{1}1", "--as", "api-key", "--policy", "api"], "control characters"),
-        (&["inspect", "   ", "--as", "bearer", "--policy", "api"], "keys no request"),
-        (&["inspect", "300.1.2.3", "--as", "ip", "--policy", "api"], "IPv4 or IPv6"),
+        (
+            &["inspect", "k\u{1}1", "--as", "api-key", "--policy", "api"],
+            "control characters",
+        ),
+        (
+            &["inspect", "   ", "--as", "bearer", "--policy", "api"],
+            "keys no request",
+        ),
+        (
+            &["inspect", "300.1.2.3", "--as", "ip", "--policy", "api"],
+            "IPv4 or IPv6",
+        ),
         (&["inspect", "alice", "--policy", "a}b"], "policy \"a}b\""),
         (&["check", "alice", "--policy", "api"], "--dry-run"),
     ];
     for (args, expected) in cases {
         let out = portcullis(args);
         assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
-        assert!(stderr(&out).contains(expected), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(expected),
+            "{args:?}: {}",
+            stderr(&out)
+        );
     }
     // A huge policy name: refused, and the message stays short.
     let long_name = "p".repeat(100_000);
@@ -149,6 +228,15 @@ fn hostile_subjects_and_policy_names_are_refused_with_a_reason() {
     let out = portcullis(&["inspect", "alice", "--policy", "api"]);
     assert_eq!(code(&out), 2);
     assert!(stderr(&out).contains("--redis URL"), "{}", stderr(&out));
+    for (url, prefix) in [
+        ("http://127.0.0.1:1", "p"),
+        ("redis://127.0.0.1:1", "bad{prefix"),
+    ] {
+        let out = portcullis(&[
+            "inspect", "alice", "--policy", "api", "--redis", url, "--prefix", prefix,
+        ]);
+        assert_eq!(code(&out), 2, "{url} {prefix}: {}", stderr(&out));
+    }
     let out = portcullis(&["inspect", "alice", "--redis", "redis://127.0.0.1:1"]);
     assert_eq!(code(&out), 2);
     assert!(stderr(&out).contains("--limits FILE"), "{}", stderr(&out));
@@ -158,7 +246,14 @@ fn hostile_subjects_and_policy_names_are_refused_with_a_reason() {
 fn a_secret_subject_never_appears_in_the_output() {
     let limits = file("secret.toml", VALID);
     for json_flag in [true, false] {
-        let mut args = vec!["inspect", "sk-live-hunter2", "--as", "api-key", "--limits", path_str(&limits)];
+        let mut args = vec![
+            "inspect",
+            "sk-live-hunter2",
+            "--as",
+            "api-key",
+            "--limits",
+            path_str(&limits),
+        ];
         if json_flag {
             args.insert(0, "--json");
         }

@@ -108,7 +108,10 @@ async fn inspect_after_requests_through_the_layer_shows_its_headers() {
         &format!("{prefix}.toml"),
         "default = [\"daily\"]\n[policies]\ndaily = { limit = 5, period = \"1d\" }\n",
     );
-    for source in [&["--policy", "daily"][..], &["--limits", path_str(&limits)][..]] {
+    for source in [
+        &["--policy", "daily"][..],
+        &["--limits", path_str(&limits)][..],
+    ] {
         let mut args = vec!["--json", "inspect", "sk-live-7f3a", "--as", "api-key"];
         args.extend(source);
         let out = on(&prefix, &args);
@@ -117,7 +120,10 @@ async fn inspect_after_requests_through_the_layer_shows_its_headers() {
         assert!(!stdout(&out).contains("sk-live-7f3a"), "the key is printed");
         let report = json(&out);
         let policy = &report["policies"][0];
-        assert_eq!(policy["key"], store.key_for(&portcullis::subject::hash_subject(b"sk-live-7f3a"), "daily"));
+        assert_eq!(
+            policy["key"],
+            store.key_for(&portcullis::subject::hash_subject(b"sk-live-7f3a"), "daily")
+        );
         let decision = &policy["decision"];
         assert_eq!(decision["remaining"], r);
         assert_eq!(decision["allowed"], true);
@@ -125,7 +131,10 @@ async fn inspect_after_requests_through_the_layer_shows_its_headers() {
         // this test has taken since its first request.
         let reset = decision["reset_secs"].as_u64().unwrap();
         let slack = elapsed.as_secs() + 1;
-        assert!(reset <= t && reset + slack >= t, "reset {reset}, header t={t}, {elapsed:?}");
+        assert!(
+            reset <= t && reset + slack >= t,
+            "reset {reset}, header t={t}, {elapsed:?}"
+        );
         let written = &policy["written_under"];
         assert_eq!(written["algorithm"], "gcra");
         assert_eq!(written["limit"], 5);
@@ -135,16 +144,37 @@ async fn inspect_after_requests_through_the_layer_shows_its_headers() {
     }
 
     // Nothing above charged: the layer's next request sees r=1.
-    let request = Request::get("/").header("x-api-key", "sk-live-7f3a").body(()).unwrap();
+    let request = Request::get("/")
+        .header("x-api-key", "sk-live-7f3a")
+        .body(())
+        .unwrap();
     let response = service.clone().oneshot(request).await.unwrap();
     let (r, _) = ratelimit_fields(response.headers()["ratelimit"].to_str().unwrap());
     assert_eq!(r, 1);
 
     // The text report says the same to a person.
-    let out = on(&prefix, &["inspect", "sk-live-7f3a", "--as", "api-key", "--policy", "daily"]);
+    let out = on(
+        &prefix,
+        &[
+            "inspect",
+            "sk-live-7f3a",
+            "--as",
+            "api-key",
+            "--policy",
+            "daily",
+        ],
+    );
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert!(stdout(&out).contains("remaining      1 of 5"), "{}", stdout(&out));
-    assert!(stdout(&out).contains("written under  gcra 5 per 1d"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("remaining      1 of 5"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stdout(&out).contains("written under  gcra 5 per 1d"),
+        "{}",
+        stdout(&out)
+    );
 }
 
 #[tokio::test]
@@ -157,7 +187,16 @@ async fn check_dry_run_answers_as_a_check_and_charges_nothing() {
     ];
     assert!(store.check("bob", &policies, 1).await.unwrap().is_allowed());
 
-    let args = ["--json", "check", "--dry-run", "bob", "--policy", "minute", "--policy", "day"];
+    let args = [
+        "--json",
+        "check",
+        "--dry-run",
+        "bob",
+        "--policy",
+        "minute",
+        "--policy",
+        "day",
+    ];
     let out = on(&prefix, &args);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let report = json(&out);
@@ -178,7 +217,11 @@ async fn check_dry_run_answers_as_a_check_and_charges_nothing() {
         assert_eq!(report["policies"][1]["decision"]["remaining"], 98);
     }
     let out = on(&prefix, &args[1..]);
-    assert!(stdout(&out).contains("would be DENIED, retry after"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("would be DENIED, retry after"),
+        "{}",
+        stdout(&out)
+    );
     // As the store itself answers: denied, and the day policy uncharged.
     let verdict = store.check("bob", &policies, 1).await.unwrap();
     assert!(!verdict.is_allowed());
@@ -191,15 +234,38 @@ async fn reset_frees_the_subject_on_two_store_instances() {
     let (a, b) = (store(&prefix).await, store(&prefix).await);
     let policies = [Policy::per_hour(2).name("hourly").build().unwrap()];
     for _ in 0..2 {
-        assert!(a.check("203.0.113.9", &policies, 1).await.unwrap().is_allowed());
+        assert!(a
+            .check("203.0.113.9", &policies, 1)
+            .await
+            .unwrap()
+            .is_allowed());
     }
-    assert!(!a.check("203.0.113.9", &policies, 1).await.unwrap().is_allowed());
-    assert!(!b.check("203.0.113.9", &policies, 1).await.unwrap().is_allowed());
+    assert!(!a
+        .check("203.0.113.9", &policies, 1)
+        .await
+        .unwrap()
+        .is_allowed());
+    assert!(!b
+        .check("203.0.113.9", &policies, 1)
+        .await
+        .unwrap()
+        .is_allowed());
 
     let url = redis_url();
     // The URL from the environment, as the service itself may read it.
     let out = portcullis_with_env(
-        &["--json", "reset", "--yes", "::ffff:203.0.113.9", "--as", "ip", "--policy", "hourly", "--prefix", &prefix],
+        &[
+            "--json",
+            "reset",
+            "--yes",
+            "::ffff:203.0.113.9",
+            "--as",
+            "ip",
+            "--policy",
+            "hourly",
+            "--prefix",
+            &prefix,
+        ],
         &url,
     );
     assert_eq!(code(&out), 0, "{}", stderr(&out));
@@ -220,14 +286,25 @@ async fn reset_without_yes_off_a_terminal_refuses_and_writes_nothing() {
     let prefix = prefix("refuse");
     let store = store(&prefix).await;
     let policies = [Policy::per_hour(1).name("hourly").build().unwrap()];
-    assert!(store.check("carol", &policies, 1).await.unwrap().is_allowed());
+    assert!(store
+        .check("carol", &policies, 1)
+        .await
+        .unwrap()
+        .is_allowed());
 
     let out = on(&prefix, &["reset", "carol", "--policy", "hourly"]);
     assert_eq!(code(&out), 5, "{}", stderr(&out));
     assert!(stderr(&out).contains("--yes"), "{}", stderr(&out));
-    assert!(stderr(&out).contains("nothing was written"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("nothing was written"),
+        "{}",
+        stderr(&out)
+    );
     assert!(stdout(&out).is_empty());
-    assert!(!store.peek("carol", &policies).await.unwrap().is_allowed(), "the state was reset");
+    assert!(
+        !store.peek("carol", &policies).await.unwrap().is_allowed(),
+        "the state was reset"
+    );
 }
 
 #[tokio::test]
@@ -240,20 +317,39 @@ async fn held_leases_are_counted() {
         .build()
         .unwrap();
     for _ in 0..2 {
-        assert!(store.acquire("tenant-7", &exports, LeaseId::generate()).await.unwrap().is_granted());
+        assert!(store
+            .acquire("tenant-7", &exports, LeaseId::generate())
+            .await
+            .unwrap()
+            .is_granted());
     }
-    let out = on(&prefix, &["--json", "inspect", "tenant-7", "--policy", "api", "--lease", "exports"]);
+    let out = on(
+        &prefix,
+        &[
+            "--json", "inspect", "tenant-7", "--policy", "api", "--lease", "exports",
+        ],
+    );
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let report = json(&out);
     assert_eq!(report["leases"][0]["live"], 2);
-    assert_eq!(report["leases"][0]["key"], store.lease_key_for("tenant-7", "exports"));
+    assert_eq!(
+        report["leases"][0]["key"],
+        store.lease_key_for("tenant-7", "exports")
+    );
     assert_eq!(report["policies"][0]["raw"]["redis_type"], "none");
 }
 
 #[test]
 fn an_unreachable_store_is_exit_4_with_the_password_hidden() {
     let out = portcullis(&[
-        "inspect", "alice", "--policy", "api", "--redis", "redis://user:s3cret@127.0.0.1:1", "--timeout", "2s",
+        "inspect",
+        "alice",
+        "--policy",
+        "api",
+        "--redis",
+        "redis://user:s3cret@127.0.0.1:1",
+        "--timeout",
+        "2s",
     ]);
     assert_eq!(code(&out), 4, "{}", stderr(&out));
     assert!(!stderr(&out).contains("s3cret"), "{}", stderr(&out));
@@ -281,9 +377,24 @@ async fn inspect_and_reset_over_mutual_tls_as_the_stores_acl_user() {
         .expect("the mutual-TLS store should build");
     let policies = [Policy::per_hour(3).name("hourly").build().unwrap()];
     for _ in 0..2 {
-        assert!(store.check("dave", &policies, 1).await.unwrap().is_allowed());
+        assert!(store
+            .check("dave", &policies, 1)
+            .await
+            .unwrap()
+            .is_allowed());
     }
-    let tls = ["--redis", &url, "--prefix", &prefix, "--tls-ca", &ca, "--tls-cert", &cert, "--tls-key", &key];
+    let tls = [
+        "--redis",
+        &url,
+        "--prefix",
+        &prefix,
+        "--tls-ca",
+        &ca,
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+    ];
     let mut args = vec!["--json", "inspect", "dave", "--policy", "hourly"];
     args.extend(tls);
     let out = portcullis(&args);
@@ -295,7 +406,10 @@ async fn inspect_and_reset_over_mutual_tls_as_the_stores_acl_user() {
     args.extend(tls);
     let out = portcullis(&args);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert_eq!(store.peek("dave", &policies).await.unwrap().decisions()[0].remaining(), 3);
+    assert_eq!(
+        store.peek("dave", &policies).await.unwrap().decisions()[0].remaining(),
+        3
+    );
 }
 
 #[tokio::test]
@@ -314,7 +428,11 @@ async fn inspect_and_reset_on_a_cluster_touch_only_the_subject() {
     let subjects: Vec<String> = (1..=6).map(|n| format!("user-{n}")).collect();
     for (n, subject) in subjects.iter().enumerate() {
         for _ in 0..=n {
-            assert!(store.check(subject, &policies, 1).await.unwrap().is_allowed());
+            assert!(store
+                .check(subject, &policies, 1)
+                .await
+                .unwrap()
+                .is_allowed());
         }
     }
     let cluster = ["--cluster", "--redis", &urls, "--prefix", &prefix];
@@ -323,7 +441,11 @@ async fn inspect_and_reset_on_a_cluster_touch_only_the_subject() {
         args.extend(cluster);
         let out = portcullis(&args);
         assert_eq!(code(&out), 0, "{}", stderr(&out));
-        assert_eq!(json(&out)["policies"][0]["decision"]["remaining"], 9 - n, "{subject}");
+        assert_eq!(
+            json(&out)["policies"][0]["decision"]["remaining"],
+            9 - n,
+            "{subject}"
+        );
     }
     let mut args = vec!["reset", "--yes", "user-3", "--policy", "hourly"];
     args.extend(cluster);
@@ -331,7 +453,11 @@ async fn inspect_and_reset_on_a_cluster_touch_only_the_subject() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     for (n, subject) in subjects.iter().enumerate() {
         let remaining = store.peek(subject, &policies).await.unwrap().decisions()[0].remaining();
-        let expected = if subject == "user-3" { 10 } else { 9 - n as u64 };
+        let expected = if subject == "user-3" {
+            10
+        } else {
+            9 - n as u64
+        };
         assert_eq!(remaining, expected, "{subject}");
     }
 }
