@@ -72,7 +72,7 @@ impl Failure {
     }
 
     /// The same message, as bad input (exit 2).
-    pub(crate) fn as_usage(self) -> Self {
+    pub(crate) fn into_usage(self) -> Self {
         Self {
             kind: Kind::Usage,
             ..self

@@ -89,7 +89,7 @@ pub(crate) async fn connect(args: &StoreArgs) -> Result<Connected, Failure> {
                 | BuildError::TlsSettingsWithoutTls { .. }
                 | BuildError::NoServer
         ) {
-            failure.as_usage()
+            failure.into_usage()
         } else {
             failure
         }
