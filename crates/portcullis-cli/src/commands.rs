@@ -8,6 +8,7 @@
 use std::io::{BufRead as _, IsTerminal as _, Write as _};
 use std::time::Duration;
 
+use portcullis::redis::redact_url;
 use portcullis::subject::encode_subject;
 use portcullis::{Algorithm, ConcurrencyPolicy, LeakyMode, Policy, PolicySource, Store as _};
 
@@ -364,7 +365,8 @@ async fn reset(args: &Reset) -> Result<ResetReport, Failure> {
     let view = subject_view(&subject, &args.subject, &args.store);
     let names: Vec<&str> = subject.targets.iter().map(|t| t.name.as_str()).collect();
     if !args.yes {
-        confirm(&view.layer_key, &names)?;
+        let shown: Vec<String> = args.store.urls.iter().map(|url| redact_url(url)).collect();
+        confirm(&view.layer_key, &names, &shown.join(","))?;
     }
     let mut connected = connect(&args.store).await?;
     let mut keys = Vec::new();
@@ -401,7 +403,7 @@ async fn reset(args: &Reset) -> Result<ResetReport, Failure> {
 }
 
 /// Asks on the terminal; refuses when stdin is not one.
-fn confirm(key: &str, names: &[&str]) -> Result<(), Failure> {
+fn confirm(key: &str, names: &[&str], store: &str) -> Result<(), Failure> {
     let stdin = std::io::stdin();
     if !stdin.is_terminal() {
         return Err(Failure::refused(
@@ -411,7 +413,7 @@ fn confirm(key: &str, names: &[&str]) -> Result<(), Failure> {
     let mut stderr = std::io::stderr().lock();
     let _ = write!(
         stderr,
-        "Reset {} under {}? Every instance sees it at full capacity at once. [y/N] ",
+        "Reset {} under {} on {store}? Every instance sees it at full capacity at once. [y/N] ",
         shown(key),
         names.join(", ")
     );

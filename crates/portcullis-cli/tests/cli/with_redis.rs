@@ -463,3 +463,47 @@ async fn inspect_and_reset_on_a_cluster_touch_only_the_subject() {
         assert_eq!(remaining, expected, "{subject}");
     }
 }
+
+/// `reset` on a terminal asks, and only `y` resets. The terminal is
+/// util-linux's `script` (a pseudo-terminal), which Debian always has.
+#[tokio::test]
+async fn reset_on_a_terminal_asks_and_only_yes_resets() {
+    let prefix = prefix("tty");
+    let store = store(&prefix).await;
+    let policies = [Policy::per_hour(1).name("hourly").build().unwrap()];
+    assert!(store
+        .check("erin", &policies, 1)
+        .await
+        .unwrap()
+        .is_allowed());
+    let line = format!(
+        "{} reset erin --policy hourly --redis {} --prefix {prefix}",
+        env!("CARGO_BIN_EXE_portcullis"),
+        redis_url()
+    );
+    let on_terminal = |answer: &str| {
+        let mut child = std::process::Command::new("script")
+            .args(["-qec", &line, "/dev/null"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("util-linux's `script` should run: it gives the binary a terminal");
+        let mut stdin = child.stdin.take().unwrap();
+        std::io::Write::write_all(&mut stdin, answer.as_bytes()).unwrap();
+        drop(stdin);
+        child.wait_with_output().unwrap()
+    };
+    for refusal in ["n\n", "\n", "yes please\n"] {
+        let out = on_terminal(refusal);
+        assert_eq!(code(&out), 5, "{refusal:?}: {}", stdout(&out));
+        assert!(stdout(&out).contains("[y/N]"), "{}", stdout(&out));
+        assert!(
+            !store.peek("erin", &policies).await.unwrap().is_allowed(),
+            "reset on {refusal:?}"
+        );
+    }
+    let out = on_terminal("y\n");
+    assert_eq!(code(&out), 0, "{}", stdout(&out));
+    assert!(store.peek("erin", &policies).await.unwrap().is_allowed());
+}
