@@ -190,8 +190,8 @@ pub(crate) struct PolicyArgs {
 #[derive(Debug, Args)]
 pub(crate) struct StoreArgs {
     /// The Redis URL (redis://, rediss://, redis+unix://; user and
-    /// password as in the store); with --cluster, several (repeat or
-    /// separate by commas).
+    /// password as in the store); with --cluster or --sentinel, several
+    /// (repeat or separate by commas).
     #[arg(
         long = "redis",
         env = "PORTCULLIS_REDIS_URL",
@@ -203,6 +203,18 @@ pub(crate) struct StoreArgs {
     /// The URLs are nodes of a Redis Cluster.
     #[arg(long)]
     pub(crate) cluster: bool,
+    /// The URLs are Sentinels monitoring the primary MASTER.
+    #[arg(long, value_name = "MASTER", conflicts_with = "cluster")]
+    pub(crate) sentinel: Option<String>,
+    /// With --sentinel: the primary's credentials, `USER:PASSWORD` or
+    /// `:PASSWORD` (the Sentinels' own go in their URLs).
+    #[arg(
+        long,
+        env = "PORTCULLIS_REDIS_PRIMARY_AUTH",
+        hide_env_values = true,
+        value_name = "USER:PASSWORD"
+    )]
+    pub(crate) primary_auth: Option<String>,
     /// The store's key prefix.
     #[arg(long, default_value = "portcullis", value_name = "PREFIX")]
     pub(crate) prefix: String,

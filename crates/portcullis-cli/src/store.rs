@@ -1,5 +1,5 @@
 //! The store, built as the service builds its `RedisStore` (the same
-//! builder: URL forms, TLS files, ACL users in the URL, Cluster), and a
+//! builder: URL forms, TLS files, ACL users, Cluster, Sentinel), and a
 //! second, plain connection for what the `Store` trait does not expose:
 //! a key's type, raw value and expiry, and a lease set's live members.
 //! Those raw reads are read-only commands only (`GET`, `ZCARD`,
@@ -13,7 +13,10 @@ use portcullis::redis::{redact_url, BuildError, RedisStore};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, FromRedisValue, TlsCertificates};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{
+    Cmd, ConnectionAddr, FromRedisValue, IntoConnectionInfo as _, TlsCertificates, TlsMode,
+};
 
 use crate::args::StoreArgs;
 use crate::failure::Failure;
@@ -46,11 +49,30 @@ pub(crate) async fn connect(args: &StoreArgs) -> Result<Connected, Failure> {
             "no Redis given: pass --redis URL (or set PORTCULLIS_REDIS_URL), the URL the service's store uses",
         ));
     }
-    if urls.len() > 1 && !args.cluster {
+    if urls.len() > 1 && !args.cluster && args.sentinel.is_none() {
         return Err(Failure::usage(
-            "several Redis URLs given: add --cluster if they are nodes of one Redis Cluster, else give one",
+            "several Redis URLs given: add --cluster if they are nodes of one Redis Cluster, or --sentinel MASTER if they are Sentinels; else give one",
         ));
     }
+    let primary_auth = match (&args.primary_auth, &args.sentinel) {
+        (Some(_), None) => {
+            return Err(Failure::usage(
+                "--primary-auth (or PORTCULLIS_REDIS_PRIMARY_AUTH) is for --sentinel; with one server, put the user and password in its URL",
+            ));
+        }
+        (Some(auth), Some(_)) => {
+            let Some((user, password)) = auth.split_once(':') else {
+                return Err(Failure::usage(
+                    "--primary-auth is USER:PASSWORD, or :PASSWORD for the default user",
+                ));
+            };
+            Some((
+                (!user.is_empty()).then(|| user.to_owned()),
+                password.to_owned(),
+            ))
+        }
+        (None, _) => None,
+    };
     let shown = urls
         .iter()
         .map(|url| redact_url(url))
@@ -69,9 +91,17 @@ pub(crate) async fn connect(args: &StoreArgs) -> Result<Connected, Failure> {
         .connect_timeout(args.timeout);
     builder = if args.cluster {
         builder.cluster(urls.iter().copied())
+    } else if let Some(master) = &args.sentinel {
+        builder.sentinel(master.as_str(), urls.iter().copied())
     } else {
         builder.url(urls.concat())
     };
+    if let Some((user, password)) = &primary_auth {
+        if let Some(user) = user {
+            builder = builder.username(user.as_str());
+        }
+        builder = builder.password(password.as_str());
+    }
     if let Some(ca) = &ca {
         builder = builder.tls_ca(ca.clone());
     }
@@ -117,6 +147,13 @@ pub(crate) async fn connect(args: &StoreArgs) -> Result<Connected, Failure> {
                 .await?
                 .map_err(raw_error)?,
         )
+    } else if let Some(master) = &args.sentinel {
+        let mut client = sentinel_client(&urls, master, certs, primary_auth).map_err(raw_error)?;
+        Raw::Single(
+            within(args.timeout, &shown, client.get_async_connection())
+                .await?
+                .map_err(raw_error)?,
+        )
     } else {
         let url = urls.concat();
         let client = match certs {
@@ -140,6 +177,57 @@ pub(crate) async fn connect(args: &StoreArgs) -> Result<Connected, Failure> {
         timeout: args.timeout,
         shown,
     })
+}
+
+/// A client of the primary that `urls` (Sentinels) name `master`, as the
+/// store's builder makes it: TLS when the Sentinels' URLs are `rediss://`
+/// (to them and to the primary), the Sentinels' credentials from their
+/// URLs, the primary's from `--primary-auth`. (The builder's own client
+/// is private to the store, and the `Store` trait has no raw reads.)
+fn sentinel_client(
+    urls: &[&str],
+    master: &str,
+    certs: Option<TlsCertificates>,
+    primary_auth: Option<(Option<String>, String)>,
+) -> redis::RedisResult<SentinelClient> {
+    let mut addrs = Vec::with_capacity(urls.len());
+    let mut tls = false;
+    let mut sentinel_auth = None;
+    for url in urls {
+        let info = url.into_connection_info()?;
+        tls |= matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+        let settings = info.redis_settings();
+        if sentinel_auth.is_none() {
+            if let Some(password) = settings.password() {
+                sentinel_auth = Some((settings.username().map(str::to_owned), password.to_owned()));
+            }
+        }
+        addrs.push(info.addr().clone());
+    }
+    let mut builder = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)?;
+    if tls {
+        builder = builder
+            .set_client_to_sentinel_tls_mode(TlsMode::Secure)
+            .set_client_to_redis_tls_mode(TlsMode::Secure);
+        if let Some(certs) = certs {
+            builder = builder
+                .set_client_to_sentinel_certificates(certs.clone())
+                .set_client_to_redis_certificates(certs);
+        }
+    }
+    if let Some((user, password)) = sentinel_auth {
+        if let Some(user) = user {
+            builder = builder.set_client_to_sentinel_username(user);
+        }
+        builder = builder.set_client_to_sentinel_password(password);
+    }
+    if let Some((user, password)) = primary_auth {
+        if let Some(user) = user {
+            builder = builder.set_client_to_redis_username(user);
+        }
+        builder = builder.set_client_to_redis_password(password);
+    }
+    builder.build()
 }
 
 fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, Failure> {

@@ -507,3 +507,56 @@ async fn reset_on_a_terminal_asks_and_only_yes_resets() {
     assert_eq!(code(&out), 0, "{}", stdout(&out));
     assert!(store.peek("erin", &policies).await.unwrap().is_allowed());
 }
+
+#[tokio::test]
+async fn inspect_and_reset_through_sentinels_plain_and_tls() {
+    let master = required("PORTCULLIS_REDIS_SENTINEL_MASTER");
+    let ca = required("PORTCULLIS_REDIS_TLS_CA");
+    let ca_pem = std::fs::read(&ca).unwrap_or_else(|e| panic!("{ca}: {e}"));
+    for (variable, tls) in [
+        ("PORTCULLIS_REDIS_SENTINEL_URLS", false),
+        ("PORTCULLIS_REDIS_TLS_SENTINEL_URLS", true),
+    ] {
+        let prefix = prefix(if tls { "tls-sentinel" } else { "sentinel" });
+        let urls = required(variable);
+        let mut builder = RedisStore::builder()
+            .sentinel(master.as_str(), urls.split(','))
+            .prefix(prefix.as_str())
+            .timeout(Duration::from_secs(5));
+        if tls {
+            builder = builder.tls_ca(ca_pem.clone());
+        }
+        let store = builder
+            .build()
+            .await
+            .expect("the Sentinel store should build");
+        let policies = [Policy::per_hour(4).name("hourly").build().unwrap()];
+        for _ in 0..3 {
+            assert!(store
+                .check("frank", &policies, 1)
+                .await
+                .unwrap()
+                .is_allowed());
+        }
+        let mut options = vec!["--sentinel", &master, "--redis", &urls, "--prefix", &prefix];
+        if tls {
+            options.extend(["--tls-ca", &ca]);
+        }
+        let mut args = vec!["--json", "inspect", "frank", "--policy", "hourly"];
+        args.extend(&options);
+        let out = portcullis(&args);
+        assert_eq!(code(&out), 0, "{variable}: {}", stderr(&out));
+        assert_eq!(
+            json(&out)["policies"][0]["decision"]["remaining"],
+            1,
+            "{variable}"
+        );
+
+        let mut args = vec!["reset", "--yes", "frank", "--policy", "hourly"];
+        args.extend(&options);
+        let out = portcullis(&args);
+        assert_eq!(code(&out), 0, "{variable}: {}", stderr(&out));
+        let remaining = store.peek("frank", &policies).await.unwrap().decisions()[0].remaining();
+        assert_eq!(remaining, 4, "{variable}");
+    }
+}
