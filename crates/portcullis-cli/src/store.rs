@@ -197,10 +197,10 @@ fn sentinel_client(
         let info = url.into_connection_info()?;
         tls |= matches!(info.addr(), ConnectionAddr::TcpTls { .. });
         let settings = info.redis_settings();
-        if sentinel_auth.is_none() {
-            if let Some(password) = settings.password() {
-                sentinel_auth = Some((settings.username().map(str::to_owned), password.to_owned()));
-            }
+        if sentinel_auth.is_none()
+            && let Some(password) = settings.password()
+        {
+            sentinel_auth = Some((settings.username().map(str::to_owned), password.to_owned()));
         }
         addrs.push(info.addr().clone());
     }
