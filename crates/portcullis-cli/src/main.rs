@@ -5,11 +5,11 @@
 //! command line, running the command, printing its report (for people or
 //! as JSON) and the exit code.
 //!
-//! The modules, top-down: `args` (the command line) → `commands` (what
-//! each command does) → `limits` (validate, diff) and `store` (the store
-//! and raw reads of its keys) → `subject` (how an operator's subject
+//! The modules, top-down (each uses only the ones below it): `commands`
+//! (what each command does) → `limits` (validate, diff) and `store` (the
+//! store and raw reads of its keys) → `subject` (how an operator's subject
 //! becomes the layer's key) → `report` (what is printed) → `failure`
-//! (errors and exit codes).
+//! (errors and exit codes) → `args` (the command line, a leaf).
 
 mod args;
 mod commands;
