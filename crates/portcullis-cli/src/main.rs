@@ -22,13 +22,17 @@ mod subject;
 use std::io::Write as _;
 use std::process::ExitCode;
 
+use clap::error::ErrorKind;
 use clap::Parser as _;
 
 use crate::args::Cli;
 use crate::failure::Failure;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return usage_error(&error),
+    };
     let json = cli.json;
     let outcome = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -60,4 +64,22 @@ fn main() -> ExitCode {
             failure.exit_code()
         }
     }
+}
+
+/// A command line clap refused (or `--help`, `--version`): as clap prints
+/// it, or with `--json` as the JSON error the other failures give.
+fn usage_error(error: &clap::Error) -> ExitCode {
+    let asked = matches!(
+        error.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+    );
+    if asked || !std::env::args_os().any(|arg| arg == "--json") {
+        // To stdout or stderr, and with the exit code, that clap chooses.
+        let _ = error.print();
+        return ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(2));
+    }
+    let message = error.render().to_string();
+    let json = serde_json::json!({ "error": message.trim_end(), "exit_code": 2 });
+    let _ = writeln!(std::io::stderr().lock(), "{json}");
+    ExitCode::from(2)
 }

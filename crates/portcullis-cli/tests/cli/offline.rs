@@ -219,6 +219,15 @@ fn hostile_subjects_and_policy_names_are_refused_with_a_reason() {
             stderr(&out)
         );
     }
+    // With --json, a refused command line is a JSON error too.
+    let out = portcullis(&["--json", "check", "alice", "--policy", "api"]);
+    assert_eq!(code(&out), 2);
+    let error: serde_json::Value = serde_json::from_slice(&out.stderr).expect("a JSON error");
+    assert_eq!(error["exit_code"], 2);
+    assert!(
+        error["error"].as_str().unwrap().contains("--dry-run"),
+        "{error}"
+    );
     // A huge policy name: refused, and the message stays short.
     let long_name = "p".repeat(100_000);
     let out = portcullis(&["inspect", "alice", "--policy", &long_name]);
