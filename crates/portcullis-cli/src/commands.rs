@@ -18,8 +18,8 @@ use crate::args::{
 use crate::failure::Failure;
 use crate::limits;
 use crate::report::{
-    DecisionView, LeaseView, PolicyState, PolicyView, Report, ResetKey, ResetReport, StateReport,
-    SubjectView,
+    DecisionView, LeaseView, PolicyState, PolicyView, RawView, Report, ResetKey, ResetReport,
+    StateReport, SubjectView,
 };
 use crate::store::{connect, Connected};
 use crate::subject::{layer_key, LayerKey};
@@ -239,32 +239,39 @@ async fn read_states(
     for target in &subject.targets {
         let key = connected.store.key_for(&subject.key.key, &target.name);
         let raw = connected.read_key(&key).await?;
-        let written = raw.value.as_deref().and_then(written_under);
-        let written_policy = written.and_then(|(algorithm, limit, period_us, capacity)| {
-            Policy::per(limit, Duration::from_micros(period_us))
-                .name(target.name.as_str())
-                .algorithm(algorithm)
-                .burst(capacity)
-                .build()
-                .ok()
-        });
+        let algorithm = state_algorithm(&raw);
+        let written = raw.value.as_deref().and_then(numbers_written_under);
+        let written_policy =
+            algorithm
+                .zip(written)
+                .and_then(|(algorithm, (limit, period_us, capacity))| {
+                    Policy::per(limit, Duration::from_micros(period_us))
+                        .name(target.name.as_str())
+                        .algorithm(algorithm)
+                        .burst(capacity)
+                        .build()
+                        .ok()
+                });
         let written_view = written_policy.as_ref().map(PolicyView::of);
         let current_view = target.current.as_ref().map(PolicyView::of);
-        let note = match (&current_view, &written_view) {
-            (Some(current), Some(written)) if current.algorithm != written.algorithm => Some(
-                "written by another algorithm: the current policy counts it as no state".to_owned(),
-            ),
-            (Some(current), Some(written)) if current != written => Some(
+        let note = match (&target.current, algorithm, &written_view) {
+            (Some(current), Some(algorithm), _) if current.algorithm() != algorithm => Some(format!(
+                "written by {algorithm}: the current policy ({}) counts it as no state",
+                current.algorithm()
+            )),
+            (Some(_), _, Some(written)) if current_view.as_ref() != Some(written) => Some(
                 "written under other numbers: read through the current policy, which carries its permits over"
                     .to_owned(),
             ),
-            (None, None) if raw.redis_type == "none" => Some(
+            (None, _, None) if raw.redis_type == "none" => Some(
                 "no state: full capacity under any policy (give --limits for its numbers)"
                     .to_owned(),
             ),
-            (None, None) => Some(
-                "this state does not hold the numbers it was written under: give --limits to read it"
-                    .to_owned(),
+            (None, Some(algorithm), None) => Some(format!(
+                "written by {algorithm}, which does not store its numbers: give --limits to read it"
+            )),
+            (None, None, None) => Some(
+                "not a state portcullis writes: check --prefix and the policy name".to_owned(),
             ),
             _ => None,
         };
@@ -298,29 +305,41 @@ async fn read_states(
     Ok(states)
 }
 
-/// The algorithm and numbers a bucket state ends in
-/// (`<state>@<limit>:<period_us>:<capacity>`, the guide's "Key layout").
-fn written_under(value: &str) -> Option<(Algorithm, u64, u64, u64)> {
-    let (head, tail) = value.rsplit_once('@')?;
+/// The algorithm that wrote a state, from its form (the guide's "Key
+/// layout"): a sorted set is a sliding log; a string starts with its
+/// algorithm's name, or is a GCRA time in hexadecimal.
+fn state_algorithm(raw: &RawView) -> Option<Algorithm> {
+    if raw.redis_type == "zset" {
+        return Some(Algorithm::SlidingLog);
+    }
+    let value = raw.value.as_deref()?;
+    let head = value.split('@').next().unwrap_or(value);
+    let named = [
+        ("gcra:", Algorithm::Gcra),
+        ("token_bucket:", Algorithm::TokenBucket),
+        ("leaky_meter:", Algorithm::LeakyBucket(LeakyMode::Meter)),
+        ("leaky_queue:", Algorithm::LeakyBucket(LeakyMode::Queue)),
+        ("fixed_window:", Algorithm::FixedWindow),
+        ("sliding_window:", Algorithm::SlidingWindow),
+    ];
+    named
+        .into_iter()
+        .find_map(|(prefix, algorithm)| head.starts_with(prefix).then_some(algorithm))
+        .or_else(|| {
+            (!head.is_empty() && head.bytes().all(|b| b.is_ascii_hexdigit()))
+                .then_some(Algorithm::Gcra)
+        })
+}
+
+/// The numbers a bucket state ends in: `@<limit>:<period_us>:<capacity>`.
+fn numbers_written_under(value: &str) -> Option<(u64, u64, u64)> {
+    let (_, tail) = value.rsplit_once('@')?;
     let mut numbers = tail.split(':').map(|n| n.parse::<u64>().ok());
     let (limit, period_us, capacity) = (numbers.next()??, numbers.next()??, numbers.next()??);
     if numbers.next().is_some() {
         return None;
     }
-    let algorithm = if head.starts_with("token_bucket:") {
-        Algorithm::TokenBucket
-    } else if head.starts_with("leaky_meter:") {
-        Algorithm::LeakyBucket(LeakyMode::Meter)
-    } else if head.starts_with("leaky_queue:") {
-        Algorithm::LeakyBucket(LeakyMode::Queue)
-    } else if head.starts_with("gcra:")
-        || (!head.is_empty() && head.bytes().all(|b| b.is_ascii_hexdigit()))
-    {
-        Algorithm::Gcra
-    } else {
-        return None;
-    };
-    Some((algorithm, limit, period_us, capacity))
+    Some((limit, period_us, capacity))
 }
 
 async fn check(args: &Check) -> Result<StateReport, Failure> {
@@ -433,26 +452,56 @@ fn confirm(key: &str, names: &[&str], store: &str) -> Result<(), Failure> {
 mod tests {
     use super::*;
 
+    fn string(value: &str) -> RawView {
+        RawView {
+            redis_type: "string".to_owned(),
+            value: Some(value.to_owned()),
+            members: None,
+            expires_in_ms: None,
+        }
+    }
+
     #[test]
-    fn the_numbers_a_state_was_written_under() {
+    fn the_algorithm_and_numbers_a_state_was_written_under() {
+        let cases = [
+            ("18b4c2f1e3a07@5:60000000:5", Some(Algorithm::Gcra)),
+            ("18b4c2f1e3a07", Some(Algorithm::Gcra)),
+            (
+                "gcra:1700000000000000:3@10:1000000:20",
+                Some(Algorithm::Gcra),
+            ),
+            (
+                "token_bucket:5:17@5:1000000:5",
+                Some(Algorithm::TokenBucket),
+            ),
+            (
+                "leaky_queue:5:1@5:1000000:5",
+                Some(Algorithm::LeakyBucket(LeakyMode::Queue)),
+            ),
+            ("fixed_window:17:3", Some(Algorithm::FixedWindow)),
+            ("sliding_window:17:3:4", Some(Algorithm::SlidingWindow)),
+            ("zz@1:2:3", None),
+            ("", None),
+        ];
+        for (value, algorithm) in cases {
+            assert_eq!(state_algorithm(&string(value)), algorithm, "{value}");
+        }
+        let zset = RawView {
+            redis_type: "zset".to_owned(),
+            value: None,
+            members: Some(3),
+            expires_in_ms: None,
+        };
+        assert_eq!(state_algorithm(&zset), Some(Algorithm::SlidingLog));
+
         assert_eq!(
-            written_under("18b4c2f1e3a07@5:60000000:5"),
-            Some((Algorithm::Gcra, 5, 60_000_000, 5))
+            numbers_written_under("18b4c2f1e3a07@5:60000000:5"),
+            Some((5, 60_000_000, 5))
         );
-        assert_eq!(
-            written_under("gcra:1700000000000000:3@10:1000000:20"),
-            Some((Algorithm::Gcra, 10, 1_000_000, 20))
-        );
-        assert_eq!(
-            written_under("token_bucket:5:17@5:1000000:5").map(|w| w.0),
-            Some(Algorithm::TokenBucket)
-        );
-        assert_eq!(written_under("18b4c2f1e3a07"), None);
-        assert_eq!(written_under("fixed_window:17:3"), None);
-        assert_eq!(written_under("zz@1:2:3"), None);
-        assert_eq!(written_under("abc@1:2"), None);
-        assert_eq!(written_under("abc@1:2:3:4"), None);
-        assert_eq!(written_under("abc@1:-2:3"), None);
+        assert_eq!(numbers_written_under("18b4c2f1e3a07"), None);
+        assert_eq!(numbers_written_under("abc@1:2"), None);
+        assert_eq!(numbers_written_under("abc@1:2:3:4"), None);
+        assert_eq!(numbers_written_under("abc@1:-2:3"), None);
     }
 
     #[test]

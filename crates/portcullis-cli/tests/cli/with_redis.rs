@@ -560,3 +560,85 @@ async fn inspect_and_reset_through_sentinels_plain_and_tls() {
         assert_eq!(remaining, 4, "{variable}");
     }
 }
+
+#[tokio::test]
+async fn window_states_are_read_through_the_limits_file() {
+    let prefix = prefix("windows");
+    let store = store(&prefix).await;
+    // Windows of 1000 days, aligned to multiples of 1000 days since the
+    // epoch: no window ends while the test runs (the next ends in 2027).
+    let window = Policy::per(10, Duration::from_secs(1000 * 86_400))
+        .name("window")
+        .algorithm(portcullis::Algorithm::FixedWindow)
+        .build()
+        .unwrap();
+    let log = Policy::per_hour(5)
+        .name("log")
+        .algorithm(portcullis::Algorithm::SlidingLog)
+        .build()
+        .unwrap();
+    let policies = [window, log];
+    for _ in 0..3 {
+        assert!(store
+            .check("gina", &policies, 1)
+            .await
+            .unwrap()
+            .is_allowed());
+    }
+    let limits = file(
+        &format!("{prefix}.toml"),
+        "default = [\"window\", \"log\"]\n[policies]\n\
+         window = { limit = 10, period = \"1000d\", algorithm = \"fixed_window\" }\n\
+         log = { limit = 5, period = \"1h\", algorithm = \"sliding_log\" }\n",
+    );
+    let out = on(
+        &prefix,
+        &["--json", "inspect", "gina", "--limits", path_str(&limits)],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let report = json(&out);
+    let (window, log) = (&report["policies"][0], &report["policies"][1]);
+    assert_eq!(window["decision"]["remaining"], 7);
+    assert_eq!(window["raw"]["redis_type"], "string");
+    assert_eq!(log["decision"]["remaining"], 2);
+    assert_eq!(log["raw"]["redis_type"], "zset");
+    assert_eq!(log["raw"]["members"], 3);
+    assert_eq!(window["written_under"], serde_json::Value::Null);
+
+    // Without the file, their numbers are unknown: said, not guessed.
+    let out = on(
+        &prefix,
+        &["--json", "inspect", "gina", "--policy", "window"],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let policy = &json(&out)["policies"][0];
+    assert_eq!(policy["decision"], serde_json::Value::Null);
+    assert!(
+        policy["note"].as_str().unwrap().contains("--limits"),
+        "{policy}"
+    );
+    let out = on(&prefix, &["check", "--dry-run", "gina", "--policy", "log"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("--limits FILE"), "{}", stderr(&out));
+
+    // The file now says GCRA under the same name: the old state counts as
+    // none, and the report says why.
+    let changed = file(
+        &format!("{prefix}-gcra.toml"),
+        "default = [\"window\"]\n[policies]\nwindow = { limit = 10, period = \"1000d\" }\n",
+    );
+    let out = on(
+        &prefix,
+        &["--json", "inspect", "gina", "--limits", path_str(&changed)],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let policy = &json(&out)["policies"][0];
+    assert_eq!(policy["decision"]["remaining"], 10);
+    assert!(
+        policy["note"]
+            .as_str()
+            .unwrap()
+            .contains("written by fixed_window"),
+        "{policy}"
+    );
+}
