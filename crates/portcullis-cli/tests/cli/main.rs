@@ -1,9 +1,11 @@
-//! The `portcullis` binary, run as an operator runs it: `with_redis.rs` against
-//! the real Redis that `cargo xtask test` starts (`PORTCULLIS_REDIS_URL`;
-//! missing, those tests fail loudly), `offline.rs` what needs no server
-//! (limits files, bad input, the README's help). This file owns the
-//! helpers both use.
+//! The `portcullis` binary, run as an operator runs it: `with_redis.rs`
+//! against the real Redis that `cargo xtask test` starts
+//! (`PORTCULLIS_REDIS_URL`; missing, those tests fail loudly),
+//! `deployments.rs` against its Cluster, TLS and Sentinel servers,
+//! `offline.rs` what needs no server (limits files, bad input, the
+//! README's help). This file owns the helpers they share.
 
+mod deployments;
 mod offline;
 mod with_redis;
 
@@ -81,4 +83,37 @@ fn file(name: &str, text: &str) -> PathBuf {
 
 fn path_str(path: &std::path::Path) -> &str {
     path.to_str().expect("temp paths are UTF-8")
+}
+
+/// The test server's URL.
+///
+/// # Panics
+///
+/// When it is not set: never skip silently.
+fn redis_url() -> String {
+    required("PORTCULLIS_REDIS_URL")
+}
+
+/// A variable `cargo xtask test` sets.
+///
+/// # Panics
+///
+/// When it is not set: never skip silently.
+fn required(name: &str) -> String {
+    match std::env::var(name) {
+        Ok(value) if !value.is_empty() => value,
+        _ => panic!(
+            "{name} is not set: these tests need the Redis servers that `cargo xtask test` \
+             starts; run `cargo xtask test`, or `cargo xtask redis` and export what it prints"
+        ),
+    }
+}
+
+/// A prefix no other test (or run) uses, inside the keys the test
+/// servers' ACL user may touch (`pc-test*`).
+fn prefix(test: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("pc-test-cli-{test}-{}-{nanos}", std::process::id())
 }
