@@ -139,7 +139,8 @@ pub(crate) enum LimitsCommand {
 #[derive(Debug, Args)]
 pub(crate) struct SubjectArgs {
     /// The subject: a key, a raw API key or token, a header value or an IP
-    /// address (see --as).
+    /// address (see --as); `-` reads it from stdin, keeping a secret out of
+    /// the shell's history.
     #[arg(value_name = "SUBJECT")]
     pub(crate) subject: String,
     /// What SUBJECT is, and so how the layer keys it.

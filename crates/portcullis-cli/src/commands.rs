@@ -154,7 +154,7 @@ fn valid_name(name: &str) -> Result<(), Failure> {
 
 fn subject_view(subject: &Subject, args: &SubjectArgs, store: &StoreArgs) -> SubjectView {
     SubjectView {
-        given: (!subject.key.secret).then(|| args.subject.clone()),
+        given: (!subject.key.secret).then(|| subject.key.given.clone()),
         kind: match args.kind {
             SubjectKind::Key => "key",
             SubjectKind::ApiKey => "api-key",

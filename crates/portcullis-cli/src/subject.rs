@@ -29,11 +29,46 @@ pub(crate) struct LayerKey {
     /// Whether the subject given was a secret (an API key, a token): it
     /// is then never printed.
     pub(crate) secret: bool,
+    /// The subject as given (read from stdin for `-`).
+    pub(crate) given: String,
+}
+
+/// One line of stdin, without its line ending: a subject kept out of the
+/// shell's history and the process list. Reads at most one byte more than
+/// a subject may hold.
+fn read_stdin_line() -> Result<String, Failure> {
+    use std::io::{BufRead as _, Read as _};
+    let limit = u64::try_from(MAX_SUBJECT_BYTES)
+        .unwrap_or(u64::MAX)
+        .saturating_add(3);
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .take(limit)
+        .read_line(&mut line)
+        .map_err(|error| {
+            Failure::usage(format!(
+                "cannot read the subject from stdin (`-`): {error}; give one line of UTF-8 text"
+            ))
+        })?;
+    if line.ends_with('\n') {
+        line.pop();
+        if line.ends_with('\r') {
+            line.pop();
+        }
+    }
+    Ok(line)
 }
 
 /// The layer's key for the subject in `args`.
 pub(crate) fn layer_key(args: &SubjectArgs) -> Result<LayerKey, Failure> {
-    let raw = args.subject.as_str();
+    let from_stdin;
+    let raw = if args.subject == "-" {
+        from_stdin = read_stdin_line()?;
+        from_stdin.as_str()
+    } else {
+        args.subject.as_str()
+    };
     if raw.len() > MAX_SUBJECT_BYTES {
         return Err(Failure::usage(format!(
             "the subject is {} bytes; at most {MAX_SUBJECT_BYTES} are accepted: check what was pasted",
@@ -70,7 +105,11 @@ pub(crate) fn layer_key(args: &SubjectArgs) -> Result<LayerKey, Failure> {
         }
     };
     match key {
-        Some(key) => Ok(LayerKey { key, secret }),
+        Some(key) => Ok(LayerKey {
+            key,
+            secret,
+            given: raw.to_owned(),
+        }),
         None => Err(Failure::usage(
             "the layer keys no request with this subject (only blanks?): give the value the client sends",
         )),

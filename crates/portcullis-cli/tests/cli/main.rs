@@ -24,6 +24,28 @@ fn portcullis_with_env(args: &[&str], url: &str) -> Output {
     run(args, Some(url))
 }
 
+/// The binary reading `input` on stdin (a pipe, not a terminal).
+fn portcullis_with_stdin(args: &[&str], input: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .args(args)
+        .env_remove("PORTCULLIS_REDIS_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary should start");
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    // The binary may stop reading early (it reads a bounded line).
+    if let Err(error) = stdin.write_all(input.as_bytes()) {
+        assert_eq!(error.kind(), std::io::ErrorKind::BrokenPipe, "{error}");
+    }
+    drop(stdin);
+    finished(
+        args,
+        child.wait_with_output().expect("the binary should run"),
+    )
+}
+
 fn run(args: &[&str], env_url: Option<&str>) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_portcullis"));
     command
@@ -33,7 +55,10 @@ fn run(args: &[&str], env_url: Option<&str>) -> Output {
     if let Some(url) = env_url {
         command.env("PORTCULLIS_REDIS_URL", url);
     }
-    let output = command.output().expect("the binary should start");
+    finished(args, command.output().expect("the binary should start"))
+}
+
+fn finished(args: &[&str], output: Output) -> Output {
     // A panic exits with 101: never an answer to any input.
     assert_ne!(
         output.status.code(),

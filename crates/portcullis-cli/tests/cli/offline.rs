@@ -2,7 +2,7 @@
 //! of a subject's policies), input refused before any connection, and
 //! the README's copy of `--help`.
 
-use crate::{code, file, json, path_str, portcullis, stderr, stdout};
+use crate::{code, file, json, path_str, portcullis, portcullis_with_stdin, stderr, stdout};
 
 const VALID: &str = r#"default = ["api-minute", "api-day"]
 
@@ -271,6 +271,35 @@ fn a_secret_subject_never_appears_in_the_output() {
         assert!(!stdout(&out).contains("hunter2"), "{}", stdout(&out));
         assert!(stdout(&out).contains(&portcullis::subject::hash_subject(b"sk-live-hunter2")));
     }
+    // `-` reads it from stdin, out of the shell's history and `ps`.
+    let args = [
+        "--json",
+        "inspect",
+        "-",
+        "--as",
+        "api-key",
+        "--limits",
+        path_str(&limits),
+    ];
+    let out = portcullis_with_stdin(&args, "sk-live-hunter2\r\n");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(!stdout(&out).contains("hunter2"), "{}", stdout(&out));
+    let hashed = portcullis::subject::hash_subject(b"sk-live-hunter2");
+    assert_eq!(json(&out)["subject"]["layer_key"], hashed.as_str());
+    let out = portcullis_with_stdin(
+        &["--json", "inspect", "-", "--limits", path_str(&limits)],
+        "customer:globex\n",
+    );
+    assert_eq!(json(&out)["subject"]["given"], "customer:globex");
+    assert_eq!(json(&out)["policies"][0]["policy"], "pro-minute");
+    // Nothing on stdin is an empty subject; too much is refused unread.
+    let out = portcullis_with_stdin(&["inspect", "-", "--limits", path_str(&limits)], "");
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).contains("empty"), "{}", stderr(&out));
+    let huge = "k".repeat(200 * 1024);
+    let out = portcullis_with_stdin(&["inspect", "-", "--limits", path_str(&limits)], &huge);
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).contains("at most 65536"), "{}", stderr(&out));
 }
 
 /// The README's "Inspect a subject" shows `portcullis --help` and
