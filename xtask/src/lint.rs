@@ -21,12 +21,12 @@ const PUBLISHED: [&str; 4] = [
 /// feature added to a manifest is added here (`features_are_listed` holds
 /// the two equal).
 const FEATURES: [(&str, &[&str]); 4] = [
-    ("portcullis-core", &["config", "metrics"]),
+    ("portcullis-core", &["config", "metrics", "testing"]),
     (
         "portcullis-redis",
         &["tls", "tls-webpki-roots", "tls-insecure"],
     ),
-    ("portcullis-tower", &["axum", "tonic", "metrics"]),
+    ("portcullis-tower", &["axum", "tonic", "metrics", "testing"]),
     (
         "portcullis",
         &[
@@ -39,6 +39,7 @@ const FEATURES: [(&str, &[&str]); 4] = [
             "axum",
             "tonic",
             "metrics",
+            "testing",
         ],
     ),
 ];
