@@ -2,7 +2,8 @@
 //! [`Store`] impl. Its other concerns live in this module's submodules:
 //! `builder.rs` ([`MemoryStoreBuilder`]), `hot_path.rs` (the GCRA charge of
 //! a known subject under the shard's read lock), `charge.rs`
-//! ([`Store::charge`]), `options.rs` ([`Store::check_with`]) and `lease.rs`
+//! ([`Store::charge`]), `options.rs` ([`Store::check_with`]), `reserve.rs`
+//! (the [`ReservationStore`](crate::ReservationStore) impl) and `lease.rs`
 //! (the [`LeaseStore`](crate::LeaseStore) impl).
 
 use std::fmt;
@@ -25,6 +26,7 @@ mod charge;
 mod hot_path;
 mod lease;
 mod options;
+mod reserve;
 
 /// Times a new subject tries to make room in other shards before it is
 /// refused (other threads may take the room it made).
