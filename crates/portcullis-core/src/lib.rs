@@ -113,8 +113,8 @@ pub use policy::{
     SLIDING_LOG_MAX_LIMIT,
 };
 pub use reserve::{
-    validate_reserve, Refusal, ReservationId, ReservationStore, Reserved, SettleOutcome,
-    Settlement, TokenBudget, TokenBudgetBuilder, TokenBudgetError,
+    validate_reserve, validate_settle, Refusal, ReservationId, ReservationStore, Reserved,
+    SettleOutcome, Settlement, TokenBudget, TokenBudgetBuilder, TokenBudgetError,
 };
 pub use store::Store;
 pub use validate::{validate_charge, validate_check};

@@ -279,8 +279,8 @@ pub mod store {
     //! the same way against [`MemoryStore`](crate::MemoryStore).
 
     pub use portcullis_core::{
-        validate_charge, validate_check, validate_reserve, BoxAcquireFuture, BoxCheckFuture,
-        BoxReleaseFuture, BoxRenewFuture, BoxResetFuture, CheckPlan, Record,
+        validate_charge, validate_check, validate_reserve, validate_settle, BoxAcquireFuture,
+        BoxCheckFuture, BoxReleaseFuture, BoxRenewFuture, BoxResetFuture, CheckPlan, Record,
     };
 
     use portcullis_core::{CheckOptions, Policy, StoreError};

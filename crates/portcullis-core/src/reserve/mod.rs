@@ -4,8 +4,8 @@
 //! step), and settles the actual usage when its response ends, with the
 //! unused part refunded and an overage charged up to a cap.
 //!
-//! Top-down: `store.rs` (the [`ReservationStore`] trait and
-//! [`validate_reserve`]) → `budget.rs` ([`TokenBudget`]) → `outcome.rs`
+//! Top-down: `store.rs` (the [`ReservationStore`] trait,
+//! [`validate_reserve`] and [`validate_settle`]) → `budget.rs` ([`TokenBudget`]) → `outcome.rs`
 //! (the answers). The arithmetic is `algorithms::refund` and
 //! `algorithms::charge`; ALGORITHMS.md, "Reservations", states it.
 
@@ -15,4 +15,4 @@ mod store;
 
 pub use budget::{TokenBudget, TokenBudgetBuilder, TokenBudgetError};
 pub use outcome::{Refusal, ReservationId, Reserved, SettleOutcome, Settlement};
-pub use store::{validate_reserve, ReservationStore};
+pub use store::{validate_reserve, validate_settle, ReservationStore};

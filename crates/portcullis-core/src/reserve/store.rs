@@ -153,3 +153,26 @@ pub fn validate_reserve(budget: &TokenBudget, estimate: u64) -> Result<u64, Stor
     }
     Ok(estimate)
 }
+
+/// What every store refuses before settling (as [`validate_reserve`] for
+/// the budget), and the usage it settles: a usage above
+/// [`MAX_MAGNITUDE`](crate::MAX_MAGNITUDE) (2^52 tokens, beyond any
+/// budget) counts as that much, so that every store settles it exactly.
+///
+/// ```
+/// use portcullis::store::validate_settle;
+/// use portcullis::{Policy, TokenBudget, MAX_MAGNITUDE};
+///
+/// let budget = TokenBudget::tokens(Policy::per_minute(1_000).build()?).build()?;
+/// assert_eq!(validate_settle(&budget, 700)?, 700);
+/// assert_eq!(validate_settle(&budget, u64::MAX)?, MAX_MAGNITUDE);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+///
+/// As [`validate_reserve`] for the budget's token policies.
+pub fn validate_settle(budget: &TokenBudget, used: u64) -> Result<u64, StoreError> {
+    validate_reserve(budget, 1)?;
+    Ok(used.min(crate::MAX_MAGNITUDE))
+}

@@ -8,8 +8,8 @@ use std::future::{ready, Future};
 use super::MemoryStore;
 use crate::memory::key::Key;
 use crate::{
-    validate_reserve, ReservationId, ReservationStore, Reserved, Settlement, StoreError,
-    TokenBudget,
+    validate_reserve, validate_settle, ReservationId, ReservationStore, Reserved, Settlement,
+    StoreError, TokenBudget,
 };
 
 impl MemoryStore {
@@ -62,7 +62,7 @@ impl MemoryStore {
         id: ReservationId,
         used: u64,
     ) -> Result<Settlement, StoreError> {
-        validate_reserve(budget, 1)?;
+        let used = validate_settle(budget, used)?;
         let key = Key::new(subject);
         let key = key.as_bytes();
         let hash = self.inner.hash_key(key);
