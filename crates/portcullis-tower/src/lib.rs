@@ -226,6 +226,7 @@ mod observe;
 #[doc(hidden)]
 pub mod rate_limit;
 mod response;
+mod tokens;
 
 pub use concurrency::{
     ConcurrencyFailure, ConcurrencyLimit, ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder,
@@ -247,4 +248,8 @@ pub use rate_limit::{
     Charge, KeepBody, KeepBodyFuture, KeepBodyLayer, LookupKey, Plan, PlanResolver,
     PlanResolverBuilder, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResolverFailure,
     ResponseBody as RateLimitBody, ResponseFuture as RateLimitFuture,
+};
+pub use tokens::{
+    Estimate, TokenBody, TokenBudgetFuture, TokenBudgetLayer, TokenBudgetLayerBuilder,
+    TokenBudgetService, TokenRequestBody, MAX_ESTIMATE_BODY,
 };

@@ -9,5 +9,6 @@
 #[path = "../redis_common/mod.rs"]
 mod redis_common;
 
+mod layer;
 mod reservations;
 mod stores;
