@@ -41,8 +41,9 @@ pub(crate) struct Shared<St> {
 ///   or `max_tokens` read from a bounded JSON body that the upstream then
 ///   gets intact) is reserved in one atomic step
 ///   ([`ReservationStore::reserve`]). A request that does not fit is
-///   answered `429` with `Retry-After` and a JSON error naming the budget
-///   that refused; an estimate that can never fit, or one that is not a
+///   answered `429` with `Retry-After` (for a place among the streams in
+///   flight, at most a second: when a stream ends is not known) and a
+///   JSON error naming the budget that refused; an estimate that can never fit, or one that is not a
 ///   number, `400`; a body past the read limit `413`.
 /// - **Settlement.** The usage is read as the response passes, never
 ///   held back: a response header or trailer
@@ -66,10 +67,10 @@ pub(crate) struct Shared<St> {
 /// // Also add: cargo add tower --features util && cargo add http-body-util
 /// use std::convert::Infallible;
 /// use axum::body::Bytes;
-/// use axum::http::{Request, Response, StatusCode};
+/// use axum::http::{HeaderValue, Request, Response, StatusCode};
 /// use http_body_util::{BodyExt, Full};
 /// use portcullis::{MemoryStore, Policy, TokenBudget};
-/// use portcullis::tower::{ApiKey, Estimate, TokenBudgetLayer};
+/// use portcullis::tower::{ApiKey, Estimate, TokenBudgetLayer, TokenRequestBody};
 /// use tower::{Layer, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -81,12 +82,12 @@ pub(crate) struct Shared<St> {
 /// let layer = TokenBudgetLayer::builder(MemoryStore::new(), budget, ApiKey::new())
 ///     .estimate(Estimate::json_max_tokens())
 ///     .build();
-/// let upstream = tower::service_fn(|_request| async {
+/// let upstream = tower::service_fn(|_: Request<TokenRequestBody<Full<Bytes>>>| async {
 ///     let body = r#"{"choices":[],"usage":{"total_tokens":120}}"#;
-///     let response = Response::builder()
-///         .header("content-type", "application/json")
-///         .body(Full::new(Bytes::from(body)))?;
-///     Ok::<_, Box<dyn std::error::Error + Send + Sync>>(response)
+///     let mut response = Response::new(Full::new(Bytes::from(body)));
+///     let json = HeaderValue::from_static("application/json");
+///     response.headers_mut().insert("content-type", json);
+///     Ok::<_, Infallible>(response)
 /// });
 /// let service = layer.layer(upstream);
 /// let request = Request::post("/v1/chat/completions")

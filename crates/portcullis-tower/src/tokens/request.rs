@@ -77,8 +77,8 @@ impl Estimate {
         }
     }
 
-    /// An OpenAI-style JSON body: its `max_tokens` (or
-    /// `max_completion_tokens`) plus the prompt, counted as a quarter of
+    /// An OpenAI-style JSON body: its `max_tokens` or
+    /// `max_completion_tokens` (the larger, when both are sent) plus the prompt, counted as a quarter of
     /// the body's bytes rounded up; the default (1 024, see
     /// [`Estimate::or_default`]) stands for a missing `max_tokens`. The
     /// body is read whole, at most [`Estimate::max_body`] bytes (a larger
@@ -137,17 +137,23 @@ impl Estimate {
                 let body = body.unwrap_or_default();
                 let value: Value = serde_json::from_slice(body)
                     .map_err(|_| Rejection::bad("the request body is not JSON".to_owned()))?;
-                let field = value
-                    .get("max_tokens")
-                    .or_else(|| value.get("max_completion_tokens"));
-                let max_tokens = match field {
-                    None | Some(Value::Null) => self.default,
-                    Some(n) => n.as_u64().ok_or_else(|| {
-                        Rejection::bad(
-                            "max_tokens must be a whole number of tokens, 0 or more".to_owned(),
-                        )
-                    })?,
-                };
+                // Both fields, when both are sent: the larger counts (an
+                // upstream may honour either).
+                let mut max_tokens = None;
+                for name in ["max_tokens", "max_completion_tokens"] {
+                    match value.get(name) {
+                        None | Some(Value::Null) => {}
+                        Some(n) => {
+                            let n = n.as_u64().ok_or_else(|| {
+                                Rejection::bad(format!(
+                                    "{name} must be a whole number of tokens, 0 or more"
+                                ))
+                            })?;
+                            max_tokens = Some(max_tokens.map_or(n, |m: u64| m.max(n)));
+                        }
+                    }
+                }
+                let max_tokens = max_tokens.unwrap_or(self.default);
                 let prompt = u64::try_from(body.len().div_ceil(4)).unwrap_or(u64::MAX);
                 Ok(max_tokens.saturating_add(prompt))
             }

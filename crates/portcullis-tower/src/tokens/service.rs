@@ -233,7 +233,16 @@ fn limited<St, B>(shared: &Shared<St>, refused: &Reserved) -> Response<TokenBody
         &name,
     );
     let headers = response.headers_mut();
-    if let Some(retry) = refused.retry_after() {
+    // Streams end at times no store knows: a place in flight is worth
+    // asking for again in a second, not at the worst case (the first
+    // open reservation's expiry).
+    let retry_after = match refused.refusal() {
+        Some(Refusal::InFlight { .. }) => refused
+            .retry_after()
+            .map(|retry| retry.min(Duration::from_secs(1))),
+        _ => refused.retry_after(),
+    };
+    if let Some(retry) = retry_after {
         headers.insert(RETRY_AFTER, HeaderValue::from(ceil_secs(retry).max(1)));
     }
     if let Some(policy) = &shared.policy_header {
