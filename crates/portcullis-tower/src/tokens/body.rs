@@ -139,6 +139,36 @@ pin_project! {
     ///
     /// An [`http_body::Body`] with `Data = Bytes` and the inner body's
     /// error, so Axum and Hyper accept it as they accept the inner body.
+    ///
+    /// ```
+    /// // Also add: cargo add tower --features util && cargo add http-body-util
+    /// use std::convert::Infallible;
+    /// use axum::body::Bytes;
+    /// use axum::http::{Request, Response};
+    /// use http_body_util::{BodyExt, Full};
+    /// use portcullis::{MemoryStore, Policy, Store, TokenBudget};
+    /// use portcullis::tower::{Estimate, Global, TokenBudgetLayer, TokenRequestBody};
+    /// use tower::{Layer, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = MemoryStore::new();
+    /// let tokens = Policy::per_hour(1_000).name("tokens").build()?;
+    /// let layer = TokenBudgetLayer::builder(store.clone(), TokenBudget::tokens(tokens.clone()).build()?, Global)
+    ///     .estimate(Estimate::fixed(300))
+    ///     .build();
+    /// let upstream = tower::service_fn(|_: Request<TokenRequestBody<Full<Bytes>>>| async {
+    ///     Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("a long answer"))))
+    /// });
+    /// let request = Request::new(Full::new(Bytes::new()));
+    /// let response = layer.layer(upstream).oneshot(request).await?;
+    /// // Dropped unread (the client went away), with no usage reported:
+    /// // settled at the estimate.
+    /// drop(response.into_body());
+    /// let left = store.peek("global", &[tokens]).await?.decisions()[0].remaining();
+    /// assert_eq!(left, 700);
+    /// # Ok(()) }
+    /// ```
     pub struct TokenBody<B> {
         #[pin]
         kind: Kind<B>,

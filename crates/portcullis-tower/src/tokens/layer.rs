@@ -157,6 +157,45 @@ impl<S, St> Layer<S> for TokenBudgetLayer<St> {
 }
 
 /// Builds a [`TokenBudgetLayer`]; see [`TokenBudgetLayer::builder`].
+///
+/// ```
+/// // Also add: cargo add tower --features util && cargo add http-body-util
+/// use std::convert::Infallible;
+/// use std::time::Duration;
+/// use axum::body::Bytes;
+/// use axum::http::{HeaderName, Request, Response};
+/// use http_body_util::{BodyExt, Full};
+/// use portcullis::{MemoryStore, Policy, Store, TokenBudget};
+/// use portcullis::tower::{Estimate, Header, TokenBudgetLayer, TokenRequestBody};
+/// use tower::{Layer, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MemoryStore::new();
+/// let tokens = Policy::per_hour(1_000).name("tokens").build()?;
+/// let budget = TokenBudget::tokens(tokens.clone()).build()?;
+/// let tenant = Header::new(HeaderName::from_static("x-tenant"));
+/// let layer = TokenBudgetLayer::builder(store.clone(), budget, tenant)
+///     .estimate(Estimate::fixed(300))
+///     // This upstream reports its usage in a header, not in its body.
+///     .usage_header(HeaderName::from_static("x-usage-total-tokens"))
+///     .usage_from_body(false)
+///     .timeout(Duration::from_millis(250))
+///     .fail_open(false)
+///     .build();
+/// let upstream = tower::service_fn(|_: Request<TokenRequestBody<Full<Bytes>>>| async {
+///     let mut response = Response::new(Full::new(Bytes::from("done")));
+///     response.headers_mut().insert("x-usage-total-tokens", 40.into());
+///     Ok::<_, Infallible>(response)
+/// });
+/// let request = Request::post("/").header("x-tenant", "acme").body(Full::new(Bytes::new()))?;
+/// let response = layer.layer(upstream).oneshot(request).await?;
+/// // Reading the body to its end settles: 300 reserved, 40 used.
+/// response.into_body().collect().await?;
+/// let left = store.peek("acme", &[tokens]).await?.decisions()[0].remaining();
+/// assert_eq!(left, 960);
+/// # Ok(()) }
+/// ```
 #[must_use]
 pub struct TokenBudgetLayerBuilder<St> {
     store: St,

@@ -37,7 +37,7 @@ enum Source {
 /// more.
 ///
 /// ```
-/// use http::HeaderName;
+/// use axum::http::HeaderName;
 /// use portcullis::tower::Estimate;
 ///
 /// // OpenAI-style bodies: max_tokens plus a quarter of the body's bytes.
@@ -217,6 +217,34 @@ pin_project! {
     /// The request body the inner service of
     /// [`TokenBudgetLayer`](crate::TokenBudgetLayer) gets: the request's
     /// own body, or the bytes the layer read to find `max_tokens`, intact.
+    ///
+    /// ```
+    /// // Also add: cargo add tower --features util && cargo add http-body-util
+    /// use std::convert::Infallible;
+    /// use axum::body::Bytes;
+    /// use axum::http::{Request, Response};
+    /// use http_body_util::{BodyExt, Full};
+    /// use portcullis::{MemoryStore, Policy, TokenBudget};
+    /// use portcullis::tower::{Estimate, Global, TokenBudgetLayer, TokenRequestBody};
+    /// use tower::{Layer, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let budget = TokenBudget::tokens(Policy::per_hour(10_000).build()?).build()?;
+    /// let layer = TokenBudgetLayer::builder(MemoryStore::new(), budget, Global)
+    ///     .estimate(Estimate::json_max_tokens())
+    ///     .build();
+    /// // The upstream reads the body the layer read first, byte for byte.
+    /// let echo = tower::service_fn(|request: Request<TokenRequestBody<Full<Bytes>>>| async {
+    ///     let body = request.into_body().collect().await.map_err(|e| match e {})?.to_bytes();
+    ///     Ok::<_, Infallible>(Response::new(Full::new(body)))
+    /// });
+    /// let sent = r#"{"max_tokens":100,"messages":[]}"#;
+    /// let request = Request::new(Full::new(Bytes::from(sent)));
+    /// let response = layer.layer(echo).oneshot(request).await?;
+    /// assert_eq!(response.into_body().collect().await?.to_bytes(), sent);
+    /// # Ok(()) }
+    /// ```
     pub struct TokenRequestBody<B> {
         #[pin]
         kind: Kind<B>,
