@@ -300,6 +300,7 @@
 //! [`RedisStore::call_path`]: crate::RedisStore::call_path
 //! [`RedisStore::key_for`]: crate::RedisStore::key_for
 //! [`RedisStore::lease_key_for`]: crate::RedisStore::lease_key_for
+//! [`RedisStore::reservation_key_for`]: crate::RedisStore::reservation_key_for
 //! [`RedisStore::library_name`]: crate::RedisStore::library_name
 //! [`RedisStore::rate_limiter`]: crate::RedisStore::rate_limiter
 //! [`RedisStore::throttle`]: crate::RedisStore::throttle
