@@ -174,7 +174,10 @@ impl TokenBudgetBuilder {
     /// [`MIN_LEASE_TTL`] and [`MAX_LEASE_TTL`] in whole microseconds
     /// (default 5 minutes). Set it above the longest response you serve:
     /// a reservation settled after it expired charges nothing more (its
-    /// estimate stays charged).
+    /// estimate stays charged). Each reservation keeps a small record for
+    /// this long after it is made and again after it is settled (so that
+    /// a retried settle is known): a subject holds at most as many as its
+    /// policies admit in that time.
     pub fn reservation_ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self

@@ -167,7 +167,7 @@ local function open_count(set, now)
   if n == 0 then
     return 0, nil
   end
-  local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGEBYSCORE', set, '-inf', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   return n, tonumber(first[2])
 end
 

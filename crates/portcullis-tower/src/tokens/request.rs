@@ -80,7 +80,8 @@ impl Estimate {
     /// An OpenAI-style JSON body: its `max_tokens` or
     /// `max_completion_tokens` (the larger, when both are sent) plus the prompt, counted as a quarter of
     /// the body's bytes rounded up; the default (1 024, see
-    /// [`Estimate::or_default`]) stands for a missing `max_tokens`. The
+    /// [`Estimate::or_default`]) stands for a missing `max_tokens` (or
+    /// an empty body). The
     /// body is read whole, at most [`Estimate::max_body`] bytes (a larger
     /// one is answered `413`), and handed to the inner service intact.
     #[must_use]
@@ -135,6 +136,10 @@ impl Estimate {
             },
             Source::Json => {
                 let body = body.unwrap_or_default();
+                if body.iter().all(u8::is_ascii_whitespace) {
+                    // No body: nothing asked for, the default.
+                    return Ok(self.default);
+                }
                 let value: Value = serde_json::from_slice(body)
                     .map_err(|_| Rejection::bad("the request body is not JSON".to_owned()))?;
                 // Both fields, when both are sent: the larger counts (an

@@ -93,12 +93,26 @@ impl Shard {
             .map(|(i, policy)| step(policy, if i < tokens { estimate } else { 1 }))
             .collect();
         if steps.iter().any(|s| !s.decision.is_allowed()) {
+            // Nothing is charged: the policies that would have admitted
+            // report peeks, and repairs and rescaled states are written
+            // whatever the verdict, as `check_many` does (and the scripts).
             for (policy, s) in policies.iter().zip(steps.iter_mut()) {
                 if s.decision.is_allowed() {
-                    *s = step(policy, 0);
+                    let live = entry.and_then(|entry| entry.live(names, policy, now, hot));
+                    let repair = live
+                        .as_ref()
+                        .filter(|(_, rescaled)| *rescaled)
+                        .map(|(state, _)| state.clone().into_owned());
+                    *s = checked(policy, live, now, 0);
+                    if s.new_state.is_none() {
+                        s.new_state = repair;
+                    }
                 }
             }
             let verdict: Verdict = steps.iter().map(|s| s.decision).collect();
+            if steps.iter().any(|s| s.new_state.is_some()) {
+                self.write_steps(inner, hash, key, index, policies.iter().zip(steps), now)?;
+            }
             self.tick(inner, now);
             return Ok(Reserved::refused_by_policy(verdict, open));
         }
