@@ -10,5 +10,6 @@
 mod redis_common;
 
 mod layer;
+mod processes;
 mod reservations;
 mod stores;

@@ -187,4 +187,16 @@ impl Reservations {
     pub(super) fn len(&self) -> usize {
         self.len
     }
+
+    /// Bytes the reservations take: the map's slots, each list's key and
+    /// its records.
+    pub(super) fn memory_bytes(&self) -> usize {
+        let slots = self.map.capacity() * (std::mem::size_of::<(Box<[u8]>, Vec<Resv>)>() + 1);
+        let lists: usize = self
+            .map
+            .iter()
+            .map(|(key, list)| key.len() + list.capacity() * std::mem::size_of::<Resv>())
+            .sum();
+        slots + lists
+    }
 }

@@ -216,7 +216,8 @@ impl MemoryStore {
 
     /// The memory the store holds now, in bytes: its tables' allocations,
     /// what entries hold outside them (long keys, several policies), and
-    /// the idempotency records ([`MemoryStore::idempotency_records`]).
+    /// the idempotency records ([`MemoryStore::idempotency_records`]) and
+    /// token reservations ([`MemoryStore::reservations`]).
     /// Scans every entry, one shard at a time under its read lock: for a
     /// metric scraped now and then, not for every request.
     #[must_use]
@@ -229,6 +230,7 @@ impl MemoryStore {
             bytes += shard.names.heap_bytes();
             bytes += shard.table.iter().map(Entry::heap_bytes).sum::<usize>();
             bytes += shard.records.memory_bytes();
+            bytes += shard.reservations.memory_bytes();
         }
         bytes
     }
