@@ -1,6 +1,6 @@
 //! Token reservations in the stores: `RedisStore` (reserve.lua) and
 //! `MemoryStore` answer every reserve and settle alike (a differential
-//! over random budgets and operations, standalone and Cluster); ten
+//! over random budgets, plan changes and operations, standalone and Cluster); ten
 //! concurrent reservations of one budget admit exactly those that fit;
 //! three independent store instances on one Redis never charge past the
 //! budget plus the documented overage; a settle retried after a timeout
@@ -30,6 +30,9 @@ enum Op {
     Again { step: u64, index: usize },
     /// Move the clock forward, then settle an earlier reserve's id.
     Settle { step: u64, index: usize, used: u64 },
+    /// A plan change: from now on the other budget (the same names and
+    /// algorithms, other numbers), whose states are read rescaled.
+    Switch,
 }
 
 fn token_policy(name: &'static str) -> impl Strategy<Value = Policy> {
@@ -54,6 +57,57 @@ fn request_policy() -> impl Strategy<Value = Policy> {
             .name("requests")
             .build()
             .expect("a valid policy")
+    })
+}
+
+/// A budget and its other plan: the same names and algorithms, other
+/// numbers.
+fn budgets() -> impl Strategy<Value = (TokenBudget, TokenBudget)> {
+    budget().prop_flat_map(|a| {
+        let tokens: Vec<(String, Algorithm)> = a
+            .token_policies()
+            .iter()
+            .map(|p| (p.name().to_owned(), p.algorithm()))
+            .collect();
+        let requests: Vec<(String, Algorithm)> = a
+            .request_policies()
+            .iter()
+            .map(|p| (p.name().to_owned(), p.algorithm()))
+            .collect();
+        let numbers = (
+            prop::collection::vec(
+                (
+                    10_u64..=200,
+                    prop::sample::select(vec![1_000_000_u64, 7_000_013, 60_000_000]),
+                ),
+                tokens.len(),
+            ),
+            prop::collection::vec(1_u64..=6, requests.len()),
+        );
+        let first = a.clone();
+        numbers.prop_map(move |(t, r)| {
+            let policy = |(name, algorithm): &(String, Algorithm), limit: u64, period: u64| {
+                Policy::per(limit, Duration::from_micros(period))
+                    .algorithm(*algorithm)
+                    .name(name.clone())
+                    .build()
+                    .expect("a valid policy")
+            };
+            let mut policies = tokens.iter().zip(&t).map(|(p, (l, d))| policy(p, *l, *d));
+            let mut builder = TokenBudget::tokens(policies.next().expect("a token policy"))
+                .max_overage(first.max_overage())
+                .reservation_ttl(first.reservation_ttl());
+            for more in policies {
+                builder = builder.tokens(more);
+            }
+            for (p, l) in requests.iter().zip(&r) {
+                builder = builder.requests(policy(p, *l, 5_000_000));
+            }
+            if let Some(max) = first.max_in_flight() {
+                builder = builder.max_in_flight(max);
+            }
+            (first.clone(), builder.build().expect("a valid budget"))
+        })
     })
 }
 
@@ -86,6 +140,7 @@ fn budget() -> impl Strategy<Value = TokenBudget> {
 fn ops() -> impl Strategy<Value = Vec<Op>> {
     let step = prop_oneof![3 => Just(0_u64), 3 => 1_u64..=1_000, 3 => 0_u64..=5_000_000, 1 => 0_u64..=60_000_000];
     let op = prop_oneof![
+        1 => Just(Op::Switch),
         4 => (step.clone(), 0_u64..=40).prop_map(|(step, estimate)| Op::Reserve { step, estimate }),
         1 => (step.clone(), 0_usize..8).prop_map(|(step, index)| Op::Again { step, index }),
         4 => (step, 0_usize..8, prop_oneof![9 => 0_u64..=120, 1 => Just(u64::MAX)]).prop_map(|(step, index, used)| Op::Settle { step, index, used }),
@@ -98,15 +153,17 @@ fn run_case(
     redis: &RedisStore,
     clock: &ManualClock,
     subject: &str,
-    budget: &TokenBudget,
+    plans: (&TokenBudget, &TokenBudget),
     ops: &[Op],
 ) -> Result<(), TestCaseError> {
+    let (mut budget, mut other) = plans;
     clock.set(manual_clock().now_micros());
     let memory = MemoryStore::builder().clock(clock.clone()).build();
     let mut ids: Vec<ReservationId> = Vec::new();
     for (i, op) in ops.iter().enumerate() {
         let context = format!("op {i} ({op:?})");
         match *op {
+            Op::Switch => std::mem::swap(&mut budget, &mut other),
             Op::Reserve { step, estimate } => {
                 clock.advance(Duration::from_micros(step));
                 let id = ReservationId::generate();
@@ -213,16 +270,10 @@ fn differential(cluster: bool, cases: u32) {
         ..Config::default()
     });
     let case_number = std::sync::atomic::AtomicU64::new(0);
-    let result = runner.run(&(budget(), ops()), |(budget, ops)| {
+    let result = runner.run(&(budgets(), ops()), |((budget, other), ops)| {
         let n = case_number.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        run_case(
-            &runtime,
-            &redis,
-            &clock,
-            &format!("subject-{n}"),
-            &budget,
-            &ops,
-        )
+        let subject = format!("subject-{n}");
+        run_case(&runtime, &redis, &clock, &subject, (&budget, &other), &ops)
     });
     if let Err(error) = result {
         panic!("RedisStore and MemoryStore disagree on reservations: {error}");
@@ -236,7 +287,7 @@ fn differential(cluster: bool, cases: u32) {
 
 #[test]
 fn redis_reserves_and_settles_as_memory_does() {
-    differential(false, 48);
+    differential(false, 96);
 }
 
 #[test]
