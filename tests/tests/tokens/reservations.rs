@@ -1,7 +1,7 @@
 //! Token reservations in the stores: `RedisStore` (reserve.lua) and
 //! `MemoryStore` answer every reserve and settle alike (a differential
-//! over random budgets, plan changes and operations, standalone and Cluster); ten
-//! concurrent reservations of one budget admit exactly those that fit;
+//! over random budgets, plan changes and operations, standalone and
+//! Cluster); ten concurrent reservations of one budget admit exactly those that fit;
 //! three independent store instances on one Redis never charge past the
 //! budget plus the documented overage; a settle retried after a timeout
 //! charges once; a reservation never settled frees its place after its
@@ -84,7 +84,7 @@ fn budgets() -> impl Strategy<Value = (TokenBudget, TokenBudget)> {
             ),
             prop::collection::vec(1_u64..=6, requests.len()),
         );
-        let first = a.clone();
+        let first = a;
         numbers.prop_map(move |(t, r)| {
             let policy = |(name, algorithm): &(String, Algorithm), limit: u64, period: u64| {
                 Policy::per(limit, Duration::from_micros(period))
