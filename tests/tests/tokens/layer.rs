@@ -325,6 +325,11 @@ async fn hostile_estimates_are_refused_before_anything_is_reserved() {
     let request = Request::post("/").body(Full::new(Bytes::new())).unwrap();
     let response = by_header.oneshot(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(
+        String::from_utf8_lossy(&body).contains("missing_key"),
+        "{body:?}"
+    );
 
     let by_body = TokenBudgetLayer::builder(store.clone(), budget.clone(), ApiKey::new())
         .estimate(Estimate::json_max_tokens().max_body(64))

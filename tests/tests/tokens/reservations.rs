@@ -287,7 +287,7 @@ fn differential(cluster: bool, cases: u32) {
 
 #[test]
 fn redis_reserves_and_settles_as_memory_does() {
-    differential(false, 96);
+    differential(false, 128);
 }
 
 #[test]

@@ -89,13 +89,16 @@ where
 {
     let (parts, body) = request.into_parts();
     let Some(key) = shared.key.extract(&parts) else {
-        return Ok(rejected(&Rejection {
-            status: StatusCode::UNAUTHORIZED,
-            message: format!(
-                "this request carries no {}, which the token budget needs to tell callers apart",
-                shared.key.describe()
-            ),
-        }));
+        let message = format!(
+            "this request carries no {}, which the token budget needs to tell callers apart",
+            shared.key.describe()
+        );
+        return Ok(own(
+            StatusCode::UNAUTHORIZED,
+            &message,
+            "invalid_request_error",
+            "missing_key",
+        ));
     };
     let (estimate, body) = if shared.estimate.reads_body() {
         let bytes = match read_body(body, shared.estimate.body_limit()).await {

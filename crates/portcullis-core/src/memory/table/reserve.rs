@@ -180,8 +180,11 @@ impl Shard {
         let steps: Steps = policies
             .iter()
             .map(|policy| {
-                let state = entry.and_then(|entry| entry.live_state(names, policy, now, hot));
-                let state = state.as_deref();
+                let live = entry.and_then(|entry| entry.live(names, policy, now, hot));
+                let (state, rescaled) = match &live {
+                    Some((state, rescaled)) => (Some(&**state), *rescaled),
+                    None => (None, false),
+                };
                 let step = if used < estimate {
                     algorithms::refund(policy, state, now, estimate - used)
                 } else {
@@ -189,7 +192,15 @@ impl Shard {
                 };
                 // `validate_reserve` refused other algorithms; were one to
                 // come through, it is only peeked.
-                step.unwrap_or_else(|| algorithms::check(policy, state, now, 0))
+                let mut step = step.unwrap_or_else(|| algorithms::check(policy, state, now, 0));
+                // A charge writes a state read through a changed plan in
+                // the new units even when it charges nothing, as the
+                // script's does (a refund of nothing writes nothing, as
+                // there).
+                if used >= estimate && rescaled && step.new_state.is_none() {
+                    step.new_state = state.cloned();
+                }
+                step
             })
             .collect();
         let verdict: Verdict = steps.iter().map(|s| s.decision).collect();
