@@ -46,7 +46,8 @@
 // The modules, top-down: each uses only the ones below it (a module's
 // submodules are part of it). The stores (`memory`, and `boxed`: any store
 // behind one type) above the `Store` trait (`store`), `limits_file` (limits
-// read from TOML) and `limits` (limits as data), above `options` (what a
+// read from TOML) and `limits` (limits as data), `reserve` (token
+// reservations: budgets, the `ReservationStore` trait), above `options` (what a
 // check may carry), above `validate` (the request checks every store
 // applies), above `algorithms` (the pure functions), above `concurrency`
 // (concurrency policies, the `LeaseStore` trait), above the leaves
@@ -65,6 +66,7 @@ mod store;
 
 mod limits;
 mod options;
+mod reserve;
 
 mod validate;
 
@@ -114,6 +116,10 @@ pub use options::{
 pub use policy::{
     Algorithm, LeakyMode, Policy, PolicyBuilder, PolicyError, MAX_MAGNITUDE, MAX_POLICY_NAME_LEN,
     SLIDING_LOG_MAX_LIMIT,
+};
+pub use reserve::{
+    validate_reserve, validate_settle, Refusal, ReservationId, ReservationStore, Reserved,
+    SettleOutcome, Settlement, TokenBudget, TokenBudgetBuilder, TokenBudgetError,
 };
 pub use store::Store;
 pub use validate::{validate_charge, validate_check};

@@ -84,6 +84,7 @@
 //! | sliding window | string | `sliding_window:<window_start_us>:<previous>:<current>` |
 //! | sliding log | sorted set | one member `<time_us>:<n>` per admitted permit, scored by its time; `n` counts permits admitted at that same time, so members never collide |
 //! | concurrency leases ([`ConcurrencyPolicy`](portcullis_core::ConcurrencyPolicy)), at `<prefix>:{<subject>}:lease:<name>` ([`RedisStore::lease_key_for`]) | sorted set | one member per live lease, its id in 32 hex digits, scored by its expiry; pruned at every call, the key expiring with its last lease ([`LeaseStore`](portcullis_core::LeaseStore): one atomic `FCALL`/`EVALSHA` per acquire, renewal and release) |
+//! | token reservations ([`TokenBudget`](portcullis_core::TokenBudget)): the open set at `<prefix>:{<subject>}:rsv:<budget>` ([`RedisStore::reservation_key_for`]), each reservation's record at that key, `:` and its id | sorted set; string | the open reservations' ids scored by their expiry (only when the budget limits streams in flight), pruned at every reserve, the key expiring with its last; a record `o:<estimate>:<expiry>` while open, `s:<estimate>:<used>:<overage>:<expiry>` once settled, expiring a TTL after either ([`ReservationStore`](portcullis_core::ReservationStore): one `EVALSHA` of `reserve.lua` per reserve and per settle, with the budget's policy keys) |
 //!
 //! The four bucket states (GCRA and the leaky bucket queue, the token bucket
 //! and the leaky meter) end in the units they were written in: the writing
@@ -299,6 +300,7 @@
 //! [`RedisStore::call_path`]: crate::RedisStore::call_path
 //! [`RedisStore::key_for`]: crate::RedisStore::key_for
 //! [`RedisStore::lease_key_for`]: crate::RedisStore::lease_key_for
+//! [`RedisStore::reservation_key_for`]: crate::RedisStore::reservation_key_for
 //! [`RedisStore::library_name`]: crate::RedisStore::library_name
 //! [`RedisStore::rate_limiter`]: crate::RedisStore::rate_limiter
 //! [`RedisStore::throttle`]: crate::RedisStore::throttle

@@ -50,6 +50,7 @@
 //! | fewer Redis calls on hot subjects | the store's choice, not the layer's: `RedisStoreBuilder::coalesce` (on by default) and the local budget, `LocalBudget` (the facade's `redis` module) |
 //! | expensive requests | [`RateLimitLayerBuilder::cost`] |
 //! | a cost known only after the response (failed logins, LLM tokens) | [`RateLimitLayerBuilder::charge_from_response`], [`Charge`] |
+//! | LLM tokens reserved at admission and settled from the (streamed) response, with requests per minute and streams in flight | [`TokenBudgetLayer`] with a [`TokenBudget`](portcullis_core::TokenBudget) and an [`Estimate`] |
 //! | try before enforcing, or delay instead of reject | [`Mode`] |
 //! | the store is down | [`FailurePolicy`], [`RateLimitLayerBuilder::check_timeout`], [`RateLimitLayerBuilder::circuit_breaker`] |
 //! | requests without a key | [`MissingKey`] |
@@ -232,6 +233,7 @@ mod response;
 #[cfg(feature = "testing")]
 #[doc(hidden)]
 pub mod testing;
+mod tokens;
 
 pub use concurrency::{
     ConcurrencyFailure, ConcurrencyLimit, ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder,
@@ -253,4 +255,8 @@ pub use rate_limit::{
     Charge, KeepBody, KeepBodyFuture, KeepBodyLayer, LookupKey, Plan, PlanResolver,
     PlanResolverBuilder, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResolverFailure,
     ResponseBody as RateLimitBody, ResponseFuture as RateLimitFuture,
+};
+pub use tokens::{
+    Estimate, TokenBody, TokenBudgetFuture, TokenBudgetLayer, TokenBudgetLayerBuilder,
+    TokenBudgetService, TokenRequestBody, MAX_ESTIMATE_BODY,
 };

@@ -68,6 +68,7 @@
 //! | priority classes: reserve part of a limit for important traffic | [`PolicyBuilder::class`], [`RateLimitLayerBuilder::priority`](tower::RateLimitLayerBuilder::priority); [`CheckOptions::class`] |
 //! | plans and tiers (free, pro, per-customer overrides) | [`RateLimitLayerBuilder::tier`](tower::RateLimitLayerBuilder::tier), [`tier_by`](tower::RateLimitLayerBuilder::tier_by), [`resolve_plan`](tower::RateLimitLayerBuilder::resolve_plan) with a [`tower::PlanResolver`] (a database, a billing API) |
 //! | live limits: change policies, tiers and overrides without a restart | [`Limits`] (a [`LimitSet`] swapped atomically) and [`RateLimitLayerBuilder::limits`](tower::RateLimitLayerBuilder::limits); `LimitsFile` reads one from TOML and reloads it (feature `config`) |
+//! | token budgets for AI gateways: reserve an estimate at admission, settle the usage when the (streamed) response ends, refund, overage cap, streams in flight | [`TokenBudget`], [`ReservationStore`] |
 //! | at most N requests running per key, as leases that expire | [`tower::ConcurrencyLimitLayer`], [`ConcurrencyPolicy`], [`LeaseStore`] |
 //! | try a limit before enforcing it, or delay instead of reject | [`tower::Mode`], [`RateLimitLayerBuilder::shape`](tower::RateLimitLayerBuilder::shape) |
 //! | the store is down: fail open, fail closed or a local fallback, a timeout, a circuit breaker | [`tower::FailurePolicy`], [`RateLimitLayerBuilder::check_timeout`](tower::RateLimitLayerBuilder::check_timeout), [`RateLimitLayerBuilder::circuit_breaker`](tower::RateLimitLayerBuilder::circuit_breaker) |
@@ -215,10 +216,20 @@ pub use portcullis_core::{
     PolicyBuilder,
     PolicyError,
     PolicySource,
+    // Token budgets: reserve at admission, settle from the response.
+    Refusal,
+    ReservationId,
+    ReservationStore,
+    Reserved,
     Selected,
+    SettleOutcome,
+    Settlement,
     Store,
     StoreError,
     SystemClock,
+    TokenBudget,
+    TokenBudgetBuilder,
+    TokenBudgetError,
     Verdict,
     WhenFull,
     // Bounds a request or a policy is held to.
@@ -269,8 +280,8 @@ pub mod store {
     //! the same way against [`MemoryStore`](crate::MemoryStore).
 
     pub use portcullis_core::{
-        validate_charge, validate_check, BoxAcquireFuture, BoxCheckFuture, BoxReleaseFuture,
-        BoxRenewFuture, BoxResetFuture, CheckPlan, Record,
+        validate_charge, validate_check, validate_reserve, validate_settle, BoxAcquireFuture,
+        BoxCheckFuture, BoxReleaseFuture, BoxRenewFuture, BoxResetFuture, CheckPlan, Record,
     };
 
     use portcullis_core::{CheckOptions, Policy, StoreError};

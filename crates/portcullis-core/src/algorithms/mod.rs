@@ -15,6 +15,7 @@ mod fixed_window;
 mod gcra;
 mod leaky_bucket;
 pub mod lease;
+mod refund;
 mod rescale;
 mod sliding_log;
 mod sliding_window;
@@ -24,6 +25,7 @@ pub use charge::{charge, supports_charge};
 pub use gcra::{
     throttle, throttle_policy, throttle_reply, ThrottleError, ThrottleReply, THROTTLE_POLICY_NAME,
 };
+pub use refund::refund;
 pub use rescale::{check_written, rescale, Shape};
 
 /// GCRA state: the theoretical arrival time `tat_us + tat_rem / limit`

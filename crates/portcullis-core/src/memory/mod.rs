@@ -16,8 +16,8 @@
 //   `general` (the general path under the write lock: checks,
 //   post-charges, checks with options, inserts), `hot_path` (the shard's
 //   half: compare-and-swap under the read lock, the hot slot), `sweep`.
-// - `records` (idempotency records) and `lease` (the concurrency lease
-//   table), beside the shards.
+// - `records` (idempotency records), `reservations` (token reservations)
+//   and `lease` (the concurrency lease table), beside the shards.
 // - `entry`: what a shard holds per subject (compact and general forms).
 // - `names` (the policy names a shard interns) and `key` (a subject's key,
 //   looked up and stored).
@@ -27,6 +27,7 @@ mod table;
 
 mod lease;
 mod records;
+mod reservations;
 
 mod entry;
 

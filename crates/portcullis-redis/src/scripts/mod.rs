@@ -34,6 +34,7 @@ const LIBRARY: &str = include_str!("../lua/library.lua");
 const CHARGE: &str = include_str!("../lua/charge.lua");
 const CHARGE_LIBRARY: &str = include_str!("../lua/charge_library.lua");
 const LEASE: &str = include_str!("../lua/lease.lua");
+const RESERVE: &str = include_str!("../lua/reserve.lua");
 const BATCH: &str = include_str!("../lua/batch.lua");
 const GCRA_MULTI: &str = include_str!("../lua/gcra_multi.lua");
 const BUCKET_FAST: &str = include_str!("../lua/bucket_fast.lua");
@@ -310,6 +311,22 @@ pub(crate) fn lease() -> LuaScript {
     let mut script = LuaScript::new(source);
     script.allow_oom = Some(Arc::new(LuaScript::new(twin)));
     script
+}
+
+/// The token reservations' script (reserve.lua, `EVALSHA` only): every
+/// algorithm (request policies may use any), check.lua and charge.lua
+/// beneath it.
+pub(crate) fn reserve() -> LuaScript {
+    let mut source = String::with_capacity(48 * 1024);
+    source.push_str(PRELUDE);
+    for (_, text) in SOURCES {
+        source.push_str(text);
+    }
+    source.push_str(CHECK);
+    source.push_str(CHARGE);
+    source.push_str(RESERVE);
+    source.push_str("return reservation(KEYS, ARGV)\n");
+    LuaScript::new(source)
 }
 
 #[cfg(test)]

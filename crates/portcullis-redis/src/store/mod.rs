@@ -2,7 +2,8 @@
 //! inherent methods. The [`Store`](portcullis_core::Store) impl and the
 //! route of a check (local budget → coalescing → one call) are in
 //! `check.rs`; the concurrency leases ([`LeaseStore`](portcullis_core::LeaseStore))
-//! in `leases.rs`; redis-cell's `throttle` in `throttle.rs`; the builder
+//! in `leases.rs`; token reservations ([`ReservationStore`](portcullis_core::ReservationStore))
+//! in `reserve.rs`; redis-cell's `throttle` in `throttle.rs`; the builder
 //! in `builder/`. Below the store: `budget/`, `coalesce/`, then `call/`
 //! (one call of a script), then the connection and the scripts.
 
@@ -22,6 +23,7 @@ use crate::redisson::RateLimiter;
 pub(crate) mod builder;
 mod check;
 mod leases;
+mod reserve;
 mod throttle;
 
 pub use builder::RedisStoreBuilder;

@@ -2,7 +2,8 @@
 //! [`Store`] impl. Its other concerns live in this module's submodules:
 //! `builder.rs` ([`MemoryStoreBuilder`]), `hot_path.rs` (the GCRA charge of
 //! a known subject under the shard's read lock), `charge.rs`
-//! ([`Store::charge`]), `options.rs` ([`Store::check_with`]) and `lease.rs`
+//! ([`Store::charge`]), `options.rs` ([`Store::check_with`]), `reserve.rs`
+//! (the [`ReservationStore`](crate::ReservationStore) impl) and `lease.rs`
 //! (the [`LeaseStore`](crate::LeaseStore) impl).
 
 use std::fmt;
@@ -25,6 +26,7 @@ mod charge;
 mod hot_path;
 mod lease;
 mod options;
+mod reserve;
 
 /// Times a new subject tries to make room in other shards before it is
 /// refused (other threads may take the room it made).
@@ -214,7 +216,8 @@ impl MemoryStore {
 
     /// The memory the store holds now, in bytes: its tables' allocations,
     /// what entries hold outside them (long keys, several policies), and
-    /// the idempotency records ([`MemoryStore::idempotency_records`]).
+    /// the idempotency records ([`MemoryStore::idempotency_records`]) and
+    /// token reservations ([`MemoryStore::reservations`]).
     /// Scans every entry, one shard at a time under its read lock: for a
     /// metric scraped now and then, not for every request.
     #[must_use]
@@ -227,6 +230,7 @@ impl MemoryStore {
             bytes += shard.names.heap_bytes();
             bytes += shard.table.iter().map(Entry::heap_bytes).sum::<usize>();
             bytes += shard.records.memory_bytes();
+            bytes += shard.reservations.memory_bytes();
         }
         bytes
     }

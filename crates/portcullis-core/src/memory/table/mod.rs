@@ -21,12 +21,14 @@ use super::entry::Entry;
 use super::lease::Leases;
 use super::names::Names;
 use super::records::Records;
+use super::reservations::Reservations;
 use crate::clock::Counter;
 use crate::Clock;
 
 mod general;
 mod hot_path;
 pub(in crate::memory) use self::hot_path::Charged;
+mod reserve;
 pub(in crate::memory) mod sweep;
 
 /// What a [`MemoryStore`](crate::MemoryStore) at its bound ([`MemoryStoreBuilder::max_keys`](crate::MemoryStoreBuilder::max_keys))
@@ -211,6 +213,8 @@ pub(in crate::memory) struct Shard {
     pub(in crate::memory) names: Names,
     /// Idempotency records of the shard's subjects (`records.rs`).
     pub(in crate::memory) records: Records,
+    /// Token reservations of the shard's subjects (`reservations.rs`).
+    pub(in crate::memory) reservations: Reservations,
 }
 
 impl Shard {
@@ -227,6 +231,7 @@ impl Shard {
             pass_min_us: u64::MAX,
             names: Names::default(),
             records: Records::default(),
+            reservations: Reservations::default(),
         }
     }
 
