@@ -111,4 +111,4 @@ pub use policy::{
     SLIDING_LOG_MAX_LIMIT,
 };
 pub use store::Store;
-pub use validate::{validate_charge, validate_check};
+pub use validate::{validate_charge, validate_check, validate_subjects};

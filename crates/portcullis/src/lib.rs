@@ -268,8 +268,8 @@ pub mod store {
     //! the same way against [`MemoryStore`](crate::MemoryStore).
 
     pub use portcullis_core::{
-        validate_charge, validate_check, BoxAcquireFuture, BoxCheckFuture, BoxReleaseFuture,
-        BoxRenewFuture, BoxResetFuture, CheckPlan, Record,
+        validate_charge, validate_check, validate_subjects, BoxAcquireFuture, BoxCheckFuture,
+        BoxReleaseFuture, BoxRenewFuture, BoxResetFuture, CheckPlan, Record,
     };
 
     use portcullis_core::{CheckOptions, Policy, StoreError};

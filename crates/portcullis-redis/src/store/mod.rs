@@ -22,6 +22,7 @@ use crate::redisson::RateLimiter;
 pub(crate) mod builder;
 mod check;
 mod leases;
+mod subjects;
 mod throttle;
 
 pub use builder::RedisStoreBuilder;

@@ -25,6 +25,7 @@ mod charge;
 mod hot_path;
 mod lease;
 mod options;
+mod subjects;
 
 /// Times a new subject tries to make room in other shards before it is
 /// refused (other threads may take the room it made).
