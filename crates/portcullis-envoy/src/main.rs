@@ -1,0 +1,177 @@
+//! The `portcullis-envoy` server: Envoy's RLS v3 rate-limit service from a
+//! TOML configuration file (reloaded live: polled, and on `SIGHUP`), on the
+//! memory store or Redis, with gRPC health checking
+//! (`grpc.health.v1.Health`) and graceful shutdown on `SIGTERM` or
+//! ctrl-c.
+//!
+//! Run with: `portcullis-envoy --config envoy.toml --listen 127.0.0.1:8081
+//! [--redis redis://127.0.0.1:6379]`
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use portcullis_core::MemoryStore;
+use portcullis_envoy::{ConfigFile, RlsService};
+use tokio_stream::wrappers::TcpListenerStream;
+
+/// Envoy's rate-limit service (RLS v3) on portcullis's exact algorithms.
+#[derive(Debug, Parser)]
+#[command(name = "portcullis-envoy", version)]
+struct Args {
+    /// The TOML configuration: domains and their descriptors' limits.
+    #[arg(long, env = "PORTCULLIS_ENVOY_CONFIG")]
+    config: PathBuf,
+    /// Where to serve gRPC (port 0 picks a free one; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    listen: SocketAddr,
+    /// Keep the state in Redis at this URL (`redis://`, `rediss://`,
+    /// `redis+unix://`, as the Redis store takes); unset: in process memory.
+    #[arg(long, env = "PORTCULLIS_ENVOY_REDIS_URL")]
+    redis: Option<String>,
+    /// The Redis key prefix.
+    #[arg(long, default_value = "portcullis")]
+    prefix: String,
+    /// How often the configuration file is checked for changes, in
+    /// milliseconds (0: only on SIGHUP).
+    #[arg(long, default_value_t = 1000)]
+    reload_ms: u64,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            let mut cause = error.source();
+            while let Some(inner) = cause {
+                eprintln!("  caused by: {inner}");
+                cause = inner.source();
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+async fn run(args: Args) -> Result<(), BoxError> {
+    let file = Arc::new(ConfigFile::open(&args.config)?);
+    let live = file.live();
+    let service = match &args.redis {
+        Some(url) => redis_service(live, url, &args.prefix).await?,
+        None => {
+            tracing::info!("rate-limit state in process memory");
+            RlsService::builder(live, MemoryStore::new()).build()
+        }
+    };
+    let watcher = (args.reload_ms > 0).then(|| file.watch(Duration::from_millis(args.reload_ms)));
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let local = listener.local_addr()?;
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_serving::<RateLimitServiceServer<RlsService>>()
+        .await;
+    tracing::info!(
+        config = %args.config.display(),
+        domains = ?file.live().load().domains(),
+        "serving Envoy's rate-limit service (RLS v3) on {local}"
+    );
+    // The line a supervisor (or a test) reads to learn the port.
+    println!("listening on {local}");
+    let shutdown = {
+        let file = Arc::clone(&file);
+        async move {
+            wait_for_stop(&file).await;
+            tracing::info!("shutting down: finishing requests in flight");
+            reporter
+                .set_not_serving::<RateLimitServiceServer<RlsService>>()
+                .await;
+        }
+    };
+    let served = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(service.into_server())
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await;
+    if let Some(watcher) = watcher {
+        watcher.abort();
+    }
+    served?;
+    Ok(())
+}
+
+#[cfg(feature = "redis")]
+async fn redis_service(
+    live: portcullis_envoy::LiveConfig,
+    url: &str,
+    prefix: &str,
+) -> Result<RlsService, BoxError> {
+    let store = portcullis_redis::RedisStore::builder()
+        .url(url)
+        .prefix(prefix)
+        .build()
+        .await?;
+    tracing::info!(
+        "rate-limit state in Redis at {}",
+        portcullis_redis::redact_url(url)
+    );
+    Ok(RlsService::builder(live, store).build())
+}
+
+#[cfg(not(feature = "redis"))]
+async fn redis_service(
+    _live: portcullis_envoy::LiveConfig,
+    _url: &str,
+    _prefix: &str,
+) -> Result<RlsService, BoxError> {
+    Err("this build has no Redis store: build portcullis-envoy with feature `redis`".into())
+}
+
+/// Returns on ctrl-c or `SIGTERM`; reloads the configuration on `SIGHUP`.
+async fn wait_for_stop(file: &ConfigFile) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut hup)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::hangup()),
+        ) else {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => return,
+                _ = term.recv() => return,
+                _ = hup.recv() => file.reload_and_log(),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
