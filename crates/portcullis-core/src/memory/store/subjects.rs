@@ -44,12 +44,9 @@ impl MemoryStore {
     /// ```
     ///
     /// **At the store's bound.** A subject the store does not hold needs
-    /// room; when none can be made ([`WhenFull::Deny`](crate::WhenFull::Deny)
-    /// at [`MemoryStoreBuilder::max_keys`](crate::MemoryStoreBuilder::max_keys))
-    /// the check answers [`StoreError::Full`] and the subjects written
-    /// before the one that found no room keep their charge: such a request
-    /// is refused, so the store may charge more than it admitted, never
-    /// admit more.
+    /// room, made as for [`Store::check`](crate::Store::check) (sweeping,
+    /// or evicting per [`WhenFull`](crate::WhenFull)); when none can be
+    /// made the check answers [`StoreError::Full`] and charges nothing.
     ///
     /// # Errors
     ///
@@ -62,6 +59,19 @@ impl MemoryStore {
         cost: u64,
     ) -> Result<Verdict, StoreError> {
         validate_subjects(checks, cost)?;
+        let now = self.inner.clock.now_micros();
+        let first = self.subjects_once(checks, cost);
+        if !matches!(first, Err(StoreError::Full { .. })) {
+            return first;
+        }
+        // Nothing was written: free room in every shard, then try again.
+        self.make_room(now, first, || self.subjects_once(checks, cost))
+    }
+
+    /// One attempt of [`MemoryStore::check_subjects`]: all or nothing,
+    /// [`StoreError::Full`] (nothing written) when a new subject finds no
+    /// room in its shard.
+    fn subjects_once(&self, checks: &[(&str, &Policy)], cost: u64) -> Result<Verdict, StoreError> {
         let inner = &*self.inner;
         let keys: SmallVec<[Key<'_>; 4]> = checks.iter().map(|(s, _)| Key::new(s)).collect();
         let hashes: SmallVec<[u64; 4]> =
@@ -136,26 +146,73 @@ impl MemoryStore {
         let verdict: Verdict = steps.iter().map(|step| step.decision).collect();
         let mut result = Ok(verdict);
         if cost > 0 {
-            for (i, step) in steps.into_iter().enumerate() {
-                if step.new_state.is_none() {
-                    continue;
-                }
+            // Subjects the store does not hold first: inserting one is the
+            // only write that can fail (no room), and then the ones
+            // inserted before it are removed again, so nothing is written.
+            let mut done: SmallVec<[bool; 4]> = SmallVec::from_elem(false, checks.len());
+            let mut inserted: SmallVec<[usize; 4]> = SmallVec::new();
+            for (i, step) in steps.iter_mut().enumerate() {
                 let at = shard_of(&mut guards, hashes[i]);
                 let shard = &mut *guards[at].1;
                 let key = keys[i].as_bytes();
-                // Found again: an earlier write may have moved the table.
-                let index = shard.find(hashes[i], key);
-                let policy = checks[i].1;
-                if let Err(error) = shard.write_steps(
+                if step.new_state.is_none() || shard.find(hashes[i], key).is_some() {
+                    continue;
+                }
+                done[i] = true;
+                let step = Step {
+                    decision: step.decision,
+                    new_state: step.new_state.take(),
+                    expires_at_us: step.expires_at_us,
+                };
+                let written = shard.write_steps(
                     inner,
                     hashes[i],
                     key,
-                    index,
-                    std::iter::once((policy, step)),
+                    None,
+                    std::iter::once((checks[i].1, step)),
                     now,
-                ) {
+                );
+                if let Err(error) = written {
+                    for &j in &inserted {
+                        let at = shard_of(&mut guards, hashes[j]);
+                        let key = keys[j].as_bytes();
+                        if let Ok(entry) = guards[at]
+                            .1
+                            .table
+                            .find_entry(hashes[j], |e| e.key.matches(key))
+                        {
+                            entry.remove();
+                            inner.forget(1);
+                        }
+                    }
                     result = Err(error);
                     break;
+                }
+                inserted.push(i);
+            }
+            if result.is_ok() {
+                for (i, step) in steps.into_iter().enumerate() {
+                    if done[i] || step.new_state.is_none() {
+                        continue;
+                    }
+                    let at = shard_of(&mut guards, hashes[i]);
+                    let shard = &mut *guards[at].1;
+                    let key = keys[i].as_bytes();
+                    // Found again: an insert may have moved the table.
+                    let index = shard.find(hashes[i], key);
+                    // A held subject's write never fails (only an insert
+                    // can find no room).
+                    if let Err(error) = shard.write_steps(
+                        inner,
+                        hashes[i],
+                        key,
+                        index,
+                        std::iter::once((checks[i].1, step)),
+                        now,
+                    ) {
+                        result = Err(error);
+                        break;
+                    }
                 }
             }
         }
@@ -163,5 +220,72 @@ impl MemoryStore {
             shard.tick(inner, now);
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{ManualClock, MemoryStore, Policy, StoreError, WhenFull};
+
+    #[test]
+    fn a_denial_charges_none_and_a_full_store_writes_nothing() {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let store = MemoryStore::builder()
+            .clock(clock)
+            .max_keys(2)
+            .when_full(WhenFull::Deny)
+            .build();
+        let a = Policy::per_minute(5).name("a").build().unwrap();
+        let b = Policy::per_minute(1).name("b").build().unwrap();
+        assert!(store
+            .check_subjects(&[("x", &a), ("y", &b)], 1)
+            .unwrap()
+            .is_allowed());
+        let denied = store.check_subjects(&[("x", &a), ("y", &b)], 1).unwrap();
+        assert!(!denied.is_allowed());
+        assert_eq!(denied.decisions()[0].remaining(), 4, "x was not charged");
+        // Two subjects held, the bound is two: a new one finds no room, and
+        // the held one beside it is not charged.
+        let full = store.check_subjects(&[("x", &a), ("z", &a)], 1);
+        assert!(matches!(full, Err(StoreError::Full { .. })), "{full:?}");
+        assert_eq!(store.len(), 2);
+        let x = store.check_subjects(&[("x", &a)], 0).unwrap();
+        assert_eq!(x.decisions()[0].remaining(), 4);
+        assert!(store.check_subjects(&[], 1).is_err());
+        assert!(matches!(
+            store.check_subjects(&[("x", &a), ("x", &a)], 1),
+            Err(StoreError::DuplicatePolicy { .. })
+        ));
+    }
+
+    #[test]
+    fn concurrent_checks_over_many_shards_admit_exactly_the_limit() {
+        let store = MemoryStore::new();
+        let shared = Policy::per_minute(100).name("shared").build().unwrap();
+        let own = Policy::per_minute(1_000).name("own").build().unwrap();
+        let admitted: usize = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4)
+                .map(|t| {
+                    let (store, shared, own) = (&store, &shared, &own);
+                    scope.spawn(move || {
+                        (0..100)
+                            .filter(|i| {
+                                let mine = format!("t{t}-{}", i % 7);
+                                let other = format!("t{}-{}", (t + 1) % 4, i % 5);
+                                store
+                                    .check_subjects(
+                                        &[(&mine, own), ("global", shared), (&other, own)],
+                                        1,
+                                    )
+                                    .unwrap()
+                                    .is_allowed()
+                            })
+                            .count()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(admitted, 100);
     }
 }
