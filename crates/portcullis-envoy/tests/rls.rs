@@ -550,3 +550,31 @@ async fn a_store_that_is_down_is_answered_unavailable() {
         err.message()
     );
 }
+
+// ---- Redis Cluster: one subject per atomic check ----
+
+#[tokio::test]
+async fn on_a_cluster_one_descriptor_is_exact_and_several_subjects_are_refused_clearly() {
+    let urls = std::env::var("PORTCULLIS_REDIS_CLUSTER_URLS").expect(
+        "PORTCULLIS_REDIS_CLUSTER_URLS is not set: run these tests with `cargo xtask test`",
+    );
+    let store = RedisStore::builder()
+        .cluster(urls.split(','))
+        .prefix(unique("envoy-cluster"))
+        .build()
+        .await
+        .expect("the Cluster at PORTCULLIS_REDIS_CLUSTER_URLS must answer");
+    let service = service(store);
+    let user = unique("u");
+    let one = request("edge", &[&[("user", &user)]], 0);
+    for remaining in (0..10).rev() {
+        let r = service.decide(&one).await.unwrap();
+        assert!(is_ok(&r));
+        assert_eq!(r.statuses[0].limit_remaining, remaining);
+    }
+    assert!(!is_ok(&service.decide(&one).await.unwrap()));
+    let two = request("edge", &[&[("user", &unique("u"))], &[("route", "/x")]], 0);
+    let err = service.decide(&two).await.unwrap_err();
+    assert_eq!(err.code(), GrpcCode::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("Cluster"), "{}", err.message());
+}

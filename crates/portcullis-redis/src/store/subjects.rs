@@ -32,17 +32,20 @@ impl RedisStore {
     /// [`StoreError::Unsupported`] (nothing is charged). Standalone and
     /// Sentinel-managed servers take any subjects.
     ///
-    /// ```no_run
-    /// use portcullis::{Policy, RedisStore};
+    /// ```
+    /// use portcullis::redis::RedisStore;
+    /// use portcullis::{Policy, StoreError};
     ///
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let store = RedisStore::builder().url("redis://127.0.0.1:6379").build().await?;
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = RedisStore::builder().url("redis://127.0.0.1").lazy_connect(true).build().await?;
     /// let user = Policy::per_minute(10).name("per-user").build()?;
     /// let route = Policy::per_minute(100).name("per-route").build()?;
-    /// let verdict = store.check_subjects(&[("alice", &user), ("/search", &route)], 1).await?;
-    /// println!("allowed: {}", verdict.is_allowed());
-    /// # Ok(())
-    /// # }
+    /// // One call decides both: store.check_subjects(&[("alice", &user), ("/search", &route)], 1)
+    /// // A bad request is refused before anything is sent:
+    /// let twice = store.check_subjects(&[("alice", &user), ("alice", &user)], 1).await;
+    /// assert!(matches!(twice, Err(StoreError::DuplicatePolicy { .. })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
     /// ```
     ///
     /// # Errors
