@@ -32,9 +32,10 @@
 //! Envoy's API types and service traits come from the `envoy-types`
 //! crate (Envoy's protos as Envoy 1.40 sends them).
 
-// The modules, top-down: the service (`rls`) above the live configuration
+// The modules, top-down: the services (`rlqs`, `rls`) above the live configuration
 // (`live`), the configuration (`config`) and the stores (`store`), above
 // the leaves (`subject`, `log`).
+mod rlqs;
 mod rls;
 
 mod live;
@@ -47,5 +48,6 @@ mod subject;
 
 pub use config::{Config, ConfigError, Rule};
 pub use live::{ConfigFile, LiveConfig};
+pub use rlqs::{RlqsService, RlqsServiceBuilder, RlqsStream, MAX_BUCKETS_PER_REPORT};
 pub use rls::{RlsService, RlsServiceBuilder, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_ENTRY_LEN};
 pub use store::DescriptorStore;

@@ -1,4 +1,5 @@
-//! The `portcullis-envoy` server: Envoy's RLS v3 rate-limit service from a
+//! The `portcullis-envoy` server: Envoy's RLS v3 rate-limit service and its
+//! RLQS quota service from a
 //! TOML configuration file (reloaded live: polled, and on `SIGHUP`), on the
 //! memory store or Redis, with gRPC health checking
 //! (`grpc.health.v1.Health`) and graceful shutdown on `SIGTERM` or
@@ -14,9 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use portcullis_core::MemoryStore;
-use portcullis_envoy::{ConfigFile, RlsService};
+use portcullis_envoy::{ConfigFile, RlqsService, RlsService};
 use tokio_stream::wrappers::TcpListenerStream;
 
 /// Envoy's rate-limit service (RLS v3) on portcullis's exact algorithms.
@@ -77,11 +79,15 @@ type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 async fn run(args: Args) -> Result<(), BoxError> {
     let file = Arc::new(ConfigFile::open(&args.config)?);
     let live = file.live();
-    let service = match &args.redis {
-        Some(url) => redis_service(live, url, &args.prefix).await?,
+    let (service, quotas) = match &args.redis {
+        Some(url) => redis_services(live, url, &args.prefix).await?,
         None => {
             tracing::info!("rate-limit state in process memory");
-            RlsService::builder(live, MemoryStore::new()).build()
+            let store = MemoryStore::new();
+            (
+                RlsService::builder(live.clone(), store.clone()).build(),
+                RlqsService::builder(live, store).build(),
+            )
         }
     };
     let watcher = (args.reload_ms > 0).then(|| file.watch(Duration::from_millis(args.reload_ms)));
@@ -93,10 +99,13 @@ async fn run(args: Args) -> Result<(), BoxError> {
     reporter
         .set_serving::<RateLimitServiceServer<RlsService>>()
         .await;
+    reporter
+        .set_serving::<RateLimitQuotaServiceServer<RlqsService>>()
+        .await;
     tracing::info!(
         config = %args.config.display(),
         domains = ?file.live().load().domains(),
-        "serving Envoy's rate-limit service (RLS v3) on {local}"
+        "serving Envoy's rate-limit services (RLS v3, RLQS) on {local}"
     );
     // The line a supervisor (or a test) reads to learn the port.
     println!("listening on {local}");
@@ -108,11 +117,15 @@ async fn run(args: Args) -> Result<(), BoxError> {
             reporter
                 .set_not_serving::<RateLimitServiceServer<RlsService>>()
                 .await;
+            reporter
+                .set_not_serving::<RateLimitQuotaServiceServer<RlqsService>>()
+                .await;
         }
     };
     let served = tonic::transport::Server::builder()
         .add_service(health)
         .add_service(service.into_server())
+        .add_service(quotas.into_server())
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await;
     if let Some(watcher) = watcher {
@@ -122,12 +135,13 @@ async fn run(args: Args) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// Both services on one Redis store.
 #[cfg(feature = "redis")]
-async fn redis_service(
+async fn redis_services(
     live: portcullis_envoy::LiveConfig,
     url: &str,
     prefix: &str,
-) -> Result<RlsService, BoxError> {
+) -> Result<(RlsService, RlqsService), BoxError> {
     let store = portcullis_redis::RedisStore::builder()
         .url(url)
         .prefix(prefix)
@@ -137,15 +151,18 @@ async fn redis_service(
         "rate-limit state in Redis at {}",
         portcullis_redis::redact_url(url)
     );
-    Ok(RlsService::builder(live, store).build())
+    Ok((
+        RlsService::builder(live.clone(), store.clone()).build(),
+        RlqsService::builder(live, store).build(),
+    ))
 }
 
 #[cfg(not(feature = "redis"))]
-async fn redis_service(
+async fn redis_services(
     _live: portcullis_envoy::LiveConfig,
     _url: &str,
     _prefix: &str,
-) -> Result<RlsService, BoxError> {
+) -> Result<(RlsService, RlqsService), BoxError> {
     Err("this build has no Redis store: build portcullis-envoy with feature `redis`".into())
 }
 

@@ -3,7 +3,7 @@
 //! all or nothing: [`MemoryStore`] and, with feature `redis`,
 //! `RedisStore`.
 
-use portcullis_core::{BoxCheckFuture, MemoryStore, Policy};
+use portcullis_core::{BoxCheckFuture, MemoryStore, Policy, Store};
 
 /// A store that checks several subjects, each with its policy, in one
 /// atomic step: all admit and are charged, or none is
@@ -27,11 +27,26 @@ pub trait DescriptorStore: Send + Sync + 'static {
     /// Checks every `(subject, policy)` pair with `cost`, all or nothing;
     /// the verdict holds one decision per pair, in order.
     fn check_all(&self, checks: &[(&str, &Policy)], cost: u64) -> BoxCheckFuture;
+
+    /// Charges `cost` permits to `subject` under `policy` after the fact
+    /// (never denied; [`Store::charge`](portcullis_core::Store::charge)):
+    /// how RLQS usage reports are counted. GCRA and token-bucket policies
+    /// only.
+    fn charge(&self, subject: &str, policy: &Policy, cost: u64) -> BoxCheckFuture;
 }
 
 impl DescriptorStore for MemoryStore {
     fn check_all(&self, checks: &[(&str, &Policy)], cost: u64) -> BoxCheckFuture {
         Box::pin(std::future::ready(self.check_subjects(checks, cost)))
+    }
+
+    fn charge(&self, subject: &str, policy: &Policy, cost: u64) -> BoxCheckFuture {
+        Box::pin(Store::charge(
+            self,
+            subject,
+            std::slice::from_ref(policy),
+            cost,
+        ))
     }
 }
 
@@ -39,5 +54,14 @@ impl DescriptorStore for MemoryStore {
 impl DescriptorStore for portcullis_redis::RedisStore {
     fn check_all(&self, checks: &[(&str, &Policy)], cost: u64) -> BoxCheckFuture {
         Box::pin(self.check_subjects(checks, cost))
+    }
+
+    fn charge(&self, subject: &str, policy: &Policy, cost: u64) -> BoxCheckFuture {
+        Box::pin(Store::charge(
+            self,
+            subject,
+            std::slice::from_ref(policy),
+            cost,
+        ))
     }
 }
