@@ -33,12 +33,15 @@
 //! crate (Envoy's protos as Envoy 1.40 sends them).
 
 // The modules, top-down: the services (`rlqs`, `rls`) above the live configuration
-// (`live`), the configuration (`config`) and the stores (`store`), above
+// (`live`), the conversion from envoyproxy/ratelimit (`convert`), the
+// configuration (`config`) and the stores (`store`), above
 // the leaves (`subject`, `log`).
 mod rlqs;
 mod rls;
 
 mod live;
+
+mod convert;
 
 mod config;
 mod store;
@@ -47,6 +50,7 @@ mod log;
 mod subject;
 
 pub use config::{Config, ConfigError, Rule};
+pub use convert::convert_ratelimit_yaml;
 pub use live::{ConfigFile, LiveConfig};
 pub use rlqs::{RlqsService, RlqsServiceBuilder, RlqsStream, MAX_BUCKETS_PER_REPORT};
 pub use rls::{RlsService, RlsServiceBuilder, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_ENTRY_LEN};

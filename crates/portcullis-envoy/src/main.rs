@@ -6,7 +6,8 @@
 //! ctrl-c.
 //!
 //! Run with: `portcullis-envoy --config envoy.toml --listen 127.0.0.1:8081
-//! [--redis redis://127.0.0.1:6379]`
+//! [--redis redis://127.0.0.1:6379]`; `portcullis-envoy convert
+//! ratelimit/*.yaml > envoy.toml` converts envoyproxy/ratelimit's files.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,16 +19,45 @@ use clap::Parser;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use portcullis_core::MemoryStore;
-use portcullis_envoy::{ConfigFile, RlqsService, RlsService};
+use portcullis_envoy::{convert_ratelimit_yaml, Config, ConfigFile, RlqsService, RlsService};
 use tokio_stream::wrappers::TcpListenerStream;
 
-/// Envoy's rate-limit service (RLS v3) on portcullis's exact algorithms.
+/// Envoy's rate-limit services (RLS v3, RLQS) on portcullis's exact
+/// algorithms.
 #[derive(Debug, Parser)]
-#[command(name = "portcullis-envoy", version)]
+#[command(
+    name = "portcullis-envoy",
+    version,
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Tool>,
+    #[command(flatten)]
+    serve: Args,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Tool {
+    /// Print envoyproxy/ratelimit YAML files (one domain each) as this
+    /// server's TOML configuration.
+    Convert {
+        /// The algorithm every limit gets: fixed_window (envoyproxy/ratelimit's
+        /// behaviour), gcra, token_bucket, sliding_window, ...
+        #[arg(long, default_value = "fixed_window")]
+        algorithm: String,
+        /// The YAML files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+}
+
+/// Serving.
+#[derive(Debug, clap::Args)]
 struct Args {
     /// The TOML configuration: domains and their descriptors' limits.
     #[arg(long, env = "PORTCULLIS_ENVOY_CONFIG")]
-    config: PathBuf,
+    config: Option<PathBuf>,
     /// Where to serve gRPC (port 0 picks a free one; the address is printed).
     #[arg(long, default_value = "127.0.0.1:8081")]
     listen: SocketAddr,
@@ -52,7 +82,11 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse();
+    let cli = Cli::parse();
+    if let Some(Tool::Convert { algorithm, files }) = cli.command {
+        return convert(&algorithm, &files);
+    }
+    let args = cli.serve;
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -76,8 +110,42 @@ fn main() -> ExitCode {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// `portcullis-envoy convert`: every file converted, checked together
+/// (a domain in two files is refused), printed.
+fn convert(algorithm: &str, files: &[PathBuf]) -> ExitCode {
+    let mut out =
+        String::from("# Converted from envoyproxy/ratelimit by `portcullis-envoy convert`.\n");
+    for file in files {
+        let converted = std::fs::read_to_string(file)
+            .map_err(|e| format!("cannot read {}: {e}", file.display()))
+            .and_then(|text| {
+                convert_ratelimit_yaml(file, &text, algorithm).map_err(|e| e.to_string())
+            });
+        match converted {
+            Ok(toml) => {
+                out.push('\n');
+                out.push_str(&toml);
+            }
+            Err(error) => {
+                eprintln!("error: {error}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if let Err(error) = Config::parse("(converted)", &out) {
+        eprintln!("error: the files do not combine: {error}");
+        return ExitCode::FAILURE;
+    }
+    print!("{out}");
+    ExitCode::SUCCESS
+}
+
 async fn run(args: Args) -> Result<(), BoxError> {
-    let file = Arc::new(ConfigFile::open(&args.config)?);
+    let config = args
+        .config
+        .clone()
+        .ok_or("no configuration: pass --config <file.toml> (or set PORTCULLIS_ENVOY_CONFIG)")?;
+    let file = Arc::new(ConfigFile::open(&config)?);
     let live = file.live();
     let (service, quotas) = match &args.redis {
         Some(url) => redis_services(live, url, &args.prefix).await?,
@@ -103,7 +171,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         .set_serving::<RateLimitQuotaServiceServer<RlqsService>>()
         .await;
     tracing::info!(
-        config = %args.config.display(),
+        config = %config.display(),
         domains = ?file.live().load().domains(),
         "serving Envoy's rate-limit services (RLS v3, RLQS) on {local}"
     );
