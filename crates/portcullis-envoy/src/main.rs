@@ -68,6 +68,10 @@ struct Args {
     /// The Redis key prefix.
     #[arg(long, default_value = "portcullis")]
     prefix: String,
+    /// Ask Envoy to add the IETF `RateLimit-Policy` and `RateLimit` fields
+    /// to its responses.
+    #[arg(long)]
+    rate_limit_headers: bool,
     /// How often the configuration file is checked for changes, in
     /// milliseconds (0: only on SIGHUP).
     #[arg(long, default_value_t = 1000)]
@@ -148,12 +152,14 @@ async fn run(args: Args) -> Result<(), BoxError> {
     let file = Arc::new(ConfigFile::open(&config)?);
     let live = file.live();
     let (service, quotas) = match &args.redis {
-        Some(url) => redis_services(live, url, &args.prefix).await?,
+        Some(url) => redis_services(live, url, &args).await?,
         None => {
             tracing::info!("rate-limit state in process memory");
             let store = MemoryStore::new();
             (
-                RlsService::builder(live.clone(), store.clone()).build(),
+                RlsService::builder(live.clone(), store.clone())
+                    .rate_limit_headers(args.rate_limit_headers)
+                    .build(),
                 RlqsService::builder(live, store).build(),
             )
         }
@@ -208,11 +214,11 @@ async fn run(args: Args) -> Result<(), BoxError> {
 async fn redis_services(
     live: portcullis_envoy::LiveConfig,
     url: &str,
-    prefix: &str,
+    args: &Args,
 ) -> Result<(RlsService, RlqsService), BoxError> {
     let store = portcullis_redis::RedisStore::builder()
         .url(url)
-        .prefix(prefix)
+        .prefix(args.prefix.as_str())
         .build()
         .await?;
     tracing::info!(
@@ -220,7 +226,9 @@ async fn redis_services(
         portcullis_redis::redact_url(url)
     );
     Ok((
-        RlsService::builder(live.clone(), store.clone()).build(),
+        RlsService::builder(live.clone(), store.clone())
+            .rate_limit_headers(args.rate_limit_headers)
+            .build(),
         RlqsService::builder(live, store).build(),
     ))
 }
@@ -229,7 +237,7 @@ async fn redis_services(
 async fn redis_services(
     _live: portcullis_envoy::LiveConfig,
     _url: &str,
-    _prefix: &str,
+    _args: &Args,
 ) -> Result<(RlsService, RlqsService), BoxError> {
     Err("this build has no Redis store: build portcullis-envoy with feature `redis`".into())
 }

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
@@ -66,6 +67,7 @@ pub struct RlsService {
     live: LiveConfig,
     store: Arc<dyn DescriptorStore>,
     log: Arc<LogGate>,
+    headers: bool,
 }
 
 impl std::fmt::Debug for RlsService {
@@ -84,6 +86,24 @@ pub struct RlsServiceBuilder {
 }
 
 impl RlsServiceBuilder {
+    /// Asks Envoy to add the IETF `RateLimit-Policy` and `RateLimit`
+    /// fields to its responses (`response_headers_to_add`), for the limits
+    /// a request was checked against: `"name";q=<limit>;w=<seconds>` and
+    /// `"name";r=<remaining>;t=<seconds to full>`. Off by default.
+    ///
+    /// ```
+    /// use portcullis::MemoryStore;
+    /// use portcullis_envoy::{Config, LiveConfig, RlsService};
+    ///
+    /// let live = LiveConfig::new(Config::default());
+    /// let service = RlsService::builder(live, MemoryStore::new()).rate_limit_headers(true).build();
+    /// # let _ = service;
+    /// ```
+    pub fn rate_limit_headers(mut self, enabled: bool) -> Self {
+        self.service.headers = enabled;
+        self
+    }
+
     /// The service.
     #[must_use]
     pub fn build(self) -> RlsService {
@@ -99,6 +119,7 @@ impl RlsService {
                 live,
                 store: Arc::new(store),
                 log: Arc::new(LogGate::new()),
+                headers: false,
             },
         }
     }
@@ -123,6 +144,7 @@ impl RlsService {
             .map(|_| ok_status())
             .collect();
         let mut over = false;
+        let mut headers = Headers::default();
         // A cost no amount of waiting admits: denied, nothing charged.
         let too_costly: Vec<usize> = plan
             .enforced
@@ -148,6 +170,9 @@ impl RlsService {
                     over = !verdict.is_allowed();
                     for (check, decision) in plan.enforced.iter().zip(verdict.decisions()) {
                         statuses[check.index] = status_of(&check.policy, decision, false);
+                        if self.headers {
+                            headers.add(&check.policy, decision);
+                        }
                     }
                 }
                 Err(error) => {
@@ -188,7 +213,9 @@ impl RlsService {
             }
         }
         plan.copy_duplicates(&mut statuses);
-        Ok(response(over, statuses))
+        let mut answer = response(over, statuses);
+        answer.response_headers_to_add = headers.into_fields();
+        Ok(answer)
     }
 
     /// The status a store failure is answered with (logged, rate-limited).
@@ -428,6 +455,58 @@ pub(crate) fn current_limit(policy: &Policy) -> RateLimit {
         name: policy.name().to_owned(),
         requests_per_unit: u32::try_from(requests).unwrap_or(u32::MAX),
         unit: unit as i32,
+    }
+}
+
+/// The IETF `RateLimit-Policy` and `RateLimit` fields of a response.
+#[derive(Default)]
+struct Headers {
+    policy: String,
+    state: String,
+}
+
+impl Headers {
+    fn add(&mut self, policy: &Policy, decision: &Decision) {
+        let sep = |s: &mut String| {
+            if !s.is_empty() {
+                s.push_str(", ");
+            }
+        };
+        sep(&mut self.policy);
+        sep(&mut self.state);
+        let reset = decision.reset_after();
+        let reset_secs = reset.as_secs() + u64::from(reset.subsec_nanos() > 0);
+        let window = policy.period().as_secs().max(1);
+        // Policy names are ASCII letters, digits, `_`, `-`, `.`: nothing
+        // to escape in a quoted string.
+        self.policy.push_str(&format!(
+            "\"{}\";q={};w={window}",
+            policy.name(),
+            decision.limit()
+        ));
+        self.state.push_str(&format!(
+            "\"{}\";r={};t={reset_secs}",
+            policy.name(),
+            decision.remaining()
+        ));
+    }
+
+    fn into_fields(self) -> Vec<HeaderValue> {
+        if self.policy.is_empty() {
+            return Vec::new();
+        }
+        vec![
+            HeaderValue {
+                key: "ratelimit-policy".to_owned(),
+                value: self.policy,
+                raw_value: Vec::new(),
+            },
+            HeaderValue {
+                key: "ratelimit".to_owned(),
+                value: self.state,
+                raw_value: Vec::new(),
+            },
+        ]
     }
 }
 

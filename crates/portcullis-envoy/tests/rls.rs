@@ -578,3 +578,41 @@ async fn on_a_cluster_one_descriptor_is_exact_and_several_subjects_are_refused_c
     assert_eq!(err.code(), GrpcCode::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("Cluster"), "{}", err.message());
 }
+
+#[tokio::test]
+async fn rate_limit_headers_name_each_limit_checked() {
+    let config = Config::parse("rls-test.toml", CONFIG).unwrap();
+    let service = RlsService::builder(LiveConfig::new(config), MemoryStore::new())
+        .rate_limit_headers(true)
+        .build();
+    let r = service
+        .decide(&request(
+            "edge",
+            &[&[("path", "/login")], &[("nothing", "x")]],
+            0,
+        ))
+        .await
+        .unwrap();
+    let fields: Vec<(&str, &str)> = r
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.as_str(), h.value.as_str()))
+        .collect();
+    assert_eq!(fields[0], ("ratelimit-policy", "\"login\";q=3;w=3600"));
+    assert_eq!(fields[1].0, "ratelimit");
+    assert!(
+        fields[1].1.starts_with("\"login\";r=2;t="),
+        "{}",
+        fields[1].1
+    );
+    // Off by default.
+    let plain = service_without_headers()
+        .decide(&request("edge", &[&[("path", "/login")]], 0))
+        .await
+        .unwrap();
+    assert!(plain.response_headers_to_add.is_empty());
+}
+
+fn service_without_headers() -> RlsService {
+    service(MemoryStore::new())
+}
