@@ -445,3 +445,52 @@ async fn two_envoys_on_one_redis_share_a_limit_across_a_service_restart() {
     }
     assert_eq!(bob, [200, 200, 200, 429, 429]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_two_envoys_rlqs_divides_the_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("limits.toml");
+    // 10 per 5 s report interval: one Envoy gets 10, two get 5 each (the
+    // first keeps 10 until its next report).
+    std::fs::write(
+        &config,
+        "[[domains]]\nname = \"e2e\"\n[[domains.descriptors]]\nkey = \"name\"\nvalue = \"k\"\nlimit = 7200\nperiod = \"1h\"\n",
+    )
+    .unwrap();
+    let (_service, rls) = start_service(&config);
+    let client = client();
+    let (_one, front_1) = start_envoy(&client, dir.path(), "q1", rls, RLQS_FILTER).await;
+    let (_two, front_2) = start_envoy(&client, dir.path(), "q2", rls, RLQS_FILTER).await;
+    let start = Instant::now();
+    let mut passed = 0u64;
+    for front in [front_1, front_2] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while status(&client, front, "x").await != 200 {
+            assert!(Instant::now() < deadline, "no assignment arrived");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        passed += 1;
+    }
+    let mut denied = 0u64;
+    for i in 0..60 {
+        match status(&client, if i % 2 == 0 { front_1 } else { front_2 }, "x").await {
+            200 => passed += 1,
+            429 => denied += 1,
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    // The shares' tokens (at most 10 + 5) and their refill over the time
+    // taken (at most 2 + 1 per second, and one more interval's refill).
+    let elapsed = start.elapsed().as_secs_f64();
+    let bound = 15 + (3.0 * elapsed).ceil() as u64;
+    eprintln!(
+        "RLQS two shares: {passed} passed, {denied} denied in {elapsed:.2} s (bound {bound})"
+    );
+    assert!(
+        passed <= bound,
+        "{passed} passed, bound {bound} after {elapsed:.1} s"
+    );
+    if bound < 62 {
+        assert!(denied > 0, "the shares were not enforced");
+    }
+}
