@@ -28,6 +28,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 use futures_util::Stream;
 use portcullis_core::Policy;
+use sha2::{Digest, Sha256};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt as _;
 use tonic::{Request, Response, Status, Streaming};
@@ -333,9 +334,11 @@ impl RateLimitQuotaService for RlqsService {
 
 /// The instances (streams) reporting each bucket: a stream counts for a
 /// bucket until two report intervals pass without its report, or it ends.
+/// Buckets are held by the SHA-256 of their subject, so a bucket id of
+/// long values (a client's header) costs 32 bytes here, not its length.
 #[derive(Debug, Default)]
 struct Instances {
-    buckets: Mutex<HashMap<String, HashMap<u64, Instant>>>,
+    buckets: Mutex<HashMap<[u8; 32], HashMap<u64, Instant>>>,
 }
 
 impl Instances {
@@ -344,8 +347,9 @@ impl Instances {
     fn touch(&self, subject: &str, stream: u64, interval: Duration) -> usize {
         let now = Instant::now();
         let stale = interval * 2;
+        let key: [u8; 32] = Sha256::digest(subject.as_bytes()).into();
         let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
-        if !buckets.contains_key(subject) && buckets.len() >= MAX_TRACKED_BUCKETS {
+        if !buckets.contains_key(&key) && buckets.len() >= MAX_TRACKED_BUCKETS {
             buckets.retain(|_, streams| {
                 streams.retain(|_, seen| now.duration_since(*seen) < stale);
                 !streams.is_empty()
@@ -354,7 +358,7 @@ impl Instances {
                 return 1;
             }
         }
-        let streams = buckets.entry(subject.to_owned()).or_default();
+        let streams = buckets.entry(key).or_default();
         streams.insert(stream, now);
         streams.retain(|_, seen| now.duration_since(*seen) < stale);
         streams.len()
@@ -367,5 +371,37 @@ impl Instances {
             streams.remove(&stream);
             !streams.is_empty()
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_divide_one_intervals_permits_with_a_floor_of_one() {
+        let policy = Policy::per_minute(600).build().unwrap();
+        let five = Duration::from_secs(5);
+        assert_eq!(share(&policy, five, 1), 50);
+        assert_eq!(share(&policy, five, 3), 16);
+        assert_eq!(share(&policy, five, 1000), 1);
+        // Never above the capacity: a per-second policy under 5 s reports.
+        let fast = Policy::per_second(10).build().unwrap();
+        assert_eq!(share(&fast, five, 1), 10);
+    }
+
+    #[test]
+    fn instances_count_streams_until_they_end() {
+        let instances = Instances::default();
+        let interval = Duration::from_secs(5);
+        let long = "v".repeat(10_000);
+        assert_eq!(instances.touch(&long, 1, interval), 1);
+        assert_eq!(instances.touch(&long, 2, interval), 2);
+        assert_eq!(instances.touch(&long, 2, interval), 2);
+        assert_eq!(instances.touch("other", 2, interval), 1);
+        instances.forget(1);
+        assert_eq!(instances.touch(&long, 2, interval), 1);
+        instances.forget(2);
+        assert!(instances.buckets.lock().unwrap().is_empty());
     }
 }
