@@ -63,8 +63,21 @@ struct Args {
     listen: SocketAddr,
     /// Keep the state in Redis at this URL (`redis://`, `rediss://`,
     /// `redis+unix://`, as the Redis store takes); unset: in process memory.
-    #[arg(long, env = "PORTCULLIS_ENVOY_REDIS_URL")]
+    #[arg(long, env = "PORTCULLIS_ENVOY_REDIS_URL", conflicts_with_all = ["redis_cluster", "redis_sentinel"])]
     redis: Option<String>,
+    /// Keep the state in a Redis Cluster: the URLs of some of its nodes,
+    /// comma-separated. Requests whose limited descriptors name different
+    /// subjects are refused (FAILED_PRECONDITION): one atomic step stays on
+    /// one node.
+    #[arg(long, value_delimiter = ',', conflicts_with = "redis_sentinel")]
+    redis_cluster: Vec<String>,
+    /// Keep the state in the Redis primary that Sentinels name by this
+    /// master name (with --sentinel).
+    #[arg(long, requires = "sentinel")]
+    redis_sentinel: Option<String>,
+    /// A Sentinel's URL (repeat, or comma-separate, for several).
+    #[arg(long, value_delimiter = ',')]
+    sentinel: Vec<String>,
     /// The Redis key prefix.
     #[arg(long, default_value = "portcullis")]
     prefix: String,
@@ -151,9 +164,11 @@ async fn run(args: Args) -> Result<(), BoxError> {
         .ok_or("no configuration: pass --config <file.toml> (or set PORTCULLIS_ENVOY_CONFIG)")?;
     let file = Arc::new(ConfigFile::open(&config)?);
     let live = file.live();
-    let (service, quotas) = match &args.redis {
-        Some(url) => redis_services(live, url, &args).await?,
-        None => {
+    let redis =
+        args.redis.is_some() || !args.redis_cluster.is_empty() || args.redis_sentinel.is_some();
+    let (service, quotas) = match redis {
+        true => redis_services(live, &args).await?,
+        false => {
             tracing::info!("rate-limit state in process memory");
             let store = MemoryStore::new();
             (
@@ -213,18 +228,25 @@ async fn run(args: Args) -> Result<(), BoxError> {
 #[cfg(feature = "redis")]
 async fn redis_services(
     live: portcullis_envoy::LiveConfig,
-    url: &str,
     args: &Args,
 ) -> Result<(RlsService, RlqsService), BoxError> {
-    let store = portcullis_redis::RedisStore::builder()
-        .url(url)
-        .prefix(args.prefix.as_str())
-        .build()
-        .await?;
-    tracing::info!(
-        "rate-limit state in Redis at {}",
-        portcullis_redis::redact_url(url)
-    );
+    let builder = portcullis_redis::RedisStore::builder().prefix(args.prefix.as_str());
+    let (builder, what) = match (&args.redis, &args.redis_sentinel) {
+        (Some(url), _) => (builder.url(url.as_str()), portcullis_redis::redact_url(url)),
+        (None, Some(master)) => (
+            builder.sentinel(master.as_str(), args.sentinel.iter().cloned()),
+            format!(
+                "the primary {master:?} of {} Sentinel(s)",
+                args.sentinel.len()
+            ),
+        ),
+        (None, None) => (
+            builder.cluster(args.redis_cluster.iter().cloned()),
+            format!("a Cluster ({} seed nodes)", args.redis_cluster.len()),
+        ),
+    };
+    let store = builder.build().await?;
+    tracing::info!("rate-limit state in Redis: {what}");
     Ok((
         RlsService::builder(live.clone(), store.clone())
             .rate_limit_headers(args.rate_limit_headers)
@@ -236,7 +258,6 @@ async fn redis_services(
 #[cfg(not(feature = "redis"))]
 async fn redis_services(
     _live: portcullis_envoy::LiveConfig,
-    _url: &str,
     _args: &Args,
 ) -> Result<(RlsService, RlqsService), BoxError> {
     Err("this build has no Redis store: build portcullis-envoy with feature `redis`".into())
