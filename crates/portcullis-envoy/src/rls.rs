@@ -43,7 +43,9 @@ pub const MAX_ENTRY_LEN: usize = 1024;
 /// limited descriptors agree on it; 0 peeks); rules in shadow mode are
 /// decided in a second step of their own, answered `OK` and logged when
 /// they would deny. Each descriptor's status carries `current_limit`,
-/// `limit_remaining` and `duration_until_reset` when a rule limits it.
+/// `limit_remaining` and `duration_until_reset` when a rule limits it. A
+/// descriptor's own `limit` (an override from Envoy's route) is ignored:
+/// the limits are the configuration's.
 ///
 /// **When the store fails.** A store that is down or slow
 /// ([`ErrorScope::Store`]) is answered `UNAVAILABLE`: Envoy then lets the
