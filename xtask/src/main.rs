@@ -22,6 +22,7 @@
 
 mod args;
 mod doc_examples;
+mod envoy;
 mod lint;
 mod long;
 mod public_api;
@@ -150,6 +151,7 @@ fn run_test_stages(options: &TestOptions, tools: &Tools, stages: &mut Stages) ->
     )?;
     let mut env = servers.env();
     env.extend(tools.env());
+    env.extend(envoy::env());
     for (name, value) in &env {
         println!("    {name}={value}");
     }

@@ -122,4 +122,4 @@ pub use reserve::{
     SettleOutcome, Settlement, TokenBudget, TokenBudgetBuilder, TokenBudgetError,
 };
 pub use store::Store;
-pub use validate::{validate_charge, validate_check};
+pub use validate::{validate_charge, validate_check, validate_subjects};

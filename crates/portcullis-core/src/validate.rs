@@ -68,3 +68,41 @@ pub fn validate_charge(policies: &[Policy]) -> Result<(), StoreError> {
         None => Ok(()),
     }
 }
+
+/// Validates a check of several subjects in one step (one policy each,
+/// `MemoryStore::check_subjects`, `RedisStore::check_subjects`): none
+/// given, the same subject with the same policy name twice, a cost above a
+/// policy's capacity.
+///
+/// ```
+/// use portcullis::store::validate_subjects;
+/// use portcullis::{Policy, StoreError};
+///
+/// let policy = Policy::per_minute(10).name("per-user").build()?;
+/// assert!(validate_subjects(&[("alice", &policy), ("bob", &policy)], 1).is_ok());
+/// let twice = validate_subjects(&[("alice", &policy), ("alice", &policy)], 1);
+/// assert!(matches!(twice, Err(StoreError::DuplicatePolicy { .. })));
+/// # Ok::<(), portcullis::PolicyError>(())
+/// ```
+///
+/// # Errors
+///
+/// [`StoreError::NoPolicies`], [`StoreError::DuplicatePolicy`] and
+/// [`StoreError::CostTooHigh`], as [`validate_check`].
+pub fn validate_subjects(checks: &[(&str, &Policy)], cost: u64) -> Result<(), StoreError> {
+    if checks.is_empty() {
+        return Err(StoreError::NoPolicies);
+    }
+    for (i, (subject, policy)) in checks.iter().enumerate() {
+        validate_check(std::slice::from_ref(*policy), cost)?;
+        if checks[..i]
+            .iter()
+            .any(|(s, p)| s == subject && p.name() == policy.name())
+        {
+            return Err(StoreError::DuplicatePolicy {
+                name: policy.name().to_owned(),
+            });
+        }
+    }
+    Ok(())
+}

@@ -280,8 +280,9 @@ pub mod store {
     //! the same way against [`MemoryStore`](crate::MemoryStore).
 
     pub use portcullis_core::{
-        validate_charge, validate_check, validate_reserve, validate_settle, BoxAcquireFuture,
-        BoxCheckFuture, BoxReleaseFuture, BoxRenewFuture, BoxResetFuture, CheckPlan, Record,
+        validate_charge, validate_check, validate_reserve, validate_settle, validate_subjects,
+        BoxAcquireFuture, BoxCheckFuture, BoxReleaseFuture, BoxRenewFuture, BoxResetFuture,
+        CheckPlan, Record,
     };
 
     use portcullis_core::{CheckOptions, Policy, StoreError};

@@ -24,6 +24,7 @@ pub(crate) mod builder;
 mod check;
 mod leases;
 mod reserve;
+mod subjects;
 mod throttle;
 
 pub use builder::RedisStoreBuilder;

@@ -27,6 +27,7 @@ mod hot_path;
 mod lease;
 mod options;
 mod reserve;
+mod subjects;
 
 /// Times a new subject tries to make room in other shards before it is
 /// refused (other threads may take the room it made).

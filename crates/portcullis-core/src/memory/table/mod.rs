@@ -27,6 +27,7 @@ use crate::Clock;
 
 mod general;
 mod hot_path;
+pub(in crate::memory) use self::general::checked;
 pub(in crate::memory) use self::hot_path::Charged;
 mod reserve;
 pub(in crate::memory) mod sweep;
