@@ -23,8 +23,9 @@ pub enum Fault {
     /// Every call fails at once with [`StoreError::Unavailable`]: the store
     /// is down and nothing was charged (a refused connection).
     Unavailable,
-    /// Every call fails at once with [`StoreError::Timeout`], as a store
-    /// does when its own per-call timeout ends the wait.
+    /// Every call fails at once with [`StoreError::Timeout`] (after
+    /// [`Fault::TIMEOUT_AFTER`]), as a store does when its own per-call
+    /// timeout ends the wait.
     Timeout,
     /// Every call fails at once with [`StoreError::OutcomeUnknown`]: the
     /// connection broke after the call may have been applied.
@@ -35,6 +36,10 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// The `after` of the [`StoreError::Timeout`] that [`Fault::Timeout`]
+    /// answers (a `RedisStore`'s default per-call timeout).
+    pub const TIMEOUT_AFTER: Duration = Duration::from_millis(250);
+
     fn from_u8(value: u8) -> Self {
         match value {
             1 => Self::Unavailable,
@@ -63,7 +68,7 @@ impl Fault {
             Self::Pass | Self::Stall => None,
             Self::Unavailable => Some(StoreError::unavailable(WHY)),
             Self::Timeout => Some(StoreError::Timeout {
-                after: FaultStore::<()>::TIMEOUT,
+                after: Self::TIMEOUT_AFTER,
             }),
             Self::OutcomeUnknown => Some(StoreError::OutcomeUnknown { source: WHY.into() }),
         }
@@ -137,10 +142,6 @@ impl<S> fmt::Debug for FaultStore<S> {
 }
 
 impl<S> FaultStore<S> {
-    /// The `after` of the [`StoreError::Timeout`] that [`Fault::Timeout`]
-    /// answers.
-    pub const TIMEOUT: Duration = Duration::from_millis(250);
-
     /// Wraps `inner`, passing every call to it until told otherwise.
     #[must_use]
     pub fn new(inner: S) -> Self {
@@ -297,9 +298,7 @@ mod tests {
             let error = store.check_now("a", &policies, 1).unwrap().unwrap_err();
             let matches = match error {
                 StoreError::Unavailable { .. } => kind == "unavailable",
-                StoreError::Timeout { after } => {
-                    kind == "timeout" && after == FaultStore::<()>::TIMEOUT
-                }
+                StoreError::Timeout { after } => kind == "timeout" && after == Fault::TIMEOUT_AFTER,
                 StoreError::OutcomeUnknown { .. } => kind == "outcome",
                 _ => false,
             };

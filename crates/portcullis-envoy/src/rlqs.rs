@@ -252,7 +252,8 @@ impl RlqsStream {
             Ok(verdict) => verdict,
             Err(error) => {
                 service.log.warn(format_args!(
-                    "RLQS: charging a usage report failed; the bucket keeps its assignment: {error}"
+                    "RLQS: charging a usage report failed; the bucket keeps its assignment: {}",
+                    crate::rls::chain(&error)
                 ));
                 return None;
             }

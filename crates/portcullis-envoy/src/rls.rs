@@ -68,7 +68,11 @@ pub const MAX_ENTRY_LEN: usize = 1024;
 pub struct RlsService {
     live: LiveConfig,
     store: Arc<dyn DescriptorStore>,
+    /// Store failures and refusals.
     log: Arc<LogGate>,
+    /// Shadow-mode denials: requests cause them, so they get a gate of
+    /// their own and cannot crowd out the store's failures.
+    shadow_log: Arc<LogGate>,
     headers: bool,
 }
 
@@ -121,6 +125,7 @@ impl RlsService {
                 live,
                 store: Arc::new(store),
                 log: Arc::new(LogGate::new()),
+                shadow_log: Arc::new(LogGate::new()),
                 headers: false,
             },
         }
@@ -201,7 +206,7 @@ impl RlsService {
                     for (check, decision) in plan.shadow.iter().zip(verdict.decisions()) {
                         statuses[check.index] = status_of(&check.policy, decision, true);
                         if !decision.is_allowed() {
-                            self.log.info(format_args!(
+                            self.shadow_log.info(format_args!(
                                 "shadow-mode limit {} of domain {:?} would have denied a request",
                                 check.policy.name(),
                                 clip(&request.domain)
@@ -210,7 +215,8 @@ impl RlsService {
                     }
                 }
                 Err(error) => self.log.warn(format_args!(
-                    "shadow-mode check failed (answered OK): {error}"
+                    "shadow-mode check failed (answered OK): {}",
+                    chain(&error)
                 )),
             }
         }
@@ -232,7 +238,15 @@ impl RlsService {
                     "the rate-limit store is unavailable: Envoy's failure_mode_deny decides",
                 )
             }
-            ErrorScope::Request => Status::failed_precondition(error.to_string()),
+            // The status goes to Envoy (the operator's proxy), which logs
+            // it; the operator's own log says it too.
+            ErrorScope::Request => {
+                self.log.warn(format_args!(
+                    "rate-limit store cannot decide these descriptors, answered FAILED_PRECONDITION: {}",
+                    chain(error)
+                ));
+                Status::failed_precondition(error.to_string())
+            }
             _ => {
                 self.log.warn(format_args!(
                     "rate-limit store refused a check: {}",
@@ -513,7 +527,7 @@ impl Headers {
 }
 
 /// An error and its sources, for a log line.
-fn chain(error: &StoreError) -> String {
+pub(crate) fn chain(error: &StoreError) -> String {
     let mut text = error.to_string();
     let mut cause = std::error::Error::source(error);
     while let Some(error) = cause {

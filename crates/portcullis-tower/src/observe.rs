@@ -272,10 +272,10 @@ pub(crate) enum Concurrency {
 }
 
 /// A concurrency policy's metric keys, built once with its layer.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct ConcurrencyLabels {
     #[cfg(feature = "metrics")]
-    keys: Option<ConcurrencyKeys>,
+    keys: ConcurrencyKeys,
 }
 
 #[cfg(feature = "metrics")]
@@ -295,7 +295,7 @@ impl ConcurrencyLabels {
         let _ = policy;
         Self {
             #[cfg(feature = "metrics")]
-            keys: Some({
+            keys: {
                 let label: metrics::SharedString = std::sync::Arc::<str>::from(policy).into();
                 let key = |name: &'static str| {
                     metrics::Key::from_parts(
@@ -320,14 +320,15 @@ impl ConcurrencyLabels {
                     active: key("portcullis_active_request_leases"),
                     duration: key("portcullis_request_lease_duration_seconds"),
                 }
-            }),
+            },
         }
     }
 
     /// Counts `event` with the recorder in force.
     pub(crate) fn count(&self, event: Concurrency) {
         #[cfg(feature = "metrics")]
-        if let Some(keys) = &self.keys {
+        {
+            let keys = &self.keys;
             let key = match event {
                 Concurrency::Acquired => &keys.acquired,
                 Concurrency::Denied => &keys.denied,
@@ -346,17 +347,16 @@ impl ConcurrencyLabels {
     pub(crate) fn acquired(&self) -> Option<LeaseMetrics> {
         self.count(Concurrency::Acquired);
         #[cfg(feature = "metrics")]
-        if let Some(keys) = &self.keys {
-            return with_recorder(|recorder| {
-                let active = recorder.register_gauge(&keys.active, &METADATA);
-                active.increment(1.0);
-                LeaseMetrics {
-                    active,
-                    duration: recorder.register_histogram(&keys.duration, &METADATA),
-                    since: std::time::Instant::now(),
-                }
-            });
-        }
+        return with_recorder(|recorder| {
+            let active = recorder.register_gauge(&self.keys.active, &METADATA);
+            active.increment(1.0);
+            LeaseMetrics {
+                active,
+                duration: recorder.register_histogram(&self.keys.duration, &METADATA),
+                since: std::time::Instant::now(),
+            }
+        });
+        #[cfg(not(feature = "metrics"))]
         None
     }
 }

@@ -158,6 +158,38 @@ async fn a_stream_is_refunded_or_charged_up_to_the_cap() {
     .await;
 }
 
+/// A request for `n` choices reserves `n` times its `max_tokens`: asking
+/// for fifty answers to one prompt is not estimated as one.
+#[tokio::test]
+async fn several_choices_are_estimated_at_each_choice() {
+    let store = MemoryStore::with_clock(manual_clock());
+    let budget = budget();
+    let layer = TokenBudgetLayer::builder(store.clone(), budget.clone(), ApiKey::new())
+        .estimate(Estimate::json_max_tokens())
+        .build();
+    let service = layer.layer(upstream());
+    let body = "{\"max_tokens\":100,\"n\":5,\"stream\":true}";
+    let many = Request::post("/v1/chat/completions")
+        .header("x-api-key", "sk-1")
+        .header("x-upstream-usage", "10")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let response = service.clone().oneshot(many).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let ratelimit = response.headers()["ratelimit"].to_str().unwrap().to_owned();
+    let reserved = 1_000 - 5 * 100 - (body.len() as u64).div_ceil(4);
+    assert!(
+        ratelimit.starts_with(&format!("\"tokens\";r={reserved};")),
+        "{ratelimit}"
+    );
+    let zero = Request::post("/v1/chat/completions")
+        .header("x-api-key", "sk-1")
+        .body(Full::new(Bytes::from("{\"max_tokens\":100,\"n\":0}")))
+        .unwrap();
+    let refused = service.oneshot(zero).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+}
+
 /// A stream the client stops reading after its first chunk: settled at
 /// the estimate (no usage was seen), and its place in flight is free.
 async fn disconnect<St: ReservationStore + Store + Clone>(store: St) {

@@ -76,15 +76,13 @@ impl RedisStore {
         let set = self.key(&subject, &format!("rsv:{}", budget.name()));
         let record = format!("{set}:{id}");
         let letters = Library::letters(policies.iter().map(|p| p.algorithm()))?;
-        let letters = String::from_utf8(letters.to_vec())
-            .map_err(|_| protocol("a plan letter that is not ASCII".to_owned()))?;
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(reserve_script().sha()).arg(2 + policies.len());
         cmd.arg(&record).arg(&set);
         for policy in policies {
             cmd.arg(self.key(&subject, policy.name()));
         }
-        cmd.arg(op).arg(letters);
+        cmd.arg(op).arg(letters.as_slice());
         push_time(&mut cmd, self.inner.caller.now());
         cmd.arg(budget.token_policies().len())
             .arg(numbers.0)

@@ -43,6 +43,15 @@ impl LayerClock {
             Self::Given(clock) => clock.now_micros(),
         }
     }
+
+    /// `sent` (tokio's clock) in this clock: exact for tokio's own; for a
+    /// given clock, its now less the time since `sent`.
+    fn at(&self, sent: Instant) -> u64 {
+        match self {
+            Self::Tokio(base) => micros(sent.saturating_duration_since(*base)),
+            Self::Given(clock) => clock.now_micros().saturating_sub(micros(sent.elapsed())),
+        }
+    }
 }
 
 fn micros(duration: Duration) -> u64 {
@@ -139,11 +148,11 @@ impl DenyCache {
         let Some(shard) = self.shard(tier, key) else {
             return;
         };
-        let now = self.clock.now_us();
-        let sent = now.saturating_sub(micros(sent.elapsed()));
+        let sent = self.clock.at(sent);
         let until = sent.saturating_add(micros(retry_after));
         let mut shard = shard.lock();
         if shard.len() >= self.per_shard && !shard.contains_key(key) {
+            let now = self.clock.now_us();
             let before = shard.len();
             shard.retain(|_, entry| entry.until > now);
             self.len.fetch_sub(before - shard.len(), Ordering::Relaxed);

@@ -58,7 +58,12 @@ impl Settler {
                 return;
             };
             let task = async move {
-                for _ in 0..3 {
+                for attempt in 0..3u32 {
+                    if attempt > 0 {
+                        // A store failing as a whole is not asked again at
+                        // once: 50 ms, then 100 ms.
+                        tokio::time::sleep(Duration::from_millis(50) * attempt).await;
+                    }
                     match tokio::time::timeout(timeout, store.settle(&key, &budget, id, used)).await
                     {
                         Ok(Ok(settlement)) => {

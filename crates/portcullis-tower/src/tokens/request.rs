@@ -159,8 +159,16 @@ impl Estimate {
                     }
                 }
                 let max_tokens = max_tokens.unwrap_or(self.default);
+                // `n` choices each up to `max_tokens`: a client asking for
+                // fifty answers is estimated at fifty.
+                let choices = match value.get("n") {
+                    None | Some(Value::Null) => 1,
+                    Some(n) => n.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
+                        Rejection::bad("n must be a whole number of choices, 1 or more".to_owned())
+                    })?,
+                };
                 let prompt = u64::try_from(body.len().div_ceil(4)).unwrap_or(u64::MAX);
-                Ok(max_tokens.saturating_add(prompt))
+                Ok(max_tokens.saturating_mul(choices).saturating_add(prompt))
             }
         }
     }
