@@ -78,8 +78,9 @@ impl Estimate {
     }
 
     /// An OpenAI-style JSON body: its `max_tokens` or
-    /// `max_completion_tokens` (the larger, when both are sent) plus the prompt, counted as a quarter of
-    /// the body's bytes rounded up; the default (1 024, see
+    /// `max_completion_tokens` (the larger, when both are sent) times its
+    /// `n` choices (1 when absent), plus the prompt, counted as a quarter
+    /// of the body's bytes rounded up; the default (1 024, see
     /// [`Estimate::or_default`]) stands for a missing `max_tokens` (or
     /// an empty body). The
     /// body is read whole, at most [`Estimate::max_body`] bytes (a larger
