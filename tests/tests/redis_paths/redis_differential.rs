@@ -743,3 +743,50 @@ fn a_sliding_log_cut_and_raised_with_the_clock_back_is_a_regression_test() {
     )
     .unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// Found by `leaky_queue_matches_memory` in CI (2026-11-28), in a case of
+/// 23 operations that failed only when the clock's microseconds fell in
+/// one part of a millisecond; held here at such a time. A queue charged at
+/// 7 per ms leaves its free time at `T + 142 + 6/7` µs. At `T + 143` that
+/// time is past: memory has forgotten the state, while Redis keeps the key
+/// until its `PXAT`, rounded up to the millisecond. After a switch to 1 per
+/// ms, Redis read the remainder (6 sevenths) in the new units as 6 whole
+/// µs and moved the past time 5 µs ahead of now: a denial with
+/// `retry_after` 5 µs where memory admitted. A past time is now no state
+/// whatever its units, in both stores.
+#[test]
+fn a_past_remainder_in_other_units_is_a_regression_test() {
+    let runtime = tokio::runtime::Runtime::new().expect("a Tokio runtime");
+    let clock = manual_clock();
+    let redis = runtime.block_on(redis_common::standalone(
+        &unique_prefix("diff-past-rem"),
+        client(&clock),
+    ));
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let queue = |limit: u64, burst: u64| {
+        Policy::per(limit, Duration::from_millis(1))
+            .algorithm(Algorithm::LeakyBucket(LeakyMode::Queue))
+            .burst(burst)
+            .name("plan")
+            .build()
+            .expect("valid")
+    };
+    let (fast, slow) = (queue(7, 6), queue(1, 1));
+    // 900 µs into a millisecond: the key's PXAT (T + 143 rounded up to the
+    // millisecond) lies past T + 1 ms.
+    let start = clock.now_micros();
+    let t = start - start % 1_000 + 1_900;
+    clock.set(t);
+    let first = runtime.block_on(redis.check("past-rem", std::slice::from_ref(&fast), 1));
+    let expected = runtime.block_on(memory.check("past-rem", std::slice::from_ref(&fast), 1));
+    assert_eq!(first.expect("Redis check"), expected.expect("memory check"));
+    clock.set(t + 143);
+    let from_redis = runtime
+        .block_on(redis.check("past-rem", std::slice::from_ref(&slow), 1))
+        .expect("Redis check");
+    let from_memory = runtime
+        .block_on(memory.check("past-rem", std::slice::from_ref(&slow), 1))
+        .expect("memory check");
+    assert!(from_memory.is_allowed(), "{from_memory:?}");
+    assert_eq!(from_redis, from_memory);
+}

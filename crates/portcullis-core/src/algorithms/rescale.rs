@@ -109,11 +109,15 @@ fn convert(x: u128, from: Shape, to: Shape) -> u128 {
 
 /// The time `us + rem / from.scale` (GCRA's TAT, the queue's free time):
 /// the time it lies ahead of now is owed permits, carried into `to`'s
-/// units. `None` when it changes nothing the check would read (a time in
-/// the past is no debt) or lies beyond what `from` could leave.
+/// units. A time in the past is no debt: its remainder is dropped (`None`
+/// when it has none). `None` also when it lies beyond what `from` could
+/// leave.
 fn time_owed(us: u64, rem: u64, from: Shape, to: Shape, now_us: u64) -> Option<(u64, u64)> {
     if us < now_us {
-        return None;
+        // No debt. Its remainder is in `from`'s units: read as it is, a
+        // remainder at or past `to.scale` would be carried into whole
+        // microseconds, possibly past now.
+        return (rem != 0).then_some((us, 0));
     }
     // Beyond `from`'s full reset and its clock tolerance, the state is
     // corrupt or a clock jumped: the check clamps it (and the product below
@@ -328,6 +332,30 @@ mod tests {
             let state = used(&a, 6).unwrap();
             assert_eq!(rescale(&state, Shape::of(&a), &b, T0), None);
             assert_eq!(check(&b, Some(&state), T0, 0).decision.remaining(), 4);
+        }
+    }
+
+    #[test]
+    fn a_past_time_is_no_debt_whatever_its_remainder() {
+        // 7 per ms leaves a free time of T0 + 142 + 6/7 µs; a microsecond
+        // after it, read at 1 per ms, the six sevenths must not become 6 µs.
+        let ms = Duration::from_millis(1);
+        for algorithm in [Algorithm::Gcra, Algorithm::LeakyBucket(LeakyMode::Queue)] {
+            let fast = policy(algorithm, 7, ms);
+            let slow = policy(algorithm, 1, ms);
+            let state = used(&fast, 1).unwrap();
+            let later = T0 + 143;
+            let moved = rescale(&state, Shape::of(&fast), &slow, later);
+            assert!(moved.is_some(), "{algorithm:?}: the remainder is dropped");
+            let step = check(&slow, moved.as_ref(), later, 1);
+            assert!(step.decision.is_allowed(), "{algorithm:?}: {step:?}");
+            assert_eq!(step.decision.delay(), Duration::ZERO, "{algorithm:?}");
+            // Without a remainder there is nothing to change.
+            let whole = State::Gcra(GcraState {
+                tat_us: T0,
+                tat_rem: 0,
+            });
+            assert_eq!(rescale(&whole, Shape::of(&fast), &slow, later), None);
         }
     }
 

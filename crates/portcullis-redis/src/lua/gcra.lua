@@ -118,8 +118,8 @@ end
 -- us, rem, rescaled. A state written by a policy of other units
 -- (unshape) is carried over (algorithms::rescale): the time it lies ahead
 -- of now is owed permits, converted at most to the new capacity; a time in
--- the past, or beyond its own policy's worst case and clock tolerance, is
--- left as it is (for pair_step to ignore or clamp).
+-- the past is no state; one beyond its own policy's worst case and clock
+-- tolerance is left as it is (for pair_step to clamp).
 local function pair_read(key, tag, B, S, I, now, tail)
   local value = read_string(key)
   if value == nil then
@@ -138,8 +138,15 @@ local function pair_read(key, tag, B, S, I, now, tail)
   if us == nil then
     return nil, nil, false
   end
+  if us < now then
+    -- In the past in its own units: no debt. (Read in the current units, a
+    -- remainder of the writer's scale could be carried into whole
+    -- microseconds ahead: a key Redis keeps until its PXAT, up to a
+    -- millisecond after the state expired, would then hold a subject back.)
+    return nil, nil, false
+  end
   local full_reset = ceil_div(B0 * I0, S0)
-  if us < now or (S0 == S and I0 == I and B0 == B) or us - now > full_reset + tolerance(full_reset) then
+  if (S0 == S and I0 == I and B0 == B) or us - now > full_reset + tolerance(full_reset) then
     -- Read as it is, in the current units (as the Rust reads a state it
     -- does not rescale): a remainder past S carried.
     if rem >= S then
