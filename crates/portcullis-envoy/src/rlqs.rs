@@ -55,7 +55,11 @@ const MAX_TRACKED_BUCKETS: usize = 100_000;
 /// each bucket of a report:
 ///
 /// - the requests the instance reports allowed are charged to the subject
-///   exactly ([`DescriptorStore::charge`]: GCRA and token-bucket rules);
+///   exactly: GCRA and token-bucket rules with
+///   [`DescriptorStore::charge`] (usage past the limit is a debt, up to one
+///   capacity); the windows, the log and the leaky bucket with a check of
+///   that cost, saturating at the limit when it does not fit (they hold
+///   no debt);
 /// - while the subject has room: a token bucket of `q` tokens refilled by
 ///   `q` every report interval, `q` the policy's permits per interval
 ///   divided by the instances reporting the bucket (at least 1);
@@ -239,17 +243,12 @@ impl RlqsStream {
         };
         let policy = rule.policy();
         let subject = descriptor_subject(domain, &entries);
-        let instances = service.instances.touch(&subject, self.id, service.interval);
-        let after = if usage.num_requests_allowed > 0 {
+        let instances =
             service
-                .store
-                .charge(&subject, policy, usage.num_requests_allowed)
-                .await
-        } else {
-            service.store.check_all(&[(&subject, policy)], 0).await
-        };
-        let verdict = match after {
-            Ok(verdict) => verdict,
+                .instances
+                .touch(&subject, self.id, service.interval, Instant::now());
+        let room = match count_usage(&*service.store, &subject, policy, usage).await {
+            Ok(room) => room,
             Err(error) => {
                 service.log.warn(format_args!(
                     "RLQS: charging a usage report failed; the bucket keeps its assignment: {}",
@@ -261,7 +260,7 @@ impl RlqsStream {
         if rule.is_shadow() {
             return Some(blanket(BlanketRule::AllowAll, ttl));
         }
-        if !verdict.is_allowed() {
+        if !room {
             return Some(blanket(BlanketRule::DenyAll, ttl));
         }
         let share = share(policy, service.interval, instances);
@@ -276,6 +275,44 @@ impl RlqsStream {
             }),
         }))
     }
+}
+
+/// Charges the requests a report says were allowed to `subject` and
+/// tells whether the subject has room for one more.
+///
+/// GCRA and the token bucket are post-charged ([`DescriptorStore::charge`]):
+/// usage past the limit is carried as a debt, up to one capacity. The
+/// windows, the log and the leaky bucket cannot carry a debt
+/// ([`supports_charge`](portcullis_core::algorithms::supports_charge)):
+/// the usage is checked with its count as the cost, and when that does not
+/// fit, the room left (the denial's `remaining`) is charged instead, so the
+/// subject is full until its window or log frees permits; usage beyond the
+/// limit is not carried. An admitted charge that leaves nothing counts as no
+/// room, so the bucket is denied until a report finds some.
+async fn count_usage(
+    store: &dyn DescriptorStore,
+    subject: &str,
+    policy: &Policy,
+    usage: &BucketQuotaUsage,
+) -> Result<bool, portcullis_core::StoreError> {
+    let used = usage.num_requests_allowed;
+    let pair = [(subject, policy)];
+    if used == 0 {
+        return Ok(store.check_all(&pair, 0).await?.is_allowed());
+    }
+    if portcullis_core::algorithms::supports_charge(policy.algorithm()) {
+        return Ok(store.charge(subject, policy, used).await?.is_allowed());
+    }
+    let verdict = store.check_all(&pair, used).await?;
+    let remaining = verdict.decisions().first().map_or(0, |d| d.remaining());
+    if verdict.is_allowed() || remaining == 0 {
+        return Ok(verdict.is_allowed() && remaining > 0);
+    }
+    // Over the room left: the room is used up. (Another instance may have
+    // taken part of it meanwhile; then this charge is refused and the
+    // subject is full all the same.)
+    store.check_all(&pair, remaining).await?;
+    Ok(false)
 }
 
 /// One instance's share of `policy` per report interval: the permits the
@@ -337,25 +374,51 @@ impl RateLimitQuotaService for RlqsService {
 /// bucket until two report intervals pass without its report, or it ends.
 /// Buckets are held by the SHA-256 of their subject, so a bucket id of
 /// long values (a client's header) costs 32 bytes here, not its length.
-#[derive(Debug, Default)]
+///
+/// Past [`MAX_TRACKED_BUCKETS`], a new bucket sweeps the table for stale
+/// ones at most once per report interval (a flood of new bucket ids, from
+/// a header the client sets, must not make every report walk the table);
+/// until a sweep frees room, new buckets count one instance.
+#[derive(Debug)]
 struct Instances {
-    buckets: Mutex<HashMap<[u8; 32], HashMap<u64, Instant>>>,
+    table: Mutex<Table>,
+    /// [`MAX_TRACKED_BUCKETS`] (smaller in tests).
+    limit: usize,
+}
+
+impl Default for Instances {
+    fn default() -> Self {
+        Self {
+            table: Mutex::default(),
+            limit: MAX_TRACKED_BUCKETS,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    buckets: HashMap<[u8; 32], HashMap<u64, Instant>>,
+    /// When the full table was last swept.
+    swept: Option<Instant>,
 }
 
 impl Instances {
     /// Records `stream`'s report of `subject`; returns how many streams
     /// report it now.
-    fn touch(&self, subject: &str, stream: u64, interval: Duration) -> usize {
-        let now = Instant::now();
+    fn touch(&self, subject: &str, stream: u64, interval: Duration, now: Instant) -> usize {
         let stale = interval * 2;
         let key: [u8; 32] = Sha256::digest(subject.as_bytes()).into();
-        let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
-        if !buckets.contains_key(&key) && buckets.len() >= MAX_TRACKED_BUCKETS {
-            buckets.retain(|_, streams| {
-                streams.retain(|_, seen| now.duration_since(*seen) < stale);
-                !streams.is_empty()
-            });
-            if buckets.len() >= MAX_TRACKED_BUCKETS {
+        let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let Table { buckets, swept } = &mut *table;
+        if !buckets.contains_key(&key) && buckets.len() >= self.limit {
+            if swept.is_none_or(|at| now.duration_since(at) >= interval) {
+                *swept = Some(now);
+                buckets.retain(|_, streams| {
+                    streams.retain(|_, seen| now.duration_since(*seen) < stale);
+                    !streams.is_empty()
+                });
+            }
+            if buckets.len() >= self.limit {
                 return 1;
             }
         }
@@ -367,8 +430,8 @@ impl Instances {
 
     /// Forgets a stream that ended.
     fn forget(&self, stream: u64) {
-        let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
-        buckets.retain(|_, streams| {
+        let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        table.buckets.retain(|_, streams| {
             streams.remove(&stream);
             !streams.is_empty()
         });
@@ -396,13 +459,41 @@ mod tests {
         let instances = Instances::default();
         let interval = Duration::from_secs(5);
         let long = "v".repeat(10_000);
-        assert_eq!(instances.touch(&long, 1, interval), 1);
-        assert_eq!(instances.touch(&long, 2, interval), 2);
-        assert_eq!(instances.touch(&long, 2, interval), 2);
-        assert_eq!(instances.touch("other", 2, interval), 1);
+        let now = Instant::now();
+        assert_eq!(instances.touch(&long, 1, interval, now), 1);
+        assert_eq!(instances.touch(&long, 2, interval, now), 2);
+        assert_eq!(instances.touch(&long, 2, interval, now), 2);
+        assert_eq!(instances.touch("other", 2, interval, now), 1);
         instances.forget(1);
-        assert_eq!(instances.touch(&long, 2, interval), 1);
+        assert_eq!(instances.touch(&long, 2, interval, now), 1);
         instances.forget(2);
-        assert!(instances.buckets.lock().unwrap().is_empty());
+        assert!(instances.table.lock().unwrap().buckets.is_empty());
+    }
+
+    #[test]
+    fn a_full_table_is_swept_at_most_once_per_interval() {
+        let instances = Instances {
+            table: Mutex::default(),
+            limit: 2,
+        };
+        let interval = Duration::from_secs(5);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let held = |name: &str| {
+            let key: [u8; 32] = Sha256::digest(name.as_bytes()).into();
+            instances.table.lock().unwrap().buckets.contains_key(&key)
+        };
+        instances.touch("a", 1, interval, at(0));
+        instances.touch("b", 1, interval, at(0));
+        // Full, nothing stale yet: swept, and the new bucket counts one.
+        assert_eq!(instances.touch("c", 2, interval, at(9_900)), 1);
+        assert!(!held("c"));
+        // a and b are stale now, but the last sweep was 600 ms ago: no
+        // walk of the table.
+        assert_eq!(instances.touch("d", 2, interval, at(10_500)), 1);
+        assert!(held("a") && held("b") && !held("d"));
+        // An interval later the sweep runs and makes room.
+        assert_eq!(instances.touch("e", 2, interval, at(14_900)), 1);
+        assert!(!held("a") && !held("b") && held("e"));
     }
 }

@@ -2,7 +2,8 @@
 //! a real Redis (`PORTCULLIS_REDIS_URL`, from `cargo xtask test`): shares
 //! sized from the policy and the reporting instances, usage charged
 //! exactly (an RLS descriptor with the same entries sees it), withdrawal
-//! when the subject runs out, and bucket ids that cannot be used.
+//! when the subject runs out, for every algorithm, and bucket ids that
+//! cannot be used.
 
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -34,6 +35,36 @@ key = "quiet"
 limit = 3
 period = "1h"
 algorithm = "token_bucket"
+
+[[domains.descriptors]]
+key = "fixed"
+limit = 10
+period = "1h"
+algorithm = "fixed_window"
+
+[[domains.descriptors]]
+key = "sliding"
+limit = 10
+period = "1h"
+algorithm = "sliding_window"
+
+[[domains.descriptors]]
+key = "log"
+limit = 10
+period = "1h"
+algorithm = "sliding_log"
+
+[[domains.descriptors]]
+key = "meter"
+limit = 10
+period = "1h"
+algorithm = "leaky_meter"
+
+[[domains.descriptors]]
+key = "queue"
+limit = 10
+period = "1h"
+algorithm = "leaky_queue"
 "#;
 
 fn bucket(entries: &[(&str, &str)]) -> BucketId {
@@ -233,4 +264,72 @@ async fn many_tenants_stay_within_the_stores_bound() {
         assert!(assignment(action(&answer)).is_ok());
     }
     assert!(store.len() <= 32, "{}", store.len());
+}
+
+/// The algorithms without a debt (the windows, the log, the leaky bucket):
+/// usage is counted with a check of its cost, saturating at the limit when
+/// it does not fit, and the bucket is denied once nothing is left, exactly
+/// as RLS then sees it.
+async fn every_algorithm_is_enforced(store: impl DescriptorStore + Clone) {
+    let (rlqs, rls) = services(store);
+    let stream = rlqs.open_stream();
+    for key in ["fixed", "sliding", "log", "meter", "queue"] {
+        let value = unique(key);
+        let entries = [(key, value.as_str())];
+        let remaining = || async {
+            let request = RateLimitRequest {
+                domain: "edge".to_owned(),
+                descriptors: vec![RateLimitDescriptor {
+                    entries: vec![Entry {
+                        key: key.to_owned(),
+                        value: value.clone(),
+                    }],
+                    ..RateLimitDescriptor::default()
+                }],
+                hits_addend: 0,
+            };
+            // A cost-1 check: it takes one permit when one is left.
+            rls.decide(&request).await.unwrap().statuses[0].limit_remaining
+        };
+        // 10 per hour: one token per 5 s interval.
+        let first = stream.answer(&report(&entries, 0)).await.unwrap();
+        assert_eq!(assignment(action(&first)), Ok(((1, 1, 5), 10)), "{key}");
+        // 4 used: 6 left, still a share; RLS sees them (and takes one).
+        let used = stream.answer(&report(&entries, 4)).await.unwrap();
+        assert!(assignment(action(&used)).is_ok(), "{key}");
+        assert_eq!(remaining().await, 5, "{key}");
+        // 8 more reported than the 5 left: the subject is full, the bucket
+        // denied, and RLS refuses too.
+        let over = stream.answer(&report(&entries, 8)).await.unwrap();
+        assert_eq!(
+            assignment(action(&over)),
+            Err(BlanketRule::DenyAll),
+            "{key}"
+        );
+        assert_eq!(remaining().await, 0, "{key}");
+        let still = stream.answer(&report(&entries, 0)).await.unwrap();
+        assert_eq!(
+            assignment(action(&still)),
+            Err(BlanketRule::DenyAll),
+            "{key}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn memory_enforces_every_algorithm() {
+    every_algorithm_is_enforced(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn redis_enforces_every_algorithm() {
+    let url = std::env::var("PORTCULLIS_REDIS_URL")
+        .expect("PORTCULLIS_REDIS_URL is not set: run these tests with `cargo xtask test`");
+    let store = RedisStore::builder()
+        .url(url)
+        .prefix(unique("rlqs-all"))
+        .build()
+        .await
+        .expect("Redis at PORTCULLIS_REDIS_URL must answer");
+    every_algorithm_is_enforced(store).await;
 }
