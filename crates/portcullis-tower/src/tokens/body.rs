@@ -16,6 +16,7 @@ use pin_project_lite::pin_project;
 use portcullis_core::{ReservationId, ReservationStore, TokenBudget};
 use tokio::runtime::Handle;
 
+use super::layer::TokenLogs;
 use super::usage::UsageReader;
 
 type Settle = Box<dyn FnOnce(u64) + Send + Sync>;
@@ -48,13 +49,17 @@ impl Settler {
         id: ReservationId,
         estimate: u64,
         timeout: Duration,
+        logs: Arc<TokenLogs>,
     ) -> Self {
         let settle: Settle = Box::new(move |used| {
             let Ok(handle) = Handle::try_current() else {
-                tracing::warn!(
-                    budget = budget.name(),
-                    "a token reservation could not be settled outside a tokio runtime; it expires after its TTL with its estimate charged"
-                );
+                if let Some(count) = logs.settles.record() {
+                    tracing::warn!(
+                        budget = budget.name(),
+                        count,
+                        "token reservations could not be settled outside a tokio runtime; they expire after their TTL with their estimates charged (count: since the last such line)"
+                    );
+                }
                 return;
             };
             let task = async move {
@@ -77,20 +82,26 @@ impl Settler {
                             return;
                         }
                         Ok(Err(error)) if !error.is_store_wide() => {
-                            tracing::warn!(
-                                budget = budget.name(),
-                                error = crate::observe::chain(&error),
-                                "settling a token reservation failed"
-                            );
+                            if let Some(count) = logs.settles.record() {
+                                tracing::warn!(
+                                    budget = budget.name(),
+                                    error = crate::observe::chain(&error),
+                                    count,
+                                    "settling token reservations failed (count: since the last such line)"
+                                );
+                            }
                             return;
                         }
                         Ok(Err(_)) | Err(_) => {}
                     }
                 }
-                tracing::warn!(
-                    budget = budget.name(),
-                    "settling a token reservation failed three times; it expires after its TTL with its estimate charged"
-                );
+                if let Some(count) = logs.settles.record() {
+                    tracing::warn!(
+                        budget = budget.name(),
+                        count,
+                        "settling token reservations failed three times each; they expire after their TTL with their estimates charged (count: since the last such line)"
+                    );
+                }
             };
             // A store that answers at once (memory) settles before the
             // body's end is reported; others finish on the runtime.

@@ -1,6 +1,7 @@
 //! [`TokenBudgetLayer`] and its builder: what every service of the layer
 //! shares ([`Shared`]).
 
+use crate::breaker::UndecidedLog;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +30,31 @@ pub(crate) struct Shared<St> {
     pub(crate) policy_header: Option<HeaderValue>,
     /// `"<name>";r=` of each policy, computed once.
     pub(crate) prefixes: Box<[Box<str>]>,
+    /// The layer's warnings, each logged at most once a second with the
+    /// count since the last: a request can cause them.
+    pub(crate) logs: Arc<TokenLogs>,
+}
+
+/// The token layer's warnings that requests or an outage can repeat, each
+/// counted and logged at most once a second ([`UndecidedLog`]).
+#[derive(Debug)]
+pub(crate) struct TokenLogs {
+    /// Reservations refused as sent (a request-scope store error).
+    pub(crate) refused: UndecidedLog,
+    /// Store failures at admission.
+    pub(crate) failed: UndecidedLog,
+    /// Settlements that failed.
+    pub(crate) settles: UndecidedLog,
+}
+
+impl TokenLogs {
+    pub(crate) fn new() -> Self {
+        Self {
+            refused: UndecidedLog::new(),
+            failed: UndecidedLog::new(),
+            settles: UndecidedLog::new(),
+        }
+    }
 }
 
 /// A tower layer for AI gateways: each request reserves its token
@@ -272,6 +298,7 @@ impl<St: ReservationStore> TokenBudgetLayerBuilder<St> {
                 body_usage: self.body_usage,
                 timeout: self.timeout,
                 fail_open: self.fail_open,
+                logs: Arc::new(TokenLogs::new()),
             }),
         }
     }

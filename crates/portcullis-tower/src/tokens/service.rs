@@ -5,10 +5,9 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
@@ -133,6 +132,7 @@ where
             id,
             estimate,
             shared.timeout,
+            Arc::clone(&shared.logs),
         )
     };
     let reserved = match answer {
@@ -275,12 +275,13 @@ fn store_failure<St, B>(
                 ),
                 _ => "this request could not be checked against the token budget as sent".to_owned(),
             };
-            log_limited(|| {
+            if let Some(count) = shared.logs.refused.record() {
                 tracing::warn!(
                     error = crate::observe::chain(error),
-                    "a request the token budget refused to reserve"
-                )
-            });
+                    count,
+                    "requests the token budget refused to reserve as sent (count: since the last such line)"
+                );
+            }
             Some(own(
                 StatusCode::BAD_REQUEST,
                 &message,
@@ -302,13 +303,14 @@ fn store_failure<St, B>(
             Some(response)
         }
         _ => {
-            log_limited(|| {
+            if let Some(count) = shared.logs.failed.record() {
                 tracing::warn!(
                     error = crate::observe::chain(error),
                     fail_open = shared.fail_open,
-                    "the token budget's store failed"
-                )
-            });
+                    count,
+                    "the token budget's store failed (count: failures since the last such line)"
+                );
+            }
             if shared.fail_open {
                 return None;
             }
@@ -323,22 +325,5 @@ fn store_failure<St, B>(
                 .insert(RETRY_AFTER, HeaderValue::from_static("1"));
             Some(response)
         }
-    }
-}
-
-/// Runs `log` at most once a second (process-wide): a log line a request
-/// can cause is rate-limited.
-fn log_limited(log: impl FnOnce()) {
-    static LAST: AtomicU64 = AtomicU64::new(0);
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let last = LAST.load(Ordering::Relaxed);
-    if now > last
-        && LAST
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-    {
-        log();
     }
 }
