@@ -443,3 +443,71 @@ async fn refused_estimates_do_not_flood_the_log() {
     );
     assert_eq!(left(&store, &budget()).await, 1_000, "nothing was reserved");
 }
+
+/// A stream that runs past the reservation TTL keeps its reservation and
+/// its place in flight: the layer renews it every half TTL while it
+/// streams (tokio's paused clock wakes the renewals; the store's manual
+/// clock moves with it), and the usage is settled at the end.
+#[tokio::test(start_paused = true)]
+async fn a_stream_longer_than_the_ttl_keeps_its_reservation() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let store = MemoryStore::with_clock(clock.clone());
+    let budget = TokenBudget::tokens(Policy::per_hour(1_000).name("tokens").build().unwrap())
+        .max_in_flight(1)
+        .reservation_ttl(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let (sender, receiver) = mpsc::unbounded::<Result<http_body::Frame<Bytes>, Infallible>>();
+    let receiver = Arc::new(std::sync::Mutex::new(Some(receiver)));
+    let upstream = tower::service_fn(move |_request: Request<TokenRequestBody<Full<Bytes>>>| {
+        let receiver = receiver.lock().ok().and_then(|mut r| r.take());
+        async move {
+            let stream: futures::stream::BoxStream<'static, _> = match receiver {
+                Some(receiver) => receiver.boxed(),
+                None => futures::stream::empty().boxed(),
+            };
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(StreamBody::new(stream))
+                    .unwrap(),
+            )
+        }
+    });
+    let service = TokenBudgetLayer::builder(store.clone(), budget.clone(), ApiKey::new())
+        .estimate(Estimate::fixed(200))
+        .build()
+        .layer(upstream);
+    let response = service.clone().oneshot(request(200, 0)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    // Three half-TTLs: 15 s, past the 10 s TTL.
+    for _ in 0..3 {
+        clock.advance(Duration::from_secs(5));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        // Let the renewal run.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+    // Still open: its place is held, so a second stream is refused.
+    let second = service.clone().oneshot(request(10, 10)).await.unwrap();
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    second.into_body().collect().await.unwrap();
+    assert_eq!(store.reservations(), 1);
+    // The stream ends reporting 50 tokens: settled, 150 refunded. (An
+    // expired reservation would settle as unknown, its 200 kept.) 15 s at
+    // 1 000 per hour refilled 4 more.
+    for chunk in sse(50) {
+        sender
+            .unbounded_send(Ok(http_body::Frame::data(chunk)))
+            .unwrap();
+    }
+    drop(sender);
+    while body.frame().await.is_some() {}
+    drop(body);
+    let refilled = 15 * 1_000 / 3_600;
+    assert_eq!(left(&store, &budget).await, 1_000 - 50 + refilled);
+    let next = service.oneshot(request(10, 10)).await.unwrap();
+    assert_eq!(next.status(), StatusCode::OK, "the place was freed");
+}

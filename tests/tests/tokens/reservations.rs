@@ -33,6 +33,8 @@ enum Op {
     /// A plan change: from now on the other budget (the same names and
     /// algorithms, other numbers), whose states are read rescaled.
     Switch,
+    /// Move the clock forward, then keep an earlier reserve's id open.
+    Renew { step: u64, index: usize },
 }
 
 fn token_policy(name: &'static str) -> impl Strategy<Value = Policy> {
@@ -143,7 +145,8 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
         1 => Just(Op::Switch),
         4 => (step.clone(), 0_u64..=40).prop_map(|(step, estimate)| Op::Reserve { step, estimate }),
         1 => (step.clone(), 0_usize..8).prop_map(|(step, index)| Op::Again { step, index }),
-        4 => (step, 0_usize..8, prop_oneof![9 => 0_u64..=120, 1 => Just(u64::MAX)]).prop_map(|(step, index, used)| Op::Settle { step, index, used }),
+        4 => (step.clone(), 0_usize..8, prop_oneof![9 => 0_u64..=120, 1 => Just(u64::MAX)]).prop_map(|(step, index, used)| Op::Settle { step, index, used }),
+        2 => (step, 0_usize..8).prop_map(|(step, index)| Op::Renew { step, index }),
     ];
     prop::collection::vec(op, 30)
 }
@@ -190,6 +193,15 @@ fn run_case(
                 let b = runtime.block_on(memory.settle(subject, budget, id, used));
                 compare(a, b, &context)?;
             }
+            Op::Renew { step, index } => {
+                clock.advance(Duration::from_micros(step));
+                let Some(id) = ids.get(index % ids.len().max(1)).copied() else {
+                    continue;
+                };
+                let a = runtime.block_on(redis.renew(subject, budget, id));
+                let b = runtime.block_on(memory.renew(subject, budget, id));
+                compare(a, b, &context)?;
+            }
         }
     }
     Ok(())
@@ -197,11 +209,12 @@ fn run_case(
 
 /// What the differential saw, so that it fails if its cases never reach
 /// a branch: admissions, refusals by a policy and in flight, replays,
-/// refunds, overages, settles replayed and unknown.
+/// refunds, overages, settles replayed and unknown, renewals kept and
+/// not.
 #[derive(Debug, Default)]
-struct Seen([u64; 8]);
+struct Seen([u64; 10]);
 
-static SEEN: std::sync::Mutex<Seen> = std::sync::Mutex::new(Seen([0; 8]));
+static SEEN: std::sync::Mutex<Seen> = std::sync::Mutex::new(Seen([0; 10]));
 
 trait Tally {
     fn tally(&self) -> usize;
@@ -214,6 +227,16 @@ impl Tally for portcullis_core::Reserved {
             None => 0,
             Some(Refusal::Policy { .. }) => 1,
             Some(_) => 2,
+        }
+    }
+}
+
+impl Tally for bool {
+    fn tally(&self) -> usize {
+        if *self {
+            8
+        } else {
+            9
         }
     }
 }

@@ -84,6 +84,48 @@ pub trait ReservationStore: Send + Sync + 'static {
         id: ReservationId,
         used: u64,
     ) -> impl Future<Output = Result<Settlement, StoreError>> + Send + 'static;
+
+    /// Keeps open reservation `id` of `subject` for the budget's
+    /// reservation TTL from now, its place in flight with it: what a
+    /// response that streams longer than the TTL calls while it streams
+    /// (the tower layer `TokenBudgetLayer` does, every half TTL), so that the reservation neither expires with its
+    /// estimate charged nor frees its place early. Charges nothing.
+    /// `false` when the reservation is not open (settled, expired, or
+    /// never made): there is nothing to keep.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use portcullis::{ManualClock, MemoryStore, Policy, ReservationId, ReservationStore, SettleOutcome, TokenBudget};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let clock = ManualClock::new(1_700_000_000_000_000);
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let budget = TokenBudget::tokens(Policy::per_hour(1_000).name("tokens").build()?)
+    ///     .reservation_ttl(Duration::from_secs(60))
+    ///     .build()?;
+    /// let id = ReservationId::generate();
+    /// store.reserve("key-1", &budget, 800, id).await?;
+    /// // A long stream: kept open every 30 s, it outlives the 60 s TTL.
+    /// for _ in 0..4 {
+    ///     clock.advance(Duration::from_secs(30));
+    ///     assert!(store.renew("key-1", &budget, id).await?);
+    /// }
+    /// let settled = store.settle("key-1", &budget, id, 300).await?;
+    /// assert_eq!(settled.outcome(), SettleOutcome::Settled);
+    /// assert!(!store.renew("key-1", &budget, id).await?, "settled: nothing to keep");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Backend errors.
+    fn renew(
+        &self,
+        subject: &str,
+        budget: &TokenBudget,
+        id: ReservationId,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'static;
 }
 
 impl<T: ReservationStore> ReservationStore for Arc<T> {
@@ -105,6 +147,15 @@ impl<T: ReservationStore> ReservationStore for Arc<T> {
         used: u64,
     ) -> impl Future<Output = Result<Settlement, StoreError>> + Send + 'static {
         (**self).settle(subject, budget, id, used)
+    }
+
+    fn renew(
+        &self,
+        subject: &str,
+        budget: &TokenBudget,
+        id: ReservationId,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'static {
+        (**self).renew(subject, budget, id)
     }
 }
 

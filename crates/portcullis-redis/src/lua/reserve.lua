@@ -7,9 +7,9 @@
 --
 -- reservation(KEYS, ARGV):
 -- KEYS[1]: the reservation's record, KEYS[2]: the budget's open set,
--- KEYS[2 + i]: the state of policy i (a settle passes the token policies
--- only). All in the subject's hash slot.
--- ARGV[1]: 'r' reserve, 's' settle. ARGV[2]: one letter per policy
+-- KEYS[2 + i]: the state of policy i (a settle and a renew pass the token
+-- policies only). All in the subject's hash slot.
+-- ARGV[1]: 'r' reserve, 's' settle, 'n' renew. ARGV[2]: one letter per policy
 -- (library.lua's CODES). ARGV[3]: now in microseconds, or '' for TIME.
 -- ARGV[4]: the token policies' count. ARGV[5]: the estimate (reserve) or
 -- the usage (settle). ARGV[6]: max in flight, 0 for none (reserve) or
@@ -285,6 +285,34 @@ local function settle(KEYS, ARGV, now, policies, code)
   return answer(1, estimate, used, overage, decisions)
 end
 
+-- Keeps an open reservation for the TTL from now, its place in flight
+-- with it; charges nothing. Reply: { status, then five integers per token
+-- policy (peeks) }, status 1 kept, 0 not open (settled, expired, never
+-- made).
+local function renew(KEYS, ARGV, now, policies, code)
+  local ttl, id = tonumber(ARGV[7]), ARGV[8]
+  local n = #policies
+  local decisions = {}
+  for i = 1, n do
+    local p = policies[i]
+    decisions[i] = RESERVE_CODES[string.sub(code, i, i)](KEYS[2 + i], p[1], p[2], p[3], now, 0, p[4])
+  end
+  local status = 0
+  local kind, estimate = record_of(KEYS[1], now)
+  if kind == 'o' then
+    local expires = now + ttl
+    put(KEYS[1], 'o:' .. fmt(estimate) .. ':' .. fmt(expires), expires)
+    if redis.call('ZSCORE', KEYS[2], id) then
+      redis.call('ZADD', KEYS[2], fmt(expires), id)
+      open_expire(KEYS[2])
+    end
+    status = 1
+  end
+  local reply = reply_of(decisions, n)
+  table.insert(reply, 1, status)
+  return reply
+end
+
 local function reservation(KEYS, ARGV)
   if #ARGV < 9 or #KEYS ~= #ARGV - 6 then
     return redis.error_reply('ERR portcullis: reservation called with ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments; upgrade portcullis-redis')
@@ -318,6 +346,9 @@ local function reservation(KEYS, ARGV)
   end
   if op == 's' and tokens == count then
     return settle(KEYS, ARGV, now, policies, code)
+  end
+  if op == 'n' and tokens == count then
+    return renew(KEYS, ARGV, now, policies, code)
   end
   return redis.error_reply('ERR portcullis: unknown reservation operation; upgrade portcullis-redis')
 end

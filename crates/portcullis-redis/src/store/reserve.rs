@@ -1,5 +1,5 @@
 //! Token reservations: the [`ReservationStore`] impl of [`RedisStore`].
-//! A reserve and a settle are each one atomic call of `lua/reserve.lua`
+//! A reserve, a settle and a renew are each one atomic call of `lua/reserve.lua`
 //! (by `EVALSHA`; the script is loaded when a node lacks it) on the
 //! reservation's record `<prefix>:{<subject>}:rsv:<budget>:<id>`, the
 //! budget's open set `<prefix>:{<subject>}:rsv:<budget>` and the states
@@ -58,7 +58,7 @@ impl RedisStore {
     }
 
     /// The call of `op` for `policies` (the budget's, or its token
-    /// policies for a settle) with the operation's two numbers.
+    /// policies for a settle or a renew) with the operation's two numbers.
     fn reservation_call(
         &self,
         op: &'static str,
@@ -204,6 +204,26 @@ impl ReservationStore for RedisStore {
                 non_negative(overage, "overage")?,
                 verdict,
             ))
+        }
+    }
+
+    fn renew(
+        &self,
+        subject: &str,
+        budget: &TokenBudget,
+        id: ReservationId,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'static {
+        let call = self.reservation_call("n", subject, budget, id, (0, 0));
+        let run = self.run_reservation::<1>(call);
+        async move {
+            let ([status], _) = run.await?;
+            match status {
+                1 => Ok(true),
+                0 => Ok(false),
+                other => Err(protocol(format!(
+                    "the reservation script answered status {other} to a renew"
+                ))),
+            }
         }
     }
 }

@@ -27,6 +27,9 @@ type Settle = Box<dyn FnOnce(u64) + Send + Sync>;
 pub(crate) struct Settler {
     settle: Option<Settle>,
     estimate: u64,
+    /// The task keeping the reservation open while the request runs
+    /// ([`Settler::keep_open`]); stopped when it settles.
+    keeper: Option<tokio::task::AbortHandle>,
 }
 
 impl fmt::Debug for Settler {
@@ -114,11 +117,69 @@ impl Settler {
         Self {
             settle: Some(settle),
             estimate,
+            keeper: None,
         }
+    }
+
+    /// Keeps the reservation open until it is settled: renewed every half
+    /// TTL ([`ReservationStore::renew`]), so that a request that runs
+    /// longer than the budget's reservation TTL (a long stream, a slow
+    /// upstream) neither loses it (its estimate charged, its usage never
+    /// settled) nor frees its place in flight while it runs. Outside a
+    /// tokio runtime it is not kept (the TTL ends it, as before).
+    pub(crate) fn keep_open<St: ReservationStore>(
+        &mut self,
+        store: Arc<St>,
+        key: Arc<str>,
+        budget: TokenBudget,
+        id: ReservationId,
+        timeout: Duration,
+        logs: Arc<TokenLogs>,
+    ) {
+        let Ok(handle) = Handle::try_current() else {
+            return;
+        };
+        let every = (budget.reservation_ttl() / 2).max(Duration::from_millis(1));
+        // Counted from now, not from the task's first poll.
+        let mut next = tokio::time::Instant::now() + every;
+        let task = handle.spawn(async move {
+            loop {
+                tokio::time::sleep_until(next).await;
+                next += every;
+                match tokio::time::timeout(timeout, store.renew(&key, &budget, id)).await {
+                    Ok(Ok(true)) => {}
+                    // Settled or expired: nothing to keep.
+                    Ok(Ok(false)) => return,
+                    Ok(Err(error)) => {
+                        if let Some(count) = logs.renewals.record() {
+                            tracing::warn!(
+                                budget = budget.name(),
+                                error = crate::observe::chain(&error),
+                                count,
+                                "keeping token reservations open failed; tried again in half a TTL (count: since the last such line)"
+                            );
+                        }
+                    }
+                    Err(_) => {
+                        if let Some(count) = logs.renewals.record() {
+                            tracing::warn!(
+                                budget = budget.name(),
+                                count,
+                                "keeping token reservations open timed out; tried again in half a TTL (count: since the last such line)"
+                            );
+                        }
+                    }
+                }
+            }
+        });
+        self.keeper = Some(task.abort_handle());
     }
 
     /// Settles with `used`, or the estimate when unknown (once).
     pub(crate) fn settle(&mut self, used: Option<u64>) {
+        if let Some(keeper) = self.keeper.take() {
+            keeper.abort();
+        }
         if let Some(settle) = self.settle.take() {
             settle(used.unwrap_or(self.estimate));
         }

@@ -45,6 +45,8 @@ pub(crate) struct TokenLogs {
     pub(crate) failed: UndecidedLog,
     /// Settlements that failed.
     pub(crate) settles: UndecidedLog,
+    /// Renewals of open reservations that failed.
+    pub(crate) renewals: UndecidedLog,
 }
 
 impl TokenLogs {
@@ -53,6 +55,7 @@ impl TokenLogs {
             refused: UndecidedLog::new(),
             failed: UndecidedLog::new(),
             settles: UndecidedLog::new(),
+            renewals: UndecidedLog::new(),
         }
     }
 }
@@ -80,7 +83,10 @@ impl TokenLogs {
 /// - **Disconnects and failures.** A client that goes away mid-stream
 ///   (the body dropped), an upstream error or a timeout settle with the
 ///   usage reported so far, else the estimate; an instance that dies
-///   leaves its reservation to expire after the budget's TTL.
+///   leaves its reservation to expire after the budget's TTL. While a
+///   request runs (a slow upstream, a long stream), its reservation is
+///   renewed every half TTL ([`ReservationStore::renew`]), so it keeps its
+///   estimate and its place in flight however long it takes.
 /// - **Headers.** Admitted responses carry `RateLimit-Policy` and
 ///   `RateLimit` for the budget's policies after the reservation; the
 ///   next response shows the state after this one's settlement.

@@ -165,6 +165,14 @@ where
     // upstream works (the client went away) or an upstream error settles
     // at the estimate.
     let mut settler = settler();
+    settler.keep_open(
+        Arc::clone(&shared.store),
+        Arc::clone(&key),
+        budget.clone(),
+        id,
+        shared.timeout,
+        Arc::clone(&shared.logs),
+    );
     let response = match inner.call(Request::from_parts(parts, body)).await {
         Ok(response) => response,
         Err(error) => {

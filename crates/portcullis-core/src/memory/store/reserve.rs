@@ -71,6 +71,21 @@ impl MemoryStore {
             shard.settle(inner, hash, key, budget, id.as_u128(), used, now)
         })
     }
+
+    fn renew_now(
+        &self,
+        subject: &str,
+        budget: &TokenBudget,
+        id: ReservationId,
+    ) -> Result<bool, StoreError> {
+        let key = Key::new(subject);
+        let key = key.as_bytes();
+        let hash = self.inner.hash_key(key);
+        let now = self.inner.clock.now_micros();
+        self.on_shard(hash, now, |shard, inner| {
+            Ok(shard.renew(inner, key, budget, id.as_u128(), now))
+        })
+    }
 }
 
 impl ReservationStore for MemoryStore {
@@ -92,6 +107,15 @@ impl ReservationStore for MemoryStore {
         used: u64,
     ) -> impl Future<Output = Result<Settlement, StoreError>> + Send + 'static {
         ready(self.settle_now(subject, budget, id, used))
+    }
+
+    fn renew(
+        &self,
+        subject: &str,
+        budget: &TokenBudget,
+        id: ReservationId,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'static {
+        ready(self.renew_now(subject, budget, id))
     }
 }
 

@@ -1,4 +1,5 @@
-//! Token reservations on a shard ([`Shard::reserve`], [`Shard::settle`]),
+//! Token reservations on a shard ([`Shard::reserve`], [`Shard::settle`],
+//! [`Shard::renew`]),
 //! each in one critical section under the shard's write lock: the
 //! reservation record (`memory/reservations.rs`), the places in flight and
 //! every policy of the budget decided and written together.
@@ -222,5 +223,25 @@ impl Shard {
             overage,
             verdict,
         ))
+    }
+
+    /// Keeps open reservation `id` for the budget's TTL from now; whether
+    /// it was open.
+    pub(in crate::memory) fn renew(
+        &mut self,
+        inner: &Inner,
+        key: &[u8],
+        budget: &TokenBudget,
+        id: u128,
+        now: u64,
+    ) -> bool {
+        let now = now.max(inner.clock.now_micros());
+        let list = list_key(key, budget.name());
+        let Some(Held::Open { estimate }) = self.reservations.get(&list, id, now) else {
+            return false;
+        };
+        let expires_at_us = now.saturating_add(budget.reservation_ttl_micros());
+        self.reservations
+            .replace(&list, id, Held::Open { estimate }, expires_at_us)
     }
 }
