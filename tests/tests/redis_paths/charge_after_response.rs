@@ -472,6 +472,90 @@ async fn redis_and_memory_charge_alike() {
     }
 }
 
+/// As `redis_and_memory_charge_alike`, with plan changes: each set
+/// alternates with the same names and algorithms at other numbers, so
+/// charges (of 0 too) read states written in other units, which both
+/// stores rescale and write back alike (ALGORITHMS.md, "Changing a
+/// policy").
+#[tokio::test]
+async fn redis_and_memory_charge_alike_across_plan_changes() {
+    let gcra = |limit: u64, period_us: u64, name: &str| {
+        Policy::per(limit, Duration::from_micros(period_us))
+            .name(name)
+            .build()
+            .unwrap()
+    };
+    let bucket = |limit: u64, period_us: u64, burst: u64, name: &str| {
+        Policy::per(limit, Duration::from_micros(period_us))
+            .algorithm(Algorithm::TokenBucket)
+            .burst(burst)
+            .name(name)
+            .build()
+            .unwrap()
+    };
+    let plans: Vec<(Vec<Policy>, Vec<Policy>)> = vec![
+        (vec![gcra(4, 1_000_000, "e")], vec![gcra(9, 999_983, "e")]),
+        (
+            vec![bucket(5, 900_000_000, 5, "b")],
+            vec![bucket(3, 60_000_000, 7, "b")],
+        ),
+        (
+            vec![gcra(3, 1_000_000, "c"), bucket(10, 7_000_013, 4, "d")],
+            vec![gcra(7, 1_000_000, "c"), bucket(2, 1_000_000, 6, "d")],
+        ),
+    ];
+    for backend in [Backend::Standalone, Backend::Cluster] {
+        for (set, (first, second)) in plans.iter().enumerate() {
+            let clock = manual_clock();
+            let memory = MemoryStore::with_clock(clock.clone());
+            let redis = stores(backend, &clock, "charge-plans", 1).await.remove(0);
+            let mut rng = Lcg(set as u64 + 11);
+            let mut policies = first;
+            for step in 0..300 {
+                if rng.next(6) == 0 {
+                    policies = if std::ptr::eq(policies, first) {
+                        second
+                    } else {
+                        first
+                    };
+                }
+                let capacity = policies.iter().map(Policy::capacity).min().unwrap();
+                clock.advance(Duration::from_micros(rng.next(4) * rng.next(400_000)));
+                let subject = if rng.next(3) == 0 { "s2" } else { "s1" };
+                let (m, r, what) = match rng.next(4) {
+                    0 => {
+                        let cost = rng.next(capacity + 1);
+                        (
+                            memory.check(subject, policies, cost).await,
+                            redis.check(subject, policies, cost).await,
+                            format!("check {cost}"),
+                        )
+                    }
+                    1 => (
+                        memory.charge(subject, policies, 0).await,
+                        redis.charge(subject, policies, 0).await,
+                        "charge 0".to_owned(),
+                    ),
+                    _ => {
+                        let cost = rng.next(3 * capacity + 2);
+                        (
+                            memory.charge(subject, policies, cost).await,
+                            redis.charge(subject, policies, cost).await,
+                            format!("charge {cost}"),
+                        )
+                    }
+                };
+                let (m, r) = (m.unwrap(), r.unwrap());
+                assert_eq!(
+                    m.decisions(),
+                    r.decisions(),
+                    "{backend:?}, set {set}, step {step}: {what} on {subject}"
+                );
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn redis_refuses_to_charge_other_algorithms() {
     let clock = manual_clock();

@@ -249,11 +249,23 @@ impl Shard {
         let steps: SmallVec<[Step; 2]> = policies
             .iter()
             .map(|policy| {
-                let state = entry.and_then(|entry| entry.live_state(names, policy, now, hot));
+                let live = entry.and_then(|entry| entry.live(names, policy, now, hot));
+                let (state, rescaled) = match &live {
+                    Some((state, rescaled)) => (Some(&**state), *rescaled),
+                    None => (None, false),
+                };
                 // `validate_charge` refused the algorithms without a
                 // charge; were one to come through, it is only peeked.
-                algorithms::charge(policy, state.as_deref(), now, cost)
-                    .unwrap_or_else(|| algorithms::check(policy, state.as_deref(), now, 0))
+                let mut step = algorithms::charge(policy, state, now, cost)
+                    .unwrap_or_else(|| algorithms::check(policy, state, now, 0));
+                // A state read through a changed plan is written back in
+                // the new units even by a charge of 0 (which changes
+                // nothing else), as charge.lua does: read again later, the
+                // old units would drain at the old rate.
+                if rescaled && step.new_state.is_none() {
+                    step.new_state = state.cloned();
+                }
+                step
             })
             .collect();
         let verdict: Verdict = steps.iter().map(|step| step.decision).collect();
