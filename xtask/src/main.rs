@@ -180,13 +180,15 @@ fn run_test_stages(options: &TestOptions, tools: &Tools, stages: &mut Stages) ->
             "portcullis-tests",
             "--test",
             EVALSHA_BINARY,
+            "--test",
+            EVALSHA_TOKENS,
         ]
         .map(str::to_owned)
         .to_vec();
         add_skips(&mut args, &skips);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let title = format!(
-            "cargo {} (EVALSHA path: {})",
+            "cargo {} (EVALSHA path: {}, and the token reservations)",
             args.join(" "),
             EVALSHA_SUITES.join(", ")
         );
@@ -282,6 +284,11 @@ fn add_skips(args: &mut Vec<String>, skips: &[&str]) {
 /// log in as an ACL user without Redis Functions): `tests/tests/redis_paths/`,
 /// whose modules are [`EVALSHA_SUITES`].
 const EVALSHA_BINARY: &str = "redis_paths";
+
+/// The token reservations' test binary (`tests/tests/tokens/`), also run
+/// on the `EVALSHA` path: reservations take the library's function by
+/// default and the script where Redis refuses Functions.
+const EVALSHA_TOKENS: &str = "tokens";
 
 /// The suites of [`EVALSHA_BINARY`], one module each
 /// (`evalsha_suites_are_the_modules_of_their_binary` holds the two equal).

@@ -279,3 +279,57 @@ async fn hostile_estimates_and_usages_charge_no_more_than_the_bound() {
     hostile_numbers(MemoryStore::with_clock(clock.clone())).await;
     hostile_numbers(redis_store(&unique_prefix("rsv-hostile"), &clock).await).await;
 }
+
+/// At maxmemory with `noeviction`, on both call paths (the library's
+/// function and the script): an open reservation is still renewed and
+/// settled (the allow-oom twin), and a new one is refused with
+/// `OutOfMemory`, never made past the limit nor let through.
+#[tokio::test(flavor = "multi_thread")]
+async fn out_of_memory_settles_held_reservations_and_refuses_new_ones() {
+    use portcullis_redis::CallPath;
+
+    let server = OwnedRedis::start(&["--maxmemory-policy", "noeviction"]);
+    let build = |url: String| async move {
+        RedisStore::builder()
+            .url(url)
+            .prefix(unique_prefix("rsv-oom"))
+            .timeout(redis_common::TEST_TIMEOUT)
+            .build()
+            .await
+            .unwrap()
+    };
+    let functions = build(server.url()).await;
+    let evalsha = build(redis_common::without_functions(&server.url(), "no-fn")).await;
+    assert_eq!(functions.call_path(), CallPath::Functions);
+    assert_eq!(evalsha.call_path(), CallPath::Evalsha);
+    let budget = budget(Some(4), 100);
+    let mut held = Vec::new();
+    for store in [&functions, &evalsha] {
+        let id = ReservationId::generate();
+        let reserved = store.reserve("held", &budget, 300, id).await.unwrap();
+        assert!(reserved.is_admitted());
+        held.push(id);
+    }
+    let mut raw = redis_common::raw(&server.url());
+    portcullis_tests::reliability::fill_past_maxmemory(&server.url()).await;
+    for (store, id) in [(&evalsha, held[1]), (&functions, held[0])] {
+        let path = store.call_path();
+        assert!(store.renew("held", &budget, id).await.unwrap(), "{path}");
+        let settled = store.settle("held", &budget, id, 100).await.unwrap();
+        assert_eq!(settled.outcome(), SettleOutcome::Settled, "{path}");
+        assert_eq!(settled.refunded(), 200, "{path}");
+        let fresh = store
+            .reserve("fresh", &budget, 10, ReservationId::generate())
+            .await;
+        assert!(
+            matches!(fresh, Err(StoreError::OutOfMemory { .. })),
+            "{path}: {fresh:?}"
+        );
+    }
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query(&mut raw)
+        .unwrap();
+}

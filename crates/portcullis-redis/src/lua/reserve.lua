@@ -22,6 +22,9 @@
 -- flight is given. Both are read against `now`, never against the key's
 -- own expiry (which also ends them, rounded up to the millisecond).
 --
+-- reservation(KEYS, ARGV, no_new_keys): no_new_keys in the allow-oom twin
+-- (Redis at maxmemory), where a reserve answers NOROOM.
+--
 -- Reply of a reserve: { status, in_flight, retry_after_us (-1: none),
 -- then five integers per policy as check.lua's }, status 1 admitted,
 -- 2 replayed, 0 refused by a policy, 3 refused in flight. Of a settle:
@@ -158,16 +161,18 @@ local function open_expire(set)
   redis.call('PEXPIREAT', set, fmt(ceil_div(tonumber(top[2]), 1000)))
 end
 
--- Open reservations live at now, and the earliest expiry among them;
--- drops the expired.
+-- Open reservations live at now, and the earliest expiry among them.
+-- Reads only: the expired are dropped once a reservation is written (a
+-- script's first write decides whether Redis at maxmemory refuses it, and
+-- only a write that may grow memory, as SET, is refused; one that shrinks
+-- it first would let the rest through).
 local function open_count(set, now)
-  local cutoff = fmt(now)
-  redis.call('ZREMRANGEBYSCORE', set, '-inf', cutoff)
-  local n = redis.call('ZCARD', set)
+  local live = '(' .. fmt(now)
+  local n = redis.call('ZCOUNT', set, live, '+inf')
   if n == 0 then
     return 0, nil
   end
-  local first = redis.call('ZRANGEBYSCORE', set, '-inf', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  local first = redis.call('ZRANGEBYSCORE', set, live, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   return n, tonumber(first[2])
 end
 
@@ -226,6 +231,7 @@ local function reserve(KEYS, ARGV, now, policies, count, code)
   local expires = now + ttl
   put(KEYS[1], 'o:' .. fmt(estimate) .. ':' .. fmt(expires), expires)
   if max > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', fmt(now))
     redis.call('ZADD', KEYS[2], fmt(expires), id)
     open = open + 1
     open_expire(KEYS[2])
@@ -313,7 +319,7 @@ local function renew(KEYS, ARGV, now, policies, code)
   return reply
 end
 
-local function reservation(KEYS, ARGV)
+local function reservation(KEYS, ARGV, no_new_keys)
   if #ARGV < 9 or #KEYS ~= #ARGV - 6 then
     return redis.error_reply('ERR portcullis: reservation called with ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments; upgrade portcullis-redis')
   end
@@ -342,6 +348,11 @@ local function reservation(KEYS, ARGV)
     policies[i] = { L, P, B, tail }
   end
   if op == 'r' then
+    if no_new_keys then
+      -- At maxmemory: a reservation writes a new record, so none is made
+      -- (settles and renewals, which write what is there, still run).
+      return redis.status_reply('NOROOM')
+    end
     return reserve(KEYS, ARGV, now, policies, count, code)
   end
   if op == 's' and tokens == count then

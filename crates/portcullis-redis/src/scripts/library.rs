@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 use super::{
     code, LuaScript, BATCH, BUCKET_FAST, CHARGE, CHARGE_LIBRARY, CHECK, FIXED_WINDOW_FAST,
     GCRA_MULTI, LEAKY_QUEUE_FAST, LEASE, LIBRARY, MIXED, OPTIONS, OPTIONS_LIBRARY, PRELUDE,
-    SLIDING_LOG_FAST, SLIDING_WINDOW_FAST, SOURCES,
+    RESERVE, RESERVE_LIBRARY, SLIDING_LOG_FAST, SLIDING_WINDOW_FAST, SOURCES,
 };
 
 /// The portcullis Redis Functions library: every algorithm and the check,
@@ -54,6 +54,9 @@ pub(crate) struct Library {
     mixed: LuaScript,
     /// A check with options (options.lua, `FCALL`); twin `ext_oom` (the Lua names keep "ext").
     options: LuaScript,
+    /// Token reservations: reserve, settle, renew (reserve.lua); twin
+    /// `reserve_oom`.
+    reserve: LuaScript,
 }
 
 impl Library {
@@ -78,10 +81,12 @@ impl Library {
         body.push_str(SLIDING_LOG_FAST);
         body.push_str(OPTIONS_LIBRARY);
         body.push_str(MIXED);
+        body.push_str(RESERVE);
+        body.push_str(RESERVE_LIBRARY);
         let hash = redis::Script::new(&body).get_hash().to_owned();
         let name = format!("portcullis_{}", &hash[..12]);
         let source: Arc<str> = format!(
-            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM, FN_BATCH, FN_BATCH_OOM, FN_GCRA_BATCH, FN_GCRA_BATCH_OOM, FN_GCRA_TAKE, FN_GCRA_TAKE_OOM, FN_GCRA_MULTI, FN_GCRA_MULTI_OOM, FN_TB_FAST, FN_TB_FAST_OOM, FN_METER_FAST, FN_METER_FAST_OOM, FN_FW_FAST, FN_FW_FAST_OOM, FN_SW_FAST, FN_SW_FAST_OOM, FN_QUEUE_FAST, FN_QUEUE_FAST_OOM, FN_LOG_FAST, FN_LOG_FAST_OOM, FN_EXT, FN_EXT_OOM, FN_MIXED, FN_MIXED_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom', '{name}_batch', '{name}_batch_oom', '{name}_gcra_batch', '{name}_gcra_batch_oom', '{name}_gcra_take', '{name}_gcra_take_oom', '{name}_gcra_multi', '{name}_gcra_multi_oom', '{name}_token_bucket', '{name}_token_bucket_oom', '{name}_leaky_meter', '{name}_leaky_meter_oom', '{name}_fixed_window', '{name}_fixed_window_oom', '{name}_sliding_window', '{name}_sliding_window_oom', '{name}_leaky_queue', '{name}_leaky_queue_oom', '{name}_sliding_log', '{name}_sliding_log_oom', '{name}_ext', '{name}_ext_oom', '{name}_mixed', '{name}_mixed_oom'\n{body}"
+            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM, FN_BATCH, FN_BATCH_OOM, FN_GCRA_BATCH, FN_GCRA_BATCH_OOM, FN_GCRA_TAKE, FN_GCRA_TAKE_OOM, FN_GCRA_MULTI, FN_GCRA_MULTI_OOM, FN_TB_FAST, FN_TB_FAST_OOM, FN_METER_FAST, FN_METER_FAST_OOM, FN_FW_FAST, FN_FW_FAST_OOM, FN_SW_FAST, FN_SW_FAST_OOM, FN_QUEUE_FAST, FN_QUEUE_FAST_OOM, FN_LOG_FAST, FN_LOG_FAST_OOM, FN_EXT, FN_EXT_OOM, FN_MIXED, FN_MIXED_OOM, FN_RESERVE, FN_RESERVE_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom', '{name}_batch', '{name}_batch_oom', '{name}_gcra_batch', '{name}_gcra_batch_oom', '{name}_gcra_take', '{name}_gcra_take_oom', '{name}_gcra_multi', '{name}_gcra_multi_oom', '{name}_token_bucket', '{name}_token_bucket_oom', '{name}_leaky_meter', '{name}_leaky_meter_oom', '{name}_fixed_window', '{name}_fixed_window_oom', '{name}_sliding_window', '{name}_sliding_window_oom', '{name}_leaky_queue', '{name}_leaky_queue_oom', '{name}_sliding_log', '{name}_sliding_log_oom', '{name}_ext', '{name}_ext_oom', '{name}_mixed', '{name}_mixed_oom', '{name}_reserve', '{name}_reserve_oom'\n{body}"
         )
         .into();
         let function =
@@ -109,7 +114,9 @@ impl Library {
         let gcra_multi = with_twin("gcra_multi");
         let gcra_take = with_twin("gcra_take");
         let mixed = with_twin("mixed");
+        let reserve = with_twin("reserve");
         Self {
+            reserve,
             options,
             mixed,
             batch,
@@ -175,6 +182,11 @@ impl Library {
     /// The lease function (`FCALL`).
     pub(crate) fn lease(&self) -> &LuaScript {
         &self.lease
+    }
+
+    /// The token reservations' function (`FCALL`).
+    pub(crate) fn reserve(&self) -> &LuaScript {
+        &self.reserve
     }
 
     /// Which function serves a check of `cost` against `policies`, decided

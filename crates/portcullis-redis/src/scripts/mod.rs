@@ -35,6 +35,7 @@ const CHARGE: &str = include_str!("../lua/charge.lua");
 const CHARGE_LIBRARY: &str = include_str!("../lua/charge_library.lua");
 const LEASE: &str = include_str!("../lua/lease.lua");
 const RESERVE: &str = include_str!("../lua/reserve.lua");
+const RESERVE_LIBRARY: &str = include_str!("../lua/reserve_library.lua");
 const BATCH: &str = include_str!("../lua/batch.lua");
 const GCRA_MULTI: &str = include_str!("../lua/gcra_multi.lua");
 const BUCKET_FAST: &str = include_str!("../lua/bucket_fast.lua");
@@ -313,9 +314,10 @@ pub(crate) fn lease() -> LuaScript {
     script
 }
 
-/// The token reservations' script (reserve.lua, `EVALSHA` only): every
-/// algorithm (request policies may use any), check.lua and charge.lua
-/// beneath it.
+/// The token reservations' script (reserve.lua, the `EVALSHA` path; the
+/// library holds it as a function): every algorithm (request policies may
+/// use any), check.lua and charge.lua beneath it. Its allow-oom twin (run
+/// after `OOM`) settles and renews, and answers `NOROOM` to a reserve.
 pub(crate) fn reserve() -> LuaScript {
     let mut source = String::with_capacity(48 * 1024);
     source.push_str(PRELUDE);
@@ -325,8 +327,11 @@ pub(crate) fn reserve() -> LuaScript {
     source.push_str(CHECK);
     source.push_str(CHARGE);
     source.push_str(RESERVE);
-    source.push_str("return reservation(KEYS, ARGV)\n");
-    LuaScript::new(source)
+    let twin = format!("{ALLOW_OOM_SHEBANG}{source}return reservation(KEYS, ARGV, true)\n");
+    source.push_str("return reservation(KEYS, ARGV, false)\n");
+    let mut script = LuaScript::new(source);
+    script.allow_oom = Some(Arc::new(LuaScript::new(twin)));
+    script
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! Token reservations: the [`ReservationStore`] impl of [`RedisStore`].
-//! A reserve, a settle and a renew are each one atomic call of `lua/reserve.lua`
-//! (by `EVALSHA`; the script is loaded when a node lacks it) on the
+//! A reserve, a settle and a renew are each one atomic call of
+//! `lua/reserve.lua` (the library's `reserve` function by `FCALL`, or the
+//! script by `EVALSHA` where Redis refuses Functions; at maxmemory the
+//! allow-oom twin settles and renews, and refuses a new reservation) on the
 //! reservation's record `<prefix>:{<subject>}:rsv:<budget>:<id>`, the
 //! budget's open set `<prefix>:{<subject>}:rsv:<budget>` and the states
 //! of the budget's policies, all in the subject's hash slot.
@@ -16,9 +18,9 @@ use portcullis_core::{
 use redis::{Cmd, Value};
 
 use super::RedisStore;
-use crate::call::push_time;
 use crate::call::reply::{parse_verdict, protocol};
-use crate::connection;
+use crate::call::{push_time, Caller};
+use crate::functions::CallPath;
 use crate::scripts::{self, Library, LuaScript};
 
 /// The reservation script, composed once per process.
@@ -27,11 +29,35 @@ fn reserve_script() -> &'static LuaScript {
     SCRIPT.get_or_init(scripts::reserve)
 }
 
-/// One reservation call: the keys and arguments reserve.lua reads.
+/// One reservation call: the keys and arguments reserve.lua reads (after
+/// `FCALL <function>` or `EVALSHA <sha>`).
 struct ReservationCall {
-    cmd: Cmd,
+    args: Cmd,
     first_key: String,
     capacities: Vec<u64>,
+}
+
+/// Runs `script` (a function: `FCALL`; a script: `EVALSHA`) with `args`
+/// ([`Caller::run`]: loaded when the node lacks it, and after `OOM` run
+/// once more as the allow-oom twin).
+async fn send(
+    caller: &Caller,
+    script: &LuaScript,
+    key: &str,
+    args: &Cmd,
+) -> Result<Value, StoreError> {
+    let mut cmd = redis::cmd(if script.is_function() {
+        "FCALL"
+    } else {
+        "EVALSHA"
+    });
+    cmd.arg(script.sha());
+    for arg in args.args_iter() {
+        if let redis::Arg::Simple(bytes) = arg {
+            cmd.arg(bytes);
+        }
+    }
+    caller.run(script, &cmd, key).await
 }
 
 impl RedisStore {
@@ -76,8 +102,8 @@ impl RedisStore {
         let set = self.key(&subject, &format!("rsv:{}", budget.name()));
         let record = format!("{set}:{id}");
         let letters = Library::letters(policies.iter().map(|p| p.algorithm()))?;
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(reserve_script().sha()).arg(2 + policies.len());
+        let mut cmd = Cmd::new();
+        cmd.arg(2 + policies.len());
         cmd.arg(&record).arg(&set);
         for policy in policies {
             cmd.arg(self.key(&subject, policy.name()));
@@ -93,7 +119,7 @@ impl RedisStore {
             cmd.arg(&**policy.shape_argument());
         }
         Ok(ReservationCall {
-            cmd,
+            args: cmd,
             first_key: record,
             capacities: policies.iter().map(|p| p.capacity()).collect(),
         })
@@ -110,14 +136,20 @@ impl RedisStore {
         let caller = Arc::clone(&self.inner.caller);
         async move {
             let call = call?;
-            let value = connection::eval(
-                &caller.pool,
-                caller.timeout,
-                reserve_script(),
-                &call.cmd,
-                &call.first_key,
-            )
-            .await?;
+            let key = &call.first_key;
+            let value = match caller.scripts.path().choose(key) {
+                CallPath::Evalsha => send(&caller, reserve_script(), key, &call.args).await?,
+                _ => {
+                    let function = caller.scripts.library().reserve().clone();
+                    match send(&caller, &function, key, &call.args).await {
+                        // Redis refused FCALL or FUNCTION LOAD: nothing ran.
+                        Err(error) if caller.scripts.path().refused(&error, key) => {
+                            send(&caller, reserve_script(), key, &call.args).await?
+                        }
+                        other => other?,
+                    }
+                }
+            };
             let Value::Array(mut items) = value else {
                 return Err(protocol(format!(
                     "the reservation script answered {value:?}, not an array"
