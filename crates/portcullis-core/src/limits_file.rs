@@ -157,6 +157,24 @@ pub enum Reload {
 }
 
 impl LimitsFile {
+    /// A duration as limits files write it: a whole number and a unit,
+    /// `us` (or `µs`), `ms`, `s`, `m` (or `min`), `h` or `d`; `None` for
+    /// anything else, or past `u64` microseconds. The Envoy service's
+    /// configuration reads periods the same way.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use portcullis::LimitsFile;
+    ///
+    /// assert_eq!(LimitsFile::parse_duration("90s"), Some(Duration::from_secs(90)));
+    /// assert_eq!(LimitsFile::parse_duration("1d"), Some(Duration::from_secs(86_400)));
+    /// assert_eq!(LimitsFile::parse_duration("1.5h"), None);
+    /// ```
+    #[must_use]
+    pub fn parse_duration(text: &str) -> Option<Duration> {
+        parse::parse_duration(text)
+    }
+
     /// Reads and validates the file, and makes a [`Limits`] handle holding
     /// its limits.
     ///

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{BoxError, LimitsFileError};
-use crate::{Algorithm, LeakyMode, LimitSet, Policy};
+use crate::{Algorithm, LimitSet, Policy};
 
 /// The algorithms a file may name, as [`Algorithm::as_str`] writes them.
 const ALGORITHMS: &str =
@@ -252,7 +252,7 @@ fn build_policy(
     })?;
     let mut builder = Policy::per(*limit.get_ref(), duration).name(name);
     if let Some(algorithm) = algorithm {
-        let parsed = parse_algorithm(algorithm.get_ref()).ok_or_else(|| {
+        let parsed = Algorithm::from_name(algorithm.get_ref()).ok_or_else(|| {
             at.error(
                 Some(algorithm.span().start),
                 format!("{field}.algorithm"),
@@ -298,18 +298,9 @@ fn build_policy(
     })
 }
 
-fn parse_algorithm(name: &str) -> Option<Algorithm> {
-    Algorithm::ALL
-        .into_iter()
-        .find(|a| a.as_str() == name)
-        .or(match name {
-            "leaky_bucket" => Some(Algorithm::LeakyBucket(LeakyMode::Meter)),
-            _ => None,
-        })
-}
-
-/// `<whole number><unit>`, unit one of `us`, `ms`, `s`, `m`, `h`, `d`.
-fn parse_duration(text: &str) -> Option<Duration> {
+/// `<whole number><unit>`, unit one of `us`, `ms`, `s`, `m`, `h`, `d`
+/// ([`LimitsFile::parse_duration`](crate::LimitsFile::parse_duration)).
+pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
     let text = text.trim();
     let digits = text.find(|c: char| !c.is_ascii_digit())?;
     let (number, unit) = text.split_at(digits);

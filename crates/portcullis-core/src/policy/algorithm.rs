@@ -82,6 +82,28 @@ impl Algorithm {
         }
     }
 
+    /// The algorithm named `name`: one of [`as_str`](Self::as_str)'s
+    /// names, or `leaky_bucket` (the meter). What limits files and the
+    /// Envoy service's configuration read.
+    ///
+    /// ```
+    /// use portcullis::{Algorithm, LeakyMode};
+    ///
+    /// assert_eq!(Algorithm::from_name("sliding_log"), Some(Algorithm::SlidingLog));
+    /// assert_eq!(Algorithm::from_name("leaky_bucket"), Some(Algorithm::LeakyBucket(LeakyMode::Meter)));
+    /// assert_eq!(Algorithm::from_name("GCRA"), None);
+    /// ```
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|a| a.as_str() == name)
+            .or(match name {
+                "leaky_bucket" => Some(Self::LeakyBucket(LeakyMode::Meter)),
+                _ => None,
+            })
+    }
+
     /// Whether the algorithm has a burst (bucket capacity) separate from its
     /// limit.
     #[must_use]

@@ -3,9 +3,8 @@
 
 use std::collections::hash_map::Entry;
 use std::path::Path;
-use std::time::Duration;
 
-use portcullis_core::{Algorithm, LeakyMode, Policy, PolicyError};
+use portcullis_core::{Algorithm, LimitsFile, Policy, PolicyError};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use toml::Spanned;
@@ -239,12 +238,12 @@ fn build_rule(
             ));
         }
     };
-    let duration = parse_duration(period.get_ref()).ok_or_else(|| {
+    let duration = LimitsFile::parse_duration(period.get_ref()).ok_or_else(|| {
         at.error(
             Some(period.span().start),
             &format!("{field}.period"),
             format!(
-                "{:?} is not a period: write a whole number and a unit (ms, s, m, h, d), for example \"1s\", \"1m\" or \"1d\"",
+                "{:?} is not a period: write a whole number and a unit (us, ms, s, m, h, d), for example \"1s\", \"1m\" or \"1d\"",
                 period.get_ref()
             ),
             None,
@@ -256,7 +255,7 @@ fn build_rule(
     };
     let mut builder = Policy::per(*limit.get_ref(), duration).name(name);
     if let Some(algorithm) = &spec.algorithm {
-        let parsed = parse_algorithm(algorithm.get_ref()).ok_or_else(|| {
+        let parsed = Algorithm::from_name(algorithm.get_ref()).ok_or_else(|| {
             at.error(
                 Some(algorithm.span().start),
                 &format!("{field}.algorithm"),
@@ -322,35 +321,10 @@ fn default_name(trail: &[String]) -> String {
     name
 }
 
-fn parse_algorithm(name: &str) -> Option<Algorithm> {
-    Algorithm::ALL
-        .into_iter()
-        .find(|a| a.as_str() == name)
-        .or(match name {
-            "leaky_bucket" => Some(Algorithm::LeakyBucket(LeakyMode::Meter)),
-            _ => None,
-        })
-}
-
-/// `<whole number><unit>`, unit one of `ms`, `s`, `m`, `h`, `d`.
-pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
-    let text = text.trim();
-    let digits = text.find(|c: char| !c.is_ascii_digit())?;
-    let (number, unit) = text.split_at(digits);
-    let number: u64 = number.parse().ok()?;
-    let millis_per = match unit.trim() {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" | "min" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return None,
-    };
-    number.checked_mul(millis_per).map(Duration::from_millis)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn err(text: &str) -> String {
@@ -450,11 +424,13 @@ shadow_mode = true
 
     #[test]
     fn durations() {
-        assert_eq!(parse_duration("1s"), Some(Duration::from_secs(1)));
-        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
-        assert_eq!(parse_duration("1d"), Some(Duration::from_secs(86_400)));
-        assert_eq!(parse_duration("s"), None);
-        assert_eq!(parse_duration("99999999999999999999d"), None);
+        let parse = LimitsFile::parse_duration;
+        assert_eq!(parse("1s"), Some(Duration::from_secs(1)));
+        assert_eq!(parse("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse("1d"), Some(Duration::from_secs(86_400)));
+        assert_eq!(parse("500us"), Some(Duration::from_micros(500)));
+        assert_eq!(parse("s"), None);
+        assert_eq!(parse("99999999999999999999d"), None);
     }
 }
