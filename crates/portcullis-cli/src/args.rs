@@ -55,7 +55,8 @@ pub(crate) enum Command {
     /// Show a subject's state (writes nothing)
     ///
     /// For each policy: remaining, reset, retry-after, the policy the state
-    /// was written under; and held concurrency leases (--lease).
+    /// was written under; held concurrency leases (--lease) and open token
+    /// reservations (--budget), each with its expiry.
     #[command(after_help = SUBJECTS)]
     Inspect(Inspect),
     /// What a check would answer now (--dry-run: charges nothing)
@@ -86,6 +87,11 @@ pub(crate) struct Inspect {
     /// Concurrency policies whose live leases to count (repeatable).
     #[arg(long = "lease", value_name = "NAME")]
     pub(crate) leases: Vec<String>,
+    /// Token budgets whose open reservations to list, with the tokens
+    /// they hold (repeatable). A budget without max_in_flight keeps no
+    /// index of them: they are found by SCAN (grant the ACL user +scan).
+    #[arg(long = "budget", value_name = "NAME")]
+    pub(crate) budgets: Vec<String>,
     #[command(flatten)]
     pub(crate) store: StoreArgs,
 }
