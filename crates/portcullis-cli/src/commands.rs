@@ -30,6 +30,9 @@ pub(crate) async fn run(command: Command) -> Result<Report, Failure> {
         Command::Inspect(args) => inspect(&args).await.map(Report::Inspect),
         Command::Check(args) => check(&args).await.map(Report::Check),
         Command::Reset(args) => reset(&args).await.map(Report::Reset),
+        Command::Top(args) => crate::top::top(&args.urls, args.limit, args.timeout)
+            .await
+            .map(Report::Top),
         Command::Limits(LimitsCommand::Validate { files }) => {
             limits::validate(&files).map(Report::Validate)
         }
