@@ -16,7 +16,8 @@ Exit codes:
   2  bad usage or input (an unknown option, a subject or policy name refused)
   3  a limits file is invalid (file:line:column: field: reason)
   4  the store failed (unreachable, timed out, refused the credentials)
-  5  reset refused: not confirmed (needs --yes when stdin is not a terminal)";
+  5  reset refused: not confirmed (needs --yes when stdin is not a terminal)
+  6  top: an endpoint is unreachable, timed out, or not a top-denied table";
 
 /// How a subject given on the command line becomes the layer's key.
 const SUBJECTS: &str = "\
@@ -55,7 +56,8 @@ pub(crate) enum Command {
     /// Show a subject's state (writes nothing)
     ///
     /// For each policy: remaining, reset, retry-after, the policy the state
-    /// was written under; and held concurrency leases (--lease).
+    /// was written under; held concurrency leases (--lease) and open token
+    /// reservations (--budget), each with its expiry.
     #[command(after_help = SUBJECTS)]
     Inspect(Inspect),
     /// What a check would answer now (--dry-run: charges nothing)
@@ -72,6 +74,14 @@ pub(crate) enum Command {
     /// nothing written) when stdin is not a terminal.
     #[command(after_help = SUBJECTS)]
     Reset(Reset),
+    /// The most denied subjects, merged from the apps' endpoints
+    ///
+    /// Fetches each URL (one per app instance: the route where the app
+    /// serves `TopDenied::to_json`), merges the counts by subject and
+    /// policy, and lists the most denied first. Each count comes with its
+    /// bounds: at least (each table's error taken off) and at most (a
+    /// full table's smallest count added where the subject is absent).
+    Top(Top),
     /// Validate or compare limits files
     #[command(subcommand)]
     Limits(LimitsCommand),
@@ -86,6 +96,11 @@ pub(crate) struct Inspect {
     /// Concurrency policies whose live leases to count (repeatable).
     #[arg(long = "lease", value_name = "NAME")]
     pub(crate) leases: Vec<String>,
+    /// Token budgets whose open reservations to list, with the tokens
+    /// they hold (repeatable). A budget without max_in_flight keeps no
+    /// index of them: they are found by SCAN (grant the ACL user +scan).
+    #[arg(long = "budget", value_name = "NAME")]
+    pub(crate) budgets: Vec<String>,
     #[command(flatten)]
     pub(crate) store: StoreArgs,
 }
@@ -114,6 +129,20 @@ pub(crate) struct Reset {
     pub(crate) policies: PolicyArgs,
     #[command(flatten)]
     pub(crate) store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct Top {
+    /// The endpoints, as http://10.0.0.5:9000/admin/top-denied (one per
+    /// instance; repeat or separate by commas).
+    #[arg(required = true, value_name = "URL", value_delimiter = ',')]
+    pub(crate) urls: Vec<String>,
+    /// List this many (subject, policy) pairs, most denied first.
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    pub(crate) limit: usize,
+    /// The most each request may take (`500ms`, `5s`).
+    #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) timeout: Duration,
 }
 
 #[derive(Debug, Subcommand)]

@@ -18,8 +18,8 @@ use crate::args::{
 use crate::failure::Failure;
 use crate::limits;
 use crate::report::{
-    DecisionView, LeaseView, PolicyState, PolicyView, RawView, Report, ResetKey, ResetReport,
-    StateReport, SubjectView,
+    DecisionView, HeldLease, LeaseView, OpenReservation, PolicyState, PolicyView, RawView, Report,
+    ReservationsView, ResetKey, ResetReport, StateReport, SubjectView,
 };
 use crate::store::{connect, Connected};
 use crate::subject::{layer_key, LayerKey};
@@ -30,6 +30,9 @@ pub(crate) async fn run(command: Command) -> Result<Report, Failure> {
         Command::Inspect(args) => inspect(&args).await.map(Report::Inspect),
         Command::Check(args) => check(&args).await.map(Report::Check),
         Command::Reset(args) => reset(&args).await.map(Report::Reset),
+        Command::Top(args) => crate::top::top(&args.urls, args.limit, args.timeout)
+            .await
+            .map(Report::Top),
         Command::Limits(LimitsCommand::Validate { files }) => {
             limits::validate(&files).map(Report::Validate)
         }
@@ -177,6 +180,11 @@ async fn inspect(args: &Inspect) -> Result<StateReport, Failure> {
             .build()
             .map_err(|error| Failure::usage(format!("lease policy {}: {error}", shown(name))))?;
     }
+    for name in &args.budgets {
+        // A budget's name is checked as a policy's is.
+        valid_name(name)
+            .map_err(|_| Failure::usage(format!("budget {}: not a budget name", shown(name))))?;
+    }
     if args.store.urls.is_empty() && args.policies.limits.is_some() {
         // The limits file alone: which policies, and where they live.
         let policies = subject
@@ -201,6 +209,7 @@ async fn inspect(args: &Inspect) -> Result<StateReport, Failure> {
             store: None,
             policies,
             leases: Vec::new(),
+            reservations: Vec::new(),
             would_admit: None,
             retry_after_us: None,
         });
@@ -210,12 +219,41 @@ async fn inspect(args: &Inspect) -> Result<StateReport, Failure> {
     let mut leases = Vec::new();
     for name in &args.leases {
         let key = connected.store.lease_key_for(&subject.key.key, name);
-        let (live, expires_in_ms) = connected.live_leases(&key).await?;
+        let read = connected.live_leases(&key).await?;
         leases.push(LeaseView {
             policy: name.clone(),
             key,
-            live,
-            expires_in_ms,
+            live: read.live,
+            expires_in_ms: read.expires_in_ms,
+            held: read
+                .held
+                .into_iter()
+                .map(|(id, expires_in_us)| HeldLease { id, expires_in_us })
+                .collect(),
+        });
+    }
+    let mut reservations = Vec::new();
+    for name in &args.budgets {
+        let key = connected.store.reservation_key_for(&subject.key.key, name);
+        let read = connected.open_reservations(&key).await?;
+        reservations.push(ReservationsView {
+            budget: name.clone(),
+            key,
+            open: read.open.len() as u64,
+            tokens_held: read
+                .open
+                .iter()
+                .fold(0_u64, |sum, (_, tokens, _)| sum.saturating_add(*tokens)),
+            found_by: read.found_by,
+            reservations: read
+                .open
+                .into_iter()
+                .map(|(id, tokens, expires_in_us)| OpenReservation {
+                    id,
+                    tokens,
+                    expires_in_us,
+                })
+                .collect(),
         });
     }
     Ok(StateReport {
@@ -223,6 +261,7 @@ async fn inspect(args: &Inspect) -> Result<StateReport, Failure> {
         store: Some(connected.shown),
         policies,
         leases,
+        reservations,
         would_admit: None,
         retry_after_us: None,
     })
@@ -374,6 +413,7 @@ async fn check(args: &Check) -> Result<StateReport, Failure> {
         store: Some(connected.shown),
         policies,
         leases: Vec::new(),
+        reservations: Vec::new(),
         would_admit: Some(admitted),
         retry_after_us: if admitted { None } else { retry_after_us },
     })

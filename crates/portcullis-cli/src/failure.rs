@@ -24,6 +24,8 @@ enum Kind {
     Store,
     /// A reset not confirmed: exit 5.
     Refused,
+    /// `top`: an endpoint unreachable or not a top-denied table: exit 6.
+    Endpoint,
 }
 
 impl Failure {
@@ -63,6 +65,22 @@ impl Failure {
         }
     }
 
+    /// A top-denied endpoint failed; `doing` says what to do.
+    pub(crate) fn endpoint(doing: &str, error: &(dyn Error + 'static)) -> Self {
+        Self {
+            kind: Kind::Endpoint,
+            message: format!("{doing}: {}", with_causes(error)),
+        }
+    }
+
+    /// A top-denied endpoint answered what is not its table.
+    pub(crate) fn endpoint_message(message: impl Into<String>) -> Self {
+        Self {
+            kind: Kind::Endpoint,
+            message: message.into(),
+        }
+    }
+
     /// A reset not confirmed; nothing was written.
     pub(crate) fn refused(message: impl Into<String>) -> Self {
         Self {
@@ -94,6 +112,7 @@ impl Failure {
             Kind::Limits => 3,
             Kind::Store => 4,
             Kind::Refused => 5,
+            Kind::Endpoint => 6,
         }
     }
 

@@ -6,8 +6,9 @@
 //! as JSON) and the exit code.
 //!
 //! The modules, top-down (each uses only the ones below it): `commands`
-//! (what each command does) → `limits` (validate, diff) and `store` (the
-//! store and raw reads of its keys) → `subject` (how an operator's subject
+//! (what each command does) → `limits` (validate, diff), `store` (the
+//! store and raw reads of its keys) and `top` (the apps' most-denied
+//! tables, fetched and merged) → `subject` (how an operator's subject
 //! becomes the layer's key) → `report` (what is printed) → `failure`
 //! (errors and exit codes) → `args` (the command line, a leaf).
 
@@ -18,6 +19,7 @@ mod limits;
 mod report;
 mod store;
 mod subject;
+mod top;
 
 use std::io::Write as _;
 use std::process::ExitCode;

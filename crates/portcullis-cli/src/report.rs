@@ -9,6 +9,9 @@ use std::time::Duration;
 use portcullis::{Decision, Policy};
 use serde::Serialize;
 
+mod top;
+pub(crate) use top::{TopEntry, TopReport, TopSource};
+
 /// A command's result.
 #[derive(Debug, Serialize)]
 #[serde(tag = "command", rename_all = "snake_case")]
@@ -18,6 +21,7 @@ pub(crate) enum Report {
     Reset(ResetReport),
     Validate(ValidateReport),
     Diff(DiffReport),
+    Top(TopReport),
 }
 
 /// The subject as given and as keyed.
@@ -148,6 +152,46 @@ pub(crate) struct LeaseView {
     pub(crate) live: u64,
     /// Milliseconds until the last lease expires, unless renewed.
     pub(crate) expires_in_ms: Option<u64>,
+    /// The live leases, soonest to expire first (at most 1 000 listed).
+    pub(crate) held: Vec<HeldLease>,
+}
+
+/// One live lease.
+#[derive(Debug, Serialize)]
+pub(crate) struct HeldLease {
+    /// Its id, 32 hex digits.
+    pub(crate) id: String,
+    /// Until it expires, unless its holder renews it.
+    pub(crate) expires_in_us: u64,
+}
+
+/// Open reservations of a token budget.
+#[derive(Debug, Serialize)]
+pub(crate) struct ReservationsView {
+    pub(crate) budget: String,
+    /// The budget's open set; each record is this key, `:` and its id.
+    pub(crate) key: String,
+    /// Reservations open now (reserved, neither settled nor expired).
+    pub(crate) open: u64,
+    /// The tokens they hold: the sum of their estimates.
+    pub(crate) tokens_held: u64,
+    /// How they were found: `open set` (a budget with max_in_flight),
+    /// `scan` (the budget's records, by SCAN on the subject's node) or
+    /// `scan not permitted` (none listed: the ACL user lacks +scan).
+    pub(crate) found_by: &'static str,
+    /// The open reservations, soonest to expire first.
+    pub(crate) reservations: Vec<OpenReservation>,
+}
+
+/// One open reservation.
+#[derive(Debug, Serialize)]
+pub(crate) struct OpenReservation {
+    /// Its id, 32 hex digits.
+    pub(crate) id: String,
+    /// The tokens it holds (its estimate), until settled or expired.
+    pub(crate) tokens: u64,
+    /// Until it expires unsettled (its estimate then stays charged).
+    pub(crate) expires_in_us: u64,
 }
 
 /// `inspect` and `check --dry-run`.
@@ -158,6 +202,8 @@ pub(crate) struct StateReport {
     pub(crate) store: Option<String>,
     pub(crate) policies: Vec<PolicyState>,
     pub(crate) leases: Vec<LeaseView>,
+    /// Open token reservations (`inspect --budget`).
+    pub(crate) reservations: Vec<ReservationsView>,
     /// With `check --dry-run`: whether a check of cost 1 would be admitted.
     pub(crate) would_admit: Option<bool>,
     /// With `check --dry-run`, when denied: until it would be admitted.
@@ -249,6 +295,7 @@ impl Report {
                     let _ = writeln!(out, "reset {}: {} {held}", key.policy, key.key);
                 }
             }
+            Self::Top(report) => top::text(report, &mut out),
             Self::Validate(report) => {
                 for file in &report.files {
                     let _ = writeln!(
@@ -396,6 +443,46 @@ fn state_text(report: &StateReport, out: &mut String) {
             );
         }
         out.push('\n');
+        for held in lease.held.iter().take(TEXT_LISTED) {
+            let _ = writeln!(
+                out,
+                "  lease {}  expires in {}",
+                held.id,
+                human(Duration::from_micros(held.expires_in_us))
+            );
+        }
+        more_text(lease.held.len(), out);
+    }
+    for budget in &report.reservations {
+        let _ = writeln!(
+            out,
+            "\nreservations {}  ({})\n  open           {}, holding {} tokens (found by {})",
+            budget.budget, budget.key, budget.open, budget.tokens_held, budget.found_by
+        );
+        for open in budget.reservations.iter().take(TEXT_LISTED) {
+            let _ = writeln!(
+                out,
+                "  reservation {}  {} tokens, expires in {}",
+                open.id,
+                open.tokens,
+                human(Duration::from_micros(open.expires_in_us))
+            );
+        }
+        more_text(budget.reservations.len(), out);
+    }
+}
+
+/// Leases or reservations listed one by one in the text report (`--json`
+/// lists them all).
+const TEXT_LISTED: usize = 10;
+
+fn more_text(listed: usize, out: &mut String) {
+    if listed > TEXT_LISTED {
+        let _ = writeln!(
+            out,
+            "  ... and {} more (--json lists them)",
+            listed - TEXT_LISTED
+        );
     }
 }
 

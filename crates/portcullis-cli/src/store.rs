@@ -1,10 +1,11 @@
 //! The store, built as the service builds its `RedisStore` (the same
 //! builder: URL forms, TLS files, ACL users, Cluster, Sentinel), and a
 //! second, plain connection for what the `Store` trait does not expose:
-//! a key's type, raw value and expiry, and a lease set's live members.
-//! Those raw reads are read-only commands only (`GET`, `ZCARD`,
-//! `ZCOUNT`, `TIME`, which the store's ACL user is granted, and `PTTL`
-//! when allowed); every call has the `--timeout`.
+//! a key's type, raw value and expiry, a lease set's live members and a
+//! token budget's open reservations. Those raw reads are read-only
+//! commands only (`GET`, `ZCARD`, `ZCOUNT`, `ZRANGEBYSCORE`, `TIME`, which
+//! the store's ACL user is granted; `PTTL` and `SCAN` when allowed);
+//! every call has the `--timeout`.
 
 use std::future::Future;
 use std::time::Duration;
@@ -319,12 +320,19 @@ impl Connected {
         }
     }
 
-    /// The leases live now in a lease set (members scored by their expiry
-    /// in microseconds, against the server's clock), and when the set
-    /// expires.
-    pub(crate) async fn live_leases(&mut self, key: &str) -> Result<(u64, Option<u64>), Failure> {
+    /// The server's clock, in microseconds since the epoch (the clock the
+    /// scripts score leases and reservations by).
+    async fn now_us(&mut self) -> Result<u64, Failure> {
         let (secs, micros): (u64, u64) = self.query(&redis::cmd("TIME")).await?;
-        let now_us = secs.saturating_mul(1_000_000).saturating_add(micros);
+        Ok(secs.saturating_mul(1_000_000).saturating_add(micros))
+    }
+
+    /// The leases live now in a lease set (members scored by their expiry
+    /// in microseconds, against the server's clock): how many, the first
+    /// [`MAX_LISTED`] by expiry (id and microseconds left), and when the
+    /// set expires.
+    pub(crate) async fn live_leases(&mut self, key: &str) -> Result<LeaseRead, Failure> {
+        let now_us = self.now_us().await?;
         let live: u64 = self
             .query(
                 redis::cmd("ZCOUNT")
@@ -333,8 +341,195 @@ impl Connected {
                     .arg("+inf"),
             )
             .await?;
-        Ok((live, self.expires_in_ms(key).await?))
+        let held = self.live_members(key, now_us).await?;
+        Ok(LeaseRead {
+            live,
+            held,
+            expires_in_ms: self.expires_in_ms(key).await?,
+        })
     }
+
+    /// The members of a sorted set scored above `now_us`, soonest first,
+    /// at most [`MAX_LISTED`], each with the microseconds left.
+    async fn live_members(
+        &mut self,
+        key: &str,
+        now_us: u64,
+    ) -> Result<Vec<(String, u64)>, Failure> {
+        let members: Vec<(String, f64)> = self
+            .query(
+                redis::cmd("ZRANGEBYSCORE")
+                    .arg(key)
+                    .arg(format!("({now_us}"))
+                    .arg("+inf")
+                    .arg("WITHSCORES")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(MAX_LISTED),
+            )
+            .await?;
+        Ok(members
+            .into_iter()
+            .map(|(member, score)| {
+                // Scores are whole microseconds, exact in a double.
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let expires_us = score.max(0.0) as u64;
+                (member, expires_us.saturating_sub(now_us))
+            })
+            .collect())
+    }
+
+    /// The open reservations of a token budget: from its open set (kept
+    /// when the budget limits streams in flight: `ZRANGEBYSCORE`, then a
+    /// `GET` of each record), else by a `SCAN` for the budget's records on
+    /// the node of the subject's hash slot (the whole `--timeout` for the
+    /// scan). Only records open and live now count.
+    pub(crate) async fn open_reservations(
+        &mut self,
+        set: &str,
+    ) -> Result<ReservationRead, Failure> {
+        let now_us = self.now_us().await?;
+        let indexed = self.live_members(set, now_us).await?;
+        let (records, found_by): (Vec<(String, String)>, &'static str) = if indexed.is_empty() {
+            match self.scan_records(set).await? {
+                Some(keys) => (
+                    keys.into_iter()
+                        .filter_map(|key| {
+                            let id = key.get(set.len() + 1..)?.to_owned();
+                            Some((id, key))
+                        })
+                        .collect(),
+                    "scan",
+                ),
+                None => (Vec::new(), "scan not permitted"),
+            }
+        } else {
+            (
+                indexed
+                    .into_iter()
+                    .map(|(id, _)| {
+                        let key = format!("{set}:{id}");
+                        (id, key)
+                    })
+                    .collect(),
+                "open set",
+            )
+        };
+        let mut open = Vec::new();
+        for (id, key) in records {
+            let value: Option<Vec<u8>> = self.query(redis::cmd("GET").arg(&key)).await?;
+            if let Some((estimate, expires_us)) = value
+                .as_deref()
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .and_then(open_record)
+                .filter(|(_, expires_us)| *expires_us > now_us)
+            {
+                open.push((id, estimate, expires_us - now_us));
+            }
+        }
+        open.sort_by_key(|(_, _, left_us)| *left_us);
+        Ok(ReservationRead { open, found_by })
+    }
+
+    /// The keys of a budget's reservation records (`<set>:<id>`), by
+    /// `SCAN` on the node holding the subject's slot; `None` when the
+    /// user may not `SCAN` (an ACL user granted only `ACL_COMMANDS`).
+    async fn scan_records(&mut self, set: &str) -> Result<Option<Vec<String>>, Failure> {
+        let pattern = format!("{}:*", glob_escape(set));
+        let (timeout, shown) = (self.timeout, self.shown.clone());
+        let route = redis::cluster_routing::RoutingInfo::SingleNode(
+            redis::cluster_routing::SingleNodeRoutingInfo::SpecificNode(
+                redis::cluster_routing::Route::with_key(
+                    set,
+                    redis::cluster_routing::SlotAddr::Master,
+                ),
+            ),
+        );
+        let raw = &mut self.raw;
+        let scan = async move {
+            let mut cursor = 0_u64;
+            let mut keys = Vec::new();
+            loop {
+                let mut cmd = redis::cmd("SCAN");
+                cmd.arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000);
+                let reply: redis::RedisResult<(u64, Vec<String>)> = match raw {
+                    Raw::Single(connection) => cmd.query_async(connection).await,
+                    Raw::Cluster(connection) => connection
+                        .route_command(cmd, route.clone())
+                        .await
+                        .and_then(|value| redis::from_redis_value(value).map_err(Into::into)),
+                };
+                let (next, batch) = reply?;
+                keys.extend(batch.into_iter().filter(|key| {
+                    // A record's id is 32 hex digits: not another budget's
+                    // open set whose name starts with this one's.
+                    key.get(set.len() + 1..).is_some_and(|id| {
+                        id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
+                    })
+                }));
+                if next == 0 {
+                    return Ok::<_, redis::RedisError>(keys);
+                }
+                cursor = next;
+            }
+        };
+        match tokio::time::timeout(timeout, scan).await {
+            Err(_) => Err(Failure::store(
+                &format!(
+                    "the scan for reservation records on {shown} did not finish within {timeout:?}: pass a longer --timeout (a budget with max_in_flight keeps an open set, read without a scan)"
+                ),
+                &std::io::Error::from(std::io::ErrorKind::TimedOut),
+            )),
+            Ok(Err(error)) if error.code() == Some("NOPERM") => Ok(None),
+            Ok(Err(error)) => Err(self.read_failure(&error)),
+            Ok(Ok(keys)) => Ok(Some(keys)),
+        }
+    }
+}
+
+/// The most leases or reservations listed one by one (all are counted).
+pub(crate) const MAX_LISTED: usize = 1_000;
+
+/// A lease set, read.
+pub(crate) struct LeaseRead {
+    /// Leases live now.
+    pub(crate) live: u64,
+    /// The first [`MAX_LISTED`] by expiry: id, microseconds left.
+    pub(crate) held: Vec<(String, u64)>,
+    /// Milliseconds until the set expires.
+    pub(crate) expires_in_ms: Option<u64>,
+}
+
+/// A budget's open reservations, read.
+pub(crate) struct ReservationRead {
+    /// Id, tokens held (the estimate), microseconds left; soonest first.
+    pub(crate) open: Vec<(String, u64, u64)>,
+    /// `open set`, `scan` or `scan not permitted`.
+    pub(crate) found_by: &'static str,
+}
+
+/// An open reservation's record, `o:<estimate>:<expires_us>` (reserve.lua):
+/// its estimate and expiry; `None` for a settled or unreadable record.
+fn open_record(value: &str) -> Option<(u64, u64)> {
+    let rest = value.strip_prefix("o:")?;
+    let (estimate, expires) = rest.split_once(':')?;
+    Some((estimate.parse().ok()?, expires.parse().ok()?))
+}
+
+/// `text` matched literally by a `SCAN` pattern.
+fn glob_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^' | '-') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
 }
 
 async fn query_on<C: ConnectionLike, T: FromRedisValue>(
@@ -342,4 +537,24 @@ async fn query_on<C: ConnectionLike, T: FromRedisValue>(
     cmd: &Cmd,
 ) -> redis::RedisResult<T> {
     cmd.query_async(connection).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_records_and_patterns() {
+        assert_eq!(
+            open_record("o:700:1700000000000000"),
+            Some((700, 1_700_000_000_000_000))
+        );
+        assert_eq!(open_record("s:700:300:0:1700000000000000"), None);
+        assert_eq!(open_record("o:700"), None);
+        assert_eq!(open_record("o:-1:5"), None);
+        assert_eq!(
+            glob_escape("p:{a*b?[c]}:rsv:t"),
+            "p:{a\\*b\\?\\[c\\]}:rsv:t"
+        );
+    }
 }

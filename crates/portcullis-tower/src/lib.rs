@@ -56,6 +56,7 @@
 //! | requests without a key | [`MissingKey`] |
 //! | headers and bodies | [`HeaderMode`], [`RateLimitLayerBuilder::legacy_headers`], [`RateLimitLayerBuilder::problem_json`], [`RateLimitLayerBuilder::on_limited`] |
 //! | the decision in handlers | [`RateLimitLayerBuilder::info_in_extensions`], [`RateLimitInfo`] |
+//! | who is denied most, for an admin endpoint (`portcullis top` merges instances) | [`RateLimitLayerBuilder::top_denied`] with a [`TopDenied`] |
 //! | at most N requests running per key | [`ConcurrencyLimitLayer`] (see [Concurrency limits](#concurrency-limits)) |
 //! | the cheapest responses on Axum (no wrapper body for Axum to box) | [`RateLimitLayer::keep_body`] |
 //!
@@ -234,6 +235,7 @@ mod response;
 #[doc(hidden)]
 pub mod testing;
 mod tokens;
+mod top_denied;
 
 pub use concurrency::{
     ConcurrencyFailure, ConcurrencyLimit, ConcurrencyLimitLayer, ConcurrencyLimitLayerBuilder,
@@ -259,4 +261,7 @@ pub use rate_limit::{
 pub use tokens::{
     Estimate, TokenBody, TokenBudgetFuture, TokenBudgetLayer, TokenBudgetLayerBuilder,
     TokenBudgetService, TokenRequestBody, MAX_ESTIMATE_BODY,
+};
+pub use top_denied::{
+    TopDenied, TopDeniedEntry, MAX_TOP_DENIED, TOP_DENIED_FORMAT, TOP_DENIED_VERSION,
 };

@@ -5,6 +5,9 @@
 //! `GET /metrics` answers the Prometheus text format, rendered by
 //! `metrics-exporter-prometheus` from the recorder the app installs before
 //! it builds its layers (so every metric has its `# HELP` line).
+//! `GET /admin/top-denied` answers the API keys denied most (a
+//! `TopDenied` table, as JSON), which `portcullis top URL...` merges over
+//! instances.
 //!
 //! State lives in process memory, or in Redis when `REDIS_URL` is set. The
 //! server listens on 127.0.0.1:3002, or on the port in `PORT`; an export
@@ -13,6 +16,7 @@
 //! ```text
 //! for i in $(seq 12); do curl -s -o /dev/null -w '%{http_code} ' -H 'x-api-key: k1' http://127.0.0.1:3002/; done; echo
 //! curl -s http://127.0.0.1:3002/metrics | grep portcullis_
+//! portcullis top http://127.0.0.1:3002/admin/top-denied
 //! ```
 //!
 //! Point a Prometheus at `/metrics` and import `dashboards/portcullis.json`
@@ -23,11 +27,12 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use axum::http::header::CONTENT_TYPE;
 use axum::routing::{get, post};
 use axum::Router;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use portcullis::redis::store_from_env;
-use portcullis::tower::{ApiKey, ConcurrencyLimitLayer, RateLimitLayer};
+use portcullis::tower::{ApiKey, ConcurrencyLimitLayer, RateLimitLayer, TopDenied};
 use portcullis::{BoxLeaseStore, ConcurrencyPolicy, Policy};
 
 #[tokio::main]
@@ -87,15 +92,21 @@ fn recorder() -> Result<PrometheusRecorder, Box<dyn Error>> {
 }
 
 /// The app: `/` rate limited, `/exports` concurrency limited, `/metrics`
-/// open (a scraper is not a client to limit).
+/// and `/admin/top-denied` open (a scraper is not a client to limit). A
+/// real deployment serves the admin routes on an internal port or behind
+/// its own authentication: the table names who is refused.
 fn app(
     store: BoxLeaseStore,
     metrics: PrometheusHandle,
     export: Duration,
 ) -> Result<Router, Box<dyn Error>> {
+    // The 100 API keys denied most, by the space-saving count: its size
+    // is fixed whatever keys clients send.
+    let top_denied = TopDenied::new(100);
     let api = RateLimitLayer::builder(store.clone())
         .policy(Policy::per_second(5).burst(10).name("api").build()?)
         .key(ApiKey::new())
+        .top_denied(top_denied.clone())
         .build()?;
     let exports = ConcurrencyLimitLayer::builder(store)
         .policy(
@@ -115,7 +126,13 @@ fn app(
             })
             .layer(exports),
         )
-        .route("/metrics", get(move || async move { metrics.render() })))
+        .route("/metrics", get(move || async move { metrics.render() }))
+        .route(
+            "/admin/top-denied",
+            get(
+                move || async move { ([(CONTENT_TYPE, "application/json")], top_denied.to_json()) },
+            ),
+        ))
 }
 
 #[cfg(test)]
@@ -175,6 +192,19 @@ mod tests {
             // The permit is given back when the body is done.
             let _ = to_bytes(export.into_body(), 1 << 16).await.unwrap();
         }
+
+        let response = app
+            .clone()
+            .oneshot(call("GET", "/admin/top-denied"))
+            .await
+            .unwrap();
+        let top: serde_json::Value =
+            serde_json::from_slice(&to_bytes(response.into_body(), 1 << 20).await.unwrap())
+                .unwrap();
+        assert_eq!(top["version"], 1);
+        assert_eq!(top["denials"], 12 - allowed, "{top}");
+        assert_eq!(top["entries"][0]["policy"], "api", "{top}");
+        assert_eq!(top["entries"][0]["count"], 12 - allowed, "{top}");
 
         let response = app.clone().oneshot(call("GET", "/metrics")).await.unwrap();
         let text = String::from_utf8(

@@ -6,7 +6,10 @@
 use std::time::Duration;
 
 use portcullis::redis::RedisStore;
-use portcullis::{Policy, Store as _};
+use portcullis::{
+    ConcurrencyPolicy, LeaseId, LeaseStore as _, Policy, ReservationId, ReservationStore as _,
+    Store as _, TokenBudget,
+};
 
 use crate::{code, json, portcullis, prefix, required, stderr, stdout};
 
@@ -68,11 +71,18 @@ async fn inspect_and_reset_over_mutual_tls_as_the_stores_acl_user() {
         "--tls-key",
         &key,
     ];
-    let mut args = vec!["--json", "inspect", "dave", "--policy", "hourly"];
+    let mut args = vec![
+        "--json", "inspect", "dave", "--policy", "hourly", "--budget", "plain",
+    ];
     args.extend(tls);
     let out = portcullis(&args);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(json(&out)["policies"][0]["decision"]["remaining"], 1);
+    // The store's ACL user is not granted SCAN: said, not a failure.
+    assert_eq!(
+        json(&out)["reservations"][0]["found_by"],
+        "scan not permitted"
+    );
     assert!(!stdout(&out).contains(&url), "the password is printed");
 
     let mut args = vec!["reset", "--yes", "dave", "--policy", "hourly"];
@@ -134,6 +144,83 @@ async fn inspect_and_reset_on_a_cluster_touch_only_the_subject() {
             9 - n as u64
         };
         assert_eq!(remaining, expected, "{subject}");
+    }
+}
+
+/// On a Cluster, each subject's leases and reservations are read on the
+/// node of its slot: the open set, and the scan for a budget without one.
+#[tokio::test]
+async fn leases_and_reservations_on_a_cluster_are_each_subjects_own() {
+    let prefix = prefix("cluster-rsv");
+    let urls = required("PORTCULLIS_REDIS_CLUSTER_URLS");
+    let store = RedisStore::builder()
+        .cluster(urls.split(','))
+        .prefix(prefix.as_str())
+        .timeout(Duration::from_secs(5))
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect("the Cluster store should build");
+    let exports = ConcurrencyPolicy::max_in_flight(5)
+        .name("exports")
+        .build()
+        .unwrap();
+    let tokens = Policy::per_minute(10_000).name("tpm").build().unwrap();
+    let streams = TokenBudget::tokens(tokens.clone())
+        .name("streams")
+        .max_in_flight(4)
+        .build()
+        .unwrap();
+    let plain = TokenBudget::tokens(tokens).name("plain").build().unwrap();
+    // Subjects on different slots, each holding n leases and reservations
+    // of n x 100 tokens.
+    let subjects: Vec<String> = (1..=4).map(|n| format!("tenant-{n}")).collect();
+    for (n, subject) in subjects.iter().enumerate() {
+        for _ in 0..=n {
+            assert!(store
+                .acquire(subject, &exports, LeaseId::generate())
+                .await
+                .unwrap()
+                .is_granted());
+        }
+        for budget in [&streams, &plain] {
+            let estimate = 100 * (n as u64 + 1);
+            assert!(store
+                .reserve(subject, budget, estimate, ReservationId::generate())
+                .await
+                .unwrap()
+                .is_admitted());
+        }
+    }
+    for (n, subject) in subjects.iter().enumerate() {
+        let args = [
+            "--json",
+            "inspect",
+            subject.as_str(),
+            "--policy",
+            "api",
+            "--lease",
+            "exports",
+            "--budget",
+            "streams",
+            "--budget",
+            "plain",
+            "--cluster",
+            "--redis",
+            &urls,
+            "--prefix",
+            &prefix,
+        ];
+        let out = portcullis(&args);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        let report = json(&out);
+        assert_eq!(report["leases"][0]["live"], n + 1, "{subject}");
+        for (i, found_by) in [(0, "open set"), (1, "scan")] {
+            let view = &report["reservations"][i];
+            assert_eq!(view["found_by"], found_by, "{subject}: {view}");
+            assert_eq!(view["open"], 1, "{subject}: {view}");
+            assert_eq!(view["tokens_held"], 100 * (n + 1), "{subject}: {view}");
+        }
     }
 }
 

@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 use http::{Request, Response};
 use portcullis::redis::RedisStore;
 use portcullis::tower::{ApiKey, RateLimitLayer};
-use portcullis::{ConcurrencyPolicy, LeaseId, LeaseStore as _, Policy, Store as _};
+use portcullis::{
+    ConcurrencyPolicy, LeaseId, LeaseStore as _, Policy, ReservationId, ReservationStore as _,
+    SettleOutcome, Store as _, TokenBudget,
+};
 use tower::{Layer as _, ServiceExt as _};
 
 use crate::{
@@ -310,6 +313,131 @@ async fn held_leases_are_counted() {
         store.lease_key_for("tenant-7", "exports")
     );
     assert_eq!(report["policies"][0]["raw"]["redis_type"], "none");
+}
+
+/// Two leases and an open reservation of each budget kind (with an open
+/// set, and without one: found by SCAN) are shown with their expiries and
+/// tokens; once released and settled, none are.
+#[tokio::test]
+async fn held_leases_and_open_reservations_are_listed_until_released() {
+    let prefix = prefix("rsv");
+    let store = store(&prefix).await;
+    let exports = ConcurrencyPolicy::max_in_flight(3)
+        .name("exports")
+        .lease_ttl(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let mut leases = Vec::new();
+    for _ in 0..2 {
+        let id = LeaseId::generate();
+        assert!(store
+            .acquire("tenant-9", &exports, id)
+            .await
+            .unwrap()
+            .is_granted());
+        leases.push(id);
+    }
+    let tokens = Policy::per_minute(10_000).name("tpm").build().unwrap();
+    let streams = TokenBudget::tokens(tokens.clone())
+        .name("streams")
+        .max_in_flight(4)
+        .reservation_ttl(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let plain = TokenBudget::tokens(tokens)
+        .name("plain")
+        .reservation_ttl(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let (held, loose) = (ReservationId::generate(), ReservationId::generate());
+    assert!(store
+        .reserve("tenant-9", &streams, 700, held)
+        .await
+        .unwrap()
+        .is_admitted());
+    assert!(store
+        .reserve("tenant-9", &plain, 300, loose)
+        .await
+        .unwrap()
+        .is_admitted());
+    // A settled reservation of the same budget is no longer open.
+    let settled = ReservationId::generate();
+    store
+        .reserve("tenant-9", &plain, 50, settled)
+        .await
+        .unwrap();
+    store.settle("tenant-9", &plain, settled, 10).await.unwrap();
+
+    let args = [
+        "--json", "inspect", "tenant-9", "--policy", "api", "--lease", "exports", "--budget",
+        "streams", "--budget", "plain",
+    ];
+    let out = on(&prefix, &args);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let report = json(&out);
+    let lease = &report["leases"][0];
+    assert_eq!(lease["live"], 2);
+    let held_ids: Vec<&str> = lease["held"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["id"].as_str().unwrap())
+        .collect();
+    for id in &leases {
+        assert!(held_ids.contains(&id.to_string().as_str()), "{lease}");
+    }
+    for l in lease["held"].as_array().unwrap() {
+        let left = l["expires_in_us"].as_u64().unwrap();
+        assert!(left > 0 && left <= 60_000_000, "{l}");
+    }
+    let streams_view = &report["reservations"][0];
+    assert_eq!(streams_view["budget"], "streams");
+    assert_eq!(
+        streams_view["key"],
+        store.reservation_key_for("tenant-9", "streams")
+    );
+    assert_eq!(streams_view["found_by"], "open set");
+    assert_eq!(streams_view["open"], 1);
+    assert_eq!(streams_view["tokens_held"], 700);
+    assert_eq!(streams_view["reservations"][0]["id"], held.to_string());
+    assert_eq!(streams_view["reservations"][0]["tokens"], 700);
+    let left = streams_view["reservations"][0]["expires_in_us"]
+        .as_u64()
+        .unwrap();
+    assert!(left > 0 && left <= 120_000_000, "{streams_view}");
+    let plain_view = &report["reservations"][1];
+    assert_eq!(plain_view["found_by"], "scan");
+    assert_eq!(plain_view["open"], 1, "{plain_view}");
+    assert_eq!(plain_view["tokens_held"], 300);
+    assert_eq!(plain_view["reservations"][0]["id"], loose.to_string());
+
+    // The text report says the same.
+    let text = stdout(&on(&prefix, &args[1..]));
+    assert!(text.contains("held           2"), "{text}");
+    assert!(
+        text.contains("open           1, holding 700 tokens (found by open set)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("open           1, holding 300 tokens (found by scan)"),
+        "{text}"
+    );
+
+    for id in leases {
+        assert!(store.release("tenant-9", &exports, id).await.unwrap());
+    }
+    for (budget, id) in [(&streams, held), (&plain, loose)] {
+        let settlement = store.settle("tenant-9", budget, id, 100).await.unwrap();
+        assert_eq!(settlement.outcome(), SettleOutcome::Settled);
+    }
+    let report = json(&on(&prefix, &args));
+    assert_eq!(report["leases"][0]["live"], 0);
+    assert_eq!(report["leases"][0]["held"], serde_json::json!([]));
+    for budget in 0..2 {
+        let view = &report["reservations"][budget];
+        assert_eq!(view["open"], 0, "{view}");
+        assert_eq!(view["tokens_held"], 0, "{view}");
+    }
 }
 
 /// `reset` on a terminal asks, and only `y` resets. The terminal is

@@ -15,8 +15,20 @@ use crate::config::{HeaderMode, Mode};
 use crate::info::RateLimitInfo;
 use crate::key::KeyExtractor;
 use crate::response::LimitedBody;
+use crate::top_denied::TopDenied;
 
 impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
+    /// Counts every request a policy denies in `table` (a clone shared
+    /// with the app), by subject as the store keys it and the denying
+    /// policy, including denials from the deny cache: serve
+    /// [`TopDenied::to_json`] on an admin endpoint to see who is refused
+    /// most. The table's size is fixed whatever clients send; admitted
+    /// requests never touch it. See [`TopDenied`].
+    pub fn top_denied(mut self, table: TopDenied) -> Self {
+        self.settings.top_denied = Some(table);
+        self
+    }
+
     /// Sets the mode (default [`Mode::Enforce`]).
     pub fn mode(mut self, mode: Mode) -> Self {
         self.settings.mode = mode;

@@ -100,6 +100,7 @@ impl<St: Store> RateLimitLayer<St, PeerIp> {
                 limits: None,
                 plans: None,
                 options: OptionSources::default(),
+                top_denied: None,
             },
         }
     }
@@ -157,6 +158,7 @@ struct Settings {
     plans: Option<PlanResolver>,
     /// Idempotency keys and priority classes (`rate_limit/options.rs`).
     options: OptionSources,
+    top_denied: Option<crate::top_denied::TopDenied>,
 }
 
 impl<St, K> fmt::Debug for RateLimitLayerBuilder<St, K> {
@@ -329,6 +331,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
                 refused: UndecidedLog::new(),
                 rejected: UndecidedLog::new(),
                 no_room_status: self.settings.no_room_status,
+                top_denied: self.settings.top_denied,
                 charge: self.settings.charge,
                 options,
                 straight,

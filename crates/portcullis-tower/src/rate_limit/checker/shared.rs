@@ -18,6 +18,7 @@ use crate::rate_limit::options::OptionSources;
 use crate::rate_limit::resolve::Live;
 use crate::rate_limit::tier::Tier;
 use crate::response::LimitedBody;
+use crate::top_denied::TopDenied;
 
 /// Chooses a tier by name from a request and its key.
 pub(crate) type TierFn = Box<dyn for<'a> Fn(&'a Parts, &'a str) -> Option<&'a str> + Send + Sync>;
@@ -59,6 +60,9 @@ pub(crate) struct Checker<St, K> {
     pub(crate) rejected: UndecidedLog,
     /// The status of a new subject the store has no room for.
     pub(crate) no_room_status: StatusCode,
+    /// The table of the most denied subjects, when the app keeps one:
+    /// fed by `limited`, the one place a policy's denial is answered.
+    pub(crate) top_denied: Option<TopDenied>,
     /// Charging after the response: the cost of a response head.
     pub(crate) charge: Option<ChargeFn>,
     /// Idempotency keys and priority classes, when configured
@@ -89,6 +93,7 @@ impl<St, K> fmt::Debug for Checker<St, K> {
             .field("info_in_extensions", &self.info_in_extensions)
             .field("body", &self.body)
             .field("no_room_status", &self.no_room_status)
+            .field("top_denied", &self.top_denied.is_some())
             .finish_non_exhaustive()
     }
 }

@@ -222,6 +222,12 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
     fn limited(&self, ticket: &mut Ticket, headers: &HeaderMap, verdict: Verdict) -> Next<St> {
         let tier = &ticket.tier;
         observe::denied(&tier.labels, &verdict);
+        if let Some(top) = &self.top_denied {
+            let policy = crate::headers::binding_index(&verdict)
+                .and_then(|i| tier.policies.get(i))
+                .map_or("", portcullis_core::Policy::name);
+            top.record(&ticket.key, policy);
+        }
         let grpc = grpc_content_type(headers);
         let headers = self.headers(tier, &verdict, true);
         let info = self.info(ticket, verdict);
