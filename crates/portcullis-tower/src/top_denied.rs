@@ -53,6 +53,8 @@ pub const TOP_DENIED_FORMAT: &str = "portcullis.top_denied";
 /// an admitted request never touches the table.
 ///
 /// ```
+/// // Also add: cargo add tower --features util && cargo add serde_json
+/// use axum::http;
 /// use portcullis::{MemoryStore, Policy};
 /// use portcullis::tower::{Header, RateLimitLayer, TopDenied};
 /// use tower::{Layer, ServiceExt};
