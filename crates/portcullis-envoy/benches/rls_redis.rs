@@ -26,9 +26,10 @@
 //! 2. **Requests/s**: a plain server on core 0, this client pinned to the
 //!    other cores and on one thread, 50 requests in flight on one
 //!    multiplexed connection; the three implementations interleaved, round
-//!    after round (`ROUNDS`), median and range; also per second of the
-//!    server's CPU time (`/proc`), the figure per server core. Wall-clock
-//!    figures move 2–3× on a shared machine; the instructions hold still.
+//!    after round (`ROUNDS`), median and range; also per second of this
+//!    client's CPU time and of the server's (`/proc`): the figures per core
+//!    of each side. Wall-clock figures move 2–3× on a shared machine;
+//!    the instructions hold still.
 //!
 //! `PORTCULLIS_BENCH_INSTRUCTIONS_ONLY=1` skips part 2.
 
@@ -46,7 +47,7 @@ use redis::aio::MultiplexedConnection;
 
 #[path = "../../portcullis-redis/benches/support/server.rs"]
 mod server;
-use server::Server;
+use server::{cpu_seconds_of, Server};
 
 const DOMAIN: &str = "edge";
 /// Each descriptor's key, how many random values it takes, and its rule
@@ -334,6 +335,8 @@ async fn instructions(server: &Server, target: &Target, workload: Workload) -> (
     } else {
         (SMALL, LARGE)
     };
+    // Another workload's keys expiring would count here: none are left.
+    flush(server).await;
     // Warm: load the functions, open the connections.
     requests(target, workload, 50, 1).await;
     server.instructions();
@@ -347,11 +350,34 @@ async fn instructions(server: &Server, target: &Target, workload: Workload) -> (
     (per_descriptor, passed)
 }
 
-/// One run at the ceiling: requests/s, and requests per second of the
-/// server's CPU time (`NaN` without `/proc`).
-async fn throughput(server: &Server, target: &Target, workload: Workload, seed: u64) -> (f64, f64) {
+/// Empties the keyspace (the Functions and scripts stay loaded).
+async fn flush(server: &Server) {
+    let mut connection = redis::Client::open(server.url())
+        .expect("a URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection");
+    let () = redis::cmd("FLUSHALL")
+        .query_async(&mut connection)
+        .await
+        .expect("FLUSHALL");
+}
+
+/// Requests per second of CPU time, from CPU seconds before and after
+/// (`NaN` without `/proc`).
+fn per_cpu(done: u64, before: Option<f64>, after: Option<f64>) -> f64 {
+    match (before, after) {
+        (Some(before), Some(after)) if after > before => done as f64 / (after - before),
+        _ => f64::NAN,
+    }
+}
+
+/// One run at the ceiling: requests/s of wall-clock time, and requests
+/// per second of this client's CPU time and of the server's.
+async fn throughput(server: &Server, target: &Target, workload: Workload, seed: u64) -> [f64; 3] {
     let deadline = Instant::now() + RUN_TIME;
-    let cpu_before = server.cpu_seconds();
+    let server_before = server.cpu_seconds();
+    let client_before = cpu_seconds_of("self");
     let started = Instant::now();
     let mut tasks = Vec::new();
     for t in 0..TASKS as u64 {
@@ -372,11 +398,11 @@ async fn throughput(server: &Server, target: &Target, workload: Workload, seed: 
         done += task.await.expect("no task panicked");
     }
     let wall = started.elapsed().as_secs_f64();
-    let cpu = match (cpu_before, server.cpu_seconds()) {
-        (Some(before), Some(after)) if after > before => after - before,
-        _ => f64::NAN,
-    };
-    (done as f64 / wall, done as f64 / cpu)
+    [
+        done as f64 / wall,
+        per_cpu(done, client_before, cpu_seconds_of("self")),
+        per_cpu(done, server_before, server.cpu_seconds()),
+    ]
 }
 
 fn median_range(mut values: Vec<f64>) -> (f64, f64, f64) {
@@ -442,33 +468,33 @@ async fn run() {
     for kind in Kind::ALL {
         targets.push(Target::new(kind, &server.url()).await);
     }
-    // rates[workload][kind] = (wall, per server CPU second) per round
-    let mut rates = vec![vec![(Vec::new(), Vec::new()); 3]; Workload::ALL.len()];
+    // rates[workload][kind][wall, per client CPU s, per server CPU s][round]
+    let mut rates = vec![vec![[Vec::new(), Vec::new(), Vec::new()]; 3]; Workload::ALL.len()];
     for round in 0..ROUNDS {
         for (w, workload) in Workload::ALL.into_iter().enumerate() {
             for (k, target) in targets.iter().enumerate() {
-                let (wall, per_cpu) =
-                    throughput(&server, target, workload, 17 + round as u64).await;
-                rates[w][k].0.push(wall);
-                rates[w][k].1.push(per_cpu);
+                let figures = throughput(&server, target, workload, 17 + round as u64).await;
+                for (list, figure) in rates[w][k].iter_mut().zip(figures) {
+                    list.push(figure);
+                }
             }
         }
     }
     println!();
-    println!("| workload | implementation | requests/s median [range] | per server CPU second | server CPU busy |");
-    println!("|---|---|---|---|---|");
+    println!("| workload | implementation | requests/s, wall clock | per client CPU second | per server CPU second | client / server CPU busy |");
+    println!("|---|---|---|---|---|---|");
     for (w, workload) in Workload::ALL.into_iter().enumerate() {
         for (k, kind) in Kind::ALL.into_iter().enumerate() {
-            let (wall, per_cpu) = rates[w][k].clone();
-            let wall = median_range(wall);
-            let per_cpu = median_range(per_cpu);
+            let [wall, client, server] = rates[w][k].clone().map(median_range);
             println!(
-                "| {} | {} | {} | {} | {:.0}% |",
+                "| {} | {} | {} | {} | {} | {:.0}% / {:.0}% |",
                 workload.name(),
                 kind.name(),
                 thousands(wall),
-                thousands(per_cpu),
-                100.0 * wall.0 / per_cpu.0
+                thousands(client),
+                thousands(server),
+                100.0 * wall.0 / client.0,
+                100.0 * wall.0 / server.0
             );
         }
     }

@@ -124,24 +124,29 @@ impl Server {
             .expect("a summary line in the dump")
     }
 
-    /// CPU seconds (user and system) the server has used so far, from
-    /// `/proc/<pid>/stat` (`taskset` execs the server in its own process);
-    /// `None` where there is no `/proc`.
+    /// CPU seconds (user and system) the server has used so far
+    /// (`taskset` execs the server in its own process); `None` where
+    /// there is no `/proc`.
     pub(crate) fn cpu_seconds(&self) -> Option<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).ok()?;
-        // Fields after the command name (which may hold spaces): state is
-        // the first, utime the 12th, stime the 13th.
-        let rest = stat.rsplit_once(')')?.1;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: u64 =
-            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-        let per_second = Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .and_then(|t| t.trim().parse::<u64>().ok())
-            .unwrap_or(100);
-        Some(ticks as f64 / per_second as f64)
+        cpu_seconds_of(&self.child.id().to_string())
     }
+}
+
+/// CPU seconds (user and system) process `pid` (or `self`) has used so
+/// far, from `/proc/<pid>/stat`; `None` where there is no `/proc`.
+pub(crate) fn cpu_seconds_of(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name (which may hold spaces): the
+    // state is the first, utime the 12th, stime the 13th.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let per_second = Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .unwrap_or(100);
+    Some(ticks as f64 / per_second as f64)
 }
