@@ -24,7 +24,7 @@ Commands:
         --masters N   Cluster masters (default 3)
         --replicas N  replicas per master (default 0)
         --no-stdin    ignore stdin: run until interrupted or killed
-  bench <core|redis|http|scale|all> [-- <criterion args>]
+  bench <core|redis|http|envoy|scale|all> [-- <criterion args>]
         Run the benches (redis and http against a fresh local
         redis-server): core = portcullis-core memory_cost (MemoryStore vs
         governor: instructions per check under callgrind, resident bytes
@@ -34,6 +34,11 @@ Commands:
         callgrind and checks/s, portcullis vs the peer scripts of
         ../shared/bench; needs valgrind and taskset; about 4 minutes),
         http = portcullis-tower http_throughput,
+        envoy = portcullis-envoy rls_redis (starts its own redis-server
+        pinned to core 0: server instructions per descriptor of
+        ShouldRateLimit by callgrind and requests/s, portcullis vs
+        envoyproxy/ratelimit's INCRBY/EXPIRE pipeline; needs valgrind and
+        taskset; about 3 minutes),
         scale = three app instances on one Redis, loaded out of process
         (MemoryStore, Redis exact, Redis with a local budget: req/s against
         the bare app, Redis calls and server instructions per request,
@@ -143,6 +148,8 @@ pub(crate) enum BenchTarget {
     Redis,
     /// `portcullis-tower`'s `http_throughput` (needs a server).
     Http,
+    /// `portcullis-envoy`'s `rls_redis` (starts its own servers).
+    Envoy,
     /// `portcullis-tests`' `scale` binary (starts its own servers).
     Scale,
     /// All of the above, in that order.
@@ -156,8 +163,14 @@ impl BenchTarget {
             BenchTarget::Core => &[BenchTarget::Core],
             BenchTarget::Redis => &[BenchTarget::Redis],
             BenchTarget::Http => &[BenchTarget::Http],
+            BenchTarget::Envoy => &[BenchTarget::Envoy],
             BenchTarget::Scale => &[BenchTarget::Scale],
-            BenchTarget::All => &[BenchTarget::Core, BenchTarget::Redis, BenchTarget::Http],
+            BenchTarget::All => &[
+                BenchTarget::Core,
+                BenchTarget::Redis,
+                BenchTarget::Http,
+                BenchTarget::Envoy,
+            ],
         }
     }
 }
@@ -223,18 +236,19 @@ pub(crate) fn parse(args: &[String]) -> Result<Invocation, UsageError> {
             let target = match options {
                 [] => {
                     return Err(UsageError(
-                        "`bench` needs a target: core, redis, http or all".to_owned(),
+                        "`bench` needs a target: core, redis, http, envoy, scale or all".to_owned(),
                     ))
                 }
                 [target] => match target.as_str() {
                     "core" => BenchTarget::Core,
                     "redis" => BenchTarget::Redis,
                     "http" => BenchTarget::Http,
+                    "envoy" => BenchTarget::Envoy,
                     "scale" => BenchTarget::Scale,
                     "all" => BenchTarget::All,
                     other => {
                         return Err(UsageError(format!(
-                            "unknown bench target `{other}`: use core, redis, http or all"
+                            "unknown bench target `{other}`: use core, redis, http, envoy, scale or all"
                         )))
                     }
                 },
@@ -350,7 +364,7 @@ mod tests {
                 bench_args: vec!["--quick".to_owned()]
             })
         );
-        assert_eq!(BenchTarget::All.expand().len(), 3);
+        assert_eq!(BenchTarget::All.expand().len(), 4);
         assert_eq!(parse_str("--help"), Ok(Invocation::Help));
     }
 

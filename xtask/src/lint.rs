@@ -9,18 +9,19 @@ use std::process::Command;
 use crate::{run_cargo, workspace_root, Error, Result, Stages};
 
 /// The published crates, in dependency order.
-const PUBLISHED: [&str; 4] = [
+const PUBLISHED: [&str; 5] = [
     "portcullis-core",
     "portcullis-redis",
     "portcullis-tower",
     "portcullis",
+    "portcullis-envoy",
 ];
 
 /// Each published crate's features, each checked alone (with no default
 /// features), after the crate with no features at all. Kept by hand: a
 /// feature added to a manifest is added here (`features_are_listed` holds
 /// the two equal).
-const FEATURES: [(&str, &[&str]); 4] = [
+const FEATURES: [(&str, &[&str]); 5] = [
     ("portcullis-core", &["config", "metrics", "testing"]),
     (
         "portcullis-redis",
@@ -42,6 +43,7 @@ const FEATURES: [(&str, &[&str]); 4] = [
             "testing",
         ],
     ),
+    ("portcullis-envoy", &["redis", "tls"]),
 ];
 
 /// How many stages [`run`] adds.

@@ -472,6 +472,14 @@ impl Bench {
                 name: "http_throughput",
                 needs_redis: true,
             },
+            // Starts its own servers; the tools' environment names the
+            // redis-server binary.
+            BenchTarget::Envoy => Self {
+                package: "portcullis-envoy",
+                dir: "crates/portcullis-envoy",
+                name: "rls_redis",
+                needs_redis: true,
+            },
             // A binary, not a criterion bench: it starts its own servers.
             BenchTarget::Scale => Self {
                 package: "portcullis-tests",
@@ -660,6 +668,10 @@ mod tests {
         );
         assert!(!Bench::of(BenchTarget::Core).needs_redis);
         assert!(Bench::of(BenchTarget::Http).needs_redis);
+        assert_eq!(
+            Bench::of(BenchTarget::Envoy).source(),
+            "crates/portcullis-envoy/benches/rls_redis.rs"
+        );
     }
 
     #[test]

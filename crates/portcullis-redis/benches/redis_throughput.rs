@@ -31,7 +31,6 @@
 //! It prints one table with the ratios portcullis / peer.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,6 +38,10 @@ use std::time::{Duration, Instant};
 use portcullis_core::{Algorithm, LeakyMode, Policy, Store};
 use portcullis_redis::{CallPath, RedisStore};
 use redis::aio::MultiplexedConnection;
+
+#[path = "support/server.rs"]
+mod server;
+use server::Server;
 
 const KEYS: u64 = 100_000;
 const TASKS: usize = 50;
@@ -53,120 +56,6 @@ const HOT_PACE: Duration = Duration::from_millis(5);
 fn main() {
     let runtime = tokio::runtime::Runtime::new().expect("a Tokio runtime");
     runtime.block_on(run());
-}
-
-/// A redis-server this bench owns (killed on drop).
-struct Server {
-    child: Child,
-    port: u16,
-    callgrind_out: Option<PathBuf>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Some(out) = &self.callgrind_out {
-            let _ = std::fs::remove_file(out);
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-impl Server {
-    fn start(callgrind: bool) -> Self {
-        let bin =
-            std::env::var("PORTCULLIS_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-        let port = free_port();
-        let out = std::env::temp_dir().join(format!("portcullis-bench-callgrind.{port}"));
-        let mut cmd = Command::new("taskset");
-        cmd.args(["-c", "0"]);
-        if callgrind {
-            cmd.args([
-                "valgrind",
-                "--tool=callgrind",
-                "--dump-instr=no",
-                &format!("--callgrind-out-file={}", out.display()),
-            ]);
-        }
-        cmd.arg(&bin).args([
-            "--port",
-            &port.to_string(),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--hz",
-            "1",
-        ]);
-        let child = cmd
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("could not start {bin} under taskset: {e}"));
-        let server = Self {
-            child,
-            port,
-            callgrind_out: callgrind.then_some(out),
-        };
-        let client = redis::Client::open(server.url()).expect("a URL");
-        for _ in 0..300 {
-            if let Ok(mut c) = client.get_connection()
-                && redis::cmd("PING").query::<String>(&mut c).is_ok()
-            {
-                return server;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!("{bin} did not answer within 30 s");
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// Instructions the server ran since the last call (callgrind dumps
-    /// and zeroes its counters).
-    fn instructions(&self) -> u64 {
-        let out = self.callgrind_out.as_ref().expect("a callgrind server");
-        let dumped = Command::new("callgrind_control")
-            .args(["-d", &self.child.id().to_string()])
-            .output()
-            .expect("callgrind_control runs");
-        assert!(dumped.status.success(), "callgrind_control -d failed");
-        // Each dump is a file `<out>.<n>`; the newest holds the counts.
-        let dir = out.parent().expect("a directory");
-        let stem = out
-            .file_name()
-            .expect("a name")
-            .to_string_lossy()
-            .into_owned();
-        let newest = std::fs::read_dir(dir)
-            .expect("temp dir")
-            .filter_map(Result::ok)
-            .filter(|e| {
-                e.file_name()
-                    .to_string_lossy()
-                    .starts_with(&format!("{stem}."))
-            })
-            .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
-            .expect("a callgrind dump");
-        let text = std::fs::read_to_string(newest.path()).expect("a readable dump");
-        let _ = std::fs::remove_file(newest.path());
-        text.lines()
-            .find_map(|l| {
-                l.strip_prefix("summary: ")
-                    .or_else(|| l.strip_prefix("totals: "))
-            })
-            .and_then(|n| n.split_whitespace().next()?.parse().ok())
-            .expect("a summary line in the dump")
-    }
 }
 
 #[derive(Clone)]
