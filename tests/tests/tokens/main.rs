@@ -7,8 +7,6 @@
 //!
 //! One test binary, each module a suite (tests named `<module>::<test>`).
 
-#[path = "../log_capture/mod.rs"]
-mod log_capture;
 #[path = "../redis_common/mod.rs"]
 mod redis_common;
 
