@@ -127,17 +127,8 @@ impl Caller {
         let Some(twin) = script.allow_oom() else {
             return Err(refused);
         };
-        let mut retry = redis::cmd(if twin.is_function() {
-            "FCALL"
-        } else {
-            "EVALSHA"
-        });
-        retry.arg(twin.sha());
-        for arg in cmd.args_iter().skip(2) {
-            if let redis::Arg::Simple(bytes) = arg {
-                retry.arg(bytes);
-            }
-        }
+        let mut retry = twin.call_cmd();
+        crate::scripts::append_args(&mut retry, cmd.args_iter().skip(2));
         tracing::debug!("Redis is out of memory: checking again, for held subjects only");
         match connection::eval(&self.pool, self.timeout, twin, &retry, first_key).await {
             Ok(Value::SimpleString(status)) if status == "NOROOM" => Err(reply::out_of_memory()),

@@ -47,6 +47,16 @@ const MIXED: &str = include_str!("../lua/mixed.lua");
 const OPTIONS: &str = include_str!("../lua/options.lua");
 const OPTIONS_LIBRARY: &str = include_str!("../lua/options_library.lua");
 
+/// Appends the arguments of `args` to `cmd` (a call built apart from its
+/// command name: [`LuaScript::call_cmd`]).
+pub(crate) fn append_args<'a>(cmd: &mut Cmd, args: impl Iterator<Item = redis::Arg<&'a [u8]>>) {
+    for arg in args {
+        if let redis::Arg::Simple(bytes) = arg {
+            cmd.arg(bytes);
+        }
+    }
+}
+
 /// The algorithm sources in the order they are concatenated (the queue
 /// uses the GCRA arithmetic, so GCRA comes first).
 const SOURCES: [(Part, &str); 7] = [
@@ -183,6 +193,15 @@ impl LuaScript {
     #[cfg(test)]
     pub(crate) fn source(&self) -> &str {
         &self.source
+    }
+
+    /// The start of a call of this script: `FCALL <function>` or
+    /// `EVALSHA <sha>`, to which the caller adds the keys and arguments
+    /// ([`append_args`]).
+    pub(crate) fn call_cmd(&self) -> Cmd {
+        let mut cmd = redis::cmd(if self.function { "FCALL" } else { "EVALSHA" });
+        cmd.arg(&*self.sha);
+        cmd
     }
 
     /// What the call names it by: the SHA-1 of a script, the name of a

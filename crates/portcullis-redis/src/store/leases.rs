@@ -97,14 +97,6 @@ impl RedisStore {
     }
 }
 
-fn append(cmd: &mut Cmd, args: &Cmd) {
-    for arg in args.args_iter() {
-        if let redis::Arg::Simple(bytes) = arg {
-            cmd.arg(bytes);
-        }
-    }
-}
-
 /// One call of `script` (a function: `FCALL`; a script: `EVALSHA`); one
 /// refused with `OOM` (nothing was written but pruning) runs once more as
 /// its allow-oom twin.
@@ -140,13 +132,9 @@ async fn call(
     key: &str,
     args: &Cmd,
 ) -> Result<Value, StoreError> {
-    let mut cmd = redis::cmd(if script.is_function() {
-        "FCALL"
-    } else {
-        "EVALSHA"
-    });
-    cmd.arg(script.sha()).arg(1).arg(key);
-    append(&mut cmd, args);
+    let mut cmd = script.call_cmd();
+    cmd.arg(1).arg(key);
+    crate::scripts::append_args(&mut cmd, args.args_iter());
     connection::eval(&caller.pool, caller.timeout, script, &cmd, key).await
 }
 

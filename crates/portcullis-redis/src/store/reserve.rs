@@ -46,17 +46,8 @@ async fn send(
     key: &str,
     args: &Cmd,
 ) -> Result<Value, StoreError> {
-    let mut cmd = redis::cmd(if script.is_function() {
-        "FCALL"
-    } else {
-        "EVALSHA"
-    });
-    cmd.arg(script.sha());
-    for arg in args.args_iter() {
-        if let redis::Arg::Simple(bytes) = arg {
-            cmd.arg(bytes);
-        }
-    }
+    let mut cmd = script.call_cmd();
+    scripts::append_args(&mut cmd, args.args_iter());
     caller.run(script, &cmd, key).await
 }
 
