@@ -16,7 +16,7 @@ use pin_project_lite::pin_project;
 use portcullis_core::{ReservationId, ReservationStore, TokenBudget};
 use tokio::runtime::Handle;
 
-use super::layer::TokenLogs;
+use super::shared::TokenLogs;
 use super::usage::UsageReader;
 
 type Settle = Box<dyn FnOnce(u64) + Send + Sync>;

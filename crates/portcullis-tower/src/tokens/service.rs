@@ -17,7 +17,7 @@ use portcullis_core::{ErrorScope, Refusal, ReservationId, ReservationStore, Rese
 use tower_service::Service;
 
 use super::body::{Settler, TokenBody, Watch};
-use super::layer::Shared;
+use super::shared::Shared;
 use super::request::{read_body, Rejection, TokenRequestBody};
 use super::usage::UsageReader;
 use crate::headers::{ceil_secs, ratelimit_value, RATELIMIT, RATELIMIT_POLICY};
