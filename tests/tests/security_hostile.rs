@@ -27,7 +27,8 @@ use portcullis_core::{
 use portcullis_redis::RedisStore;
 use portcullis_tests::unique_prefix;
 use portcullis_tower::{
-    ApiKey, ConcurrencyLimitLayer, FailurePolicy, Global, Header, Mode, RateLimitLayer, User,
+    ApiKey, ConcurrencyLimitLayer, FailurePolicy, Global, Header, Mode, RateLimitLayer,
+    RequestHead, User,
 };
 use redis_common::{client, manual_clock, standalone};
 use tower::util::BoxCloneService;
@@ -555,9 +556,9 @@ fn bogus_classes_and_oversize_costs_flood_neither_the_log_nor_the_client() {
         let layer = RateLimitLayer::builder(MemoryStore::new())
             .policy(Policy::per_minute(5).name("api").build().unwrap())
             .key(Global)
-            .cost(|parts: &http::request::Parts| {
-                parts
-                    .headers
+            .cost(|request: &RequestHead<'_>| {
+                request
+                    .headers()
                     .get("x-cost")
                     .and_then(|v| v.to_str().ok()?.parse().ok())
                     .unwrap_or(1)

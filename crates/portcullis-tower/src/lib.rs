@@ -41,7 +41,7 @@
 //!
 //! | need | use |
 //! |---|---|
-//! | who is limited | [`RateLimitLayerBuilder::key`]: [`PeerIp`], [`ClientIp`] behind proxies, [`BearerToken`], [`ApiKey`], [`Header`], [`User`], `MatchedRoute` (feature `axum`), [`Method`], [`Global`], a closure, a tuple, [`KeyExtractor::or`] |
+//! | who is limited | [`RateLimitLayerBuilder::key`]: [`PeerIp`], [`ClientIp`] behind proxies, [`BearerToken`], [`ApiKey`], [`Header`], [`User`], `MatchedRoute` (feature `axum`), [`Method`], [`Global`], a closure of the request's head ([`RequestHead`]), a tuple, [`KeyExtractor::or`] |
 //! | several limits at once | [`RateLimitLayerBuilder::policy`] several times (checked atomically) |
 //! | plans / tiers | [`RateLimitLayerBuilder::tier`] and [`RateLimitLayerBuilder::tier_by`]; a plan per subject from a database or billing API: [`RateLimitLayerBuilder::resolve_plan`] with a [`PlanResolver`] |
 //! | limits that change without a restart (policies, tiers, per-subject overrides) | [`RateLimitLayerBuilder::limits`] with a [`Limits`](portcullis_core::Limits) handle (a TOML file: the facade's `LimitsFile`, feature `config`) |
@@ -248,7 +248,7 @@ pub use info::RateLimitInfo;
 pub use key::MatchedRoute;
 pub use key::{
     ApiKey, BearerToken, BoxKeyExtractor, ClientIp, Global, Header, KeyBuf, KeyExtractor, Method,
-    Or, PeerIp, ProxyHeader, User,
+    Or, PeerIp, ProxyHeader, RequestHead, User,
 };
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]

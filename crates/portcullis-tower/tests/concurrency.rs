@@ -15,6 +15,7 @@ use portcullis_core::{
 };
 use portcullis_tower::{
     ConcurrencyFailure, ConcurrencyLimitLayer, ConfigError, Global, KeyBuf, KeyExtractor,
+    RequestHead,
 };
 use tower::{Layer, ServiceExt};
 
@@ -208,11 +209,11 @@ fn a_layer_without_a_policy_is_refused_with_its_own_error() {
 struct IntoOnly;
 
 impl KeyExtractor for IntoOnly {
-    fn extract(&self, _: &http::request::Parts) -> Option<String> {
+    fn extract<'r>(&self, _: impl Into<RequestHead<'r>>) -> Option<String> {
         None
     }
 
-    fn extract_into(&self, _: &http::request::Parts, key: &mut KeyBuf) -> bool {
+    fn extract_into(&self, _: &RequestHead<'_>, key: &mut KeyBuf) -> bool {
         key.push_str("tenant-a");
         true
     }

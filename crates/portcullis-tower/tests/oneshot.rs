@@ -18,7 +18,7 @@ use portcullis::testing::{Fault, FaultStore};
 use portcullis_core::{Algorithm, Clock, LeakyMode, MemoryStore, Policy, Store};
 use portcullis_tower::{
     ApiKey, BearerToken, ClientIp, FailurePolicy, Global, Header, HeaderMode, KeyExtractor,
-    MatchedRoute, Method, MissingKey, PeerIp, RateLimitInfo, RateLimitLayer, User,
+    MatchedRoute, Method, MissingKey, PeerIp, RateLimitInfo, RateLimitLayer, RequestHead, User,
 };
 use tower::{Layer, Service, ServiceExt};
 
@@ -241,9 +241,9 @@ async fn several_policies_are_checked_atomically() {
 async fn cost_function() {
     let layer = RateLimitLayer::builder(MemoryStore::new())
         .policy(policy(5, "budget"))
-        .cost(|parts| {
-            parts
-                .headers
+        .cost(|request| {
+            request
+                .headers()
                 .get("x-cost")
                 .and_then(|v| v.to_str().ok()?.parse().ok())
                 .unwrap_or(1)
@@ -295,7 +295,7 @@ async fn tiers_are_chosen_per_request() {
     let layer = RateLimitLayer::builder(MemoryStore::new())
         .policy(policy(1, "free"))
         .tier("pro", [policy(3, "pro")])
-        .tier_by(|parts| parts.extensions.get::<Plan>().map(|Plan::Pro| "pro"))
+        .tier_by(|request| request.extensions().get::<Plan>().map(|Plan::Pro| "pro"))
         .info_in_extensions(true)
         .build()
         .unwrap();
@@ -617,7 +617,13 @@ async fn deny_cache_lets_smaller_costs_through_to_the_store() {
     let p = Policy::per_second(3).name("api").build().unwrap();
     let layer = RateLimitLayer::builder(store)
         .policy(p)
-        .cost(|parts| parts.uri.query().and_then(|q| q.parse().ok()).unwrap_or(1))
+        .cost(|request| {
+            request
+                .uri()
+                .query()
+                .and_then(|q| q.parse().ok())
+                .unwrap_or(1)
+        })
         .info_in_extensions(true)
         .build()
         .unwrap();
@@ -900,8 +906,13 @@ async fn extractors_through_the_service() {
         key_of(token_or_ip, base().extension(peer("192.0.2.9"))).await,
         "192.0.2.9"
     );
-    let closure =
-        |parts: &http::request::Parts| parts.uri.path().strip_prefix("/items/").map(str::to_owned);
+    let closure = |request: &RequestHead<'_>| {
+        request
+            .uri()
+            .path()
+            .strip_prefix("/items/")
+            .map(str::to_owned)
+    };
     assert_eq!(key_of(closure, base()).await, "7");
 }
 

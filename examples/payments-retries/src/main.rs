@@ -22,10 +22,9 @@ use std::error::Error;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use http::request::Parts;
 use http::{HeaderName, Request, Response};
 use portcullis::redis::store_from_env;
-use portcullis::tower::{Header, RateLimitLayer};
+use portcullis::tower::{Header, RateLimitLayer, RequestHead};
 use portcullis::Policy;
 use tower::{service_fn, Layer, ServiceExt};
 
@@ -88,8 +87,8 @@ async fn run() -> Result<(), Box<dyn Error>> {
         .class("batch", 50)
         .build()?;
     // The class is granted by the route: a request names none itself.
-    let class_of_route = |parts: &Parts| {
-        let class = match parts.uri.path() {
+    let class_of_route = |request: &RequestHead<'_>| {
+        let class = match request.uri().path() {
             "/checkout" => "critical",
             "/search" => "interactive",
             _ => "batch",

@@ -139,7 +139,7 @@ async fn serve(store: BoxLeaseStore) -> Result<(), Box<dyn Error>> {
                 Policy::per_day(10_000).name("pro-day").build()?,
             ],
         )
-        .tier_by(|parts| match parts.extensions.get::<Plan>()? {
+        .tier_by(|request| match request.extensions().get::<Plan>()? {
             Plan::Pro => Some("pro"),
             Plan::Free => None,
         })

@@ -32,7 +32,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use portcullis_core::{ConcurrencyPolicy, LeaseId, LeaseStore};
 use portcullis_redis::RedisStore;
-use portcullis_tower::ConcurrencyLimitLayer;
+use portcullis_tower::{ConcurrencyLimitLayer, RequestHead};
 use tower::{Layer, ServiceExt};
 
 fn main() -> ExitCode {
@@ -196,7 +196,7 @@ async fn load(
     let subject = subject.to_owned();
     let layer = ConcurrencyLimitLayer::builder(store)
         .policy(policy)
-        .key(move |_: &http::request::Parts| Some(subject.clone()))
+        .key(move |_: &RequestHead<'_>| Some(subject.clone()))
         .on_store_failure(portcullis_tower::ConcurrencyFailure::FailClosed)
         .acquire_timeout(Duration::from_secs(10))
         .build()?;

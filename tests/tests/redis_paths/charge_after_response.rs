@@ -16,12 +16,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use portcullis_core::{Algorithm, BoxStore, Clock, ManualClock, MemoryStore, Policy, Store};
 use portcullis_tests::unique_prefix;
-use portcullis_tower::{Charge, ConfigError, RateLimitLayer};
+use portcullis_tower::{Charge, ConfigError, RateLimitLayer, RequestHead};
 use redis_common::{client, cluster, manual_clock, standalone};
 use tower::{service_fn, Layer, Service, ServiceExt};
 
@@ -83,9 +82,9 @@ fn status_and_retry<B>(response: &Response<B>) -> Outcome {
 }
 
 /// The key of a login: the peer IP and the username header.
-fn ip_and_username(parts: &Parts) -> Option<String> {
-    let ip = parts.extensions.get::<SocketAddr>()?.ip();
-    let user = parts.headers.get("x-username")?.to_str().ok()?;
+fn ip_and_username(request: &RequestHead<'_>) -> Option<String> {
+    let ip = request.extensions().get::<SocketAddr>()?.ip();
+    let user = request.headers().get("x-username")?.to_str().ok()?;
     Some(format!("{ip}/{user}"))
 }
 
@@ -223,7 +222,16 @@ async fn llm(backend: Backend, algorithm: Algorithm) -> Vec<Outcome> {
         .unwrap()];
     let layer = RateLimitLayer::builder(store.clone())
         .policies(policies.clone())
-        .key(|parts: &Parts| Some(parts.headers.get("x-api-key")?.to_str().ok()?.to_owned()))
+        .key(|request: &RequestHead<'_>| {
+            Some(
+                request
+                    .headers()
+                    .get("x-api-key")?
+                    .to_str()
+                    .ok()?
+                    .to_owned(),
+            )
+        })
         .deny_cache(0)
         .charge_from_response(|parts| {
             parts

@@ -14,7 +14,7 @@ use super::body::ResponseBody;
 use super::future::ResponseFuture;
 use super::gate::{Gate, Outcome, Ticket};
 use crate::config::MissingKey;
-use crate::key::{KeyBuf, KeyExtractor};
+use crate::key::{KeyBuf, KeyExtractor, RequestHead};
 use crate::response::{grpc_content_type, plain};
 
 layer_service! {
@@ -70,14 +70,12 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let gate = &*self.shared;
         let grpc = grpc_content_type(request.headers());
-        let (parts, body) = request.into_parts();
         // Read as the rate layer reads it (`extract_into`), so both layers
         // count a request against the same key.
         let mut key = KeyBuf::new();
-        if !gate.key.extract_into(&parts, &mut key) {
+        if !gate.key.extract_into(&RequestHead::new(&request), &mut key) {
             match &gate.missing_key {
                 MissingKey::Skip => {
-                    let request = Request::from_parts(parts, body);
                     return ResponseFuture::forward(self.inner.call(request), None);
                 }
                 MissingKey::Reject { status, message } => {
@@ -95,7 +93,6 @@ where
                 }
             }
         }
-        let request = Request::from_parts(parts, body);
         let ticket = Ticket {
             subject: Arc::from(key.as_str()),
             lease: LeaseId::generate(),

@@ -3,10 +3,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use http::request::Parts;
-
 use super::buf::KeyBuf;
 use super::extractor::KeyExtractor;
+use super::head::RequestHead;
 
 /// Any [`KeyExtractor`] behind one type, so the extractor can be picked at
 /// run time (from configuration, say) where each choice is a different
@@ -52,11 +51,7 @@ impl fmt::Debug for BoxKeyExtractor {
 }
 
 impl KeyExtractor for BoxKeyExtractor {
-    fn extract(&self, request: &Parts) -> Option<String> {
-        self.0.extract(request)
-    }
-
-    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+    fn extract_into(&self, request: &RequestHead<'_>, key: &mut KeyBuf) -> bool {
         self.0.extract_into(request, key)
     }
 
@@ -91,7 +86,7 @@ mod tests {
         ];
         for (boxed, expected) in choices.iter().zip(["192.0.2.7", "ann"]) {
             let mut key = KeyBuf::new();
-            assert!(boxed.extract_into(&parts, &mut key));
+            assert!(boxed.extract_into(&RequestHead::from_parts(&parts), &mut key));
             assert_eq!(key.as_str(), expected);
             assert_eq!(boxed.clone().extract(&parts).as_deref(), Some(expected));
         }

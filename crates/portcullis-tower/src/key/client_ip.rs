@@ -8,11 +8,11 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 use http::header::{HeaderName, FORWARDED};
-use http::request::Parts;
 use ipnet::IpNet;
 
 use super::buf::KeyBuf;
 use super::extractor::KeyExtractor;
+use super::head::RequestHead;
 use super::ip::{peer_ip, Grouping, NO_PEER_HINT};
 
 /// Most proxy hops [`ClientIp`] walks past before it stops trusting a header.
@@ -67,23 +67,21 @@ pub enum ProxyHeader {
 /// // Through the load balancer at 10.0.0.2: the client is 203.0.113.7
 /// // (the left-most entry is what the client sent and is not trusted).
 /// let via_proxy: SocketAddr = "10.0.0.2:5000".parse().unwrap();
-/// let (parts, ()) = Request::get("/")
+/// let request = Request::get("/")
 ///     .header("x-forwarded-for", "6.6.6.6, 203.0.113.7, 10.0.0.9")
 ///     .extension(via_proxy)
 ///     .body(())
-///     .unwrap()
-///     .into_parts();
-/// assert_eq!(extractor.extract(&parts).as_deref(), Some("203.0.113.7"));
+///     .unwrap();
+/// assert_eq!(extractor.extract(&request).as_deref(), Some("203.0.113.7"));
 ///
 /// // Straight from the internet: the header is ignored.
 /// let direct: SocketAddr = "198.51.100.1:5000".parse().unwrap();
-/// let (parts, ()) = Request::get("/")
+/// let request = Request::get("/")
 ///     .header("x-forwarded-for", "1.2.3.4")
 ///     .extension(direct)
 ///     .body(())
-///     .unwrap()
-///     .into_parts();
-/// assert_eq!(extractor.extract(&parts).as_deref(), Some("198.51.100.1"));
+///     .unwrap();
+/// assert_eq!(extractor.extract(&request).as_deref(), Some("198.51.100.1"));
 /// ```
 #[derive(Debug, Clone)]
 pub struct ClientIp {
@@ -132,7 +130,7 @@ impl ClientIp {
     }
 
     /// The client address, or `None` without a peer address.
-    fn client(&self, parts: &Parts) -> Option<IpAddr> {
+    fn client(&self, parts: &RequestHead<'_>) -> Option<IpAddr> {
         let peer = peer_ip(parts)?.to_canonical();
         if !self.is_trusted(peer) {
             return Some(peer);
@@ -144,7 +142,7 @@ impl ClientIp {
         };
         let mut hops = 0;
         // Header lines in reverse, and each line's entries from the right.
-        for line in parts.headers.get_all(header_name).iter().rev() {
+        for line in parts.headers().get_all(header_name).iter().rev() {
             let Ok(line) = line.to_str() else {
                 return Some(client);
             };
@@ -195,7 +193,7 @@ impl ClientIp {
 }
 
 impl KeyExtractor for ClientIp {
-    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+    fn extract_into(&self, request: &RequestHead<'_>, key: &mut KeyBuf) -> bool {
         match self.client(request) {
             Some(ip) => {
                 self.grouping.write_key(ip, key);
@@ -302,6 +300,7 @@ fn forwarded_for(element: &str) -> Option<Cow<'_, str>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::request::Parts;
     use http::Request;
     use std::net::Ipv4Addr;
 

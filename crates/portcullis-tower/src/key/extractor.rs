@@ -6,10 +6,10 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use http::request::Parts;
 use portcullis_core::subject::{hash_subject, is_plain};
 
 use super::buf::KeyBuf;
+use super::head::RequestHead;
 
 /// Derives the rate-limit key (the subject a store counts against) from a
 /// request.
@@ -18,19 +18,20 @@ use super::buf::KeyBuf;
 /// chosen with [`RateLimitLayerBuilder::on_missing_key`]
 /// (skip, reject, or a shared fallback key).
 ///
-/// Any `Fn(&http::request::Parts) -> Option<String>` closure is a key
-/// extractor, and extractors combine: a tuple keys on all of its parts, and
+/// An extractor reads the request's head ([`RequestHead`]: method, URI,
+/// headers, extensions), borrowed from the request in place. Any
+/// `Fn(&RequestHead) -> Option<String>` closure is a key extractor, and extractors combine: a tuple keys on all of its parts, and
 /// [`KeyExtractor::or`] falls back when the first yields nothing.
 ///
 /// [`RateLimitLayerBuilder::on_missing_key`]: crate::RateLimitLayerBuilder::on_missing_key
 ///
 /// ```
-/// use axum::http::{request::Parts, Request};
-/// use portcullis::tower::{BearerToken, KeyExtractor, Method, PeerIp};
+/// use axum::http::Request;
+/// use portcullis::tower::{BearerToken, KeyExtractor, Method, PeerIp, RequestHead};
 ///
 /// // A closure: the tenant from a header, lower-cased.
-/// let tenant = |parts: &Parts| {
-///     let value = parts.headers.get("x-tenant")?.to_str().ok()?;
+/// let tenant = |request: &RequestHead| {
+///     let value = request.headers().get("x-tenant")?.to_str().ok()?;
 ///     Some(value.to_ascii_lowercase())
 /// };
 ///
@@ -40,9 +41,9 @@ use super::buf::KeyBuf;
 /// // One bucket per tenant and method.
 /// let per_tenant_and_method = (tenant, Method);
 ///
-/// let (parts, ()) = Request::post("/").header("x-tenant", "ACME").body(()).unwrap().into_parts();
-/// assert_eq!(per_tenant_and_method.extract(&parts).as_deref(), Some("acme,POST"));
-/// assert_eq!(token_or_ip.extract(&parts), None); // no token, no peer address
+/// let request = Request::post("/").header("x-tenant", "ACME").body(()).unwrap();
+/// assert_eq!(per_tenant_and_method.extract(&request).as_deref(), Some("acme,POST"));
+/// assert_eq!(token_or_ip.extract(&request), None); // no token, no peer address
 /// ```
 pub trait KeyExtractor: Send + Sync + 'static {
     /// Writes the key for this request into `key` and returns `true`, or
@@ -51,17 +52,17 @@ pub trait KeyExtractor: Send + Sync + 'static {
     ///
     /// Both layers call this method: the shipped extractors write into the
     /// [`KeyBuf`] in place, so keying a request by IP address allocates
-    /// nothing. (A closure `Fn(&Parts) -> Option<String>` is an extractor
+    /// nothing. (A closure `Fn(&RequestHead) -> Option<String>` is an extractor
     /// too, its `String` moved into `key`.)
     ///
     /// ```
-    /// use axum::http::{request::Parts, Request};
-    /// use portcullis::tower::{KeyBuf, KeyExtractor};
+    /// use axum::http::Request;
+    /// use portcullis::tower::{KeyBuf, KeyExtractor, RequestHead};
     ///
     /// struct Tenant;
     /// impl KeyExtractor for Tenant {
-    ///     fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
-    ///         match request.headers.get("x-tenant").and_then(|v| v.to_str().ok()) {
+    ///     fn extract_into(&self, request: &RequestHead, key: &mut KeyBuf) -> bool {
+    ///         match request.headers().get("x-tenant").and_then(|v| v.to_str().ok()) {
     ///             Some(tenant) => {
     ///                 key.push_str("tenant:");
     ///                 key.push_str(tenant);
@@ -72,19 +73,23 @@ pub trait KeyExtractor: Send + Sync + 'static {
     ///     }
     /// }
     ///
-    /// let (parts, ()) = Request::get("/").header("x-tenant", "acme").body(()).unwrap().into_parts();
+    /// let request = Request::get("/").header("x-tenant", "acme").body(()).unwrap();
     /// let mut key = KeyBuf::new();
-    /// assert!(Tenant.extract_into(&parts, &mut key));
+    /// assert!(Tenant.extract_into(&RequestHead::new(&request), &mut key));
     /// assert_eq!(key.as_str(), "tenant:acme");
-    /// assert_eq!(Tenant.extract(&parts).as_deref(), Some("tenant:acme"));
+    /// assert_eq!(Tenant.extract(&request).as_deref(), Some("tenant:acme"));
     /// ```
-    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool;
+    fn extract_into(&self, request: &RequestHead<'_>, key: &mut KeyBuf) -> bool;
 
-    /// The key for this request as a `String`, or `None` when it carries
-    /// none: [`extract_into`](Self::extract_into) into a fresh [`KeyBuf`].
-    fn extract(&self, request: &Parts) -> Option<String> {
+    /// The key for a request (a `&Request`, its `&Parts` or a
+    /// `&RequestHead`) as a `String`, or `None` when it carries none:
+    /// [`extract_into`](Self::extract_into) into a fresh [`KeyBuf`].
+    fn extract<'r>(&self, request: impl Into<RequestHead<'r>>) -> Option<String>
+    where
+        Self: Sized,
+    {
         let mut key = KeyBuf::new();
-        self.extract_into(request, &mut key)
+        self.extract_into(&request.into(), &mut key)
             .then(|| key.into_string())
     }
 
@@ -130,9 +135,9 @@ pub trait KeyExtractor: Send + Sync + 'static {
 
 impl<F> KeyExtractor for F
 where
-    F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    F: Fn(&RequestHead<'_>) -> Option<String> + Send + Sync + 'static,
 {
-    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+    fn extract_into(&self, request: &RequestHead<'_>, key: &mut KeyBuf) -> bool {
         match self(request) {
             Some(string) => {
                 key.push_string(string);
@@ -142,8 +147,8 @@ where
         }
     }
 
-    fn extract(&self, request: &Parts) -> Option<String> {
-        self(request)
+    fn extract<'r>(&self, request: impl Into<RequestHead<'r>>) -> Option<String> {
+        self(&request.into())
     }
 }
 
@@ -162,7 +167,7 @@ impl<A, B> fmt::Debug for Or<A, B> {
 }
 
 impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
-    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+    fn extract_into(&self, request: &RequestHead<'_>, key: &mut KeyBuf) -> bool {
         if self.first.extract_into(request, key) {
             return true;
         }
@@ -207,7 +212,7 @@ macro_rules! tuple_extractor {
         /// Keys on every part; yields no key when any part yields none.
         #[allow(non_snake_case)]
         impl<$($name: KeyExtractor),+> KeyExtractor for ($($name,)+) {
-            fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+            fn extract_into(&self, request: &RequestHead<'_>, key: &mut KeyBuf) -> bool {
                 let ($($name,)+) = self;
                 let mut component = KeyBuf::new();
                 $(
@@ -243,6 +248,7 @@ tuple_extractor!(A, B, C, D, E, F);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::request::Parts;
     use http::Request;
 
     fn parts() -> Parts {
@@ -250,11 +256,11 @@ mod tests {
     }
 
     fn fixed(value: &'static str) -> impl KeyExtractor {
-        move |_: &Parts| Some(value.to_owned())
+        move |_: &RequestHead<'_>| Some(value.to_owned())
     }
 
     fn none() -> impl KeyExtractor {
-        |_: &Parts| None
+        |_: &RequestHead<'_>| None
     }
 
     #[test]
@@ -300,8 +306,8 @@ mod tests {
         fn tuple_keys_are_injective(a in ".{0,8}", b in ".{0,8}", c in ".{0,8}", d in ".{0,8}") {
             let parts = parts();
             let (a2, b2, c2, d2) = (a.clone(), b.clone(), c.clone(), d.clone());
-            let left = (move |_: &Parts| Some(a2.clone()), move |_: &Parts| Some(b2.clone())).extract(&parts);
-            let right = (move |_: &Parts| Some(c2.clone()), move |_: &Parts| Some(d2.clone())).extract(&parts);
+            let left = (move |_: &RequestHead<'_>| Some(a2.clone()), move |_: &RequestHead<'_>| Some(b2.clone())).extract(&parts);
+            let right = (move |_: &RequestHead<'_>| Some(c2.clone()), move |_: &RequestHead<'_>| Some(d2.clone())).extract(&parts);
             proptest::prop_assert_eq!(left == right, (a, b) == (c, d));
         }
     }

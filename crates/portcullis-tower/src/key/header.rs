@@ -1,11 +1,11 @@
 //! Keys from request headers: a named header, a bearer token, an API key.
 
 use http::header::{HeaderName, AUTHORIZATION};
-use http::request::Parts;
 use portcullis_core::subject::{hash_subject, is_plain};
 
 use super::buf::KeyBuf;
 use super::extractor::KeyExtractor;
+use super::head::RequestHead;
 
 /// Keys on the value of a request header, for example a tenant id set by a
 /// trusted gateway.
@@ -20,8 +20,8 @@ use super::extractor::KeyExtractor;
 /// use portcullis::tower::{Header, KeyExtractor};
 ///
 /// let tenant = Header::new(HeaderName::from_static("x-tenant"));
-/// let (parts, ()) = Request::get("/").header("x-tenant", "acme").body(()).unwrap().into_parts();
-/// assert_eq!(tenant.extract(&parts).as_deref(), Some("acme"));
+/// let request = Request::get("/").header("x-tenant", "acme").body(()).unwrap();
+/// assert_eq!(tenant.extract(&request).as_deref(), Some("acme"));
 /// ```
 #[derive(Debug, Clone)]
 pub struct Header {
@@ -37,8 +37,8 @@ impl Header {
 }
 
 impl KeyExtractor for Header {
-    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
-        let Some(value) = request.headers.get(&self.name).map(|v| v.as_bytes()) else {
+    fn extract_into(&self, request: &RequestHead<'_>, key: &mut KeyBuf) -> bool {
+        let Some(value) = request.headers().get(&self.name).map(|v| v.as_bytes()) else {
             return false;
         };
         if value.is_empty() {
@@ -66,12 +66,11 @@ impl KeyExtractor for Header {
 /// use axum::http::Request;
 /// use portcullis::tower::{BearerToken, KeyExtractor};
 ///
-/// let (parts, ()) = Request::get("/")
+/// let request = Request::get("/")
 ///     .header("authorization", "Bearer s3cr3t")
 ///     .body(())
-///     .unwrap()
-///     .into_parts();
-/// let key = BearerToken::new().extract(&parts).unwrap();
+///     .unwrap();
+/// let key = BearerToken::new().extract(&request).unwrap();
 /// assert!(key.starts_with('#') && !key.contains("s3cr3t"));
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
@@ -88,7 +87,7 @@ impl BearerToken {
 }
 
 impl KeyExtractor for BearerToken {
-    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+    fn extract_into(&self, request: &RequestHead<'_>, key: &mut KeyBuf) -> bool {
         match self.token(request) {
             Some(token) => {
                 key.push_string(hash_subject(token));
@@ -105,8 +104,8 @@ impl KeyExtractor for BearerToken {
 
 impl BearerToken {
     /// The token of a `Bearer` `Authorization` header, if there is one.
-    pub(crate) fn token<'a>(&self, request: &'a Parts) -> Option<&'a [u8]> {
-        let value = request.headers.get(AUTHORIZATION)?.as_bytes();
+    pub(crate) fn token<'a>(&self, request: &'a RequestHead<'a>) -> Option<&'a [u8]> {
+        let value = request.headers().get(AUTHORIZATION)?.as_bytes();
         let (scheme, rest) = value.split_at_checked(6)?;
         if !scheme.eq_ignore_ascii_case(b"bearer")
             || !rest.first().is_some_and(|b| *b == b' ' || *b == b'\t')
@@ -138,10 +137,10 @@ impl BearerToken {
 /// use axum::http::{HeaderName, Request};
 /// use portcullis::tower::{ApiKey, KeyExtractor};
 ///
-/// let (parts, ()) = Request::get("/").header("x-api-key", "k-123").body(()).unwrap().into_parts();
-/// let default = ApiKey::new().extract(&parts).unwrap();
+/// let request = Request::get("/").header("x-api-key", "k-123").body(()).unwrap();
+/// let default = ApiKey::new().extract(&request).unwrap();
 /// assert!(default.starts_with('#'));
-/// let custom = ApiKey::header(HeaderName::from_static("x-token")).extract(&parts);
+/// let custom = ApiKey::header(HeaderName::from_static("x-token")).extract(&request);
 /// assert_eq!(custom, None);
 /// ```
 #[derive(Debug, Clone)]
@@ -175,9 +174,9 @@ impl ApiKey {
     /// The API key of a request, trimmed, if it has a non-empty one: what a
     /// plan lookup is given (see `PlanResolverBuilder::lookup_key`), never
     /// a store key or a log field.
-    pub(crate) fn credential<'a>(&self, request: &'a Parts) -> Option<&'a [u8]> {
+    pub(crate) fn credential<'a>(&self, request: &'a RequestHead<'a>) -> Option<&'a [u8]> {
         request
-            .headers
+            .headers()
             .get(&self.name)
             .map(|value| value.as_bytes().trim_ascii())
             .filter(|value| !value.is_empty())
@@ -185,7 +184,7 @@ impl ApiKey {
 }
 
 impl KeyExtractor for ApiKey {
-    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+    fn extract_into(&self, request: &RequestHead<'_>, key: &mut KeyBuf) -> bool {
         match self.credential(request) {
             Some(value) => {
                 key.push_string(hash_subject(value));
@@ -203,6 +202,7 @@ impl KeyExtractor for ApiKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::request::Parts;
     use http::{HeaderValue, Request};
 
     fn with(name: &str, value: &[u8]) -> Parts {

@@ -7,17 +7,17 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use arrayvec::ArrayString;
-use http::request::Parts;
 
 use super::buf::KeyBuf;
 use super::extractor::KeyExtractor;
+use super::head::RequestHead;
 
 /// The peer address of the connection, as the server recorded it in the
 /// request extensions: Axum's `ConnectInfo<SocketAddr>` (feature `axum`),
 /// Tonic's `TcpConnectInfo` (feature `tonic`), or a plain [`SocketAddr`] or
 /// [`IpAddr`] that a Hyper server inserted.
-pub(crate) fn peer_ip(parts: &Parts) -> Option<IpAddr> {
-    let ext = &parts.extensions;
+pub(crate) fn peer_ip(parts: &RequestHead<'_>) -> Option<IpAddr> {
+    let ext = parts.extensions();
     #[cfg(feature = "axum")]
     if let Some(info) = ext.get::<axum::extract::ConnectInfo<SocketAddr>>() {
         return Some(info.0.ip());
@@ -176,10 +176,10 @@ fn push_decimal<const N: usize>(n: u8, text: &mut ArrayString<N>) {
 /// use portcullis::tower::{KeyExtractor, PeerIp};
 ///
 /// let peer: SocketAddr = "[2001:db8:aa:bbcc::1]:4711".parse().unwrap();
-/// let (parts, ()) = Request::get("/").extension(peer).body(()).unwrap().into_parts();
-/// assert_eq!(PeerIp::new().extract(&parts).as_deref(), Some("2001:db8:aa:bb00::/56"));
+/// let request = Request::get("/").extension(peer).body(()).unwrap();
+/// assert_eq!(PeerIp::new().extract(&request).as_deref(), Some("2001:db8:aa:bb00::/56"));
 /// assert_eq!(
-///     PeerIp::new().ipv6_prefix(128).extract(&parts).as_deref(),
+///     PeerIp::new().ipv6_prefix(128).extract(&request).as_deref(),
 ///     Some("2001:db8:aa:bbcc::1")
 /// );
 /// ```
@@ -216,7 +216,7 @@ impl PeerIp {
 pub(super) const NO_PEER_HINT: &str = "the request had no peer address: serve Axum with `app.into_make_service_with_connect_info::<SocketAddr>()`, or insert the peer's SocketAddr (or axum's ConnectInfo) into the request extensions before this layer; or choose MissingKey::Skip or MissingKey::fallback";
 
 impl KeyExtractor for PeerIp {
-    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+    fn extract_into(&self, request: &RequestHead<'_>, key: &mut KeyBuf) -> bool {
         match peer_ip(request) {
             Some(ip) => {
                 self.grouping.write_key(ip, key);

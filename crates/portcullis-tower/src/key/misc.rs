@@ -3,10 +3,9 @@
 use std::fmt;
 use std::marker::PhantomData;
 
-use http::request::Parts;
-
 use super::buf::KeyBuf;
 use super::extractor::KeyExtractor;
+use super::head::RequestHead;
 
 /// Keys on an authenticated user that an earlier layer (your authentication
 /// middleware) inserted into the request extensions, as any type you name;
@@ -26,8 +25,8 @@ use super::extractor::KeyExtractor;
 ///     }
 /// }
 ///
-/// let (parts, ()) = Request::get("/").extension(UserId(42)).body(()).unwrap().into_parts();
-/// assert_eq!(User::<UserId>::new().extract(&parts).as_deref(), Some("user:42"));
+/// let request = Request::get("/").extension(UserId(42)).body(()).unwrap();
+/// assert_eq!(User::<UserId>::new().extract(&request).as_deref(), Some("user:42"));
 /// ```
 pub struct User<T> {
     _type: PhantomData<fn() -> T>,
@@ -65,13 +64,9 @@ impl<T> KeyExtractor for User<T>
 where
     T: fmt::Display + Send + Sync + 'static,
 {
-    fn extract(&self, request: &Parts) -> Option<String> {
-        request.extensions.get::<T>().map(ToString::to_string)
-    }
-
-    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
+    fn extract_into(&self, request: &RequestHead<'_>, key: &mut KeyBuf) -> bool {
         use std::fmt::Write as _;
-        match request.extensions.get::<T>() {
+        match request.extensions().get::<T>() {
             // Writing to a `KeyBuf` only fails if `T`'s `Display` does.
             Some(user) => write!(key, "{user}").is_ok(),
             None => false,
@@ -93,18 +88,14 @@ where
 /// use axum::http::Request;
 /// use portcullis::tower::{Global, KeyExtractor};
 ///
-/// let (parts, ()) = Request::get("/").body(()).unwrap().into_parts();
-/// assert_eq!(Global.extract(&parts).as_deref(), Some("global"));
+/// let request = Request::get("/").body(()).unwrap();
+/// assert_eq!(Global.extract(&request).as_deref(), Some("global"));
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Global;
 
 impl KeyExtractor for Global {
-    fn extract(&self, _request: &Parts) -> Option<String> {
-        Some("global".to_owned())
-    }
-
-    fn extract_into(&self, _request: &Parts, key: &mut KeyBuf) -> bool {
+    fn extract_into(&self, _request: &RequestHead<'_>, key: &mut KeyBuf) -> bool {
         key.push_str("global");
         true
     }
@@ -117,19 +108,15 @@ impl KeyExtractor for Global {
 /// use axum::http::Request;
 /// use portcullis::tower::{KeyExtractor, Method};
 ///
-/// let (parts, ()) = Request::delete("/").body(()).unwrap().into_parts();
-/// assert_eq!(Method.extract(&parts).as_deref(), Some("DELETE"));
+/// let request = Request::delete("/").body(()).unwrap();
+/// assert_eq!(Method.extract(&request).as_deref(), Some("DELETE"));
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Method;
 
 impl KeyExtractor for Method {
-    fn extract(&self, request: &Parts) -> Option<String> {
-        Some(request.method.as_str().to_owned())
-    }
-
-    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
-        key.push_str(request.method.as_str());
+    fn extract_into(&self, request: &RequestHead<'_>, key: &mut KeyBuf) -> bool {
+        key.push_str(request.method().as_str());
         true
     }
 }
@@ -159,15 +146,8 @@ pub struct MatchedRoute;
 
 #[cfg(feature = "axum")]
 impl KeyExtractor for MatchedRoute {
-    fn extract(&self, request: &Parts) -> Option<String> {
-        request
-            .extensions
-            .get::<axum::extract::MatchedPath>()
-            .map(|path| path.as_str().to_owned())
-    }
-
-    fn extract_into(&self, request: &Parts, key: &mut KeyBuf) -> bool {
-        match request.extensions.get::<axum::extract::MatchedPath>() {
+    fn extract_into(&self, request: &RequestHead<'_>, key: &mut KeyBuf) -> bool {
+        match request.extensions().get::<axum::extract::MatchedPath>() {
             Some(path) => {
                 key.push_str(path.as_str());
                 true

@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
-use http::request::Parts;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use portcullis_core::{BoxCheckFuture, Store, StoreError, Verdict};
@@ -126,10 +125,7 @@ pin_project! {
 struct Pending<S, St, K, ReqBody> {
     checker: Arc<Checker<St, K>>,
     inner: S,
-    // The request in its parts, so the checker can read the headers while
-    // it writes the extensions.
-    parts: Parts,
-    body: ReqBody,
+    request: Request<ReqBody>,
     ticket: Ticket,
 }
 
@@ -221,15 +217,14 @@ where
         next: Next<St>,
         checker: Arc<Checker<St, K>>,
         inner: S,
-        (parts, body): (Parts, ReqBody),
+        request: Request<ReqBody>,
         ticket: Ticket,
         charge: Option<Box<PostCharge<S::Response, St, K>>>,
     ) -> Self {
         let mut pending = Some(Pending {
             checker,
             inner,
-            parts,
-            body,
+            request,
             ticket,
         });
         let state = enter(next, &mut pending);
@@ -274,12 +269,9 @@ where
         }
         Next::Forward(headers) => match pending.take() {
             Some(Pending {
-                mut inner,
-                parts,
-                body,
-                ..
+                mut inner, request, ..
             }) => State::Inner {
-                future: inner.call(Request::from_parts(parts, body)),
+                future: inner.call(request),
                 headers,
             },
             None => State::Done {
@@ -317,7 +309,7 @@ where
         Poll::Ready(result) => {
             pending
                 .checker
-                .on_result(&mut pending.ticket, &mut pending.parts, result)
+                .on_result(&mut pending.ticket, &mut pending.request, result)
         }
         Poll::Pending => {
             let timer =
@@ -325,7 +317,7 @@ where
             ready!(timer.as_mut().poll(cx));
             pending
                 .checker
-                .on_timeout(&mut pending.ticket, &mut pending.parts)
+                .on_timeout(&mut pending.ticket, &mut pending.request)
         }
     };
     Poll::Ready(next)
@@ -418,7 +410,7 @@ where
                     };
                     pending
                         .checker
-                        .on_result(&mut pending.ticket, &mut pending.parts, result)
+                        .on_result(&mut pending.ticket, &mut pending.request, result)
                 }
                 StateProj::Fallback { check, timer } => {
                     let Some(pending) = this.pending.as_mut() else {
@@ -433,7 +425,7 @@ where
                     };
                     pending
                         .checker
-                        .on_resolved(&mut pending.ticket, &mut pending.parts, &cached)
+                        .on_resolved(&mut pending.ticket, &mut pending.request, &cached)
                 }
                 StateProj::Wait { until, sleep, then } => {
                     let until = *until;
@@ -446,7 +438,7 @@ where
                     let then = then.take().unwrap_or(Then::Forward(None));
                     pending
                         .checker
-                        .after_wait(&mut pending.ticket, &pending.parts.headers, then)
+                        .after_wait(&mut pending.ticket, pending.request.headers(), then)
                 }
             };
             let state = enter(next, this.pending);

@@ -10,14 +10,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::request::Parts;
 use portcullis_core::{
     BoxCheckFuture, CheckOptions, Policy, Store, StoreError, Verdict, DEFAULT_FREE_REPLAYS,
     MAX_IDEMPOTENCY_WINDOW,
 };
 
 use crate::config::ConfigError;
-use crate::key::{KeyBuf, KeyExtractor};
+use crate::key::{KeyBuf, KeyExtractor, RequestHead};
 
 /// What a layer adds to each check: an idempotency key extractor with its
 /// window, the free replays of a record and what else binds it to its
@@ -73,20 +72,20 @@ impl OptionSources {
 
     /// The options of this request; `None` when it carries neither an
     /// idempotency key nor a class (a plain check).
-    pub(crate) fn for_request(&self, parts: &Parts) -> Option<Box<RequestOptions>> {
+    pub(crate) fn for_request(&self, request: &RequestHead<'_>) -> Option<Box<RequestOptions>> {
         let mut options = CheckOptions::new();
         if let Some((extractor, window)) = &self.idempotency {
             let mut key = KeyBuf::new();
-            if extractor.extract_into(parts, &mut key) && !key.as_str().is_empty() {
+            if extractor.extract_into(request, &mut key) && !key.as_str().is_empty() {
                 options = options
                     .idempotency_key(key.as_str(), *window)
                     .free_replays(self.free_replays)
-                    .fingerprint(self.fingerprint(parts));
+                    .fingerprint(self.fingerprint(request));
             }
         }
         if let Some(selector) = &self.priority {
             let mut class = KeyBuf::new();
-            if selector.extract_into(parts, &mut class) && !class.as_str().is_empty() {
+            if selector.extract_into(request, &mut class) && !class.as_str().is_empty() {
                 options = options.class(class.as_str());
             }
         }
@@ -105,19 +104,19 @@ impl OptionSources {
     /// digest header, say), each length-prefixed so no two requests read
     /// alike, hashed (so a long URL is never too long a fingerprint). The
     /// cost is added by the store.
-    fn fingerprint(&self, parts: &Parts) -> String {
-        let path = parts
-            .uri
+    fn fingerprint(&self, request: &RequestHead<'_>) -> String {
+        let path = request
+            .uri()
             .path_and_query()
             .map_or("/", http::uri::PathAndQuery::as_str);
         let mut extra = KeyBuf::new();
         let has_extra = self
             .fingerprint
             .as_ref()
-            .is_some_and(|extractor| extractor.extract_into(parts, &mut extra));
+            .is_some_and(|extractor| extractor.extract_into(request, &mut extra));
         let mut fingerprint = Vec::with_capacity(path.len() + extra.as_str().len() + 32);
         for part in [
-            parts.method.as_str(),
+            request.method().as_str(),
             path,
             if has_extra { extra.as_str() } else { "" },
         ] {

@@ -74,20 +74,15 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let (mut parts, body) = request.into_parts();
+    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let mut ticket = None;
         // A layer built with nothing a request brings but its key (chosen
         // at `build()`): an admitted request is forwarded from here, with
         // no step or ticket built; anything else continues below.
         let (mut next, charge) = if self.shared.straight {
-            match self.shared.start_straight(&mut parts, &mut ticket) {
+            match self.shared.start_straight(&mut request, &mut ticket) {
                 Ok(headers) => {
-                    return ResponseFuture::forward(
-                        self.inner.call(Request::from_parts(parts, body)),
-                        headers,
-                        None,
-                    )
+                    return ResponseFuture::forward(self.inner.call(request), headers, None)
                 }
                 Err(next) => (next, None),
             }
@@ -96,10 +91,10 @@ where
             // the post-response step.
             let charge = self.shared.charge.is_some().then(|| {
                 let handle = Charge::new();
-                parts.extensions.insert(handle.clone());
+                request.extensions_mut().insert(handle.clone());
                 PostCharge::new(Arc::clone(&self.shared), handle)
             });
-            (self.shared.start(&mut parts, &mut ticket), charge)
+            (self.shared.start(&mut request, &mut ticket), charge)
         };
         // A store that answers synchronously does so through
         // `Store::check_now` (`Next::Ready`), so the request is decided here
@@ -108,17 +103,15 @@ where
         // answer), so this ends after a few rounds.
         if let Some(ticket) = ticket.as_mut() {
             while let Next::Ready(result) = next {
-                next = self.shared.on_result(ticket, &mut parts, result);
+                next = self.shared.on_result(ticket, &mut request, result);
             }
         }
         // Each arm builds the returned future in one go (see
         // `ResponseFuture::forward`).
         match next {
-            Next::Forward(headers) => ResponseFuture::forward(
-                self.inner.call(Request::from_parts(parts, body)),
-                headers,
-                charge,
-            ),
+            Next::Forward(headers) => {
+                ResponseFuture::forward(self.inner.call(request), headers, charge)
+            }
             Next::Respond(response) => ResponseFuture::respond(*response, charge),
             next => match ticket {
                 Some(ticket) => {
@@ -130,7 +123,7 @@ where
                         next,
                         Arc::clone(&self.shared),
                         inner,
-                        (parts, body),
+                        request,
                         ticket,
                         charge,
                     )
@@ -138,11 +131,7 @@ where
                 None => {
                     // `start` writes a ticket with every step that waits.
                     tracing::error!("rate limiter step without a ticket; request let through");
-                    ResponseFuture::forward(
-                        self.inner.call(Request::from_parts(parts, body)),
-                        None,
-                        charge,
-                    )
+                    ResponseFuture::forward(self.inner.call(request), None, charge)
                 }
             },
         }

@@ -17,10 +17,11 @@ use portcullis_core::{ErrorScope, Refusal, ReservationId, ReservationStore, Rese
 use tower_service::Service;
 
 use super::body::{Settler, TokenBody, Watch};
-use super::shared::Shared;
 use super::request::{read_body, Rejection, TokenRequestBody};
+use super::shared::Shared;
 use super::usage::UsageReader;
 use crate::headers::{ceil_secs, ratelimit_value, RATELIMIT, RATELIMIT_POLICY};
+use crate::key::{KeyBuf, RequestHead};
 
 /// The service [`TokenBudgetLayer`](crate::TokenBudgetLayer) wraps
 /// around an upstream. See the layer for what it does.
@@ -87,7 +88,11 @@ where
     ReqB: Body<Data = Bytes> + Send + 'static,
 {
     let (parts, body) = request.into_parts();
-    let Some(key) = shared.key.extract(&parts) else {
+    let mut key = KeyBuf::new();
+    if !shared
+        .key
+        .extract_into(&RequestHead::from_parts(&parts), &mut key)
+    {
         let message = format!(
             "this request carries no {}, which the token budget needs to tell callers apart",
             shared.key.describe()
@@ -98,7 +103,8 @@ where
             "invalid_request_error",
             "missing_key",
         ));
-    };
+    }
+    let key = key.into_string();
     let (estimate, body) = if shared.estimate.reads_body() {
         let bytes = match read_body(body, shared.estimate.body_limit()).await {
             Ok(bytes) => bytes,

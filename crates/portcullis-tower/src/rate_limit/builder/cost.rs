@@ -3,11 +3,10 @@
 //! charged after its response
 //! ([`charge_from_response`](RateLimitLayerBuilder::charge_from_response)).
 
-use http::request::Parts;
 use portcullis_core::Store;
 
 use super::RateLimitLayerBuilder;
-use crate::key::KeyExtractor;
+use crate::key::{KeyExtractor, RequestHead};
 
 impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// Sets the cost (permits) of each request (default 1), for example by
@@ -16,7 +15,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// without `Retry-After`.
     pub fn cost<F>(mut self, cost: F) -> Self
     where
-        F: Fn(&Parts) -> u64 + Send + Sync + 'static,
+        F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
     {
         self.settings.cost = Some(Box::new(cost));
         self

@@ -119,7 +119,7 @@ impl<St: Store> RateLimitLayer<St, PeerIp> {
 ///     .policy(Policy::per_second(5).name("burst").build()?)
 ///     .policy(Policy::per_hour(1_000).name("hourly").build()?)
 ///     .key(ApiKey::new().or(PeerIp::new()))
-///     .cost(|parts| if parts.method == axum::http::Method::POST { 2 } else { 1 })
+///     .cost(|request| if request.method() == axum::http::Method::POST { 2 } else { 1 })
 ///     .shape(Duration::from_millis(200))
 ///     .build()?;
 /// # let _ = layer; Ok(()) }

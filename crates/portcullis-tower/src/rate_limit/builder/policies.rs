@@ -3,12 +3,11 @@
 //! [`Limits`], a [`PlanResolver`], the key extractor, and what happens to
 //! a request without a key.
 
-use http::request::Parts;
 use portcullis_core::{Limits, Policy, Store};
 
 use super::RateLimitLayerBuilder;
 use crate::config::MissingKey;
-use crate::key::KeyExtractor;
+use crate::key::{KeyExtractor, RequestHead};
 use crate::rate_limit::resolve::PlanResolver;
 
 impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
@@ -66,7 +65,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     ///     .key(User::<String>::new())
     ///     .policy(Policy::per_minute(10).name("free-minute").build()?)
     ///     .tier("pro", [Policy::per_minute(1000).name("pro-minute").build()?])
-    ///     .tier_by(|parts| match parts.extensions.get::<Plan>()? {
+    ///     .tier_by(|request| match request.extensions().get::<Plan>()? {
     ///         Plan::Pro => Some("pro"),
     ///         Plan::Free => None,
     ///     })
@@ -75,9 +74,9 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// ```
     pub fn tier_by<F>(mut self, select: F) -> Self
     where
-        F: for<'a> Fn(&'a Parts) -> Option<&'a str> + Send + Sync + 'static,
+        F: for<'a> Fn(&'a RequestHead<'a>) -> Option<&'a str> + Send + Sync + 'static,
     {
-        self.settings.select_tier = Some(Box::new(move |parts, _key| select(parts)));
+        self.settings.select_tier = Some(Box::new(move |request, _key| select(request)));
         self
     }
 
@@ -132,8 +131,8 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
         self
     }
 
-    /// Chooses the tier for each request from its parts and its key, as
-    /// [`tier_by`](Self::tier_by) does from its parts alone. A synchronous,
+    /// Chooses the tier for each request from its head and its key, as
+    /// [`tier_by`](Self::tier_by) does from its head alone. A synchronous,
     /// cheap choice (an extension, the route, a prefix of the key); for
     /// data that must be fetched, see [`resolve_plan`](Self::resolve_plan).
     ///
@@ -159,13 +158,13 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// let layer = RateLimitLayer::builder(MemoryStore::new())
     ///     .key(ApiKey::new())
     ///     .limits(limits)
-    ///     .resolve_tier(|parts, _key| parts.extensions.get::<Staff>().map(|_| "internal"))
+    ///     .resolve_tier(|request, _key| request.extensions().get::<Staff>().map(|_| "internal"))
     ///     .build()?;
     /// # let _ = layer; Ok(()) }
     /// ```
     pub fn resolve_tier<F>(mut self, select: F) -> Self
     where
-        F: for<'a> Fn(&'a Parts, &'a str) -> Option<&'a str> + Send + Sync + 'static,
+        F: for<'a> Fn(&'a RequestHead<'a>, &'a str) -> Option<&'a str> + Send + Sync + 'static,
     {
         self.settings.select_tier = Some(Box::new(select));
         self

@@ -7,11 +7,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::request::Parts;
 use http::StatusCode;
 
 use crate::breaker::{Breaker, UndecidedLog};
 use crate::config::{FailurePolicy, HeaderMode, MissingKey, Mode};
+use crate::key::RequestHead;
 use crate::rate_limit::charge::ChargeFn;
 use crate::rate_limit::deny_cache::DenyCache;
 use crate::rate_limit::options::OptionSources;
@@ -21,9 +21,10 @@ use crate::response::LimitedBody;
 use crate::top_denied::TopDenied;
 
 /// Chooses a tier by name from a request and its key.
-pub(crate) type TierFn = Box<dyn for<'a> Fn(&'a Parts, &'a str) -> Option<&'a str> + Send + Sync>;
+pub(crate) type TierFn =
+    Box<dyn for<'a> Fn(&'a RequestHead<'a>, &'a str) -> Option<&'a str> + Send + Sync>;
 /// The cost of a request.
-pub(crate) type CostFn = Box<dyn Fn(&Parts) -> u64 + Send + Sync>;
+pub(crate) type CostFn = Box<dyn Fn(&RequestHead<'_>) -> u64 + Send + Sync>;
 
 /// The state the services of one layer share: its store, key extractor,
 /// tiers and settings, circuit breaker and deny cache. Its methods are the
@@ -101,16 +102,16 @@ impl<St, K> fmt::Debug for Checker<St, K> {
 impl<St, K> Checker<St, K> {
     /// The tier for this request: the one the selector names, else the
     /// default.
-    pub(crate) fn tier_index(&self, parts: &Parts, key: &str) -> usize {
+    pub(crate) fn tier_index(&self, request: &RequestHead<'_>, key: &str) -> usize {
         let Some(select) = &self.select_tier else {
             return 0;
         };
-        select(parts, key)
+        select(request, key)
             .and_then(|name| self.tiers.iter().skip(1).position(|t| &*t.name == name))
             .map_or(0, |i| i + 1)
     }
 
-    pub(crate) fn cost(&self, parts: &Parts) -> u64 {
-        self.cost.as_ref().map_or(1, |cost| cost(parts))
+    pub(crate) fn cost(&self, request: &RequestHead<'_>) -> u64 {
+        self.cost.as_ref().map_or(1, |cost| cost(request))
     }
 }

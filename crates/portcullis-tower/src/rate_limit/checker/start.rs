@@ -7,8 +7,7 @@
 
 use std::sync::Arc;
 
-use http::request::Parts;
-use http::HeaderMap;
+use http::{HeaderMap, Request};
 use portcullis_core::{BoxCheckFuture, Store, StoreError, Verdict};
 use tokio::time::Instant;
 
@@ -16,7 +15,7 @@ use super::shared::Checker;
 use super::step::{Next, Ticket};
 use crate::config::{HeaderMode, MissingKey, Mode};
 use crate::headers::RateLimitHeaders;
-use crate::key::{KeyBuf, KeyExtractor};
+use crate::key::{KeyBuf, KeyExtractor, RequestHead};
 use crate::observe;
 use crate::rate_limit::options::{self, Asked, RequestOptions};
 use crate::rate_limit::resolve::{Cached, Picked};
@@ -54,12 +53,12 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
     /// The first step for a new request; its ticket, when it needs one, is
     /// written to `slot` (an out-parameter rather than a returned pair, so
     /// the large values are not copied on the hot path).
-    pub(crate) fn start(&self, parts: &mut Parts, slot: &mut Option<Ticket>) -> Next<St> {
+    pub(crate) fn start<B>(&self, request: &mut Request<B>, slot: &mut Option<Ticket>) -> Next<St> {
         let mut key = KeyBuf::new();
-        if let Err(next) = self.read_key(parts, &mut key) {
+        if let Err(next) = self.read_key(&RequestHead::new(request), &mut key) {
             return next;
         }
-        self.start_keyed(parts, key, slot)
+        self.start_keyed(request, key, slot)
     }
 
     /// The first step for a new request on a layer built without any of
@@ -72,13 +71,13 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
     /// everything else is the step [`start`](Self::start) would take, its
     /// ticket in `slot`.
     #[inline]
-    pub(crate) fn start_straight(
+    pub(crate) fn start_straight<B>(
         &self,
-        parts: &mut Parts,
+        request: &mut Request<B>,
         slot: &mut Option<Ticket>,
     ) -> Result<Option<RateLimitHeaders>, Next<St>> {
         let mut key = KeyBuf::new();
-        self.read_key(parts, &mut key)?;
+        self.read_key(&RequestHead::new(request), &mut key)?;
         // A held denial (only a store that answers later fills the cache),
         // or a request span to record: the general way.
         if self
@@ -87,18 +86,18 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
             .is_some_and(|cache| !cache.is_empty())
             || tracing::enabled!(tracing::Level::DEBUG)
         {
-            return Err(self.start_keyed(parts, key, slot));
+            return Err(self.start_keyed(request, key, slot));
         }
         match &self.live {
-            None => self.straight_check(parts, key, &self.tiers[0], slot),
-            Some(live) if !live.has_plans() => {
-                live.with_tier(key, |key, tier| self.straight_check(parts, key, tier, slot))
-            }
-            Some(live) => match live.pick(parts, &key, None) {
-                Picked::Live(tier) => self.straight_check(parts, key, &tier, slot),
+            None => self.straight_check(request, key, &self.tiers[0], slot),
+            Some(live) if !live.has_plans() => live.with_tier(key, |key, tier| {
+                self.straight_check(request, key, tier, slot)
+            }),
+            Some(live) => match live.pick(&RequestHead::new(request), &key, None) {
+                Picked::Live(tier) => self.straight_check(request, key, &tier, slot),
                 Picked::Static(index) => {
                     let tier = self.tiers.get(index).unwrap_or(&self.tiers[0]);
-                    self.straight_check(parts, key, tier, slot)
+                    self.straight_check(request, key, tier, slot)
                 }
                 Picked::Later(lookup) => {
                     *slot = Some(self.ticket(key, &self.tiers[0], 1, None));
@@ -106,7 +105,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
                 }
                 Picked::Failed => {
                     let ticket = slot.insert(self.ticket(key, &self.tiers[0], 1, None));
-                    Err(self.on_failure(ticket, &parts.headers))
+                    Err(self.on_failure(ticket, request.headers()))
                 }
             },
         }
@@ -115,9 +114,9 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
     /// [`start_straight`](Self::start_straight) once the key and tier are
     /// known.
     #[inline]
-    fn straight_check(
+    fn straight_check<B>(
         &self,
-        parts: &mut Parts,
+        request: &mut Request<B>,
         key: KeyBuf,
         tier: &Arc<Tier>,
         slot: &mut Option<Ticket>,
@@ -126,12 +125,12 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
             // Checked as its default class (`ask_store` asks with it).
             let ticket = slot.insert(self.ticket(key, tier, 1, None));
             ticket.options = Some(RequestOptions::default_class());
-            return Err(self.ask_store(ticket, &parts.headers));
+            return Err(self.ask_store(ticket, request.headers()));
         }
         if !self.breaker.allow() {
             let ticket = slot.insert(self.ticket(key, tier, 1, None));
             tracing::debug!("store skipped: circuit breaker open");
-            return Err(self.on_failure(ticket, &parts.headers));
+            return Err(self.on_failure(ticket, request.headers()));
         }
         // Headers only on limited responses, and no admission that waits:
         // an admission's figures would be thrown away, so the store may
@@ -145,11 +144,11 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
                 }
                 Some(Ok(Some(denied))) => {
                     let ticket = slot.insert(self.ticket(key, tier, 1, None));
-                    Err(self.on_result(ticket, parts, Ok(denied)))
+                    Err(self.on_result(ticket, request, Ok(denied)))
                 }
                 Some(Err(error)) => {
                     let ticket = slot.insert(self.ticket(key, tier, 1, None));
-                    Err(self.on_result(ticket, parts, Err(error)))
+                    Err(self.on_result(ticket, request, Err(error)))
                 }
                 None => {
                     let ticket = slot.insert(self.ticket(key, tier, 1, None));
@@ -165,7 +164,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
             }
             Some(result) => {
                 let ticket = slot.insert(self.ticket(key, tier, 1, None));
-                Err(self.on_result(ticket, parts, result))
+                Err(self.on_result(ticket, request, result))
             }
             None => {
                 let ticket = slot.insert(self.ticket(key, tier, 1, None));
@@ -175,15 +174,21 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
     }
 
     /// [`start`](Self::start) once the request's key is read.
-    fn start_keyed(&self, parts: &mut Parts, key: KeyBuf, slot: &mut Option<Ticket>) -> Next<St> {
-        let Some(cost) = self.request_cost(parts) else {
+    fn start_keyed<B>(
+        &self,
+        request: &mut Request<B>,
+        key: KeyBuf,
+        slot: &mut Option<Ticket>,
+    ) -> Next<St> {
+        let head = RequestHead::new(request);
+        let Some(cost) = self.request_cost(&head) else {
             return Next::Forward(None);
         };
-        let request = self
+        let options = self
             .options
             .as_ref()
-            .and_then(|sources| sources.for_request(parts));
-        let picked = self.pick_tier(parts, &key);
+            .and_then(|sources| sources.for_request(&head));
+        let picked = self.pick_tier(&head, &key);
         let tier: &Arc<Tier> = match &picked {
             Picked::Static(index) => self.tiers.get(*index).unwrap_or(&self.tiers[0]),
             Picked::Live(tier) => tier,
@@ -191,24 +196,24 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
         };
         // Classes apply to every request of a classed tier: one without a
         // class of its own is checked as the default class.
-        let request = match request {
+        let options = match options {
             None if tier.classed => Some(RequestOptions::default_class()),
-            request => request,
+            options => options,
         };
         let span = request_span(&key, tier, cost);
         if matches!(picked, Picked::Later(_) | Picked::Failed) {
             let ticket = slot.insert(self.ticket(key, tier, cost, span));
-            ticket.options = request;
+            ticket.options = options;
             return match picked {
                 Picked::Later(lookup) => Next::Resolve(lookup),
-                _ => self.on_failure(ticket, &parts.headers),
+                _ => self.on_failure(ticket, request.headers()),
             };
         }
         let _entered = span.as_ref().map(|span| span.clone().entered());
         // With an idempotency key or a class, the check with options (the
         // deny cache is off for such a layer); else the plain answer.
         let mut asked = None;
-        let answer = match request.as_deref() {
+        let answer = match options.as_deref() {
             Some(options) if self.breaker.allow() => {
                 match self.ask_with(tier, &key, cost, Some(options), &mut asked) {
                     Some(result) => Answer::Now(result),
@@ -222,19 +227,19 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
             },
         };
         let ticket = slot.insert(self.ticket(key, tier, cost, span));
-        ticket.options = request;
+        ticket.options = options;
         match answer {
             Answer::Cached(verdict) => {
                 tracing::trace!(key = %ticket.key, "denied by the local deny cache");
-                self.on_verdict(ticket, parts, verdict)
+                self.on_verdict(ticket, request, verdict)
             }
             Answer::BreakerOpen => {
                 tracing::debug!("store skipped: circuit breaker open");
-                self.on_failure(ticket, &parts.headers)
+                self.on_failure(ticket, request.headers())
             }
             // Decided at once: straight to `call`, rather than as a
             // `Next::Ready` that `call` moves back into `on_result`.
-            Answer::Now(result) => self.on_result(ticket, parts, result),
+            Answer::Now(result) => self.on_result(ticket, request, result),
             Answer::Later => match asked {
                 // The check with options, already sent.
                 Some(future) => {
@@ -269,8 +274,8 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
     /// Reads the request's key into `key`; a request without one is
     /// forwarded, rejected, or given the fallback key, as configured.
     #[inline]
-    fn read_key(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), Next<St>> {
-        if self.key.extract_into(parts, key) {
+    fn read_key(&self, request: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), Next<St>> {
+        if self.key.extract_into(request, key) {
             return Ok(());
         }
         match &self.missing_key {
@@ -279,7 +284,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
                 Err(Next::Forward(None))
             }
             MissingKey::Reject { status, message } => {
-                let grpc = grpc_content_type(&parts.headers);
+                let grpc = grpc_content_type(request.headers());
                 response::log_missing_key(&self.rejected, &self.key, *status, grpc.is_some());
                 Err(Next::Respond(Box::new(response::plain(
                     grpc, *status, message,
@@ -296,11 +301,11 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
     /// The cost to check now: 0 (a peek) when the layer charges after the
     /// response; `None` for a request that costs nothing (not limited).
     #[inline]
-    fn request_cost(&self, parts: &Parts) -> Option<u64> {
+    fn request_cost(&self, request: &RequestHead<'_>) -> Option<u64> {
         if self.charge.is_some() {
             return Some(0);
         }
-        let cost = self.cost(parts);
+        let cost = self.cost(request);
         (cost != 0).then_some(cost)
     }
 
@@ -468,21 +473,21 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
 
     /// The tier of a request (`key` is its key).
     #[inline]
-    pub(crate) fn pick_tier(&self, parts: &Parts, key: &str) -> Picked {
+    pub(crate) fn pick_tier(&self, request: &RequestHead<'_>, key: &str) -> Picked {
         match &self.live {
-            None => Picked::Static(self.tier_index(parts, key)),
+            None => Picked::Static(self.tier_index(request, key)),
             Some(live) => {
-                let select = self.select_tier.as_ref().and_then(|s| s(parts, key));
-                live.pick(parts, key, select)
+                let select = self.select_tier.as_ref().and_then(|s| s(request, key));
+                live.pick(request, key, select)
             }
         }
     }
 
     /// A lookup answered: check the request under the tier it gives.
-    pub(crate) fn on_resolved(
+    pub(crate) fn on_resolved<B>(
         &self,
         ticket: &mut Ticket,
-        parts: &mut Parts,
+        request: &mut Request<B>,
         cached: &Cached,
     ) -> Next<St> {
         let _entered = ticket.span.as_ref().map(|span| span.clone().entered());
@@ -499,7 +504,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
             }
             Picked::Later(_) | Picked::Failed => {
                 tracing::debug!("plan lookup failed; the failure policy applies");
-                return self.on_failure(ticket, &parts.headers);
+                return self.on_failure(ticket, request.headers());
             }
         }
         let cached = self
@@ -510,8 +515,8 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
                 cache.get(ticket.tier.slot, ticket.tier.id, &ticket.key, ticket.cost)
             });
         match cached {
-            Some(verdict) => self.on_verdict(ticket, parts, verdict),
-            None => self.ask_store(ticket, &parts.headers),
+            Some(verdict) => self.on_verdict(ticket, request, verdict),
+            None => self.ask_store(ticket, request.headers()),
         }
     }
 }

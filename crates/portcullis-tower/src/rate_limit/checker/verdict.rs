@@ -5,8 +5,7 @@
 //! what it reaches (the store, the subject, the request); a timeout is a
 //! store error; a wait's end forwards or asks again.
 
-use http::request::Parts;
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue, Request, StatusCode};
 use portcullis_core::{Decision, ErrorScope, Store, StoreError, Verdict};
 use tokio::time::Instant;
 
@@ -51,44 +50,44 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
     }
 
     /// The check timed out.
-    pub(crate) fn on_timeout(&self, ticket: &mut Ticket, parts: &mut Parts) -> Next<St> {
+    pub(crate) fn on_timeout<B>(&self, ticket: &mut Ticket, request: &mut Request<B>) -> Next<St> {
         let error = StoreError::Timeout {
             after: self.timeout,
         };
-        self.on_result(ticket, parts, Err(error))
+        self.on_result(ticket, request, Err(error))
     }
 
-    /// The store (or the fallback store) answered. `parts` are the
-    /// request's: its extensions get the [`RateLimitInfo`], its headers
+    /// The store (or the fallback store) answered for `request`: its
+    /// extensions get the [`RateLimitInfo`], its headers
     /// say whether an answer must be a gRPC one.
-    pub(crate) fn on_result(
+    pub(crate) fn on_result<B>(
         &self,
         ticket: &mut Ticket,
-        parts: &mut Parts,
+        request: &mut Request<B>,
         result: Result<Verdict, StoreError>,
     ) -> Next<St> {
         // Without a span (`debug` off), no guard to create and drop.
         match &ticket.span {
-            None => self.on_result_in_span(ticket, parts, result),
+            None => self.on_result_in_span(ticket, request, result),
             Some(span) => {
                 let _entered = span.clone().entered();
-                self.on_result_in_span(ticket, parts, result)
+                self.on_result_in_span(ticket, request, result)
             }
         }
     }
 
-    fn on_result_in_span(
+    fn on_result_in_span<B>(
         &self,
         ticket: &mut Ticket,
-        parts: &mut Parts,
+        request: &mut Request<B>,
         result: Result<Verdict, StoreError>,
     ) -> Next<St> {
         let tier = &ticket.tier;
         if ticket.fallback {
             return match result {
-                Ok(verdict) => self.on_verdict(ticket, parts, verdict),
+                Ok(verdict) => self.on_verdict(ticket, request, verdict),
                 Err(error) if error.scope() == ErrorScope::NoRoom => {
-                    self.no_room(&parts.headers, &error)
+                    self.no_room(request.headers(), &error)
                 }
                 // Failed too, or did not answer within the check timeout
                 // (`on_timeout`): let through, counted and logged as every
@@ -121,7 +120,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
                         sent,
                     );
                 }
-                return self.on_verdict(ticket, parts, verdict);
+                return self.on_verdict(ticket, request, verdict);
             }
             Err(error) => error,
         };
@@ -136,17 +135,17 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
                 } else {
                     self.log_error(&error, "rate-limit store failed");
                 }
-                self.on_failure(ticket, &parts.headers)
+                self.on_failure(ticket, request.headers())
             }
             ErrorScope::NoRoom => {
                 observe::store_error(&tier.labels);
-                self.no_room(&parts.headers, &error)
+                self.no_room(request.headers(), &error)
             }
             ErrorScope::Subject => {
                 observe::store_error(&tier.labels);
                 tracing::debug!(error = crate::observe::chain(&error), key = %ticket.key, "rate-limit check failed for this subject alone; its failure policy applies to this request");
                 self.log_error(&error, "rate-limit store failed");
-                self.on_failure(ticket, &parts.headers)
+                self.on_failure(ticket, request.headers())
             }
             // `ErrorScope::Request` and any scope this version does not
             // know: the request itself cannot be checked.
@@ -163,7 +162,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
                     );
                 }
                 Next::Respond(Box::new(response::plain(
-                    grpc_content_type(&parts.headers),
+                    grpc_content_type(request.headers()),
                     StatusCode::TOO_MANY_REQUESTS,
                     response::refused_message(&error),
                 )))
@@ -238,14 +237,13 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
     }
 
     /// A verdict from the store, the fallback store or the deny cache.
-    pub(crate) fn on_verdict(
+    pub(crate) fn on_verdict<B>(
         &self,
         ticket: &mut Ticket,
-        parts: &mut Parts,
+        request: &mut Request<B>,
         verdict: Verdict,
     ) -> Next<St> {
         let tier = &ticket.tier;
-        let extensions = &mut parts.extensions;
         if verdict.is_allowed() {
             // A replay was charged by the request it repeats.
             let replay = ticket
@@ -254,14 +252,14 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
                 .is_some_and(|request| request.is_replay());
             if self.charge.is_some()
                 && !replay
-                && let Some(charge) = extensions.get::<Charge>()
+                && let Some(charge) = request.extensions().get::<Charge>()
             {
                 charge.admit(&ticket.key, &ticket.tier, ticket.fallback);
             }
             observe::allowed(&tier.labels);
             let delay = verdict.delay();
             if self.mode == Mode::DryRun {
-                extensions.insert(self.info(ticket, verdict));
+                request.extensions_mut().insert(self.info(ticket, verdict));
                 return Next::Forward(None);
             }
             // Queued (a leaky bucket in queue mode): until when, unless the
@@ -278,13 +276,13 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
                         ?delay,
                         "queue delay longer than the shaping limit; rejected"
                     );
-                    return self.limited(ticket, &parts.headers, delayed_as_denied(&verdict));
+                    return self.limited(ticket, request.headers(), delayed_as_denied(&verdict));
                 }
                 Some(now + delay)
             };
             let headers = self.admitted_headers(tier, &verdict);
             if self.info_in_extensions {
-                extensions.insert(self.info(ticket, verdict));
+                request.extensions_mut().insert(self.info(ticket, verdict));
             }
             match until {
                 None => Next::Forward(headers),
@@ -299,7 +297,7 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
                     observe::dry_run_denied(&tier.labels, &verdict);
                     let info = self.info(ticket, verdict);
                     tracing::info!(key = %info.key(), policy = info.binding_policy(), retry_after = ?info.retry_after(), "dry run: would have been rate limited");
-                    extensions.insert(info);
+                    request.extensions_mut().insert(info);
                     Next::Forward(None)
                 }
                 Mode::Shape { .. } => {
@@ -310,10 +308,10 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
                             tracing::trace!(?retry, "shaping: waiting to retry");
                             Next::Wait(now + retry, Then::Recheck)
                         }
-                        _ => self.limited(ticket, &parts.headers, verdict),
+                        _ => self.limited(ticket, request.headers(), verdict),
                     }
                 }
-                Mode::Enforce => self.limited(ticket, &parts.headers, verdict),
+                Mode::Enforce => self.limited(ticket, request.headers(), verdict),
             }
         }
     }

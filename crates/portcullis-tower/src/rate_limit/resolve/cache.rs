@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use foldhash::fast::FixedState;
 use hashbrown::HashTable;
-use http::request::Parts;
 use parking_lot::Mutex;
 use portcullis_core::PolicySource;
 use tokio::sync::watch;
@@ -26,6 +25,7 @@ use super::compiled::{apply, Compiled};
 use super::plan::{
     BoxError, Cached, Lookup, LookupFn, LookupFuture, LookupKey, Picked, Plan, ResolverFailure,
 };
+use crate::key::RequestHead;
 use crate::rate_limit::tier::Tier;
 
 /// The cache's shards, each a hash table under its own mutex.
@@ -119,10 +119,15 @@ impl ResolverInner {
             .is_ok()
     }
 
-    /// The tier for `key` (the request's `parts`) from its cached plan
+    /// The tier for `key` (the key of `request`) from its cached plan
     /// under `compiled`, or a lookup to wait for (started here unless one
     /// is in flight), or the defaults when the bounds allow no lookup.
-    pub(super) fn pick(self: &Arc<Self>, parts: &Parts, key: &str, compiled: &Compiled) -> Picked {
+    pub(super) fn pick(
+        self: &Arc<Self>,
+        request: &RequestHead<'_>,
+        key: &str,
+        compiled: &Compiled,
+    ) -> Picked {
         let hash = self.hasher.hash_one(key);
         let mut guard = self.shard(hash).lock();
         let shard = &mut *guard;
@@ -148,7 +153,7 @@ impl ResolverInner {
                 }
             }
         }
-        let Some(lookup_key) = self.lookup_key_of(parts, key) else {
+        let Some(lookup_key) = self.lookup_key_of(request, key) else {
             return apply(compiled, self.on_failure, &Cached::Defaults).0;
         };
         if !self.reserve_lookup() {
@@ -222,9 +227,9 @@ impl ResolverInner {
         picked
     }
 
-    fn lookup_key_of(&self, parts: &Parts, key: &str) -> Option<String> {
+    fn lookup_key_of(&self, request: &RequestHead<'_>, key: &str) -> Option<String> {
         match &self.lookup_key {
-            Some(lookup_key) => lookup_key.lookup_key(parts, key),
+            Some(lookup_key) => lookup_key.lookup_key(request, key),
             None => Some(key.to_owned()),
         }
     }

@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use arc_swap::{ArcSwap, Guard};
 use foldhash::fast::FixedState;
-use http::request::Parts;
 use portcullis_core::{LimitSet, Limits, LimitsSubscription};
 use tokio::time::Instant;
 
@@ -21,6 +20,7 @@ use super::cache::{Entry, Slot};
 use super::compiled::{apply, Compiled, MissingTiers};
 use super::plan::{Cached, Picked};
 use super::resolver::PlanResolver;
+use crate::key::RequestHead;
 use crate::rate_limit::tier::Tier;
 
 /// The per-request side of a layer whose policies come from data.
@@ -243,15 +243,20 @@ impl Live {
         sets
     }
 
-    /// The tier for a request (`parts`, its key `key`): the key's override,
+    /// The tier for `request` (its key `key`): the key's override,
     /// else its plan, else the tier `select` names, else the defaults.
-    pub(crate) fn pick(&self, parts: &Parts, key: &str, select: Option<&str>) -> Picked {
+    pub(crate) fn pick(
+        &self,
+        request: &RequestHead<'_>,
+        key: &str,
+        select: Option<&str>,
+    ) -> Picked {
         let compiled = self.current_view();
         if let Some(tier) = compiled.overrides.get(key) {
             return Picked::Live(Arc::clone(tier));
         }
         if let Some(plans) = &self.state.plans {
-            return plans.inner.pick(parts, key, &compiled);
+            return plans.inner.pick(request, key, &compiled);
         }
         Picked::Live(Arc::clone(match select {
             Some(name) => compiled.tier_or_defaults(name),

@@ -9,10 +9,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use http::request::Parts;
 use portcullis_core::Policy;
 
-use crate::key::{ApiKey, BearerToken};
+use crate::key::{ApiKey, BearerToken, RequestHead};
 use crate::rate_limit::tier::Tier;
 
 pub(super) type BoxError = Box<dyn Error + Send + Sync + 'static>;
@@ -66,7 +65,7 @@ pub enum ResolverFailure {
 ///
 /// [`ApiKey`] and [`BearerToken`] give the credential itself (the layer's
 /// key is its SHA-256, which a database cannot be searched by); a closure
-/// `Fn(&Parts, &str) -> Option<String>` is given the request head and the
+/// `Fn(&RequestHead, &str) -> Option<String>` is given the request's head and the
 /// layer's key. `None` means the request has nothing to look up: the
 /// defaults apply.
 ///
@@ -75,12 +74,11 @@ pub enum ResolverFailure {
 /// other parts of the request.
 ///
 /// ```
-/// use axum::http::request::Parts;
-/// use portcullis::tower::LookupKey;
+/// use portcullis::tower::{LookupKey, RequestHead};
 ///
 /// // The customer id a trusted gateway puts beside the hashed API key.
-/// fn customer(parts: &Parts, _key: &str) -> Option<String> {
-///     parts.headers.get("x-customer")?.to_str().ok().map(str::to_owned)
+/// fn customer(request: &RequestHead, _key: &str) -> Option<String> {
+///     request.headers().get("x-customer")?.to_str().ok().map(str::to_owned)
 /// }
 /// fn takes(_: impl LookupKey) {}
 /// takes(customer);
@@ -88,21 +86,21 @@ pub enum ResolverFailure {
 pub trait LookupKey: Send + Sync + 'static {
     /// The key the lookup is given for this request (`key` is the layer's
     /// key for it), or `None` for the defaults.
-    fn lookup_key(&self, request: &Parts, key: &str) -> Option<String>;
+    fn lookup_key(&self, request: &RequestHead<'_>, key: &str) -> Option<String>;
 }
 
 impl<F> LookupKey for F
 where
-    F: Fn(&Parts, &str) -> Option<String> + Send + Sync + 'static,
+    F: Fn(&RequestHead<'_>, &str) -> Option<String> + Send + Sync + 'static,
 {
-    fn lookup_key(&self, request: &Parts, key: &str) -> Option<String> {
+    fn lookup_key(&self, request: &RequestHead<'_>, key: &str) -> Option<String> {
         self(request, key)
     }
 }
 
 /// The API key itself (trimmed; none unless it is UTF-8).
 impl LookupKey for ApiKey {
-    fn lookup_key(&self, request: &Parts, _key: &str) -> Option<String> {
+    fn lookup_key(&self, request: &RequestHead<'_>, _key: &str) -> Option<String> {
         let raw = self.credential(request)?;
         std::str::from_utf8(raw).ok().map(str::to_owned)
     }
@@ -110,7 +108,7 @@ impl LookupKey for ApiKey {
 
 /// The bearer token itself (none unless it is UTF-8).
 impl LookupKey for BearerToken {
-    fn lookup_key(&self, request: &Parts, _key: &str) -> Option<String> {
+    fn lookup_key(&self, request: &RequestHead<'_>, _key: &str) -> Option<String> {
         let raw = self.token(request)?;
         std::str::from_utf8(raw).ok().map(str::to_owned)
     }

@@ -231,7 +231,7 @@ impl PlanResolverBuilder {
     /// instead of the layer's key: [`ApiKey`] or [`BearerToken`] for the
     /// credential itself, when the layer keys on its hash (which a
     /// database cannot be searched by), or a closure
-    /// `Fn(&Parts, &str) -> Option<String>` (see [`LookupKey`]). The cache,
+    /// `Fn(&RequestHead, &str) -> Option<String>` (see [`LookupKey`]). The cache,
     /// store keys and logs keep the layer's key.
     ///
     /// ```
