@@ -369,7 +369,7 @@ impl Drop for OwnedRedis {
 }
 
 /// The `--name value` pairs of a helper binary's arguments (`hammer`,
-/// `latency`, `budget_worker`, `scale`), names without their dashes.
+/// `latency`, `budget_worker`, `scale`, the workers of [`worker_main`]), names without their dashes.
 ///
 /// # Errors
 ///
@@ -392,6 +392,45 @@ pub fn option_pairs(
         }
     }
     Ok(options)
+}
+
+/// The `main` of a worker binary started by a multi-process test
+/// (`lease_worker`, `reservation_worker`): `<mode> --name value ...`, run
+/// on a multi-thread Tokio runtime; a bad argument, a runtime that cannot
+/// start or an error of `run` is printed as `<program>: <message>` and
+/// exits with 2.
+pub fn worker_main<F, Fut>(program: &str, run: F) -> std::process::ExitCode
+where
+    F: FnOnce(String, std::collections::HashMap<String, String>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>>,
+{
+    let mut args = std::env::args().skip(1);
+    let mode = args.next().unwrap_or_default();
+    let rest: Vec<String> = args.collect();
+    let options = match option_pairs(program, &rest) {
+        Ok(options) => options,
+        Err(message) => {
+            eprintln!("{message}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("{program}: no Tokio runtime: {error}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(run(mode, options)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{program}: {error}");
+            std::process::ExitCode::from(2)
+        }
+    }
 }
 
 pub mod reliability;

@@ -36,38 +36,9 @@ use portcullis_tower::{ConcurrencyLimitLayer, RequestHead};
 use tower::{Layer, ServiceExt};
 
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1);
-    let mode = args.next().unwrap_or_default();
-    let rest: Vec<String> = args.collect();
-    let mut options = HashMap::new();
-    for pair in rest.chunks(2) {
-        match pair {
-            [key, value] if key.starts_with("--") => {
-                options.insert(key.trim_start_matches("--").to_owned(), value.clone());
-            }
-            _ => {
-                eprintln!("lease_worker: arguments come in `--name value` pairs, got {pair:?}");
-                return ExitCode::from(2);
-            }
-        }
-    }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("lease_worker: no Tokio runtime: {error}");
-            return ExitCode::from(2);
-        }
-    };
-    match runtime.block_on(run(&mode, &options)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("lease_worker: {error}");
-            ExitCode::from(2)
-        }
-    }
+    portcullis_tests::worker_main("lease_worker", |mode, options| async move {
+        run(&mode, &options).await
+    })
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -215,3 +215,38 @@ pub(crate) fn pexpiretime(
         }
     }
 }
+
+/// A Redis of its own with `noeviction`, and a store on it for each call
+/// path (Functions, then `EVALSHA` as a user without Functions), for the
+/// tests of what a full Redis still does. Fill it with
+/// `portcullis_tests::reliability::fill_past_maxmemory`, and give the
+/// room back with [`lift_maxmemory`] before the server is dropped.
+pub(crate) async fn full_redis_stores(
+    prefix: &str,
+) -> (portcullis_tests::OwnedRedis, RedisStore, RedisStore) {
+    let server = portcullis_tests::OwnedRedis::start(&["--maxmemory-policy", "noeviction"]);
+    let build = |url: String| async move {
+        RedisStore::builder()
+            .url(url)
+            .prefix(portcullis_tests::unique_prefix(prefix))
+            .timeout(TEST_TIMEOUT)
+            .build()
+            .await
+            .unwrap()
+    };
+    let functions = build(server.url()).await;
+    let evalsha = build(without_functions(&server.url(), "no-fn")).await;
+    assert_eq!(functions.call_path(), CallPath::Functions);
+    assert_eq!(evalsha.call_path(), CallPath::Evalsha);
+    (server, functions, evalsha)
+}
+
+/// Lifts the `maxmemory` that `fill_past_maxmemory` set on `server`.
+pub(crate) fn lift_maxmemory(server: &portcullis_tests::OwnedRedis) {
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query(&mut raw(&server.url()))
+        .unwrap();
+}

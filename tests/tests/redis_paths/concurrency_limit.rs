@@ -780,22 +780,7 @@ async fn renewals_keep_a_long_request_past_its_ttl() {
 #[tokio::test(flavor = "multi_thread")]
 async fn out_of_memory_keeps_held_subjects_and_refuses_new_ones() {
     use portcullis_core::StoreError;
-    use portcullis_redis::CallPath;
-
-    let server = portcullis_tests::OwnedRedis::start(&["--maxmemory-policy", "noeviction"]);
-    let build = |url: String| async move {
-        RedisStore::builder()
-            .url(url)
-            .prefix(unique_prefix("lease-oom"))
-            .timeout(redis_common::TEST_TIMEOUT)
-            .build()
-            .await
-            .unwrap()
-    };
-    let functions = build(server.url()).await;
-    let evalsha = build(redis_common::without_functions(&server.url(), "no-fn")).await;
-    assert_eq!(functions.call_path(), CallPath::Functions);
-    assert_eq!(evalsha.call_path(), CallPath::Evalsha);
+    let (server, functions, evalsha) = redis_common::full_redis_stores("lease-oom").await;
     let policy = ConcurrencyPolicy::max_in_flight(3)
         .lease_ttl(Duration::from_secs(60))
         .name("oom")
@@ -811,7 +796,6 @@ async fn out_of_memory_keeps_held_subjects_and_refuses_new_ones() {
             .unwrap();
         held.push(lease.id());
     }
-    let mut raw = redis_common::raw(&server.url());
     portcullis_tests::reliability::fill_past_maxmemory(&server.url()).await;
     for (store, first) in [(&functions, held[0]), (&evalsha, held[1])] {
         let path = store.call_path();
@@ -835,10 +819,5 @@ async fn out_of_memory_keeps_held_subjects_and_refuses_new_ones() {
             "{path}: {fresh:?}"
         );
     }
-    let () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("0")
-        .query(&mut raw)
-        .unwrap();
+    redis_common::lift_maxmemory(&server);
 }

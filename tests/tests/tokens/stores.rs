@@ -286,22 +286,7 @@ async fn hostile_estimates_and_usages_charge_no_more_than_the_bound() {
 /// `OutOfMemory`, never made past the limit nor let through.
 #[tokio::test(flavor = "multi_thread")]
 async fn out_of_memory_settles_held_reservations_and_refuses_new_ones() {
-    use portcullis_redis::CallPath;
-
-    let server = OwnedRedis::start(&["--maxmemory-policy", "noeviction"]);
-    let build = |url: String| async move {
-        RedisStore::builder()
-            .url(url)
-            .prefix(unique_prefix("rsv-oom"))
-            .timeout(redis_common::TEST_TIMEOUT)
-            .build()
-            .await
-            .unwrap()
-    };
-    let functions = build(server.url()).await;
-    let evalsha = build(redis_common::without_functions(&server.url(), "no-fn")).await;
-    assert_eq!(functions.call_path(), CallPath::Functions);
-    assert_eq!(evalsha.call_path(), CallPath::Evalsha);
+    let (server, functions, evalsha) = redis_common::full_redis_stores("rsv-oom").await;
     let budget = budget(Some(4), 100);
     let mut held = Vec::new();
     for store in [&functions, &evalsha] {
@@ -310,7 +295,6 @@ async fn out_of_memory_settles_held_reservations_and_refuses_new_ones() {
         assert!(reserved.is_admitted());
         held.push(id);
     }
-    let mut raw = redis_common::raw(&server.url());
     portcullis_tests::reliability::fill_past_maxmemory(&server.url()).await;
     for (store, id) in [(&evalsha, held[1]), (&functions, held[0])] {
         let path = store.call_path();
@@ -326,10 +310,5 @@ async fn out_of_memory_settles_held_reservations_and_refuses_new_ones() {
             "{path}: {fresh:?}"
         );
     }
-    let () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("0")
-        .query(&mut raw)
-        .unwrap();
+    redis_common::lift_maxmemory(&server);
 }
