@@ -25,8 +25,9 @@
 //!   `2 × timeout × (1 + batches ahead)`, where the batches ahead are the
 //!   call in flight when it joined and one per [`MAX_BATCH`] checks queued
 //!   before it. Every Redis call is bounded by the store's timeout, and a
-//!   batch usually makes one, two when the fast GCRA batch hands over to
-//!   the general one, so the bound is reached only when the server is
+//!   batch usually makes one, two when the fast batch of one policy
+//!   (`decide.rs`) hands over to the general one, so the bound is
+//!   reached only when the server is
 //!   slower than the timeout allows (or a server out of memory makes each
 //!   call twice). Then the check withdraws ([`Waiting`]'s state, swapped
 //!   atomically against the batch taking it), is never sent, and answers
