@@ -337,6 +337,12 @@ fn state(raw: &mut redis::Connection, key: &str) -> (Value, i64) {
     (value, at)
 }
 
+/// Deletes a start's keys (some have no expiry, and every test key must
+/// have one: `redis_ttl`).
+fn forget(raw: &mut redis::Connection, keys: [&String; 3]) {
+    let _: i64 = redis::cmd("DEL").arg(&keys[..]).query(raw).unwrap();
+}
+
 fn fcall(raw: &mut redis::Connection, function: &str, key: &str, args: &[String]) -> Value {
     redis::cmd("FCALL")
         .arg(function)
@@ -388,6 +394,7 @@ pub(crate) fn batches_agree_with_their_fast_functions(
                     "{what}: a start the fast function hands to the general check"
                 );
                 assert_eq!(state(raw, &all), before, "{what}: GENERAL writes nothing");
+                forget(raw, [&one, &all, &twin]);
                 continue;
             }
             let Value::Array(replies) = replies else {
@@ -436,6 +443,7 @@ pub(crate) fn batches_agree_with_their_fast_functions(
                     "{what}: the twin's state"
                 );
             }
+            forget(raw, [&one, &all, &twin]);
         }
     }
 }
