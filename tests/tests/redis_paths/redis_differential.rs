@@ -11,7 +11,7 @@ use crate::redis_common;
 use std::time::Duration;
 
 use portcullis_core::{Algorithm, Clock, LeakyMode, ManualClock, MemoryStore, Policy, Store};
-use portcullis_redis::RedisStore;
+use portcullis_redis::{CallPath, RedisStore};
 use portcullis_tests::unique_prefix;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -280,10 +280,11 @@ fn run_case(
             }
             Op::Burst { costs, .. } | Op::BurstAfterEnd { costs, .. } => {
                 // All made before any is polled: the first leads, the
-                // others join it in this order. The EVALSHA path does not
-                // coalesce, and its calls at once could run in any order:
-                // there they go one after another.
-                let from_redis = if redis_common::evalsha_path() {
+                // others join it in this order. The EVALSHA path (forced,
+                // or a server without Functions) does not coalesce, and
+                // its calls at once could run in any order: there they go
+                // one after another.
+                let from_redis = if redis.call_path() == CallPath::Evalsha {
                     costs
                         .iter()
                         .map(|&cost| runtime.block_on(redis.check(subject, policies, cost)))
