@@ -8,6 +8,7 @@ mod redis_common;
 
 use std::time::Duration;
 
+use futures::future::join_all;
 use portcullis_core::{Algorithm, Policy, Store, StoreError};
 use portcullis_redis::{CallPath, ClockMode, RedisStore};
 use portcullis_tests::reliability::{crc16_slot, master_with_replica, OwnedCluster};
@@ -269,8 +270,34 @@ async fn out_of_memory_on_both_paths() {
         .await
         .unwrap()
         .is_allowed());
+    // Each algorithm alone, checked at once below (coalesced batches).
+    for policy in &policies {
+        check_counts(&functions, "held-batch", std::slice::from_ref(policy), 1).await;
+    }
     let mut raw = redis_common::raw(&server.url());
     portcullis_tests::reliability::fill_past_maxmemory(&server.url()).await;
+    // Coalesced (Functions): the first check alone, the others as one
+    // batch, by each one-policy batch function's allow-oom twin: a held
+    // subject's checks are decided exactly, one after another; a new
+    // subject's are each refused.
+    for policy in &policies {
+        let one = std::slice::from_ref(policy);
+        let held = join_all((0..16).map(|_| functions.check("held-batch", one, 1))).await;
+        let left: Vec<u64> = held
+            .into_iter()
+            .map(|verdict| verdict.unwrap().decisions()[0].remaining())
+            .collect();
+        let expected: Vec<u64> = (0..16).map(|j| 998 - j).collect();
+        assert_eq!(left, expected, "{}: held, at maxmemory", policy.algorithm());
+        let fresh = join_all((0..16).map(|_| functions.check("fresh-batch", one, 1))).await;
+        for verdict in fresh {
+            assert!(
+                matches!(verdict, Err(StoreError::OutOfMemory { .. })),
+                "{}: {verdict:?}",
+                policy.algorithm()
+            );
+        }
+    }
     for (store, held) in [(&functions, "held-f"), (&evalsha, "held-e")] {
         check_counts(store, held, &policies, 2).await;
         let fresh = store.check("fresh", &policies, 1).await;

@@ -144,11 +144,14 @@
 //! # Many checks, one call
 //!
 //! Charges of one subject and policies that arrive while a call for them is
-//! in flight wait for it, then go together as one call of `batch.lua`
-//! (`portcullis_<hash>_batch`, or `_gcra_batch` for a one-policy GCRA check
-//! of the fast path: one `GET`, one `SET`), which decides them one after
-//! another in arrival order, as sequential checks at that instant would
-//! (ALGORITHMS.md, "Coalesced checks"). Nothing waits for a batch to fill; a
+//! in flight wait for it, then go together as one call
+//! (`portcullis_<hash>_batch`; for one policy of a fast path,
+//! `_gcra_batch`, `_token_bucket_batch`, `_leaky_meter_batch`,
+//! `_leaky_queue_batch`, `_fixed_window_batch`, `_sliding_window_batch` or
+//! `_sliding_log_batch`, which read the state once and write it once),
+//! which decides them one after another in arrival order, as sequential
+//! checks at that instant would (ALGORITHMS.md, "Coalesced checks").
+//! Nothing waits for a batch to fill; a
 //! batch holds at most 128 checks. Off with
 //! [`RedisStoreBuilder::coalesce(false)`](crate::RedisStoreBuilder::coalesce);
 //! peeks and the `EVALSHA` path are never coalesced.

@@ -1,15 +1,17 @@
 //! Differential tests: `RedisStore` (client-clock mode, manual clock) and
 //! `MemoryStore` give identical verdicts for random sequences of time steps
 //! (forward, zero, backward), costs (peeks and costs above capacity
-//! included), resets and policy combinations, for every algorithm, on a
-//! standalone server and on the Cluster.
+//! included), resets, bursts of checks made at once (coalesced on the
+//! Functions path, into each one-policy fast path's batch or the general
+//! one) and policy combinations, for every algorithm, on a standalone
+//! server and on the Cluster.
 
 use crate::redis_common;
 
 use std::time::Duration;
 
 use portcullis_core::{Algorithm, Clock, LeakyMode, ManualClock, MemoryStore, Policy, Store};
-use portcullis_redis::RedisStore;
+use portcullis_redis::{CallPath, RedisStore};
 use portcullis_tests::unique_prefix;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -38,7 +40,18 @@ enum Op {
     /// A plan change: move the clock, then check the other set of policies
     /// (the same names and algorithms, other numbers) from now on.
     Switch { step: i64, cost: u64 },
+    /// Move the clock, then make these checks at once: on the Functions
+    /// path the first goes alone and the others wait for it and go as one
+    /// coalesced batch (the fast batch of a one-policy fast path, or the
+    /// general one); memory decides them one by one at that instant.
+    Burst { step: i64, costs: [u64; BURST] },
+    /// Move the clock to `after` µs past the end of the first policy's
+    /// current period, then a burst: the first checks of a new window.
+    BurstAfterEnd { after: u64, costs: [u64; BURST] },
 }
+
+/// The checks of a burst.
+const BURST: usize = 7;
 
 fn policy(algorithm: Algorithm, name: String) -> impl Strategy<Value = Policy> {
     (
@@ -80,10 +93,16 @@ fn ops(max_period: u64) -> impl Strategy<Value = Vec<Op>> {
         1 => -(max / 2)..=0_i64,
     ];
     let cost = prop_oneof![6 => Just(1_u64), 2 => Just(0_u64), 3 => 0_u64..=12];
+    // No peeks in a burst: a peek goes alone, beside the batch, so its
+    // place among the checks would not be the order they were made in.
+    // Costs above a policy's capacity are refused before anything is sent.
+    let costs = prop::array::uniform7(prop_oneof![4 => Just(1_u64), 3 => 1_u64..=12]);
     let op = prop_oneof![
         30 => (step.clone(), cost.clone()).prop_map(|(step, cost)| Op::Check { step, cost }),
         1 => step.clone().prop_map(|step| Op::Reset { step }),
-        3 => (step, cost).prop_map(|(step, cost)| Op::Switch { step, cost }),
+        3 => (step.clone(), cost).prop_map(|(step, cost)| Op::Switch { step, cost }),
+        4 => (step, costs.clone()).prop_map(|(step, costs)| Op::Burst { step, costs }),
+        2 => (0_u64..1_000, costs).prop_map(|(after, costs)| Op::BurstAfterEnd { after, costs }),
     ];
     prop::collection::vec(op, 40)
 }
@@ -224,13 +243,18 @@ fn run_case(
     let memory = MemoryStore::builder().clock(clock.clone()).build();
     for (i, op) in ops.iter().enumerate() {
         let now = match *op {
-            Op::Check { step, .. } | Op::Reset { step } | Op::Switch { step, .. } => {
-                clock.now_micros().saturating_add_signed(step).max(start)
-            }
+            Op::Check { step, .. }
+            | Op::Reset { step }
+            | Op::Switch { step, .. }
+            | Op::Burst { step, .. } => clock.now_micros().saturating_add_signed(step).max(start),
             Op::NearEnd { before, .. } => {
                 let period = policies.first().map_or(1, Policy::period_micros);
                 let end = (clock.now_micros() / period + 1) * period;
                 end.saturating_sub(before).max(start)
+            }
+            Op::BurstAfterEnd { after, .. } => {
+                let period = policies.first().map_or(1, Policy::period_micros);
+                (clock.now_micros() / period + 1) * period + after
             }
         };
         clock.set(now);
@@ -252,21 +276,56 @@ fn run_case(
                 let from_redis = runtime.block_on(redis.check(subject, policies, cost));
                 let from_memory = runtime.block_on(memory.check(subject, policies, cost));
                 let context = format!("op {i} ({op:?}) at t = start + {} µs", now - start);
-                match (from_redis, from_memory) {
-                    (Ok(a), Ok(b)) => prop_assert_eq!(a, b, "{}", context),
-                    (Err(a), Err(b)) => {
-                        prop_assert!(!a.is_backend(), "{}: Redis failed: {}", context, a);
-                        prop_assert_eq!(format!("{a:?}"), format!("{b:?}"), "{}", context);
-                    }
-                    (a, b) => {
-                        return Err(TestCaseError::fail(format!(
-                            "{context}: Redis {a:?} but memory {b:?}"
-                        )))
-                    }
+                same(&context, from_redis, from_memory)?;
+            }
+            Op::Burst { costs, .. } | Op::BurstAfterEnd { costs, .. } => {
+                // All made before any is polled: the first leads, the
+                // others join it in this order. The EVALSHA path (forced,
+                // or a server without Functions) does not coalesce, and
+                // its calls at once could run in any order: there they go
+                // one after another.
+                let from_redis = if redis.call_path() == CallPath::Evalsha {
+                    costs
+                        .iter()
+                        .map(|&cost| runtime.block_on(redis.check(subject, policies, cost)))
+                        .collect()
+                } else {
+                    let checks = costs.map(|cost| redis.check(subject, policies, cost));
+                    runtime.block_on(futures::future::join_all(checks))
+                };
+                for (j, (&cost, from_redis)) in costs.iter().zip(from_redis).enumerate() {
+                    let from_memory = runtime.block_on(memory.check(subject, policies, cost));
+                    let context = format!(
+                        "op {i} ({op:?}), check {j} at t = start + {} µs",
+                        now - start
+                    );
+                    same(&context, from_redis, from_memory)?;
                 }
             }
         }
         forget_expired(runtime, nodes, (redis, &memory), subject, policies, now)?;
+    }
+    Ok(())
+}
+
+/// Redis' and memory's answers to one check are the same decisions, or the
+/// same error (never a backend failure).
+fn same(
+    context: &str,
+    from_redis: Result<portcullis_core::Verdict, portcullis_core::StoreError>,
+    from_memory: Result<portcullis_core::Verdict, portcullis_core::StoreError>,
+) -> Result<(), TestCaseError> {
+    match (from_redis, from_memory) {
+        (Ok(a), Ok(b)) => prop_assert_eq!(a, b, "{}", context),
+        (Err(a), Err(b)) => {
+            prop_assert!(!a.is_backend(), "{}: Redis failed: {}", context, a);
+            prop_assert_eq!(format!("{a:?}"), format!("{b:?}"), "{}", context);
+        }
+        (a, b) => {
+            return Err(TestCaseError::fail(format!(
+                "{context}: Redis {a:?} but memory {b:?}"
+            )))
+        }
     }
     Ok(())
 }

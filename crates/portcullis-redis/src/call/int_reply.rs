@@ -2,8 +2,9 @@
 //! check answers five: `<name>_gcra` (one policy; a lead in µs, or in
 //! `1 / limit` µs when the interval is not a whole number of µs),
 //! `<name>_gcra_multi` (several whole-µs policies, one lead each), the
-//! one-policy fast functions of the other algorithms, a coalesced GCRA
-//! batch and a local budget's grant (ALGORITHMS.md, "The Redis fast
+//! one-policy fast functions of the other algorithms, a coalesced batch of
+//! one of those (each check's integer as its fast function answers it)
+//! and a local budget's grant (ALGORITHMS.md, "The Redis fast
 //! path"). The decisions are derived here, with the core's own
 //! arithmetic, from each integer.
 
@@ -35,8 +36,8 @@ pub(crate) fn multi_verdict(
         .collect()
 }
 
-/// The verdict for the fast function's reply (or one reply of the
-/// coalesced GCRA function, which answers the same for each check).
+/// The verdict for the fast function's reply (or one reply of a coalesced
+/// batch of its policy, which answers the same for each check).
 pub(crate) fn verdict(
     policy: &Policy,
     reply: i64,

@@ -25,8 +25,9 @@
 //!   `2 × timeout × (1 + batches ahead)`, where the batches ahead are the
 //!   call in flight when it joined and one per [`MAX_BATCH`] checks queued
 //!   before it. Every Redis call is bounded by the store's timeout, and a
-//!   batch usually makes one, two when the fast GCRA batch hands over to
-//!   the general one, so the bound is reached only when the server is
+//!   batch usually makes one, two when the fast batch of one policy
+//!   (`decide.rs`) hands over to the general one, so the bound is
+//!   reached only when the server is
 //!   slower than the timeout allows (or a server out of memory makes each
 //!   call twice). Then the check withdraws ([`Waiting`]'s state, swapped
 //!   atomically against the batch taking it), is never sent, and answers
@@ -49,17 +50,16 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use portcullis_core::{StoreError, Verdict};
-use redis::Value;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
-use crate::call::reply::{out_of_memory, parse_verdict, protocol};
-use crate::call::{int_reply, push_time, Call, Caller, Kind, Target};
-use crate::functions::CallPath;
-use crate::scripts::Serving;
+use crate::call::{Caller, Target};
 
+mod decide;
 mod lane;
 mod wait;
+
+use decide::decide;
 
 pub(crate) use lane::{Entry, Lane};
 
@@ -72,7 +72,7 @@ pub(crate) const MAX_BATCH: usize = 128;
 /// Shards of the table of calls in flight (a power of two).
 const SHARDS: usize = 16;
 
-type Reply = Result<Verdict, StoreError>;
+pub(super) type Reply = Result<Verdict, StoreError>;
 
 /// One shard: the calls in flight, by subject and policies (a check's
 /// [`Target`]; the call's own, shared), each with the checks waiting for
@@ -288,116 +288,6 @@ async fn send_batches(
             None => return,
         }
     }
-}
-
-/// Decides `costs` in turn in one call (two when the fast batch hands a
-/// state to the general one; one call per check, in turn, on a server
-/// that refuses Functions from now on).
-async fn decide(
-    caller: &Caller,
-    batch: &Arc<Target>,
-    costs: &[u64],
-) -> Result<Vec<Reply>, StoreError> {
-    let (general, gcra) = caller.scripts.library().batch_functions();
-    let first_key = batch.first_key();
-    let set = batch.set();
-    let now = caller.now();
-    // The fast batch takes every cost a fast check takes (a coalesced
-    // check is a charge): the policy decides, not the lead's cost.
-    let fast = match batch.policies() {
-        [policy] if set.serving() == Serving::WholeGcra => Some(policy),
-        _ => None,
-    };
-    if let Some(policy) = fast {
-        let mut cmd = redis::cmd("FCALL");
-        cmd.arg(gcra.sha())
-            .arg(1)
-            .arg(first_key)
-            .arg(set.argument(0));
-        push_time(&mut cmd, now);
-        for cost in costs {
-            cmd.arg(*cost);
-        }
-        match caller.run(gcra, &cmd, first_key).await {
-            Ok(Value::Array(items)) if items.len() == costs.len() => {
-                return Ok(items
-                    .into_iter()
-                    .zip(costs)
-                    .map(|(item, &cost)| match item {
-                        Value::Int(reply) => int_reply::verdict(policy, reply, cost),
-                        other => Err(protocol(format!(
-                            "a coalesced GCRA check answered {other:?}"
-                        ))),
-                    })
-                    .collect());
-            }
-            // A state only the general check reads: nothing was written.
-            Ok(Value::SimpleString(status)) if status == "GENERAL" => {}
-            Ok(other) => {
-                return Err(protocol(format!(
-                    "coalesced GCRA checks answered {other:?}"
-                )))
-            }
-            Err(error) if caller.scripts.path().refused(&error, first_key) => {
-                return one_by_one(caller, batch, costs).await;
-            }
-            Err(error) => return Err(error),
-        }
-    }
-    let mut cmd = redis::cmd("FCALL");
-    cmd.arg(general.sha()).arg(batch.key_count());
-    for key in batch.keys() {
-        cmd.arg(key);
-    }
-    cmd.arg(set.letters().unwrap_or_default().as_slice());
-    push_time(&mut cmd, now);
-    cmd.arg(costs.len());
-    for cost in costs {
-        cmd.arg(*cost);
-    }
-    for argument in set.arguments() {
-        cmd.arg(argument);
-    }
-    match caller.run(general, &cmd, first_key).await {
-        Ok(Value::Array(items)) if items.len() == costs.len() => Ok(items
-            .into_iter()
-            .map(|item| match item {
-                Value::SimpleString(status) if status == "NOROOM" => Err(out_of_memory()),
-                item => parse_verdict(item, set.capacities()),
-            })
-            .collect()),
-        Ok(other) => Err(protocol(format!("coalesced checks answered {other:?}"))),
-        Err(error) if caller.scripts.path().refused(&error, first_key) => {
-            one_by_one(caller, batch, costs).await
-        }
-        Err(error) => Err(error),
-    }
-}
-
-/// The checks as scripts, one call each, in turn: Redis refused the
-/// Functions (nothing ran) and the store uses `EVALSHA` from now on.
-#[cold]
-async fn one_by_one(
-    caller: &Caller,
-    batch: &Arc<Target>,
-    costs: &[u64],
-) -> Result<Vec<Reply>, StoreError> {
-    let mut replies = Vec::with_capacity(costs.len());
-    for &cost in costs {
-        let call = Call::new(
-            caller,
-            CallPath::Evalsha,
-            Kind::Check,
-            Arc::clone(batch),
-            cost,
-        );
-        let reply = match call {
-            Ok(call) => call.verdict(caller).await,
-            Err(error) => Err(error),
-        };
-        replies.push(reply);
-    }
-    Ok(replies)
 }
 
 /// The same error for every check of a failed batch: the kind and figures

@@ -8,9 +8,10 @@ use portcullis_core::{Algorithm, LeakyMode, Policy, StoreError};
 use smallvec::SmallVec;
 
 use super::{
-    code, LuaScript, BATCH, BUCKET_FAST, CHARGE, CHARGE_LIBRARY, CHECK, FIXED_WINDOW_FAST,
-    GCRA_MULTI, LEAKY_QUEUE_FAST, LEASE, LIBRARY, MIXED, OPTIONS, OPTIONS_LIBRARY, PRELUDE,
-    RESERVE, RESERVE_LIBRARY, SLIDING_LOG_FAST, SLIDING_WINDOW_FAST, SOURCES,
+    code, LuaScript, BATCH, BATCH_FAST, BUCKET_FAST, CHARGE, CHARGE_LIBRARY, CHECK,
+    FIXED_WINDOW_FAST, GCRA_MULTI, LEAKY_QUEUE_FAST, LEASE, LIBRARY, MIXED, OPTIONS,
+    OPTIONS_LIBRARY, PRELUDE, RESERVE, RESERVE_LIBRARY, SLIDING_LOG_FAST, SLIDING_WINDOW_FAST,
+    SOURCES,
 };
 
 /// The portcullis Redis Functions library: every algorithm and the check,
@@ -34,6 +35,10 @@ pub(crate) struct Library {
     /// GCRA form of the fast function; each with its allow-oom twin.
     batch: LuaScript,
     gcra_batch: LuaScript,
+    /// Coalesced checks of one policy of the other fast functions
+    /// (batch_fast.lua), by [`Fast`]'s order: token bucket, leaky meter,
+    /// leaky queue, fixed window, sliding window, sliding log.
+    fast_batches: [LuaScript; 6],
     /// Grants of permits to a local budget (batch.lua, budget/).
     gcra_take: LuaScript,
     /// A check of several GCRA policies of the fast path (gcra_multi.lua).
@@ -79,6 +84,7 @@ impl Library {
         body.push_str(SLIDING_WINDOW_FAST);
         body.push_str(LEAKY_QUEUE_FAST);
         body.push_str(SLIDING_LOG_FAST);
+        body.push_str(BATCH_FAST);
         body.push_str(OPTIONS_LIBRARY);
         body.push_str(MIXED);
         body.push_str(RESERVE);
@@ -86,7 +92,7 @@ impl Library {
         let hash = redis::Script::new(&body).get_hash().to_owned();
         let name = format!("portcullis_{}", &hash[..12]);
         let source: Arc<str> = format!(
-            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM, FN_BATCH, FN_BATCH_OOM, FN_GCRA_BATCH, FN_GCRA_BATCH_OOM, FN_GCRA_TAKE, FN_GCRA_TAKE_OOM, FN_GCRA_MULTI, FN_GCRA_MULTI_OOM, FN_TB_FAST, FN_TB_FAST_OOM, FN_METER_FAST, FN_METER_FAST_OOM, FN_FW_FAST, FN_FW_FAST_OOM, FN_SW_FAST, FN_SW_FAST_OOM, FN_QUEUE_FAST, FN_QUEUE_FAST_OOM, FN_LOG_FAST, FN_LOG_FAST_OOM, FN_EXT, FN_EXT_OOM, FN_MIXED, FN_MIXED_OOM, FN_RESERVE, FN_RESERVE_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom', '{name}_batch', '{name}_batch_oom', '{name}_gcra_batch', '{name}_gcra_batch_oom', '{name}_gcra_take', '{name}_gcra_take_oom', '{name}_gcra_multi', '{name}_gcra_multi_oom', '{name}_token_bucket', '{name}_token_bucket_oom', '{name}_leaky_meter', '{name}_leaky_meter_oom', '{name}_fixed_window', '{name}_fixed_window_oom', '{name}_sliding_window', '{name}_sliding_window_oom', '{name}_leaky_queue', '{name}_leaky_queue_oom', '{name}_sliding_log', '{name}_sliding_log_oom', '{name}_ext', '{name}_ext_oom', '{name}_mixed', '{name}_mixed_oom', '{name}_reserve', '{name}_reserve_oom'\n{body}"
+            "#!lua name={name}\nlocal FN_CHECK, FN_PEEK, FN_OOM, FN_GCRA, FN_GCRA_OOM, FN_LEASE, FN_LEASE_OOM, FN_CHARGE, FN_CHARGE_OOM, FN_BATCH, FN_BATCH_OOM, FN_GCRA_BATCH, FN_GCRA_BATCH_OOM, FN_GCRA_TAKE, FN_GCRA_TAKE_OOM, FN_GCRA_MULTI, FN_GCRA_MULTI_OOM, FN_TB_FAST, FN_TB_FAST_OOM, FN_METER_FAST, FN_METER_FAST_OOM, FN_FW_FAST, FN_FW_FAST_OOM, FN_SW_FAST, FN_SW_FAST_OOM, FN_QUEUE_FAST, FN_QUEUE_FAST_OOM, FN_LOG_FAST, FN_LOG_FAST_OOM, FN_TB_BATCH, FN_TB_BATCH_OOM, FN_METER_BATCH, FN_METER_BATCH_OOM, FN_QUEUE_BATCH, FN_QUEUE_BATCH_OOM, FN_FW_BATCH, FN_FW_BATCH_OOM, FN_SW_BATCH, FN_SW_BATCH_OOM, FN_LOG_BATCH, FN_LOG_BATCH_OOM, FN_EXT, FN_EXT_OOM, FN_MIXED, FN_MIXED_OOM, FN_RESERVE, FN_RESERVE_OOM = '{name}_check', '{name}_peek', '{name}_oom', '{name}_gcra', '{name}_gcra_oom', '{name}_lease', '{name}_lease_oom', '{name}_charge', '{name}_charge_oom', '{name}_batch', '{name}_batch_oom', '{name}_gcra_batch', '{name}_gcra_batch_oom', '{name}_gcra_take', '{name}_gcra_take_oom', '{name}_gcra_multi', '{name}_gcra_multi_oom', '{name}_token_bucket', '{name}_token_bucket_oom', '{name}_leaky_meter', '{name}_leaky_meter_oom', '{name}_fixed_window', '{name}_fixed_window_oom', '{name}_sliding_window', '{name}_sliding_window_oom', '{name}_leaky_queue', '{name}_leaky_queue_oom', '{name}_sliding_log', '{name}_sliding_log_oom', '{name}_token_bucket_batch', '{name}_token_bucket_batch_oom', '{name}_leaky_meter_batch', '{name}_leaky_meter_batch_oom', '{name}_leaky_queue_batch', '{name}_leaky_queue_batch_oom', '{name}_fixed_window_batch', '{name}_fixed_window_batch_oom', '{name}_sliding_window_batch', '{name}_sliding_window_batch_oom', '{name}_sliding_log_batch', '{name}_sliding_log_batch_oom', '{name}_ext', '{name}_ext_oom', '{name}_mixed', '{name}_mixed_oom', '{name}_reserve', '{name}_reserve_oom'\n{body}"
         )
         .into();
         let function =
@@ -105,6 +111,15 @@ impl Library {
         let options = with_twin("ext");
         let batch = with_twin("batch");
         let gcra_batch = with_twin("gcra_batch");
+        let fast_batches = [
+            "token_bucket",
+            "leaky_meter",
+            "leaky_queue",
+            "fixed_window",
+            "sliding_window",
+            "sliding_log",
+        ]
+        .map(|algorithm| with_twin(&format!("{algorithm}_batch")));
         let fixed_window = with_twin("fixed_window");
         let sliding_window = with_twin("sliding_window");
         let leaky_queue = with_twin("leaky_queue");
@@ -121,6 +136,7 @@ impl Library {
             mixed,
             batch,
             gcra_batch,
+            fast_batches,
             gcra_take,
             gcra_multi,
             token_bucket,
@@ -157,10 +173,22 @@ impl Library {
         &self.charge
     }
 
-    /// The coalesced check functions (batch.lua): the general one and the
-    /// one-policy GCRA one.
-    pub(crate) fn batch_functions(&self) -> (&LuaScript, &LuaScript) {
-        (&self.batch, &self.gcra_batch)
+    /// The general coalesced check function (batch.lua): every algorithm
+    /// and several policies.
+    pub(crate) fn batch_function(&self) -> &LuaScript {
+        &self.batch
+    }
+
+    /// The coalesced check function of one policy served by a fast
+    /// function (`gcra_batch` in batch.lua, the others in batch_fast.lua),
+    /// or `None` (the general batch): the checks of a batch take it when
+    /// each of their costs is served as `serving`.
+    pub(crate) fn fast_batch_function(&self, serving: Serving) -> Option<&LuaScript> {
+        match serving {
+            Serving::WholeGcra => Some(&self.gcra_batch),
+            Serving::Fast(fast) => Some(&self.fast_batches[fast as usize]),
+            Serving::FractionGcra | Serving::GcraMulti | Serving::General => None,
+        }
     }
 
     /// The function that runs checks of different subjects in one call
@@ -263,10 +291,11 @@ pub(crate) enum Serving {
     General,
 }
 
-/// The one-policy fast functions of the algorithms other than GCRA.
+/// The one-policy fast functions of the algorithms other than GCRA (in
+/// the order of `Library::fast_batches`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Fast {
-    TokenBucket,
+    TokenBucket = 0,
     LeakyMeter,
     LeakyQueue,
     FixedWindow,

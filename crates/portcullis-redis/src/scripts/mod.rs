@@ -37,6 +37,7 @@ const LEASE: &str = include_str!("../lua/lease.lua");
 const RESERVE: &str = include_str!("../lua/reserve.lua");
 const RESERVE_LIBRARY: &str = include_str!("../lua/reserve_library.lua");
 const BATCH: &str = include_str!("../lua/batch.lua");
+const BATCH_FAST: &str = include_str!("../lua/batch_fast.lua");
 const GCRA_MULTI: &str = include_str!("../lua/gcra_multi.lua");
 const BUCKET_FAST: &str = include_str!("../lua/bucket_fast.lua");
 const FIXED_WINDOW_FAST: &str = include_str!("../lua/fixed_window_fast.lua");
