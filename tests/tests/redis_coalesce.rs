@@ -450,6 +450,50 @@ async fn across_subjects(clock: &ManualClock, raw: &mut redis::Connection) {
         "the refused check is its own failure: {replies:?}"
     );
 
+    // Checks sent without a time (Redis' clock, the default) are decided
+    // at one instant, the batch's one `TIME`: three fast GCRA checks and a
+    // `gcra_multi` check (whose time comes after its policies) of new
+    // subjects under one policy each write the same state.
+    let keys = [
+        format!("{prefix}:{{t1}}:a"),
+        format!("{prefix}:{{t2}}:a"),
+        format!("{prefix}:{{t3}}:a"),
+        format!("{prefix}:{{t4}}:a"),
+    ];
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(format!("{library}_mixed")).arg(4).arg(&keys).arg(4);
+    for _ in 0..3 {
+        cmd.arg(&gcra).arg(1).arg(1).arg("40:1000000:40:1");
+    }
+    cmd.arg(format!("{library}_gcra_multi"))
+        .arg(1)
+        .arg(2)
+        .arg(1)
+        .arg("40:1000000:40");
+    let replies: Vec<redis::Value> = cmd.query(raw).expect("the batch runs");
+    assert_eq!(replies.len(), 4, "{replies:?}");
+    let times: Vec<u64> = keys
+        .iter()
+        .map(|key| {
+            let state: String = redis::cmd("GET").arg(key).query(raw).expect("a state");
+            let hex = state.split('@').next().unwrap_or_default();
+            u64::from_str_radix(hex, 16)
+                .unwrap_or_else(|e| panic!("{key}: state {state:?} is not hex µs: {e}"))
+        })
+        .collect();
+    assert!(
+        times.iter().all(|t| *t == times[0]),
+        "checks of one batch were decided at different instants: {times:?}"
+    );
+    let redis_now: Vec<u64> = redis::cmd("TIME").query(raw).expect("TIME");
+    let redis_now = redis_now[0] * 1_000_000 + redis_now[1];
+    assert!(
+        times[0] > redis_now - 60_000_000 && times[0] <= redis_now + 25_000,
+        "the batch's instant {} is Redis' clock ({redis_now}) plus one interval",
+        times[0]
+    );
+    let () = redis::cmd("DEL").arg(&keys).query(raw).expect("DEL");
+
     // Dropped before their batch goes: never charged.
     let minute = [Policy::per_minute(10).name("m").build().unwrap()];
     let mut checks: Vec<_> = (0..8)

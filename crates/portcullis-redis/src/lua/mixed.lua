@@ -34,6 +34,12 @@ local function mixed(keys, args, no_new_keys)
   end
   local replies = {}
   local a, k = 2, 0
+  -- The batch's instant, for the checks sent without a client time (each
+  -- function reads now at `at`, ARGV[2] or, for gcra_multi, after its
+  -- policies; absent or '' for TIME): one TIME for
+  -- the batch, as a batch of one subject reads it once, rather than one
+  -- per check (a TIME is a call into Redis; these checks arrived together).
+  local now
   -- One table of keys and one of arguments, refilled for each check (the
   -- functions keep nothing of them; whatever one appended is cleared with
   -- the rest): no table per check.
@@ -59,6 +65,14 @@ local function mixed(keys, args, no_new_keys)
     while check_args[i] ~= nil do
       check_args[i] = nil
       i = i + 1
+    end
+    local at = args[a] == FN_GCRA_MULTI and nk + 2 or 2
+    if check_args[at] == nil or check_args[at] == '' then
+      if now == nil then
+        local time = redis.call('TIME')
+        now = fmt(tonumber(time[1]) * 1000000 + tonumber(time[2]))
+      end
+      check_args[at] = now
     end
     local ok, reply = pcall(run, check_keys, check_args, no_new_keys)
     local failed = not ok and reply or (type(reply) == 'table' and reply.err)
