@@ -20,7 +20,8 @@ use super::head::RequestHead;
 ///
 /// An extractor reads the request's head ([`RequestHead`]: method, URI,
 /// headers, extensions), borrowed from the request in place. Any
-/// `Fn(&RequestHead) -> Option<String>` closure is a key extractor, and extractors combine: a tuple keys on all of its parts, and
+/// `Fn(&RequestHead) -> Option<String>` closure is a key extractor, and
+/// extractors combine: a tuple keys on all of its parts, and
 /// [`KeyExtractor::or`] falls back when the first yields nothing.
 ///
 /// [`RateLimitLayerBuilder::on_missing_key`]: crate::RateLimitLayerBuilder::on_missing_key
