@@ -433,6 +433,7 @@ where
     }
 }
 
+pub mod cpu;
 pub mod reliability;
 mod sentinel;
 

@@ -1,10 +1,11 @@
 //! `cargo xtask bench scale`: three instances of the quickstart's app on
 //! one Redis, loaded out of process, on one hot subject and on 100 000
 //! subjects: requests per second against the bare app, Redis calls and
-//! Redis server instructions per request, p50 / p99, and the overshoot of
-//! a limited hot subject against the bound the local budget states. The
-//! same on `MemoryStore` (each instance its own), on Redis exact (one call
-//! per check, coalesced) and on Redis with a local budget.
+//! Redis server instructions per request, checks per CPU second of Redis
+//! and of the instances, p50 / p99, and the overshoot of a limited hot
+//! subject against the bound the local budget states. The same on
+//! `MemoryStore` (each instance its own), on Redis exact (one call per
+//! check, coalesced) and on Redis with a local budget.
 //!
 //! The app is the quickstart's (Hyper, `GET /` answering `hello`, the
 //! `RateLimitLayer` keyed by `ClientIp` behind a trusted proxy, so the load
@@ -14,6 +15,15 @@
 //! turns, round after round, and medians over rounds are reported; server
 //! instructions come from a second Redis under valgrind's callgrind (two
 //! request counts, the difference divided by the difference in requests).
+//! Checks per CPU second: the requests decided in a round (admitted or
+//! limited) divided by the CPU seconds (user and system, from
+//! `/proc/<pid>/stat`, one clock tick of resolution) the redis-server
+//! process, and the three instances summed, spent in that round. Unlike
+//! requests per wall-clock second it does not count time a process waited
+//! for a core that something else on the machine held (it still moves with
+//! how checks batch, which follows timing, and with caches and clock
+//! speed). Redis' figure includes its own system calls (socket reads and
+//! writes).
 //!
 //! The flood row: one subject offered as much as 4 connections send, far
 //! past a policy of 1 000 per second, on Redis exact and with the local
@@ -406,6 +416,11 @@ impl Redis {
         })
     }
 
+    /// CPU seconds (user and system) the server has spent so far.
+    fn cpu(&self) -> Result<f64, String> {
+        portcullis_tests::cpu::cpu_seconds(self.child.id(), &process_name(&redis_server()))
+    }
+
     /// Script and function calls served so far.
     fn calls(&self) -> u64 {
         let info = self.query(&["INFO", "commandstats"]).unwrap_or_default();
@@ -520,6 +535,30 @@ impl Instances {
     }
 }
 
+impl Instances {
+    /// CPU seconds (user and system) the instances have spent so far, summed.
+    fn cpu(&self) -> Result<f64, String> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let name = process_name(&exe.to_string_lossy());
+        self.children
+            .iter()
+            .map(|child| portcullis_tests::cpu::cpu_seconds(child.id(), &name))
+            .sum()
+    }
+}
+
+/// The name Linux gives a process started from `path` (`/proc/<pid>/stat`'s
+/// second field: the file name, at most 15 bytes).
+fn process_name(path: &str) -> String {
+    let file = path.rsplit('/').next().unwrap_or(path);
+    file.chars()
+        .scan(0, |bytes, c| {
+            *bytes += c.len_utf8();
+            (*bytes <= 15).then_some(c)
+        })
+        .collect()
+}
+
 impl Drop for Instances {
     fn drop(&mut self) {
         for child in &mut self.children {
@@ -537,6 +576,11 @@ struct Run {
     limited: u64,
     other: u64,
     per_second: f64,
+    secs: f64,
+    /// CPU seconds Redis and the three instances spent during the run
+    /// (0 when not measured).
+    redis_cpu: f64,
+    app_cpu: f64,
     p50: f64,
     p99: f64,
     buckets: Vec<u64>,
@@ -588,6 +632,7 @@ fn run_load_on(
         limited: limited as u64,
         other: other as u64,
         per_second: requests / secs,
+        secs,
         p50,
         p99,
         buckets: lines
@@ -596,7 +641,61 @@ fn run_load_on(
             .split_whitespace()
             .filter_map(|w| w.parse().ok())
             .collect(),
+        ..Run::default()
     })
+}
+
+/// A run, with the CPU seconds Redis and the instances spent in it.
+fn measured_load(
+    redis: &Redis,
+    instances: &Instances,
+    hot: bool,
+    secs: f64,
+    connections: usize,
+) -> Result<Run, String> {
+    let before = (redis.cpu()?, instances.cpu()?);
+    let mut run = run_load_on(
+        &instances.ports,
+        hot,
+        "--secs",
+        &secs.to_string(),
+        connections,
+    )?;
+    run.redis_cpu = redis.cpu()? - before.0;
+    run.app_cpu = instances.cpu()? - before.1;
+    Ok(run)
+}
+
+impl Run {
+    /// Requests decided (admitted or limited) per CPU second of Redis, and
+    /// of the three instances together; infinite under one clock tick.
+    fn per_cpu_second(&self) -> (f64, f64) {
+        let decided = (self.ok + self.limited) as f64;
+        (decided / self.redis_cpu, decided / self.app_cpu)
+    }
+
+    /// `Redis 43% CPU, instances 97% CPU` over the run's wall time.
+    fn busy(&self) -> String {
+        format!(
+            "Redis {:.0}% CPU, instances {:.0}% CPU",
+            100.0 * self.redis_cpu / self.secs,
+            100.0 * self.app_cpu / self.secs
+        )
+    }
+}
+
+/// `median [low–high]` of per-round figures, `∞` for a round whose CPU
+/// time was under one clock tick.
+fn median_cell(values: Vec<f64>) -> String {
+    let show = |v: f64| {
+        if v.is_finite() {
+            format!("{v:.0}")
+        } else {
+            "∞".to_owned()
+        }
+    };
+    let (mid, low, high) = median(values);
+    format!("{} [{}–{}]", show(mid), show(low), show(high))
 }
 
 fn median(mut values: Vec<f64>) -> (f64, f64, f64) {
@@ -651,17 +750,18 @@ fn bench() -> Result<(), String> {
         for (w, hot) in [true, false].into_iter().enumerate() {
             for (c, instance) in instances.iter().enumerate() {
                 let before = redis.calls();
-                let run = run_load(&instance.ports, hot, "--secs", &secs.to_string())?;
+                let run = measured_load(&redis, instance, hot, secs, CONNECTIONS)?;
                 calls[c][w] += redis.calls() - before;
                 println!(
-                    "  round {} {:<7} {:<4} {:>8.0} req/s  ok {} limited {} other {}",
+                    "  round {} {:<7} {:<4} {:>8.0} req/s  ok {} limited {} other {}  {}",
                     round + 1,
                     CONFIGS[c],
                     if hot { "hot" } else { "100k" },
                     run.per_second,
                     run.ok,
                     run.limited,
-                    run.other
+                    run.other,
+                    run.busy()
                 );
                 runs[c][w].push(run);
             }
@@ -725,9 +825,18 @@ fn bench() -> Result<(), String> {
     let flood_table = flood(secs, rounds)?;
 
     // The table.
+    let open_policy = Policy::per_second(open.0)
+        .burst(open.1)
+        .name("scale")
+        .build()
+        .map_err(|e| e.to_string())?;
+    let open_bound = LocalBudget::new()
+        .max_permits(BUDGET_PERMITS)
+        .grant_period(Duration::from_millis(BUDGET_LEASE_MS))
+        .overshoot_bound(&open_policy, INSTANCES as u64);
     println!();
-    println!("| configuration | workload | req/s median [range] | × bare | Redis calls / request | Redis instructions / request | p50 / p99 µs |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| configuration | workload | req/s median [range] | × bare | Redis calls / request | Redis instructions / request | checks / Redis CPU s median [range] | checks / instance CPU s median [range] | stated bound | p50 / p99 µs |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for (c, config) in CONFIGS.iter().enumerate() {
         for (w, workload) in ["hot subject", "100k subjects"].iter().enumerate() {
             let list = &runs[c][w];
@@ -749,8 +858,21 @@ fn bench() -> Result<(), String> {
             } else {
                 "0 | 0".to_owned()
             };
+            let per_cpu: Vec<(f64, f64)> = list.iter().map(Run::per_cpu_second).collect();
+            let per_redis = if c >= 2 {
+                median_cell(per_cpu.iter().map(|p| p.0).collect())
+            } else {
+                "— (no Redis call)".to_owned()
+            };
+            let per_app = median_cell(per_cpu.iter().map(|p| p.1).collect());
+            let stated = match *config {
+                "bare" => "— (no limiter)".to_owned(),
+                "memory" => "none (each instance its own limit)".to_owned(),
+                "redis" => "0".to_owned(),
+                _ => open_bound.to_string(),
+            };
             println!(
-                "| {config} | {workload} | {:.0} [{:.0}–{:.0}] | {:.2} | {redis_cells} | {p50:.0} / {p99:.0} |",
+                "| {config} | {workload} | {:.0} [{:.0}–{:.0}] | {:.2} | {redis_cells} | {per_redis} | {per_app} | {stated} | {p50:.0} / {p99:.0} |",
                 rate,
                 low,
                 high,
@@ -758,6 +880,20 @@ fn bench() -> Result<(), String> {
             );
         }
     }
+    let idle = median(
+        runs[..2]
+            .iter()
+            .flatten()
+            .flatten()
+            .map(|r| 1_000.0 * r.redis_cpu / r.secs)
+            .collect(),
+    );
+    println!();
+    println!(
+        "Redis with no calls (the bare and memory rounds): {:.1} ms CPU per s [{:.1}–{:.1}]",
+        idle.0, idle.1, idle.2
+    );
+    println!("(bare: requests, no check, per instance CPU s)");
     println!();
     println!("| configuration | hot subject at {} per second, burst {} | admitted | worst window over the exact policy | stated bound |", LIMITED.0, LIMITED.1);
     println!("|---|---|---|---|---|");
@@ -846,23 +982,18 @@ fn flood(secs: f64, rounds: usize) -> Result<Vec<String>, String> {
     for round in 0..rounds {
         for (c, instance) in instances.iter().enumerate() {
             let before = redis.calls();
-            let run = run_load_on(
-                &instance.ports,
-                true,
-                "--secs",
-                &secs.to_string(),
-                FLOOD_CONNECTIONS,
-            )?;
+            let run = measured_load(&redis, instance, true, secs, FLOOD_CONNECTIONS)?;
             let calls = redis.calls() - before;
             println!(
-                "  round {} {:<7} flood {:>8.0} req/s  ok {} limited {} other {}  calls {calls} ({:.4} per request)",
+                "  round {} {:<7} flood {:>8.0} req/s  ok {} limited {} other {}  calls {calls} ({:.4} per request)  {}",
                 round + 1,
                 FLOOD_CONFIGS[c],
                 run.per_second,
                 run.ok,
                 run.limited,
                 run.other,
-                calls as f64 / run.requests.max(1) as f64
+                calls as f64 / run.requests.max(1) as f64,
+                run.busy()
             );
             totals[c].0 += calls;
             totals[c].1.push(run);
@@ -872,10 +1003,10 @@ fn flood(secs: f64, rounds: usize) -> Result<Vec<String>, String> {
     drop(redis);
     let mut table = vec![
         format!(
-            "| configuration | one subject flooding past {} per second, {FLOOD_CONNECTIONS} connections | req/s median [range] | admitted per second | Redis calls / request | worst window over the exact policy | stated bound |",
+            "| configuration | one subject flooding past {} per second, {FLOOD_CONNECTIONS} connections | req/s median [range] | admitted per second | Redis calls / request | checks / Redis CPU s median [range] | checks / instance CPU s median [range] | worst window over the exact policy | stated bound |",
             FLOOD.0
         ),
-        "|---|---|---|---|---|---|---|".to_owned(),
+        "|---|---|---|---|---|---|---|---|---|".to_owned(),
     ];
     for (c, config) in FLOOD_CONFIGS.iter().enumerate() {
         let (calls, runs) = &totals[c];
@@ -892,10 +1023,13 @@ fn flood(secs: f64, rounds: usize) -> Result<Vec<String>, String> {
         } else {
             "0".to_owned()
         };
+        let per_cpu: Vec<(f64, f64)> = runs.iter().map(Run::per_cpu_second).collect();
         table.push(format!(
-            "| {config} | {requests} requests over {rounds} rounds | {rate:.0} [{low:.0}–{high:.0}] | {:.0} | {:.4} | {worst} | {stated} |",
+            "| {config} | {requests} requests over {rounds} rounds | {rate:.0} [{low:.0}–{high:.0}] | {:.0} | {:.4} | {} | {} | {worst} | {stated} |",
             ok as f64 / (secs * rounds as f64),
             *calls as f64 / requests.max(1) as f64,
+            median_cell(per_cpu.iter().map(|p| p.0).collect()),
+            median_cell(per_cpu.iter().map(|p| p.1).collect()),
         ));
     }
     Ok(table)
