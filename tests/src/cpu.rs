@@ -1,7 +1,7 @@
 //! CPU time of other processes, read from Linux's `/proc/<pid>/stat`: the
 //! scale bench divides the checks decided in a round by the CPU seconds a
-//! process spent in it (user and system time, all its threads), a figure
-//! that does not depend on how loaded the machine is.
+//! process spent in it (user and system time, all its threads), and reads
+//! `/proc/stat` for how busy a core was with anything at all.
 
 use std::process::Command;
 use std::sync::OnceLock;
@@ -74,6 +74,44 @@ pub fn cpu_seconds(pid: u32, name: &str) -> Result<f64, String> {
     Ok(ticks as f64 / clock_ticks()? as f64)
 }
 
+/// The busy time of core `core` in clock ticks, from the text of
+/// `/proc/stat`: its `cpuN` line's user, nice, system, irq, softirq and
+/// steal (not idle and iowait; guest time is already in user).
+///
+/// # Errors
+///
+/// When the text has no such line or it does not parse.
+pub fn parse_core_busy(text: &str, core: usize) -> Result<u64, String> {
+    let label = format!("cpu{core}");
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(label.as_str()))
+        .ok_or_else(|| format!("no {label} line in /proc/stat"))?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("/proc/stat's {label} line: {e}"))?;
+    // user nice system idle iowait irq softirq steal ...
+    let busy = [0, 1, 2, 5, 6, 7];
+    busy.iter()
+        .map(|&i| fields.get(i).copied())
+        .sum::<Option<u64>>()
+        .ok_or_else(|| format!("/proc/stat's {label} line is short"))
+}
+
+/// CPU seconds core `core` has been busy since boot, whatever ran on it
+/// (every process, interrupts, and time the hypervisor took).
+///
+/// # Errors
+///
+/// When `/proc/stat` cannot be read or has no such core.
+pub fn core_busy_seconds(core: usize) -> Result<f64, String> {
+    let text = std::fs::read_to_string("/proc/stat").map_err(|e| format!("/proc/stat: {e}"))?;
+    Ok(parse_core_busy(&text, core)? as f64 / clock_ticks()? as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,6 +128,18 @@ mod tests {
         assert!(parse_stat("4242 (x) S 1 2 3").is_err());
         assert!(parse_stat("4242 x S").is_err());
         assert!(parse_stat("4242 (x) S 1 4242 4242 0 -1 0 0 0 0 0 u 56").is_err());
+    }
+
+    #[test]
+    fn a_core_is_busy_for_all_but_idle_and_iowait() {
+        let stat = "cpu  9 9 9 9 9 9 9 9 0 0\n\
+                    cpu0 1 2 4 1000 2000 8 16 32 64 0\n\
+                    cpu1 100 0 0 0 0 0 0 0 0 0\n";
+        assert_eq!(parse_core_busy(stat, 0), Ok(63));
+        assert_eq!(parse_core_busy(stat, 1), Ok(100));
+        assert!(parse_core_busy(stat, 2).is_err());
+        assert!(parse_core_busy("cpu0 1 2 3\n", 0).is_err());
+        assert!(core_busy_seconds(0).unwrap() >= 0.0);
     }
 
     #[test]

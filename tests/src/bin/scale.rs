@@ -23,7 +23,9 @@
 //! for a core that something else on the machine held (it still moves with
 //! how checks batch, which follows timing, and with caches and clock
 //! speed). Redis' figure includes its own system calls (socket reads and
-//! writes).
+//! writes). Each round also prints how busy core 0 was with anything but
+//! Redis (`/proc/stat`: other processes, interrupts), the interference
+//! that figure does still feel.
 //!
 //! The flood row: one subject offered as much as 4 connections send, far
 //! past a policy of 1 000 per second, on Redis exact and with the local
@@ -300,6 +302,17 @@ fn bench() -> Result<(), String> {
     println!(
         "Redis with no calls (the bare and memory rounds): {:.1} ms CPU per s [{:.1}–{:.1}]",
         idle.0, idle.1, idle.2
+    );
+    let other = median(
+        runs.iter()
+            .flatten()
+            .flatten()
+            .map(|r| 100.0 * r.core0_other / r.secs)
+            .collect(),
+    );
+    println!(
+        "other work on Redis' core 0 during the rounds: {:.0}% [{:.0}–{:.0}]",
+        other.0, other.1, other.2
     );
     println!("(bare: requests, no check, per instance CPU s)");
     println!();
