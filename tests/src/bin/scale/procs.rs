@@ -151,8 +151,21 @@ impl Drop for Redis {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // The output file and every dump `callgrind_control -d` wrote
+        // beside it (`<out>.1`, `<out>.2`, ...).
         if let Some(out) = &self.callgrind_out {
-            let _ = std::fs::remove_file(out);
+            let name = out
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let dumps = format!("{name}.");
+            let dir = out.parent().map(PathBuf::from).unwrap_or_default();
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let file = entry.file_name().to_string_lossy().into_owned();
+                if file == name || file.starts_with(&dumps) {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
         }
     }
 }
