@@ -8,7 +8,8 @@
 //! go together in one call (batches across subjects), and decide exactly
 //! as one by one too; a check its function refuses fails alone.
 //!
-//! Redis Functions only (coalescing is off on the `EVALSHA` path): xtask
+//! Redis Functions for the most part (the `EVALSHA` path coalesces one
+//! subject's checks as a script, tested on a server of its own): xtask
 //! skips these by name on servers before Redis 7. One test function runs
 //! the steps in turn, because two of them read server-wide counters
 //! (`INFO commandstats`) and one pauses the server.
@@ -22,7 +23,7 @@ use futures::future::join_all;
 use portcullis_core::{
     Algorithm, Clock, Decision, LeakyMode, ManualClock, MemoryStore, Policy, Store,
 };
-use portcullis_redis::{ClockMode, RedisStore};
+use portcullis_redis::{CallPath, ClockMode, RedisStore};
 use portcullis_tests::unique_prefix;
 use redis_common::{client, manual_clock};
 
@@ -373,6 +374,51 @@ async fn fast_batches_take_one_call(
             "{algorithm}: GENERAL, then the general batch (the queue: its fast batch)"
         );
         clock.advance(Duration::from_secs(120));
+    }
+}
+
+/// On the `EVALSHA` path (a user without Functions: Redis 6.2, a full
+/// node, an ACL without `FCALL`), concurrent checks of one subject still
+/// take one call after the lead: the batch script composed for their
+/// policy set, deciding them as memory does one by one, for every policy
+/// set of `policy_sets`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_evalsha_path_coalesced_checks_go_as_one_script_call() {
+    let clock = manual_clock();
+    // A server of its own: the call counts are the server's, and the other
+    // test of this binary runs beside this one.
+    let server = portcullis_tests::OwnedRedis::start(&[]);
+    let url = redis_common::without_functions(&server.url(), "no-fn-coalesce");
+    let redis = RedisStore::builder()
+        .url(url)
+        .prefix(unique_prefix("coalesce-evalsha"))
+        .timeout(redis_common::TEST_TIMEOUT)
+        .clock(client(&clock))
+        .client_clock_tolerance(Duration::MAX)
+        .build()
+        .await
+        .expect("the store should build");
+    let mut raw = redis_common::raw(&server.url());
+    let costs = costs();
+    for (i, (what, policies)) in policy_sets().into_iter().enumerate() {
+        // A first burst on another subject loads the check and batch
+        // scripts of this policy set (each first call meets NOSCRIPT).
+        at_once(&redis, &format!("evalsha-warm-{i}"), &policies, &costs).await;
+        assert_eq!(redis.call_path(), CallPath::Evalsha, "{what}");
+        let expected = one_by_one(&clock, &policies, &costs);
+        let (calls, failed) = redis_common::evalshas(&mut raw);
+        let got = at_once(&redis, &format!("evalsha-{i}"), &policies, &costs).await;
+        let (calls_after, failed_after) = redis_common::evalshas(&mut raw);
+        assert_eq!(
+            got, expected,
+            "{what}: coalesced decisions on EVALSHA differ from sequential ones"
+        );
+        assert_eq!(
+            (calls_after - calls, failed_after - failed),
+            (2, 0),
+            "{what}: {CONCURRENT} concurrent checks of one subject on EVALSHA should take \
+             2 calls (the lead, then one batch), none failing"
+        );
     }
 }
 

@@ -154,7 +154,10 @@
 //! Nothing waits for a batch to fill; a
 //! batch holds at most 128 checks. Off with
 //! [`RedisStoreBuilder::coalesce(false)`](crate::RedisStoreBuilder::coalesce);
-//! peeks and the `EVALSHA` path are never coalesced.
+//! peeks are never coalesced. On the `EVALSHA` path (a server without
+//! Functions, or one that refused them) the batch is one call of a script
+//! composed for the policy set (`lua/batch_script.lua`), which decides the
+//! checks in turn as the general batch does.
 //!
 //! Checks of different subjects batch too, on a standalone server or behind
 //! Sentinel: a store keeps at most two calls of checks in flight, and the

@@ -147,6 +147,26 @@ pub(crate) fn fcalls(connection: &mut redis::Connection) -> u64 {
         .unwrap_or(0)
 }
 
+/// `EVALSHA` calls the server at `connection` has run so far, and how many
+/// of them failed (a `NOSCRIPT` before the script is loaded among them).
+pub(crate) fn evalshas(connection: &mut redis::Connection) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(connection)
+        .expect("INFO commandstats");
+    let line = info
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:"))
+        .unwrap_or_default();
+    let field = |name: &str| {
+        line.split(',')
+            .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("calls"), field("failed_calls"))
+}
+
 /// A plain synchronous connection to `url`, for inspecting keys.
 pub(crate) fn raw(url: &str) -> redis::Connection {
     redis::Client::open(url)

@@ -11,7 +11,7 @@ use crate::redis_common;
 use std::time::Duration;
 
 use portcullis_core::{Algorithm, Clock, LeakyMode, ManualClock, MemoryStore, Policy, Store};
-use portcullis_redis::{CallPath, RedisStore};
+use portcullis_redis::RedisStore;
 use portcullis_tests::unique_prefix;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -280,19 +280,10 @@ fn run_case(
             }
             Op::Burst { costs, .. } | Op::BurstAfterEnd { costs, .. } => {
                 // All made before any is polled: the first leads, the
-                // others join it in this order. The EVALSHA path (forced,
-                // or a server without Functions) does not coalesce, and
-                // its calls at once could run in any order: there they go
-                // one after another.
-                let from_redis = if redis.call_path() == CallPath::Evalsha {
-                    costs
-                        .iter()
-                        .map(|&cost| runtime.block_on(redis.check(subject, policies, cost)))
-                        .collect()
-                } else {
-                    let checks = costs.map(|cost| redis.check(subject, policies, cost));
-                    runtime.block_on(futures::future::join_all(checks))
-                };
+                // others join it in this order, on either call path (a
+                // function's batch, or the batch script on `EVALSHA`).
+                let checks = costs.map(|cost| redis.check(subject, policies, cost));
+                let from_redis: Vec<_> = runtime.block_on(futures::future::join_all(checks));
                 for (j, (&cost, from_redis)) in costs.iter().zip(from_redis).enumerate() {
                     let from_memory = runtime.block_on(memory.check(subject, policies, cost));
                     let context = format!(

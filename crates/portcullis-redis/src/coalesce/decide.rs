@@ -2,8 +2,9 @@
 //! decided in turn by the batch function of one policy's fast path
 //! (`gcra_batch`, batch.lua; the other algorithms', batch_fast.lua) when
 //! every check of the batch is one that fast path takes, else (or when it
-//! answers `GENERAL`, having written nothing) by the general batch; one
-//! call per check, as scripts, on a server that refuses Functions.
+//! answers `GENERAL`, having written nothing) by the general batch; on a
+//! server that refuses Functions, by the batch script composed for the
+//! policy set (batch_script.lua), also one call.
 
 use std::sync::Arc;
 
@@ -12,13 +13,13 @@ use redis::Value;
 
 use super::Reply;
 use crate::call::reply::{out_of_memory, parse_verdict, protocol};
-use crate::call::{int_reply, push_time, Call, Caller, Kind, Target};
+use crate::call::{int_reply, push_time, Caller, Target};
 use crate::functions::CallPath;
 use crate::scripts::{Library, LuaScript};
 
 /// Decides `costs` in turn in one call (two when the fast batch hands a
-/// state to the general one; one call per check, in turn, on a server
-/// that refuses Functions from now on).
+/// state to the general one, or when Redis refuses the function and the
+/// batch goes again as a script).
 pub(super) async fn decide(
     caller: &Caller,
     batch: &Arc<Target>,
@@ -28,6 +29,9 @@ pub(super) async fn decide(
     let first_key = batch.first_key();
     let set = batch.set();
     let now = caller.now();
+    if caller.scripts.path().choose(first_key) == CallPath::Evalsha {
+        return script_batch(caller, batch, costs).await;
+    }
     if let Some((policy, function)) = fast_batch(library, batch, costs) {
         let mut cmd = redis::cmd("FCALL");
         cmd.arg(function.sha())
@@ -55,7 +59,7 @@ pub(super) async fn decide(
                 )))
             }
             Err(error) if caller.scripts.path().refused(&error, first_key) => {
-                return one_by_one(caller, batch, costs).await;
+                return script_batch(caller, batch, costs).await;
             }
             Err(error) => return Err(error),
         }
@@ -76,19 +80,59 @@ pub(super) async fn decide(
         cmd.arg(argument);
     }
     match caller.run(general, &cmd, first_key).await {
-        Ok(Value::Array(items)) if items.len() == costs.len() => Ok(items
-            .into_iter()
-            .map(|item| match item {
-                Value::SimpleString(status) if status == "NOROOM" => Err(out_of_memory()),
-                item => parse_verdict(item, set.capacities()),
-            })
-            .collect()),
-        Ok(other) => Err(protocol(format!("coalesced checks answered {other:?}"))),
+        Ok(value) => general_replies(value, costs, set.capacities()),
         Err(error) if caller.scripts.path().refused(&error, first_key) => {
-            one_by_one(caller, batch, costs).await
+            script_batch(caller, batch, costs).await
         }
         Err(error) => Err(error),
     }
+}
+
+/// The replies of a general batch (the function or the script): one
+/// verdict per check, as check.lua answers alone.
+fn general_replies(
+    value: Value,
+    costs: &[u64],
+    capacities: &[u64],
+) -> Result<Vec<Reply>, StoreError> {
+    match value {
+        Value::Array(items) if items.len() == costs.len() => Ok(items
+            .into_iter()
+            .map(|item| match item {
+                Value::SimpleString(status) if status == "NOROOM" => Err(out_of_memory()),
+                item => parse_verdict(item, capacities),
+            })
+            .collect()),
+        other => Err(protocol(format!("coalesced checks answered {other:?}"))),
+    }
+}
+
+/// The checks in one call of the batch script composed for their policy
+/// set (batch_script.lua, `EVALSHA`): the store is on scripts (a server
+/// without Functions, or one that refused them), and a batch costs one
+/// call there too.
+async fn script_batch(
+    caller: &Caller,
+    batch: &Arc<Target>,
+    costs: &[u64],
+) -> Result<Vec<Reply>, StoreError> {
+    let set = batch.set();
+    let script = caller.scripts.get_batch(set.algorithms())?;
+    let mut cmd = script.call_cmd();
+    cmd.arg(batch.key_count());
+    for key in batch.keys() {
+        cmd.arg(key);
+    }
+    push_time(&mut cmd, caller.now());
+    cmd.arg(costs.len());
+    for cost in costs {
+        cmd.arg(*cost);
+    }
+    for argument in set.arguments() {
+        cmd.arg(argument);
+    }
+    let value = caller.run(&script, &cmd, batch.first_key()).await?;
+    general_replies(value, costs, set.capacities())
 }
 
 /// The one policy of `batch` and its fast path's batch function, when
@@ -125,30 +169,4 @@ fn fast_reply(policy: &Policy, capacities: &[u64], item: Value, cost: u64) -> Re
             policy.algorithm()
         ))),
     }
-}
-
-/// The checks as scripts, one call each, in turn: Redis refused the
-/// Functions (nothing ran) and the store uses `EVALSHA` from now on.
-#[cold]
-async fn one_by_one(
-    caller: &Caller,
-    batch: &Arc<Target>,
-    costs: &[u64],
-) -> Result<Vec<Reply>, StoreError> {
-    let mut replies = Vec::with_capacity(costs.len());
-    for &cost in costs {
-        let call = Call::new(
-            caller,
-            CallPath::Evalsha,
-            Kind::Check,
-            Arc::clone(batch),
-            cost,
-        );
-        let reply = match call {
-            Ok(call) => call.verdict(caller).await,
-            Err(error) => Err(error),
-        };
-        replies.push(reply);
-    }
-    Ok(replies)
 }

@@ -6,7 +6,9 @@ use std::sync::RwLock;
 
 use portcullis_core::{Algorithm, StoreError};
 
-use super::{compose, compose_charge, compose_options, Algorithms, Library, LuaScript};
+use super::{
+    compose, compose_batch, compose_charge, compose_options, Algorithms, Library, LuaScript,
+};
 use crate::functions::PathState;
 
 /// Composed scripts by algorithm combination. Single-policy scripts are
@@ -19,6 +21,8 @@ pub(crate) struct ScriptCache {
     charges: RwLock<HashMap<Algorithms, LuaScript>>,
     /// Scripts of checks with options, composed on first use.
     options: RwLock<HashMap<Algorithms, LuaScript>>,
+    /// Scripts of coalesced checks, composed on first use.
+    batches: RwLock<HashMap<Algorithms, LuaScript>>,
     library: Library,
     path: PathState,
 }
@@ -34,6 +38,7 @@ impl ScriptCache {
             combined: RwLock::new(HashMap::new()),
             charges: RwLock::new(HashMap::new()),
             options: RwLock::new(HashMap::new()),
+            batches: RwLock::new(HashMap::new()),
             library: Library::new(),
             path: PathState::default(),
         }
@@ -88,6 +93,23 @@ impl ScriptCache {
         let script = compose_options(&plan)?;
         let mut options = self.options.write().unwrap_or_else(|e| e.into_inner());
         Ok(options.entry(plan).or_insert(script).clone())
+    }
+
+    /// The script of coalesced checks for these algorithms, in order.
+    pub(crate) fn get_batch(
+        &self,
+        plan: impl Iterator<Item = Algorithm>,
+    ) -> Result<LuaScript, StoreError> {
+        let plan: Algorithms = plan.collect();
+        {
+            let batches = self.batches.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(script) = batches.get(&plan) {
+                return Ok(script.clone());
+            }
+        }
+        let script = compose_batch(&plan)?;
+        let mut batches = self.batches.write().unwrap_or_else(|e| e.into_inner());
+        Ok(batches.entry(plan).or_insert(script).clone())
     }
 
     /// The post-charge script for these algorithms, in this order.

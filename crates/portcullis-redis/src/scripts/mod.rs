@@ -38,6 +38,7 @@ const RESERVE: &str = include_str!("../lua/reserve.lua");
 const RESERVE_LIBRARY: &str = include_str!("../lua/reserve_library.lua");
 const BATCH: &str = include_str!("../lua/batch.lua");
 const BATCH_FAST: &str = include_str!("../lua/batch_fast.lua");
+const BATCH_SCRIPT: &str = include_str!("../lua/batch_script.lua");
 const GCRA_MULTI: &str = include_str!("../lua/gcra_multi.lua");
 const BUCKET_FAST: &str = include_str!("../lua/bucket_fast.lua");
 const FIXED_WINDOW_FAST: &str = include_str!("../lua/fixed_window_fast.lua");
@@ -216,6 +217,17 @@ impl LuaScript {
 /// order).
 pub(crate) fn compose(plan: &[Algorithm]) -> Result<LuaScript, StoreError> {
     compose_with(plan, "", RUN_CHECK, RUN_CHECK_NO_NEW_KEYS)
+}
+
+/// The last line of a batch of checks (batch_script.lua) and of its twin.
+const RUN_BATCH: &str = "return batch_script(PLAN, KEYS, ARGV, false)\n";
+const RUN_BATCH_NO_NEW_KEYS: &str = "return batch_script(PLAN, KEYS, ARGV, true)\n";
+
+/// Composes the script of coalesced checks of one subject on the
+/// `EVALSHA` path (batch_script.lua): the check script's parts, deciding
+/// the batch's checks in turn.
+pub(crate) fn compose_batch(plan: &[Algorithm]) -> Result<LuaScript, StoreError> {
+    compose_with(plan, BATCH_SCRIPT, RUN_BATCH, RUN_BATCH_NO_NEW_KEYS)
 }
 
 /// The last line of a check with options (options.lua) and of its twin.

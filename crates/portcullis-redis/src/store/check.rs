@@ -149,11 +149,10 @@ impl RedisStore {
             return Ok(future);
         }
         let target = self.target(&encoded, policies, serving);
-        // Charges on the Functions path join a call in flight for the same
-        // subject and policies (coalesce/); peeks and scripts go alone.
-        if let (Some(coalescer), CallPath::Functions, true) =
-            (&self.inner.coalescer, path, cost > 0)
-        {
+        // Charges join a call in flight for the same subject and policies
+        // (coalesce/; as a function, or as a script on the `EVALSHA` path);
+        // peeks go alone.
+        if let (Some(coalescer), true) = (&self.inner.coalescer, cost > 0) {
             match coalescer.join(&target, cost) {
                 Join::Wait(answer) => {
                     return Ok(Box::pin(coalesce::wait(answer, self.inner.caller.timeout)));
