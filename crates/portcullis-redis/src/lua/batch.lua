@@ -2,40 +2,23 @@
 -- that waited on one client while a call for them was in flight, sent as
 -- one call that decides them one after another, in the order given, as if
 -- each had been called alone at the same instant. One reply per check.
--- (Library only: after library.lua, which defines plan() and GCRA_PLAN.)
+-- (Library only: after library.lua, which defines plan() and GCRA_PLAN,
+-- and batch_script.lua.)
 --
 -- batch(keys, args): the general form, every algorithm and several
--- policies. ARGV[1] = the plan, ARGV[2] = now or '' (TIME, read once),
--- ARGV[3] = n, the number of checks, ARGV[3+j] = the cost of check j,
--- ARGV[4+n..] = the policies, as check.lua takes them. Reply: n replies,
--- each what check.lua answers alone (five integers per policy, or the
--- status NOROOM from the allow-oom twin).
+-- policies. ARGV[1] = the plan, then batch_script.lua's arguments: ARGV[2]
+-- = now or '' (TIME, read once), ARGV[3] = n, the number of checks,
+-- ARGV[3+j] = the cost of check j, ARGV[4+n..] = the policies, as
+-- check.lua takes them. Reply: n replies, each what check.lua answers
+-- alone (five integers per policy, or the status NOROOM from the
+-- allow-oom twin). The loop is batch_script's, which the `EVALSHA` path
+-- runs as a script composed for the policy set.
 local function batch(keys, args, no_new_keys)
   local p = plan(args[1])
   if p == nil then
     return redis.error_reply('ERR portcullis: unknown plan; upgrade portcullis-redis')
   end
-  local n = tonumber(args[3])
-  if n == nil or n < 1 or #args ~= 3 + n + #keys then
-    return redis.error_reply('ERR portcullis: batch of ' .. tostring(args[3]) .. ' checks called with ' .. #args .. ' arguments')
-  end
-  -- One check's arguments (check.lua, o = 1): plan, now, cost, policies.
-  local one = { args[1], fmt(now_of(args[2])), '' }
-  for i = 1, #keys do
-    one[3 + i] = args[3 + n + i]
-  end
-  local replies = {}
-  for j = 1, n do
-    one[3] = args[3 + j]
-    local reply = check(p, keys, one, 1, no_new_keys)
-    if type(reply) == 'table' and reply.err ~= nil then
-      -- Arguments it refuses are the same for every check: the first
-      -- check answers it, and nothing was written.
-      return reply
-    end
-    replies[j] = reply
-  end
-  return replies
+  return batch_script(p, keys, { unpack(args, 2) }, no_new_keys)
 end
 
 -- gcra_batch(keys, args): one GCRA policy with a whole-microsecond

@@ -3,7 +3,8 @@
 -- flight, decided in turn in one call of a script composed for their
 -- policy set (after check.lua, as the check script is), each as if called
 -- alone at the same instant: batch.lua's general batch, for a server that
--- refuses Functions (Redis 6.2, a full node, an ACL without FCALL).
+-- refuses Functions (Redis 6.2, a full node, an ACL without FCALL); the
+-- library's general batch (batch.lua) runs it too, after its plan.
 --
 -- batch_script(PLAN, KEYS, ARGV, NO_NEW_KEYS): ARGV[1] = now or '' (TIME,
 -- read once), ARGV[2] = n, the number of checks, ARGV[2+j] = the cost of

@@ -8,7 +8,7 @@ use portcullis_core::{Algorithm, LeakyMode, Policy, StoreError};
 use smallvec::SmallVec;
 
 use super::{
-    code, LuaScript, BATCH, BATCH_FAST, BUCKET_FAST, CHARGE, CHARGE_LIBRARY, CHECK,
+    code, LuaScript, BATCH, BATCH_FAST, BATCH_SCRIPT, BUCKET_FAST, CHARGE, CHARGE_LIBRARY, CHECK,
     FIXED_WINDOW_FAST, GCRA_MULTI, LEAKY_QUEUE_FAST, LEASE, LIBRARY, MIXED, OPTIONS,
     OPTIONS_LIBRARY, PRELUDE, RESERVE, RESERVE_LIBRARY, SLIDING_LOG_FAST, SLIDING_WINDOW_FAST,
     SOURCES,
@@ -77,6 +77,7 @@ impl Library {
         body.push_str(LEASE);
         body.push_str(LIBRARY);
         body.push_str(CHARGE_LIBRARY);
+        body.push_str(BATCH_SCRIPT);
         body.push_str(BATCH);
         body.push_str(GCRA_MULTI);
         body.push_str(BUCKET_FAST);
