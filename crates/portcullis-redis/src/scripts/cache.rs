@@ -83,16 +83,7 @@ impl ScriptCache {
         &self,
         plan: impl Iterator<Item = Algorithm>,
     ) -> Result<LuaScript, StoreError> {
-        let plan: Algorithms = plan.collect();
-        {
-            let options = self.options.read().unwrap_or_else(|e| e.into_inner());
-            if let Some(script) = options.get(&plan) {
-                return Ok(script.clone());
-            }
-        }
-        let script = compose_options(&plan)?;
-        let mut options = self.options.write().unwrap_or_else(|e| e.into_inner());
-        Ok(options.entry(plan).or_insert(script).clone())
+        composed(&self.options, plan, compose_options)
     }
 
     /// The script of coalesced checks for these algorithms, in order.
@@ -100,16 +91,7 @@ impl ScriptCache {
         &self,
         plan: impl Iterator<Item = Algorithm>,
     ) -> Result<LuaScript, StoreError> {
-        let plan: Algorithms = plan.collect();
-        {
-            let batches = self.batches.read().unwrap_or_else(|e| e.into_inner());
-            if let Some(script) = batches.get(&plan) {
-                return Ok(script.clone());
-            }
-        }
-        let script = compose_batch(&plan)?;
-        let mut batches = self.batches.write().unwrap_or_else(|e| e.into_inner());
-        Ok(batches.entry(plan).or_insert(script).clone())
+        composed(&self.batches, plan, compose_batch)
     }
 
     /// The post-charge script for these algorithms, in this order.
@@ -117,15 +99,25 @@ impl ScriptCache {
         &self,
         plan: impl Iterator<Item = Algorithm>,
     ) -> Result<LuaScript, StoreError> {
-        let plan: Algorithms = plan.collect();
-        {
-            let charges = self.charges.read().unwrap_or_else(|e| e.into_inner());
-            if let Some(script) = charges.get(&plan) {
-                return Ok(script.clone());
-            }
-        }
-        let script = compose_charge(&plan)?;
-        let mut charges = self.charges.write().unwrap_or_else(|e| e.into_inner());
-        Ok(charges.entry(plan).or_insert(script).clone())
+        composed(&self.charges, plan, compose_charge)
     }
+}
+
+/// The script `compose` makes for `plan`, from `scripts` (composed and
+/// kept there on first use).
+fn composed(
+    scripts: &RwLock<HashMap<Algorithms, LuaScript>>,
+    plan: impl Iterator<Item = Algorithm>,
+    compose: fn(&[Algorithm]) -> Result<LuaScript, StoreError>,
+) -> Result<LuaScript, StoreError> {
+    let plan: Algorithms = plan.collect();
+    {
+        let known = scripts.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(script) = known.get(&plan) {
+            return Ok(script.clone());
+        }
+    }
+    let script = compose(&plan)?;
+    let mut known = scripts.write().unwrap_or_else(|e| e.into_inner());
+    Ok(known.entry(plan).or_insert(script).clone())
 }
