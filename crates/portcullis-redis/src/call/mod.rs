@@ -83,6 +83,42 @@ impl Caller {
         }
     }
 
+    /// A call of the library's `function` with `args` (its key count, keys
+    /// and arguments, after the name), or of `script` by `EVALSHA` on that
+    /// path, or once more as `script` when Redis refused the function
+    /// (nothing ran); each through [`run`](Self::run), so a call refused
+    /// with `OOM` runs once more as its allow-oom twin. Leases and token
+    /// reservations call this way.
+    pub(crate) async fn run_either(
+        &self,
+        function: &LuaScript,
+        script: &LuaScript,
+        first_key: &str,
+        args: &Cmd,
+    ) -> Result<Value, StoreError> {
+        if self.scripts.path().choose(first_key) == CallPath::Evalsha {
+            return self.run_with(script, first_key, args).await;
+        }
+        match self.run_with(function, first_key, args).await {
+            Err(error) if self.scripts.path().refused(&error, first_key) => {
+                self.run_with(script, first_key, args).await
+            }
+            other => other,
+        }
+    }
+
+    /// [`run`](Self::run) of `script` with `args` after its name.
+    async fn run_with(
+        &self,
+        script: &LuaScript,
+        first_key: &str,
+        args: &Cmd,
+    ) -> Result<Value, StoreError> {
+        let mut cmd = script.call_cmd();
+        crate::scripts::append_args(&mut cmd, args.args_iter());
+        self.run(script, &cmd, first_key).await
+    }
+
     /// Learns which slots the Cluster node serving `slot` serves (`CLUSTER
     /// SLOTS`), after that node had no memory to load the library: its
     /// other slots then wait with it, rather than each trying to load the
@@ -145,7 +181,7 @@ impl Caller {
 
 /// Whether Redis refused a check for lack of memory (`OOM`, at `maxmemory`
 /// with `noeviction`).
-pub(crate) fn is_oom(error: &StoreError) -> bool {
+fn is_oom(error: &StoreError) -> bool {
     if functions::is_library_not_loaded(error) {
         // The library could not be loaded: its caller runs the call as a
         // script, which Redis loads even when full.
@@ -168,7 +204,7 @@ pub(crate) fn is_oom(error: &StoreError) -> bool {
 
 /// Whether the server refused to compile an allow-oom twin: Redis before 7
 /// has no `#!lua` flags line ("Error compiling script ... near '#'").
-pub(crate) fn twin_refused(error: &StoreError) -> bool {
+fn twin_refused(error: &StoreError) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(error) = source {
         if let Some(redis) = crate::errors::redis_error(error) {

@@ -11,10 +11,8 @@ use portcullis_core::{ConcurrencyPolicy, Lease, LeaseDecision, LeaseId, LeaseSto
 use redis::{Cmd, Value};
 
 use super::RedisStore;
-use crate::call::reply::{ints, out_of_memory, protocol};
-use crate::call::{is_oom, push_time, twin_refused, Caller};
-use crate::connection;
-use crate::functions::CallPath;
+use crate::call::push_time;
+use crate::call::reply::{ints, protocol};
 use crate::scripts::{self, LuaScript};
 
 /// The future of [`RedisStore`]'s [`LeaseStore::acquire`]: the core's
@@ -55,91 +53,41 @@ impl RedisStore {
     }
 
     /// The lease call: `<op> <now> <max> <ttl_us> <id>` on the subject's
-    /// lease key; its reply as four integers, or `None` for `NOROOM` (an
-    /// acquire at maxmemory that would create the key).
+    /// lease key; its reply as four integers. At maxmemory an acquire
+    /// that would create the key is refused with `OutOfMemory`
+    /// ([`Caller::run_either`](crate::call::Caller::run_either): the allow-oom twin answers `NOROOM`).
     fn lease_call(
         &self,
         op: &'static str,
         subject: &str,
         policy: &ConcurrencyPolicy,
         id: LeaseId,
-    ) -> impl Future<Output = Result<Option<[i64; 4]>, StoreError>> + Send + 'static + use<> {
+    ) -> impl Future<Output = Result<[i64; 4], StoreError>> + Send + 'static + use<> {
         let key = self.lease_key_for(subject, policy.name());
         let mut args = Cmd::new();
-        args.arg(op);
+        args.arg(1).arg(&key).arg(op);
         push_time(&mut args, self.inner.caller.now());
         args.arg(policy.limit())
             .arg(policy.lease_ttl_micros())
             .arg(id.to_string());
         let caller = Arc::clone(&self.inner.caller);
         async move {
-            let value = match caller.scripts.path().choose(&key) {
-                CallPath::Evalsha => send(&caller, lease_script(), &key, &args).await?,
-                _ => {
-                    let function = caller.scripts.library().lease().clone();
-                    match send(&caller, &function, &key, &args).await {
-                        // Redis refused FCALL or FUNCTION LOAD: nothing ran.
-                        Err(error) if caller.scripts.path().refused(&error, &key) => {
-                            send(&caller, lease_script(), &key, &args).await?
-                        }
-                        other => other?,
-                    }
-                }
-            };
+            let value = caller
+                .run_either(
+                    caller.scripts.library().lease(),
+                    lease_script(),
+                    &key,
+                    &args,
+                )
+                .await?;
             match value {
-                Value::Array(items) => ints::<4>(&items).map(Some),
-                Value::SimpleString(status) if status == "NOROOM" => Ok(None),
+                Value::Array(items) => ints::<4>(&items),
                 other => Err(protocol(format!(
                     "the lease script answered {other:?}, not four integers"
                 ))),
             }
         }
     }
-}
-
-/// One call of `script` (a function: `FCALL`; a script: `EVALSHA`); one
-/// refused with `OOM` (nothing was written but pruning) runs once more as
-/// its allow-oom twin.
-async fn send(
-    caller: &Caller,
-    script: &LuaScript,
-    key: &str,
-    args: &Cmd,
-) -> Result<Value, StoreError> {
-    match call(caller, script, key, args).await {
-        Ok(value) => {
-            if script.is_function() {
-                caller.scripts.path().loaded(key);
-            }
-            Ok(value)
-        }
-        Err(error) if is_oom(&error) => match script.allow_oom() {
-            Some(twin) => match call(caller, twin, key, args).await {
-                // Redis before 7 cannot compile the twin: while it is full,
-                // no lease can be written.
-                Err(error) if twin_refused(&error) => Ok(Value::SimpleString("NOROOM".to_owned())),
-                other => other,
-            },
-            None => Err(error),
-        },
-        other => other,
-    }
-}
-
-async fn call(
-    caller: &Caller,
-    script: &LuaScript,
-    key: &str,
-    args: &Cmd,
-) -> Result<Value, StoreError> {
-    let mut cmd = script.call_cmd();
-    cmd.arg(1).arg(key);
-    crate::scripts::append_args(&mut cmd, args.args_iter());
-    connection::eval(&caller.pool, caller.timeout, script, &cmd, key).await
-}
-
-fn no_room() -> StoreError {
-    protocol("the lease script answered NOROOM to a renewal or release".to_owned())
 }
 
 fn non_negative(n: i64, what: &str) -> Result<u64, StoreError> {
@@ -158,10 +106,7 @@ impl LeaseStore for RedisStore {
         let max = policy.limit();
         let call = self.lease_call("a", subject, policy, id);
         Box::pin(async move {
-            let Some([granted, in_flight, expiry, now]) = call.await? else {
-                // At maxmemory, for a subject Redis holds no lease of.
-                return Err(out_of_memory());
-            };
+            let [granted, in_flight, expiry, now] = call.await?;
             let in_flight = non_negative(in_flight, "in_flight")?;
             let expiry = non_negative(expiry, "expiry")?;
             let now = non_negative(now, "now")?;
@@ -181,7 +126,7 @@ impl LeaseStore for RedisStore {
     ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send + 'static {
         let call = self.lease_call("r", subject, policy, lease);
         async move {
-            let [live, _, expiry, _] = call.await?.ok_or_else(no_room)?;
+            let [live, _, expiry, _] = call.await?;
             Ok(if live == 1 {
                 Some(non_negative(expiry, "expiry")?)
             } else {
@@ -198,7 +143,7 @@ impl LeaseStore for RedisStore {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'static {
         let call = self.lease_call("d", subject, policy, lease);
         async move {
-            let [released, ..] = call.await?.ok_or_else(no_room)?;
+            let [released, ..] = call.await?;
             Ok(released == 1)
         }
     }

@@ -18,9 +18,8 @@ use portcullis_core::{
 use redis::{Cmd, Value};
 
 use super::RedisStore;
+use crate::call::push_time;
 use crate::call::reply::{parse_verdict, protocol};
-use crate::call::{push_time, Caller};
-use crate::functions::CallPath;
 use crate::scripts::{self, Library, LuaScript};
 
 /// The reservation script, composed once per process.
@@ -35,20 +34,6 @@ struct ReservationCall {
     args: Cmd,
     first_key: String,
     capacities: Vec<u64>,
-}
-
-/// Runs `script` (a function: `FCALL`; a script: `EVALSHA`) with `args`
-/// ([`Caller::run`]: loaded when the node lacks it, and after `OOM` run
-/// once more as the allow-oom twin).
-async fn send(
-    caller: &Caller,
-    script: &LuaScript,
-    key: &str,
-    args: &Cmd,
-) -> Result<Value, StoreError> {
-    let mut cmd = script.call_cmd();
-    scripts::append_args(&mut cmd, args.args_iter());
-    caller.run(script, &cmd, key).await
 }
 
 impl RedisStore {
@@ -127,20 +112,14 @@ impl RedisStore {
         let caller = Arc::clone(&self.inner.caller);
         async move {
             let call = call?;
-            let key = &call.first_key;
-            let value = match caller.scripts.path().choose(key) {
-                CallPath::Evalsha => send(&caller, reserve_script(), key, &call.args).await?,
-                _ => {
-                    let function = caller.scripts.library().reserve().clone();
-                    match send(&caller, &function, key, &call.args).await {
-                        // Redis refused FCALL or FUNCTION LOAD: nothing ran.
-                        Err(error) if caller.scripts.path().refused(&error, key) => {
-                            send(&caller, reserve_script(), key, &call.args).await?
-                        }
-                        other => other?,
-                    }
-                }
-            };
+            let value = caller
+                .run_either(
+                    caller.scripts.library().reserve(),
+                    reserve_script(),
+                    &call.first_key,
+                    &call.args,
+                )
+                .await?;
             let Value::Array(mut items) = value else {
                 return Err(protocol(format!(
                     "the reservation script answered {value:?}, not an array"
