@@ -398,6 +398,36 @@ impl Lcg {
     }
 }
 
+/// One step of the charge differentials.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Check(u64),
+    Charge(u64),
+}
+
+/// `op` on both stores: the same decisions.
+async fn alike(
+    memory: &MemoryStore,
+    redis: &BoxStore,
+    subject: &str,
+    policies: &[Policy],
+    op: Op,
+    context: &str,
+) {
+    let (m, r) = match op {
+        Op::Check(cost) => (
+            memory.check(subject, policies, cost).await,
+            redis.check(subject, policies, cost).await,
+        ),
+        Op::Charge(cost) => (
+            memory.charge(subject, policies, cost).await,
+            redis.charge(subject, policies, cost).await,
+        ),
+    };
+    let (m, r) = (m.unwrap(), r.unwrap());
+    assert_eq!(m.decisions(), r.decisions(), "{context}");
+}
+
 /// `Store::charge` on Redis (charge.lua) and in memory
 /// (algorithms::charge) answer identically, decision for decision, over a
 /// mix of checks, peeks and charges (up to three times the capacity, so
@@ -451,30 +481,12 @@ async fn redis_and_memory_charge_alike() {
                     clock.set(clock.now_micros().saturating_sub(back));
                 }
                 let subject = if rng.next(3) == 0 { "s2" } else { "s1" };
-                let (m, r, what) = match rng.next(3) {
-                    0 => {
-                        let cost = rng.next(capacity + 1);
-                        (
-                            memory.check(subject, policies, cost).await,
-                            redis.check(subject, policies, cost).await,
-                            format!("check {cost}"),
-                        )
-                    }
-                    _ => {
-                        let cost = rng.next(3 * capacity + 2);
-                        (
-                            memory.charge(subject, policies, cost).await,
-                            redis.charge(subject, policies, cost).await,
-                            format!("charge {cost}"),
-                        )
-                    }
+                let op = match rng.next(3) {
+                    0 => Op::Check(rng.next(capacity + 1)),
+                    _ => Op::Charge(rng.next(3 * capacity + 2)),
                 };
-                let (m, r) = (m.unwrap(), r.unwrap());
-                assert_eq!(
-                    m.decisions(),
-                    r.decisions(),
-                    "{backend:?}, set {set}, step {step}: {what} on {subject}"
-                );
+                let context = format!("{backend:?}, set {set}, step {step}: {op:?} on {subject}");
+                alike(&memory, &redis, subject, policies, op, &context).await;
             }
         }
     }
@@ -530,35 +542,13 @@ async fn redis_and_memory_charge_alike_across_plan_changes() {
                 let capacity = policies.iter().map(Policy::capacity).min().unwrap();
                 clock.advance(Duration::from_micros(rng.next(4) * rng.next(400_000)));
                 let subject = if rng.next(3) == 0 { "s2" } else { "s1" };
-                let (m, r, what) = match rng.next(4) {
-                    0 => {
-                        let cost = rng.next(capacity + 1);
-                        (
-                            memory.check(subject, policies, cost).await,
-                            redis.check(subject, policies, cost).await,
-                            format!("check {cost}"),
-                        )
-                    }
-                    1 => (
-                        memory.charge(subject, policies, 0).await,
-                        redis.charge(subject, policies, 0).await,
-                        "charge 0".to_owned(),
-                    ),
-                    _ => {
-                        let cost = rng.next(3 * capacity + 2);
-                        (
-                            memory.charge(subject, policies, cost).await,
-                            redis.charge(subject, policies, cost).await,
-                            format!("charge {cost}"),
-                        )
-                    }
+                let op = match rng.next(4) {
+                    0 => Op::Check(rng.next(capacity + 1)),
+                    1 => Op::Charge(0),
+                    _ => Op::Charge(rng.next(3 * capacity + 2)),
                 };
-                let (m, r) = (m.unwrap(), r.unwrap());
-                assert_eq!(
-                    m.decisions(),
-                    r.decisions(),
-                    "{backend:?}, set {set}, step {step}: {what} on {subject}"
-                );
+                let context = format!("{backend:?}, set {set}, step {step}: {op:?} on {subject}");
+                alike(&memory, &redis, subject, policies, op, &context).await;
             }
         }
     }
