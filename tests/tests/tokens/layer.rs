@@ -23,8 +23,16 @@ use redis_common::{client, manual_clock};
 use tokio::sync::Semaphore;
 use tower::{Layer, Service, ServiceExt};
 
-type Frames =
-    StreamBody<futures::stream::BoxStream<'static, Result<http_body::Frame<Bytes>, Infallible>>>;
+/// One frame of a streamed body, and a stream of them.
+type Chunk = Result<http_body::Frame<Bytes>, Infallible>;
+type Chunks = futures::stream::BoxStream<'static, Chunk>;
+type Frames = StreamBody<Chunks>;
+/// A streaming upstream of the token layer's tests.
+type Upstream = tower::util::BoxCloneSyncService<
+    Request<TokenRequestBody<Full<Bytes>>>,
+    Response<Frames>,
+    Infallible,
+>;
 
 /// 1 000 tokens and 100 requests per hour, two streams at once, overage
 /// at most 100.
@@ -190,21 +198,17 @@ async fn several_choices_are_estimated_at_each_choice() {
     assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
 }
 
-/// A stream the client stops reading after its first chunk: settled at
-/// the estimate (no usage was seen), and its place in flight is free.
-async fn disconnect<St: ReservationStore + Store + Clone>(store: St) {
-    let budget = budget();
-    let (sender, receiver) = mpsc::unbounded::<Result<http_body::Frame<Bytes>, Infallible>>();
+/// An SSE upstream whose first response streams what the test sends on
+/// the returned sender, and whose later responses stream `later()`.
+fn streaming_upstream(later: fn() -> Chunks) -> (mpsc::UnboundedSender<Chunk>, Upstream) {
+    let (sender, receiver) = mpsc::unbounded::<Chunk>();
     let receiver = Arc::new(std::sync::Mutex::new(Some(receiver)));
     let upstream = tower::service_fn(move |_request: Request<TokenRequestBody<Full<Bytes>>>| {
         let receiver = receiver.lock().ok().and_then(|mut r| r.take());
         async move {
-            let stream: futures::stream::BoxStream<'static, _> = match receiver {
+            let stream: Chunks = match receiver {
                 Some(receiver) => receiver.boxed(),
-                None => futures::stream::iter(
-                    sse(10).into_iter().map(|c| Ok(http_body::Frame::data(c))),
-                )
-                .boxed(),
+                None => later(),
             };
             Ok::<_, Infallible>(
                 Response::builder()
@@ -213,6 +217,16 @@ async fn disconnect<St: ReservationStore + Store + Clone>(store: St) {
                     .unwrap(),
             )
         }
+    });
+    (sender, tower::util::BoxCloneSyncService::new(upstream))
+}
+
+/// A stream the client stops reading after its first chunk: settled at
+/// the estimate (no usage was seen), and its place in flight is free.
+async fn disconnect<St: ReservationStore + Store + Clone>(store: St) {
+    let budget = budget();
+    let (sender, upstream) = streaming_upstream(|| {
+        futures::stream::iter(sse(10).into_iter().map(|c| Ok(http_body::Frame::data(c)))).boxed()
     });
     let layer = TokenBudgetLayer::builder(store.clone(), budget.clone(), ApiKey::new())
         .estimate(Estimate::json_max_tokens())
@@ -412,23 +426,7 @@ async fn a_stream_longer_than_the_ttl_keeps_its_reservation() {
         .reservation_ttl(Duration::from_secs(10))
         .build()
         .unwrap();
-    let (sender, receiver) = mpsc::unbounded::<Result<http_body::Frame<Bytes>, Infallible>>();
-    let receiver = Arc::new(std::sync::Mutex::new(Some(receiver)));
-    let upstream = tower::service_fn(move |_request: Request<TokenRequestBody<Full<Bytes>>>| {
-        let receiver = receiver.lock().ok().and_then(|mut r| r.take());
-        async move {
-            let stream: futures::stream::BoxStream<'static, _> = match receiver {
-                Some(receiver) => receiver.boxed(),
-                None => futures::stream::empty().boxed(),
-            };
-            Ok::<_, Infallible>(
-                Response::builder()
-                    .header("content-type", "text/event-stream")
-                    .body(StreamBody::new(stream))
-                    .unwrap(),
-            )
-        }
-    });
+    let (sender, upstream) = streaming_upstream(|| futures::stream::empty().boxed());
     let service = TokenBudgetLayer::builder(store.clone(), budget.clone(), ApiKey::new())
         .estimate(Estimate::fixed(200))
         .build()
