@@ -130,8 +130,8 @@ impl ClientIp {
     }
 
     /// The client address, or `None` without a peer address.
-    fn client(&self, parts: &RequestHead<'_>) -> Option<IpAddr> {
-        let peer = peer_ip(parts)?.to_canonical();
+    fn client(&self, request: &RequestHead<'_>) -> Option<IpAddr> {
+        let peer = peer_ip(request)?.to_canonical();
         if !self.is_trusted(peer) {
             return Some(peer);
         }
@@ -142,7 +142,7 @@ impl ClientIp {
         };
         let mut hops = 0;
         // Header lines in reverse, and each line's entries from the right.
-        for line in parts.headers().get_all(header_name).iter().rev() {
+        for line in request.headers().get_all(header_name).iter().rev() {
             let Ok(line) = line.to_str() else {
                 return Some(client);
             };

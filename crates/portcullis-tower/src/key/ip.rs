@@ -16,8 +16,8 @@ use super::head::RequestHead;
 /// request extensions: Axum's `ConnectInfo<SocketAddr>` (feature `axum`),
 /// Tonic's `TcpConnectInfo` (feature `tonic`), or a plain [`SocketAddr`] or
 /// [`IpAddr`] that a Hyper server inserted.
-pub(crate) fn peer_ip(parts: &RequestHead<'_>) -> Option<IpAddr> {
-    let ext = parts.extensions();
+pub(crate) fn peer_ip(request: &RequestHead<'_>) -> Option<IpAddr> {
+    let ext = request.extensions();
     #[cfg(feature = "axum")]
     if let Some(info) = ext.get::<axum::extract::ConnectInfo<SocketAddr>>() {
         return Some(info.0.ip());
