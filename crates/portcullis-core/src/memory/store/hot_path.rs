@@ -60,13 +60,19 @@ impl MemoryStore {
         let lock = inner.shard(hash);
         let shard = lock.read();
         let charged = shard.charge_known_gcra(hash, is_key, policy, now, cost)?;
-        // Every `SWEEP_EVERY`-th fast-path charge of a shard sweeps a
-        // shard, taking them in turn from this one (so that one busy
-        // subject keeps every shard swept, and a burst of subjects that
-        // stopped is forgotten by the traffic that goes on). The count is a
-        // load and a store on the cache line the read lock has just
-        // written: no shared line is added, and two threads may count one
-        // charge (a sweep then comes a little later).
+        // A denial wrote nothing and grows nothing: it counts towards no
+        // sweep (about 11 instructions of every denied check; memory grows
+        // only by inserts, which sweep before a table grows).
+        if let Charged::Done(denied @ TatCharge::Denied(_)) = charged {
+            return Some(denied);
+        }
+        // Every `SWEEP_EVERY`-th admitting fast-path charge of a shard
+        // sweeps a shard, taking them in turn from this one (so that one
+        // busy subject keeps every shard swept, and a burst of subjects
+        // that stopped is forgotten by the traffic that goes on). The
+        // count is a load and a store on the cache line the read lock has
+        // just written: no shared line is added, and two threads may count
+        // one charge (a sweep then comes a little later).
         let ops = shard.hot_ops.load(Ordering::Relaxed).wrapping_add(1);
         shard.hot_ops.store(ops, Ordering::Relaxed);
         drop(shard);

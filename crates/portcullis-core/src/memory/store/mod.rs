@@ -62,7 +62,8 @@ pub const DEFAULT_MAX_KEYS: usize = 1 << 18;
 ///
 /// Memory stays bounded without a background thread: a subject's state is
 /// forgotten once it is back to full capacity, and shards sweep such
-/// subjects away as they serve operations (see [`MemoryStore::len`] and
+/// subjects away as they admit and insert (a denial writes nothing and
+/// sweeps nothing; see [`MemoryStore::len`] and
 /// [`MemoryStore::purge_expired`]). The number of subjects is capped at
 /// 262 144 (2^18) unless [`MemoryStoreBuilder::max_keys`] or
 /// [`MemoryStoreBuilder::unbounded`] says otherwise; a full store keeps
