@@ -43,12 +43,12 @@
 //! A caller that drops its check (its own deadline, a cancelled request)
 //! before the batch is taken is never charged; after, it may be.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use hashbrown::HashTable;
 use portcullis_core::{StoreError, Verdict};
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
@@ -76,8 +76,19 @@ pub(super) type Reply = Result<Verdict, StoreError>;
 
 /// One shard: the calls in flight, by subject and policies (a check's
 /// [`Target`]; the call's own, shared), each with the checks waiting for
-/// it.
-type Shard<K> = HashMap<K, Vec<Waiter>, foldhash::fast::FixedState>;
+/// it. A table with the hashes given (hashbrown's `HashTable`): a check's
+/// key is hashed once, when it joins, and its lead keeps the hash for the
+/// batches after it (a map would hash the key again on each lookup,
+/// insert and remove: six hashes of a target per check, about 1 300
+/// instructions).
+type Shard<K> = HashTable<Slot<K>>;
+
+/// A call in flight and the checks waiting for it.
+struct Slot<K> {
+    hash: u64,
+    key: K,
+    waiting: Vec<Waiter>,
+}
 
 /// A check waiting for the call in flight for its subject and policies.
 struct Waiter {
@@ -89,7 +100,7 @@ struct Waiter {
 /// The calls in flight, by subject and policies, with the checks waiting
 /// for each. Keyed by the lead's `Arc<Target>`, so joining a call costs no
 /// copy of its keys (and no allocation for the lead); hashed once per
-/// join with foldhash, seeded per store (a subject chosen by a client
+/// check with foldhash, seeded per store (a subject chosen by a client
 /// cannot aim at one shard without knowing the seed).
 pub(crate) struct Coalescer<K = Arc<Target>> {
     shards: Box<[Mutex<Shard<K>>]>,
@@ -104,31 +115,25 @@ impl<K> fmt::Debug for Coalescer<K> {
 
 /// What a check does: make the call itself, or wait for a batch.
 pub(crate) enum Join {
-    /// No call is in flight: make it (and keep the [`Lead`] until it ends).
-    Lead,
+    /// No call is in flight: make it (and keep the [`Lead`] until it ends),
+    /// with the key's hash for [`Lead::new`].
+    Lead(u64),
     /// A call is in flight: this answer comes from a batch to come.
     Wait(Waiting),
 }
 
 impl<K: Hash + Eq + Clone> Coalescer<K> {
     pub(crate) fn new() -> Self {
-        let hasher = foldhash::fast::RandomState::default();
         Self {
-            shards: (0..SHARDS)
-                .map(|_| {
-                    // Each shard's map hashes with the store's seed.
-                    let state = foldhash::fast::FixedState::with_seed(hasher.hash_one(0_u8));
-                    Mutex::new(HashMap::with_hasher(state))
-                })
-                .collect(),
-            hasher,
+            shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
+            hasher: foldhash::fast::RandomState::default(),
         }
     }
 
-    fn shard(&self, key: &K) -> MutexGuard<'_, Shard<K>> {
-        // The high bits pick the shard (the map uses the low ones);
-        // `SHARDS` is a power of two.
-        let index = (self.hasher.hash_one(key) >> 60) as usize & (SHARDS - 1);
+    fn shard(&self, hash: u64) -> MutexGuard<'_, Shard<K>> {
+        // Middle bits pick the shard: the table uses the low ones for the
+        // bucket and the top seven for its tags. `SHARDS` is a power of two.
+        let index = (hash >> 32) as usize & (SHARDS - 1);
         // A panic while holding the lock leaves a table that is still
         // consistent (every change is one insert, push or remove).
         self.shards[index]
@@ -139,8 +144,9 @@ impl<K: Hash + Eq + Clone> Coalescer<K> {
     /// Joins the call in flight for `key`, or makes this check the one
     /// that calls.
     pub(crate) fn join(&self, key: &K, cost: u64) -> Join {
-        let mut shard = self.shard(key);
-        if let Some(waiting) = shard.get_mut(key) {
+        let hash = self.hasher.hash_one(key);
+        let mut shard = self.shard(hash);
+        if let Some(Slot { waiting, .. }) = shard.find_mut(hash, |slot| slot.key == *key) {
             let (reply, answer) = oneshot::channel();
             let state = Arc::new(AtomicU8::new(WAITING));
             // The call in flight, and a batch per MAX_BATCH queued before
@@ -154,18 +160,30 @@ impl<K: Hash + Eq + Clone> Coalescer<K> {
             });
             return Join::Wait(Waiting::new(answer, state, batches_ahead));
         }
-        shard.insert(key.clone(), Vec::new());
-        Join::Lead
+        shard.insert_unique(
+            hash,
+            Slot {
+                hash,
+                key: key.clone(),
+                waiting: Vec::new(),
+            },
+            |slot| slot.hash,
+        );
+        Join::Lead(hash)
     }
 
     /// The call for `key` ended: the next batch (the call stays in flight,
     /// made by the caller), or `None` when no check waits (then nothing
     /// is in flight for `key` any more). Checks whose requests were
     /// cancelled, or that withdrew, are dropped here, uncharged; the ones
-    /// taken are marked so, and can no longer withdraw.
-    fn next(&self, key: &K) -> Option<Vec<Waiter>> {
-        let mut shard = self.shard(key);
-        let waiting = shard.get_mut(key)?;
+    /// taken are marked so, and can no longer withdraw. `hash` is the one
+    /// [`Join::Lead`] gave.
+    fn next(&self, key: &K, hash: u64) -> Option<Vec<Waiter>> {
+        let mut shard = self.shard(hash);
+        let Ok(mut slot) = shard.find_entry(hash, |slot| slot.key == *key) else {
+            return None;
+        };
+        let waiting = &mut slot.get_mut().waiting;
         let mut batch = Vec::with_capacity(waiting.len().min(MAX_BATCH));
         let mut rest = Vec::new();
         for waiter in waiting.drain(..) {
@@ -184,7 +202,7 @@ impl<K: Hash + Eq + Clone> Coalescer<K> {
         }
         *waiting = rest;
         if batch.is_empty() {
-            shard.remove(key);
+            slot.remove();
             return None;
         }
         Some(batch)
@@ -200,6 +218,8 @@ pub(crate) struct Lead {
     /// The call's target: the key of the calls in flight, and what the
     /// batches after it send.
     target: Arc<Target>,
+    /// Its hash in the coalescer's table.
+    hash: u64,
     /// The store-wide error the call met, if it did: the checks that
     /// waited get it at once, unsent, rather than a second call that would
     /// wait out the same failure.
@@ -207,11 +227,17 @@ pub(crate) struct Lead {
 }
 
 impl Lead {
-    pub(crate) fn new(caller: Arc<Caller>, coalescer: Arc<Coalescer>, target: Arc<Target>) -> Self {
+    pub(crate) fn new(
+        caller: Arc<Caller>,
+        coalescer: Arc<Coalescer>,
+        target: Arc<Target>,
+        hash: u64,
+    ) -> Self {
         Self {
             caller,
             coalescer,
             target,
+            hash,
             failed: None,
         }
     }
@@ -229,7 +255,7 @@ impl Lead {
 impl Drop for Lead {
     fn drop(&mut self) {
         let coalescer = &self.coalescer;
-        let Some(waiters) = coalescer.next(&self.target) else {
+        let Some(waiters) = coalescer.next(&self.target, self.hash) else {
             return;
         };
         let runtime = tokio::runtime::Handle::try_current();
@@ -239,6 +265,7 @@ impl Drop for Lead {
                     Arc::clone(&self.caller),
                     Arc::clone(&self.coalescer),
                     Arc::clone(&self.target),
+                    self.hash,
                     waiters,
                 ));
             }
@@ -252,7 +279,10 @@ impl Drop for Lead {
                     StoreError::unavailable("no tokio runtime to send the coalesced checks on")
                 });
                 let mut waiters = Some(waiters);
-                while let Some(batch) = waiters.take().or_else(|| coalescer.next(&self.target)) {
+                while let Some(batch) = waiters
+                    .take()
+                    .or_else(|| coalescer.next(&self.target, self.hash))
+                {
                     for waiter in batch {
                         let _ = waiter.reply.send(Err(share(&error)));
                     }
@@ -267,6 +297,7 @@ async fn send_batches(
     caller: Arc<Caller>,
     coalescer: Arc<Coalescer>,
     target: Arc<Target>,
+    hash: u64,
     mut waiters: Vec<Waiter>,
 ) {
     loop {
@@ -283,7 +314,7 @@ async fn send_batches(
                 }
             }
         }
-        match coalescer.next(&target) {
+        match coalescer.next(&target, hash) {
             Some(next) => waiters = next,
             None => return,
         }
@@ -364,39 +395,47 @@ impl std::error::Error for Shared {
 mod tests {
     use super::*;
 
+    impl<K: Hash + Eq + Clone> Coalescer<K> {
+        /// [`Coalescer::next`] with the key hashed again (as its lead's
+        /// hash would be).
+        pub(super) fn next_of(&self, key: &K) -> Option<Vec<Waiter>> {
+            self.next(key, self.hasher.hash_one(key))
+        }
+    }
+
     #[test]
     fn the_first_check_leads_and_the_others_wait_in_order() {
         let coalescer = Coalescer::<&str>::new();
-        assert!(matches!(coalescer.join(&"k", 1), Join::Lead));
+        assert!(matches!(coalescer.join(&"k", 1), Join::Lead(_)));
         let waits: Vec<_> = (2..5)
             .map(|cost| match coalescer.join(&"k", cost) {
                 Join::Wait(waiting) => waiting,
-                Join::Lead => panic!("a second leader while a call is in flight"),
+                Join::Lead(_) => panic!("a second leader while a call is in flight"),
             })
             .collect();
         // Another subject is not held up.
-        assert!(matches!(coalescer.join(&"other", 1), Join::Lead));
-        let batch = coalescer.next(&"k").expect("three wait");
+        assert!(matches!(coalescer.join(&"other", 1), Join::Lead(_)));
+        let batch = coalescer.next_of(&"k").expect("three wait");
         assert_eq!(batch.iter().map(|w| w.cost).collect::<Vec<_>>(), [2, 3, 4]);
         drop(waits);
         // Still in flight (the batch), so a new check waits.
         assert!(matches!(coalescer.join(&"k", 9), Join::Wait(_)));
         // Its request was dropped: it is left out, and the key is free.
-        assert!(coalescer.next(&"k").is_none());
-        assert!(matches!(coalescer.join(&"k", 1), Join::Lead));
+        assert!(coalescer.next_of(&"k").is_none());
+        assert!(matches!(coalescer.join(&"k", 1), Join::Lead(_)));
     }
 
     fn waiting(join: Join) -> Waiting {
         match join {
             Join::Wait(waiting) => waiting,
-            Join::Lead => panic!("a second leader while a call is in flight"),
+            Join::Lead(_) => panic!("a second leader while a call is in flight"),
         }
     }
 
     #[test]
     fn a_check_queued_behind_full_batches_waits_for_each() {
         let coalescer = Coalescer::<&str>::new();
-        assert!(matches!(coalescer.join(&"k", 1), Join::Lead));
+        assert!(matches!(coalescer.join(&"k", 1), Join::Lead(_)));
         let waits: Vec<_> = (0..MAX_BATCH * 2 + 1)
             .map(|_| waiting(coalescer.join(&"k", 1)))
             .collect();
@@ -410,13 +449,13 @@ mod tests {
     #[test]
     fn a_batch_holds_at_most_max_batch_checks() {
         let coalescer = Coalescer::<&str>::new();
-        assert!(matches!(coalescer.join(&"k", 1), Join::Lead));
+        assert!(matches!(coalescer.join(&"k", 1), Join::Lead(_)));
         let _waits: Vec<_> = (0..MAX_BATCH + 3)
             .map(|_| coalescer.join(&"k", 1))
             .collect();
-        assert_eq!(coalescer.next(&"k").map(|b| b.len()), Some(MAX_BATCH));
-        assert_eq!(coalescer.next(&"k").map(|b| b.len()), Some(3));
-        assert!(coalescer.next(&"k").is_none());
+        assert_eq!(coalescer.next_of(&"k").map(|b| b.len()), Some(MAX_BATCH));
+        assert_eq!(coalescer.next_of(&"k").map(|b| b.len()), Some(3));
+        assert!(coalescer.next_of(&"k").is_none());
     }
 
     #[test]

@@ -104,7 +104,7 @@ mod tests {
     fn waiting(join: Join) -> Waiting {
         match join {
             Join::Wait(waiting) => waiting,
-            Join::Lead => panic!("a second leader while a call is in flight"),
+            Join::Lead(_) => panic!("a second leader while a call is in flight"),
         }
     }
 
@@ -118,35 +118,38 @@ mod tests {
     #[test]
     fn a_withdrawn_check_is_never_taken_and_a_taken_one_cannot_withdraw() {
         let coalescer = Coalescer::<&str>::new();
-        assert!(matches!(coalescer.join(&"k", 1), Join::Lead));
+        assert!(matches!(coalescer.join(&"k", 1), Join::Lead(_)));
         let first = waiting(coalescer.join(&"k", 1));
         let second = waiting(coalescer.join(&"k", 2));
         assert!(first.withdraw());
-        let batch = coalescer.next(&"k").expect("the second is taken");
+        let batch = coalescer.next_of(&"k").expect("the second is taken");
         assert_eq!(batch.iter().map(|w| w.cost).collect::<Vec<_>>(), [2]);
         assert!(!second.withdraw(), "taken: it waits for its batch's answer");
         drop(batch);
-        assert!(coalescer.next(&"k").is_none());
+        assert!(coalescer.next_of(&"k").is_none());
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_check_not_taken_in_time_withdraws_and_says_it_was_not_sent() {
         let coalescer = Coalescer::<&str>::new();
-        assert!(matches!(coalescer.join(&"k", 1), Join::Lead));
+        assert!(matches!(coalescer.join(&"k", 1), Join::Lead(_)));
         let check = waiting(coalescer.join(&"k", 1));
         let error = wait(check, Duration::from_millis(100)).await.unwrap_err();
         assert!(matches!(error, StoreError::Unavailable { .. }), "{error:?}");
         let cause = std::error::Error::source(&error).unwrap().to_string();
         assert!(cause.contains("not sent"), "{cause}");
-        assert!(coalescer.next(&"k").is_none(), "left out of the next batch");
+        assert!(
+            coalescer.next_of(&"k").is_none(),
+            "left out of the next batch"
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_check_taken_before_its_wait_ran_out_gets_its_batch_answer() {
         let coalescer = Coalescer::<&str>::new();
-        assert!(matches!(coalescer.join(&"k", 1), Join::Lead));
+        assert!(matches!(coalescer.join(&"k", 1), Join::Lead(_)));
         let check = waiting(coalescer.join(&"k", 1));
-        let mut batch = coalescer.next(&"k").expect("taken");
+        let mut batch = coalescer.next_of(&"k").expect("taken");
         let waiter = batch.pop().unwrap();
         let answer = tokio::spawn(wait(check, Duration::from_millis(100)));
         // Far past the bound, the batch answers: the check gets that

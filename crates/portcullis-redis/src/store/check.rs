@@ -157,11 +157,12 @@ impl RedisStore {
                 Join::Wait(answer) => {
                     return Ok(Box::pin(coalesce::wait(answer, self.inner.caller.timeout)));
                 }
-                Join::Lead => {
+                Join::Lead(hash) => {
                     let mut lead = Lead::new(
                         Arc::clone(&self.inner.caller),
                         Arc::clone(coalescer),
                         Arc::clone(&target),
+                        hash,
                     );
                     let caller = Arc::clone(&self.inner.caller);
                     let lane = self.inner.lane.clone();
