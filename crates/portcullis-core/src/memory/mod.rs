@@ -34,7 +34,7 @@ mod entry;
 mod key;
 mod names;
 
-mod tat;
+pub(crate) mod tat;
 
 #[cfg(test)]
 mod tests;

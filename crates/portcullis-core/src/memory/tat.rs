@@ -37,7 +37,7 @@ pub(super) fn packed_expiry(packed: u64) -> u64 {
 
 /// [`algorithms::check`], with GCRA (the default algorithm) on a fast path.
 #[inline(always)]
-pub(super) fn check_policy(policy: &Policy, state: Option<&State>, now_us: u64, cost: u64) -> Step {
+pub(crate) fn check_policy(policy: &Policy, state: Option<&State>, now_us: u64, cost: u64) -> Step {
     if policy.algorithm() == Algorithm::Gcra {
         let tat = match state {
             Some(State::Gcra(tat)) => Some(*tat),

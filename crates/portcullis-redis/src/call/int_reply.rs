@@ -159,7 +159,7 @@ fn fast_decision(policy: &Policy, reply: i64, cost: u64) -> Result<Decision, Sto
             (State::Gcra(state), 0)
         }
     };
-    let step = algorithms::check(policy, Some(&state), now, cost);
+    let step = algorithms::check_fast(policy, Some(&state), now, cost);
     let decision = step.decision;
     // The function hands a state it would clamp (a repair, the only write
     // a denial makes) to the general check, so such a lead is never its
