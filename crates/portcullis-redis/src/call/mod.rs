@@ -62,8 +62,10 @@ impl Caller {
         cmd: &Cmd,
         first_key: &str,
     ) -> Result<Value, StoreError> {
+        // The rare paths are boxed, so that their futures do not size
+        // every call's (the check's future is moved into its box whole).
         if let Some(slot) = self.scripts.path().to_learn() {
-            self.learn_node(slot).await;
+            Box::pin(self.learn_node(slot)).await;
         }
         match connection::eval(&self.pool, self.timeout, script, cmd, first_key).await {
             Ok(value) => {
@@ -76,8 +78,7 @@ impl Caller {
             // function), so nothing was charged: once more, allowed to
             // update held subjects only.
             Err(error) if is_oom(&error) => {
-                self.check_out_of_memory(script, cmd, first_key, error)
-                    .await
+                Box::pin(self.check_out_of_memory(script, cmd, first_key, error)).await
             }
             Err(error) => Err(error),
         }
@@ -420,7 +421,8 @@ impl Call {
             {
                 let script = evalsha_script(caller, &self.kind, self.target.set())?;
                 let (cmd, _) = self.command(&script, Layout::General)?;
-                caller.run(&script, &cmd, first_key).await
+                // Boxed: rare, and it would double this future's size.
+                Box::pin(caller.run(&script, &cmd, first_key)).await
             }
             other => other,
         }

@@ -275,7 +275,9 @@ pub(crate) async fn eval(
     let mut redirected: Option<Redirect> = None;
     loop {
         let sent = match &redirected {
-            Some(to) => timeout_at(deadline, connection.query_at(evalsha, to)).await,
+            // Boxed: a redirection is rare, and its future (a Cluster
+            // route) would otherwise size every call's future.
+            Some(to) => timeout_at(deadline, Box::pin(connection.query_at(evalsha, to))).await,
             None => timeout_at(deadline, connection.query(evalsha)).await,
         };
         let error = match sent {
@@ -306,9 +308,10 @@ pub(crate) async fn eval(
                     name = script.sha(),
                     "NOSCRIPT or no such function: loading it"
                 );
+                // Boxed, as a redirection is: loading is rare.
                 match timeout_at(
                     deadline,
-                    connection.load(script, first_key, redirected.as_ref()),
+                    Box::pin(connection.load(script, first_key, redirected.as_ref())),
                 )
                 .await
                 {
