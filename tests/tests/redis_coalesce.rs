@@ -9,12 +9,14 @@
 //! as one by one too; a check its function refuses fails alone.
 //!
 //! Redis Functions for the most part (the `EVALSHA` path coalesces one
-//! subject's checks as a script, tested on a server of its own): xtask
-//! skips these by name on servers before Redis 7. One test function runs
-//! the steps in turn, because two of them read server-wide counters
-//! (`INFO commandstats`) and one pauses the server.
+//! subject's checks, and batches checks of different subjects, as scripts,
+//! tested on servers of their own): xtask skips these by name on servers
+//! before Redis 7. One test function runs the steps in turn, because two
+//! of them read server-wide counters (`INFO commandstats`) and one pauses
+//! the server.
 
 mod coalesce_batches;
+mod evalsha_across;
 mod redis_common;
 
 use std::time::Duration;

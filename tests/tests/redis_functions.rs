@@ -263,6 +263,11 @@ async fn out_of_memory_on_both_paths() {
     check_counts(&functions, "held-f", &policies, 1).await;
     check_counts(&evalsha, "held-e", &policies, 1).await;
     assert_eq!(evalsha.call_path(), CallPath::Evalsha);
+    // Held subjects of the EVALSHA path, checked at once with new ones
+    // below (a batch across subjects).
+    for i in 0..8 {
+        check_counts(&evalsha, &format!("held-across-{i}"), &policies, 1).await;
+    }
     // One whole-microsecond GCRA policy: the fast function and its twin.
     let fast = [Policy::per_hour(1_000).name("fast").build().unwrap()];
     assert!(functions
@@ -295,6 +300,39 @@ async fn out_of_memory_on_both_paths() {
                 matches!(verdict, Err(StoreError::OutOfMemory { .. })),
                 "{}: {verdict:?}",
                 policy.algorithm()
+            );
+        }
+    }
+    // Across subjects on EVALSHA: held and new subjects made at once, the
+    // first two alone and the others as one call of the batch script,
+    // which Redis refuses at its first write and which runs again as its
+    // allow-oom twin: each held subject decided exactly, each new one
+    // refused, as alone.
+    let subjects: Vec<(String, bool)> = (0..8)
+        .flat_map(|i| {
+            [
+                (format!("held-across-{i}"), true),
+                (format!("fresh-across-{i}"), false),
+            ]
+        })
+        .collect();
+    let got = join_all(
+        subjects
+            .iter()
+            .map(|(subject, _)| evalsha.check(subject, &policies, 1)),
+    )
+    .await;
+    for ((subject, held), verdict) in subjects.iter().zip(got) {
+        if *held {
+            let verdict = verdict.unwrap_or_else(|e| panic!("{subject}, at maxmemory: {e}"));
+            assert!(verdict.is_allowed(), "{subject}, at maxmemory");
+            for decision in verdict.decisions() {
+                assert_eq!(decision.remaining(), 998, "{subject}, at maxmemory");
+            }
+        } else {
+            assert!(
+                matches!(verdict, Err(StoreError::OutOfMemory { .. })),
+                "{subject}: {verdict:?}"
             );
         }
     }

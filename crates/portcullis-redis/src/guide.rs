@@ -163,8 +163,10 @@
 //! Sentinel: a store keeps at most two calls of checks in flight, and the
 //! checks that find both busy go together as one call of
 //! `portcullis_<hash>_mixed`, each run as the function it would have been
-//! sent to alone (ALGORITHMS.md, "Batches across subjects"). On a Cluster
-//! (keys of one call must share a slot) every check goes alone.
+//! sent to alone (ALGORITHMS.md, "Batches across subjects"); on the
+//! `EVALSHA` path, as one call of a script (`lua/mixed_script.lua`) that
+//! decides each as the check script composed for its policy set would. On
+//! a Cluster (keys of one call must share a slot) every check goes alone.
 //!
 //! With a [`LocalBudget`](crate::LocalBudget), a busy subject's checks are
 //! admitted from rate shares (`portcullis_<hash>_gcra_take`: the next

@@ -3,8 +3,10 @@
 //! (forward, zero, backward), costs (peeks and costs above capacity
 //! included), resets, bursts of checks made at once (coalesced on the
 //! Functions path, into each one-policy fast path's batch or the general
-//! one) and policy combinations, for every algorithm, on a standalone
-//! server and on the Cluster.
+//! one; on the `EVALSHA` path, the batch script), checks of several
+//! subjects made at once (a batch across subjects on a standalone server,
+//! as a function or as a script) and policy combinations, for every
+//! algorithm, on a standalone server and on the Cluster.
 
 use crate::redis_common;
 
@@ -48,6 +50,12 @@ enum Op {
     /// Move the clock to `after` µs past the end of the first policy's
     /// current period, then a burst: the first checks of a new window.
     BurstAfterEnd { after: u64, costs: [u64; BURST] },
+    /// Move the clock, then make one check of each of [`BURST`] other
+    /// subjects at once (the case's subject with `~0`, `~1`... appended):
+    /// on a standalone server the first two go alone and the others wait
+    /// and go as one batch across subjects (mixed.lua, or the script of
+    /// such batches on the `EVALSHA` path); memory decides them one by one.
+    Across { step: i64, costs: [u64; BURST] },
 }
 
 /// The checks of a burst.
@@ -101,7 +109,8 @@ fn ops(max_period: u64) -> impl Strategy<Value = Vec<Op>> {
         30 => (step.clone(), cost.clone()).prop_map(|(step, cost)| Op::Check { step, cost }),
         1 => step.clone().prop_map(|step| Op::Reset { step }),
         3 => (step.clone(), cost).prop_map(|(step, cost)| Op::Switch { step, cost }),
-        4 => (step, costs.clone()).prop_map(|(step, costs)| Op::Burst { step, costs }),
+        4 => (step.clone(), costs.clone()).prop_map(|(step, costs)| Op::Burst { step, costs }),
+        3 => (step, costs.clone()).prop_map(|(step, costs)| Op::Across { step, costs }),
         2 => (0_u64..1_000, costs).prop_map(|(after, costs)| Op::BurstAfterEnd { after, costs }),
     ];
     prop::collection::vec(op, 40)
@@ -241,12 +250,15 @@ fn run_case(
     // keeps expired state exactly as long as Redis does (keys written on a
     // clock a day ahead do not expire during the test).
     let memory = MemoryStore::builder().clock(clock.clone()).build();
+    // Whether the other subjects of an `Op::Across` hold state yet.
+    let mut across = false;
     for (i, op) in ops.iter().enumerate() {
         let now = match *op {
             Op::Check { step, .. }
             | Op::Reset { step }
             | Op::Switch { step, .. }
-            | Op::Burst { step, .. } => clock.now_micros().saturating_add_signed(step).max(start),
+            | Op::Burst { step, .. }
+            | Op::Across { step, .. } => clock.now_micros().saturating_add_signed(step).max(start),
             Op::NearEnd { before, .. } => {
                 let period = policies.first().map_or(1, Policy::period_micros);
                 let end = (clock.now_micros() / period + 1) * period;
@@ -293,10 +305,44 @@ fn run_case(
                     same(&context, from_redis, from_memory)?;
                 }
             }
+            Op::Across { costs, .. } => {
+                across = true;
+                let subjects = others(subject);
+                // Made on the runtime: outside one, a check has no task to
+                // send a batch on and goes alone.
+                let from_redis = runtime.block_on(async {
+                    let checks: Vec<_> = subjects
+                        .iter()
+                        .zip(costs)
+                        .map(|(other, cost)| redis.check(other, policies, cost))
+                        .collect();
+                    futures::future::join_all(checks).await
+                });
+                for (j, ((other, &cost), from_redis)) in
+                    subjects.iter().zip(&costs).zip(from_redis).enumerate()
+                {
+                    let from_memory = runtime.block_on(memory.check(other, policies, cost));
+                    let context = format!(
+                        "op {i} ({op:?}), check {j} ({other}) at t = start + {} µs",
+                        now - start
+                    );
+                    same(&context, from_redis, from_memory)?;
+                }
+            }
         }
         forget_expired(runtime, nodes, (redis, &memory), subject, policies, now)?;
+        if across {
+            for other in others(subject) {
+                forget_expired(runtime, nodes, (redis, &memory), &other, policies, now)?;
+            }
+        }
     }
     Ok(())
+}
+
+/// The subjects of an [`Op::Across`]: `subject` with `~0`, `~1`...
+fn others(subject: &str) -> Vec<String> {
+    (0..BURST).map(|j| format!("{subject}~{j}")).collect()
 }
 
 /// Redis' and memory's answers to one check are the same decisions, or the

@@ -345,15 +345,16 @@ impl Call {
         if let Some(record) = record {
             cmd.arg(record);
         }
-        self.push_arguments(&mut cmd, script, layout)?;
+        self.push_arguments(&mut cmd, script.is_function(), layout)?;
         Ok((cmd, bytes))
     }
 
-    /// Appends what the call sends after its keys, laid out as `layout`.
+    /// Appends what the call sends after its keys, laid out as `layout`
+    /// (a general call's plan letters first when `letters`: a function's).
     fn push_arguments(
         &self,
         cmd: &mut Cmd,
-        script: &LuaScript,
+        letters: bool,
         layout: Layout,
     ) -> Result<(), StoreError> {
         let options = match &self.kind {
@@ -363,7 +364,7 @@ impl Call {
         let set = self.target.set();
         match layout {
             Layout::General => {
-                if script.is_function() {
+                if letters {
                     cmd.arg(set.letters()?.as_slice());
                 }
                 push_time(cmd, self.now);
@@ -442,7 +443,21 @@ impl Call {
     /// Appends what this call sends after its keys when sent alone (for a
     /// batch across subjects).
     pub(crate) fn push_alone_arguments(&self, cmd: &mut Cmd) -> Result<(), StoreError> {
-        self.push_arguments(cmd, &self.script, self.layout)
+        self.push_arguments(cmd, self.script.is_function(), self.layout)
+    }
+
+    /// Appends what the check script composed for this call's policy set
+    /// takes after its keys (`now cost policies...`), whatever the call
+    /// was built to send: a check's arguments in a batch across subjects
+    /// on the `EVALSHA` path, whose script decides it as that check script
+    /// would (its reply is read as the general check's).
+    pub(crate) fn push_script_arguments(&self, cmd: &mut Cmd) -> Result<(), StoreError> {
+        self.push_arguments(cmd, false, Layout::General)
+    }
+
+    /// The plan of this call's policy set: one letter per policy.
+    pub(crate) fn letters(&self) -> Result<SmallVec<[u8; 8]>, StoreError> {
+        self.target.set().letters()
     }
 
     /// The first state key (where the call goes on a Cluster).
@@ -450,8 +465,9 @@ impl Call {
         self.target.first_key()
     }
 
-    /// Whether the call goes as `FCALL` (a batch across subjects takes
-    /// only these).
+    /// Whether the call goes as `FCALL` (a batch across subjects of only
+    /// these goes as `FCALL` of the library's `mixed`; one with a call of
+    /// the `EVALSHA` path, as the script of such batches).
     pub(crate) fn is_function(&self) -> bool {
         self.script.is_function()
     }

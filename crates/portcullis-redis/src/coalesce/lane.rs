@@ -1,8 +1,11 @@
 //! Batches across subjects ([`Lane`]): a store sends at most [`IN_FLIGHT`]
 //! calls of checks at a time; a check that finds them all in flight waits,
-//! and the checks that waited go together in one call (mixed.lua), whatever
-//! their subjects and policies, each run as the function it would have
-//! been sent to alone, in arrival order. So under load a store makes about
+//! and the checks that waited go together in one call, whatever their
+//! subjects and policies, in arrival order: `FCALL` of the library's
+//! `mixed` (mixed.lua), each run as the function it would have been sent
+//! to alone, or on the `EVALSHA` path one `EVALSHA` of the script of such
+//! batches (mixed_script.lua), each decided as the check script composed
+//! for its policy set would alone. So under load a store makes about
 //! `IN_FLIGHT` calls per round trip instead of one per check, and a check
 //! that finds a call free is sent at once: nothing waits for a batch to
 //! fill.
@@ -46,6 +49,7 @@ use super::{share, Reply, Shared, MAX_BATCH};
 use crate::call::reply::{out_of_memory, protocol};
 use crate::call::{Call, Caller};
 use crate::errors::RedisCause;
+use crate::scripts::LuaScript;
 
 /// Calls of checks a store has in flight before checks wait for a batch.
 pub(crate) const IN_FLIGHT: usize = 2;
@@ -282,6 +286,9 @@ async fn send(caller: &Caller, batch: Vec<Queued>) -> Option<StoreError> {
         }
         return failed;
     }
+    if !batch.iter().all(|queued| queued.call.is_function()) {
+        return send_script(caller, batch).await;
+    }
     let mixed = caller.scripts.library().mixed_function();
     let cmd = match command(mixed.sha(), &batch) {
         Ok(cmd) => cmd,
@@ -294,7 +301,62 @@ async fn send(caller: &Caller, batch: Vec<Queued>) -> Option<StoreError> {
     };
     let first_key = batch[0].call.first_key().to_owned();
     match caller.run(mixed, &cmd, &first_key).await {
-        Ok(Value::Array(items)) if items.len() == batch.len() => {
+        Ok(value) => {
+            answer(batch, value);
+            None
+        }
+        // Redis refused Functions (nothing ran): each check alone, which
+        // sends it on the EVALSHA path the store takes from now on.
+        Err(error) if caller.scripts.path().refused(&error, &first_key) => {
+            alone(caller, batch).await;
+            None
+        }
+        Err(error) => fail(batch, error),
+    }
+}
+
+/// Sends a batch with a check of the `EVALSHA` path as one call of the
+/// script of batches across subjects (mixed_script.lua), which decides each
+/// check as the check script composed for its policy set would alone (a
+/// check built for a function is sent so too, as its general check:
+/// the store left Functions meanwhile); returns the error of a call that
+/// failed store-wide.
+async fn send_script(caller: &Caller, batch: Vec<Queued>) -> Option<StoreError> {
+    let script = caller.scripts.get_mixed();
+    let cmd = match script_command(script, &batch) {
+        Ok(cmd) => cmd,
+        Err(error) => {
+            for queued in batch {
+                let _ = queued.reply.send(Err(share(&error)));
+            }
+            return None;
+        }
+    };
+    let first_key = batch[0].call.first_key().to_owned();
+    match caller.run(script, &cmd, &first_key).await {
+        Ok(value) => {
+            answer(batch, value);
+            None
+        }
+        // Redis refused the script as a whole, having written nothing: a
+        // server that cannot compile it, or (before Redis 7) its allow-oom
+        // twin after an `OOM`. Each check alone answers as it would have:
+        // a denial, say, where a full Redis before 7 refuses the batch.
+        Err(error @ (StoreError::Rejected { .. } | StoreError::OutOfMemory { .. })) => {
+            tracing::debug!(%error, "Redis refused a batch across subjects: each check alone");
+            alone(caller, batch).await;
+            None
+        }
+        Err(error) => fail(batch, error),
+    }
+}
+
+/// Answers each check of a batch across subjects from the call's reply:
+/// one item per check, as its call alone answers, `NOROOM` from an
+/// allow-oom twin, or `FAILED <error>` for a check that failed alone.
+fn answer(batch: Vec<Queued>, value: Value) {
+    match value {
+        Value::Array(items) if items.len() == batch.len() => {
             for (queued, item) in batch.into_iter().zip(items) {
                 let reply = match item {
                     Value::SimpleString(status) if status == "NOROOM" => Err(out_of_memory()),
@@ -309,31 +371,31 @@ async fn send(caller: &Caller, batch: Vec<Queued>) -> Option<StoreError> {
                 };
                 let _ = queued.reply.send(reply);
             }
-            None
         }
-        Ok(other) => {
+        other => {
             let error = protocol(format!("checks of several subjects answered {other:?}"));
             for queued in batch {
                 let _ = queued.reply.send(Err(share(&error)));
             }
-            None
-        }
-        // Redis refused Functions (nothing ran): each check alone, which
-        // sends it on the EVALSHA path the store takes from now on.
-        Err(error) if caller.scripts.path().refused(&error, &first_key) => {
-            for queued in batch {
-                let verdict = queued.call.verdict(caller).await;
-                let _ = queued.reply.send(verdict);
-            }
-            None
-        }
-        Err(error) => {
-            for queued in batch {
-                let _ = queued.reply.send(Err(share(&error)));
-            }
-            error.is_store_wide().then_some(error)
         }
     }
+}
+
+/// Sends each check of a batch alone, in turn, and answers it.
+async fn alone(caller: &Caller, batch: Vec<Queued>) {
+    for queued in batch {
+        let verdict = queued.call.verdict(caller).await;
+        let _ = queued.reply.send(verdict);
+    }
+}
+
+/// Fails every check of a batch with its call's `error`; returns the error
+/// when it is store-wide.
+fn fail(batch: Vec<Queued>, error: StoreError) -> Option<StoreError> {
+    for queued in batch {
+        let _ = queued.reply.send(Err(share(&error)));
+    }
+    error.is_store_wide().then_some(error)
 }
 
 /// `FCALL <mixed> <keys> <every check's keys> <m> [<function> <keys>
@@ -355,6 +417,37 @@ fn command(function: &str, batch: &[Queued]) -> Result<redis::Cmd, StoreError> {
         scratch.clear();
         queued.call.push_alone_arguments(&mut scratch)?;
         cmd.arg(queued.call.function())
+            .arg(queued.call.keys().len())
+            .arg(scratch.args_iter().len());
+        for argument in scratch.args_iter() {
+            if let redis::Arg::Simple(bytes) = argument {
+                cmd.arg(bytes);
+            }
+        }
+    }
+    Ok(cmd)
+}
+
+/// `EVALSHA <mixed script> <keys> <every check's keys> <m> [<plan> <keys>
+/// <arguments> <arguments...>]...`: each check's plan letters, keys and the
+/// arguments of the check script composed for its policy set, its keys
+/// moved to the front (mixed_script.lua). One scratch command, cleared for
+/// each check, counts a check's arguments.
+fn script_command(script: &LuaScript, batch: &[Queued]) -> Result<redis::Cmd, StoreError> {
+    let keys: usize = batch.iter().map(|queued| queued.call.keys().len()).sum();
+    let mut cmd = script.call_cmd();
+    cmd.arg(keys);
+    for queued in batch {
+        for key in queued.call.keys() {
+            cmd.arg(key);
+        }
+    }
+    cmd.arg(batch.len());
+    let mut scratch = redis::Cmd::new();
+    for queued in batch {
+        scratch.clear();
+        queued.call.push_script_arguments(&mut scratch)?;
+        cmd.arg(queued.call.letters()?.as_slice())
             .arg(queued.call.keys().len())
             .arg(scratch.args_iter().len());
         for argument in scratch.args_iter() {

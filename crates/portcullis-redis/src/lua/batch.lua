@@ -2,8 +2,8 @@
 -- that waited on one client while a call for them was in flight, sent as
 -- one call that decides them one after another, in the order given, as if
 -- each had been called alone at the same instant. One reply per check.
--- (Library only: after library.lua, which defines plan() and GCRA_PLAN,
--- and batch_script.lua.)
+-- (Library only: after plan.lua, which defines plan(), library.lua,
+-- which defines GCRA_PLAN, and batch_script.lua.)
 --
 -- batch(keys, args): the general form, every algorithm and several
 -- policies. ARGV[1] = the plan, then batch_script.lua's arguments: ARGV[2]

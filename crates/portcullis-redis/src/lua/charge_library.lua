@@ -1,6 +1,6 @@
 -- The post-charge's registration in the portcullis Redis Functions library
 -- (after library.lua; scripts.rs adds FN_CHARGE and FN_CHARGE_OOM). ARGV[1] names the plan,
--- one letter per policy as library.lua's CODES (GCRA and the token bucket
+-- one letter per policy as plan.lua's CODES (GCRA and the token bucket
 -- only); the rest is charge.lua's arguments.
 local CHARGE_CODES = { a = CHG.gcra, c = CHG.token_bucket }
 local CHARGE_PLANS = {}

@@ -3,8 +3,8 @@
 -- and the versioned function names, FN_CHECK, FN_GCRA and the others).
 -- Everything above runs once, at FUNCTION LOAD: a call builds no helper.
 --
--- ARGV[1] names the plan, one letter per policy (CODES, the order of
--- scripts::CODES in Rust); the rest is check.lua's arguments.
+-- ARGV[1] names the plan, one letter per policy (plan.lua, before this
+-- file); the rest is check.lua's arguments.
 --
 -- memo(parse), parse remembered: a function of a packed argument that parses each
 -- argument once (parse(arg), or nil for an argument it refuses, which is
@@ -32,30 +32,6 @@ local function memo(parse)
   end
 end
 
-local CODES = { a = ALG.gcra, b = ALG.leaky_queue, c = ALG.token_bucket,
-  d = ALG.leaky_meter, e = ALG.fixed_window, f = ALG.sliding_window,
-  g = ALG.sliding_log }
--- Plans by their letters, built on first use (a few per deployment).
-local PLANS = {}
-local function plan(code)
-  local p = PLANS[code]
-  if p ~= nil then
-    return p
-  end
-  if type(code) ~= 'string' or #code == 0 or #code > 64 then
-    return nil
-  end
-  p = {}
-  for i = 1, #code do
-    local alg = CODES[string.sub(code, i, i)]
-    if alg == nil then
-      return nil
-    end
-    p[i] = alg
-  end
-  PLANS[code] = p
-  return p
-end
 local function call(keys, args, no_new_keys)
   local p = plan(args[1])
   if p == nil then

@@ -1,5 +1,5 @@
 -- The check with options' registration in the portcullis Redis Functions
--- library (after library.lua, whose plan() it shares; scripts.rs adds
+-- library (after library.lua; it shares plan.lua's plan(); scripts.rs adds
 -- FN_EXT and FN_EXT_OOM). ARGV[1] names the plan; the rest is
 -- options.lua's arguments.
 local function ext_call(keys, args, no_new_keys)

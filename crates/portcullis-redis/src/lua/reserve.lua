@@ -10,7 +10,7 @@
 -- KEYS[2 + i]: the state of policy i (a settle and a renew pass the token
 -- policies only). All in the subject's hash slot.
 -- ARGV[1]: 'r' reserve, 's' settle, 'n' renew. ARGV[2]: one letter per policy
--- (library.lua's CODES). ARGV[3]: now in microseconds, or '' for TIME.
+-- (plan.lua's CODES). ARGV[3]: now in microseconds, or '' for TIME.
 -- ARGV[4]: the token policies' count. ARGV[5]: the estimate (reserve) or
 -- the usage (settle). ARGV[6]: max in flight, 0 for none (reserve) or
 -- the overage cap (settle). ARGV[7]: the TTL in microseconds.

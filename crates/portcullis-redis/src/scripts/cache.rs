@@ -2,12 +2,13 @@
 //! algorithm combination, beside the library and the store's call path.
 
 use std::collections::HashMap;
-use std::sync::RwLock;
+use std::sync::{OnceLock, RwLock};
 
 use portcullis_core::{Algorithm, StoreError};
 
 use super::{
-    compose, compose_batch, compose_charge, compose_options, Algorithms, Library, LuaScript,
+    compose, compose_batch, compose_charge, compose_mixed, compose_options, Algorithms, Library,
+    LuaScript,
 };
 use crate::functions::PathState;
 
@@ -23,6 +24,9 @@ pub(crate) struct ScriptCache {
     options: RwLock<HashMap<Algorithms, LuaScript>>,
     /// Scripts of coalesced checks, composed on first use.
     batches: RwLock<HashMap<Algorithms, LuaScript>>,
+    /// The script of batches across subjects (one for every policy set),
+    /// composed on first use.
+    mixed: OnceLock<LuaScript>,
     library: Library,
     path: PathState,
 }
@@ -39,6 +43,7 @@ impl ScriptCache {
             charges: RwLock::new(HashMap::new()),
             options: RwLock::new(HashMap::new()),
             batches: RwLock::new(HashMap::new()),
+            mixed: OnceLock::new(),
             library: Library::new(),
             path: PathState::default(),
         }
@@ -92,6 +97,12 @@ impl ScriptCache {
         plan: impl Iterator<Item = Algorithm>,
     ) -> Result<LuaScript, StoreError> {
         composed(&self.batches, plan, compose_batch)
+    }
+
+    /// The script of checks of different subjects in one call on the
+    /// `EVALSHA` path (mixed_script.lua).
+    pub(crate) fn get_mixed(&self) -> &LuaScript {
+        self.mixed.get_or_init(compose_mixed)
     }
 
     /// The post-charge script for these algorithms, in this order.

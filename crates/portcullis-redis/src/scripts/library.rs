@@ -10,8 +10,8 @@ use smallvec::SmallVec;
 use super::{
     code, LuaScript, BATCH, BATCH_FAST, BATCH_SCRIPT, BUCKET_FAST, CHARGE, CHARGE_LIBRARY, CHECK,
     FIXED_WINDOW_FAST, GCRA_MULTI, LEAKY_QUEUE_FAST, LEASE, LIBRARY, MIXED, OPTIONS,
-    OPTIONS_LIBRARY, PRELUDE, RESERVE, RESERVE_LIBRARY, SLIDING_LOG_FAST, SLIDING_WINDOW_FAST,
-    SOURCES,
+    OPTIONS_LIBRARY, PLAN, PRELUDE, RESERVE, RESERVE_LIBRARY, SLIDING_LOG_FAST,
+    SLIDING_WINDOW_FAST, SOURCES,
 };
 
 /// The portcullis Redis Functions library: every algorithm and the check,
@@ -75,6 +75,7 @@ impl Library {
         body.push_str(OPTIONS);
         body.push_str(CHARGE);
         body.push_str(LEASE);
+        body.push_str(PLAN);
         body.push_str(LIBRARY);
         body.push_str(CHARGE_LIBRARY);
         body.push_str(BATCH_SCRIPT);
@@ -259,8 +260,9 @@ impl Library {
         })
     }
 
-    /// The plan argument of a Functions call: one letter per policy
-    /// (`CODES` in library.lua).
+    /// The plan argument of a Functions call (or of a check in a batch
+    /// across subjects on `EVALSHA`): one letter per policy (`CODES` in
+    /// plan.lua).
     pub(crate) fn letters(
         algorithms: impl Iterator<Item = Algorithm>,
     ) -> Result<SmallVec<[u8; 8]>, StoreError> {

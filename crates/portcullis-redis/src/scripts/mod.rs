@@ -46,6 +46,8 @@ const SLIDING_WINDOW_FAST: &str = include_str!("../lua/sliding_window_fast.lua")
 const LEAKY_QUEUE_FAST: &str = include_str!("../lua/leaky_queue_fast.lua");
 const SLIDING_LOG_FAST: &str = include_str!("../lua/sliding_log_fast.lua");
 const MIXED: &str = include_str!("../lua/mixed.lua");
+const MIXED_SCRIPT: &str = include_str!("../lua/mixed_script.lua");
+const PLAN: &str = include_str!("../lua/plan.lua");
 const OPTIONS: &str = include_str!("../lua/options.lua");
 const OPTIONS_LIBRARY: &str = include_str!("../lua/options_library.lua");
 
@@ -82,8 +84,8 @@ enum Part {
     SlidingLog,
 }
 
-/// The letter naming an algorithm in a Functions call's plan (`CODES` in
-/// library.lua).
+/// The letter naming an algorithm in a plan (`CODES` in plan.lua): a
+/// Functions call's, or a check's in a batch across subjects.
 fn code(algorithm: Algorithm) -> Result<char, StoreError> {
     Ok(match algorithm {
         Algorithm::Gcra => 'a',
@@ -228,6 +230,31 @@ const RUN_BATCH_NO_NEW_KEYS: &str = "return batch_script(PLAN, KEYS, ARGV, true)
 /// the batch's checks in turn.
 pub(crate) fn compose_batch(plan: &[Algorithm]) -> Result<LuaScript, StoreError> {
     compose_with(plan, BATCH_SCRIPT, RUN_BATCH, RUN_BATCH_NO_NEW_KEYS)
+}
+
+/// The last line of a batch across subjects (mixed_script.lua) and of its
+/// twin.
+const RUN_MIXED: &str = "return mixed_script(KEYS, ARGV, false)\n";
+const RUN_MIXED_NO_NEW_KEYS: &str = "return mixed_script(KEYS, ARGV, true)\n";
+
+/// Composes the script of a batch across subjects on the `EVALSHA` path
+/// (mixed_script.lua): every algorithm, check.lua and the plan decoding
+/// (plan.lua), deciding each check as its own check script would; one per
+/// store, whatever the policy sets, with its allow-oom twin.
+pub(crate) fn compose_mixed() -> LuaScript {
+    let mut source = String::with_capacity(48 * 1024);
+    source.push_str(PRELUDE);
+    for (_, text) in SOURCES {
+        source.push_str(text);
+    }
+    source.push_str(CHECK);
+    source.push_str(PLAN);
+    source.push_str(MIXED_SCRIPT);
+    let twin = format!("{ALLOW_OOM_SHEBANG}{source}{RUN_MIXED_NO_NEW_KEYS}");
+    source.push_str(RUN_MIXED);
+    let mut script = LuaScript::new(source);
+    script.allow_oom = Some(Arc::new(LuaScript::new(twin)));
+    script
 }
 
 /// The last line of a check with options (options.lua) and of its twin.
@@ -433,11 +460,28 @@ mod tests {
         let letters = Library::letters(Algorithm::ALL.into_iter()).unwrap();
         assert_eq!(letters.len(), Algorithm::ALL.len());
         for letter in &letters {
-            assert!(LIBRARY.contains(&format!("{} = ALG.", *letter as char)));
+            assert!(PLAN.contains(&format!("{} = ALG.", *letter as char)));
         }
         let load = check.load_cmd();
         let args: Vec<_> = load.args_iter().collect();
         assert_eq!(args.len(), 4);
+    }
+
+    #[test]
+    fn the_script_of_batches_across_subjects_holds_every_algorithm_and_the_plans() {
+        let script = compose_mixed();
+        for (_, text) in SOURCES {
+            assert_eq!(script.source().matches(text).count(), 1);
+        }
+        assert_eq!(script.source().matches(PLAN).count(), 1);
+        assert!(script.source().ends_with(RUN_MIXED));
+        assert!(!script.is_function());
+        let twin = script.allow_oom().expect("the batch script has a twin");
+        assert!(twin.source().starts_with(ALLOW_OOM_SHEBANG));
+        assert!(twin.source().ends_with(RUN_MIXED_NO_NEW_KEYS));
+        assert_ne!(twin.sha(), script.sha());
+        let cache = ScriptCache::new();
+        assert_eq!(cache.get_mixed().sha(), script.sha());
     }
 
     #[test]

@@ -167,15 +167,16 @@ impl RedisStore {
                     let caller = Arc::clone(&self.inner.caller);
                     let lane = self.inner.lane.clone();
                     // The call goes now, or waits for a free call and goes
-                    // in a batch across subjects (coalesce/lane.rs); taken
+                    // in a batch across subjects (coalesce/lane.rs; as a
+                    // function, or as a script on the `EVALSHA` path); taken
                     // here, so the order of arrival is the order of checks.
                     let route =
                         Call::new(&caller, path, Kind::Check, target, cost).map(|call| match &self
                             .inner
                             .lane
                         {
-                            Some(lane) if call.is_function() => lane.enter(&caller, call),
-                            _ => Entry::Alone(call),
+                            Some(lane) => lane.enter(&caller, call),
+                            None => Entry::Alone(call),
                         });
                     return Ok(Box::pin(async move {
                         let verdict = match route {

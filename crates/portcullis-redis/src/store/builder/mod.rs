@@ -396,10 +396,10 @@ impl RedisStoreBuilder {
     /// different subjects batch as well: the store keeps at most two calls
     /// of checks in flight, and checks that find both busy go together as
     /// one call, each decided as if sent alone (on a Cluster, whose calls
-    /// hold one slot's keys, they go alone). Charges are coalesced on both
-    /// call paths (on `EVALSHA`, one subject's checks; checks of different
-    /// subjects go alone there); peeks go alone. Turn it off to send every
-    /// check as its own call.
+    /// hold one slot's keys, they go alone). Charges are coalesced and
+    /// batched across subjects on both call paths (on `EVALSHA`, as
+    /// scripts); peeks go alone. Turn it off to send every check as its own
+    /// call.
     ///
     /// A waiting check is either sent in its batch and answered with that
     /// batch's answer, or never sent: if the calls ahead of it take longer

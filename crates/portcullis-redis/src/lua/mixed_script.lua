@@ -1,0 +1,109 @@
+-- Checks of different subjects on the EVALSHA path (coalesce/lane.rs):
+-- the checks that waited on one client while its calls were in flight,
+-- whatever their subjects and policies, sent as one EVALSHA of this
+-- script, which decides each, in the order given, as the check script
+-- composed for its policy set decides it alone (mixed.lua's loop, for a
+-- server that refuses Functions). One reply per check, exactly what its
+-- check script answers alone; a check whose check fails gets the status
+-- `FAILED <error>` alone (an error inside the array would fail the whole
+-- reply at the client), and the others are decided as always. (A script
+-- of its own: after the prelude, every algorithm, check.lua and plan.lua.)
+--
+-- mixed_script(keys, args, no_new_keys): ARGV[1] = m, the number of
+-- checks; then, per check, its plan (one letter per policy, plan.lua), its
+-- number of keys, its number of arguments and those arguments (the check
+-- script's: now or '', the cost, the policies); KEYS: every check's keys,
+-- in the same order. Standalone servers and Sentinel only, as mixed.lua.
+--
+-- A write Redis refuses for the server's state (OOM at maxmemory, READONLY
+-- on a replica, NOREPLICAS, MISCONF) fails the whole call, as it fails a
+-- check script alone: Redis refuses only a script's first write so (its
+-- state cannot change while a script runs), so nothing was written, and
+-- the client answers as for a check alone (OOM: the allow-oom twin, the
+-- whole batch once more). A function is refused so before it runs.
+
+-- Errors of a write refused for the server's state (see above).
+local REFUSED_WRITES = { 'OOM command not allowed', 'READONLY', 'NOREPLICAS', 'MISCONF' }
+local function refused_write(failed)
+  local text = tostring(type(failed) == 'table' and failed.err or failed)
+  for _, refusal in ipairs(REFUSED_WRITES) do
+    if string.find(text, refusal, 1, true) then
+      return true
+    end
+  end
+  return false
+end
+
+local function mixed_script(keys, args, no_new_keys)
+  local m = tonumber(args[1])
+  if m == nil or m < 1 then
+    return redis.error_reply('ERR portcullis: a mixed batch starts with its number of checks; upgrade portcullis-redis')
+  end
+  -- Every check's plan and counts read before any check runs: a call
+  -- refused here wrote nothing.
+  local plans = {}
+  local a, k = 2, 0
+  for j = 1, m do
+    local p = plan(args[a])
+    local nk, na = tonumber(args[a + 1]), tonumber(args[a + 2])
+    if p == nil or nk == nil or na == nil or na < 1 or k + nk > #keys or a + 2 + na > #args then
+      return redis.error_reply('ERR portcullis: a mixed batch names an unknown plan or miscounts; upgrade portcullis-redis')
+    end
+    plans[j] = p
+    k = k + nk
+    a = a + 3 + na
+  end
+  if k ~= #keys or a ~= #args + 1 then
+    return redis.error_reply('ERR portcullis: a mixed batch has arguments left over; upgrade portcullis-redis')
+  end
+  local replies = {}
+  a, k = 2, 0
+  -- The batch's instant, for the checks sent without a client time (ARGV[1]
+  -- of a check script, '' for TIME): one TIME for the batch, as mixed.lua
+  -- reads it.
+  local now
+  -- One table of keys and one of arguments, refilled for each check.
+  local check_keys, check_args = {}, {}
+  for j = 1, m do
+    local nk, na = tonumber(args[a + 1]), tonumber(args[a + 2])
+    for i = 1, nk do
+      check_keys[i] = keys[k + i]
+    end
+    local i = nk + 1
+    while check_keys[i] ~= nil do
+      check_keys[i] = nil
+      i = i + 1
+    end
+    for i = 1, na do
+      check_args[i] = args[a + 2 + i]
+    end
+    i = na + 1
+    while check_args[i] ~= nil do
+      check_args[i] = nil
+      i = i + 1
+    end
+    if check_args[1] == '' then
+      if now == nil then
+        local time = redis.call('TIME')
+        now = fmt(tonumber(time[1]) * 1000000 + tonumber(time[2]))
+      end
+      check_args[1] = now
+    end
+    local ok, reply = pcall(check, plans[j], check_keys, check_args, 0, no_new_keys)
+    if not ok and refused_write(reply) then
+      error(reply, 0)
+    end
+    local failed = not ok and reply or (type(reply) == 'table' and reply.err)
+    if failed then
+      if type(failed) == 'table' then
+        failed = failed.err
+      end
+      replies[j] = redis.status_reply('FAILED ' .. string.gsub(tostring(failed), '[\r\n]', ' '))
+    else
+      replies[j] = reply
+    end
+    k = k + nk
+    a = a + 3 + na
+  end
+  return replies
+end
