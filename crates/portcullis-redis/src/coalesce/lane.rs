@@ -292,12 +292,7 @@ async fn send(caller: &Caller, batch: Vec<Queued>) -> Option<StoreError> {
     let mixed = caller.scripts.library().mixed_function();
     let cmd = match command(mixed.sha(), &batch) {
         Ok(cmd) => cmd,
-        Err(error) => {
-            for queued in batch {
-                let _ = queued.reply.send(Err(share(&error)));
-            }
-            return None;
-        }
+        Err(error) => return fail(batch, error),
     };
     let first_key = batch[0].call.first_key().to_owned();
     match caller.run(mixed, &cmd, &first_key).await {
@@ -325,12 +320,7 @@ async fn send_script(caller: &Caller, batch: Vec<Queued>) -> Option<StoreError> 
     let script = caller.scripts.get_mixed();
     let cmd = match script_command(script, &batch) {
         Ok(cmd) => cmd,
-        Err(error) => {
-            for queued in batch {
-                let _ = queued.reply.send(Err(share(&error)));
-            }
-            return None;
-        }
+        Err(error) => return fail(batch, error),
     };
     let first_key = batch[0].call.first_key().to_owned();
     match caller.run(script, &cmd, &first_key).await {
@@ -373,10 +363,10 @@ fn answer(batch: Vec<Queued>, value: Value) {
             }
         }
         other => {
-            let error = protocol(format!("checks of several subjects answered {other:?}"));
-            for queued in batch {
-                let _ = queued.reply.send(Err(share(&error)));
-            }
+            fail(
+                batch,
+                protocol(format!("checks of several subjects answered {other:?}")),
+            );
         }
     }
 }
@@ -389,8 +379,9 @@ async fn alone(caller: &Caller, batch: Vec<Queued>) {
     }
 }
 
-/// Fails every check of a batch with its call's `error`; returns the error
-/// when it is store-wide.
+/// Fails every check of a batch with its call's `error` (or one found
+/// before the call: a command that could not be built, a reply of the
+/// wrong shape); returns the error when it is store-wide.
 fn fail(batch: Vec<Queued>, error: StoreError) -> Option<StoreError> {
     for queued in batch {
         let _ = queued.reply.send(Err(share(&error)));

@@ -50,42 +50,14 @@ local function mixed(keys, args, no_new_keys)
     if run == nil or nk == nil or na == nil or k + nk > #keys or a + 2 + na > #args then
       return redis.error_reply('ERR portcullis: a mixed batch names an unknown function or miscounts; upgrade portcullis-redis')
     end
-    for i = 1, nk do
-      check_keys[i] = keys[k + i]
-    end
-    local i = nk + 1
-    while check_keys[i] ~= nil do
-      check_keys[i] = nil
-      i = i + 1
-    end
-    for i = 1, na do
-      check_args[i] = args[a + 2 + i]
-    end
-    i = na + 1
-    while check_args[i] ~= nil do
-      check_args[i] = nil
-      i = i + 1
-    end
+    refill(check_keys, keys, k, nk)
+    refill(check_args, args, a + 2, na)
     local at = args[a] == FN_GCRA_MULTI and nk + 2 or 2
     if check_args[at] == nil or check_args[at] == '' then
-      if now == nil then
-        local time = redis.call('TIME')
-        now = fmt(tonumber(time[1]) * 1000000 + tonumber(time[2]))
-      end
+      now = batch_now(now)
       check_args[at] = now
     end
-    local ok, reply = pcall(run, check_keys, check_args, no_new_keys)
-    local failed = not ok and reply or (type(reply) == 'table' and reply.err)
-    if failed then
-      -- An error inside an array would fail the whole reply at the
-      -- client (whose other checks ran): a status instead, one line.
-      if type(failed) == 'table' then
-        failed = failed.err
-      end
-      replies[j] = redis.status_reply('FAILED ' .. string.gsub(tostring(failed), '[\r\n]', ' '))
-    else
-      replies[j] = reply
-    end
+    replies[j] = each_reply(pcall(run, check_keys, check_args, no_new_keys))
     k = k + nk
     a = a + 3 + na
   end

@@ -7,7 +7,8 @@
 -- check script answers alone; a check whose check fails gets the status
 -- `FAILED <error>` alone (an error inside the array would fail the whole
 -- reply at the client), and the others are decided as always. (A script
--- of its own: after the prelude, every algorithm, check.lua and plan.lua.)
+-- of its own: after the prelude, every algorithm, check.lua, plan.lua and
+-- batch_each.lua.)
 --
 -- mixed_script(keys, args, no_new_keys): ARGV[1] = m, the number of
 -- checks; then, per check, its plan (one letter per policy, plan.lua), its
@@ -66,42 +67,17 @@ local function mixed_script(keys, args, no_new_keys)
   local check_keys, check_args = {}, {}
   for j = 1, m do
     local nk, na = tonumber(args[a + 1]), tonumber(args[a + 2])
-    for i = 1, nk do
-      check_keys[i] = keys[k + i]
-    end
-    local i = nk + 1
-    while check_keys[i] ~= nil do
-      check_keys[i] = nil
-      i = i + 1
-    end
-    for i = 1, na do
-      check_args[i] = args[a + 2 + i]
-    end
-    i = na + 1
-    while check_args[i] ~= nil do
-      check_args[i] = nil
-      i = i + 1
-    end
+    refill(check_keys, keys, k, nk)
+    refill(check_args, args, a + 2, na)
     if check_args[1] == '' then
-      if now == nil then
-        local time = redis.call('TIME')
-        now = fmt(tonumber(time[1]) * 1000000 + tonumber(time[2]))
-      end
+      now = batch_now(now)
       check_args[1] = now
     end
     local ok, reply = pcall(check, plans[j], check_keys, check_args, 0, no_new_keys)
     if not ok and refused_write(reply) then
       error(reply, 0)
     end
-    local failed = not ok and reply or (type(reply) == 'table' and reply.err)
-    if failed then
-      if type(failed) == 'table' then
-        failed = failed.err
-      end
-      replies[j] = redis.status_reply('FAILED ' .. string.gsub(tostring(failed), '[\r\n]', ' '))
-    else
-      replies[j] = reply
-    end
+    replies[j] = each_reply(ok, reply)
     k = k + nk
     a = a + 3 + na
   end

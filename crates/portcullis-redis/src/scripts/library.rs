@@ -8,9 +8,9 @@ use portcullis_core::{Algorithm, LeakyMode, Policy, StoreError};
 use smallvec::SmallVec;
 
 use super::{
-    code, LuaScript, BATCH, BATCH_FAST, BATCH_SCRIPT, BUCKET_FAST, CHARGE, CHARGE_LIBRARY, CHECK,
-    FIXED_WINDOW_FAST, GCRA_MULTI, LEAKY_QUEUE_FAST, LEASE, LIBRARY, MIXED, OPTIONS,
-    OPTIONS_LIBRARY, PLAN, PRELUDE, RESERVE, RESERVE_LIBRARY, SLIDING_LOG_FAST,
+    code, LuaScript, BATCH, BATCH_EACH, BATCH_FAST, BATCH_SCRIPT, BUCKET_FAST, CHARGE,
+    CHARGE_LIBRARY, CHECK, FIXED_WINDOW_FAST, GCRA_MULTI, LEAKY_QUEUE_FAST, LEASE, LIBRARY, MIXED,
+    OPTIONS, OPTIONS_LIBRARY, PLAN, PRELUDE, RESERVE, RESERVE_LIBRARY, SLIDING_LOG_FAST,
     SLIDING_WINDOW_FAST, SOURCES,
 };
 
@@ -76,6 +76,7 @@ impl Library {
         body.push_str(CHARGE);
         body.push_str(LEASE);
         body.push_str(PLAN);
+        body.push_str(BATCH_EACH);
         body.push_str(LIBRARY);
         body.push_str(CHARGE_LIBRARY);
         body.push_str(BATCH_SCRIPT);

@@ -48,6 +48,7 @@ const SLIDING_LOG_FAST: &str = include_str!("../lua/sliding_log_fast.lua");
 const MIXED: &str = include_str!("../lua/mixed.lua");
 const MIXED_SCRIPT: &str = include_str!("../lua/mixed_script.lua");
 const PLAN: &str = include_str!("../lua/plan.lua");
+const BATCH_EACH: &str = include_str!("../lua/batch_each.lua");
 const OPTIONS: &str = include_str!("../lua/options.lua");
 const OPTIONS_LIBRARY: &str = include_str!("../lua/options_library.lua");
 
@@ -249,6 +250,7 @@ pub(crate) fn compose_mixed() -> LuaScript {
     }
     source.push_str(CHECK);
     source.push_str(PLAN);
+    source.push_str(BATCH_EACH);
     source.push_str(MIXED_SCRIPT);
     let twin = format!("{ALLOW_OOM_SHEBANG}{source}{RUN_MIXED_NO_NEW_KEYS}");
     source.push_str(RUN_MIXED);
