@@ -123,7 +123,7 @@ pub(crate) enum Path {
 
 impl Path {
     /// The URL the workers and the store use on the server at `url`.
-    fn url(self, url: &str) -> String {
+    pub(crate) fn url(self, url: &str) -> String {
         match self {
             Self::Functions => url.to_owned(),
             Self::Evalsha => redis_common::without_functions(url, "no-fn-budget"),
