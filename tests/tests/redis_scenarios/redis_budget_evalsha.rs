@@ -3,12 +3,14 @@
 //! logged in as a user without Redis Functions stay within the stated
 //! bound and spend far fewer Redis calls than checks (redis_budget.rs's
 //! steps, counted as `EVALSHA`s); the grant script answers as the grant
-//! function does, state by state, and leaves the same state; and a store
+//! function does, state by state, and leaves the same state; a store
 //! whose Functions are refused mid-life (its ACL changed) keeps its budget
-//! on scripts.
+//! on scripts; and at maxmemory the grant script's allow-oom twin serves a
+//! held subject from shares while a new one is refused.
 //!
-//! The first runs on every server; the other two compare with or start on
-//! Redis Functions, so xtask skips them by name before Redis 7.
+//! The first runs on every server; the others compare with or start on
+//! Redis Functions, or need allow-oom scripts, so xtask skips them by name
+//! before Redis 7.
 
 use crate::redis_budget::{three_processes_stay_within_the_bound, Path};
 use crate::redis_common;
@@ -319,4 +321,76 @@ fn a_store_refused_functions_mid_life_keeps_its_budget_on_scripts() {
         "{evalshas} EVALSHAs for {checks} checks after Functions were refused: the budget \
          should save most of them"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn at_maxmemory_the_grant_script_s_twin_serves_held_subjects() {
+    assert!(
+        portcullis_tests::server_has_functions(),
+        "allow-oom scripts need Redis 7 or later; xtask skips this test on older servers"
+    );
+    const STEPS: u64 = 100;
+    const CHECKS: u64 = 4;
+    let server = OwnedRedis::start(&["--maxmemory-policy", "noeviction"]);
+    let clock = manual_clock();
+    let store = budget_store(
+        redis_common::without_functions(&server.url(), "no-fn-grant-oom"),
+        "grant-oom",
+        &clock,
+    )
+    .await;
+    assert_eq!(store.call_path(), CallPath::Evalsha);
+    // 400 checks a second against 1 000: every one admitted.
+    let policy = [Policy::per_second(1_000)
+        .burst(50)
+        .name("p")
+        .build()
+        .unwrap()];
+    let run = |subject: &'static str| {
+        let (store, clock, policy) = (&store, &clock, &policy);
+        async move {
+            let (mut admitted, mut refused) = (0, 0);
+            for _ in 0..STEPS {
+                for _ in 0..CHECKS {
+                    match store.check(subject, policy, 1).await {
+                        Ok(verdict) => admitted += u64::from(verdict.is_allowed()),
+                        Err(portcullis_core::StoreError::OutOfMemory { .. }) => refused += 1,
+                        Err(error) => panic!("{subject}: {error}"),
+                    }
+                }
+                clock.advance(Duration::from_millis(10));
+            }
+            (admitted, refused)
+        }
+    };
+    let checks = STEPS * CHECKS;
+    assert_eq!(run("held").await, (checks, 0));
+    let mut raw = redis_common::raw(&server.url());
+    portcullis_tests::reliability::fill_past_maxmemory(&server.url()).await;
+    // At maxmemory: the held subject's grants run as the grant script's
+    // allow-oom twin (after Redis refused the script at its write), so it
+    // is still served from shares; a new subject is refused.
+    let (before, failed_before) = redis_common::evalshas(&mut raw);
+    assert_eq!(
+        run("held").await,
+        (checks, 0),
+        "the held subject, at maxmemory"
+    );
+    let (after, failed_after) = redis_common::evalshas(&mut raw);
+    assert!(
+        failed_after > failed_before,
+        "Redis refused no grant script at maxmemory: the twin was not tried"
+    );
+    assert!(
+        (after - before) * 2 < checks,
+        "{} EVALSHAs for {checks} checks at maxmemory: the budget should save most of them",
+        after - before
+    );
+    let (admitted, refused) = run("fresh").await;
+    assert_eq!(
+        (admitted, refused),
+        (0, checks),
+        "a new subject at maxmemory"
+    );
+    redis_common::lift_maxmemory(&server);
 }
