@@ -238,7 +238,7 @@ fn version_skips(version: &str) -> Vec<&'static str> {
 /// ones a Redis 6.2 run skips, by their full names (`<module>::<test>` for
 /// a suite that is a module of a merged test binary such as
 /// `tests/tests/redis_paths/`; `test_names_exist` holds each one real).
-const FUNCTIONS_ONLY: [&str; 23] = [
+const FUNCTIONS_ONLY: [&str; 26] = [
     "functions_are_the_default_and_the_library_is_loaded",
     "an_acl_user_granted_the_documented_function_rules_runs_on_functions",
     "an_acl_without_functions_falls_back_to_evalsha",
@@ -253,6 +253,9 @@ const FUNCTIONS_ONLY: [&str; 23] = [
     "coalesced_checks_decide_as_checks_sent_one_by_one",
     "redis_coalesce_timeout::a_waiting_check_gets_its_batch_answer_or_is_not_charged",
     "redis_budget::three_processes_with_leases_stay_within_the_stated_bound",
+    "redis_budget_evalsha::the_grant_script_answers_as_the_grant_function",
+    "redis_budget_evalsha::a_store_refused_functions_mid_life_keeps_its_budget_on_scripts",
+    "redis_budget_evalsha::at_maxmemory_the_grant_script_s_twin_serves_held_subjects",
     "the_fast_token_bucket_function_agrees_with_the_general_check",
     "the_fast_fixed_window_function_agrees_with_the_general_check",
     "the_fast_leaky_meter_function_agrees_with_the_general_check",

@@ -172,7 +172,8 @@
 //! admitted from rate shares (`portcullis_<hash>_gcra_take`: the next
 //! emission slots over the grant period, up to the demand of the last
 //! one, charged at once and dispensed on the GCRA schedule), with the
-//! bound the type states.
+//! bound the type states; on the `EVALSHA` path, as one call of a script
+//! of the same code (`lua/grant.lua`), with the same answers and bound.
 //!
 //! # Clock modes
 //!

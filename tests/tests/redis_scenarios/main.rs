@@ -1,5 +1,6 @@
-//! Redis scenarios on the Functions path only: local budgets, the client
-//! clock, timeouts and error chains, start-up, production settings,
+//! Redis scenarios on the Functions path (local budgets also on the
+//! `EVALSHA` path, each test choosing its path itself): local budgets, the
+//! client clock, timeouts and error chains, start-up, production settings,
 //! Sentinel, an unreachable server, and the reliability scenarios (faults,
 //! a Cluster under failover).
 //!
@@ -13,6 +14,7 @@ mod budget_common;
 mod redis_common;
 
 mod redis_budget;
+mod redis_budget_evalsha;
 mod redis_budget_reset;
 mod redis_client_clock;
 mod redis_coalesce_timeout;

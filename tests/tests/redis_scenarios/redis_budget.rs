@@ -9,9 +9,10 @@
 //! allows (counted by the server); and a quiet subject decides exactly as
 //! the memory store does.
 //!
-//! Redis Functions only (the budget takes the fast GCRA path): xtask skips
-//! these by name on servers before Redis 7. One test function runs the
-//! steps in turn, because one of them reads a server-wide counter.
+//! This test is the Redis Functions path's (xtask skips it by name on
+//! servers before Redis 7); redis_budget_evalsha.rs runs the same steps on
+//! the `EVALSHA` path, every server. One test function runs the steps in
+//! turn, because one of them reads a server-wide counter.
 
 use crate::budget_common;
 use crate::redis_common;
@@ -20,7 +21,7 @@ use std::time::Duration;
 
 use budget_common::{Setup, Worker};
 use portcullis_core::{Clock, MemoryStore, Policy, Store};
-use portcullis_redis::{LocalBudget, RedisStore};
+use portcullis_redis::{CallPath, LocalBudget, RedisStore};
 use portcullis_tests::{unique_prefix, OwnedRedis};
 use redis_common::{client, manual_clock};
 
@@ -103,8 +104,45 @@ fn policy() -> Policy {
 fn three_processes_with_leases_stay_within_the_stated_bound() {
     assert!(
         portcullis_tests::server_has_functions(),
-        "the local budget needs Redis Functions (Redis 7 or later); xtask skips this test on older servers"
+        "this run is the Redis Functions path's (Redis 7 or later); xtask skips it on older servers"
     );
+    three_processes_stay_within_the_bound(Path::Functions);
+}
+
+/// Which call path the workers and the store of
+/// [`three_processes_stay_within_the_bound`] take, and so which calls the
+/// server counts as theirs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// Redis Functions: grants and checks are `FCALL`s.
+    Functions,
+    /// Logged in as a user without Redis Functions: grants and checks are
+    /// `EVALSHA`s (redis_budget_evalsha.rs).
+    Evalsha,
+}
+
+impl Path {
+    /// The URL the workers and the store use on the server at `url`.
+    pub(crate) fn url(self, url: &str) -> String {
+        match self {
+            Self::Functions => url.to_owned(),
+            Self::Evalsha => redis_common::without_functions(url, "no-fn-budget"),
+        }
+    }
+
+    /// The calls of this path the server at `raw` has run so far.
+    fn calls(self, raw: &mut redis::Connection) -> u64 {
+        match self {
+            Self::Functions => redis_common::fcalls(raw),
+            Self::Evalsha => redis_common::evalshas(raw).0,
+        }
+    }
+}
+
+/// The steps of the three-process test, in turn, on `path`: an
+/// oversubscribed subject with a worker killed mid-run, a busy subject
+/// under its limit, a flood far past the limit, and a quiet subject.
+pub(crate) fn three_processes_stay_within_the_bound(path: Path) {
     let prefix = unique_prefix("budget");
     let policy = policy();
     let budget = LocalBudget::new()
@@ -118,8 +156,8 @@ fn three_processes_with_leases_stay_within_the_stated_bound() {
     // A server of its own: the calls are counted server-wide (INFO
     // commandstats), and the suites beside this one share the common one.
     let server = OwnedRedis::start(&[]);
-    let url = server.url();
-    let mut raw = redis_common::raw(&url);
+    let mut raw = redis_common::raw(&server.url());
+    let url = path.url(&server.url());
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|_| worker(&url, &prefix, "hot", LIMIT, BURST))
         .collect();
@@ -160,7 +198,7 @@ fn three_processes_with_leases_stay_within_the_stated_bound() {
         "nothing admitted after the kill"
     );
     eprintln!(
-        "oversubscribed: {total} admitted, worst interval {worst} over the exact policy (bound {bound})"
+        "{path:?}: oversubscribed: {total} admitted, worst interval {worst} over the exact policy (bound {bound})"
     );
 
     // A busy subject under its limit (900 checks/s against 2 000): every
@@ -168,7 +206,7 @@ fn three_processes_with_leases_stay_within_the_stated_bound() {
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|_| worker(&url, &prefix, "busy", 2_000, 100))
         .collect();
-    let calls_before = redis_common::fcalls(&mut raw);
+    let calls_before = path.calls(&mut raw);
     let (mut checks, mut admitted) = (0, 0);
     for step in 0..STEPS {
         let now = start + step as u64 * STEP_US;
@@ -178,10 +216,10 @@ fn three_processes_with_leases_stay_within_the_stated_bound() {
         admitted += workers.iter_mut().map(Worker::admitted).sum::<u64>();
         checks += WORKERS as u64 * CHECKS_PER_STEP;
     }
-    let calls = redis_common::fcalls(&mut raw) - calls_before;
+    let calls = path.calls(&mut raw) - calls_before;
     drop(workers);
     eprintln!(
-        "under its limit: {checks} checks, {admitted} admitted, {calls} Redis calls ({:.3} per check)",
+        "{path:?}: under its limit: {checks} checks, {admitted} admitted, {calls} Redis calls ({:.3} per check)",
         calls as f64 / checks as f64
     );
     assert_eq!(
@@ -229,7 +267,7 @@ fn three_processes_with_leases_stay_within_the_stated_bound() {
     let mut calls_before = 0;
     for step in 0..FLOOD_STEPS {
         if step == FLOOD_WARM_STEPS {
-            calls_before = redis_common::fcalls(&mut raw);
+            calls_before = path.calls(&mut raw);
         }
         let now = flood_start + step as u64 * FLOOD_STEP_US;
         for worker in &mut workers {
@@ -237,7 +275,7 @@ fn three_processes_with_leases_stay_within_the_stated_bound() {
         }
         admitted.push(workers.iter_mut().map(Worker::admitted).sum::<u64>());
     }
-    let calls = redis_common::fcalls(&mut raw) - calls_before;
+    let calls = path.calls(&mut raw) - calls_before;
     drop(workers);
     let worst = within_bound(
         &admitted,
@@ -257,7 +295,7 @@ fn three_processes_with_leases_stay_within_the_stated_bound() {
     let most_calls = WORKERS as u64 * (measured_us / gap_us + 1);
     let served: u64 = admitted[FLOOD_WARM_STEPS..].iter().sum();
     eprintln!(
-        "flood: {checks} checks, {served} admitted, {calls} Redis calls ({:.4} per check, at most {most_calls}), worst interval {worst} over the exact policy (bound {flood_bound})",
+        "{path:?}: flood: {checks} checks, {served} admitted, {calls} Redis calls ({:.4} per check, at most {most_calls}), worst interval {worst} over the exact policy (bound {flood_bound})",
         calls as f64 / checks as f64
     );
     assert!(
@@ -287,6 +325,11 @@ fn three_processes_with_leases_stay_within_the_stated_bound() {
                 .build(),
         )
         .expect("the store should build");
+    let expected = match path {
+        Path::Functions => CallPath::Functions,
+        Path::Evalsha => CallPath::Evalsha,
+    };
+    assert_eq!(store.call_path(), expected);
     let memory = MemoryStore::builder().clock(clock.clone()).build();
     // 4 per second: a whole emission interval, so the budget could take it.
     let quiet = [Policy::per_second(4)

@@ -7,8 +7,9 @@
 //! than one lease period's worth of the rate (a daily quota leased for an
 //! hour takes an hour of it).
 //!
-//! Redis Functions only (the budget takes the fast GCRA path), like
-//! `redis_budget.rs`.
+//! Each test runs on Redis Functions (xtask skips those by name before
+//! Redis 7) and again on the `EVALSHA` path (`..._on_the_evalsha_path`:
+//! A and B log in as a user without Redis Functions; every server).
 
 use crate::budget_common;
 use crate::redis_common;
@@ -17,9 +18,11 @@ use std::time::Duration;
 
 use budget_common::{Setup, Worker};
 use portcullis_core::{Clock, ManualClock, Policy, Store, Verdict};
-use portcullis_redis::{LocalBudget, RedisStore};
+use portcullis_redis::{CallPath, LocalBudget, RedisStore};
 use portcullis_tests::unique_prefix;
 use redis_common::{client, manual_clock};
+
+use crate::redis_budget::Path;
 
 const MAX_PERMITS: u64 = 16;
 /// The lease period: the stated time within which another instance obeys
@@ -44,17 +47,17 @@ struct Instance {
 }
 
 impl Instance {
-    fn new(prefix: &str, clock: &ManualClock, budget: Option<LocalBudget>) -> Self {
+    fn new(prefix: &str, clock: &ManualClock, budget: Option<LocalBudget>, path: Path) -> Self {
         assert!(
-            portcullis_tests::server_has_functions(),
-            "the local budget needs Redis Functions (Redis 7 or later)"
+            path == Path::Evalsha || portcullis_tests::server_has_functions(),
+            "the Redis Functions path needs Redis 7 or later; xtask skips it on older servers"
         );
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         let mut builder = RedisStore::builder()
-            .url(portcullis_tests::redis_url())
+            .url(path.url(&portcullis_tests::redis_url()))
             .prefix(prefix)
             .timeout(redis_common::TEST_TIMEOUT)
             .clock(client(clock))
@@ -66,6 +69,11 @@ impl Instance {
         let store = runtime
             .block_on(builder.build())
             .expect("the store should build");
+        let expected = match path {
+            Path::Functions => CallPath::Functions,
+            Path::Evalsha => CallPath::Evalsha,
+        };
+        assert_eq!(store.call_path(), expected);
         Self {
             runtime,
             store,
@@ -73,11 +81,17 @@ impl Instance {
         }
     }
 
-    fn with_budget(prefix: &str, clock: &ManualClock, max_permits: u64, lease_ms: u64) -> Self {
+    fn with_budget(
+        prefix: &str,
+        clock: &ManualClock,
+        max_permits: u64,
+        lease_ms: u64,
+        path: Path,
+    ) -> Self {
         let budget = LocalBudget::new()
             .max_permits(max_permits)
             .grant_period(Duration::from_millis(lease_ms));
-        Self::new(prefix, clock, Some(budget))
+        Self::new(prefix, clock, Some(budget), path)
     }
 
     fn check(&self, subject: &str, policy: &Policy, now: u64, cost: u64) -> Verdict {
@@ -112,30 +126,53 @@ impl Instance {
     }
 }
 
-fn worker(prefix: &str, subject: &str, limit: u64, period_ms: u64, burst: u64) -> Worker {
-    Worker::start(&Setup {
-        prefix: prefix.to_owned(),
-        subject: subject.to_owned(),
-        limit,
-        period_ms,
-        burst,
-        max_permits: MAX_PERMITS,
-        lease_ms: LEASE_MS,
-    })
+/// Instance B, on `path`.
+fn worker(
+    path: Path,
+    prefix: &str,
+    subject: &str,
+    limit: u64,
+    period_ms: u64,
+    burst: u64,
+) -> Worker {
+    let url = path.url(&portcullis_tests::redis_url());
+    Worker::start_on(
+        &url,
+        &Setup {
+            prefix: prefix.to_owned(),
+            subject: subject.to_owned(),
+            limit,
+            period_ms,
+            burst,
+            max_permits: MAX_PERMITS,
+            lease_ms: LEASE_MS,
+        },
+    )
 }
 
 #[test]
 fn a_reset_is_obeyed_at_once_here_and_within_one_lease_period_by_another_process() {
+    reset_obeyed(Path::Functions);
+}
+
+#[test]
+fn a_reset_is_obeyed_on_the_evalsha_path() {
+    reset_obeyed(Path::Evalsha);
+}
+
+/// After A's reset, A answers from Redis at once and B within one lease
+/// period, on `path`.
+fn reset_obeyed(path: Path) {
     let prefix = unique_prefix("budget-reset");
     let clock = manual_clock();
-    let a = Instance::with_budget(&prefix, &clock, MAX_PERMITS, LEASE_MS);
+    let a = Instance::with_budget(&prefix, &clock, MAX_PERMITS, LEASE_MS, path);
     let t0 = clock.now_micros();
 
     // A plan the budget leases: 10 a second, burst 10, 10 a lease. Busy
     // for two lease periods on both instances: the second spends the
     // burst from leases and is denied, and both repeat that denial.
     let fast = policy(10, 1_000, 10);
-    let mut b = worker(&prefix, "fast", 10, 1_000, 10);
+    let mut b = worker(path, &prefix, "fast", 10, 1_000, 10);
     for k in 0..2 {
         let now = t0 + k * LEASE_US;
         a.step("fast", &fast, now, 30);
@@ -164,7 +201,7 @@ fn a_reset_is_obeyed_at_once_here_and_within_one_lease_period_by_another_process
     // A slow plan (6 a minute: retry-after 10 s, longer than a lease
     // period), exhausted by both.
     let slow = policy(6, 60_000, 6);
-    let mut b = worker(&prefix, "slow", 6, 60_000, 6);
+    let mut b = worker(path, &prefix, "slow", 6, 60_000, 6);
     let t1 = t0 + 10 * LEASE_US;
     let mut admitted = 0;
     for k in 0..2 {
@@ -181,16 +218,27 @@ fn a_reset_is_obeyed_at_once_here_and_within_one_lease_period_by_another_process
 
 #[test]
 fn a_plan_raised_a_hundredfold_under_the_same_name_is_obeyed_by_both_processes() {
+    plan_raise_obeyed(Path::Functions);
+}
+
+#[test]
+fn a_plan_raised_a_hundredfold_is_obeyed_on_the_evalsha_path() {
+    plan_raise_obeyed(Path::Evalsha);
+}
+
+/// After a plan raised a hundredfold under the same name, both processes
+/// admit what Redis admits under it from their first check, on `path`.
+fn plan_raise_obeyed(path: Path) {
     let prefix = unique_prefix("budget-raise");
     let clock = manual_clock();
-    let a = Instance::with_budget(&prefix, &clock, MAX_PERMITS, LEASE_MS);
+    let a = Instance::with_budget(&prefix, &clock, MAX_PERMITS, LEASE_MS, path);
     // The exact answers: a store without a budget, on a subject with the
     // same history.
-    let exact = Instance::new(&prefix, &clock, None);
+    let exact = Instance::new(&prefix, &clock, None, path);
     let t0 = clock.now_micros();
     let old = policy(6, 60_000, 6);
     let raised = policy(600, 60_000, 600);
-    let mut b = worker(&prefix, "plan", 6, 60_000, 6);
+    let mut b = worker(path, &prefix, "plan", 6, 60_000, 6);
     // Both exhaust the old plan over two lease periods.
     for k in 0..2 {
         let now = t0 + k * LEASE_US;
@@ -231,14 +279,34 @@ fn a_plan_raised_a_hundredfold_under_the_same_name_is_obeyed_by_both_processes()
         admitted <= most && admitted + 18 >= most,
         "{admitted} admitted at the raise, Redis fits {fits} (62 checks)"
     );
+    // And the budget serves the raised plan: the next lease period's first
+    // check takes a share (A's demand over this one), and A answers the
+    // check after it here.
+    let next = now + LEASE_US;
+    a.check("plan", &raised, next, 1);
+    let here = a.local_answer("plan", &raised, next);
+    assert!(
+        here.is_some(),
+        "A took no share under the raised plan (its answer: {here:?})"
+    );
 }
 
 #[test]
 fn a_daily_quota_leased_for_an_hour_takes_no_more_than_an_hour_of_it() {
+    an_hour_of_a_daily_quota(Path::Functions);
+}
+
+#[test]
+fn a_daily_quota_leased_for_an_hour_on_the_evalsha_path_takes_an_hour_of_it() {
+    an_hour_of_a_daily_quota(Path::Evalsha);
+}
+
+/// One lease of a daily quota for an hour takes an hour of it, on `path`.
+fn an_hour_of_a_daily_quota(path: Path) {
     let prefix = unique_prefix("budget-cap");
     let clock = manual_clock();
     const HOUR_MS: u64 = 3_600_000;
-    let a = Instance::with_budget(&prefix, &clock, 10_000, HOUR_MS);
+    let a = Instance::with_budget(&prefix, &clock, 10_000, HOUR_MS, path);
     let daily = Policy::per_day(10_000)
         .name("budget")
         .build()

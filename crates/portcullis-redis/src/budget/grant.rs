@@ -1,12 +1,13 @@
 //! The grant call: a rate share of a busy subject (the next emission
 //! slots over one grant period, up to the asked permits, this check's
-//! cost first when due at once), charged in Redis in one call of the
-//! library's `gcra_take` function, and handed to the [`Budget`].
+//! cost first when due at once), charged in Redis in one call of
+//! grant.lua's `gcra_take` (the library's function, or the grant script
+//! on the `EVALSHA` path), and handed to the [`Budget`].
 
 use std::sync::Arc;
 
 use portcullis_core::{Policy, StoreError, Verdict};
-use redis::Value;
+use redis::{Cmd, Value};
 
 use super::{Ask, Budget, Share};
 use crate::call::reply::{ints, protocol};
@@ -58,16 +59,23 @@ pub(crate) async fn grant(
         cost,
         done: false,
     };
-    let script = caller.scripts.library().grant_function();
-    let mut cmd = redis::cmd("FCALL");
-    cmd.arg(script.sha())
-        .arg(1)
-        .arg(guard.key.as_str())
-        .arg(set.argument(0));
-    push_time(&mut cmd, caller.now());
+    let mut args = Cmd::new();
+    args.arg(1).arg(guard.key.as_str()).arg(set.argument(0));
+    push_time(&mut args, caller.now());
     let horizon = u64::try_from(guard.budget.period().as_micros()).unwrap_or(u64::MAX);
-    cmd.arg(cost).arg(want.permits).arg(horizon);
-    let answer = caller.run(script, &cmd, &guard.key).await;
+    args.arg(cost).arg(want.permits).arg(horizon);
+    // The library's function, or the same code as a script on the
+    // `EVALSHA` path, or once more as the script when Redis refuses the
+    // function (nothing ran; the store takes `EVALSHA` from then on). The
+    // two answer alike, so the reply is read alike.
+    let answer = caller
+        .run_either(
+            caller.scripts.library().grant_function(),
+            caller.scripts.get_grant(),
+            &guard.key,
+            &args,
+        )
+        .await;
     let (share, admitted, verdict) = match answer {
         Ok(Value::Array(items)) => {
             let [slots, lead] = ints::<2>(&items)?;
@@ -103,15 +111,12 @@ pub(crate) async fn grant(
                 )
             }
         }
-        // A state only the general check reads, or a refused function:
-        // this check alone, exactly; the next grant finds the state read.
+        // A state only the general check reads: this check alone,
+        // exactly; the next grant finds the state read.
         Ok(Value::SimpleString(status)) if status == "GENERAL" => {
             (None, false, exact(&caller, &guard.key, set, cost).await?)
         }
         Ok(other) => return Err(protocol(format!("a grant of permits answered {other:?}"))),
-        Err(error) if caller.scripts.path().refused(&error, &guard.key) => {
-            (None, false, exact(&caller, &guard.key, set, cost).await?)
-        }
         Err(error) => return Err(error),
     };
     let received = caller.clock.budget_time();

@@ -38,9 +38,11 @@ pub(crate) use table::{Ask, Budget, Share, Take};
 ///
 /// It applies to checks of one GCRA policy whose emission interval is a
 /// whole number of microseconds (the Redis fast path; `per_second(1000)`,
-/// `per_minute(600)`), with a cost of at least 1, on the Redis Functions
-/// path; other checks are exact as always. [`LocalBudget::policies`]
-/// limits it to policies by name.
+/// `per_minute(600)`), with a cost of at least 1, on either call path (a
+/// grant is one `FCALL` of the library's `gcra_take`, or one `EVALSHA` of
+/// the same code as a script where Redis refuses Functions); other checks
+/// are exact as always. [`LocalBudget::policies`] limits it to policies by
+/// name.
 ///
 /// **Rate shares.** A grant call charges, in one call, the subject's next
 /// emission slots whose GCRA times (when the exact check would admit each)

@@ -88,8 +88,8 @@ impl Caller {
     /// and arguments, after the name), or of `script` by `EVALSHA` on that
     /// path, or once more as `script` when Redis refused the function
     /// (nothing ran); each through [`run`](Self::run), so a call refused
-    /// with `OOM` runs once more as its allow-oom twin. Leases and token
-    /// reservations call this way.
+    /// with `OOM` runs once more as its allow-oom twin. Leases, token
+    /// reservations and the local budget's grants call this way.
     pub(crate) async fn run_either(
         &self,
         function: &LuaScript,

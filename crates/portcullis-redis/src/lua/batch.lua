@@ -2,8 +2,9 @@
 -- that waited on one client while a call for them was in flight, sent as
 -- one call that decides them one after another, in the order given, as if
 -- each had been called alone at the same instant. One reply per check.
--- (Library only: after plan.lua, which defines plan(), library.lua,
--- which defines GCRA_PLAN, and batch_script.lua.)
+-- (Library only: after plan.lua, which defines plan(), grant.lua, which
+-- defines gcra_policy, batch_lead and gcra_take, registered here,
+-- library.lua, which defines GCRA_PLAN, and batch_script.lua.)
 --
 -- batch(keys, args): the general form, every algorithm and several
 -- policies. ARGV[1] = the plan, then batch_script.lua's arguments: ARGV[2]
@@ -30,42 +31,8 @@ end
 -- when admitted, -1 - ahead when denied); or the status GENERAL, having
 -- written nothing, for a state only the general check reads (the client
 -- then sends the general batch); or NOROOM from the allow-oom twin.
-local batch_policy_of = memo(function(arg)
-  local a, b, c = string.match(arg, '^(%d+):(%d+):(%d+)$')
-  if a == nil then
-    return nil
-  end
-  local L, P, B = tonumber(a), tonumber(b), tonumber(c)
-  if L < 1 or P % L ~= 0 then
-    return nil
-  end
-  local ei = P / L
-  local cap = B * ei
-  if cap > MAX then
-    return nil
-  end
-  return { ei, cap, cap + tolerance(cap), B, '@' .. arg }
-end)
--- The state's lead over now, for gcra_batch and gcra_take: a number, or a
--- status reply (GENERAL for a state only the general check reads, NOROOM
--- for a new key under the allow-oom twin), having written nothing.
-local function batch_lead(key, now, f, no_new_keys)
-  local value = redis.pcall('GET', key)
-  if value then
-    value = own_state(value, f[5])
-    local tat = value ~= nil and tonumber(value, 16)
-    if not tat or tat >= 2 * MAX or tat - now > f[3] then
-      return redis.status_reply('GENERAL')
-    end
-    if tat > now then
-      return tat - now
-    end
-    return 0
-  elseif no_new_keys then
-    return redis.status_reply('NOROOM')
-  end
-  return 0
-end
+-- batch_policy_of: grant.lua's gcra_policy, each argument parsed once.
+local batch_policy_of = memo(gcra_policy)
 local function gcra_batch(keys, args, no_new_keys)
   local f = batch_policy_of(args[1])
   if f == nil then
@@ -97,55 +64,11 @@ local function gcra_batch(keys, args, no_new_keys)
   end
   return replies
 end
--- gcra_take(keys, args): a rate share for a local budget (budget/): the
--- next emission slots of the state, in order, those whose GCRA time (when
--- the exact check would admit them) lies within the horizon after now, at
--- most ARGV[4] of them, all charged at once. Slot j (from 1) has the GCRA
--- time now + max(0, ahead + j x interval - capacity x interval): the
--- first slots may be due at once (the burst left), the later ones one
--- interval apart. ARGV[1] = "<limit>:<period_us>:<capacity>", ARGV[2] =
--- now or '', ARGV[3] = the asking check's cost (at least that many slots,
--- else none), ARGV[4] = the most slots, ARGV[5] = the horizon in us (the
--- grant period), cut to the clock tolerance beyond the capacity, so that
--- every reader still reads the state (as denying until it comes down).
--- Reply: { n, ahead } with n the slots charged and ahead the state's lead
--- over now before the call; n = 0 (and nothing written) when fewer than
--- ARGV[3] fit. The asking check is admitted when its slots are due at
--- once (ahead + cost x interval <= capacity x interval), which the client
--- derives. GENERAL or NOROOM as gcra_batch.
-local function gcra_take(keys, args, no_new_keys)
-  local f = batch_policy_of(args[1])
-  local least, most, horizon = tonumber(args[3]), tonumber(args[4]), tonumber(args[5])
-  if f == nil or least == nil or most == nil or horizon == nil or least < 1 or least > most
-      or least > f[4] or horizon < 0 then
-    return redis.error_reply('ERR portcullis: a rate share needs <limit>:<period_us>:<capacity>, now, least, most, horizon; upgrade portcullis-redis')
-  end
-  local now = now_of(args[2])
-  local ahead = batch_lead(keys[1], now, f, no_new_keys)
-  if type(ahead) ~= 'number' then
-    return ahead
-  end
-  if horizon > f[3] - f[2] then
-    horizon = f[3] - f[2]
-  end
-  -- The slots whose GCRA time is within the horizon:
-  -- ahead + n x interval <= capacity x interval + horizon.
-  local fit = math.floor((f[2] + horizon - ahead) / f[1])
-  if fit < least then
-    return { 0, ahead }
-  end
-  local n = most
-  if fit < n then
-    n = fit
-  end
-  local span = ahead + n * f[1]
-  put(keys[1], string.format('%x', now + span) .. f[5], now + span)
-  return { n, ahead }
-end
+-- The grant of a rate share (grant.lua).
 redis.register_function{ function_name = FN_GCRA_TAKE,
-  callback = function(keys, args) return gcra_take(keys, args, false) end }
+  callback = function(keys, args) return gcra_take(keys, args, false, batch_policy_of) end }
 redis.register_function{ function_name = FN_GCRA_TAKE_OOM,
-  callback = function(keys, args) return gcra_take(keys, args, true) end,
+  callback = function(keys, args) return gcra_take(keys, args, true, batch_policy_of) end,
   flags = { 'allow-oom' } }
 redis.register_function{ function_name = FN_BATCH,
   callback = function(keys, args) return batch(keys, args, false) end }

@@ -1,6 +1,7 @@
 -- The portcullis Redis Functions library's registrations (after the prelude,
--- every algorithm and check.lua; scripts.rs adds the `#!lua name=` line
--- and the versioned function names, FN_CHECK, FN_GCRA and the others).
+-- every algorithm, check.lua and grant.lua, whose own_state the fast
+-- functions read; scripts.rs adds the `#!lua name=` line and the
+-- versioned function names, FN_CHECK, FN_GCRA and the others).
 -- Everything above runs once, at FUNCTION LOAD: a call builds no helper.
 --
 -- ARGV[1] names the plan, one letter per policy (plan.lua, before this
@@ -115,23 +116,6 @@ local fast_of = memo_fast(function(L, P, B, cost, policy)
   end
   return { cost * ei, cap, cap + tolerance(cap), policy, cost, nil, '@' .. policy }
 end)
--- The value of a GCRA state this policy wrote (one ending in its shape
--- tail, prelude.lua), or of an earlier version's state without a tail,
--- without the tail; nil for a state written in another policy's units
--- (which only the general check reads, rescaling it) or of another type.
-local function own_state(value, tail)
-  if type(value) ~= 'string' then
-    return nil
-  end
-  local n = #value - #tail
-  if n > 0 and string.find(value, tail, n + 1, true) == n + 1 then
-    return string.sub(value, 1, n)
-  end
-  if string.find(value, '@', 1, true) then
-    return nil
-  end
-  return value
-end
 -- gcra_fast for an emission interval that is not a whole number of
 -- microseconds: the same steps on us + rem/L, the lead answered in units of
 -- 1/L microsecond. Every span it forms is at most 2 x B x P <= 2^53, so

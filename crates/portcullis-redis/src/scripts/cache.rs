@@ -7,8 +7,8 @@ use std::sync::{OnceLock, RwLock};
 use portcullis_core::{Algorithm, StoreError};
 
 use super::{
-    compose, compose_batch, compose_charge, compose_mixed, compose_options, Algorithms, Library,
-    LuaScript,
+    compose, compose_batch, compose_charge, compose_grant, compose_mixed, compose_options,
+    Algorithms, Library, LuaScript,
 };
 use crate::functions::PathState;
 
@@ -27,6 +27,9 @@ pub(crate) struct ScriptCache {
     /// The script of batches across subjects (one for every policy set),
     /// composed on first use.
     mixed: OnceLock<LuaScript>,
+    /// The grant script of a local budget (one for every policy),
+    /// composed on first use.
+    grant: OnceLock<LuaScript>,
     library: Library,
     path: PathState,
 }
@@ -44,6 +47,7 @@ impl ScriptCache {
             options: RwLock::new(HashMap::new()),
             batches: RwLock::new(HashMap::new()),
             mixed: OnceLock::new(),
+            grant: OnceLock::new(),
             library: Library::new(),
             path: PathState::default(),
         }
@@ -103,6 +107,12 @@ impl ScriptCache {
     /// `EVALSHA` path (mixed_script.lua).
     pub(crate) fn get_mixed(&self) -> &LuaScript {
         self.mixed.get_or_init(compose_mixed)
+    }
+
+    /// The grant script of a local budget on the `EVALSHA` path
+    /// (grant.lua).
+    pub(crate) fn get_grant(&self) -> &LuaScript {
+        self.grant.get_or_init(compose_grant)
     }
 
     /// The post-charge script for these algorithms, in this order.

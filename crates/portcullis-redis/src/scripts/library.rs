@@ -9,8 +9,8 @@ use smallvec::SmallVec;
 
 use super::{
     code, LuaScript, BATCH, BATCH_EACH, BATCH_FAST, BATCH_SCRIPT, BUCKET_FAST, CHARGE,
-    CHARGE_LIBRARY, CHECK, FIXED_WINDOW_FAST, GCRA_MULTI, LEAKY_QUEUE_FAST, LEASE, LIBRARY, MIXED,
-    OPTIONS, OPTIONS_LIBRARY, PLAN, PRELUDE, RESERVE, RESERVE_LIBRARY, SLIDING_LOG_FAST,
+    CHARGE_LIBRARY, CHECK, FIXED_WINDOW_FAST, GCRA_MULTI, GRANT, LEAKY_QUEUE_FAST, LEASE, LIBRARY,
+    MIXED, OPTIONS, OPTIONS_LIBRARY, PLAN, PRELUDE, RESERVE, RESERVE_LIBRARY, SLIDING_LOG_FAST,
     SLIDING_WINDOW_FAST, SOURCES,
 };
 
@@ -39,7 +39,7 @@ pub(crate) struct Library {
     /// (batch_fast.lua), by [`Fast`]'s order: token bucket, leaky meter,
     /// leaky queue, fixed window, sliding window, sliding log.
     fast_batches: [LuaScript; 6],
-    /// Grants of permits to a local budget (batch.lua, budget/).
+    /// Grants of permits to a local budget (grant.lua, budget/).
     gcra_take: LuaScript,
     /// A check of several GCRA policies of the fast path (gcra_multi.lua).
     gcra_multi: LuaScript,
@@ -77,6 +77,7 @@ impl Library {
         body.push_str(LEASE);
         body.push_str(PLAN);
         body.push_str(BATCH_EACH);
+        body.push_str(GRANT);
         body.push_str(LIBRARY);
         body.push_str(CHARGE_LIBRARY);
         body.push_str(BATCH_SCRIPT);

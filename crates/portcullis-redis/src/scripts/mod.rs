@@ -40,6 +40,7 @@ const BATCH: &str = include_str!("../lua/batch.lua");
 const BATCH_FAST: &str = include_str!("../lua/batch_fast.lua");
 const BATCH_SCRIPT: &str = include_str!("../lua/batch_script.lua");
 const GCRA_MULTI: &str = include_str!("../lua/gcra_multi.lua");
+const GRANT: &str = include_str!("../lua/grant.lua");
 const BUCKET_FAST: &str = include_str!("../lua/bucket_fast.lua");
 const FIXED_WINDOW_FAST: &str = include_str!("../lua/fixed_window_fast.lua");
 const SLIDING_WINDOW_FAST: &str = include_str!("../lua/sliding_window_fast.lua");
@@ -353,6 +354,25 @@ pub(crate) fn compose_charge(plan: &[Algorithm]) -> Result<LuaScript, StoreError
     Ok(script)
 }
 
+/// The last line of the grant script (grant.lua) and of its twin: the
+/// policy argument parsed per call (a script keeps nothing between calls).
+const RUN_GRANT: &str = "return gcra_take(KEYS, ARGV, false, gcra_policy)\n";
+const RUN_GRANT_NO_NEW_KEYS: &str = "return gcra_take(KEYS, ARGV, true, gcra_policy)\n";
+
+/// The grant of a rate share to a local budget on the `EVALSHA` path
+/// (grant.lua after the prelude; the library's `gcra_take` runs the same
+/// code): one script for every policy, with its allow-oom twin.
+pub(crate) fn compose_grant() -> LuaScript {
+    let mut source = String::with_capacity(16 * 1024);
+    source.push_str(PRELUDE);
+    source.push_str(GRANT);
+    let twin = format!("{ALLOW_OOM_SHEBANG}{source}{RUN_GRANT_NO_NEW_KEYS}");
+    source.push_str(RUN_GRANT);
+    let mut script = LuaScript::new(source);
+    script.allow_oom = Some(Arc::new(LuaScript::new(twin)));
+    script
+}
+
 /// The rate limiter's script (GCRA with its configuration in a hash).
 pub(crate) fn limiter() -> LuaScript {
     let mut source = String::with_capacity(8 * 1024);
@@ -484,6 +504,20 @@ mod tests {
         assert_ne!(twin.sha(), script.sha());
         let cache = ScriptCache::new();
         assert_eq!(cache.get_mixed().sha(), script.sha());
+    }
+
+    #[test]
+    fn the_grant_script_runs_the_library_s_grant_code_with_its_twin() {
+        let script = compose_grant();
+        assert!(script.source().contains(GRANT));
+        assert!(Library::new().grant_function().source().contains(GRANT));
+        assert!(script.source().ends_with(RUN_GRANT));
+        assert!(!script.is_function());
+        let twin = script.allow_oom().expect("the grant script has a twin");
+        assert!(twin.source().starts_with(ALLOW_OOM_SHEBANG));
+        assert!(twin.source().ends_with(RUN_GRANT_NO_NEW_KEYS));
+        assert_ne!(twin.sha(), script.sha());
+        assert_eq!(ScriptCache::new().get_grant().sha(), script.sha());
     }
 
     #[test]

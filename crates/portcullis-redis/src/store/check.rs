@@ -18,7 +18,6 @@ use super::RedisStore;
 use crate::budget::{self, Budget, Take};
 use crate::call::{Call, Kind, OptionArgs, PolicySet, Target};
 use crate::coalesce::{self, Entry, Join, Lead};
-use crate::functions::CallPath;
 use crate::scripts::{Library, Serving};
 
 /// The future of [`RedisStore::check`]: the core's boxed check future.
@@ -48,9 +47,8 @@ impl Store for RedisStore {
     ) -> Option<Result<Verdict, StoreError>> {
         self.inner.budget.as_ref()?;
         let encoded = self.subject(subject);
-        let path = self.inner.caller.scripts.path().choose(&encoded);
         let serving = Library::serving(policies, cost);
-        let (budget, key) = self.budget_for(path, serving, &encoded, policies, cost)?;
+        let (budget, key) = self.budget_for(serving, &encoded, policies, cost)?;
         let now = self.inner.caller.clock.budget_time();
         budget.local(&key, &policies[0], cost, now).map(Ok)
     }
@@ -143,11 +141,11 @@ impl RedisStore {
         // Encoded once (a hashed subject's SHA-256 is computed once); it is
         // the keys' hash tag, so its slot is theirs.
         let encoded = self.subject(subject);
-        let path = self.inner.caller.scripts.path().choose(&encoded);
         let serving = Library::serving(policies, cost);
-        if let Some(future) = self.budget_answer(path, serving, &encoded, policies, cost) {
+        if let Some(future) = self.budget_answer(serving, &encoded, policies, cost) {
             return Ok(future);
         }
+        let path = self.inner.caller.scripts.path().choose(&encoded);
         let target = self.target(&encoded, policies, serving);
         // Charges join a call in flight for the same subject and policies
         // (coalesce/; as a function, or as a script on the `EVALSHA` path);
@@ -219,11 +217,11 @@ impl RedisStore {
     }
 
     /// The local budget and the state key of a check it takes: one GCRA
-    /// policy of the fast path (whole microseconds), a charge, on the
-    /// Functions path. `encoded` is the subject as keys hold it.
+    /// policy of the fast path (whole microseconds), a charge, on either
+    /// call path (the grant is the library's function or the same code as
+    /// a script). `encoded` is the subject as keys hold it.
     fn budget_for(
         &self,
-        path: CallPath,
         serving: Serving,
         encoded: &str,
         policies: &[Policy],
@@ -233,10 +231,7 @@ impl RedisStore {
         let [policy] = policies else {
             return None;
         };
-        let takes = path == CallPath::Functions
-            && cost > 0
-            && budget.takes(policy)
-            && serving == Serving::WholeGcra;
+        let takes = cost > 0 && budget.takes(policy) && serving == Serving::WholeGcra;
         takes.then(|| (budget, self.key(encoded, policy.name())))
     }
 
@@ -244,13 +239,12 @@ impl RedisStore {
     /// a grant call), when the store has one and the check takes it.
     fn budget_answer(
         &self,
-        path: CallPath,
         serving: Serving,
         encoded: &str,
         policies: &[Policy],
         cost: u64,
     ) -> Option<CheckFuture> {
-        let (budget, key) = self.budget_for(path, serving, encoded, policies, cost)?;
+        let (budget, key) = self.budget_for(serving, encoded, policies, cost)?;
         let policy = &policies[0];
         match budget.take(&key, policy, cost, self.inner.caller.clock.budget_time()) {
             Take::Local(verdict) => Some(Box::pin(std::future::ready(Ok(verdict)))),
