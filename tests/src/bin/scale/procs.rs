@@ -21,6 +21,10 @@ fn redis_server() -> String {
     std::env::var("PORTCULLIS_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned())
 }
 
+/// The ACL user of the `EVALSHA` configurations.
+const EVALSHA_USER: &str = "portcullis-scale-evalsha";
+const EVALSHA_PASSWORD: &str = "scale";
+
 /// A redis-server pinned to CPU 0, under callgrind when asked.
 pub(crate) struct Redis {
     child: Child,
@@ -69,11 +73,42 @@ impl Redis {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+        // The user of the `EVALSHA` configurations: everything but Redis
+        // Functions, as an ACL without `FCALL` (or Redis 6.2) leaves a
+        // store. Redis before 7 knows no `FCALL` to deny, and has no
+        // Functions anyway.
+        // (A password: the client logs in only when the URL has one.)
+        let password = format!(">{EVALSHA_PASSWORD}");
+        let mut user = vec![
+            "ACL",
+            "SETUSER",
+            EVALSHA_USER,
+            "on",
+            &password,
+            "~*",
+            "+@all",
+        ];
+        if redis
+            .query(&[&user[..], &["-fcall", "-fcall_ro", "-function"]].concat())
+            .is_err()
+        {
+            user.push("&*");
+            redis.query(&user)?;
+        }
         Ok(redis)
     }
 
     pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The URL of the user without Redis Functions: its stores take the
+    /// `EVALSHA` path.
+    pub(crate) fn evalsha_url(&self) -> String {
+        format!(
+            "redis://{EVALSHA_USER}:{EVALSHA_PASSWORD}@127.0.0.1:{}",
+            self.port
+        )
     }
 
     pub(crate) fn query(&self, args: &[&str]) -> Result<String, String> {
@@ -201,7 +236,12 @@ impl Instances {
                 ])
                 .args(["--prefix", prefix]);
             if let Some(redis) = redis {
-                command.args(["--redis", &redis.url()]);
+                let url = if store.ends_with("-evalsha") {
+                    redis.evalsha_url()
+                } else {
+                    redis.url()
+                };
+                command.args(["--redis", &url]);
             }
             let mut child = command
                 .stdout(Stdio::piped())
