@@ -391,42 +391,40 @@ fn fail(batch: Vec<Queued>, error: StoreError) -> Option<StoreError> {
 
 /// `FCALL <mixed> <keys> <every check's keys> <m> [<function> <keys>
 /// <arguments> <arguments...>]...`: each check's own function, keys and
-/// arguments, as it sends them alone, its keys moved to the front. One
-/// scratch command, cleared for each check, counts a check's arguments.
+/// arguments, as it sends them alone, its keys moved to the front.
 fn command(function: &str, batch: &[Queued]) -> Result<redis::Cmd, StoreError> {
-    let keys: usize = batch.iter().map(|queued| queued.call.keys().len()).sum();
     let mut cmd = redis::cmd("FCALL");
-    cmd.arg(function).arg(keys);
-    for queued in batch {
-        for key in queued.call.keys() {
-            cmd.arg(key);
-        }
-    }
-    cmd.arg(batch.len());
-    let mut scratch = redis::Cmd::new();
-    for queued in batch {
-        scratch.clear();
-        queued.call.push_alone_arguments(&mut scratch)?;
-        cmd.arg(queued.call.function())
-            .arg(queued.call.keys().len())
-            .arg(scratch.args_iter().len());
-        for argument in scratch.args_iter() {
-            if let redis::Arg::Simple(bytes) = argument {
-                cmd.arg(bytes);
-            }
-        }
-    }
-    Ok(cmd)
+    cmd.arg(function);
+    across(cmd, batch, |call, cmd, arguments| {
+        call.push_alone_arguments(arguments)?;
+        cmd.arg(call.function());
+        Ok(())
+    })
 }
 
 /// `EVALSHA <mixed script> <keys> <every check's keys> <m> [<plan> <keys>
 /// <arguments> <arguments...>]...`: each check's plan letters, keys and the
 /// arguments of the check script composed for its policy set, its keys
-/// moved to the front (mixed_script.lua). One scratch command, cleared for
-/// each check, counts a check's arguments.
+/// moved to the front (mixed_script.lua).
 fn script_command(script: &LuaScript, batch: &[Queued]) -> Result<redis::Cmd, StoreError> {
+    across(script.call_cmd(), batch, |call, cmd, arguments| {
+        call.push_script_arguments(arguments)?;
+        cmd.arg(call.letters()?.as_slice());
+        Ok(())
+    })
+}
+
+/// The rest of a batch's command after what it calls (`cmd`): the number
+/// of keys and every check's keys, the number of checks, then for each
+/// check what `each` names it by (pushed on `cmd`) and its key and
+/// argument counts and the arguments `each` writes into a scratch command
+/// (one, cleared for each check).
+fn across(
+    mut cmd: redis::Cmd,
+    batch: &[Queued],
+    each: impl Fn(&Call, &mut redis::Cmd, &mut redis::Cmd) -> Result<(), StoreError>,
+) -> Result<redis::Cmd, StoreError> {
     let keys: usize = batch.iter().map(|queued| queued.call.keys().len()).sum();
-    let mut cmd = script.call_cmd();
     cmd.arg(keys);
     for queued in batch {
         for key in queued.call.keys() {
@@ -437,9 +435,8 @@ fn script_command(script: &LuaScript, batch: &[Queued]) -> Result<redis::Cmd, St
     let mut scratch = redis::Cmd::new();
     for queued in batch {
         scratch.clear();
-        queued.call.push_script_arguments(&mut scratch)?;
-        cmd.arg(queued.call.letters()?.as_slice())
-            .arg(queued.call.keys().len())
+        each(&queued.call, &mut cmd, &mut scratch)?;
+        cmd.arg(queued.call.keys().len())
             .arg(scratch.args_iter().len());
         for argument in scratch.args_iter() {
             if let redis::Arg::Simple(bytes) = argument {
