@@ -522,7 +522,6 @@ fn gcra_starts(now: u64) -> [(&'static str, redis::Value); 8] {
 /// the decisions and stored states equal the EVALSHA path's, step by step.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_fast_gcra_function_agrees_with_the_general_check() {
-    use std::io::Write as _;
     use std::sync::Arc;
 
     use portcullis_core::Clock as _;
@@ -548,17 +547,7 @@ async fn the_fast_gcra_function_agrees_with_the_general_check() {
     assert_eq!(fast.call_path(), CallPath::Functions);
     assert_eq!(general.call_path(), CallPath::Evalsha);
 
-    let address = server
-        .url()
-        .trim_start_matches("redis://")
-        .trim_end_matches('/')
-        .to_owned();
-    let stream = std::net::TcpStream::connect(&address).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    (&stream).write_all(b"MONITOR\r\n").unwrap();
-    let mut monitor = std::io::BufReader::new(stream);
+    let mut monitor = redis_common::monitor(&server.url());
     let mut raw = redis_common::raw(&server.url());
 
     let whole = [Policy::per_second(100).burst(5).name("p").build().unwrap()];
@@ -718,7 +707,6 @@ struct FastAndGeneral {
 
 impl FastAndGeneral {
     async fn start(label: &str) -> Self {
-        use std::io::Write as _;
         use std::sync::Arc;
 
         let server = OwnedRedis::start(&[]);
@@ -741,22 +729,13 @@ impl FastAndGeneral {
         .unwrap();
         assert_eq!(fast.call_path(), CallPath::Functions);
         assert_eq!(general.call_path(), CallPath::Evalsha);
-        let address = server
-            .url()
-            .trim_start_matches("redis://")
-            .trim_end_matches('/')
-            .to_owned();
-        let stream = std::net::TcpStream::connect(&address).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        (&stream).write_all(b"MONITOR\r\n").unwrap();
+        let monitor = redis_common::monitor(&server.url());
         Self {
             server,
             clock,
             fast,
             general,
-            monitor: std::io::BufReader::new(stream),
+            monitor,
         }
     }
 

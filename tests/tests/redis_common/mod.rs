@@ -174,6 +174,23 @@ pub(crate) fn raw(url: &str) -> redis::Connection {
         .unwrap_or_else(|e| panic!("could not connect to {url}: {e}"))
 }
 
+/// A `MONITOR` connection to the server at `url` (no password: the
+/// tests' own servers), its lines read with a 10 s timeout.
+pub(crate) fn monitor(url: &str) -> std::io::BufReader<std::net::TcpStream> {
+    use std::io::Write as _;
+    let address = url
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_owned();
+    let stream = std::net::TcpStream::connect(&address)
+        .unwrap_or_else(|e| panic!("could not connect to {address}: {e}"));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("a read timeout");
+    (&stream).write_all(b"MONITOR\r\n").expect("MONITOR sent");
+    std::io::BufReader::new(stream)
+}
+
 /// Every key matching `pattern` on the server at `url`, with its PTTL.
 pub(crate) fn scan_ttls(url: &str, pattern: &str) -> Vec<(String, i64)> {
     let mut connection = raw(url);

@@ -16,7 +16,6 @@ use crate::redis_budget::{three_processes_stay_within_the_bound, Path};
 use crate::redis_common;
 
 use std::io::BufRead as _;
-use std::io::Write as _;
 use std::time::Duration;
 
 use portcullis_core::{Policy, Store};
@@ -81,13 +80,7 @@ async fn the_grant_script_answers_as_the_grant_function() {
 
     // The grant commands each store sends, read from MONITOR: a busy
     // grant period, then the next one's first check asks for a share.
-    let address = server.url().trim_start_matches("redis://").to_owned();
-    let stream = std::net::TcpStream::connect(&address).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    (&stream).write_all(b"MONITOR\r\n").unwrap();
-    let mut monitor = std::io::BufReader::new(stream);
+    let mut monitor = redis_common::monitor(&server.url());
     let policy = [Policy::per_second(1_000)
         .burst(50)
         .name("p")
