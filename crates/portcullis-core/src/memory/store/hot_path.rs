@@ -61,7 +61,7 @@ impl MemoryStore {
         let shard = lock.read();
         let charged = shard.charge_known_gcra(hash, is_key, policy, now, cost)?;
         // A denial wrote nothing and grows nothing: it counts towards no
-        // sweep (about 11 instructions of every denied check; memory grows
+        // sweep (about 13 instructions of every denied check; memory grows
         // only by inserts, which sweep before a table grows).
         if let Charged::Done(denied @ TatCharge::Denied(_)) = charged {
             return Some(denied);
