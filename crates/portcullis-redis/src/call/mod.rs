@@ -196,14 +196,10 @@ impl Call {
                 }
             }
             Layout::One => {
-                // `<policy>:<cost>`, written on the stack: at most three
-                // numbers of 20 digits and three separators.
-                use std::io::Write as _;
-                let mut buffer = [0_u8; 96];
-                let mut free = &mut buffer[..];
-                let _ = write!(free, "{}:{}", set.argument(0), self.cost);
-                let written = 96 - free.len();
-                cmd.arg(&buffer[..written]);
+                cmd.arg(OneArgument {
+                    policy: set.argument(0),
+                    cost: self.cost,
+                });
                 if let Some(now) = self.now {
                     cmd.arg(now);
                 }
@@ -364,6 +360,29 @@ pub(crate) fn push_time(cmd: &mut Cmd, now: Option<u64>) {
         Some(now) => cmd.arg(now),
         None => cmd.arg(""),
     };
+}
+
+/// A fast function's argument, `<policy>:<cost>`: the policy's argument
+/// (written when the policy was built) and the cost's digits, written
+/// straight into the command's buffer. `write!` through `core::fmt` cost
+/// about 380 instructions a check here (`cargo bench -p portcullis-redis
+/// --bench redis_client`); this, about a tenth of that.
+struct OneArgument<'a> {
+    policy: &'a str,
+    cost: u64,
+}
+
+impl redis::ToRedisArgs for OneArgument<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        use std::io::Write as _;
+        let mut digits = itoa::Buffer::new();
+        let cost = digits.format(self.cost);
+        let mut argument = out.writer_for_next_arg();
+        // Writing to a command's buffer cannot fail.
+        let _ = argument.write_all(self.policy.as_bytes());
+        let _ = argument.write_all(b":");
+        let _ = argument.write_all(cost.as_bytes());
+    }
 }
 
 #[cfg(test)]
