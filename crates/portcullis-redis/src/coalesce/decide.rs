@@ -6,8 +6,6 @@
 //! server that refuses Functions, by the batch script composed for the
 //! policy set (batch_script.lua), also one call.
 
-use std::sync::Arc;
-
 use portcullis_core::{Algorithm, Policy, StoreError};
 use redis::Value;
 
@@ -22,7 +20,7 @@ use crate::scripts::{Library, LuaScript};
 /// batch goes again as a script).
 pub(super) async fn decide(
     caller: &Caller,
-    batch: &Arc<Target>,
+    batch: &Target,
     costs: &[u64],
 ) -> Result<Vec<Reply>, StoreError> {
     let library = caller.scripts.library();
@@ -113,7 +111,7 @@ fn general_replies(
 /// call there too.
 async fn script_batch(
     caller: &Caller,
-    batch: &Arc<Target>,
+    batch: &Target,
     costs: &[u64],
 ) -> Result<Vec<Reply>, StoreError> {
     let set = batch.set();
