@@ -15,13 +15,11 @@
 //!
 //! The store's own: the boxed check future (`Store::CheckFuture` is a
 //! named type, and the future holds async fns' futures, which only a box
-//! can name on stable Rust). The call's target (its state keys, held
-//! inline up to 112 bytes, its policy set and policies) is the call's
-//! own, and the table of calls in flight keeps a copy when coalescing:
-//! neither allocates. The command's buffers are reused per thread. A
-//! hashed subject adds its encoding (once per check), and two hashed keys
-//! no longer fit inline: the target allocates them, and when coalescing
-//! the table's copy does once more. Two policies are answered by the general
+//! can name on stable Rust) and the call's target (its state keys, held
+//! inline up to 112 bytes, its policy set and policies, shared with the
+//! table of calls in flight when coalescing). The command's buffers are
+//! reused per thread. A hashed subject adds its encoding (once per
+//! check), and two hashed keys no longer fit inline. Two policies are answered by the general
 //! function: its reply is an array (one more in the `redis` crate) and the
 //! verdict holds a decision per policy (one more of the store's).
 //! Its own binary (no harness): `dhat` counts the whole process.
@@ -94,16 +92,13 @@ fn main() {
             .expect("the store connects");
         for policies in [vec![gcra.clone()], vec![gcra.clone(), window.clone()]] {
             let measured = allocations_per_check(&runtime, &store, &policies);
-            // The future; a hashed subject's encoding, and its keys past
-            // the inline bytes when two (and the table's copy of them when
-            // coalescing); the general reply's decisions (and its array, in
-            // the redis crate).
+            // The future and the target; a hashed subject's encoding, and
+            // its keys past the inline bytes when two; the general reply's
+            // decisions (and its array, in the redis crate).
             let general = policies.len() > 1;
-            let spilled = hash && general;
-            let own = 1.0
+            let own = 2.0
                 + f64::from(u8::from(hash))
-                + f64::from(u8::from(spilled))
-                + f64::from(u8::from(spilled && coalesce))
+                + f64::from(u8::from(hash && general))
                 + f64::from(u8::from(general));
             let bound = own + REDIS_CRATE + f64::from(u8::from(general));
             println!(

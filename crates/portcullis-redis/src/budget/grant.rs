@@ -140,7 +140,7 @@ async fn exact(
     set: PolicySet,
     cost: u64,
 ) -> Result<Verdict, StoreError> {
-    let target = Target::new(set, &[]).with_key(key);
+    let target = Arc::new(Target::new(set, &[]).with_key(key));
     let call = Call::new(caller, CallPath::Evalsha, Kind::Check, target, cost)?;
     call.verdict(caller).await
 }

@@ -10,6 +10,8 @@
 //! Below the store and its paths (local budget, coalescing), above the
 //! connection and the scripts: nothing here knows a `RedisStore`.
 
+use std::sync::Arc;
+
 use portcullis_core::{Checked, StoreError, Verdict};
 use redis::{Cmd, Value};
 use smallvec::SmallVec;
@@ -69,9 +71,8 @@ pub(crate) struct Call {
     /// What is sent first, and how its arguments are laid out.
     script: LuaScript,
     layout: Layout,
-    /// The keys, the policy set and the policies: the call's own (held
-    /// inline: no allocation for one or two short keys).
-    target: Target,
+    /// The keys, the policy set and the policies.
+    target: Arc<Target>,
     now: Option<u64>,
     cost: u64,
 }
@@ -83,7 +84,7 @@ impl Call {
         caller: &Caller,
         path: CallPath,
         kind: Kind,
-        target: Target,
+        target: Arc<Target>,
         cost: u64,
     ) -> Result<Self, StoreError> {
         let library = caller.scripts.library();
@@ -401,7 +402,7 @@ mod tests {
             kind: Kind::Check,
             script: function.clone(),
             layout: Layout::General,
-            target: Target::new(set, &policies).with_key("k1").with_key("k2"),
+            target: Arc::new(Target::new(set, &policies).with_key("k1").with_key("k2")),
             now: None,
             cost: 1,
         };

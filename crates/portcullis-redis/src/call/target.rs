@@ -1,10 +1,9 @@
 //! [`Target`]: what a check's calls address, built once per check: the
-//! state key of each policy, the [`PolicySet`] and the policies. Owned by
-//! the [`Call`](super::Call), held inline (one or two short keys allocate
-//! nothing); the table of calls in flight keeps a copy (the key that says
-//! which checks may share a call: the same keys and the same policies),
-//! and the batches sent after the call take one from there. A copy
-//! allocates nothing either: the policies' texts are shared (`Arc`s).
+//! state key of each policy, the [`PolicySet`] and the policies. Shared
+//! behind an `Arc` by the [`Call`](super::Call), by the table of calls in
+//! flight (where it is the key that says which checks may share a call:
+//! the same keys and the same policies) and by the batches sent after it,
+//! so none of them copies it.
 
 use std::hash::{Hash, Hasher};
 
@@ -14,11 +13,11 @@ use smallvec::SmallVec;
 use super::PolicySet;
 
 /// The keys, policy set and policies of one check (see the module docs).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Target {
     /// The state key of each policy, back to back, held inline up to
     /// [`INLINE`] bytes (one or two keys of a short prefix and subject):
-    /// so a target allocates nothing.
+    /// so the target is one allocation, the `Arc`'s.
     text: SmallVec<[u8; INLINE]>,
     /// Where each key ends in `text`.
     ends: SmallVec<[usize; 2]>,

@@ -6,6 +6,8 @@
 //! server that refuses Functions, by the batch script composed for the
 //! policy set (batch_script.lua), also one call.
 
+use std::sync::Arc;
+
 use portcullis_core::{Algorithm, Policy, StoreError};
 use redis::Value;
 
@@ -20,7 +22,7 @@ use crate::scripts::{Library, LuaScript};
 /// batch goes again as a script).
 pub(super) async fn decide(
     caller: &Caller,
-    batch: &Target,
+    batch: &Arc<Target>,
     costs: &[u64],
 ) -> Result<Vec<Reply>, StoreError> {
     let library = caller.scripts.library();
@@ -111,7 +113,7 @@ fn general_replies(
 /// call there too.
 async fn script_batch(
     caller: &Caller,
-    batch: &Target,
+    batch: &Arc<Target>,
     costs: &[u64],
 ) -> Result<Vec<Reply>, StoreError> {
     let set = batch.set();

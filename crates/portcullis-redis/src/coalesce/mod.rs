@@ -74,33 +74,20 @@ const SHARDS: usize = 16;
 
 pub(super) type Reply = Result<Verdict, StoreError>;
 
-/// One shard: the calls in flight, by subject and policies (a copy of the
-/// lead's [`Target`]), each with the checks waiting for it. A table with
-/// the hashes given (hashbrown's `HashTable`): a check's key is hashed
-/// once, when it joins, and its lead keeps the hash for the batches after
-/// it (a map would hash the key again on each lookup, insert and remove:
-/// six hashes of a target per check, about 1 300 instructions).
-struct Shard<K> {
-    slots: HashTable<Slot<K>>,
-    /// The id of the next call in flight of this shard.
-    next_id: u64,
-}
+/// One shard: the calls in flight, by subject and policies (a check's
+/// [`Target`]; the call's own, shared), each with the checks waiting for
+/// it. A table with the hashes given (hashbrown's `HashTable`): a check's
+/// key is hashed once, when it joins, and its lead keeps the hash for the
+/// batches after it (a map would hash the key again on each lookup,
+/// insert and remove: six hashes of a target per check, about 1 300
+/// instructions).
+type Shard<K> = HashTable<Slot<K>>;
 
 /// A call in flight and the checks waiting for it.
 struct Slot<K> {
     hash: u64,
-    /// Which call in flight (unique in its shard): how its lead and its
-    /// batches find it again without a key of their own to compare.
-    id: u64,
     key: K,
     waiting: Vec<Waiter>,
-}
-
-/// Where a lead's call is in the table: its key's hash and its slot's id.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Place {
-    hash: u64,
-    id: u64,
 }
 
 /// A check waiting for the call in flight for its subject and policies.
@@ -111,12 +98,11 @@ struct Waiter {
 }
 
 /// The calls in flight, by subject and policies, with the checks waiting
-/// for each. Keyed by a copy of the lead's [`Target`] (inline: a lead
-/// allocates nothing, and its call keeps its own), which the batches after
-/// it send; hashed once per check with foldhash, seeded per store (a
-/// subject chosen by a client cannot aim at one shard without knowing the
-/// seed).
-pub(crate) struct Coalescer<K = Target> {
+/// for each. Keyed by the lead's `Arc<Target>`, so joining a call costs no
+/// copy of its keys (and no allocation for the lead); hashed once per
+/// check with foldhash, seeded per store (a subject chosen by a client
+/// cannot aim at one shard without knowing the seed).
+pub(crate) struct Coalescer<K = Arc<Target>> {
     shards: Box<[Mutex<Shard<K>>]>,
     hasher: foldhash::fast::RandomState,
 }
@@ -130,8 +116,8 @@ impl<K> fmt::Debug for Coalescer<K> {
 /// What a check does: make the call itself, or wait for a batch.
 pub(crate) enum Join {
     /// No call is in flight: make it (and keep the [`Lead`] until it ends),
-    /// with the call's place in the table for [`Lead::new`].
-    Lead(Place),
+    /// with the key's hash for [`Lead::new`].
+    Lead(u64),
     /// A call is in flight: this answer comes from a batch to come.
     Wait(Waiting),
 }
@@ -139,14 +125,7 @@ pub(crate) enum Join {
 impl<K: Hash + Eq + Clone> Coalescer<K> {
     pub(crate) fn new() -> Self {
         Self {
-            shards: (0..SHARDS)
-                .map(|_| {
-                    Mutex::new(Shard {
-                        slots: HashTable::new(),
-                        next_id: 0,
-                    })
-                })
-                .collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
             hasher: foldhash::fast::RandomState::default(),
         }
     }
@@ -167,7 +146,7 @@ impl<K: Hash + Eq + Clone> Coalescer<K> {
     pub(crate) fn join(&self, key: &K, cost: u64) -> Join {
         let hash = self.hasher.hash_one(key);
         let mut shard = self.shard(hash);
-        if let Some(Slot { waiting, .. }) = shard.slots.find_mut(hash, |slot| slot.key == *key) {
+        if let Some(Slot { waiting, .. }) = shard.find_mut(hash, |slot| slot.key == *key) {
             let (reply, answer) = oneshot::channel();
             let state = Arc::new(AtomicU8::new(WAITING));
             // The call in flight, and a batch per MAX_BATCH queued before
@@ -181,39 +160,27 @@ impl<K: Hash + Eq + Clone> Coalescer<K> {
             });
             return Join::Wait(Waiting::new(answer, state, batches_ahead));
         }
-        let id = shard.next_id;
-        shard.next_id = id.wrapping_add(1);
-        shard.slots.insert_unique(
+        shard.insert_unique(
             hash,
             Slot {
                 hash,
-                id,
                 key: key.clone(),
                 waiting: Vec::new(),
             },
             |slot| slot.hash,
         );
-        Join::Lead(Place { hash, id })
+        Join::Lead(hash)
     }
 
-    /// The call at `place` ended: the next batch (the call stays in
-    /// flight, made by the caller), or `None` when no check waits (then
-    /// nothing is in flight for its key any more). Checks whose requests
-    /// were cancelled, or that withdrew, are dropped here, uncharged; the
-    /// ones taken are marked so, and can no longer withdraw. `place` is
-    /// the one [`Join::Lead`] gave.
-    fn next(&self, place: Place) -> Option<Vec<Waiter>> {
-        self.next_with_key(place, false).map(|(batch, _)| batch)
-    }
-
-    /// [`next`](Self::next), and with the first batch a copy of the key
-    /// (when `key`), which the batches send.
-    fn next_with_key(&self, place: Place, key: bool) -> Option<(Vec<Waiter>, Option<K>)> {
-        let mut shard = self.shard(place.hash);
-        let Ok(mut slot) = shard
-            .slots
-            .find_entry(place.hash, |slot| slot.id == place.id)
-        else {
+    /// The call for `key` ended: the next batch (the call stays in flight,
+    /// made by the caller), or `None` when no check waits (then nothing
+    /// is in flight for `key` any more). Checks whose requests were
+    /// cancelled, or that withdrew, are dropped here, uncharged; the ones
+    /// taken are marked so, and can no longer withdraw. `hash` is the one
+    /// [`Join::Lead`] gave.
+    fn next(&self, key: &K, hash: u64) -> Option<Vec<Waiter>> {
+        let mut shard = self.shard(hash);
+        let Ok(mut slot) = shard.find_entry(hash, |slot| slot.key == *key) else {
             return None;
         };
         let waiting = &mut slot.get_mut().waiting;
@@ -238,8 +205,7 @@ impl<K: Hash + Eq + Clone> Coalescer<K> {
             slot.remove();
             return None;
         }
-        let key = key.then(|| slot.get().key.clone());
-        Some((batch, key))
+        Some(batch)
     }
 }
 
@@ -249,9 +215,11 @@ impl<K: Hash + Eq + Clone> Coalescer<K> {
 pub(crate) struct Lead {
     caller: Arc<Caller>,
     coalescer: Arc<Coalescer>,
-    /// Where the call is in the coalescer's table (which holds its key,
-    /// the call's target, for the batches after it).
-    place: Place,
+    /// The call's target: the key of the calls in flight, and what the
+    /// batches after it send.
+    target: Arc<Target>,
+    /// Its hash in the coalescer's table.
+    hash: u64,
     /// The store-wide error the call met, if it did: the checks that
     /// waited get it at once, unsent, rather than a second call that would
     /// wait out the same failure.
@@ -262,12 +230,14 @@ impl Lead {
     pub(crate) fn new(
         caller: Arc<Caller>,
         coalescer: Arc<Coalescer>,
-        place: Place,
+        target: Arc<Target>,
+        hash: u64,
     ) -> Self {
         Self {
             caller,
             coalescer,
-            place,
+            target,
+            hash,
             failed: None,
         }
     }
@@ -285,22 +255,21 @@ impl Lead {
 impl Drop for Lead {
     fn drop(&mut self) {
         let coalescer = &self.coalescer;
-        let runtime = tokio::runtime::Handle::try_current();
-        let sending = self.failed.is_none() && runtime.is_ok();
-        let Some((waiters, target)) = coalescer.next_with_key(self.place, sending) else {
+        let Some(waiters) = coalescer.next(&self.target, self.hash) else {
             return;
         };
-        match (self.failed.take(), runtime, target) {
-            (None, Ok(runtime), Some(target)) => {
+        let runtime = tokio::runtime::Handle::try_current();
+        match (self.failed.take(), runtime) {
+            (None, Ok(runtime)) => {
                 runtime.spawn(send_batches(
                     Arc::clone(&self.caller),
                     Arc::clone(&self.coalescer),
-                    target,
-                    self.place,
+                    Arc::clone(&self.target),
+                    self.hash,
                     waiters,
                 ));
             }
-            (failed, _, _) => {
+            (failed, _) => {
                 // Nothing of theirs is sent, so nothing of theirs is
                 // charged: the call failed store-wide, or (unreachable: the
                 // call that just ended ran on a runtime) there is no
@@ -312,7 +281,7 @@ impl Drop for Lead {
                 let mut waiters = Some(waiters);
                 while let Some(batch) = waiters
                     .take()
-                    .or_else(|| coalescer.next(self.place))
+                    .or_else(|| coalescer.next(&self.target, self.hash))
                 {
                     for waiter in batch {
                         let _ = waiter.reply.send(Err(share(&error)));
@@ -327,8 +296,8 @@ impl Drop for Lead {
 async fn send_batches(
     caller: Arc<Caller>,
     coalescer: Arc<Coalescer>,
-    target: Target,
-    place: Place,
+    target: Arc<Target>,
+    hash: u64,
     mut waiters: Vec<Waiter>,
 ) {
     loop {
@@ -345,7 +314,7 @@ async fn send_batches(
                 }
             }
         }
-        match coalescer.next(place) {
+        match coalescer.next(&target, hash) {
             Some(next) => waiters = next,
             None => return,
         }
@@ -427,16 +396,10 @@ mod tests {
     use super::*;
 
     impl<K: Hash + Eq + Clone> Coalescer<K> {
-        /// [`Coalescer::next`] of the call in flight for `key` (found by
-        /// its key, as a joining check finds it).
+        /// [`Coalescer::next`] with the key hashed again (as its lead's
+        /// hash would be).
         pub(super) fn next_of(&self, key: &K) -> Option<Vec<Waiter>> {
-            let hash = self.hasher.hash_one(key);
-            let id = self
-                .shard(hash)
-                .slots
-                .find(hash, |slot| slot.key == *key)
-                .map(|slot| slot.id)?;
-            self.next(Place { hash, id })
+            self.next(key, self.hasher.hash_one(key))
         }
     }
 

@@ -122,14 +122,13 @@ impl Store for RedisStore {
 
 impl RedisStore {
     /// What the calls of a check of `policies` for `encoded` address,
-    /// served as `serving` (inline: no allocation for one or two short
-    /// keys).
-    fn target(&self, encoded: &str, policies: &[Policy], serving: Serving) -> Target {
+    /// served as `serving`.
+    fn target(&self, encoded: &str, policies: &[Policy], serving: Serving) -> Arc<Target> {
         let mut target = Target::new(PolicySet::new(policies, serving), policies);
         for policy in policies {
             target.push_key(&self.inner.caller.keys.parts(encoded, policy.name()));
         }
-        target
+        Arc::new(target)
     }
 
     fn check_future(
@@ -156,11 +155,12 @@ impl RedisStore {
                 Join::Wait(answer) => {
                     return Ok(Box::pin(coalesce::wait(answer, self.inner.caller.timeout)));
                 }
-                Join::Lead(place) => {
+                Join::Lead(hash) => {
                     let mut lead = Lead::new(
                         Arc::clone(&self.inner.caller),
                         Arc::clone(coalescer),
-                        place,
+                        Arc::clone(&target),
+                        hash,
                     );
                     let caller = Arc::clone(&self.inner.caller);
                     let lane = self.inner.lane.clone();

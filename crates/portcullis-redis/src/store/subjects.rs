@@ -82,6 +82,6 @@ impl RedisStore {
             target.push_key(&caller.keys.parts(encoded, policy.name()));
         }
         let path = caller.scripts.path().choose(&encoded[0]);
-        Call::new(caller, path, Kind::Check, target, cost)
+        Call::new(caller, path, Kind::Check, Arc::new(target), cost)
     }
 }
