@@ -21,11 +21,23 @@ use crate::scripts::LuaScript;
 const NOT_RUN_RETRIES: usize = 6;
 
 impl Connection {
+    /// Sends `cmd` and reads its reply (a server error as `Err`). On a
+    /// multiplexed connection through its inherent `send_packed_command`,
+    /// whose future is part of the caller's: `Cmd::query_async` goes
+    /// through the `ConnectionLike` trait, which boxes the request's
+    /// future (one allocation per command, of about 1 KiB).
     async fn query(&mut self, cmd: &Cmd) -> Result<Value, RedisError> {
         match self {
-            Self::Standalone(standalone) => cmd.query_async(&mut standalone.connection).await,
+            Self::Standalone(standalone) => standalone
+                .connection
+                .send_packed_command(cmd)
+                .await
+                .and_then(Value::extract_error),
             Self::Cluster(connection) => cmd.query_async(connection).await,
-            Self::External(connection) => cmd.query_async(connection).await,
+            Self::External(connection) => connection
+                .send_packed_command(cmd)
+                .await
+                .and_then(Value::extract_error),
         }
     }
 
