@@ -441,9 +441,11 @@ async fn across_subjects(clock: &ManualClock, raw: &mut redis::Connection) {
     for round in 0..ROUNDS {
         let cost = |i: usize| 1 + (i as u64 * 5 + round * 3) % 7;
         let before = redis_common::fcalls(raw);
-        let checks: Vec<_> = (0..SUBJECTS)
-            .map(|i| redis.check(&format!("s{i}"), set_of(i), cost(i)))
-            .collect();
+        let checks: Vec<_> = redis_common::with_writes_held(raw, || {
+            (0..SUBJECTS)
+                .map(|i| redis.check(&format!("s{i}"), set_of(i), cost(i)))
+                .collect()
+        });
         let got = join_all(checks).await;
         let calls = redis_common::fcalls(raw) - before;
         // Two calls go at once, the rest wait and go as one batch. Fewer

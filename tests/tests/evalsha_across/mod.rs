@@ -52,9 +52,11 @@ async fn on_the_evalsha_path_checks_of_many_subjects_go_as_one_script_call() {
     for round in 0..ROUNDS {
         let cost = |i: usize| 1 + (i as u64 * 5 + round * 3) % 7;
         let (calls, failed) = redis_common::evalshas(&mut raw);
-        let checks: Vec<_> = (0..SUBJECTS)
-            .map(|i| redis.check(&format!("s{i}"), set_of(i), cost(i)))
-            .collect();
+        let checks: Vec<_> = redis_common::with_writes_held(&mut raw, || {
+            (0..SUBJECTS)
+                .map(|i| redis.check(&format!("s{i}"), set_of(i), cost(i)))
+                .collect()
+        });
         let got = join_all(checks).await;
         let (calls_after, failed_after) = redis_common::evalshas(&mut raw);
         assert_eq!(redis.call_path(), CallPath::Evalsha);

@@ -167,6 +167,32 @@ pub(crate) fn evalshas(connection: &mut redis::Connection) -> (u64, u64) {
     (field("calls"), field("failed_calls"))
 }
 
+/// `start()` (which makes checks) while the server at `connection` holds
+/// every write (`CLIENT PAUSE WRITE`; checks are writes), unpaused as soon
+/// as it returns. The calls the checks start reach the server but none is
+/// answered before every check is made, so how checks made at once fall
+/// into calls does not depend on the thread making them keeping its core:
+/// on a loaded machine a call could otherwise end while the checks were
+/// still being made, and the rest go as two batches instead of one. The
+/// pause's own 10 s only bounds a test that panics inside `start`.
+pub(crate) fn with_writes_held<T>(
+    connection: &mut redis::Connection,
+    start: impl FnOnce() -> T,
+) -> T {
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(10_000)
+        .arg("WRITE")
+        .query(connection)
+        .expect("CLIENT PAUSE");
+    let started = start();
+    let () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query(connection)
+        .expect("CLIENT UNPAUSE");
+    started
+}
+
 /// A plain synchronous connection to `url`, for inspecting keys.
 pub(crate) fn raw(url: &str) -> redis::Connection {
     redis::Client::open(url)
