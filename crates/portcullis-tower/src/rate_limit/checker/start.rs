@@ -90,9 +90,11 @@ impl<St: Store, K: KeyExtractor> Checker<St, K> {
         }
         match &self.live {
             None => self.straight_check(request, key, &self.tiers[0], slot),
-            Some(live) if !live.has_plans() => live.with_tier(key, |key, tier| {
+            Some(live) if !live.has_plans() => {
+                let in_force = live.in_force();
+                let tier = in_force.tier(&key);
                 self.straight_check(request, key, tier, slot)
-            }),
+            }
             Some(live) => match live.pick(&RequestHead::new(request), &key, None) {
                 Picked::Live(tier) => self.straight_check(request, key, &tier, slot),
                 Picked::Static(index) => {

@@ -103,6 +103,22 @@ impl LiveState {
     }
 }
 
+/// The compiled set in force, held by one request ([`Live::in_force`]).
+pub(crate) struct InForce(Arc<Compiled>);
+
+impl InForce {
+    /// The tier of `key`: its override, else the defaults (an empty
+    /// table of overrides, the usual case, is not hashed into).
+    #[inline]
+    pub(crate) fn tier(&self, key: &str) -> &Arc<Tier> {
+        let compiled = &*self.0;
+        if compiled.overrides.is_empty() {
+            return &compiled.defaults;
+        }
+        compiled.overrides.get(key).unwrap_or(&compiled.defaults)
+    }
+}
+
 /// Layers with live limits a thread keeps a view for; beyond these, the
 /// oldest view is replaced.
 const VIEWS_PER_THREAD: usize = 4;
@@ -164,21 +180,43 @@ impl Live {
 
     /// The compiled set in force, through this thread's view of it when
     /// that is current (one atomic load and a reference count), else
-    /// loaded and kept as the thread's view.
-    #[inline]
+    /// loaded and kept as the thread's view ([`refresh_view`]).
+    ///
+    /// [`refresh_view`]: Self::refresh_view
+    #[inline(always)]
     fn current_view(&self) -> Arc<Compiled> {
         let state = &*self.state;
         let epoch = state.epoch.load(Ordering::Acquire);
         let viewed = VIEWS.try_with(|views| {
-            let mut views = views.try_borrow_mut().ok()?;
+            let views = views.try_borrow().ok()?;
+            let view = views
+                .iter()
+                .find(|view| view.id == state.id && view.epoch == epoch)?;
+            Some(Arc::clone(&view.compiled))
+        });
+        match viewed {
+            Ok(Some(compiled)) => compiled,
+            _ => self.refresh_view(epoch),
+        }
+    }
+
+    /// [`current_view`](Self::current_view) when this thread has no
+    /// current view of the layer's set: loads it and keeps it as the
+    /// thread's view (replacing its old view of this layer, or the oldest
+    /// view when the thread keeps [`VIEWS_PER_THREAD`]).
+    #[inline(never)]
+    fn refresh_view(&self, epoch: u64) -> Arc<Compiled> {
+        let state = &*self.state;
+        let compiled = state.compiled.load_full();
+        let _ = VIEWS.try_with(|views| {
+            let Ok(mut views) = views.try_borrow_mut() else {
+                return;
+            };
             if let Some(view) = views.iter_mut().find(|view| view.id == state.id) {
-                if view.epoch != epoch {
-                    view.compiled = state.compiled.load_full();
-                    view.epoch = epoch;
-                }
-                return Some(Arc::clone(&view.compiled));
+                view.compiled = Arc::clone(&compiled);
+                view.epoch = epoch;
+                return;
             }
-            let compiled = state.compiled.load_full();
             if views.is_full() {
                 views.remove(0);
             }
@@ -187,13 +225,8 @@ impl Live {
                 epoch,
                 compiled: Arc::clone(&compiled),
             });
-            Some(compiled)
         });
-        match viewed {
-            Ok(Some(compiled)) => compiled,
-            // The thread's views are being torn down.
-            _ => state.compiled.load_full(),
-        }
+        compiled
     }
 
     /// Whether a plan resolver chooses requests' tiers.
@@ -201,17 +234,12 @@ impl Live {
         self.state.plans.is_some()
     }
 
-    /// For a layer without a plan resolver or tier selector: `f` with the
-    /// tier of `key` (its override, else the defaults), borrowed from the
-    /// compiled set in force.
+    /// For a layer without a plan resolver or tier selector: the compiled
+    /// set in force, held for one request's check
+    /// ([`InForce::tier`] gives the key's tier, borrowed).
     #[inline]
-    pub(crate) fn with_tier<Q, T>(&self, key: Q, f: impl FnOnce(Q, &Arc<Tier>) -> T) -> T
-    where
-        Q: std::ops::Deref<Target = str>,
-    {
-        let compiled = self.current_view();
-        let tier = compiled.overrides.get(&*key).unwrap_or(&compiled.defaults);
-        f(key, tier)
+    pub(crate) fn in_force(&self) -> InForce {
+        InForce(self.current_view())
     }
 
     /// Every set of policies `key` may be checked under now: the defaults,
