@@ -439,6 +439,8 @@ async fn across_subjects(clock: &ManualClock, raw: &mut redis::Connection) {
     let prefix = unique_prefix("across");
     let redis = store(&prefix, client(clock), true).await;
     let memory = MemoryStore::builder().clock(clock.clone()).build();
+    // Every command the server runs, to read the batches' runs below.
+    let mut monitor = redis_common::monitor(&portcullis_tests::redis_url());
     let sets = policy_sets();
     // The first rounds take the sets in turn (runs of one check); the
     // others in runs of one to three, alternating (across_runs.rs), on
@@ -480,6 +482,11 @@ async fn across_subjects(clock: &ManualClock, raw: &mut redis::Connection) {
             );
         }
     }
+
+    // Each batch went as runs: never two in a row of the same function
+    // and counts, the rounds' three checks of one set in a row as one.
+    across_runs::assert_sent_as_runs(&mut monitor, raw, "FCALL");
+    drop(monitor);
 
     // A check its function refuses fails alone: the batch function, called
     // directly with a fast GCRA check between two good ones, the middle one

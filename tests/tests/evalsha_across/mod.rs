@@ -49,6 +49,8 @@ async fn on_the_evalsha_path_checks_of_many_subjects_go_as_one_script_call() {
         .expect("the store should build");
     let mut raw = redis_common::raw(&server.url());
     let memory = MemoryStore::builder().clock(clock.clone()).build();
+    // Every command the server runs, to read the batches' runs below.
+    let mut monitor = redis_common::monitor(&server.url());
     let sets = policy_sets();
     // The first rounds take the sets in turn, the others in runs of one to
     // three, alternating (across_runs.rs), on subjects of their own.
@@ -89,6 +91,10 @@ async fn on_the_evalsha_path_checks_of_many_subjects_go_as_one_script_call() {
             );
         }
     }
+
+    // The client sent each batch as runs: never two in a row of the same
+    // plan and counts, the rounds' three checks of one set in a row as one.
+    across_runs::assert_sent_as_runs(&mut monitor, &mut raw, "EVALSHA");
 
     // The batch script's SHA-1: the EVALSHA of the slow log with the most
     // keys (a check script alone has one per policy).
