@@ -15,6 +15,7 @@
 //! of them read server-wide counters (`INFO commandstats`) and one pauses
 //! the server.
 
+mod across_runs;
 mod coalesce_batches;
 mod evalsha_across;
 mod redis_common;
@@ -427,23 +428,31 @@ async fn on_the_evalsha_path_coalesced_checks_go_as_one_script_call() {
 /// Batches across subjects: rounds of one check per subject, each round
 /// made at once (the store's first two checks take its calls, the rest
 /// wait and go as one batch), with the policy sets of every form mixed
-/// across subjects; Redis decides exactly as a `MemoryStore` one by one,
-/// in at most three calls a round; a check its function refuses fails alone; a
-/// waiting check dropped before its batch goes is not charged.
+/// across subjects, in turn and then in runs of one to three checks of a
+/// set, alternating; Redis decides exactly as a `MemoryStore` one by one,
+/// in at most three calls a round; a check its function refuses fails
+/// alone; a batch whose runs miscount is an error reply that decides
+/// nothing; a waiting check dropped before its batch goes is not charged.
 async fn across_subjects(clock: &ManualClock, raw: &mut redis::Connection) {
     const SUBJECTS: usize = 40;
     const ROUNDS: u64 = 6;
     let prefix = unique_prefix("across");
     let redis = store(&prefix, client(clock), true).await;
     let memory = MemoryStore::builder().clock(clock.clone()).build();
+    // Every command the server runs, to read the batches' runs below.
+    let mut monitor = redis_common::monitor(&portcullis_tests::redis_url());
     let sets = policy_sets();
-    let set_of = |i: usize| &sets[i % sets.len()].1;
-    for round in 0..ROUNDS {
+    // The first rounds take the sets in turn (runs of one check); the
+    // others in runs of one to three, alternating (across_runs.rs), on
+    // subjects of their own.
+    let (index, subject) = across_runs::rounds(sets.len(), ROUNDS);
+    let set_of = |round: u64, i: usize| &sets[index(round, i)].1;
+    for round in 0..2 * ROUNDS {
         let cost = |i: usize| 1 + (i as u64 * 5 + round * 3) % 7;
         let before = redis_common::fcalls(raw);
         let checks: Vec<_> = redis_common::with_writes_held(raw, || {
             (0..SUBJECTS)
-                .map(|i| redis.check(&format!("s{i}"), set_of(i), cost(i)))
+                .map(|i| redis.check(&subject(round, i), set_of(round, i), cost(i)))
                 .collect()
         });
         let got = join_all(checks).await;
@@ -459,19 +468,25 @@ async fn across_subjects(clock: &ManualClock, raw: &mut redis::Connection) {
              calls, not at most the store's two calls and one batch"
         );
         for (i, verdict) in got.into_iter().enumerate() {
+            let subject = subject(round, i);
             let expected = memory
-                .check_now(&format!("s{i}"), set_of(i), cost(i))
+                .check_now(&subject, set_of(round, i), cost(i))
                 .expect("the memory store answers at once")
                 .expect("decided");
-            let verdict = verdict.unwrap_or_else(|e| panic!("round {round}, s{i}: {e}"));
+            let verdict = verdict.unwrap_or_else(|e| panic!("round {round}, {subject}: {e}"));
             assert_eq!(
                 verdict.decisions(),
                 expected.decisions(),
-                "round {round}, s{i} ({}): the batch decided otherwise than one by one",
-                sets[i % sets.len()].0
+                "round {round}, {subject} ({}): the batch decided otherwise than one by one",
+                sets[index(round, i)].0
             );
         }
     }
+
+    // Each batch went as runs: never two in a row of the same function
+    // and counts, the rounds' three checks of one set in a row as one.
+    across_runs::assert_sent_as_runs(&mut monitor, raw, "FCALL");
+    drop(monitor);
 
     // A check its function refuses fails alone: the batch function, called
     // directly with a fast GCRA check between two good ones, the middle one
@@ -486,8 +501,10 @@ async fn across_subjects(clock: &ManualClock, raw: &mut redis::Connection) {
     let now = clock.now_micros().to_string();
     let mut cmd = redis::cmd("FCALL");
     cmd.arg(format!("{library}_mixed")).arg(3).arg(&keys).arg(3);
+    // One run of three checks (lua/batch_each.lua).
+    cmd.arg(&gcra).arg(1).arg(2).arg(3);
     for argument in ["40:1000000:40:1", "not a policy", "40:1000000:40:1"] {
-        cmd.arg(&gcra).arg(1).arg(2).arg(argument).arg(&now);
+        cmd.arg(argument).arg(&now);
     }
     let replies: Vec<redis::Value> = cmd.query(raw).expect("the batch runs");
     assert_eq!(replies.len(), 3);
@@ -512,12 +529,14 @@ async fn across_subjects(clock: &ManualClock, raw: &mut redis::Connection) {
     ];
     let mut cmd = redis::cmd("FCALL");
     cmd.arg(format!("{library}_mixed")).arg(4).arg(&keys).arg(4);
+    cmd.arg(&gcra).arg(1).arg(1).arg(3);
     for _ in 0..3 {
-        cmd.arg(&gcra).arg(1).arg(1).arg("40:1000000:40:1");
+        cmd.arg("40:1000000:40:1");
     }
     cmd.arg(format!("{library}_gcra_multi"))
         .arg(1)
         .arg(2)
+        .arg(1)
         .arg(1)
         .arg("40:1000000:40");
     let replies: Vec<redis::Value> = cmd.query(raw).expect("the batch runs");
@@ -543,6 +562,16 @@ async fn across_subjects(clock: &ManualClock, raw: &mut redis::Connection) {
         times[0]
     );
     let () = redis::cmd("DEL").arg(&keys).query(raw).expect("DEL");
+
+    // A batch whose runs miscount is an error reply, having decided
+    // nothing.
+    let mixed = format!("{library}_mixed");
+    let head = || {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&mixed);
+        cmd
+    };
+    across_runs::malformed_batches(raw, head, &gcra, &["40:1000000:40:1", &now], &prefix);
 
     // Dropped before their batch goes: never charged.
     let minute = [Policy::per_minute(10).name("m").build().unwrap()];

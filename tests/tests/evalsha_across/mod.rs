@@ -10,17 +10,19 @@ use portcullis_core::{Clock, MemoryStore, Store};
 use portcullis_redis::{CallPath, RedisStore};
 use portcullis_tests::unique_prefix;
 
-use super::policy_sets;
 use super::redis_common::{self, client, manual_clock};
+use super::{across_runs, policy_sets};
 
 /// On the `EVALSHA` path, batches across subjects go as one call of the
 /// script of such batches: rounds of one check per subject made at once,
-/// the policy sets of every form mixed across subjects, take at most the
+/// the policy sets of every form mixed across subjects (in turn, then in
+/// runs of one to three checks of a set, alternating), take at most the
 /// store's two calls and one batch each (not one call per check), and
 /// Redis decides exactly as a `MemoryStore` one by one. Called directly,
 /// the script answers a check whose check script fails alone with
-/// `FAILED <error>` and decides the others, and decides the checks sent
-/// without a time at one instant, the batch's one `TIME`.
+/// `FAILED <error>` and decides the others, decides the checks sent
+/// without a time at one instant, the batch's one `TIME`, and answers a
+/// batch whose runs miscount with an error reply, deciding nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_the_evalsha_path_checks_of_many_subjects_go_as_one_script_call() {
     const SUBJECTS: usize = 40;
@@ -47,14 +49,19 @@ async fn on_the_evalsha_path_checks_of_many_subjects_go_as_one_script_call() {
         .expect("the store should build");
     let mut raw = redis_common::raw(&server.url());
     let memory = MemoryStore::builder().clock(clock.clone()).build();
+    // Every command the server runs, to read the batches' runs below.
+    let mut monitor = redis_common::monitor(&server.url());
     let sets = policy_sets();
-    let set_of = |i: usize| &sets[i % sets.len()].1;
-    for round in 0..ROUNDS {
+    // The first rounds take the sets in turn, the others in runs of one to
+    // three, alternating (across_runs.rs), on subjects of their own.
+    let (index, subject) = across_runs::rounds(sets.len(), ROUNDS);
+    let set_of = |round: u64, i: usize| &sets[index(round, i)].1;
+    for round in 0..2 * ROUNDS {
         let cost = |i: usize| 1 + (i as u64 * 5 + round * 3) % 7;
         let (calls, failed) = redis_common::evalshas(&mut raw);
         let checks: Vec<_> = redis_common::with_writes_held(&mut raw, || {
             (0..SUBJECTS)
-                .map(|i| redis.check(&format!("s{i}"), set_of(i), cost(i)))
+                .map(|i| redis.check(&subject(round, i), set_of(round, i), cost(i)))
                 .collect()
         });
         let got = join_all(checks).await;
@@ -70,19 +77,24 @@ async fn on_the_evalsha_path_checks_of_many_subjects_go_as_one_script_call() {
              {ran} calls, not at most the store's two calls and one batch"
         );
         for (i, verdict) in got.into_iter().enumerate() {
+            let subject = subject(round, i);
             let expected = memory
-                .check_now(&format!("s{i}"), set_of(i), cost(i))
+                .check_now(&subject, set_of(round, i), cost(i))
                 .expect("the memory store answers at once")
                 .expect("decided");
-            let verdict = verdict.unwrap_or_else(|e| panic!("round {round}, s{i}: {e}"));
+            let verdict = verdict.unwrap_or_else(|e| panic!("round {round}, {subject}: {e}"));
             assert_eq!(
                 verdict.decisions(),
                 expected.decisions(),
-                "round {round}, s{i} ({}): the batch decided otherwise than one by one",
-                sets[i % sets.len()].0
+                "round {round}, {subject} ({}): the batch decided otherwise than one by one",
+                sets[index(round, i)].0
             );
         }
     }
+
+    // The client sent each batch as runs: never two in a row of the same
+    // plan and counts, the rounds' three checks of one set in a row as one.
+    across_runs::assert_sent_as_runs(&mut monitor, &mut raw, "EVALSHA");
 
     // The batch script's SHA-1: the EVALSHA of the slow log with the most
     // keys (a check script alone has one per policy).
@@ -124,8 +136,10 @@ async fn on_the_evalsha_path_checks_of_many_subjects_go_as_one_script_call() {
     let now = clock.now_micros().to_string();
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(&sha).arg(3).arg(&keys).arg(3);
+    // One run of three checks (lua/batch_each.lua).
+    cmd.arg("a").arg(1).arg(3).arg(3);
     for policy in ["40:1000000:40", "not a policy", "40:1000000:40"] {
-        cmd.arg("a").arg(1).arg(3).arg(&now).arg(1).arg(policy);
+        cmd.arg(&now).arg(1).arg(policy);
     }
     let replies: Vec<redis::Value> = cmd.query(&mut raw).expect("the batch runs");
     assert_eq!(replies.len(), 3, "{replies:?}");
@@ -151,17 +165,15 @@ async fn on_the_evalsha_path_checks_of_many_subjects_go_as_one_script_call() {
     ];
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(&sha).arg(keys.len()).arg(&keys).arg(4);
+    // Runs of two, one and one checks.
+    cmd.arg("a").arg(1).arg(3).arg(2);
     for _ in 0..2 {
-        cmd.arg("a")
-            .arg(1)
-            .arg(3)
-            .arg("")
-            .arg(1)
-            .arg("40:1000000:40");
+        cmd.arg("").arg(1).arg("40:1000000:40");
     }
     cmd.arg("aa")
         .arg(2)
         .arg(4)
+        .arg(1)
         .arg("")
         .arg(1)
         .arg("40:1000000:40")
@@ -169,6 +181,7 @@ async fn on_the_evalsha_path_checks_of_many_subjects_go_as_one_script_call() {
     cmd.arg("a")
         .arg(1)
         .arg(3)
+        .arg(1)
         .arg("")
         .arg(1)
         .arg("40:1000000:40");
@@ -182,4 +195,13 @@ async fn on_the_evalsha_path_checks_of_many_subjects_go_as_one_script_call() {
         states.iter().all(|state| *state == states[0]),
         "checks of one batch were decided at different instants: {states:?}"
     );
+
+    // A batch whose runs miscount is an error reply, having decided
+    // nothing.
+    let head = || {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&sha);
+        cmd
+    };
+    across_runs::malformed_batches(&mut raw, head, "a", &[&now, "1", "40:1000000:40"], &prefix);
 }

@@ -2,10 +2,13 @@
 //! calls of checks at a time; a check that finds them all in flight waits,
 //! and the checks that waited go together in one call, whatever their
 //! subjects and policies, in arrival order: `FCALL` of the library's
-//! `mixed` (mixed.lua), each run as the function it would have been sent
-//! to alone, or on the `EVALSHA` path one `EVALSHA` of the script of such
+//! `mixed` (mixed.lua), each check run as the function it would have been
+//! sent to alone, or on the `EVALSHA` path one `EVALSHA` of the script of such
 //! batches (mixed_script.lua), each decided as the check script composed
-//! for its policy set would alone. So under load a store makes about
+//! for its policy set would alone. Consecutive checks sent to the same
+//! function (or plan) with the same counts go as one run that names it
+//! once (lua/batch_each.lua): a batch of one policy set sends each check's
+//! arguments and nothing more. So under load a store makes about
 //! `IN_FLIGHT` calls per round trip instead of one per check, and a check
 //! that finds a call free is sent at once: nothing waits for a batch to
 //! fill.
@@ -390,39 +393,40 @@ fn fail(batch: Vec<Queued>, error: StoreError) -> Option<StoreError> {
 }
 
 /// `FCALL <mixed> <keys> <every check's keys> <m> [<function> <keys>
-/// <arguments> <arguments...>]...`: each check's own function, keys and
-/// arguments, as it sends them alone, its keys moved to the front.
+/// <arguments> <checks> <arguments...>...]...`: runs of consecutive checks
+/// sent alone to the same function with the same counts, then each
+/// check's arguments as it sends them alone, its keys moved to the front.
 fn command(function: &str, batch: &[Queued]) -> Result<redis::Cmd, StoreError> {
     let mut cmd = redis::cmd("FCALL");
     cmd.arg(function);
-    across(cmd, batch, |call, cmd, arguments| {
+    across(cmd, batch, |call, arguments| {
         call.push_alone_arguments(arguments)?;
-        cmd.arg(call.function());
-        Ok(())
+        Ok(call.function())
     })
 }
 
 /// `EVALSHA <mixed script> <keys> <every check's keys> <m> [<plan> <keys>
-/// <arguments> <arguments...>]...`: each check's plan letters, keys and the
-/// arguments of the check script composed for its policy set, its keys
-/// moved to the front (mixed_script.lua).
+/// <arguments> <checks> <arguments...>...]...`: runs of consecutive checks
+/// of the same plan letters and counts, then each check's arguments of the
+/// check script composed for its policy set, its keys moved to the front
+/// (mixed_script.lua).
 fn script_command(script: &LuaScript, batch: &[Queued]) -> Result<redis::Cmd, StoreError> {
-    across(script.call_cmd(), batch, |call, cmd, arguments| {
+    across(script.call_cmd(), batch, |call, arguments| {
         call.push_script_arguments(arguments)?;
-        cmd.arg(call.letters()?.as_slice());
-        Ok(())
+        call.letters()
     })
 }
 
 /// The rest of a batch's command after what it calls (`cmd`): the number
-/// of keys and every check's keys, the number of checks, then for each
-/// check what `each` names it by (pushed on `cmd`) and its key and
-/// argument counts and the arguments `each` writes into a scratch command
-/// (one, cleared for each check).
-fn across(
+/// of keys and every check's keys, the number of checks, then the runs
+/// (lua/batch_each.lua): consecutive checks that `each` names alike (it
+/// writes a check's arguments and returns what the check is sent to) with
+/// the same key and argument counts go as one run, its name, counts and
+/// number of checks once, then each check's arguments, in arrival order.
+fn across<'a, N: AsRef<[u8]> + PartialEq>(
     mut cmd: redis::Cmd,
-    batch: &[Queued],
-    each: impl Fn(&Call, &mut redis::Cmd, &mut redis::Cmd) -> Result<(), StoreError>,
+    batch: &'a [Queued],
+    each: impl Fn(&'a Call, &mut redis::Cmd) -> Result<N, StoreError>,
 ) -> Result<redis::Cmd, StoreError> {
     let keys: usize = batch.iter().map(|queued| queued.call.keys().len()).sum();
     cmd.arg(keys);
@@ -432,13 +436,28 @@ fn across(
         }
     }
     cmd.arg(batch.len());
-    let mut scratch = redis::Cmd::new();
+    // Every check's arguments, in order (sized for a few short ones
+    // each), and the runs: (name, keys, arguments, checks).
+    let mut arguments = redis::Cmd::with_capacity(4 * batch.len(), 48 * batch.len());
+    let mut runs: Vec<(N, usize, usize, usize)> = Vec::new();
     for queued in batch {
-        scratch.clear();
-        each(&queued.call, &mut cmd, &mut scratch)?;
-        cmd.arg(queued.call.keys().len())
-            .arg(scratch.args_iter().len());
-        for argument in scratch.args_iter() {
+        let before = arguments.args_iter().len();
+        let name = each(&queued.call, &mut arguments)?;
+        let counts = (
+            queued.call.keys().len(),
+            arguments.args_iter().len() - before,
+        );
+        match runs.last_mut() {
+            Some((last, keys, count, checks)) if *last == name && (*keys, *count) == counts => {
+                *checks += 1;
+            }
+            _ => runs.push((name, counts.0, counts.1, 1)),
+        }
+    }
+    let mut arguments = arguments.args_iter();
+    for (name, keys, count, checks) in &runs {
+        cmd.arg(name.as_ref()).arg(*keys).arg(*count).arg(*checks);
+        for argument in arguments.by_ref().take(count * checks) {
             if let redis::Arg::Simple(bytes) = argument {
                 cmd.arg(bytes);
             }

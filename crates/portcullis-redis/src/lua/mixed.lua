@@ -7,11 +7,13 @@
 -- fail the whole reply at the client); the others are decided as always.
 -- (Library only: after every function it names.)
 --
--- mixed(keys, args): ARGV[1] = m, the number of checks; then, per check,
--- its function's name, its number of keys, its number of arguments and
--- those arguments; KEYS: every check's keys, in the same order. Keys of
--- one call must share a slot on a Cluster, so the client batches across
--- subjects only on a standalone server (or behind Sentinel).
+-- mixed(keys, args): ARGV[1] = m, the number of checks; then runs of
+-- consecutive checks sent to one function with the same counts: the
+-- function's name, the number of keys and of arguments of each check, the
+-- number of checks, then each check's arguments (batch_each.lua); KEYS:
+-- every check's keys, in the same order. Keys of one call must share a
+-- slot on a Cluster, so the client batches across subjects only on a
+-- standalone server (or behind Sentinel).
 local MIXED = {
   [FN_CHECK] = call,
   [FN_GCRA] = gcra_fast,
@@ -27,13 +29,19 @@ local MIXED = {
   [FN_QUEUE_FAST] = leaky_queue_fast,
   [FN_LOG_FAST] = sliding_log_fast,
 }
+local function known(name)
+  return MIXED[name] ~= nil
+end
 local function mixed(keys, args, no_new_keys)
-  local m = tonumber(args[1])
-  if m == nil or m < 1 then
-    return redis.error_reply('ERR portcullis: a mixed batch starts with its number of checks; upgrade portcullis-redis')
+  -- Every run's counts read before any check runs: a malformed batch is
+  -- an error reply having written nothing.
+  local bad = batch_error(keys, args, known, 'function')
+  if bad ~= nil then
+    return bad
   end
+  local m = tonumber(args[1])
   local replies = {}
-  local a, k = 2, 0
+  local a, k, j = 2, 0, 0
   -- The batch's instant, for the checks sent without a client time (each
   -- function reads now at `at`, ARGV[2] or, for gcra_multi, after its
   -- policies; absent or '' for TIME): one TIME for
@@ -44,25 +52,24 @@ local function mixed(keys, args, no_new_keys)
   -- functions keep nothing of them; whatever one appended is cleared with
   -- the rest): no table per check.
   local check_keys, check_args = {}, {}
-  for j = 1, m do
-    local run = MIXED[args[a]]
-    local nk, na = tonumber(args[a + 1]), tonumber(args[a + 2])
-    if run == nil or nk == nil or na == nil or k + nk > #keys or a + 2 + na > #args then
-      return redis.error_reply('ERR portcullis: a mixed batch names an unknown function or miscounts; upgrade portcullis-redis')
+  while j < m do
+    local name = args[a]
+    local run = MIXED[name]
+    local nk, na, n = tonumber(args[a + 1]), tonumber(args[a + 2]), tonumber(args[a + 3])
+    local at = name == FN_GCRA_MULTI and nk + 2 or 2
+    a = a + 4
+    for _ = 1, n do
+      j = j + 1
+      refill(check_keys, keys, k, nk)
+      refill(check_args, args, a - 1, na)
+      if check_args[at] == nil or check_args[at] == '' then
+        now = batch_now(now)
+        check_args[at] = now
+      end
+      replies[j] = each_reply(pcall(run, check_keys, check_args, no_new_keys))
+      k = k + nk
+      a = a + na
     end
-    refill(check_keys, keys, k, nk)
-    refill(check_args, args, a + 2, na)
-    local at = args[a] == FN_GCRA_MULTI and nk + 2 or 2
-    if check_args[at] == nil or check_args[at] == '' then
-      now = batch_now(now)
-      check_args[at] = now
-    end
-    replies[j] = each_reply(pcall(run, check_keys, check_args, no_new_keys))
-    k = k + nk
-    a = a + 3 + na
-  end
-  if k ~= #keys or a ~= #args + 1 then
-    return redis.error_reply('ERR portcullis: a mixed batch has arguments left over; upgrade portcullis-redis')
   end
   return replies
 end

@@ -11,10 +11,12 @@
 -- batch_each.lua.)
 --
 -- mixed_script(keys, args, no_new_keys): ARGV[1] = m, the number of
--- checks; then, per check, its plan (one letter per policy, plan.lua), its
--- number of keys, its number of arguments and those arguments (the check
--- script's: now or '', the cost, the policies); KEYS: every check's keys,
--- in the same order. Standalone servers and Sentinel only, as mixed.lua.
+-- checks; then runs of consecutive checks of one plan with the same
+-- counts: the plan (one letter per policy, plan.lua), the number of keys
+-- and of arguments of each check, the number of checks, then each check's
+-- arguments (the check script's: now or '', the cost, the policies;
+-- batch_each.lua); KEYS: every check's keys, in the same order.
+-- Standalone servers and Sentinel only, as mixed.lua.
 --
 -- A write Redis refuses for the server's state (OOM at maxmemory, READONLY
 -- on a replica, NOREPLICAS, MISCONF) fails the whole call, as it fails a
@@ -35,51 +37,45 @@ local function refused_write(failed)
   return false
 end
 
+local function known(letters)
+  return plan(letters) ~= nil
+end
 local function mixed_script(keys, args, no_new_keys)
-  local m = tonumber(args[1])
-  if m == nil or m < 1 then
-    return redis.error_reply('ERR portcullis: a mixed batch starts with its number of checks; upgrade portcullis-redis')
-  end
-  -- Every check's plan and counts read before any check runs: a call
+  -- Every run's plan and counts read before any check runs: a call
   -- refused here wrote nothing.
-  local plans = {}
-  local a, k = 2, 0
-  for j = 1, m do
-    local p = plan(args[a])
-    local nk, na = tonumber(args[a + 1]), tonumber(args[a + 2])
-    if p == nil or nk == nil or na == nil or na < 1 or k + nk > #keys or a + 2 + na > #args then
-      return redis.error_reply('ERR portcullis: a mixed batch names an unknown plan or miscounts; upgrade portcullis-redis')
-    end
-    plans[j] = p
-    k = k + nk
-    a = a + 3 + na
+  local bad = batch_error(keys, args, known, 'plan')
+  if bad ~= nil then
+    return bad
   end
-  if k ~= #keys or a ~= #args + 1 then
-    return redis.error_reply('ERR portcullis: a mixed batch has arguments left over; upgrade portcullis-redis')
-  end
+  local m = tonumber(args[1])
   local replies = {}
-  a, k = 2, 0
+  local a, k, j = 2, 0, 0
   -- The batch's instant, for the checks sent without a client time (ARGV[1]
   -- of a check script, '' for TIME): one TIME for the batch, as mixed.lua
   -- reads it.
   local now
   -- One table of keys and one of arguments, refilled for each check.
   local check_keys, check_args = {}, {}
-  for j = 1, m do
-    local nk, na = tonumber(args[a + 1]), tonumber(args[a + 2])
-    refill(check_keys, keys, k, nk)
-    refill(check_args, args, a + 2, na)
-    if check_args[1] == '' then
-      now = batch_now(now)
-      check_args[1] = now
+  while j < m do
+    local p = plan(args[a])
+    local nk, na, n = tonumber(args[a + 1]), tonumber(args[a + 2]), tonumber(args[a + 3])
+    a = a + 4
+    for _ = 1, n do
+      j = j + 1
+      refill(check_keys, keys, k, nk)
+      refill(check_args, args, a - 1, na)
+      if check_args[1] == '' then
+        now = batch_now(now)
+        check_args[1] = now
+      end
+      local ok, reply = pcall(check, p, check_keys, check_args, 0, no_new_keys)
+      if not ok and refused_write(reply) then
+        error(reply, 0)
+      end
+      replies[j] = each_reply(ok, reply)
+      k = k + nk
+      a = a + na
     end
-    local ok, reply = pcall(check, plans[j], check_keys, check_args, 0, no_new_keys)
-    if not ok and refused_write(reply) then
-      error(reply, 0)
-    end
-    replies[j] = each_reply(ok, reply)
-    k = k + nk
-    a = a + 3 + na
   end
   return replies
 end
