@@ -173,11 +173,14 @@ fn run_test_stages(options: &TestOptions, tools: &Tools, stages: &mut Stages) ->
     let evalsha_result = if options.cargo_args.is_empty() {
         let mut evalsha_env = env.clone();
         evalsha_env.push(("PORTCULLIS_REDIS_CALL_PATH", "evalsha".to_owned()));
+        // `--workspace`, as the stage above: selecting the tests package
+        // alone unifies the dependencies' features differently and rebuilds
+        // Tokio, Axum and the tests (about a minute of CI's 2 cores); the
+        // two binaries are the tests package's only.
         let mut args: Vec<String> = [
             "test",
             "--no-fail-fast",
-            "-p",
-            "portcullis-tests",
+            "--workspace",
             "--test",
             EVALSHA_BINARY,
             "--test",
