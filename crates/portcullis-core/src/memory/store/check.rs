@@ -3,6 +3,8 @@
 //! charged inline in the caller (`hot_path.rs`), everything else one call
 //! out of line, under the shard's write lock or through the general
 //! path.
+//!
+//! [`Store::check`]: crate::Store::check
 
 use super::super::entry::Entry;
 use super::super::key::Key;
@@ -18,6 +20,8 @@ impl MemoryStore {
     /// lock, the compare-and-swap), so that a caller that never reads a
     /// figure of the decision does not compute it; everything else is one
     /// call out of line.
+    ///
+    /// [`Store::check`]: crate::Store::check
     #[inline(always)]
     pub(super) fn check_sync(
         &self,
@@ -89,6 +93,9 @@ impl MemoryStore {
     ///
     /// As [`Store::check`]: a bad request (no policies, duplicate names,
     /// a cost above a capacity) and a full store ([`StoreError::Full`]).
+    ///
+    /// [`Store::check`]: crate::Store::check
+    /// [`Store::check_denial_now`]: crate::Store::check_denial_now
     #[inline]
     pub fn check_denial(
         &self,

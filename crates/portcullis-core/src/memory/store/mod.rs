@@ -98,6 +98,8 @@ pub const DEFAULT_MAX_KEYS: usize = 1 << 18;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```
+///
+/// [`MAX_PLAIN_SUBJECT_LEN`]: crate::subject::MAX_PLAIN_SUBJECT_LEN
 #[derive(Clone)]
 pub struct MemoryStore {
     pub(super) inner: Arc<Inner>,
@@ -212,6 +214,8 @@ impl MemoryStore {
     /// let worst = MemoryStore::bytes_per_entry() * 16 / 7 * default_max_keys;
     /// assert!(worst < 32 << 20, "the default bound stays under 32 MiB");
     /// ```
+    ///
+    /// [`MAX_PLAIN_SUBJECT_LEN`]: crate::subject::MAX_PLAIN_SUBJECT_LEN
     #[must_use]
     pub const fn bytes_per_entry() -> usize {
         std::mem::size_of::<Entry>() + 1
