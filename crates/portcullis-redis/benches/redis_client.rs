@@ -1,7 +1,12 @@
 //! What a Redis check costs the instance that makes it: client
 //! instructions per check of `RedisStore::check` (callgrind, the whole
 //! client — the store, the `redis` crate's connection task, Tokio — on one
-//! thread), for one check at a time and for 16 tasks checking at once.
+//! thread), for one check at a time and for 16 tasks checking at once,
+//! and for 16 tasks on a store with a local budget, checked as the layer
+//! checks (`Store::check_now`, then `Store::check` when it does not
+//! answer): subjects seen about once each, as in `cargo xtask bench
+//! scale`'s 100k-subject row, are never granted, so this is what the
+//! budget adds to an exact check.
 //! Issue 35's "× the bare app" is bounded by this cost: the instances of
 //! `cargo xtask bench scale` spend their CPU on it beside the HTTP
 //! serving.
@@ -10,7 +15,7 @@
 //! `valgrind`; `PORTCULLIS_REDIS_SERVER` names the server, else
 //! `redis-server` on the path). The bench starts a redis-server pinned to
 //! core 0 and re-runs itself under `valgrind --tool=callgrind`
-//! (`PORTCULLIS_BENCH_CHILD=<tasks>:<checks per task>`), counting only the
+//! (`PORTCULLIS_BENCH_CHILD=<tasks>:<checks per task>[:budget]`), counting only the
 //! function that runs the measured checks (`--toggle-collect`, its exact
 //! name: a pattern that also matched the closures inside it would toggle
 //! the count off again in every task): a current-thread runtime, so the
@@ -28,8 +33,9 @@
 
 use std::process::Command;
 use std::sync::Arc;
+use std::time::Duration;
 
-use portcullis::redis::RedisStore;
+use portcullis::redis::{LocalBudget, RedisStore};
 use portcullis::{Policy, Store};
 
 #[path = "support/server.rs"]
@@ -47,20 +53,22 @@ fn main() {
     }
     let server = Server::start(false);
     println!("client instructions per check (callgrind, whole client on one thread):");
-    for tasks in [1_u64, 16] {
-        let small = instructions(&server, tasks, SMALL);
-        let large = instructions(&server, tasks, LARGE);
+    for (tasks, budget) in [(1_u64, false), (16, false), (16, true)] {
+        let small = instructions(&server, tasks, SMALL, budget);
+        let large = instructions(&server, tasks, LARGE, budget);
         #[allow(clippy::cast_precision_loss)]
         let per_check = large.saturating_sub(small) as f64 / (tasks * (LARGE - SMALL)) as f64;
-        println!("  {tasks:>2} task(s) checking at once: {per_check:>8.0}");
+        let what = if budget { ", local budget" } else { "" };
+        println!("  {tasks:>2} task(s) checking at once{what}: {per_check:>8.0}");
     }
 }
 
-/// Instructions of one child run of `tasks` tasks, `per` checks each.
-fn instructions(server: &Server, tasks: u64, per: u64) -> u64 {
+/// Instructions of one child run of `tasks` tasks, `per` checks each, on
+/// a store with a local budget when `budget`.
+fn instructions(server: &Server, tasks: u64, per: u64, budget: bool) -> u64 {
     let exe = std::env::current_exe().expect("the bench's path");
     let out = std::env::temp_dir().join(format!(
-        "portcullis-redis-client-{}-{tasks}-{per}.out",
+        "portcullis-redis-client-{}-{tasks}-{per}-{budget}.out",
         std::process::id()
     ));
     let output = Command::new("valgrind")
@@ -69,7 +77,10 @@ fn instructions(server: &Server, tasks: u64, per: u64) -> u64 {
         .arg("--toggle-collect=*::portcullis_callgrind_measured")
         .arg(format!("--callgrind-out-file={}", out.display()))
         .arg(&exe)
-        .env(CHILD, format!("{tasks}:{per}"))
+        .env(
+            CHILD,
+            format!("{tasks}:{per}{}", if budget { ":budget" } else { "" }),
+        )
         .env("PORTCULLIS_REDIS_URL", server.url())
         .output()
         .expect("valgrind runs (apt-get install valgrind)");
@@ -85,10 +96,14 @@ fn instructions(server: &Server, tasks: u64, per: u64) -> u64 {
 
 /// The child: a warm-up round, then the measured one.
 fn child(spec: &str) {
+    let (spec, budget) = match spec.strip_suffix(":budget") {
+        Some(spec) => (spec, true),
+        None => (spec, false),
+    };
     let (tasks, per) = spec
         .split_once(':')
         .and_then(|(t, p)| Some((t.parse::<u64>().ok()?, p.parse::<u64>().ok()?)))
-        .expect("<tasks>:<checks per task>");
+        .expect("<tasks>:<checks per task>[:budget]");
     let url = std::env::var("PORTCULLIS_REDIS_URL").expect("the parent passes the URL");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -96,7 +111,19 @@ fn child(spec: &str) {
         .expect("a runtime");
     let store = Arc::new(
         runtime
-            .block_on(RedisStore::builder().url(url).build())
+            .block_on(
+                if budget {
+                    // The scale bench's budget.
+                    RedisStore::builder().url(url).local_budget(
+                        LocalBudget::new()
+                            .max_permits(64)
+                            .grant_period(Duration::from_millis(100)),
+                    )
+                } else {
+                    RedisStore::builder().url(url)
+                }
+                .build(),
+            )
             .expect("the store connects"),
     );
     let policies: Arc<[Policy]> = Arc::from([Policy::per_second(1_000_000)
@@ -147,10 +174,13 @@ fn portcullis_callgrind_measured(
                 tokio::spawn(async move {
                     let mut admitted = 0;
                     for subject in &subjects {
-                        let verdict = store
-                            .check(subject, &policies, 1)
-                            .await
-                            .expect("the check is answered");
+                        // As the layer asks: at once first (a store
+                        // without a budget answers `None` at once).
+                        let verdict = match store.check_now(subject, &policies, 1) {
+                            Some(verdict) => verdict,
+                            None => store.check(subject, &policies, 1).await,
+                        }
+                        .expect("the check is answered");
                         admitted += u64::from(verdict.is_allowed());
                     }
                     admitted

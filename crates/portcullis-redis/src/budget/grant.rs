@@ -29,7 +29,7 @@ impl Drop for Granting {
     fn drop(&mut self) {
         if !self.done {
             self.budget.grant_ended(
-                &self.key,
+                self.key.as_bytes(),
                 self.ask,
                 self.cost,
                 None,
@@ -121,7 +121,7 @@ pub(crate) async fn grant(
     };
     let received = caller.clock.budget_time();
     guard.budget.grant_ended(
-        &guard.key,
+        guard.key.as_bytes(),
         want,
         cost,
         share,

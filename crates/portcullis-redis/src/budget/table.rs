@@ -4,13 +4,13 @@
 //! says of Redis' state (how long a denial holds), and its demand;
 //! [`Budget::take`] says what a check does with it.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use hashbrown::HashTable;
 use portcullis_core::{Decision, Policy, Verdict};
 
 use super::LocalBudget;
@@ -227,15 +227,33 @@ pub(crate) struct Ask {
 /// busy subjects is not scanned for every new one).
 #[derive(Default)]
 struct Shard {
-    slots: HashMap<Box<str>, Slot>,
+    slots: HashTable<Keyed>,
     sweep_after: usize,
+}
+
+/// A subject's slot under its key (the bytes of its Redis key).
+struct Keyed {
+    key: Box<[u8]>,
+    slot: Slot,
+}
+
+impl Shard {
+    /// The slot of `key`, whose hash is `hash`.
+    fn get_mut(&mut self, hash: u64, key: &[u8]) -> Option<&mut Slot> {
+        self.slots
+            .find_mut(hash, |keyed| &*keyed.key == key)
+            .map(|keyed| &mut keyed.slot)
+    }
 }
 
 /// The budgets of the subjects of one store.
 pub(crate) struct Budget {
     config: LocalBudget,
     shards: Box<[Mutex<Shard>]>,
-    hasher: std::collections::hash_map::RandomState,
+    /// One hash of a key picks its shard and finds it there: foldhash,
+    /// seeded per store as the coalescer's and the memory store's tables
+    /// (keys carry client-chosen subjects).
+    hasher: foldhash::fast::RandomState,
     /// The last generation given to a slot.
     generations: AtomicU64,
 }
@@ -251,7 +269,7 @@ impl Budget {
         Self {
             config,
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            hasher: std::collections::hash_map::RandomState::new(),
+            hasher: foldhash::fast::RandomState::default(),
             generations: AtomicU64::new(0),
         }
     }
@@ -271,30 +289,37 @@ impl Budget {
         self.generations.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
-        let index = (self.hasher.hash_one(key) as usize) & (SHARDS - 1);
+    /// `key`'s hash and its shard, locked.
+    fn shard(&self, key: &[u8]) -> (u64, MutexGuard<'_, Shard>) {
+        let hash = self.hasher.hash_one(key);
+        // Bits the shard's table does not index by (its low bits) nor tag
+        // with (its top seven), so that a shard's keys spread over all of
+        // its buckets.
+        let index = ((hash >> 32) as usize) & (SHARDS - 1);
         // Every change under the lock leaves the table consistent.
-        self.shards[index]
+        let shard = self.shards[index]
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner);
+        (hash, shard)
     }
 
     /// What the check of `cost` of the subject whose state is `key` does
     /// at `now` (µs of [`ClockMode::budget_time`](crate::clock::ClockMode::budget_time)).
-    pub(crate) fn take(&self, key: &str, policy: &Policy, cost: u64, now: u64) -> Take {
+    pub(crate) fn take(&self, key: &[u8], policy: &Policy, cost: u64, now: u64) -> Take {
         let grant = u64::try_from(self.config.grant_period.as_micros()).unwrap_or(u64::MAX);
         let limit_per_shard = self.config.max_subjects.div_ceil(SHARDS);
-        let mut shard = self.shard(key);
+        let (hash, mut shard) = self.shard(key);
         let shard = &mut *shard;
-        if !shard.slots.contains_key(key) {
+        if shard.get_mut(hash, key).is_none() {
             if shard.slots.len() >= limit_per_shard {
                 if shard.sweep_after > 0 {
                     shard.sweep_after -= 1;
                     return Take::Exact;
                 }
                 // Forget subjects idle for two grant periods.
-                shard.slots.retain(|_, slot| {
-                    slot.granting || now.saturating_sub(slot.period_start) < grant.saturating_mul(2)
+                shard.slots.retain(|keyed| {
+                    keyed.slot.granting
+                        || now.saturating_sub(keyed.slot.period_start) < grant.saturating_mul(2)
                 });
                 if shard.slots.len() >= limit_per_shard {
                     // Still full: the next eighth of a shard's worth of new
@@ -305,11 +330,16 @@ impl Budget {
                 }
             }
             let generation = self.next_generation();
-            shard
-                .slots
-                .insert(key.into(), Slot::new(Numbers::of(policy), generation, now));
+            shard.slots.insert_unique(
+                hash,
+                Keyed {
+                    key: key.into(),
+                    slot: Slot::new(Numbers::of(policy), generation, now),
+                },
+                |keyed| self.hasher.hash_one(&*keyed.key),
+            );
         }
-        let Some(slot) = shard.slots.get_mut(key) else {
+        let Some(slot) = shard.get_mut(hash, key) else {
             return Take::Exact;
         };
         if slot.numbers != Numbers::of(policy) {
@@ -343,20 +373,25 @@ impl Budget {
     /// instance's grants and denials for it are dropped, and a grant call
     /// in flight (sent before the reset, so maybe charged or denied by the
     /// state it removed) answers into nothing.
-    pub(crate) fn forget(&self, key: &str) {
-        if let Some(slot) = self.shard(key).slots.get_mut(key) {
+    pub(crate) fn forget(&self, key: &[u8]) {
+        let (hash, mut shard) = self.shard(key);
+        if let Some(slot) = shard.get_mut(hash, key) {
             slot.drop_answers(self.next_generation());
         }
     }
 
     /// The answer of this instance alone for a check of `cost` of `key` at
     /// `now`, when it has one (see `Slot::answer`); `None` changes nothing.
-    pub(crate) fn local(&self, key: &str, policy: &Policy, cost: u64, now: u64) -> Option<Verdict> {
+    pub(crate) fn local(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        cost: u64,
+        now: u64,
+    ) -> Option<Verdict> {
         let grant = u64::try_from(self.config.grant_period.as_micros()).unwrap_or(u64::MAX);
-        self.shard(key)
-            .slots
-            .get_mut(key)?
-            .answer(policy, cost, now, grant)
+        let (hash, mut shard) = self.shard(key);
+        shard.get_mut(hash, key)?.answer(policy, cost, now, grant)
     }
 
     /// A grant call for `key` asked as `ask`, sent at `sent` and answered
@@ -366,17 +401,16 @@ impl Budget {
     /// `cost` slots when `admitted`.
     pub(super) fn grant_ended(
         &self,
-        key: &str,
+        key: &[u8],
         ask: Ask,
         cost: u64,
         share: Option<Share>,
         admitted: bool,
         (sent, received): (u64, u64),
     ) {
-        let mut shard = self.shard(key);
+        let (hash, mut shard) = self.shard(key);
         let Some(slot) = shard
-            .slots
-            .get_mut(key)
+            .get_mut(hash, key)
             .filter(|slot| slot.generation == ask.generation)
         else {
             // Reset, or the numbers changed, since it was sent.

@@ -36,7 +36,7 @@ fn answered(
     at: u64,
 ) {
     budget.grant_ended(
-        key,
+        key.as_bytes(),
         want,
         1,
         Some(Share { slots, lead }),
@@ -52,21 +52,21 @@ fn a_quiet_subject_is_never_granted_and_a_busy_one_is() {
     // One check per grant period: exact every time.
     for i in 0..5 {
         assert!(matches!(
-            budget.take("k", &policy, 1, i * 150 * MS),
+            budget.take(b"k", &policy, 1, i * 150 * MS),
             Take::Exact
         ));
     }
     // Ten checks in one period: the next period grants ten.
     for _ in 0..10 {
-        assert!(matches!(budget.take("busy", &policy, 1, 0), Take::Exact));
+        assert!(matches!(budget.take(b"busy", &policy, 1, 0), Take::Exact));
     }
-    let Take::Grant(want) = budget.take("busy", &policy, 1, 100 * MS) else {
+    let Take::Grant(want) = budget.take(b"busy", &policy, 1, 100 * MS) else {
         panic!("a busy subject should grant");
     };
     assert_eq!(want.permits, 10);
     // While the grant is in flight, checks are exact.
     assert!(matches!(
-        budget.take("busy", &policy, 1, 100 * MS),
+        budget.take(b"busy", &policy, 1, 100 * MS),
         Take::Exact
     ));
     // Redis' state held 100 ms (100 permits) then: remaining 900 before
@@ -80,7 +80,7 @@ fn a_quiet_subject_is_never_granted_and_a_busy_one_is() {
         100 * MS,
     );
     for admitted in 2..=10 {
-        let Take::Local(verdict) = budget.take("busy", &policy, 1, 101 * MS) else {
+        let Take::Local(verdict) = budget.take(b"busy", &policy, 1, 101 * MS) else {
             panic!("the share should admit");
         };
         assert!(verdict.is_allowed());
@@ -88,7 +88,7 @@ fn a_quiet_subject_is_never_granted_and_a_busy_one_is() {
     }
     // Spent: the next check grants again (or goes exact).
     assert!(!matches!(
-        budget.take("busy", &policy, 1, 102 * MS),
+        budget.take(b"busy", &policy, 1, 102 * MS),
         Take::Local(_)
     ));
 }
@@ -98,14 +98,14 @@ fn a_grant_ends_one_period_after_it_was_sent() {
     let budget = Budget::new(LocalBudget::new().grant_period(Duration::from_millis(100)));
     let policy = policy();
     for _ in 0..20 {
-        budget.take("k", &policy, 1, 0);
+        budget.take(b"k", &policy, 1, 0);
     }
-    let Take::Grant(want) = budget.take("k", &policy, 1, 100 * MS) else {
+    let Take::Grant(want) = budget.take(b"k", &policy, 1, 100 * MS) else {
         panic!("a busy subject should grant");
     };
     // Sent at 100 ms, answered at 150 ms: spendable until 200 ms.
     budget.grant_ended(
-        "k",
+        b"k",
         want,
         1,
         Some(Share {
@@ -116,11 +116,11 @@ fn a_grant_ends_one_period_after_it_was_sent() {
         (100 * MS, 150 * MS),
     );
     assert!(matches!(
-        budget.take("k", &policy, 1, 199 * MS),
+        budget.take(b"k", &policy, 1, 199 * MS),
         Take::Local(_)
     ));
     assert!(!matches!(
-        budget.take("k", &policy, 1, 200 * MS),
+        budget.take(b"k", &policy, 1, 200 * MS),
         Take::Local(_)
     ));
 }
@@ -134,16 +134,16 @@ fn a_denial_is_held_until_redis_could_admit_the_cost() {
         .build()
         .unwrap();
     for _ in 0..20 {
-        budget.take("k", &policy, 2, 0);
+        budget.take(b"k", &policy, 2, 0);
     }
-    let Take::Grant(want) = budget.take("k", &policy, 2, 100 * MS) else {
+    let Take::Grant(want) = budget.take(b"k", &policy, 2, 100 * MS) else {
         panic!("a busy subject should grant");
     };
     // No slot fit this cost (the state 95 ms ahead, capacity 100 ms,
     // interval 10 ms): a cost of 2 fits Redis 15 ms after the call, a
     // cost of 1 after 5 ms.
     budget.grant_ended(
-        "k",
+        b"k",
         want,
         2,
         Some(Share {
@@ -153,19 +153,19 @@ fn a_denial_is_held_until_redis_could_admit_the_cost() {
         false,
         (100 * MS, 100 * MS),
     );
-    let Take::Local(verdict) = budget.take("k", &policy, 2, 110 * MS) else {
+    let Take::Local(verdict) = budget.take(b"k", &policy, 2, 110 * MS) else {
         panic!("the denial should be held here");
     };
     assert!(!verdict.is_allowed());
     assert_eq!(verdict.retry_after(), Some(Duration::from_millis(5)));
-    assert!(matches!(budget.take("k", &policy, 1, 104 * MS), Take::Local(v) if !v.is_allowed()));
+    assert!(matches!(budget.take(b"k", &policy, 1, 104 * MS), Take::Local(v) if !v.is_allowed()));
     // A cost of 1 may fit by 105 ms: asked of Redis. While that call is
     // in flight, the subject at its limit is denied here.
     assert!(matches!(
-        budget.take("k", &policy, 1, 105 * MS),
+        budget.take(b"k", &policy, 1, 105 * MS),
         Take::Grant(_)
     ));
-    assert!(matches!(budget.take("k", &policy, 2, 115 * MS), Take::Local(v) if !v.is_allowed()));
+    assert!(matches!(budget.take(b"k", &policy, 2, 115 * MS), Take::Local(v) if !v.is_allowed()));
 }
 
 /// Under a flood (the state at its capacity), a share's slots are
@@ -190,9 +190,9 @@ fn a_rate_share_is_dispensed_on_the_gcra_schedule() {
     // The state at its capacity: slot j is due at t + j ms. 64 slots.
     let Take::Grant(want) = ({
         for _ in 0..200 {
-            budget.take("flood", &policy, 1, 0);
+            budget.take(b"flood", &policy, 1, 0);
         }
-        budget.take("flood", &policy, 1, t)
+        budget.take(b"flood", &policy, 1, t)
     }) else {
         panic!("a flooding subject should grant");
     };
@@ -206,7 +206,7 @@ fn a_rate_share_is_dispensed_on_the_gcra_schedule() {
         // Four checks every quarter of a millisecond.
         let now = t + tick * 250;
         for _ in 0..4 {
-            match budget.take("flood", &policy, 1, now) {
+            match budget.take(b"flood", &policy, 1, now) {
                 Take::Local(verdict) if verdict.is_allowed() => {
                     admitted += 1;
                     // Slot `admitted` is due at t + admitted ms.
@@ -230,7 +230,7 @@ fn a_rate_share_is_dispensed_on_the_gcra_schedule() {
                     assert!(now >= t + 65 * MS, "asked Redis at {now}");
                     // While the call is in flight, answered here.
                     assert!(matches!(
-                        budget.take("flood", &policy, 1, now),
+                        budget.take(b"flood", &policy, 1, now),
                         Take::Local(v) if !v.is_allowed()
                     ));
                     return;
@@ -255,9 +255,9 @@ fn a_share_of_none_holds_the_denial_for_the_grant_period() {
     let want = busy(&budget, "k", &policy);
     // 50 ms of capacity and the whole 100 ms horizon reserved.
     answered(&budget, "k", want, (0, 150 * MS), false, 100 * MS);
-    assert!(matches!(budget.take("k", &policy, 1, 199 * MS), Take::Local(v) if !v.is_allowed()));
+    assert!(matches!(budget.take(b"k", &policy, 1, 199 * MS), Take::Local(v) if !v.is_allowed()));
     assert!(matches!(
-        budget.take("k", &policy, 1, 200 * MS),
+        budget.take(b"k", &policy, 1, 200 * MS),
         Take::Grant(_)
     ));
 }
@@ -267,7 +267,12 @@ fn a_full_table_checks_new_subjects_exactly() {
     let budget = Budget::new(LocalBudget::new().max_subjects(SHARDS));
     let policy = policy();
     let exact = (0..1_000)
-        .filter(|i| matches!(budget.take(&format!("s{i}"), &policy, 1, 0), Take::Exact))
+        .filter(|i| {
+            matches!(
+                budget.take(format!("s{i}").as_bytes(), &policy, 1, 0),
+                Take::Exact
+            )
+        })
         .count();
     assert_eq!(exact, 1_000);
     let held: usize = budget
@@ -281,9 +286,9 @@ fn a_full_table_checks_new_subjects_exactly() {
 /// `key` of `policy`, busy at 0, asking for a grant at 100 ms.
 fn busy(budget: &Budget, key: &str, policy: &Policy) -> Ask {
     for _ in 0..20 {
-        budget.take(key, policy, 1, 0);
+        budget.take(key.as_bytes(), policy, 1, 0);
     }
-    let Take::Grant(want) = budget.take(key, policy, 1, 100 * MS) else {
+    let Take::Grant(want) = budget.take(key.as_bytes(), policy, 1, 100 * MS) else {
         panic!("a busy subject should grant");
     };
     want
@@ -299,9 +304,9 @@ fn a_grant_takes_no_more_than_one_grant_period_of_the_rate() {
     );
     let daily = Policy::per_day(10_000).name("api").build().unwrap();
     for _ in 0..1_000 {
-        assert!(matches!(budget.take("k", &daily, 1, 0), Take::Exact));
+        assert!(matches!(budget.take(b"k", &daily, 1, 0), Take::Exact));
     }
-    let Take::Grant(want) = budget.take("k", &daily, 1, 3_600_000 * MS) else {
+    let Take::Grant(want) = budget.take(b"k", &daily, 1, 3_600_000 * MS) else {
         panic!("a busy subject should grant");
     };
     assert_eq!(want.permits, 417);
@@ -310,7 +315,7 @@ fn a_grant_takes_no_more_than_one_grant_period_of_the_rate() {
     let budget = Budget::new(LocalBudget::new().grant_period(Duration::from_secs(1)));
     for i in 0..100 {
         assert!(matches!(
-            budget.take("k", &slow, 1, i * 100 * MS),
+            budget.take(b"k", &slow, 1, i * 100 * MS),
             Take::Exact
         ));
     }
@@ -323,8 +328,8 @@ fn a_denial_is_held_no_longer_than_a_grant_period() {
     let want = busy(&budget, "k", &policy);
     // A state far ahead (a lowered plan): Redis could admit in 10 s.
     answered(&budget, "k", want, (0, 10_000 * MS), false, 100 * MS);
-    assert!(budget.local("k", &policy, 1, 199 * MS).is_some());
-    assert!(budget.local("k", &policy, 1, 200 * MS).is_none());
+    assert!(budget.local(b"k", &policy, 1, 199 * MS).is_some());
+    assert!(budget.local(b"k", &policy, 1, 200 * MS).is_none());
 }
 
 #[test]
@@ -333,40 +338,40 @@ fn a_reset_drops_the_share_the_denial_and_the_call_in_flight() {
     let policy = policy();
     let want = busy(&budget, "a", &policy);
     answered(&budget, "a", want, (want.permits, 0), true, 100 * MS);
-    assert!(budget.local("a", &policy, 1, 100 * MS).is_some());
-    budget.forget("a");
-    assert!(budget.local("a", &policy, 1, 100 * MS).is_none());
+    assert!(budget.local(b"a", &policy, 1, 100 * MS).is_some());
+    budget.forget(b"a");
+    assert!(budget.local(b"a", &policy, 1, 100 * MS).is_none());
 
     // Denied (the state full): held, until the reset.
     let want = busy(&budget, "b", &policy);
     answered(&budget, "b", want, (0, 1_050 * MS), false, 100 * MS);
-    assert!(budget.local("b", &policy, 1, 100 * MS).is_some());
-    budget.forget("b");
-    assert!(budget.local("b", &policy, 1, 100 * MS).is_none());
+    assert!(budget.local(b"b", &policy, 1, 100 * MS).is_some());
+    budget.forget(b"b");
+    assert!(budget.local(b"b", &policy, 1, 100 * MS).is_none());
 
     // Sent before the reset, answered after it: ignored, and the next
     // check may grant again.
     let want = busy(&budget, "c", &policy);
-    budget.forget("c");
+    budget.forget(b"c");
     answered(&budget, "c", want, (0, 1_050 * MS), false, 100 * MS);
-    assert!(budget.local("c", &policy, 1, 100 * MS).is_none());
+    assert!(budget.local(b"c", &policy, 1, 100 * MS).is_none());
     assert!(matches!(
-        budget.take("c", &policy, 1, 100 * MS),
+        budget.take(b"c", &policy, 1, 100 * MS),
         Take::Grant(_)
     ));
 
     // A flood's grant in flight answers here, until the reset.
     let want = busy(&budget, "d", &policy);
     answered(&budget, "d", want, (1, 1_000 * MS), false, 100 * MS);
-    assert!(budget.local("d", &policy, 1, 100 * MS).is_some());
-    assert!(matches!(budget.take("d", &policy, 1, 101 * MS), Take::Local(v) if v.is_allowed()));
+    assert!(budget.local(b"d", &policy, 1, 100 * MS).is_some());
+    assert!(matches!(budget.take(b"d", &policy, 1, 101 * MS), Take::Local(v) if v.is_allowed()));
     assert!(matches!(
-        budget.take("d", &policy, 1, 102 * MS),
+        budget.take(b"d", &policy, 1, 102 * MS),
         Take::Grant(_)
     ));
-    assert!(budget.local("d", &policy, 1, 102 * MS).is_some());
-    budget.forget("d");
-    assert!(budget.local("d", &policy, 1, 102 * MS).is_none());
+    assert!(budget.local(b"d", &policy, 1, 102 * MS).is_some());
+    budget.forget(b"d");
+    assert!(budget.local(b"d", &policy, 1, 102 * MS).is_none());
 }
 
 #[test]
@@ -376,25 +381,25 @@ fn other_numbers_never_get_an_answer_taken_under_the_old_ones() {
     let raised = Policy::per_second(100_000).name("api").build().unwrap();
     let want = busy(&budget, "k", &policy);
     answered(&budget, "k", want, (0, 1_050 * MS), false, 100 * MS);
-    assert!(budget.local("k", &policy, 1, 100 * MS).is_some());
-    assert!(budget.local("k", &raised, 1, 100 * MS).is_none());
+    assert!(budget.local(b"k", &policy, 1, 100 * MS).is_some());
+    assert!(budget.local(b"k", &raised, 1, 100 * MS).is_none());
     // The raised plan's first check asks Redis, and drops the denial:
     // the old plan asks Redis too.
     assert!(!matches!(
-        budget.take("k", &raised, 1, 100 * MS),
+        budget.take(b"k", &raised, 1, 100 * MS),
         Take::Local(_)
     ));
-    assert!(budget.local("k", &policy, 1, 100 * MS).is_none());
+    assert!(budget.local(b"k", &policy, 1, 100 * MS).is_none());
 
     // A share asked under the old numbers, answered after the change:
     // ignored.
     let budget = Budget::new(LocalBudget::new().grant_period(Duration::from_millis(100)));
     let want = busy(&budget, "k", &policy);
     assert!(!matches!(
-        budget.take("k", &raised, 1, 100 * MS),
+        budget.take(b"k", &raised, 1, 100 * MS),
         Take::Local(_)
     ));
     answered(&budget, "k", want, (want.permits, 0), true, 100 * MS);
-    assert!(budget.local("k", &raised, 1, 100 * MS).is_none());
-    assert!(budget.local("k", &policy, 1, 100 * MS).is_none());
+    assert!(budget.local(b"k", &raised, 1, 100 * MS).is_none());
+    assert!(budget.local(b"k", &policy, 1, 100 * MS).is_none());
 }

@@ -18,6 +18,7 @@ use super::RedisStore;
 use crate::budget::{self, Budget, Take};
 use crate::call::{Call, Kind, OptionArgs, PolicySet, Target};
 use crate::coalesce::{self, Entry, Join, Lead};
+use crate::keys::KeyBytes;
 use crate::scripts::{Library, Serving};
 
 /// The future of [`RedisStore::check`]: the core's boxed check future.
@@ -111,7 +112,7 @@ impl Store for RedisStore {
             // lost may still have run.
             if let Some(budget) = &inner.budget {
                 for key in &keys {
-                    budget.forget(key);
+                    budget.forget(key.as_bytes());
                 }
             }
             deleted?;
@@ -226,13 +227,20 @@ impl RedisStore {
         encoded: &str,
         policies: &[Policy],
         cost: u64,
-    ) -> Option<(&Arc<Budget>, String)> {
+    ) -> Option<(&Arc<Budget>, KeyBytes)> {
         let budget = self.inner.budget.as_ref()?;
         let [policy] = policies else {
             return None;
         };
         let takes = cost > 0 && budget.takes(policy) && serving == Serving::WholeGcra;
-        takes.then(|| (budget, self.key(encoded, policy.name())))
+        // The key's bytes on the stack: most checks only look it up (a
+        // grant builds its `String`).
+        takes.then(|| {
+            (
+                budget,
+                self.inner.caller.keys.key_bytes(encoded, policy.name()),
+            )
+        })
     }
 
     /// The check's answer from the local budget (admitted from a grant, or
@@ -251,7 +259,7 @@ impl RedisStore {
             Take::Grant(ask) => Some(Box::pin(budget::grant(
                 Arc::clone(&self.inner.caller),
                 Arc::clone(budget),
-                key,
+                self.key(encoded, policy.name()),
                 policy.clone(),
                 PolicySet::new(policies, serving),
                 cost,
