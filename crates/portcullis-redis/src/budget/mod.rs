@@ -182,7 +182,11 @@ impl LocalBudget {
     }
 
     /// How many subjects the budget tracks at once (at least 1); a subject
-    /// that finds no room is checked exactly. Default: 65 536.
+    /// that finds no room is checked exactly. Default: 65 536. A subject
+    /// idle for two grant periods is forgotten, at the latest two grant
+    /// periods later (or when a new subject finds its part of the table
+    /// full), so the budget holds about the subjects seen in the last few
+    /// grant periods, however many there are in all.
     pub fn max_subjects(mut self, max_subjects: usize) -> Self {
         self.max_subjects = max_subjects.max(1);
         self

@@ -222,13 +222,15 @@ pub(crate) struct Ask {
     generation: u64,
 }
 
-/// One shard: its subjects, and how many new subjects may still be
-/// turned away before a full shard is swept again (so a shard full of
-/// busy subjects is not scanned for every new one).
+/// One shard: its subjects, how many new subjects may still be turned
+/// away before a full shard is swept again (so a shard full of busy
+/// subjects is not scanned for every new one), and when it was last swept.
 #[derive(Default)]
 struct Shard {
     slots: HashTable<Keyed>,
     sweep_after: usize,
+    /// µs of [`ClockMode::budget_time`](crate::clock::ClockMode::budget_time).
+    swept_at: u64,
 }
 
 /// A subject's slot under its key (the bytes of its Redis key).
@@ -311,16 +313,23 @@ impl Budget {
         let (hash, mut shard) = self.shard(key);
         let shard = &mut *shard;
         if shard.get_mut(hash, key).is_none() {
-            if shard.slots.len() >= limit_per_shard {
-                if shard.sweep_after > 0 {
-                    shard.sweep_after -= 1;
-                    return Take::Exact;
-                }
-                // Forget subjects idle for two grant periods.
+            // Subjects idle for two grant periods are forgotten when a new
+            // one finds the shard full, and otherwise at most once per two
+            // grant periods: the table then holds about the subjects of the
+            // last two periods, where a large population's quiet subjects
+            // (each seen once) would fill it to its bound.
+            let idle = grant.saturating_mul(2);
+            let full = shard.slots.len() >= limit_per_shard;
+            let due = now.saturating_sub(shard.swept_at) >= idle;
+            if full && !due && shard.sweep_after > 0 {
+                shard.sweep_after -= 1;
+                return Take::Exact;
+            }
+            if full || due {
                 shard.slots.retain(|keyed| {
-                    keyed.slot.granting
-                        || now.saturating_sub(keyed.slot.period_start) < grant.saturating_mul(2)
+                    keyed.slot.granting || now.saturating_sub(keyed.slot.period_start) < idle
                 });
+                shard.swept_at = now;
                 if shard.slots.len() >= limit_per_shard {
                     // Still full: the next eighth of a shard's worth of new
                     // subjects are checked exactly without a sweep, so a

@@ -283,6 +283,38 @@ fn a_full_table_checks_new_subjects_exactly() {
     assert!(held <= SHARDS, "{held} subjects held, at most {SHARDS}");
 }
 
+#[test]
+fn subjects_seen_once_are_forgotten_after_two_grant_periods() {
+    // A large population's quiet subjects, one new subject every 100 µs
+    // for 10 s (100 grant periods of 100 ms): the table keeps about the
+    // last two periods' (2 000), not its bound of 65 536.
+    let budget = Budget::new(LocalBudget::new().grant_period(Duration::from_millis(100)));
+    let policy = policy();
+    let mut most = 0;
+    for i in 0..100_000_u64 {
+        let taken = budget.take(format!("s{i}").as_bytes(), &policy, 1, i * 100);
+        assert!(
+            matches!(taken, Take::Exact),
+            "a subject seen once is never granted"
+        );
+        if i % 1_000 == 0 {
+            let held: usize = budget
+                .shards
+                .iter()
+                .map(|s| s.lock().unwrap().slots.len())
+                .sum();
+            most = most.max(held);
+        }
+    }
+    // Each shard sweeps at most two periods late: up to four periods'
+    // subjects (4 000) are held at a time.
+    assert!(most <= 4_000, "{most} subjects held");
+    assert!(
+        most >= 2_000,
+        "{most} subjects held: the last two periods' are kept"
+    );
+}
+
 /// `key` of `policy`, busy at 0, asking for a grant at 100 ms.
 fn busy(budget: &Budget, key: &str, policy: &Policy) -> Ask {
     for _ in 0..20 {
