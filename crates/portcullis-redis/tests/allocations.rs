@@ -55,13 +55,19 @@ fn allocations_per_check(
         }
     };
     run(10);
+    blocks_per_check(|| run(CHECKS))
+}
+
+/// The heap blocks `checks` allocates (it makes [`CHECKS`] checks), per
+/// check, rounded: the runtime's own bookkeeping allocates now and then
+/// (a few blocks over the whole run), a budget's table grows (about one
+/// block in five checks for new subjects).
+fn blocks_per_check(checks: impl FnOnce()) -> f64 {
     let before = dhat::HeapStats::get().total_blocks;
-    run(CHECKS);
+    checks();
     let after = dhat::HeapStats::get().total_blocks;
     #[allow(clippy::cast_precision_loss)]
     let per_check = (after - before) as f64 / CHECKS as f64;
-    // Rounded: the runtime's own bookkeeping allocates now and then (a
-    // few blocks over the whole run).
     per_check.round()
 }
 
@@ -87,14 +93,7 @@ fn allocations_per_new_subject(
         }
     };
     run(warm);
-    let before = dhat::HeapStats::get().total_blocks;
-    run(measured);
-    let after = dhat::HeapStats::get().total_blocks;
-    #[allow(clippy::cast_precision_loss)]
-    let per_check = (after - before) as f64 / CHECKS as f64;
-    // Rounded: the runtime's bookkeeping, and the budget table's shards
-    // growing (about one block in five checks here).
-    per_check.round()
+    blocks_per_check(|| run(measured))
 }
 
 fn main() {
