@@ -1,4 +1,4 @@
-//! The check behind [`Store::check`](crate::Store::check) and
+//! The check behind [`Store::check`] and
 //! [`MemoryStore::check_denial`]: one GCRA policy of a held subject
 //! charged inline in the caller (`hot_path.rs`), everything else one call
 //! out of line, under the shard's write lock or through the general
