@@ -29,7 +29,7 @@ pub trait DescriptorStore: Send + Sync + 'static {
     fn check_all(&self, checks: &[(&str, &Policy)], cost: u64) -> BoxCheckFuture;
 
     /// Charges `cost` permits to `subject` under `policy` after the fact
-    /// (never denied; [`Store::charge`](portcullis_core::Store::charge)):
+    /// (never denied; [`Store::charge`]):
     /// how RLQS usage reports are counted. GCRA and token-bucket policies
     /// only.
     fn charge(&self, subject: &str, policy: &Policy, cost: u64) -> BoxCheckFuture;

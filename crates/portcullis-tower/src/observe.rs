@@ -104,7 +104,7 @@ pub fn describe_metrics() {
 /// recorder installed later, or set for a scope with
 /// `metrics::with_local_recorder`, sees every request it spans. With no
 /// recorder in force (`metrics`' no-op recorder) a request records nothing
-/// and reads no clock: see [`recording`].
+/// and reads no clock: see `recording`.
 #[derive(Debug, Default)]
 pub(crate) struct PolicyLabels {
     #[cfg(feature = "metrics")]

@@ -13,6 +13,7 @@ mod charge;
 pub(crate) mod classes;
 mod fixed_window;
 mod gcra;
+mod gcra_u64;
 mod leaky_bucket;
 pub mod lease;
 mod refund;
@@ -278,8 +279,9 @@ pub fn check(policy: &Policy, state: Option<&State>, now_us: u64, cost: u64) -> 
 /// of [`check`]'s instructions for GCRA).
 #[doc(hidden)]
 #[must_use]
+#[inline]
 pub fn check_fast(policy: &Policy, state: Option<&State>, now_us: u64, cost: u64) -> Step {
-    crate::memory::tat::check_policy(policy, state, now_us, cost)
+    gcra_u64::check_policy(policy, state, now_us, cost)
 }
 
 // Arithmetic shared by the algorithm files. Everything is computed in `u128`:

@@ -1,6 +1,6 @@
 //! Refunds: permits given back to a state, the inverse of a charge, for a
 //! reservation settled below its estimate (ALGORITHMS.md, "Reservations").
-//! GCRA and the token bucket only, as [`charge`](super::charge).
+//! GCRA and the token bucket only, as `charge` (`super::charge`).
 //!
 //! A refund never gives more than was taken: the state moves back by the
 //! refund, but never past full (a state that refilled meanwhile is not

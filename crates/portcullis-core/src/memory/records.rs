@@ -14,7 +14,7 @@
 //!   replaces its own record nearest its end (a retry of that request is
 //!   charged again: never more admitted);
 //! - a shard holds at most its share of the store's bound
-//!   ([`MemoryStore::max_keys`] divided by the shards, at least 16); when
+//!   ([`MemoryStore::max_keys`](crate::MemoryStore::max_keys) divided by the shards, at least 16); when
 //!   full, expired records are swept, and if none has expired the new
 //!   record is not kept (the request is still decided and charged as
 //!   usual; its retry is charged again). A missing record never denies a

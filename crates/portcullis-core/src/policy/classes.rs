@@ -1,5 +1,5 @@
 //! Priority classes of a policy: names with reserved headroom over the
-//! policy's one shared state ([`PolicyBuilder::class`], [`Policy::class_reserve`]),
+//! policy's one shared state ([`PolicyBuilder::class`](crate::PolicyBuilder::class), [`Policy::class_reserve`]),
 //! and their validation. The class check every store applies is
 //! `crate::algorithms::classes` (ALGORITHMS.md, "Priority classes").
 //!

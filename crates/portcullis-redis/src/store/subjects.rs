@@ -50,7 +50,7 @@ impl RedisStore {
     ///
     /// # Errors
     ///
-    /// As [`validate_subjects`](portcullis_core::validate_subjects) for a
+    /// As [`validate_subjects`] for a
     /// bad request; [`StoreError::Unsupported`] for subjects that differ on
     /// a Cluster; backend errors as [`Store::check`](portcullis_core::Store::check).
     pub fn check_subjects(

@@ -242,7 +242,7 @@ impl<St: LeaseStore, K: KeyExtractor> ConcurrencyLimitLayerBuilder<St, K> {
     /// [`ConfigError::NoConcurrencyPolicy`] without a policy,
     /// [`ConfigError::ZeroTimeout`] for a zero timeout. (A store without
     /// leases is refused by the compiler: the layer needs a
-    /// [`LeaseStore`](portcullis_core::LeaseStore), such as `MemoryStore`,
+    /// [`LeaseStore`], such as `MemoryStore`,
     /// `RedisStore` or a `BoxLeaseStore`.)
     pub fn build(self) -> Result<ConcurrencyLimitLayer<St, K>, ConfigError> {
         let policy = self

@@ -50,7 +50,7 @@ impl MemoryStore {
     ///
     /// # Errors
     ///
-    /// As [`validate_subjects`](crate::validate_subjects) for a bad request
+    /// As [`validate_subjects`] for a bad request
     /// (no pairs, one subject with one policy name twice, a cost above a
     /// capacity); [`StoreError::Full`] as above.
     pub fn check_subjects(

@@ -9,15 +9,15 @@ use std::sync::atomic::Ordering;
 use smallvec::SmallVec;
 
 use super::{Inner, Shard, WhenFull};
+use crate::algorithms::check_fast;
 use crate::algorithms::classes::check_class;
 use crate::algorithms::{self, Step};
 use crate::memory::entry::{Entry, Live};
 use crate::memory::names::Names;
 use crate::memory::records::Rec;
-use crate::memory::tat::check_policy;
 use crate::{CheckPlan, Checked, Decision, Policy, StoreError, Verdict};
 
-/// [`check_policy`] of a state as [`Entry::live`] read it: a state it
+/// [`check_fast`] of a state as [`Entry::live`] read it: a state it
 /// rescaled to `policy`'s units is written back on a charge whatever the
 /// verdict, as a repair is (ALGORITHMS.md, "Changing a policy").
 #[inline(always)]
@@ -28,10 +28,10 @@ pub(in crate::memory) fn checked(
     cost: u64,
 ) -> Step {
     match live {
-        None => check_policy(policy, None, now, cost),
-        Some((state, false)) => check_policy(policy, Some(&state), now, cost),
+        None => check_fast(policy, None, now, cost),
+        Some((state, false)) => check_fast(policy, Some(&state), now, cost),
         Some((state, true)) => {
-            let mut step = check_policy(policy, Some(&state), now, cost);
+            let mut step = check_fast(policy, Some(&state), now, cost);
             if cost > 0 && step.new_state.is_none() {
                 step.new_state = Some(state.into_owned());
             }
@@ -63,7 +63,7 @@ impl Shard {
         let hot = self.hot_tat.load(Ordering::Relaxed);
         let index = self.find(hash, key);
         let Some(entry) = index.and_then(|index| self.table.get_bucket_mut(index)) else {
-            let step = check_policy(policy, None, now, cost);
+            let step = check_fast(policy, None, now, cost);
             if let (true, Some(state)) = (cost > 0, step.new_state) {
                 let entry = Entry::new(&mut self.names, key, policy, state, step.expires_at_us);
                 self.insert(inner, hash, entry, now)?;
@@ -312,7 +312,7 @@ impl Shard {
             .zip(plan.reserves())
             .map(|(policy, reserve)| {
                 let state = state_of(policy);
-                check_class(policy, state.as_deref(), now, cost, *reserve, check_policy)
+                check_class(policy, state.as_deref(), now, cost, *reserve, check_fast)
             })
             .collect();
         if cost > 0 && steps.iter().any(|step| !step.decision.is_allowed()) {
@@ -323,7 +323,7 @@ impl Shard {
             {
                 if step.decision.is_allowed() {
                     let state = state_of(policy);
-                    *step = check_class(policy, state.as_deref(), now, 0, *reserve, check_policy);
+                    *step = check_class(policy, state.as_deref(), now, 0, *reserve, check_fast);
                 }
             }
         }

@@ -187,7 +187,7 @@ impl ShardLock {
 // (the lock's few bytes precede the shard in its `RwLock`).
 #[repr(C)]
 pub(in crate::memory) struct Shard {
-    /// The packed TAT of the shard's hot slot ([`Body::Hot`](super::entry::Body::Hot)), if it has
+    /// The packed TAT of the shard's hot slot ([`Body::Tat`](super::entry::Body::Tat) of a hot policy), if it has
     /// one; charged under the read lock by compare-and-swap.
     pub(in crate::memory) hot_tat: AtomicU64,
     /// Fast-path charges of this shard (counted without a read-modify-write:

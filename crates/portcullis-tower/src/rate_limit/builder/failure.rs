@@ -61,7 +61,7 @@ impl<St: Store, K: KeyExtractor> RateLimitLayerBuilder<St, K> {
     /// expires.
     ///
     /// Only answers that took a round trip are held: a store that answers
-    /// at once ([`Store::check_now`](portcullis_core::Store::check_now), as
+    /// at once ([`Store::check_now`], as
     /// [`MemoryStore`](portcullis_core::MemoryStore) does) is as quick as the
     /// cache, so it is asked every time.
     pub fn deny_cache(mut self, capacity: usize) -> Self {
