@@ -1,7 +1,7 @@
 //! The checks `cargo xtask test` runs before the tests: formatting, clippy,
 //! each feature of each published crate on its own, rustdoc under each
-//! crate's default features and under all of them, the facade's public
-//! API, the doc examples in a quick-start project
+//! crate's default features (public and private items) and under all of
+//! them, the facade's public API, the doc examples in a quick-start project
 //! ([`crate::doc_examples`]), packaging of the published crates, and the
 //! declared `rust-version`.
 
@@ -142,8 +142,8 @@ pub(crate) fn run(stages: &mut Stages) -> Result<()> {
     let without = DOCUMENTED_WITHOUT_FEATURES.join(", ");
     stages.run(
         &format!(
-            "RUSTDOCFLAGS=\"-D warnings\" cargo doc --no-deps -p <crate>, each published crate \
-             under its default features ({without} without features)"
+            "RUSTDOCFLAGS=\"-D warnings\" cargo doc --no-deps -p <crate> [--document-private-items], \
+             each published crate under its default features ({without} without features)"
         ),
         || {
             for krate in PUBLISHED {
@@ -151,6 +151,16 @@ pub(crate) fn run(stages: &mut Stages) -> Result<()> {
                 if DOCUMENTED_WITHOUT_FEATURES.contains(&krate) {
                     args.push("--no-default-features");
                 }
+                run_cargo(
+                    &args,
+                    &[("RUSTDOCFLAGS", "-D warnings".to_owned())],
+                    rustdoc_hint,
+                )?;
+                // Then with the private items, whose docs a newcomer reads in
+                // the source: their links must lead somewhere too (about 1 s
+                // a crate; the public run above is still needed, as only it
+                // sees a public item's link to a private one).
+                args.push("--document-private-items");
                 run_cargo(
                     &args,
                     &[("RUSTDOCFLAGS", "-D warnings".to_owned())],
