@@ -91,6 +91,7 @@
 //! | `tonic` | peer addresses from Tonic; limited calls answered as `tonic::Status` (`RESOURCE_EXHAUSTED`) with `RetryInfo` and `QuotaFailure` details |
 //! | `metrics` | counters and a latency histogram per policy through the `metrics` crate |
 //! | `config` | `LimitsFile`: policies, tiers and per-subject overrides from a TOML file, with reload (the live [`Limits`] handle needs no feature) |
+//! | `testing` | `testing`: a store that fails on command, `RateLimit` headers read back as numbers (the [`ManualClock`] needs no feature) |
 //! | `redis` | `redis`: `RedisStore` on standalone Redis, Cluster or Sentinel, ACL users, your own client or bb8 pool; the local budget; redis-cell and Redisson compatibility |
 //! | `tls` | `rediss://` through rustls, trusting the system's roots; `tls-webpki-roots` trusts the compiled-in Mozilla roots, `tls-insecure` accepts `#insecure` URLs (tests only) |
 //!
@@ -342,7 +343,8 @@ pub mod testing {
     //! The test kit (feature `testing`): test code that sits behind a limiter
     //! without sleeping and without reaching into internals.
     //!
-    //! - **Time you move by hand.** A [`ManualClock`] given to the store
+    //! - **Time you move by hand.** A [`ManualClock`](crate::ManualClock)
+    //!   (at the crate's root, with the other clocks) given to the store
     //!   (`MemoryStore::builder().clock(…)`, or
     //!   `RedisStoreBuilder::clock(ClockMode::Client(…))`) and to the layer
     //!   ([`RateLimitLayerBuilder::clock`](crate::tower::RateLimitLayerBuilder::clock),
@@ -368,9 +370,9 @@ pub mod testing {
     //! use axum::body::Body;
     //! use axum::http::{Request, StatusCode};
     //! use axum::{Router, routing::get};
-    //! use portcullis::testing::{ManualClock, RateLimitFields};
+    //! use portcullis::testing::RateLimitFields;
     //! use portcullis::tower::{ApiKey, RateLimitLayer};
-    //! use portcullis::{Clock, MemoryStore, Policy, SystemClock};
+    //! use portcullis::{Clock, ManualClock, MemoryStore, Policy, SystemClock};
     //! use tower::ServiceExt;
     //!
     //! fn app(clock: &ManualClock) -> Router {
@@ -415,7 +417,6 @@ pub mod testing {
     //! a layer that fails open and one that fails closed.
 
     pub use portcullis_core::testing::{Fault, FaultStore};
-    pub use portcullis_core::ManualClock;
     #[cfg(feature = "tower")]
     pub use portcullis_tower::testing::{FieldError, RateLimitField, RateLimitFields};
 }

@@ -11,9 +11,9 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::{routing::get, Router};
 use portcullis::redis::{ClockMode, RedisStore};
-use portcullis::testing::{Fault, FaultStore, ManualClock, RateLimitFields};
+use portcullis::testing::{Fault, FaultStore, RateLimitFields};
 use portcullis::tower::{ApiKey, FailurePolicy, RateLimitLayer};
-use portcullis::{Clock, MemoryStore, MonotonicClock, Policy, Store, SystemClock};
+use portcullis::{Clock, ManualClock, MemoryStore, MonotonicClock, Policy, Store, SystemClock};
 use portcullis_tests::{redis_url, unique_prefix};
 use tower::ServiceExt;
 
