@@ -12,6 +12,19 @@
 //! becomes the layer's key) → `report` (what is printed) → `failure`
 //! (errors and exit codes) → `args` (the command line, a leaf).
 
+// Never a panic on a caller's input or a server's reply: no `unwrap`,
+// `expect`, `panic!` or `unreachable!` outside tests (clippy, which
+// `cargo xtask test` runs with `-D warnings`).
+#![cfg_attr(
+    not(test),
+    warn(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable
+    )
+)]
+
 mod args;
 mod commands;
 mod failure;

@@ -32,6 +32,19 @@
 //! Envoy's API types and service traits come from the `envoy-types`
 //! crate (Envoy's protos as Envoy 1.40 sends them).
 
+// Never a panic on a caller's input or a server's reply: no `unwrap`,
+// `expect`, `panic!` or `unreachable!` outside tests (clippy, which
+// `cargo xtask test` runs with `-D warnings`).
+#![cfg_attr(
+    not(test),
+    warn(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable
+    )
+)]
+
 // The modules, top-down: the services (`rlqs`, `rls`) above the live configuration
 // (`live`), the conversion from envoyproxy/ratelimit (`convert`), the
 // configuration (`config`) and the stores (`store`), above

@@ -9,6 +9,19 @@
 //! [--redis redis://127.0.0.1:6379]`; `portcullis-envoy convert
 //! ratelimit/*.yaml > envoy.toml` converts envoyproxy/ratelimit's files.
 
+// Never a panic on a caller's input or a server's reply: no `unwrap`,
+// `expect`, `panic!` or `unreachable!` outside tests (clippy, which
+// `cargo xtask test` runs with `-D warnings`).
+#![cfg_attr(
+    not(test),
+    warn(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable
+    )
+)]
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -210,6 +210,19 @@
 //! # let _ = app; Ok(()) }
 //! ```
 //!
+
+// Never a panic on a caller's input or a server's reply: no `unwrap`,
+// `expect`, `panic!` or `unreachable!` outside tests (clippy, which
+// `cargo xtask test` runs with `-D warnings`).
+#![cfg_attr(
+    not(test),
+    warn(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable
+    )
+)]
 // docs.rs shows which feature each item needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
