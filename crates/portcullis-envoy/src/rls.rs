@@ -146,36 +146,36 @@ impl RlsService {
     /// request atomically (Redis Cluster with several subjects).
     pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
         let config = self.live.load();
-        let plan = Plan::new(&config, request)?;
+        let matched = Matched::new(&config, request)?;
         let mut statuses: Vec<DescriptorStatus> = (0..request.descriptors.len())
             .map(|_| ok_status())
             .collect();
         let mut over = false;
         let mut headers = Headers::default();
         // A cost no amount of waiting admits: denied, nothing charged.
-        let too_costly: Vec<usize> = plan
+        let too_costly: Vec<usize> = matched
             .enforced
             .iter()
-            .filter(|check| plan.cost > check.policy.capacity())
+            .filter(|check| matched.cost > check.policy.capacity())
             .map(|check| check.index)
             .collect();
         if !too_costly.is_empty() {
-            for check in &plan.enforced {
+            for check in &matched.enforced {
                 let status = &mut statuses[check.index];
                 status.current_limit = Some(current_limit(&check.policy));
                 if too_costly.contains(&check.index) {
                     status.code = Code::OverLimit as i32;
                 }
             }
-            plan.copy_duplicates(&mut statuses);
+            matched.copy_duplicates(&mut statuses);
             return Ok(response(true, statuses));
         }
-        if !plan.enforced.is_empty() {
-            let pairs = plan.pairs(&plan.enforced);
-            match self.store.check_all(&pairs, plan.cost).await {
+        if !matched.enforced.is_empty() {
+            let pairs = matched.pairs(&matched.enforced);
+            match self.store.check_all(&pairs, matched.cost).await {
                 Ok(verdict) => {
                     over = !verdict.is_allowed();
-                    for (check, decision) in plan.enforced.iter().zip(verdict.decisions()) {
+                    for (check, decision) in matched.enforced.iter().zip(verdict.decisions()) {
                         statuses[check.index] = status_of(&check.policy, decision, false);
                         if self.headers {
                             headers.add(&check.policy, decision);
@@ -185,12 +185,12 @@ impl RlsService {
                 Err(error) => {
                     return match error.scope() {
                         ErrorScope::NoRoom => {
-                            for check in &plan.enforced {
+                            for check in &matched.enforced {
                                 let status = &mut statuses[check.index];
                                 status.code = Code::OverLimit as i32;
                                 status.current_limit = Some(current_limit(&check.policy));
                             }
-                            plan.copy_duplicates(&mut statuses);
+                            matched.copy_duplicates(&mut statuses);
                             Ok(response(true, statuses))
                         }
                         _ => Err(self.store_failure(&error)),
@@ -198,12 +198,12 @@ impl RlsService {
                 }
             }
         }
-        if !plan.shadow.is_empty() {
-            let pairs = plan.pairs(&plan.shadow);
+        if !matched.shadow.is_empty() {
+            let pairs = matched.pairs(&matched.shadow);
             // Shadow rules never decide: a failure is only logged.
-            match self.store.check_all(&pairs, plan.cost).await {
+            match self.store.check_all(&pairs, matched.cost).await {
                 Ok(verdict) => {
-                    for (check, decision) in plan.shadow.iter().zip(verdict.decisions()) {
+                    for (check, decision) in matched.shadow.iter().zip(verdict.decisions()) {
                         statuses[check.index] = status_of(&check.policy, decision, true);
                         if !decision.is_allowed() {
                             self.shadow_log.info(format_args!(
@@ -220,7 +220,7 @@ impl RlsService {
                 )),
             }
         }
-        plan.copy_duplicates(&mut statuses);
+        matched.copy_duplicates(&mut statuses);
         let mut answer = response(over, statuses);
         answer.response_headers_to_add = headers.into_fields();
         Ok(answer)
@@ -277,7 +277,7 @@ struct Check {
 }
 
 /// A request validated and matched to rules.
-struct Plan {
+struct Matched {
     cost: u64,
     enforced: Vec<Check>,
     shadow: Vec<Check>,
@@ -286,7 +286,7 @@ struct Plan {
     duplicates: Vec<(usize, usize)>,
 }
 
-impl Plan {
+impl Matched {
     fn new(config: &Config, request: &RateLimitRequest) -> Result<Self, Status> {
         let domain = &request.domain;
         if domain.is_empty() {
@@ -315,7 +315,7 @@ impl Plan {
             0 => 1,
             n => u64::from(n),
         };
-        let mut plan = Self {
+        let mut matched = Self {
             cost: base_cost,
             enforced: Vec::new(),
             shadow: Vec::new(),
@@ -345,16 +345,16 @@ impl Plan {
             cost = Some(own);
             let subject = descriptor_subject(domain, &entries);
             let list = if rule.is_shadow() {
-                &mut plan.shadow
+                &mut matched.shadow
             } else {
-                &mut plan.enforced
+                &mut matched.enforced
             };
             let policy = rule.policy();
             if let Some(first) = list
                 .iter()
                 .find(|c| c.subject == subject && c.policy.name() == policy.name())
             {
-                plan.duplicates.push((index, first.index));
+                matched.duplicates.push((index, first.index));
                 continue;
             }
             list.push(Check {
@@ -363,8 +363,8 @@ impl Plan {
                 policy: policy.clone(),
             });
         }
-        plan.cost = cost.unwrap_or(base_cost);
-        Ok(plan)
+        matched.cost = cost.unwrap_or(base_cost);
+        Ok(matched)
     }
 
     fn pairs<'a>(&self, checks: &'a [Check]) -> Vec<(&'a str, &'a Policy)> {
