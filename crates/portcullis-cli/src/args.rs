@@ -1,7 +1,7 @@
 //! The command line (clap, derived): the commands and the options they
 //! share (which subject, which store, which policies). `--help` is the
-//! reference; the README repeats the top-level help, and a test holds the
-//! two equal.
+//! reference; the tool's README repeats the top-level help and
+//! `inspect -h`, and a test holds them equal.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -3,7 +3,8 @@
 //! (`PORTCULLIS_REDIS_URL`; missing, those tests fail loudly),
 //! `deployments.rs` against its Cluster, TLS and Sentinel servers,
 //! `offline.rs` what needs no server (limits files, bad input, the
-//! README's help), `top.rs` the apps' most-denied tables merged. This file owns the helpers they share.
+//! tool's README's help), `top.rs` the apps' most-denied tables merged.
+//! This file owns the helpers they share.
 
 mod deployments;
 mod offline;

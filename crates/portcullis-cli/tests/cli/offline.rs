@@ -1,6 +1,6 @@
 //! What needs no server: limits files (validate, diff, and as the source
 //! of a subject's policies), input refused before any connection, and
-//! the README's copy of `--help`.
+//! the tool's README's copy of `--help`.
 
 use crate::{code, file, json, path_str, portcullis, portcullis_with_stdin, stderr, stdout};
 
@@ -302,16 +302,16 @@ fn a_secret_subject_never_appears_in_the_output() {
     assert!(stderr(&out).contains("at most 65536"), "{}", stderr(&out));
 }
 
-/// The README's "Inspect a subject" shows `portcullis --help` and
+/// The tool's README ("Reference") shows `portcullis --help` and
 /// `portcullis inspect -h` as the binary prints them.
 #[test]
 fn the_readme_shows_the_help_the_binary_prints() {
-    let readme_path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md");
-    let readme = std::fs::read_to_string(readme_path).expect("the README");
+    let readme_path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+    let readme = std::fs::read_to_string(readme_path).expect("the tool's README");
     let section = readme
-        .split("\n## Inspect a subject\n")
+        .split("\n## Reference\n")
         .nth(1)
-        .expect("the README has a section \"Inspect a subject\"");
+        .expect("the tool's README has a section \"Reference\"");
     let section = section.split("\n## ").next().unwrap_or(section);
     for args in [&["--help"][..], &["inspect", "-h"][..]] {
         let out = portcullis(args);
@@ -319,7 +319,7 @@ fn the_readme_shows_the_help_the_binary_prints() {
         let shown = format!("$ portcullis {}\n{}```", args.join(" "), stdout(&out));
         assert!(
             section.contains(&shown),
-            "the README's \"Inspect a subject\" should hold, in a text block:\n{shown}"
+            "crates/portcullis-cli/README.md's \"Reference\" should hold, in a text block:\n{shown}"
         );
     }
 }
