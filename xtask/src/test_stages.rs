@@ -133,7 +133,7 @@ fn version_skips(version: &str) -> Vec<&'static str> {
 /// ones a Redis 6.2 run skips, by their full names (`<module>::<test>` for
 /// a suite that is a module of a merged test binary such as
 /// `tests/tests/redis_paths/`; `test_names_exist` holds each one real).
-const FUNCTIONS_ONLY: [&str; 26] = [
+const FUNCTIONS_ONLY: [&str; 27] = [
     "functions_are_the_default_and_the_library_is_loaded",
     "an_acl_user_granted_the_documented_function_rules_runs_on_functions",
     "an_acl_without_functions_falls_back_to_evalsha",
@@ -145,6 +145,7 @@ const FUNCTIONS_ONLY: [&str; 26] = [
     "redis_full_start::a_store_builds_on_a_full_redis_and_loads_the_library_once_there_is_room",
     "redis_full_start::a_cluster_node_full_before_it_ever_loaded_the_library",
     "concurrency_limit::out_of_memory_keeps_held_subjects_and_refuses_new_ones",
+    "stores::out_of_memory_settles_held_reservations_and_refuses_new_ones",
     "coalesced_checks_decide_as_checks_sent_one_by_one",
     "redis_coalesce_timeout::a_waiting_check_gets_its_batch_answer_or_is_not_charged",
     "redis_budget::three_processes_with_leases_stay_within_the_stated_bound",
