@@ -312,44 +312,49 @@ impl Budget {
         let limit_per_shard = self.config.max_subjects.div_ceil(SHARDS);
         let (hash, mut shard) = self.shard(key);
         let shard = &mut *shard;
-        if shard.get_mut(hash, key).is_none() {
-            // Subjects idle for two grant periods are forgotten when a new
-            // one finds the shard full, and otherwise at most once per two
-            // grant periods: the table then holds about the subjects of the
-            // last two periods, where a large population's quiet subjects
-            // (each seen once) would fill it to its bound.
-            let idle = grant.saturating_mul(2);
-            let full = shard.slots.len() >= limit_per_shard;
-            let due = now.saturating_sub(shard.swept_at) >= idle;
-            if full && !due && shard.sweep_after > 0 {
-                shard.sweep_after -= 1;
-                return Take::Exact;
-            }
-            if full || due {
-                shard.slots.retain(|keyed| {
-                    keyed.slot.granting || now.saturating_sub(keyed.slot.period_start) < idle
-                });
-                shard.swept_at = now;
-                if shard.slots.len() >= limit_per_shard {
-                    // Still full: the next eighth of a shard's worth of new
-                    // subjects are checked exactly without a sweep, so a
-                    // sweep costs O(1) per new subject, amortized.
-                    shard.sweep_after = limit_per_shard.div_ceil(8);
+        // One probe finds a known subject's slot; a new one is inserted
+        // where that probe ended (after a sweep, when one is due).
+        let slot = match shard.slots.find_entry(hash, |keyed| &*keyed.key == key) {
+            Ok(found) => &mut found.into_mut().slot,
+            Err(absent) => {
+                let slots = absent.into_table();
+                // Subjects idle for two grant periods are forgotten when a
+                // new one finds the shard full, and otherwise at most once
+                // per two grant periods: the table then holds about the
+                // subjects of the last two periods, where a large
+                // population's quiet subjects (each seen once) would fill it
+                // to its bound.
+                let idle = grant.saturating_mul(2);
+                let full = slots.len() >= limit_per_shard;
+                let due = now.saturating_sub(shard.swept_at) >= idle;
+                if full && !due && shard.sweep_after > 0 {
+                    shard.sweep_after -= 1;
                     return Take::Exact;
                 }
+                if full || due {
+                    slots.retain(|keyed| {
+                        keyed.slot.granting || now.saturating_sub(keyed.slot.period_start) < idle
+                    });
+                    shard.swept_at = now;
+                    if slots.len() >= limit_per_shard {
+                        // Still full: the next eighth of a shard's worth of
+                        // new subjects are checked exactly without a sweep,
+                        // so a sweep costs O(1) per new subject, amortized.
+                        shard.sweep_after = limit_per_shard.div_ceil(8);
+                        return Take::Exact;
+                    }
+                }
+                let generation = self.next_generation();
+                let inserted = slots.insert_unique(
+                    hash,
+                    Keyed {
+                        key: key.into(),
+                        slot: Slot::new(Numbers::of(policy), generation, now),
+                    },
+                    |keyed| self.hasher.hash_one(&*keyed.key),
+                );
+                &mut inserted.into_mut().slot
             }
-            let generation = self.next_generation();
-            shard.slots.insert_unique(
-                hash,
-                Keyed {
-                    key: key.into(),
-                    slot: Slot::new(Numbers::of(policy), generation, now),
-                },
-                |keyed| self.hasher.hash_one(&*keyed.key),
-            );
-        }
-        let Some(slot) = shard.get_mut(hash, key) else {
-            return Take::Exact;
         };
         if slot.numbers != Numbers::of(policy) {
             // A plan changed under the same name: what was taken under the
